@@ -1,0 +1,243 @@
+"""unix:// against real Python and Node server processes: bad input, dead peers, socket files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import transport.api as api
+from transport.codec import Schema
+from transport.errors import (
+    FingerprintMismatchError,
+    PeerGoneError,
+    RemoteError,
+    TransportTimeoutError,
+)
+from transport.generated import pac_env
+from transport.protocol import HEADER, ErrorCode, MessageIds, encode_hello
+from transport.schema import compile_schema
+
+from .servers import LANGS, ROOT, ServerProcess, require_lang, unique_unix_url
+
+IDS = MessageIds.from_schema(pac_env.SCHEMA.ir)
+
+
+def raw_connect(url: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(url.partition("://")[2])
+    return sock
+
+
+def read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    header = b""
+    while len(header) < 9:
+        chunk = sock.recv(9 - len(header))
+        if not chunk:
+            raise EOFError("closed")
+        header += chunk
+    msg_type, msg_id, body_len = HEADER.unpack(header)
+    body = b""
+    while len(body) < body_len:
+        chunk = sock.recv(body_len - len(body))
+        if not chunk:
+            raise EOFError("closed mid-body")
+        body += chunk
+    return msg_type, msg_id, body
+
+
+def error_code(body: bytes) -> int:
+    return int(struct.unpack_from("<H", body, 0)[0])
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.fixture(params=LANGS)
+def server(request: pytest.FixtureRequest) -> ServerProcess:
+    with ServerProcess(unique_unix_url(), env="echo", lang=request.param) as proc:
+        yield proc  # type: ignore[misc]
+
+
+def test_socket_file_mode_and_round_trip(server: ServerProcess) -> None:
+    path = server.url.partition("://")[2]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with api.connect(server.url, timeout=5) as client:
+        assert client.health()
+        assert client.spaces().act_n == 92
+        client.reset()
+        result = client.step(7)
+        assert result.observation[0] == 7.0 and result.reward == 1.75
+
+
+def test_bad_input_gets_error_and_others_keep_being_served(server: ServerProcess) -> None:
+    good = api.connect(server.url, timeout=5)
+    good.reset()
+
+    def still_served() -> None:
+        assert good.step(3).observation[0] == 3.0
+
+    # garbage bytes: an impossible header -> ERROR, then the server closes
+    sock = raw_connect(server.url)
+    sock.sendall(b"\xff" * 64)
+    msg_type, _, body = read_frame(sock)
+    assert msg_type == IDS.ERROR and error_code(body) == ErrorCode.BODY_TOO_LARGE
+    assert closed_by_peer(sock)
+    sock.close()
+    still_served()
+
+    # a truncated frame, then close
+    sock = raw_connect(server.url)
+    sock.sendall(HEADER.pack(IDS.HELLO_REQ, 1, 12) + b"\x00\x01")
+    sock.close()
+    still_served()
+
+    # body_len of 4 GiB - 1: refused before reading
+    sock = raw_connect(server.url)
+    sock.sendall(HEADER.pack(IDS.STEP_REQ, 9, 0xFFFFFFFF))
+    msg_type, msg_id, body = read_frame(sock)
+    assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 9, ErrorCode.BODY_TOO_LARGE)
+    sock.close()
+    still_served()
+
+    # unknown msg_type
+    sock = raw_connect(server.url)
+    sock.sendall(HEADER.pack(0x77, 5, 0))
+    msg_type, msg_id, body = read_frame(sock)
+    assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 5, ErrorCode.UNKNOWN_MESSAGE)
+    assert closed_by_peer(sock)
+    sock.close()
+    still_served()
+
+    # STEP before HELLO: ERROR, connection kept; HELLO then works
+    sock = raw_connect(server.url)
+    sock.sendall(HEADER.pack(IDS.STEP_REQ, 1, 4) + struct.pack("<i", 0))
+    msg_type, msg_id, body = read_frame(sock)
+    assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 1, ErrorCode.HELLO_REQUIRED)
+    hello = encode_hello(pac_env.FINGERPRINT)
+    sock.sendall(HEADER.pack(IDS.HELLO_REQ, 2, len(hello)) + hello)
+    assert read_frame(sock)[0] == IDS.HELLO_RESP
+    sock.close()
+    still_served()
+
+    # wrong body size for STEP_REQ: ERROR, connection kept
+    with api.connect(server.url, timeout=5) as other:
+        other.reset()
+        resp_type, body = other.channel.request(IDS.STEP_REQ, b"\x00\x00")
+        assert (resp_type, error_code(bytes(body))) == (IDS.ERROR, ErrorCode.BAD_BODY_SIZE)
+        assert other.step(2).observation[0] == 2.0
+    still_served()
+    good.close()
+
+
+def test_out_of_range_action_is_a_remote_error_and_client_stays_usable(
+    server: ServerProcess,
+) -> None:
+    with api.connect(server.url, timeout=5) as client:
+        client.reset()
+        with pytest.raises(RemoteError) as info:
+            client.step(92)
+        assert info.value.code == ErrorCode.INVALID_ACTION
+        assert "92" in info.value.text
+        assert client.step(91).observation[0] == 91.0
+
+
+def test_wrong_fingerprint_names_both(server: ServerProcess) -> None:
+    text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+    other = Schema(compile_schema(text))
+    with pytest.raises(FingerprintMismatchError) as info:
+        api.connect(server.url, schema=other, timeout=5)
+    message = str(info.value)
+    assert pac_env.FINGERPRINT_HEX in message and f"{other.fingerprint:016x}" in message
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_killed_server_is_peer_gone_within_timeout(lang: str) -> None:
+    proc = ServerProcess(unique_unix_url(), env="echo", lang=lang)
+    client = api.connect(proc.url, timeout=2)
+    client.reset()
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait(5)
+    started = time.monotonic()
+    with pytest.raises(PeerGoneError):
+        client.step(1)
+    assert time.monotonic() - started < 2.5
+    client.close()
+    proc.kill()
+    os.unlink(proc.url.partition("://")[2])  # SIGKILL leaves the file: the next start replaces it
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_silent_server_times_out(lang: str) -> None:
+    with ServerProcess(unique_unix_url(), env="echo", lang=lang) as proc:
+        client = api.connect(proc.url, timeout=0.5)
+        client.reset()
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TransportTimeoutError):
+                client.step(1)
+            assert time.monotonic() - started < 2.0
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+            client.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_stale_socket_replaced_live_one_never_stolen(lang: str) -> None:
+    require_lang(lang)
+    url = unique_unix_url()
+    path = url.partition("://")[2]
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()  # the file stays, nothing listens: a dead server's leftover
+    with ServerProcess(url, env="echo", lang=lang) as live:
+        second = subprocess.run(
+            [sys.executable, "-m", "transport.tools.serve_cli", url, "--lang", lang],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )
+        assert second.returncode != 0
+        assert "in use" in second.stderr
+        with api.connect(live.url, timeout=5) as client:
+            assert client.health()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_removes_socket_file(lang: str, sig: int) -> None:
+    proc = ServerProcess(unique_unix_url(), env="echo", lang=lang)
+    path = proc.url.partition("://")[2]
+    assert os.path.exists(path)
+    proc.proc.send_signal(sig)
+    assert proc.proc.wait(10) == 0
+    proc.kill()
+    assert not os.path.exists(path)
+
+
+def test_client_retries_connect_until_the_server_is_up(tmp_path: Path) -> None:
+    url = unique_unix_url()
+    from transport.envs.echo import EchoEnv
+
+    server = api.Server(EchoEnv, url)
+    import threading
+
+    threading.Timer(0.3, server.start).start()
+    try:
+        with api.connect(url, timeout=5) as client:
+            assert client.health()
+    finally:
+        time.sleep(0.05)
+        server.close()

@@ -1,0 +1,135 @@
+"""The two entry points: ``connect(url)`` for trainers and ``serve(env, url)`` for env servers."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from transport.backends import backend_for
+from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
+from transport.codec import Schema
+from transport.protocol import DEFAULT_MAX_BODY
+from transport.server import Env, EnvFactory, SessionFactory
+
+
+def connect(
+    url: str,
+    schema: Schema | str | Path | None = None,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> Client:
+    """Connect to an env server and complete the HELLO handshake.
+
+    ``schema``: a ``Schema``, a schema file, or None for the reference ``pac_env`` schema.
+    ``timeout``: seconds any one wait may take (connecting, each request); a dead or silent
+    server is an error within it.
+    """
+    codecs = resolve_schema(schema)
+    channel = backend_for(url).open_channel(
+        url, timeout=timeout, max_body=max_body, schema=codecs
+    )
+    try:
+        channel.info = handshake(channel, codecs)
+    except BaseException:
+        channel.close()
+        raise
+    return Client(channel, codecs, url)
+
+
+class Server:
+    """A running server: ``close()`` stops it and removes what it created (socket files)."""
+
+    def __init__(
+        self,
+        env_or_factory: Env | EnvFactory,
+        url: str,
+        *,
+        schema: Schema | str | Path | None = None,
+        num_envs: int = 1,
+        env_name: str = "",
+        seed: int | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        codecs = resolve_schema(schema)
+        sessions = SessionFactory(
+            codecs, env_or_factory, num_envs=num_envs, env_name=env_name, seed=seed
+        )
+        self.listener: Any = backend_for(url).Listener(url, sessions, max_body=max_body)
+        self.url = url
+        self._thread: threading.Thread | None = None
+
+    @property
+    def bound_url(self) -> str:
+        """The URL clients should use (a port 0 request is resolved to the real port)."""
+        return str(self.listener.url)
+
+    def start(self) -> Server:
+        """Bind now (errors surface here) and serve in a background thread."""
+        self.listener.start()
+        self._thread = threading.Thread(target=self.listener.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.listener.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(
+    env_or_factory: Env | EnvFactory,
+    url: str,
+    *,
+    schema: Schema | str | Path | None = None,
+    num_envs: int = 1,
+    env_name: str = "",
+    seed: int | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
+
+    ``env_or_factory``: an env instance (one env, shared by every connection under a lock) or a
+    zero-argument factory (each connection gets ``num_envs`` fresh envs). ``seed``: the seed of
+    each connection's first unseeded reset (env i gets ``seed + i``).
+    """
+    server = Server(
+        env_or_factory,
+        url,
+        schema=schema,
+        num_envs=num_envs,
+        env_name=env_name,
+        seed=seed,
+        max_body=max_body,
+    )
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        server.start()
+        if ready is not None:
+            ready(server.bound_url)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,235 @@
+"""The client API: ``transport.connect(url) -> Client`` over any registered backend.
+
+A backend provides a ``Channel``: it sends one request and returns the response body as a view
+into a receive buffer that it reuses. The client turns those bytes into NumPy views once per
+buffer (``StepView``), so a steady-state ``step`` allocates nothing: the arrays it returns are
+views that stay valid until the next call on the same client. ``copy=True`` returns owned arrays.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from transport.codec import Schema, StructCodec
+from transport.errors import ProtocolError, TransportError
+from transport.protocol import (
+    BODY_OFFSET,
+    MessageIds,
+    check_hello,
+    decode_error,
+    decode_hello,
+    encode_hello,
+)
+from transport.server import Spaces
+
+DEFAULT_TIMEOUT = 10.0
+
+
+class Channel(Protocol):
+    """What a backend gives the client: one request/response exchange at a time."""
+
+    info: dict[str, Any]
+
+    @property
+    def buffer(self) -> bytearray:
+        """The receive buffer; response bodies start at ``BODY_OFFSET`` in it."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """Changes when ``buffer`` is replaced (views of the old one must be rebuilt)."""
+        ...
+
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        """Send a request; return the response's msg_type and body (valid until the next call)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StepView:
+    """The fields of a step or reset response as NumPy arrays, by attribute or by key.
+
+    Views into the client's receive buffer unless made with ``copy=True``: valid until the next
+    call on the client that returned them. ``observation`` of a batched call has shape (N, 612).
+    """
+
+    __slots__ = ("_fields", "record")
+
+    def __init__(self, record: np.ndarray) -> None:
+        self.record = record
+        self._fields = {name: record[name] for name in record.dtype.names or ()}
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def keys(self) -> list[str]:
+        return list(self._fields)
+
+    def copy(self) -> StepView:
+        return StepView(self.record.copy())
+
+    def __repr__(self) -> str:
+        shape = self.record.shape
+        return f"StepView({', '.join(self._fields)}; envs={shape[0] if shape else 1})"
+
+
+class Client:
+    """A connection to an env server. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, channel: Channel, schema: Schema, url: str) -> None:
+        self.channel = channel
+        self.schema = schema
+        self.url = url
+        self.ids = MessageIds.from_schema(schema.ir)
+        self.num_envs = int(channel.info.get("num_envs", 1))
+        self.server_info = dict(channel.info)
+        self._result = _body_codec(schema, "STEP_RESP")
+        step_request = _body_codec(schema, "STEP_REQ")
+        action = step_request.ir.role("action")
+        if action is None:
+            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
+        self._step_request = step_request
+        self._request = bytearray(step_request.size * self.num_envs)
+        self._actions = step_request.view(self._request, count=self.num_envs)[action.name]
+        self._seed_codec = _body_codec(schema, "RESET_SEED_REQ")
+        self._seed_body = bytearray(self._seed_codec.size)
+        self._views: dict[tuple[int, int], StepView] = {}
+        self._closed = False
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
+        """Reset every env (env i gets ``seed + i``); fields have a leading env axis if N > 1."""
+        if seed is None:
+            self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
+        else:
+            self._seed_codec.encode_into(
+                self._seed_body, 0, {self._seed_codec.ir.fields[0].name: seed}
+            )
+            self._exchange(self.ids.RESET_SEED_REQ, self._seed_body, self.ids.RESET_RESP)
+        return self._result_view(0 if self.num_envs == 1 else self.num_envs, copy)
+
+    def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
+        """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
+        if isinstance(actions, int | np.integer):
+            if self.num_envs != 1:
+                raise ValueError(
+                    f"this server has {self.num_envs} envs: pass one action per env"
+                )
+            self._actions[0] = actions
+            self._exchange(self.ids.STEP_REQ, self._request, self.ids.STEP_RESP)
+            return self._result_view(0, copy)
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        self._actions[:] = actions
+        self._exchange(self.ids.STEP_BATCH_REQ, self._request, self.ids.STEP_BATCH_RESP)
+        return self._result_view(self.num_envs, copy)
+
+    def spaces(self) -> Spaces:
+        codec = _body_codec(self.schema, "SPACES_RESP")
+        body = self._exchange(self.ids.SPACES_REQ, b"", self.ids.SPACES_RESP)
+        values = codec.decode(body)
+        first, second = (f.name for f in codec.ir.fields[:2])
+        return Spaces(int(values[first]), int(values[second]))
+
+    def health(self) -> bool:
+        body = self._exchange(self.ids.HEALTH_REQ, b"", self.ids.HEALTH_RESP)
+        return body.nbytes >= 1 and body[0] == 1
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _exchange(self, msg_type: int, body: Any, expect: int) -> memoryview:
+        if self._closed:
+            raise TransportError("the client is closed")
+        resp_type, resp = self.channel.request(msg_type, body)
+        if resp_type == self.ids.ERROR:
+            raise decode_error(resp)
+        if resp_type != expect:
+            raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
+        expected_len = self._expected_len(expect)
+        if expected_len is not None and resp.nbytes != expected_len:
+            raise ProtocolError(
+                f"response 0x{resp_type:02X} has {resp.nbytes} bytes, expected {expected_len}"
+            )
+        return resp
+
+    def _expected_len(self, resp_type: int) -> int | None:
+        size = self._result.size
+        return {
+            self.ids.RESET_RESP: size * self.num_envs,
+            self.ids.STEP_RESP: size,
+            self.ids.STEP_BATCH_RESP: size * self.num_envs,
+        }.get(resp_type)
+
+    def _result_view(self, count: int, copy: bool) -> StepView:
+        key = (self.channel.generation, count)
+        view = self._views.get(key)
+        if view is None:
+            record = self._result.view(
+                self.channel.buffer, BODY_OFFSET, count=count if count else None
+            )
+            view = self._views[key] = StepView(record)
+        return view.copy() if copy else view
+
+
+def _body_codec(schema: Schema, message: str) -> StructCodec:
+    body = schema.ir.messages[message].body
+    if body is None:
+        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
+    return schema[body]
+
+
+def handshake(channel: Channel, schema: Schema) -> dict[str, Any]:
+    """HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map."""
+    ids = MessageIds.from_schema(schema.ir)
+    resp_type, body = channel.request(ids.HELLO_REQ, encode_hello(schema.fingerprint))
+    if resp_type == ids.ERROR:
+        raise decode_error(body)
+    if resp_type != ids.HELLO_RESP:
+        raise ProtocolError(f"expected HELLO_RESP, got msg_type 0x{resp_type:02X}")
+    hello = decode_hello(body)
+    check_hello(hello, schema.fingerprint, peer="server")
+    return hello.info
+
+
+def default_schema() -> Schema:
+    """The pac_env schema the reference servers speak."""
+    from transport.generated import pac_env
+
+    return pac_env.SCHEMA
+
+
+def resolve_schema(schema: Schema | str | Path | None) -> Schema:
+    if schema is None:
+        return default_schema()
+    if isinstance(schema, Schema):
+        return schema
+    from transport.schema import load_schema
+
+    return Schema(load_schema(os.fspath(schema)))

@@ -1,0 +1,156 @@
+"""One typed error tree for the whole library (modelled on httpx's).
+
+Every error the library raises derives from ``TransportError``. Codec errors carry a stable
+``code`` string that the TypeScript side uses too, so the conformance suite can check that both
+languages refuse the same input for the same reason.
+"""
+
+from __future__ import annotations
+
+
+class TransportError(Exception):
+    """Base class of every error raised by the transport library."""
+
+
+class SchemaError(TransportError):
+    """A schema file is invalid. The message names the file, the struct and the field."""
+
+    def __init__(
+        self, message: str, *, file: str = "", struct: str = "", field: str = ""
+    ) -> None:
+        self.file = file
+        self.struct = struct
+        self.field = field
+        self.reason = message
+        place = ", ".join(
+            part for part in (f"struct {struct}" if struct else "", f"field {field}" if field else "")
+            if part
+        )
+        text = f"{place}: {message}" if place else message
+        super().__init__(f"{file}: {text}" if file else text)
+
+
+class CodecError(TransportError):
+    """A value or a buffer cannot be encoded or decoded under a struct's layout."""
+
+    code = "codec"
+
+    def __init__(self, message: str, *, struct: str = "", field: str = "") -> None:
+        self.struct = struct
+        self.field = field
+        self.reason = message
+        location = f"{struct}.{field}" if struct and field else struct or field
+        super().__init__(f"{location}: {message}" if location else message)
+
+
+class BufferSizeError(CodecError):
+    """The buffer is shorter than the struct (or not the exact size where one is required)."""
+
+    code = "buffer_size"
+
+
+class ValueRangeError(CodecError):
+    """An integer does not fit the field's type, or a value has the wrong kind."""
+
+    code = "out_of_range"
+
+
+class ValueTypeError(CodecError):
+    """A value has the wrong kind for its field (a string for a number, an int for a bool)."""
+
+    code = "wrong_type"
+
+
+class ArrayLengthError(CodecError):
+    """An array value does not have the field's fixed element count."""
+
+    code = "array_length"
+
+
+class InvalidBoolError(CodecError):
+    """A bool byte other than 0 or 1 was found in strict decoding."""
+
+    code = "invalid_bool"
+
+
+class InvalidEnumError(CodecError):
+    """An enum value is not declared by the enum (encoding, or strict decoding)."""
+
+    code = "invalid_enum"
+
+
+class NonCanonicalError(CodecError):
+    """A NaN other than the canonical quiet NaN was found in strict decoding."""
+
+    code = "non_canonical"
+
+
+class MissingFieldError(CodecError):
+    """No value was given for a field of the struct."""
+
+    code = "missing_field"
+
+
+class UnknownFieldError(CodecError):
+    """A value was given for a name that is not a field of the struct."""
+
+    code = "unknown_field"
+
+
+class ConnectError(TransportError):
+    """The peer could not be reached before the deadline (nothing listens, refused, bad URL)."""
+
+
+class TransportTimeoutError(TransportError):
+    """A wait for the peer passed its deadline; the peer may be alive but silent."""
+
+
+class PeerGoneError(TransportError):
+    """The peer closed the connection or died while a request was outstanding."""
+
+
+class ProtocolError(TransportError):
+    """The peer sent something the protocol does not allow (bad frame, wrong msg_id, ...)."""
+
+
+class BadFrameError(ProtocolError):
+    """A frame header or body that cannot be valid (unknown type, wrong size, too large)."""
+
+
+class VersionMismatchError(ProtocolError):
+    """The peers speak different major protocol versions."""
+
+
+class FingerprintMismatchError(ProtocolError):
+    """The peers compiled different schemas; the message names both fingerprints."""
+
+    def __init__(self, message: str, *, local: int = 0, remote: int = 0) -> None:
+        self.local = local
+        self.remote = remote
+        super().__init__(message)
+
+
+class RemoteError(TransportError):
+    """The peer answered ERROR: ``code`` is the protocol error code, ``text`` its message."""
+
+    def __init__(self, code: int, name: str, text: str) -> None:
+        self.code = code
+        self.name = name
+        self.text = text
+        super().__init__(f"{name} ({code}): {text}")
+
+
+CODEC_ERRORS: dict[str, type[CodecError]] = {
+    cls.code: cls
+    for cls in (
+        BufferSizeError,
+        ValueRangeError,
+        ValueTypeError,
+        ArrayLengthError,
+        InvalidBoolError,
+        InvalidEnumError,
+        NonCanonicalError,
+        MissingFieldError,
+        UnknownFieldError,
+    )
+}

@@ -1,0 +1,1 @@
+"""Generated schema modules (`transport-schema compile schema/*.toml`). Do not edit."""

@@ -1,0 +1,15 @@
+"""The schema compiler: declarative TOML -> validated layout IR -> Python and TypeScript code."""
+
+from transport.schema.compiler import compile_schema, load_schema
+from transport.schema.ir import EnumIR, FieldIR, MessageIR, SchemaIR, StructIR, ir_from_json
+
+__all__ = [
+    "EnumIR",
+    "FieldIR",
+    "MessageIR",
+    "SchemaIR",
+    "StructIR",
+    "compile_schema",
+    "ir_from_json",
+    "load_schema",
+]

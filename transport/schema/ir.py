@@ -1,0 +1,236 @@
+"""The canonical layout IR: what the compiler produces and every emitter and codec consumes.
+
+The IR is plain data. Its JSON form is what ``transport-schema inspect --json`` prints, and the
+fingerprint is a hash of its canonical JSON (sorted keys, no whitespace) without the schema's
+name, version and the fingerprint itself, so renaming a schema file or editing comments does not
+change it but moving, resizing, retyping or renaming anything does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SCALARS: dict[str, int] = {
+    "u8": 1,
+    "u16": 2,
+    "u32": 4,
+    "u64": 8,
+    "i8": 1,
+    "i16": 2,
+    "i32": 4,
+    "i64": 8,
+    "f32": 4,
+    "f64": 8,
+    "bool": 1,
+}
+"""Scalar type name -> size in bytes (natural alignment equals the size)."""
+
+INTEGER_RANGES: dict[str, tuple[int, int]] = {
+    "u8": (0, 2**8 - 1),
+    "u16": (0, 2**16 - 1),
+    "u32": (0, 2**32 - 1),
+    "u64": (0, 2**64 - 1),
+    "i8": (-(2**7), 2**7 - 1),
+    "i16": (-(2**15), 2**15 - 1),
+    "i32": (-(2**31), 2**31 - 1),
+    "i64": (-(2**63), 2**63 - 1),
+}
+
+ROLES = (
+    "observation",
+    "action",
+    "action_mask",
+    "reward",
+    "terminated",
+    "truncated",
+    "done",
+)
+"""Field roles an RL adapter looks for; at most one field per role in a struct."""
+
+
+@dataclass(frozen=True)
+class FieldIR:
+    """One field: its element type, element count and where it sits in its struct."""
+
+    name: str
+    type: str  # as written, normalised: "f32", "f32[612]", "StepResult[8]", "Command"
+    elem: str  # element type: a scalar name, an enum name or a struct name
+    kind: str  # "int" | "float" | "bool" | "enum" | "struct"
+    offset: int
+    size: int  # total bytes of the field (elem_size * count)
+    count: int  # element count; 1 for a non-array field
+    is_array: bool
+    elem_size: int
+    role: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "type": self.type,
+            "offset": self.offset,
+            "size": self.size,
+            "count": self.count,
+        }
+        if self.role is not None:
+            out["role"] = self.role
+        return out
+
+
+@dataclass(frozen=True)
+class StructIR:
+    name: str
+    size: int
+    align: int
+    layout: str  # "packed" | "natural"
+    fields: tuple[FieldIR, ...]
+
+    def field(self, name: str) -> FieldIR:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def role(self, role: str) -> FieldIR | None:
+        for f in self.fields:
+            if f.role == role:
+                return f
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "align": self.align,
+            "layout": self.layout,
+            "fields": [f.to_json() for f in self.fields],
+        }
+
+
+@dataclass(frozen=True)
+class EnumIR:
+    name: str
+    type: str  # underlying integer scalar
+    values: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "values": dict(self.values)}
+
+
+@dataclass(frozen=True)
+class MessageIR:
+    name: str
+    id: int
+    body: str | None  # struct name, or None for an empty body
+    tail: str | None = None  # "msgpack" | "utf8": a variable-length tail after the body
+    batch: bool = False  # the body is one or more bodies back to back (one per env)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "body": self.body}
+        if self.tail is not None:
+            out["tail"] = self.tail
+        if self.batch:
+            out["batch"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class SchemaIR:
+    name: str
+    version: int
+    structs: dict[str, StructIR]
+    enums: dict[str, EnumIR]
+    messages: dict[str, MessageIR]
+    source: str = field(default="", compare=False)
+
+    def layout_json(self) -> dict[str, Any]:
+        """The part of the IR the fingerprint covers."""
+        return {
+            "structs": {n: s.to_json() for n, s in self.structs.items()},
+            "enums": {n: e.to_json() for n, e in self.enums.items()},
+            "messages": {n: m.to_json() for n, m in self.messages.items()},
+        }
+
+    @property
+    def fingerprint(self) -> int:
+        return fingerprint_of(self.layout_json())
+
+    @property
+    def fingerprint_hex(self) -> str:
+        return f"{self.fingerprint:016x}"
+
+    def to_json(self) -> dict[str, Any]:
+        layout = self.layout_json()
+        return {
+            "name": self.name,
+            "version": self.version,
+            "fingerprint": self.fingerprint_hex,
+            **layout,
+        }
+
+    def message_by_id(self, msg_id: int) -> MessageIR | None:
+        for m in self.messages.values():
+            if m.id == msg_id:
+                return m
+        return None
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON: sorted keys, no whitespace, ASCII only (the TypeScript side matches)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def fingerprint_of(layout: dict[str, Any]) -> int:
+    """The 64-bit fingerprint: the first 8 bytes of SHA-256 of the canonical JSON, big-endian."""
+    digest = hashlib.sha256(canonical_json(layout).encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def ir_from_json(data: dict[str, Any]) -> SchemaIR:
+    """Rebuild the IR from its JSON form (as embedded in generated modules); checks the hash."""
+    enums = {
+        name: EnumIR(name, body["type"], dict(body["values"]))
+        for name, body in data["enums"].items()
+    }
+    structs: dict[str, StructIR] = {}
+    sizes = {name: body["size"] for name, body in data["structs"].items()}
+    for name, body in data["structs"].items():
+        fields = []
+        for f in body["fields"]:
+            type_str: str = f["type"]
+            elem, _, rest = type_str.partition("[")
+            is_array = bool(rest)
+            if elem in SCALARS:
+                kind = "bool" if elem == "bool" else "float" if elem[0] == "f" else "int"
+                elem_size = SCALARS[elem]
+            elif elem in enums:
+                kind, elem_size = "enum", SCALARS[enums[elem].type]
+            else:
+                kind, elem_size = "struct", sizes[elem]
+            fields.append(
+                FieldIR(
+                    f["name"],
+                    type_str,
+                    elem,
+                    kind,
+                    f["offset"],
+                    f["size"],
+                    f["count"],
+                    is_array,
+                    elem_size,
+                    f.get("role"),
+                )
+            )
+        structs[name] = StructIR(name, body["size"], body["align"], body["layout"], tuple(fields))
+    messages = {
+        name: MessageIR(name, body["id"], body["body"], body.get("tail"), body.get("batch", False))
+        for name, body in data["messages"].items()
+    }
+    ir = SchemaIR(data["name"], data["version"], structs, enums, messages)
+    if "fingerprint" in data and data["fingerprint"] != ir.fingerprint_hex:
+        raise ValueError(
+            f"IR of {ir.name} has fingerprint {data['fingerprint']} but hashes to "
+            f"{ir.fingerprint_hex}"
+        )
+    return ir

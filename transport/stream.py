@@ -1,0 +1,198 @@
+"""Frames over a connected stream socket (Unix domain, TCP): shared by every stream backend.
+
+``FramedSocket`` owns one receive buffer that it reuses for every frame (``recv_into``, no
+per-frame allocation) and places each body at ``BODY_OFFSET`` so NumPy views of it are aligned.
+Sends are one ``sendmsg`` of header + body (scatter/gather, no concatenation copy).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from transport.errors import BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError
+from transport.protocol import (
+    BODY_OFFSET,
+    DEFAULT_MAX_BODY,
+    HEADER,
+    HEADER_OFFSET,
+    HEADER_SIZE,
+    ErrorCode,
+)
+from transport.server import Session
+
+_PEER_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class FramedSocket:
+    """Send and receive protocol frames on one connected stream socket."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        max_body: int = DEFAULT_MAX_BODY,
+        capacity: int = 64 << 10,
+        timeout: float | None = 10.0,
+    ) -> None:
+        self.sock = sock
+        self.max_body = max_body
+        self.timeout = timeout
+        self.buffer = bytearray(BODY_OFFSET + capacity)
+        self.generation = 0  # bumped when the buffer is replaced by a larger one
+        self._view = memoryview(self.buffer)
+        self._have = 0  # bytes received beyond HEADER_OFFSET that are not yet consumed
+        self._header = bytearray(HEADER_SIZE)
+        self._pending = b""  # bytes of the next frame(s) that arrived with the previous one
+        self._sock_timeout = timeout
+        sock.settimeout(timeout)
+
+    def ensure_capacity(self, body_len: int) -> None:
+        """Grow the receive buffer so a body of ``body_len`` fits (the only allocation)."""
+        needed = BODY_OFFSET + body_len
+        if needed <= len(self.buffer):
+            return
+        grown = bytearray(max(needed, 2 * len(self.buffer)))
+        grown[: HEADER_OFFSET + self._have] = self._view[: HEADER_OFFSET + self._have]
+        self.buffer = grown
+        self._view = memoryview(grown)
+        self.generation += 1
+
+    def send_frame(self, msg_type: int, msg_id: int, body: Any = b"") -> None:
+        """Send header and body in one system call where the kernel takes it all."""
+        body_len = memoryview(body).nbytes
+        HEADER.pack_into(self._header, 0, msg_type, msg_id, body_len)
+        try:
+            sent = self.sock.sendmsg([self._header, body] if body_len else [self._header])
+            total = HEADER_SIZE + body_len
+            if sent < total:  # rare: a full socket buffer; finish with sendall
+                rest = (bytes(self._header) + bytes(body))[sent:]
+                self.sock.sendall(rest)
+        except TimeoutError as exc:
+            raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
+        except _PEER_GONE as exc:
+            raise PeerGoneError(f"peer closed the connection ({exc.strerror})") from exc
+
+    def send_raw(self, data: Any) -> None:
+        """Send pre-built frame bytes (header + body already in ``data``)."""
+        try:
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
+        except _PEER_GONE as exc:
+            raise PeerGoneError(f"peer closed the connection ({exc.strerror})") from exc
+
+    def recv_frame(self, deadline: float | None = None) -> tuple[int, int, memoryview]:
+        """The next frame: (msg_type, msg_id, body view valid until the next call).
+
+        Raises ``PeerGoneError`` when the peer closes (between or inside frames),
+        ``TransportTimeoutError`` past the deadline and ``BadFrameError`` for a body_len over
+        the maximum (the body is then never read).
+        """
+        self._fill(HEADER_SIZE, deadline, inside_frame=False)
+        msg_type, msg_id, body_len = HEADER.unpack_from(self.buffer, HEADER_OFFSET)
+        if body_len > self.max_body:
+            error = BadFrameError(f"body_len {body_len} exceeds the maximum {self.max_body}")
+            error.msg_id = msg_id
+            raise error
+        self.ensure_capacity(body_len)
+        frame_len = HEADER_SIZE + body_len
+        self._fill(frame_len, deadline, inside_frame=True)
+        body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
+        self._consume(frame_len)
+        return msg_type, msg_id, body
+
+    def _consume(self, frame_len: int) -> None:
+        extra = self._have - frame_len
+        if extra > 0:  # pipelined bytes: move them to the header slot (rare; keeps alignment)
+            start = HEADER_OFFSET + frame_len
+            self._pending = bytes(self._view[start : start + extra])
+        else:
+            self._pending = b""
+        self._have = 0
+
+    def _fill(self, want: int, deadline: float | None, *, inside_frame: bool) -> None:
+        if self._pending and self._have == 0:
+            n = len(self._pending)
+            self.ensure_capacity(n)
+            self._view[HEADER_OFFSET : HEADER_OFFSET + n] = self._pending
+            self._have = n
+            self._pending = b""
+        while self._have < want:
+            timeout = self.timeout
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    raise TransportTimeoutError("no response before the deadline")
+            if timeout != self._sock_timeout:
+                self.sock.settimeout(timeout)
+                self._sock_timeout = timeout
+            try:
+                start = HEADER_OFFSET + self._have
+                n = self.sock.recv_into(self._view[start:])
+            except TimeoutError as exc:
+                raise TransportTimeoutError(f"peer sent nothing for {timeout:.3g} s") from exc
+            except _PEER_GONE as exc:
+                raise PeerGoneError(f"peer reset the connection ({exc.strerror})") from exc
+            if n == 0:
+                where = "in the middle of a frame" if inside_frame or self._have else ""
+                raise PeerGoneError(f"peer closed the connection {where}".strip())
+            self._have += n
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class StreamChannel:
+    """The client side of a stream backend: numbered requests, each awaited with a deadline."""
+
+    def __init__(self, framed: FramedSocket, timeout: float | None) -> None:
+        self.framed = framed
+        self.timeout = timeout
+        self.info: dict[str, Any] = {}
+        self._next_id = 1
+
+    @property
+    def buffer(self) -> bytearray:
+        return self.framed.buffer
+
+    @property
+    def generation(self) -> int:
+        return self.framed.generation
+
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        msg_id = self._next_id
+        self._next_id = (msg_id + 1) & 0xFFFFFFFF
+        self.framed.send_frame(msg_type, msg_id, body)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        resp_type, resp_id, resp = self.framed.recv_frame(deadline)
+        if resp_id != msg_id:
+            raise ProtocolError(f"response msg_id {resp_id} does not echo request {msg_id}")
+        return resp_type, resp
+
+    def close(self) -> None:
+        self.framed.close()
+
+
+def serve_connection(framed: FramedSocket, session: Session) -> None:
+    """Answer one connection's requests until it closes or must be closed (server side)."""
+    try:
+        while True:
+            try:
+                msg_type, msg_id, body = framed.recv_frame()
+            except BadFrameError as exc:
+                error_type, error_body = session.error(ErrorCode.BODY_TOO_LARGE, str(exc))
+                framed.send_raw(session.frame(error_type, getattr(exc, "msg_id", 0), error_body))
+                return
+            resp_type, resp = session.handle(msg_type, body)
+            framed.send_raw(session.frame(resp_type, msg_id, resp))
+            if session.closing:
+                return
+    except (PeerGoneError, TransportTimeoutError, OSError):
+        return
+    finally:
+        framed.close()

@@ -1,0 +1,160 @@
+"""transport-schema: inspect a schema's layout and compile it to Python and TypeScript."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from transport.errors import SchemaError
+from transport.schema import SchemaIR, load_schema
+from transport.schema.emit_python import emit_python, emit_python_package_init
+from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
+
+_DESCRIPTION = """\
+Inspect and compile declarative transport schemas (TOML; see docs/schema.md).
+
+  transport-schema inspect schema/pac_env.toml           human-readable layout table
+  transport-schema inspect schema/pac_env.toml --json    the layout IR as JSON
+  transport-schema compile schema/*.toml                 regenerate Python and TypeScript
+  transport-schema compile schema/*.toml --check         exit 1 if generated code is stale
+
+Exit status: 0 on success, 1 on an invalid schema or stale generated code, 2 on usage errors.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="transport-schema",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="print a schema's layout (sizes, offsets, fingerprint)",
+        description="Print the validated layout of a schema: every struct's size and alignment, "
+        "every field's offset, size, count and role, the enums, the messages and the 64-bit "
+        "fingerprint (16 hex digits).",
+    )
+    inspect.add_argument("file", type=Path, help="schema file (TOML)")
+    inspect.add_argument("--json", action="store_true", help="print the layout IR as JSON")
+
+    compile_ = sub.add_parser(
+        "compile",
+        help="emit the Python and TypeScript modules of schemas",
+        description="Compile schemas to a Python module (NumPy codecs) and a TypeScript module "
+        "(DataView codecs) each, named after the schema. The TypeScript index.ts lists every "
+        "module in the TypeScript output directory.",
+    )
+    compile_.add_argument("files", type=Path, nargs="+", help="schema files (TOML)")
+    compile_.add_argument(
+        "--python-out",
+        type=Path,
+        default=Path("transport/generated"),
+        help="directory of the Python modules (default: %(default)s)",
+    )
+    compile_.add_argument(
+        "--ts-out",
+        type=Path,
+        default=Path("node_bridge/src/generated"),
+        help="directory of the TypeScript modules (default: %(default)s)",
+    )
+    compile_.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 and list the files that differ from what would be written",
+    )
+    compile_.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "inspect":
+            return _inspect(args.file, args.json)
+        return _compile(args.files, args.python_out, args.ts_out, args.check, args.json)
+    except SchemaError as exc:
+        print(f"transport-schema: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _inspect(file: Path, as_json: bool) -> int:
+    ir = load_schema(file)
+    if as_json:
+        print(json.dumps(ir.to_json(), indent=2))
+        return 0
+    print(f"schema {ir.name} version {ir.version}  fingerprint {ir.fingerprint_hex}")
+    for struct in ir.structs.values():
+        print(f"\nstruct {struct.name}  size {struct.size}  align {struct.align}  {struct.layout}")
+        print(f"  {'offset':>7} {'size':>6}  {'field':<20} {'type':<16} role")
+        end = 0
+        for f in struct.fields:
+            if f.offset > end:
+                print(f"  {end:>7} {f.offset - end:>6}  {'(padding)':<20}")
+            print(f"  {f.offset:>7} {f.size:>6}  {f.name:<20} {f.type:<16} {f.role or ''}")
+            end = f.offset + f.size
+        if struct.size > end:
+            print(f"  {end:>7} {struct.size - end:>6}  {'(padding)':<20}")
+    for enum in ir.enums.values():
+        values = ", ".join(f"{k}={v}" for k, v in enum.values.items())
+        print(f"\nenum {enum.name}: {enum.type}  {values}")
+    if ir.messages:
+        print("\nmessages")
+        for m in ir.messages.values():
+            tail = f" + {m.tail} tail" if m.tail else ""
+            print(f"  0x{m.id:02X} {m.name:<18} {m.body or '(empty)'}{tail}")
+    return 0
+
+
+def generated_files(
+    schemas: list[SchemaIR], python_out: Path, ts_out: Path
+) -> dict[Path, str]:
+    """Every file ``compile`` writes, with its content."""
+    out: dict[Path, str] = {python_out / "__init__.py": emit_python_package_init()}
+    for ir in schemas:
+        out[python_out / f"{ir.name}.py"] = emit_python(ir)
+        out[ts_out / f"{ir.name}.ts"] = emit_typescript(ir)
+    names = {ir.name for ir in schemas}
+    if ts_out.is_dir():
+        names |= {p.stem for p in ts_out.glob("*.ts") if p.name != "index.ts"}
+    out[ts_out / "index.ts"] = emit_typescript_index(sorted(names))
+    return out
+
+
+def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_json: bool) -> int:
+    schemas = [load_schema(f) for f in files]
+    seen: dict[str, Path] = {}
+    for ir, file in zip(schemas, files, strict=True):
+        if ir.name in seen:
+            raise SchemaError(f"schema name {ir.name!r} is also used by {seen[ir.name]}",
+                              file=str(file))
+        seen[ir.name] = file
+    files_out = generated_files(schemas, python_out, ts_out)
+    stale = [
+        path
+        for path, text in files_out.items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    ]
+    if not check:
+        for path in stale:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files_out[path], encoding="utf-8")
+    if as_json:
+        key = "stale" if check else "written"
+        print(json.dumps({key: [str(p) for p in stale],
+                          "fingerprints": {ir.name: ir.fingerprint_hex for ir in schemas}}))
+    elif check and stale:
+        for path in stale:
+            print(f"stale: {path}", file=sys.stderr)
+        names = " ".join(str(f) for f in files)
+        print(f"run: transport-schema compile {names}", file=sys.stderr)
+    elif not check:
+        for path in stale:
+            print(f"wrote {path}")
+        print(f"{len(files_out) - len(stale)} file(s) already up to date")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
