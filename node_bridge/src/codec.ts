@@ -1,0 +1,752 @@
+/**
+ * The codec runtime that generated modules (`src/generated/*.ts`) call.
+ *
+ * A generated module describes each struct as a `StructLayout`: four straight-line functions
+ * with the IR's offsets written in (validate values, write, strict-check bytes, read) plus a
+ * zero-copy view. `defineStruct` turns a layout into the public `StructCodec`. Everything that
+ * is the same for every schema lives here: value checks with their error codes and field paths,
+ * NaN canonicalisation, array copies, room checks.
+ *
+ * Semantics (docs/conformance.md, identical to transport/codec.py): little-endian; padding is
+ * written as 0; every NaN is written as the canonical quiet NaN (0x7FC00000 / 0x7FF8000000000000);
+ * a finite number beyond the f32 maximum is `out_of_range`; integer fields take integral numbers
+ * or bigints; u64/i64 decode to bigint; strict decoding rejects bool bytes other than 0/1,
+ * undeclared enum values and non-canonical NaNs. Errors carry the path of the first invalid
+ * element in byte-offset order (which is depth-first declaration order).
+ */
+
+import {
+  ArrayLengthError,
+  BufferSizeError,
+  CodecError,
+  InvalidBoolError,
+  InvalidEnumError,
+  MissingFieldError,
+  NonCanonicalError,
+  UnknownFieldError,
+  ValueRangeError,
+  ValueTypeError,
+} from "./errors";
+import type { FloatType, IntegerType, MessageJson, NumericType, SchemaJson } from "./ir";
+
+// -- public types --------------------------------------------------------------------------------
+
+/** Encoder, decoder and zero-copy view of one struct. */
+export interface StructCodec<T, TInput = T, TView = unknown> {
+  readonly name: string;
+  /** Encoded size in bytes. */
+  readonly size: number;
+  /** Validate `value` and encode it into a new buffer of exactly `size` bytes. */
+  encode(value: TInput): Uint8Array;
+  /** Validate `value`, then write its canonical bytes at `buf[offset, offset + size)`. */
+  encodeInto(value: TInput, buf: Uint8Array, offset?: number): void;
+  /** Decode owned values (typed arrays are copies). `strict` (default true) checks the bytes. */
+  decode(buf: Uint8Array, offset?: number, strict?: boolean): T;
+  /**
+   * A zero-copy view: scalar getters read the buffer through a DataView on every access, numeric
+   * array getters return typed arrays over the buffer itself when the absolute byte offset is
+   * aligned for the element type (and the host is little-endian), otherwise a copy.
+   */
+  view(buf: Uint8Array, offset?: number): TView;
+  /** Throw the `CodecError` that `encode` would throw for `value`, if any. */
+  validate(value: unknown): void;
+  /** Throw the `CodecError` that strict `decode` would throw for these bytes, if any. */
+  check(buf: Uint8Array, offset?: number): void;
+}
+
+/** A struct codec whose value types are not known statically (dynamic use, the testee). */
+export type AnyStructCodec = StructCodec<unknown, unknown, unknown>;
+
+/** Everything a generated module knows about its schema, for dynamic use. */
+export interface SchemaModule {
+  readonly name: string;
+  readonly version: number;
+  /** The fingerprint stored in the generated module (see fingerprint.ts to recompute it). */
+  readonly fingerprint: bigint;
+  readonly fingerprintHex: string;
+  /** The layout IR, the same JSON as Python's `SchemaIR.to_json()`. */
+  readonly ir: SchemaJson;
+  readonly structs: Readonly<Record<string, AnyStructCodec>>;
+  readonly messages: Readonly<Record<string, MessageJson>>;
+}
+
+/** What a generated module writes for each struct; `defineStruct` makes it a `StructCodec`. */
+export interface StructLayout<T, TInput, TView> {
+  readonly name: string;
+  readonly size: number;
+  /** Check plain values; `path` is the field-path prefix ("" or "results[2]."). */
+  validateAt(value: unknown, path: string): void;
+  /** Write already validated values at `at` (padding must already be zero). */
+  writeAt(dv: DataView, at: number, value: TInput): void;
+  /** Strict checks of encoded bytes, in byte-offset order. */
+  checkAt(dv: DataView, at: number, path: string): void;
+  readAt(dv: DataView, at: number): T;
+  viewAt(dv: DataView, at: number): TView;
+}
+
+export function defineStruct<T, TInput, TView>(
+  layout: StructLayout<T, TInput, TView>,
+): StructCodec<T, TInput, TView> {
+  const { name, size } = layout;
+  const attach = (error: unknown): unknown =>
+    error instanceof CodecError ? error.withStruct(name) : error;
+  return {
+    name,
+    size,
+    encode(value: TInput): Uint8Array {
+      const buf = new Uint8Array(size);
+      this.encodeInto(value, buf, 0);
+      return buf;
+    },
+    encodeInto(value: TInput, buf: Uint8Array, offset = 0): void {
+      try {
+        requireRoom(buf, offset, size);
+        layout.validateAt(value, "");
+      } catch (error) {
+        throw attach(error);
+      }
+      buf.fill(0, offset, offset + size);
+      layout.writeAt(dataViewOf(buf), offset, value);
+    },
+    decode(buf: Uint8Array, offset = 0, strict = true): T {
+      const dv = dataViewOf(buf);
+      try {
+        requireRoom(buf, offset, size);
+        if (strict) layout.checkAt(dv, offset, "");
+      } catch (error) {
+        throw attach(error);
+      }
+      return layout.readAt(dv, offset);
+    },
+    view(buf: Uint8Array, offset = 0): TView {
+      try {
+        requireRoom(buf, offset, size);
+      } catch (error) {
+        throw attach(error);
+      }
+      return layout.viewAt(dataViewOf(buf), offset);
+    },
+    validate(value: unknown): void {
+      try {
+        layout.validateAt(value, "");
+      } catch (error) {
+        throw attach(error);
+      }
+    },
+    check(buf: Uint8Array, offset = 0): void {
+      try {
+        requireRoom(buf, offset, size);
+        layout.checkAt(dataViewOf(buf), offset, "");
+      } catch (error) {
+        throw attach(error);
+      }
+    },
+  };
+}
+
+export function defineSchema(
+  ir: SchemaJson,
+  fingerprint: bigint,
+  structs: Readonly<Record<string, AnyStructCodec>>,
+): SchemaModule {
+  return {
+    name: ir.name,
+    version: ir.version,
+    fingerprint,
+    fingerprintHex: ir.fingerprint,
+    ir,
+    structs,
+    messages: ir.messages,
+  };
+}
+
+// -- buffers -------------------------------------------------------------------------------------
+
+/** True on little-endian hosts, where typed arrays over wire bytes read them correctly. */
+export const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+export function dataViewOf(buf: Uint8Array): DataView {
+  return new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+}
+
+function requireRoom(buf: Uint8Array, offset: number, size: number): void {
+  if (!Number.isInteger(offset) || offset < 0 || buf.byteLength - offset < size) {
+    throw new BufferSizeError(
+      `needs ${size} bytes at offset ${offset}, buffer has ${buf.byteLength}`,
+    );
+  }
+}
+
+// -- sets the generated modules build once ------------------------------------------------------
+
+/** The field names of a struct, for `rejectUnknownFields`. */
+export function nameSet(names: readonly string[]): ReadonlySet<string> {
+  return new Set(names);
+}
+
+/** The declared values of an enum object (`{ NONE: -1, CHI: 0 } as const`). */
+export function enumValueSet(values: Readonly<Record<string, number>>): ReadonlySet<number> {
+  return new Set(Object.values(values));
+}
+
+// -- paths and value kinds -----------------------------------------------------------------------
+
+/** `prefix + name`, with `[index]` when index >= 0: "results[2].observation[5]". */
+function pathOf(prefix: string, name: string, index: number): string {
+  return index < 0 ? prefix + name : `${prefix}${name}[${index}]`;
+}
+
+function describe(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "bigint") return value.toString();
+  if (value === null || typeof value !== "object") return String(value);
+  return Array.isArray(value) ? "an array" : `a ${value.constructor?.name ?? "object"}`;
+}
+
+function isArrayValue(value: unknown): value is ArrayLike<unknown> {
+  return Array.isArray(value) || (ArrayBuffer.isView(value) && !(value instanceof DataView));
+}
+
+/** A struct value must be a plain mapping (not an array, not a typed array). */
+export function asFields(value: unknown, path: string): Readonly<Record<string, unknown>> {
+  if (value === null || typeof value !== "object" || isArrayValue(value)) {
+    const where = path.endsWith(".") ? path.slice(0, -1) : path;
+    throw new ValueTypeError(`expected a mapping of field values, not ${describe(value)}`, where);
+  }
+  return value as Readonly<Record<string, unknown>>;
+}
+
+/** The value of one field; `missing_field` when absent (or undefined). */
+export function fieldValue(
+  fields: Readonly<Record<string, unknown>>,
+  name: string,
+  path: string,
+): unknown {
+  const value = Object.prototype.hasOwnProperty.call(fields, name) ? fields[name] : undefined;
+  if (value === undefined) throw new MissingFieldError("no value given", path + name);
+  return value;
+}
+
+/** After every field checked out: `unknown_field` for the first extra name in sorted order. */
+export function rejectUnknownFields(
+  fields: Readonly<Record<string, unknown>>,
+  known: ReadonlySet<string>,
+  path: string,
+): void {
+  const names = Object.keys(fields);
+  if (names.length === known.size) return; // every known field is present, so no extras
+  const extra = names.filter((name) => !known.has(name)).sort();
+  if (extra.length > 0) {
+    throw new UnknownFieldError(`not a field of this struct: ${extra.join(", ")}`, path + extra[0]);
+  }
+}
+
+/** An array value of exactly `count` elements (`wrong_type` / `array_length` otherwise). */
+export function checkArray(
+  value: unknown,
+  count: number,
+  path: string,
+  name: string,
+): ArrayLike<unknown> {
+  if (!isArrayValue(value)) {
+    throw new ValueTypeError(`expected an array of ${count}, not ${describe(value)}`, path + name);
+  }
+  if (value.length !== count) {
+    throw new ArrayLengthError(`expected ${count} elements, got ${value.length}`, path + name);
+  }
+  return value;
+}
+
+// -- scalar value checks -------------------------------------------------------------------------
+
+/** The largest finite f32, as a double. */
+export const F32_MAX = 3.4028234663852886e38;
+
+const INTEGER_RANGES: Readonly<Record<IntegerType, readonly [bigint, bigint]>> = {
+  u8: [0n, 0xffn],
+  u16: [0n, 0xffffn],
+  u32: [0n, 0xffffffffn],
+  u64: [0n, 0xffffffffffffffffn],
+  i8: [-0x80n, 0x7fn],
+  i16: [-0x8000n, 0x7fffn],
+  i32: [-0x80000000n, 0x7fffffffn],
+  i64: [-0x8000000000000000n, 0x7fffffffffffffffn],
+};
+
+/** The same ranges as numbers, exact for every type narrower than 64 bits. */
+const NUMBER_RANGES: Readonly<Record<IntegerType, readonly [number, number]>> = {
+  u8: [0, 0xff],
+  u16: [0, 0xffff],
+  u32: [0, 0xffffffff],
+  u64: [0, 2 ** 64],
+  i8: [-0x80, 0x7f],
+  i16: [-0x8000, 0x7fff],
+  i32: [-0x80000000, 0x7fffffff],
+  i64: [-(2 ** 63), 2 ** 63],
+};
+
+function integerOf(value: unknown, path: string, name: string, index: number): number | bigint {
+  if ((typeof value === "number" && Number.isInteger(value)) || typeof value === "bigint") {
+    return value;
+  }
+  throw new ValueTypeError(
+    `expected an integer, not ${describe(value)}`,
+    pathOf(path, name, index),
+  );
+}
+
+export function checkInteger(
+  value: unknown,
+  type: IntegerType,
+  path: string,
+  name: string,
+  index = -1,
+): void {
+  const number = integerOf(value, path, name, index);
+  let inRange: boolean;
+  if (typeof number === "number" && type !== "u64" && type !== "i64") {
+    const [lo, hi] = NUMBER_RANGES[type];
+    inRange = number >= lo && number <= hi;
+  } else {
+    const [lo, hi] = INTEGER_RANGES[type];
+    const big = BigInt(number);
+    inRange = big >= lo && big <= hi;
+  }
+  if (!inRange) {
+    throw new ValueRangeError(`${number} does not fit ${type}`, pathOf(path, name, index));
+  }
+}
+
+export function checkFloat(
+  value: unknown,
+  type: FloatType,
+  path: string,
+  name: string,
+  index = -1,
+): void {
+  let number: number;
+  if (typeof value === "number") number = value;
+  else if (typeof value === "bigint") number = Number(value);
+  else {
+    throw new ValueTypeError(
+      `expected a number, not ${describe(value)}`,
+      pathOf(path, name, index),
+    );
+  }
+  const overflows = typeof value === "bigint" ? !Number.isFinite(number) : false;
+  if (type === "f32" && (overflows || (Number.isFinite(number) && Math.abs(number) > F32_MAX))) {
+    throw new ValueRangeError(`${describe(value)} does not fit f32`, pathOf(path, name, index));
+  }
+}
+
+export function checkBool(value: unknown, path: string, name: string, index = -1): void {
+  if (typeof value !== "boolean") {
+    throw new ValueTypeError(`expected a bool, not ${describe(value)}`, pathOf(path, name, index));
+  }
+}
+
+export function checkEnum(
+  value: unknown,
+  declared: ReadonlySet<number>,
+  enumName: string,
+  path: string,
+  name: string,
+  index = -1,
+): void {
+  const number = integerOf(value, path, name, index);
+  if (!declared.has(Number(number))) {
+    throw new InvalidEnumError(
+      `${describe(value)} is not a value of enum ${enumName}`,
+      pathOf(path, name, index),
+    );
+  }
+}
+
+// -- array value checks --------------------------------------------------------------------------
+
+interface NumericArrays {
+  u8: Uint8Array;
+  u16: Uint16Array;
+  u32: Uint32Array;
+  u64: BigUint64Array;
+  i8: Int8Array;
+  i16: Int16Array;
+  i32: Int32Array;
+  i64: BigInt64Array;
+  f32: Float32Array;
+  f64: Float64Array;
+}
+
+type TypedArrayOf<K extends NumericType> = NumericArrays[K];
+
+interface TypedArrayConstructorOf<K extends NumericType> {
+  new (length: number): TypedArrayOf<K>;
+  new (buffer: ArrayBufferLike, byteOffset: number, length: number): TypedArrayOf<K>;
+  readonly BYTES_PER_ELEMENT: number;
+}
+
+const TYPED_ARRAYS: { readonly [K in NumericType]: TypedArrayConstructorOf<K> } = {
+  u8: Uint8Array,
+  u16: Uint16Array,
+  u32: Uint32Array,
+  u64: BigUint64Array,
+  i8: Int8Array,
+  i16: Int16Array,
+  i32: Int32Array,
+  i64: BigInt64Array,
+  f32: Float32Array,
+  f64: Float64Array,
+};
+
+export function checkIntegerArray(
+  value: unknown,
+  type: IntegerType,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  const items = checkArray(value, count, path, name);
+  if (items instanceof TYPED_ARRAYS[type]) return; // the element type guarantees the range
+  for (let i = 0; i < count; i++) checkInteger(items[i], type, path, name, i);
+}
+
+export function checkFloatArray(
+  value: unknown,
+  type: FloatType,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  const items = checkArray(value, count, path, name);
+  if (items instanceof Float32Array || (type === "f64" && items instanceof Float64Array)) return;
+  for (let i = 0; i < count; i++) checkFloat(items[i], type, path, name, i);
+}
+
+export function checkBoolArray(value: unknown, count: number, path: string, name: string): void {
+  const items = checkArray(value, count, path, name);
+  for (let i = 0; i < count; i++) checkBool(items[i], path, name, i);
+}
+
+export function checkEnumArray(
+  value: unknown,
+  declared: ReadonlySet<number>,
+  enumName: string,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  const items = checkArray(value, count, path, name);
+  for (let i = 0; i < count; i++) checkEnum(items[i], declared, enumName, path, name, i);
+}
+
+export function checkStructArray(
+  layout: StructLayout<unknown, unknown, unknown>,
+  value: unknown,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  const items = checkArray(value, count, path, name);
+  for (let i = 0; i < count; i++) layout.validateAt(items[i], `${path}${name}[${i}].`);
+}
+
+// -- writing -------------------------------------------------------------------------------------
+
+/** An integer field's value as a number (values are validated before they are written). */
+export function toNumber(value: number | bigint): number {
+  return typeof value === "bigint" ? Number(value) : value;
+}
+
+export function toBigInt(value: number | bigint): bigint {
+  return typeof value === "bigint" ? value : BigInt(value);
+}
+
+const F32_CANONICAL_NAN = 0x7fc00000;
+const F64_CANONICAL_NAN_HIGH = 0x7ff80000;
+
+/** Write an f32, rounding to nearest even; NaN becomes the canonical quiet NaN. */
+export function setF32(dv: DataView, at: number, value: number | bigint): void {
+  const number = toNumber(value);
+  if (Number.isNaN(number)) dv.setUint32(at, F32_CANONICAL_NAN, true);
+  else dv.setFloat32(at, number, true);
+}
+
+/** Write an f64; NaN becomes the canonical quiet NaN. */
+export function setF64(dv: DataView, at: number, value: number | bigint): void {
+  const number = toNumber(value);
+  if (Number.isNaN(number)) {
+    dv.setUint32(at, 0, true);
+    dv.setUint32(at + 4, F64_CANONICAL_NAN_HIGH, true);
+  } else dv.setFloat64(at, number, true);
+}
+
+type ElementWriter = (dv: DataView, at: number, value: number | bigint) => void;
+
+const ELEMENT_WRITERS: Readonly<Record<NumericType, ElementWriter>> = {
+  u8: (dv, at, v) => dv.setUint8(at, toNumber(v)),
+  u16: (dv, at, v) => dv.setUint16(at, toNumber(v), true),
+  u32: (dv, at, v) => dv.setUint32(at, toNumber(v), true),
+  u64: (dv, at, v) => dv.setBigUint64(at, toBigInt(v), true),
+  i8: (dv, at, v) => dv.setInt8(at, toNumber(v)),
+  i16: (dv, at, v) => dv.setInt16(at, toNumber(v), true),
+  i32: (dv, at, v) => dv.setInt32(at, toNumber(v), true),
+  i64: (dv, at, v) => dv.setBigInt64(at, toBigInt(v), true),
+  f32: setF32,
+  f64: setF64,
+};
+
+/** Write `count` validated numbers; a typed array of the field's own type is copied in bulk. */
+export function writeArray(
+  dv: DataView,
+  at: number,
+  type: NumericType,
+  values: ArrayLike<number | bigint>,
+  count: number,
+): void {
+  const size = TYPED_ARRAYS[type].BYTES_PER_ELEMENT;
+  if (LITTLE_ENDIAN_HOST && values instanceof TYPED_ARRAYS[type]) {
+    const source = values as ArrayBufferView;
+    const bytes = new Uint8Array(source.buffer, source.byteOffset, count * size);
+    new Uint8Array(dv.buffer, dv.byteOffset + at, count * size).set(bytes);
+    if (type === "f32" || type === "f64") {
+      const write = ELEMENT_WRITERS[type];
+      for (let i = 0; i < count; i++) {
+        const value = values[i] as number;
+        if (value !== value) write(dv, at + i * size, value);
+      }
+    }
+    return;
+  }
+  const write = ELEMENT_WRITERS[type];
+  for (let i = 0; i < count; i++) write(dv, at + i * size, values[i] as number | bigint);
+}
+
+export function writeBoolArray(
+  dv: DataView,
+  at: number,
+  values: ArrayLike<boolean>,
+  count: number,
+): void {
+  for (let i = 0; i < count; i++) dv.setUint8(at + i, values[i] ? 1 : 0);
+}
+
+export function writeStructArray<TInput>(
+  layout: StructLayout<unknown, TInput, unknown>,
+  dv: DataView,
+  at: number,
+  values: ArrayLike<TInput>,
+  count: number,
+): void {
+  for (let i = 0; i < count; i++) layout.writeAt(dv, at + i * layout.size, values[i] as TInput);
+}
+
+// -- strict checks of encoded bytes --------------------------------------------------------------
+
+function hex(value: number, digits: number): string {
+  return value.toString(16).padStart(digits, "0");
+}
+
+export function checkBoolByte(
+  dv: DataView,
+  at: number,
+  path: string,
+  name: string,
+  index = -1,
+): void {
+  const byte = dv.getUint8(at);
+  if (byte > 1) {
+    throw new InvalidBoolError(`bool byte is ${byte}, not 0 or 1`, pathOf(path, name, index));
+  }
+}
+
+export function checkBoolBytes(
+  dv: DataView,
+  at: number,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  for (let i = 0; i < count; i++) checkBoolByte(dv, at + i, path, name, i);
+}
+
+type ElementReader = (dv: DataView, at: number) => number | bigint;
+
+const ELEMENT_READERS: Readonly<Record<NumericType, ElementReader>> = {
+  u8: (dv, at) => dv.getUint8(at),
+  u16: (dv, at) => dv.getUint16(at, true),
+  u32: (dv, at) => dv.getUint32(at, true),
+  u64: (dv, at) => dv.getBigUint64(at, true),
+  i8: (dv, at) => dv.getInt8(at),
+  i16: (dv, at) => dv.getInt16(at, true),
+  i32: (dv, at) => dv.getInt32(at, true),
+  i64: (dv, at) => dv.getBigInt64(at, true),
+  f32: (dv, at) => dv.getFloat32(at, true),
+  f64: (dv, at) => dv.getFloat64(at, true),
+};
+
+export function checkEnumStored(
+  dv: DataView,
+  at: number,
+  type: IntegerType,
+  declared: ReadonlySet<number>,
+  enumName: string,
+  path: string,
+  name: string,
+  index = -1,
+): void {
+  const stored = Number(ELEMENT_READERS[type](dv, at));
+  if (!declared.has(stored)) {
+    throw new InvalidEnumError(
+      `${stored} is not a value of enum ${enumName}`,
+      pathOf(path, name, index),
+    );
+  }
+}
+
+export function checkEnumsStored(
+  dv: DataView,
+  at: number,
+  type: IntegerType,
+  declared: ReadonlySet<number>,
+  enumName: string,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  const size = TYPED_ARRAYS[type].BYTES_PER_ELEMENT;
+  for (let i = 0; i < count; i++) {
+    checkEnumStored(dv, at + i * size, type, declared, enumName, path, name, i);
+  }
+}
+
+/** Strict check of one stored float: a NaN must be the canonical quiet NaN. */
+export function checkFloatBits(
+  dv: DataView,
+  at: number,
+  type: FloatType,
+  path: string,
+  name: string,
+  index = -1,
+): void {
+  if (type === "f32") {
+    const bits = dv.getUint32(at, true);
+    const isNaN = (bits & 0x7f800000) === 0x7f800000 && (bits & 0x007fffff) !== 0;
+    if (isNaN && bits !== F32_CANONICAL_NAN) throw nonCanonical(hex(bits, 8), path, name, index);
+    return;
+  }
+  const low = dv.getUint32(at, true);
+  const high = dv.getUint32(at + 4, true);
+  const isNaN = (high & 0x7ff00000) === 0x7ff00000 && ((high & 0x000fffff) !== 0 || low !== 0);
+  if (isNaN && (high !== F64_CANONICAL_NAN_HIGH || low !== 0)) {
+    throw nonCanonical(hex(high, 8) + hex(low, 8), path, name, index);
+  }
+}
+
+function nonCanonical(bits: string, path: string, name: string, index: number): CodecError {
+  return new NonCanonicalError(
+    `NaN bits ${bits} are not the canonical quiet NaN`,
+    pathOf(path, name, index),
+  );
+}
+
+export function checkFloatsBits(
+  dv: DataView,
+  at: number,
+  type: FloatType,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  const size = type === "f32" ? 4 : 8;
+  for (let i = 0; i < count; i++) checkFloatBits(dv, at + i * size, type, path, name, i);
+}
+
+export function checkStructsStored(
+  layout: StructLayout<unknown, unknown, unknown>,
+  dv: DataView,
+  at: number,
+  count: number,
+  path: string,
+  name: string,
+): void {
+  for (let i = 0; i < count; i++) {
+    layout.checkAt(dv, at + i * layout.size, `${path}${name}[${i}].`);
+  }
+}
+
+// -- reading -------------------------------------------------------------------------------------
+
+/** An owned copy of `count` stored numbers as the matching typed array. */
+export function readArray<K extends NumericType>(
+  dv: DataView,
+  at: number,
+  type: K,
+  count: number,
+): TypedArrayOf<K> {
+  const Typed = TYPED_ARRAYS[type];
+  const out = new Typed(count);
+  if (LITTLE_ENDIAN_HOST) {
+    const bytes = count * Typed.BYTES_PER_ELEMENT;
+    new Uint8Array(out.buffer, 0, bytes).set(new Uint8Array(dv.buffer, dv.byteOffset + at, bytes));
+    return out;
+  }
+  const read = ELEMENT_READERS[type];
+  const items = out as unknown as Array<number | bigint>;
+  for (let i = 0; i < count; i++) items[i] = read(dv, at + i * Typed.BYTES_PER_ELEMENT);
+  return out;
+}
+
+/** Non-zero bytes read as true (strict decoding has already rejected bytes other than 0/1). */
+export function readBoolArray(dv: DataView, at: number, count: number): boolean[] {
+  const out = new Array<boolean>(count);
+  for (let i = 0; i < count; i++) out[i] = dv.getUint8(at + i) !== 0;
+  return out;
+}
+
+export function readStructArray<T>(
+  layout: StructLayout<T, unknown, unknown>,
+  dv: DataView,
+  at: number,
+  count: number,
+): T[] {
+  const out = new Array<T>(count);
+  for (let i = 0; i < count; i++) out[i] = layout.readAt(dv, at + i * layout.size);
+  return out;
+}
+
+// -- zero-copy views -----------------------------------------------------------------------------
+
+/**
+ * A typed array over the stored numbers themselves when their absolute byte offset is aligned
+ * for the element type and the host is little-endian; otherwise (packed layouts at odd offsets,
+ * big-endian hosts) an owned copy, which does not see later writes to the buffer.
+ */
+export function viewArray<K extends NumericType>(
+  dv: DataView,
+  at: number,
+  type: K,
+  count: number,
+): TypedArrayOf<K> {
+  const Typed = TYPED_ARRAYS[type];
+  const start = dv.byteOffset + at;
+  if (LITTLE_ENDIAN_HOST && start % Typed.BYTES_PER_ELEMENT === 0) {
+    return new Typed(dv.buffer, start, count);
+  }
+  return readArray(dv, at, type, count);
+}
+
+/** The raw bytes of a bool array (0 or 1 each in canonical data), without a copy. */
+export function viewBoolBytes(dv: DataView, at: number, count: number): Uint8Array {
+  return new Uint8Array(dv.buffer, dv.byteOffset + at, count);
+}
+
+export function viewStructArray<TView>(
+  layout: StructLayout<unknown, unknown, TView>,
+  dv: DataView,
+  at: number,
+  count: number,
+): TView[] {
+  const out = new Array<TView>(count);
+  for (let i = 0; i < count; i++) out[i] = layout.viewAt(dv, at + i * layout.size);
+  return out;
+}

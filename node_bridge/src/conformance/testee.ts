@@ -1,0 +1,201 @@
+/**
+ * The Node conformance testee (docs/conformance.md, "The testee protocol").
+ *
+ * Reads u32-LE length-prefixed msgpack requests on stdin and answers each with one frame on
+ * stdout, in order, until stdin closes or `{"op": "exit"}`. Every JavaScript number goes out as a
+ * msgpack float64 and every bigint as a 64-bit integer, so -0, infinities and NaN survive.
+ *
+ *   node node_bridge/dist/conformance/testee.js
+ */
+
+import { Decoder, Encoder } from "@msgpack/msgpack";
+import fc from "fast-check";
+
+import type { AnyStructCodec, SchemaModule } from "../codec";
+import { CodecError } from "../errors";
+import { computeFingerprint } from "../fingerprint";
+import { SCHEMAS } from "../generated";
+import { structArbitrary } from "./arbitraries";
+import { FrameReader, frame } from "./frames";
+import { fromWire, toWire } from "./wire";
+
+type Request = Readonly<Record<string, unknown>>;
+type Response = Record<string, unknown>;
+
+/** A request the testee cannot serve: answered with `{"ok": false, "error": message}`. */
+class BadRequest extends Error {}
+
+const decoder = new Decoder({ useBigInt64: true });
+const encoder = new Encoder({ useBigInt64: true, forceIntegerToFloat: true });
+
+function errorOf(error: CodecError): Response {
+  return { code: error.code, field: error.field, message: error.message };
+}
+
+/** Run `work`; a CodecError becomes the per-item `{"error": E}` result. */
+function attempt(work: () => Response): Response {
+  try {
+    return work();
+  } catch (error) {
+    if (error instanceof CodecError) return { error: errorOf(error) };
+    throw error;
+  }
+}
+
+/** `record[key]` for an own key only (never an Object.prototype member). */
+function own<T>(record: Readonly<Record<string, T>>, key: unknown): T | undefined {
+  return typeof key === "string" && Object.prototype.hasOwnProperty.call(record, key)
+    ? record[key]
+    : undefined;
+}
+
+function schemaOf(request: Request): SchemaModule {
+  const name = request["schema"];
+  const schema = own(SCHEMAS, name);
+  if (schema === undefined) throw new BadRequest(`unknown schema ${String(name)}`);
+  return schema;
+}
+
+function structOf(request: Request): { schema: SchemaModule; codec: AnyStructCodec } {
+  const schema = schemaOf(request);
+  const name = request["struct"];
+  const codec = own(schema.structs, name);
+  if (codec === undefined) throw new BadRequest(`unknown struct ${String(name)} in ${schema.name}`);
+  return { schema, codec };
+}
+
+function listOf(request: Request, key: string): unknown[] {
+  const items = request[key];
+  if (!Array.isArray(items)) throw new BadRequest(`${key} must be an array`);
+  return items;
+}
+
+function buffersOf(request: Request): Uint8Array[] {
+  return listOf(request, "buffers").map((item) => {
+    if (!(item instanceof Uint8Array)) throw new BadRequest("buffers must be msgpack bin");
+    return item;
+  });
+}
+
+function countOf(value: unknown, what: string): number {
+  const number = typeof value === "bigint" ? Number(value) : value;
+  if (typeof number !== "number" || !Number.isInteger(number) || number < 0) {
+    throw new BadRequest(`${what} must be a non-negative integer`);
+  }
+  return number;
+}
+
+/** fast-check seeds are 32-bit integers; larger seeds are reduced modulo 2^32. */
+function seedOf(value: unknown): number {
+  if (value === undefined) return 0;
+  if (typeof value === "bigint") return Number(BigInt.asIntN(32, value));
+  if (typeof value !== "number" || !Number.isInteger(value)) {
+    throw new BadRequest("seed must be an integer");
+  }
+  return Number(BigInt.asIntN(32, BigInt(value)));
+}
+
+function handle(request: Request): Response {
+  switch (request["op"]) {
+    case "hello":
+      return { ok: true, lang: "node", schemas: Object.keys(SCHEMAS).sort() };
+    case "fingerprint": {
+      const schema = schemaOf(request);
+      return {
+        ok: true,
+        computed: computeFingerprint(schema.ir).hex,
+        declared: schema.fingerprintHex,
+      };
+    }
+    case "encode": {
+      const { codec } = structOf(request);
+      const results = listOf(request, "values").map((value) =>
+        attempt(() => ({ bytes: codec.encode(fromWire(value)) })),
+      );
+      return { ok: true, results };
+    }
+    case "decode": {
+      const { codec } = structOf(request);
+      const strict = request["strict"] !== false;
+      const results = buffersOf(request).map((buf) =>
+        attempt(() => ({ values: toWire(codec.decode(buf, 0, strict)) })),
+      );
+      return { ok: true, results };
+    }
+    case "roundtrip": {
+      const { codec } = structOf(request);
+      const results = buffersOf(request).map((buf) =>
+        attempt(() => {
+          const values = codec.decode(buf, 0, true);
+          return { values: toWire(values), bytes: codec.encode(values) };
+        }),
+      );
+      return { ok: true, results };
+    }
+    case "generate": {
+      const { schema, codec } = structOf(request);
+      const numRuns = countOf(request["count"], "count");
+      const seed = seedOf(request["seed"]);
+      const samples =
+        numRuns === 0 ? [] : fc.sample(structArbitrary(schema.ir, codec.name), { seed, numRuns });
+      const results = samples.map((values) => ({
+        values: toWire(values),
+        bytes: codec.encode(values),
+      }));
+      return { ok: true, results };
+    }
+    case "exit":
+      return { ok: true };
+    default:
+      throw new BadRequest(`unknown op ${String(request["op"])}`);
+  }
+}
+
+function respond(body: Uint8Array): boolean {
+  return process.stdout.write(frame(body));
+}
+
+function serve(body: Buffer): "continue" | "exit" {
+  let response: Response;
+  let op: unknown;
+  try {
+    const request = decoder.decode(body);
+    if (request === null || typeof request !== "object" || Array.isArray(request)) {
+      throw new BadRequest("a request must be a msgpack map");
+    }
+    op = (request as Request)["op"];
+    response = handle(request as Request);
+  } catch (error) {
+    const message = error instanceof Error ? error.message : String(error);
+    response = {
+      ok: false,
+      error: error instanceof BadRequest ? message : `internal error: ${message}`,
+    };
+  }
+  const writable = respond(encoder.encode(response));
+  if (op === "exit") return "exit";
+  if (!writable) {
+    process.stdin.pause();
+    process.stdout.once("drain", () => process.stdin.resume());
+  }
+  return "continue";
+}
+
+function main(): void {
+  const reader = new FrameReader();
+  process.stdin.on("data", (chunk: Buffer) => {
+    for (const body of reader.push(chunk)) {
+      if (serve(body) === "exit") {
+        process.stdin.pause();
+        process.stdout.write(new Uint8Array(0), () => process.exit(0));
+        return;
+      }
+    }
+  });
+  process.stdin.on("end", () => {
+    if (reader.pending > 0)
+      process.stderr.write(`testee: ${reader.pending} bytes of a partial frame at end of input\n`);
+  });
+}
+
+main();

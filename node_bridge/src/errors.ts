@@ -1,0 +1,110 @@
+/**
+ * One typed error tree, mirroring `transport/errors.py`.
+ *
+ * Every error the library throws derives from `TransportError`. Codec errors carry a stable
+ * `code` (the same strings as the Python side) and the `field` path of the first invalid element
+ * (`results[2].observation[5]`, `""` for the struct itself), so the conformance suite can check
+ * that both languages refuse the same input for the same reason.
+ */
+
+/** Base class of every error thrown by the transport library. */
+export class TransportError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = new.target.name;
+  }
+}
+
+/** A schema file or an embedded IR is invalid. */
+export class SchemaError extends TransportError {}
+
+export const CODEC_ERROR_CODES = [
+  "buffer_size",
+  "out_of_range",
+  "wrong_type",
+  "array_length",
+  "missing_field",
+  "unknown_field",
+  "invalid_bool",
+  "invalid_enum",
+  "non_canonical",
+] as const;
+
+export type CodecErrorCode = (typeof CODEC_ERROR_CODES)[number];
+
+/** A value or a buffer cannot be encoded or decoded under a struct's layout. */
+export abstract class CodecError extends TransportError {
+  abstract readonly code: CodecErrorCode;
+  /** Field path of the offending element; `""` for the struct itself. */
+  readonly field: string;
+  /** Name of the top-level struct being encoded or decoded; `""` until known. */
+  struct: string;
+  /** The message without its location prefix. */
+  readonly reason: string;
+
+  constructor(reason: string, field = "", struct = "") {
+    super(formatMessage(reason, field, struct));
+    this.reason = reason;
+    this.field = field;
+    this.struct = struct;
+  }
+
+  /** Record which top-level struct the error belongs to (first caller wins). */
+  withStruct(struct: string): this {
+    if (this.struct === "") {
+      this.struct = struct;
+      this.message = formatMessage(this.reason, this.field, struct);
+    }
+    return this;
+  }
+}
+
+function formatMessage(reason: string, field: string, struct: string): string {
+  const location = struct && field ? `${struct}.${field}` : struct || field;
+  return location ? `${location}: ${reason}` : reason;
+}
+
+/** The buffer is shorter than the struct at the given offset. */
+export class BufferSizeError extends CodecError {
+  readonly code = "buffer_size";
+}
+
+/** A number does not fit the field's type (integer range, or a finite value beyond f32). */
+export class ValueRangeError extends CodecError {
+  readonly code = "out_of_range";
+}
+
+/** A value has the wrong kind for its field (a string for a number, a number for a bool). */
+export class ValueTypeError extends CodecError {
+  readonly code = "wrong_type";
+}
+
+/** An array value does not have the field's fixed element count. */
+export class ArrayLengthError extends CodecError {
+  readonly code = "array_length";
+}
+
+/** A bool byte other than 0 or 1 was found in strict decoding. */
+export class InvalidBoolError extends CodecError {
+  readonly code = "invalid_bool";
+}
+
+/** An enum value is not declared by the enum (encoding, or strict decoding). */
+export class InvalidEnumError extends CodecError {
+  readonly code = "invalid_enum";
+}
+
+/** A NaN other than the canonical quiet NaN was found in strict decoding. */
+export class NonCanonicalError extends CodecError {
+  readonly code = "non_canonical";
+}
+
+/** No value was given for a field of the struct. */
+export class MissingFieldError extends CodecError {
+  readonly code = "missing_field";
+}
+
+/** A value was given for a name that is not a field of the struct. */
+export class UnknownFieldError extends CodecError {
+  readonly code = "unknown_field";
+}

@@ -1,0 +1,111 @@
+/**
+ * The layout IR in its JSON form (`transport-schema inspect --json`, `SchemaIR.to_json()` in
+ * Python), as embedded in every generated module, plus the few helpers that read it.
+ */
+
+export type IntegerType = "u8" | "u16" | "u32" | "u64" | "i8" | "i16" | "i32" | "i64";
+export type FloatType = "f32" | "f64";
+export type NumericType = IntegerType | FloatType;
+export type ScalarType = NumericType | "bool";
+
+/** Scalar type name -> size in bytes (natural alignment equals the size). */
+export const SCALAR_SIZES: Readonly<Record<ScalarType, number>> = {
+  u8: 1,
+  u16: 2,
+  u32: 4,
+  u64: 8,
+  i8: 1,
+  i16: 2,
+  i32: 4,
+  i64: 8,
+  f32: 4,
+  f64: 8,
+  bool: 1,
+};
+
+export interface FieldJson {
+  readonly name: string;
+  /** As written, normalised: "f32", "f32[612]", "StepResult[8]", "Command". */
+  readonly type: string;
+  readonly offset: number;
+  /** Total bytes of the field (element size * count). */
+  readonly size: number;
+  /** Element count; 1 for a non-array field. */
+  readonly count: number;
+  readonly role?: string;
+}
+
+export interface StructJson {
+  readonly size: number;
+  readonly align: number;
+  readonly layout: string;
+  readonly fields: readonly FieldJson[];
+}
+
+export interface EnumJson {
+  readonly type: string;
+  readonly values: Readonly<Record<string, number>>;
+}
+
+export interface MessageJson {
+  readonly id: number;
+  /** Struct name of the body, or null for an empty body. */
+  readonly body: string | null;
+  /** A variable-length tail after the body: "msgpack" or "utf8". */
+  readonly tail?: string;
+  /** The body is one or more bodies back to back (one per env). */
+  readonly batch?: boolean;
+}
+
+export interface SchemaJson {
+  readonly name: string;
+  readonly version: number;
+  readonly fingerprint: string;
+  readonly structs: Readonly<Record<string, StructJson>>;
+  readonly enums: Readonly<Record<string, EnumJson>>;
+  readonly messages: Readonly<Record<string, MessageJson>>;
+}
+
+/** What a field's element is, resolved against the schema (mirrors Python's FieldIR.kind). */
+export type ElementKind =
+  | { readonly kind: "int"; readonly type: IntegerType }
+  | { readonly kind: "float"; readonly type: FloatType }
+  | { readonly kind: "bool" }
+  | {
+      readonly kind: "enum";
+      readonly name: string;
+      readonly type: IntegerType;
+      readonly values: readonly number[];
+    }
+  | { readonly kind: "struct"; readonly name: string };
+
+export interface ResolvedField {
+  readonly field: FieldJson;
+  readonly element: ElementKind;
+  readonly isArray: boolean;
+}
+
+export function isScalarType(name: string): name is ScalarType {
+  return Object.prototype.hasOwnProperty.call(SCALAR_SIZES, name);
+}
+
+/** Resolve a field's type string ("f32[612]", "Meld[4]", "Agent") against its schema. */
+export function resolveField(schema: SchemaJson, field: FieldJson): ResolvedField {
+  const bracket = field.type.indexOf("[");
+  const elem = bracket < 0 ? field.type : field.type.slice(0, bracket);
+  const isArray = bracket >= 0;
+  let element: ElementKind;
+  if (elem === "bool") element = { kind: "bool" };
+  else if (elem === "f32" || elem === "f64") element = { kind: "float", type: elem };
+  else if (isScalarType(elem)) element = { kind: "int", type: elem as IntegerType };
+  else if (Object.prototype.hasOwnProperty.call(schema.enums, elem)) {
+    const declared = schema.enums[elem] as EnumJson;
+    element = {
+      kind: "enum",
+      name: elem,
+      type: declared.type as IntegerType,
+      values: Object.values(declared.values),
+    };
+  } else element = { kind: "struct", name: elem };
+  return { field, element, isArray };
+}
