@@ -109,6 +109,12 @@ class Client:
         self._seed_codec = _body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
         self._views: dict[tuple[int, int], StepView] = {}
+        size = self._result.size
+        self._response_sizes = {
+            self.ids.RESET_RESP: size * self.num_envs,
+            self.ids.STEP_RESP: size,
+            self.ids.STEP_BATCH_RESP: size * self.num_envs,
+        }
         self._closed = False
 
     # -- requests ------------------------------------------------------------------------------
@@ -172,20 +178,13 @@ class Client:
             raise decode_error(resp)
         if resp_type != expect:
             raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
-        expected_len = self._expected_len(expect)
+        expected_len = self._response_sizes.get(expect)
         if expected_len is not None and resp.nbytes != expected_len:
             raise ProtocolError(
                 f"response 0x{resp_type:02X} has {resp.nbytes} bytes, expected {expected_len}"
             )
         return resp
 
-    def _expected_len(self, resp_type: int) -> int | None:
-        size = self._result.size
-        return {
-            self.ids.RESET_RESP: size * self.num_envs,
-            self.ids.STEP_RESP: size,
-            self.ids.STEP_BATCH_RESP: size * self.num_envs,
-        }.get(resp_type)
 
     def _result_view(self, count: int, copy: bool) -> StepView:
         key = (self.channel.generation, count)

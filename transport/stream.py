@@ -45,7 +45,6 @@ class FramedSocket:
         self._have = 0  # bytes received beyond HEADER_OFFSET that are not yet consumed
         self._header = bytearray(HEADER_SIZE)
         self._pending = b""  # bytes of the next frame(s) that arrived with the previous one
-        self._sock_timeout = timeout
         sock.settimeout(timeout)
 
     def ensure_capacity(self, body_len: int) -> None:
@@ -120,14 +119,11 @@ class FramedSocket:
             self._have = n
             self._pending = b""
         while self._have < want:
+            # The socket keeps one timeout (changing it costs system calls on every read); a
+            # deadline is checked between reads, so a frame takes at most deadline + timeout.
             timeout = self.timeout
-            if deadline is not None:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    raise TransportTimeoutError("no response before the deadline")
-            if timeout != self._sock_timeout:
-                self.sock.settimeout(timeout)
-                self._sock_timeout = timeout
+            if deadline is not None and self._have and time.monotonic() > deadline:
+                raise TransportTimeoutError("the rest of the frame did not arrive in time")
             try:
                 start = HEADER_OFFSET + self._have
                 n = self.sock.recv_into(self._view[start:])
