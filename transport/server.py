@@ -8,6 +8,8 @@ HELLO, actions, batch sizes and masks, and turns every refusal into one ERROR re
 
 from __future__ import annotations
 
+import contextlib
+import struct
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -69,52 +71,77 @@ class Env(Protocol):
 
 EnvFactory = Callable[[], Env]
 
+_NO_LOCK = contextlib.nullcontext()
+_STRUCT_CODES = {"i8": "b", "u8": "B", "i16": "h", "u16": "H", "i32": "i", "u32": "I",
+                 "i64": "q", "u64": "Q"}
+
 
 class EnvGroup:
-    """The N envs one session steps, with each env's last action mask and done flag."""
+    """The N envs one session steps, and the checks a step request must pass.
 
-    def __init__(self, envs: list[Env], result: StructCodec, lock: threading.Lock | None) -> None:
+    The last result of env i stays in the session's send buffer (errors are sent from a buffer
+    of their own), so the action mask and done flag are read there: no per-step copy.
+    """
+
+    def __init__(
+        self,
+        envs: list[Env],
+        result: StructCodec,
+        results: np.ndarray,
+        lock: threading.Lock | None,
+    ) -> None:
         self.envs = envs
         self.lock = lock
         self.spaces = envs[0].spaces()
-        mask_field = result.ir.role("action_mask")
-        done_field = result.ir.role("done") or result.ir.role("terminated")
-        self.mask_name = mask_field.name if mask_field else None
-        self.done_name = done_field.name if done_field else None
-        self.masks = np.ones((len(envs), self.spaces.act_n), dtype=np.uint8)
-        self.done = np.zeros(len(envs), dtype=bool)
+        mask = result.ir.role("action_mask")
+        done = result.ir.role("done") or result.ir.role("terminated")
+        self.masks = results[mask.name] if mask else None  # (N, mask_len) view of the results
+        self.done = results[done.name] if done else None  # (N,) view of the results
         self.was_reset = np.zeros(len(envs), dtype=bool)
-
-    def remember(self, index: int, record: np.ndarray) -> None:
-        if self.mask_name is not None:
-            mask = record[self.mask_name]
-            if mask.shape == self.masks[index].shape:
-                np.copyto(self.masks[index], mask, casting="unsafe")
-        if self.done_name is not None:
-            self.done[index] = bool(record[self.done_name])
-        self.was_reset[index] = True
+        self.all_reset = False
 
     def check_action(self, index: int, action: int) -> None:
-        if not self.was_reset[index]:
+        if not self.all_reset and not self.was_reset[index]:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
-        if self.done[index]:
+        if self.done is not None and self.done[index]:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: episode is done; reset first")
         if not 0 <= action < self.spaces.act_n:
             raise RequestError(
                 ErrorCode.INVALID_ACTION,
                 f"env {index}: action {action} is outside 0..{self.spaces.act_n - 1}",
             )
-        if not self.masks[index, action]:
+        masks = self.masks
+        if masks is not None and action < masks.shape[1] and not masks[index, action]:
             raise RequestError(
                 ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
             )
+
+    def check_actions(self, actions: np.ndarray) -> None:
+        """The same checks for one action per env, vectorised; reports the first bad env."""
+        bad = ~self.was_reset if not self.all_reset else None
+        if self.done is not None:
+            bad = self.done.astype(bool) if bad is None else bad | self.done.astype(bool)
+        bad_range = (actions < 0) | (actions >= self.spaces.act_n)
+        if self.masks is not None:
+            inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
+            masked = self.masks[np.arange(len(actions)), inside] == 0
+            bad_range = bad_range | masked
+        if (bad is not None and bad.any()) or bad_range.any():
+            first = bad_range if bad is None else bad | bad_range
+            index = int(np.argmax(first))
+            self.check_action(index, int(actions[index]))
+
+    def mark_reset(self, index: int) -> None:
+        self.was_reset[index] = True
+        self.all_reset = bool(self.was_reset.all())
 
 
 class Session:
     """One client's conversation with a server: HELLO, then requests answered in place.
 
-    Responses are written into one preallocated send buffer: the header at HEADER_OFFSET and the
-    body at BODY_OFFSET, so a stream backend sends ``frame()`` in one call without copying.
+    Results are written into one preallocated send buffer: the header at HEADER_OFFSET and the
+    body at BODY_OFFSET, so a stream backend sends ``frame()`` in one call without copying. ERROR
+    bodies never go there: the last result of every env stays readable for the action checks.
     """
 
     def __init__(
@@ -132,21 +159,27 @@ class Session:
         self.ids = MessageIds.from_schema(schema.ir)
         self.result = schema[_body(schema, "STEP_RESP")]
         self.step_request = schema[_body(schema, "STEP_REQ")]
+        self.multi_request = schema[_body(schema, "STEP_MULTI_REQ")]
         self.reset_request = schema[_body(schema, "RESET_SEED_REQ")]
+        self.spaces_result = schema[_body(schema, "SPACES_RESP")]
         action = self.step_request.ir.role("action")
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self.action_name = action.name
-        self.group = EnvGroup(envs, self.result, lock)
+        self._action = struct.Struct("<" + _STRUCT_CODES[action.elem])
+        self._action_offset = action.offset
         self.num_envs = len(envs)
         self.hello_done = False
+        self.closing = False
         self.info = {"num_envs": self.num_envs, "env": env_name, "server": server_lang}
-        size = BODY_OFFSET + max(self.num_envs, 8) * self.result.size + 4096
-        self.buffer = bytearray(size)
-        self._results = [  # one 0-d record view per env, into the send buffer
+        self.buffer = bytearray(BODY_OFFSET + max(self.num_envs, 8) * self.result.size)
+        self._body = memoryview(self.buffer)[BODY_OFFSET:]
+        results = self.result.view(self.buffer, BODY_OFFSET, count=self.num_envs)
+        self._records = [  # one 0-d record view per env, into the send buffer
             self.result.view(self.buffer, BODY_OFFSET + i * self.result.size)
             for i in range(self.num_envs)
         ]
+        self.group = EnvGroup(envs, self.result, results, lock)
         ids = self.ids
         self._handlers: dict[int, Callable[[memoryview], tuple[int, int]]] = {
             ids.RESET_REQ: self._reset,
@@ -157,26 +190,25 @@ class Session:
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
         }
-        self.closing = False
 
     def handle(self, msg_type: int, body: memoryview) -> tuple[int, memoryview]:
-        """Answer one request: (response msg_type, response body view into the send buffer).
+        """Answer one request: (response msg_type, response body).
 
         Never raises for a bad request: refusals become ERROR responses, and ``closing`` is set
         when the connection must be closed after sending it.
         """
         try:
-            if msg_type == self.ids.HELLO_REQ:
-                return self._hello(body)
             handler = self._handlers.get(msg_type)
             if handler is None:
+                if msg_type == self.ids.HELLO_REQ:
+                    return self._hello(body)
                 raise RequestError(
                     ErrorCode.UNKNOWN_MESSAGE, f"msg_type 0x{msg_type:02X} is not a request"
                 )
             if not self.hello_done:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
             resp_type, length = handler(body)
-            return resp_type, memoryview(self.buffer)[BODY_OFFSET : BODY_OFFSET + length]
+            return resp_type, self._body[:length]
         except RequestError as exc:
             return self.error(exc.code, exc.text)
         except Exception as exc:  # an env bug must not take the server down
@@ -189,12 +221,12 @@ class Session:
         return self.ids.ERROR, memoryview(encode_error(code, text))
 
     def frame(self, msg_type: int, msg_id: int, body: memoryview) -> memoryview:
-        """Header + body as one contiguous view (copies the body only for ERROR responses)."""
+        """Header + body as one contiguous view: in place for results, a new buffer otherwise."""
         length = body.nbytes
-        if body.obj is not self.buffer:
-            self.buffer[BODY_OFFSET : BODY_OFFSET + length] = body
-        HEADER.pack_into(self.buffer, HEADER_OFFSET, msg_type, msg_id, length)
-        return memoryview(self.buffer)[HEADER_OFFSET : BODY_OFFSET + length]
+        if body.obj is self.buffer:
+            HEADER.pack_into(self.buffer, HEADER_OFFSET, msg_type, msg_id, length)
+            return memoryview(self.buffer)[HEADER_OFFSET : BODY_OFFSET + length]
+        return memoryview(HEADER.pack(msg_type, msg_id, length) + bytes(body))
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -218,40 +250,32 @@ class Session:
             )
 
     def _write(self, index: int, output: StepOutput | None) -> None:
-        if output is None:  # the env wrote the record in place (step_into / reset_into)
-            self.group.remember(index, self._results[index])
-            return
-        offset = BODY_OFFSET + index * self.result.size
-        try:
-            self.result.encode_into(
-                self.buffer, offset, output, validate=not isinstance(output, np.ndarray)
-            )
-        except CodecError as exc:
-            raise RequestError(ErrorCode.ENV_ERROR, f"env {index} returned bad values: {exc}")
-        self.group.remember(index, self._results[index])
-
-    def _run(self, call: Callable[[], None]) -> None:
-        lock = self.group.lock
-        if lock is None:
-            call()
-            return
-        with lock:
-            call()
+        if output is not None:  # None: the env wrote the record in place (step_into/reset_into)
+            try:
+                self.result.encode_into(
+                    self.buffer,
+                    BODY_OFFSET + index * self.result.size,
+                    output,
+                    validate=not isinstance(output, np.ndarray),
+                )
+            except CodecError as exc:
+                raise RequestError(
+                    ErrorCode.ENV_ERROR, f"env {index} returned bad values: {exc}"
+                ) from None
 
     def _reset_all(self, seed: int | None) -> tuple[int, int]:
-        if seed is None and self.first_seed is not None and not self.group.was_reset.any():
+        group = self.group
+        if seed is None and self.first_seed is not None and not group.was_reset.any():
             seed = self.first_seed
-
-        def run() -> None:
-            for i, env in enumerate(self.group.envs):
+        with group.lock or _NO_LOCK:
+            for i, env in enumerate(group.envs):
                 env_seed = None if seed is None else seed + i
                 reset_into = getattr(env, "reset_into", None)
                 if reset_into is not None:
-                    self._write(i, reset_into(env_seed, self._results[i]))
+                    self._write(i, reset_into(env_seed, self._records[i]))
                 else:
                     self._write(i, env.reset(env_seed))
-
-        self._run(run)
+                group.mark_reset(i)
         return self.ids.RESET_RESP, self.num_envs * self.result.size
 
     def _reset(self, body: memoryview) -> tuple[int, int]:
@@ -264,20 +288,20 @@ class Session:
         seed = int(self.reset_request.view(body)[seed_field])
         return self._reset_all(seed)
 
-    def _step_envs(self, actions: np.ndarray) -> None:
+    def _step_one(self, index: int, action: int) -> None:
+        env = self.group.envs[index]
+        step_into = getattr(env, "step_into", None)
+        if step_into is not None:
+            self._write(index, step_into(action, self._records[index]))
+        else:
+            self._write(index, env.step(action))
+
+    def _step_all(self, actions: np.ndarray) -> None:
         group = self.group
-        for i in range(len(actions)):
-            group.check_action(i, int(actions[i]))
-
-        def run() -> None:
-            for i, env in enumerate(group.envs):
-                step_into = getattr(env, "step_into", None)
-                if step_into is not None:
-                    self._write(i, step_into(int(actions[i]), self._results[i]))
-                else:
-                    self._write(i, env.step(int(actions[i])))
-
-        self._run(run)
+        group.check_actions(actions)
+        with group.lock or _NO_LOCK:
+            for i in range(len(actions)):
+                self._step_one(i, int(actions[i]))
 
     def _step(self, body: memoryview) -> tuple[int, int]:
         if self.num_envs != 1:
@@ -285,19 +309,21 @@ class Session:
                 ErrorCode.BAD_BATCH, f"STEP_REQ needs a 1-env server; this one has {self.num_envs}"
             )
         self._expect_size(body, self.step_request.size, "STEP_REQ")
-        self._step_envs(self.step_request.view(body, count=1)[self.action_name])
+        (action,) = self._action.unpack_from(body, self._action_offset)
+        self.group.check_action(0, action)
+        with self.group.lock or _NO_LOCK:
+            self._step_one(0, action)
         return self.ids.STEP_RESP, self.result.size
 
     def _step_multi(self, body: memoryview) -> tuple[int, int]:
-        multi = self.schema[_body(self.schema, "STEP_MULTI_REQ")]
+        multi = self.multi_request
         if self.num_envs != 8:
             raise RequestError(
                 ErrorCode.BAD_BATCH,
                 f"STEP_MULTI_REQ needs an 8-env server; this one has {self.num_envs}",
             )
         self._expect_size(body, multi.size, "STEP_MULTI_REQ")
-        actions = multi.view(body)[multi.ir.fields[0].name]
-        self._step_envs(actions)
+        self._step_all(multi.view(body)[multi.ir.fields[0].name])
         return self.ids.STEP_MULTI_RESP, 8 * self.result.size
 
     def _step_batch(self, body: memoryview) -> tuple[int, int]:
@@ -308,7 +334,7 @@ class Session:
                 f"STEP_BATCH_REQ carries {body.nbytes // size if size else 0} actions "
                 f"({body.nbytes} bytes); this server has {self.num_envs} envs",
             )
-        self._step_envs(self.step_request.view(body, count=self.num_envs)[self.action_name])
+        self._step_all(self.step_request.view(body, count=self.num_envs)[self.action_name])
         return self.ids.STEP_BATCH_RESP, self.num_envs * self.result.size
 
     def _health(self, body: memoryview) -> tuple[int, int]:

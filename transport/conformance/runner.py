@@ -1,0 +1,770 @@
+"""The conformance runner: every check of docs/conformance.md against one testee process."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from pathlib import Path
+from typing import Any, TextIO
+
+from transport.codec import Schema
+from transport.conformance import wire
+from transport.conformance.golden import annotate, case_names, hex_title, load_golden
+from transport.conformance.invalid import InvalidCase, invalid_cases
+from transport.conformance.layout import field_at
+from transport.conformance.process import TesteeError, TesteeProcess
+from transport.conformance.strategies import generate
+from transport.conformance.testee import error_of
+from transport.schema import load_schema
+from transport.schema.ir import SchemaIR, StructIR
+
+CHECKS = ("fingerprint", "golden", "python-testee", "testee-python", "invalid")
+"""Check names, in the order they run (``--only`` takes these)."""
+DEFAULT_COUNT = 2000
+DEFAULT_SEED = 20240611
+MAX_DETAILS = 20
+"""Failures kept in full per schema (all are counted)."""
+_BATCH_BYTES = 2_000_000
+
+
+@dataclass
+class Failure:
+    schema: str
+    check: str  # one of CHECKS
+    struct: str
+    case: str  # golden case, invalid case or "message #N (seed S)"
+    side: str  # which side is wrong, when one can tell: "python", the testee's lang, or "?"
+    summary: str
+    field: str = ""
+    details: list[str] = dc_field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "check": self.check,
+            "struct": self.struct,
+            "case": self.case,
+            "side": self.side,
+            "summary": self.summary,
+            "field": self.field,
+            "details": self.details,
+        }
+
+    def render(self, direction: str) -> str:
+        head = [
+            f"FAIL {self.schema} {self.struct} {direction}: {self.summary}",
+            f"  case:  {self.case}",
+        ]
+        if self.field:
+            head.append(f"  field: {self.field}")
+        if self.side and self.side != "?":
+            head.append(f"  wrong: {self.side}")
+        return "\n".join(head + ["  " + line for line in self.details])
+
+
+@dataclass
+class Count:
+    ok: int = 0
+    failed: int = 0
+    structs: dict[str, list[int]] = dc_field(default_factory=dict)
+
+    def add(self, struct: str, ok: bool, n: int = 1) -> None:
+        slot = self.structs.setdefault(struct, [0, 0])
+        if ok:
+            self.ok += n
+            slot[0] += n
+        else:
+            self.failed += n
+            slot[1] += n
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "failed": self.failed,
+            "structs": {k: {"ok": v[0], "failed": v[1]} for k, v in self.structs.items()},
+        }
+
+
+@dataclass
+class SchemaResult:
+    name: str
+    file: str
+    fingerprint: str
+    testee_fingerprint: dict[str, str] = dc_field(default_factory=dict)
+    checks: dict[str, Count] = dc_field(default_factory=dict)
+    failures: list[Failure] = dc_field(default_factory=list)
+    failure_count: int = 0
+
+    def fail(self, failure: Failure) -> None:
+        self.failure_count += 1
+        if len(self.failures) < MAX_DETAILS:
+            self.failures.append(failure)
+
+    def to_json(self, lang: str) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "file": self.file,
+            "fingerprint": self.fingerprint,
+            "testee_fingerprint": self.testee_fingerprint,
+            "checks": {_label(k, lang): v.to_json() for k, v in self.checks.items()},
+            "failure_count": self.failure_count,
+            "failures": [f.to_json() for f in self.failures],
+        }
+
+
+def _label(check: str, lang: str) -> str:
+    if check == "python-testee":
+        return f"python->{lang}"
+    if check == "testee-python":
+        return f"{lang}->python"
+    return check
+
+
+# -- byte and value diffs ----------------------------------------------------------------------
+
+
+def first_diff_offset(a: bytes, b: bytes) -> int | None:
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def hex_diff(
+    expected: bytes, got: bytes, offset: int, labels: tuple[str, str], rows: int = 1
+) -> list[str]:
+    """Rows of 16 bytes around ``offset`` from both sides, ``^^`` under each differing byte."""
+    width = max(len(labels[0]), len(labels[1]))
+    first = max(0, offset // 16 - rows)
+    last = (max(len(expected), len(got)) - 1) // 16
+    lines = []
+    for row in range(first, min(last, offset // 16 + rows) + 1):
+        start = row * 16
+        a, b = expected[start : start + 16], got[start : start + 16]
+        lines.append(f"{start:>8}  {labels[0]:<{width}}  {a.hex(' ')}")
+        lines.append(f"{'':>8}  {labels[1]:<{width}}  {b.hex(' ')}")
+        marks = "".join(
+            "   " if i < len(a) and i < len(b) and a[i] == b[i] else "^^ "
+            for i in range(max(len(a), len(b)))
+        )
+        if marks.strip():
+            lines.append(f"{'':>8}  {'':<{width}}  {marks.rstrip()}")
+    return lines
+
+
+def bytes_failure_details(
+    schema: SchemaIR, struct: StructIR, expected: bytes, got: bytes, labels: tuple[str, str]
+) -> tuple[str, list[str]]:
+    offset = first_diff_offset(expected, got)
+    assert offset is not None
+    where = field_at(schema, struct, offset)
+    lines = []
+    if len(expected) != len(got):
+        lines.append(f"lengths differ: {labels[0]} {len(expected)}, {labels[1]} {len(got)} bytes")
+    lines.append(f"first differing byte: offset {offset} of {struct.size}, field {where}")
+    lines += hex_diff(expected, got, offset, labels)
+    return where, lines
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return f"{error.get('code')} at {error.get('field')!r} ({error.get('message', '')})"
+    return repr(error)
+
+
+def _seed_for(seed: int, *parts: object) -> int:
+    key = "/".join(str(p) for p in (seed, *parts)).encode()
+    return zlib.crc32(key) & 0x7FFFFFFF
+
+
+def batch_size(struct: StructIR) -> int:
+    return max(1, min(1000, _BATCH_BYTES // (struct.size * 4)))
+
+
+# -- the runner --------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    schema_paths: list[Path]
+    golden_root: Path
+    count: int = DEFAULT_COUNT
+    seed: int = DEFAULT_SEED
+    checks: tuple[str, ...] = CHECKS
+    verbose: bool = False
+
+
+class Runner:
+    """Runs the checks of every schema against a started testee; results in ``self.results``."""
+
+    def __init__(
+        self, options: Options, testee: TesteeProcess, emit: Callable[[str], None] | None = None
+    ) -> None:
+        self.options = options
+        self.testee = testee
+        self.lang = testee.lang
+        self.emit = emit or (lambda line: None)
+        self.results: list[SchemaResult] = []
+
+    def line(self, schema: str, check: str, detail: str, count: Count | None) -> None:
+        if count is None:
+            status = ""
+        elif count.failed:
+            status = f"{count.ok} ok, {count.failed} FAILED"
+        else:
+            status = f"{count.ok} ok"
+        label = _label(check, self.lang)
+        width = max(14, len(_label("python-testee", self.lang)) + 1)
+        self.emit(f"{schema:<12} {label:<{width}} {detail:<30} {status}".rstrip())
+
+    def run(self) -> list[SchemaResult]:
+        for path in self.options.schema_paths:
+            ir = load_schema(path)
+            result = SchemaResult(ir.name, str(path), ir.fingerprint_hex)
+            self.results.append(result)
+            codecs = Schema(ir)
+            if ir.name not in self.testee.schemas:
+                count = Count()
+                count.add("", False)
+                result.checks["fingerprint"] = count
+                result.fail(
+                    Failure(
+                        ir.name,
+                        "fingerprint",
+                        "",
+                        "hello",
+                        self.lang,
+                        f"the testee does not serve schema {ir.name} "
+                        f"(it serves: {', '.join(self.testee.schemas) or 'nothing'})",
+                        details=["regenerate and rebuild the testee's codecs for this schema"],
+                    )
+                )
+                self.line(ir.name, "fingerprint", "schema not served by the testee", count)
+                continue
+            for check in self.options.checks:
+                getattr(self, "check_" + check.replace("-", "_"))(ir, codecs, result)
+        return self.results
+
+    # -- 1. fingerprint -------------------------------------------------------------------------
+
+    def check_fingerprint(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        count = result.checks.setdefault("fingerprint", Count())
+        answer = self.testee.request({"op": "fingerprint", "schema": ir.name})
+        py = ir.fingerprint_hex
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            count.add("", False)
+            result.fail(
+                Failure(
+                    ir.name,
+                    "fingerprint",
+                    "",
+                    "fingerprint",
+                    self.lang,
+                    f"the testee refused: {answer!r}",
+                )
+            )
+        else:
+            computed, declared = str(answer.get("computed")), str(answer.get("declared"))
+            result.testee_fingerprint = {"computed": computed, "declared": declared}
+            ok = computed == declared == py
+            count.add("", ok)
+            if not ok:
+                result.fail(
+                    Failure(
+                        ir.name,
+                        "fingerprint",
+                        "",
+                        "fingerprint",
+                        self.lang if computed == py else "?",
+                        "fingerprints differ",
+                        details=[
+                            f"python (from the IR):       {py}",
+                            f"{self.lang} computed from its IR: {computed}",
+                            f"{self.lang} declared constant:    {declared}",
+                            "regenerate the generated modules (transport-schema compile) "
+                            "and rebuild the testee",
+                        ],
+                    )
+                )
+        self.line(ir.name, "fingerprint", py, count)
+
+    # -- 2. golden vectors ----------------------------------------------------------------------
+
+    def check_golden(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        count = result.checks.setdefault("golden", Count())
+        where = self.options.golden_root / ir.name
+        try:
+            cases = load_golden(ir, self.options.golden_root)
+        except ValueError as exc:
+            count.add("", False)
+            result.fail(
+                Failure(ir.name, "golden", "", "load", "?", f"malformed golden file: {exc}")
+            )
+            self.line(ir.name, "golden", "unreadable golden vectors", count)
+            return
+        missing = [s for s in ir.structs if not any(c.struct == s for c in cases)]
+        for absent in missing:
+            count.add(absent, False)
+            result.fail(
+                Failure(
+                    ir.name,
+                    "golden",
+                    absent,
+                    "-",
+                    "?",
+                    f"no golden vectors for {absent} in {where}",
+                    details=[
+                        "write them with `transport-conformance --write-golden` "
+                        "and review the files before committing them"
+                    ],
+                )
+            )
+        for struct_name in ir.structs:
+            mine = [c for c in cases if c.struct == struct_name]
+            if not mine:
+                continue
+            struct = ir.structs[struct_name]
+            codec = codecs[struct_name]
+            wire_values = [wire.to_wire(ir, struct, c.values) for c in mine]
+            enc = self.testee.request(
+                {"op": "encode", "schema": ir.name, "struct": struct_name, "values": wire_values}
+            )
+            dec = self.testee.request(
+                {
+                    "op": "decode",
+                    "schema": ir.name,
+                    "struct": struct_name,
+                    "buffers": [c.data for c in mine],
+                    "strict": True,
+                }
+            )
+            enc_results = self._results(enc, len(mine))
+            dec_results = self._results(dec, len(mine))
+            expected_cases = case_names(ir, struct)
+            for i, case in enumerate(mine):
+                problems: list[Failure] = []
+
+                def fail(
+                    side: str,
+                    summary: str,
+                    fld: str = "",
+                    details: Sequence[str] = (),
+                    case_name: str = case.name,
+                    problems: list[Failure] = problems,
+                    struct_name: str = struct_name,
+                ) -> None:
+                    problems.append(
+                        Failure(
+                            ir.name,
+                            "golden",
+                            struct_name,
+                            case_name,
+                            side,
+                            summary,
+                            fld,
+                            list(details),
+                        )
+                    )
+
+                if case.fingerprint != ir.fingerprint_hex:
+                    fail(
+                        "?",
+                        f"golden vector written for fingerprint {case.fingerprint}, "
+                        f"schema is {ir.fingerprint_hex}",
+                        details=[
+                            "if the schema change is intentional, run "
+                            "`transport-conformance --write-golden` and review the diff"
+                        ],
+                    )
+                if len(case.data) != struct.size:
+                    fail(
+                        "?",
+                        f"{case.path.with_suffix('.bin').name} has {len(case.data)} bytes, "
+                        f"the struct {struct.size}",
+                    )
+                expected_hex = annotate(ir, struct, case.data, hex_title(case))
+                if case.hex_text != expected_hex:
+                    fail(
+                        "?",
+                        f"{case.path.with_suffix('.hex').name} does not annotate the .bin "
+                        "(stale or edited by hand): rerun --write-golden",
+                    )
+                # Python side
+                try:
+                    got = codec.encode(case.values)
+                    if got != case.data:
+                        fld, details = bytes_failure_details(
+                            ir, struct, case.data, got, ("golden", "python")
+                        )
+                        fail(
+                            "python",
+                            "python encodes other bytes than the golden vector",
+                            fld,
+                            details,
+                        )
+                except Exception as exc:
+                    fail("python", f"python cannot encode the golden values: {exc}")
+                try:
+                    decoded = wire.to_wire(ir, struct, codec.decode(case.data, strict=True))
+                    diff = wire.first_difference(ir, struct, wire_values[i], decoded)
+                    if diff:
+                        fail(
+                            "python",
+                            "python decodes the golden bytes to other values",
+                            diff[0],
+                            [f"golden: {diff[1]}", f"python: {diff[2]}"],
+                        )
+                except Exception as exc:
+                    fail("python", f"python cannot decode the golden bytes: {exc}")
+                # testee side
+                r = enc_results[i]
+                if "bytes" not in r:
+                    fail(
+                        self.lang,
+                        f"{self.lang} cannot encode the golden values: "
+                        f"{_error_text(r.get('error'))}",
+                    )
+                elif r["bytes"] != case.data:
+                    fld, details = bytes_failure_details(
+                        ir, struct, case.data, r["bytes"], ("golden", self.lang)
+                    )
+                    fail(
+                        self.lang,
+                        f"{self.lang} encodes other bytes than the golden vector",
+                        fld,
+                        details,
+                    )
+                r = dec_results[i]
+                if "values" not in r:
+                    fail(
+                        self.lang,
+                        f"{self.lang} cannot decode the golden bytes: "
+                        f"{_error_text(r.get('error'))}",
+                    )
+                else:
+                    theirs = wire.from_wire(ir, struct, r["values"])
+                    diff = wire.first_difference(ir, struct, wire_values[i], theirs)
+                    if diff:
+                        fail(
+                            self.lang,
+                            f"{self.lang} decodes the golden bytes to other values",
+                            diff[0],
+                            [f"golden: {diff[1]}", f"{self.lang}: {diff[2]}"],
+                        )
+                count.add(struct_name, not problems)
+                if problems:
+                    result.fail(problems[0])
+            for case_name in expected_cases:
+                if not any(c.case == case_name for c in mine):
+                    count.add(struct_name, False)
+                    result.fail(
+                        Failure(
+                            ir.name,
+                            "golden",
+                            struct_name,
+                            f"{struct_name}.{case_name}",
+                            "?",
+                            "golden case missing: rerun --write-golden and review the diff",
+                        )
+                    )
+        detail = f"{len(ir.structs)} structs, {len(cases)} cases"
+        self.line(ir.name, "golden", detail, count)
+
+    def _results(self, answer: Any, n: int) -> list[dict[str, Any]]:
+        """The ``results`` of a batch answer, padded with errors when the testee refused it."""
+        if (
+            isinstance(answer, dict)
+            and answer.get("ok")
+            and isinstance(answer.get("results"), list)
+        ):
+            results = [r if isinstance(r, dict) else {"error": r} for r in answer["results"]]
+            if len(results) == n:
+                return results
+            problem = f"{len(results)} results for {n} inputs"
+        else:
+            problem = f"request refused: {answer!r}"[:300]
+        return [{"error": {"code": "(protocol)", "field": "", "message": problem}}] * n
+
+    # -- 3. python -> testee ---------------------------------------------------------------------
+
+    def check_python_testee(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        count = result.checks.setdefault("python-testee", Count())
+        for struct_name, struct in ir.structs.items():
+            codec = codecs[struct_name]
+            seed = _seed_for(self.options.seed, ir.name, struct_name, "python")
+            values = generate(ir, struct, self.options.count, seed)
+            buffers = [codec.encode(v) for v in values]
+            size = batch_size(struct)
+            requests = (
+                (
+                    i,
+                    {
+                        "op": "roundtrip",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "buffers": buffers[i : i + size],
+                    },
+                )
+                for i in range(0, len(buffers), size)
+            )
+            for start, answer in self.testee.pipeline(requests):
+                results = self._results(answer, len(buffers[start : start + size]))
+                for j, r in enumerate(results):
+                    k = start + j
+                    failure = self._compare_roundtrip(ir, struct, values[k], buffers[k], r)
+                    count.add(struct_name, failure is None)
+                    if failure:
+                        failure.case = f"message #{k} of {self.options.count} (seed {seed})"
+                        result.fail(failure)
+        self.line(ir.name, "python-testee", self._struct_counts(ir, count), count)
+
+    def _compare_roundtrip(
+        self, ir: SchemaIR, struct: StructIR, values: Any, data: bytes, r: dict[str, Any]
+    ) -> Failure | None:
+        lang = self.lang
+        if "error" in r or "bytes" not in r or "values" not in r:
+            return Failure(
+                ir.name,
+                "python-testee",
+                struct.name,
+                "",
+                lang,
+                f"{lang} rejects bytes python encoded: {_error_text(r.get('error'))}",
+            )
+        if r["bytes"] != data:
+            fld, details = bytes_failure_details(ir, struct, data, r["bytes"], ("python", lang))
+            return Failure(
+                ir.name,
+                "python-testee",
+                struct.name,
+                "",
+                "?",
+                f"{lang} re-encodes to other bytes",
+                fld,
+                details,
+            )
+        diff = wire.first_difference(ir, struct, values, r["values"])
+        if diff:
+            return Failure(
+                ir.name,
+                "python-testee",
+                struct.name,
+                "",
+                lang,
+                f"{lang} decodes to other values",
+                diff[0],
+                [f"python: {diff[1]}", f"{lang}: {diff[2]}"],
+            )
+        return None
+
+    # -- 4. testee -> python ---------------------------------------------------------------------
+
+    def check_testee_python(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        count = result.checks.setdefault("testee-python", Count())
+        for struct_name, struct in ir.structs.items():
+            size = batch_size(struct)
+            chunks = [
+                (i, min(size, self.options.count - i)) for i in range(0, self.options.count, size)
+            ]
+            requests: Iterator[tuple[dict[str, Any], dict[str, Any]]] = (
+                (req, req)
+                for req in (
+                    {
+                        "op": "generate",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "count": n,
+                        "seed": _seed_for(self.options.seed, ir.name, struct_name, "testee", i),
+                    }
+                    for i, n in chunks
+                )
+            )
+            for request, answer in self.testee.pipeline(requests):
+                results = self._results(answer, int(request["count"]))
+                for j, r in enumerate(results):
+                    failure = self._compare_generated(ir, codecs, struct, r)
+                    count.add(struct_name, failure is None)
+                    if failure:
+                        failure.case = (
+                            f"message #{j} of generate(count={request['count']}, "
+                            f"seed={request['seed']})"
+                        )
+                        result.fail(failure)
+        self.line(ir.name, "testee-python", self._struct_counts(ir, count), count)
+
+    def _compare_generated(
+        self, ir: SchemaIR, codecs: Schema, struct: StructIR, r: dict[str, Any]
+    ) -> Failure | None:
+        lang = self.lang
+        check = "testee-python"
+        if "error" in r or not isinstance(r.get("bytes"), bytes) or "values" not in r:
+            return Failure(
+                ir.name,
+                check,
+                struct.name,
+                "",
+                lang,
+                f"{lang} failed to generate: {_error_text(r.get('error'))}",
+            )
+        data: bytes = r["bytes"]
+        codec = codecs[struct.name]
+        try:
+            decoded = codec.decode(data, strict=True)
+        except Exception as exc:
+            return Failure(
+                ir.name,
+                check,
+                struct.name,
+                "",
+                "?",
+                f"python rejects bytes {lang} encoded: {_error_text(error_of(exc))}",
+                getattr(exc, "field", ""),
+            )
+        diff = wire.first_difference(ir, struct, r["values"], decoded)
+        if diff:
+            return Failure(
+                ir.name,
+                check,
+                struct.name,
+                "",
+                "?",
+                f"python decodes {lang}'s bytes to other values than {lang} encoded",
+                diff[0],
+                [f"{lang}: {diff[1]}", f"python: {diff[2]}"],
+            )
+        try:
+            again = codec.encode(wire.to_codec(ir, struct, r["values"]))
+        except Exception as exc:
+            return Failure(
+                ir.name,
+                check,
+                struct.name,
+                "",
+                "?",
+                f"python rejects values {lang} encoded: {_error_text(error_of(exc))}",
+                getattr(exc, "field", ""),
+            )
+        for label, got in (
+            ("python encoding of the same values", again),
+            ("python re-encoding of its decode", codec.encode(decoded)),
+        ):
+            if got != data:
+                fld, details = bytes_failure_details(ir, struct, data, got, (lang, "python"))
+                return Failure(
+                    ir.name,
+                    check,
+                    struct.name,
+                    "",
+                    "?",
+                    f"{label} differs from {lang}'s bytes",
+                    fld,
+                    details,
+                )
+        return None
+
+    # -- 5. invalid input -----------------------------------------------------------------------
+
+    def check_invalid(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        count = result.checks.setdefault("invalid", Count())
+        total = 0
+        for struct_name, struct in ir.structs.items():
+            cases = invalid_cases(ir, codecs, struct)
+            total += len(cases)
+            encodes = [c for c in cases if c.op == "encode"]
+            decodes = [c for c in cases if c.op == "decode"]
+            answers: dict[int, dict[str, Any]] = {}
+            if encodes:
+                enc = self.testee.request(
+                    {
+                        "op": "encode",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "values": [c.payload for c in encodes],
+                    }
+                )
+                for c, r in zip(encodes, self._results(enc, len(encodes)), strict=True):
+                    answers[id(c)] = r
+            if decodes:
+                dec = self.testee.request(
+                    {
+                        "op": "decode",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "buffers": [c.payload for c in decodes],
+                        "strict": True,
+                    }
+                )
+                for c, r in zip(decodes, self._results(dec, len(decodes)), strict=True):
+                    answers[id(c)] = r
+            for case in cases:
+                failure = self._compare_invalid(ir, codecs, struct, case, answers[id(case)])
+                count.add(struct_name, failure is None)
+                if failure:
+                    result.fail(failure)
+        self.line(ir.name, "invalid", f"{len(ir.structs)} structs, {total} cases", count)
+
+    def _compare_invalid(
+        self, ir: SchemaIR, codecs: Schema, struct: StructIR, case: InvalidCase, r: dict[str, Any]
+    ) -> Failure | None:
+        codec = codecs[struct.name]
+        try:
+            if case.op == "encode":
+                codec.encode(wire.to_codec(ir, struct, case.payload))
+            else:
+                codec.decode(case.payload, strict=True)
+            py: tuple[str, str] | None = None
+        except Exception as exc:
+            err = error_of(exc)
+            py = (str(err["code"]), str(err["field"]))
+        error = r.get("error")
+        theirs = (
+            (str(error.get("code")), str(error.get("field"))) if isinstance(error, dict) else None
+        )
+        expected = (case.code, case.field)
+        if py == expected and theirs == expected:
+            return None
+        wrong = [side for side, got in (("python", py), (self.lang, theirs)) if got != expected]
+
+        def show(got: tuple[str, str] | None) -> str:
+            return "accepted it" if got is None else f"{got[0]} at {got[1]!r}"
+
+        return Failure(
+            ir.name,
+            "invalid",
+            struct.name,
+            f"{case.op}: {case.name}",
+            " and ".join(wrong),
+            f"{' and '.join(wrong)} answer{'s' if len(wrong) == 1 else ''} differently "
+            "from docs/conformance.md",
+            case.field,
+            [
+                f"expected: {case.code} at {case.field!r}",
+                f"python:   {show(py)}",
+                f"{self.lang + ':':<9} {show(theirs)}"
+                + (f"  ({error.get('message')})" if isinstance(error, dict) else ""),
+            ],
+        )
+
+    @staticmethod
+    def _struct_counts(ir: SchemaIR, count: Count) -> str:
+        n = len(ir.structs)
+        sizes = {v[0] + v[1] for v in count.structs.values()}
+        per = f" x {sizes.pop()}" if len(sizes) == 1 else ""
+        return f"{n} structs{per}"
+
+
+def run(
+    options: Options, testee: TesteeProcess, out: TextIO | None = None
+) -> tuple[list[SchemaResult], float]:
+    started = time.perf_counter()
+    runner = Runner(options, testee, (lambda s: print(s, file=out, flush=True)) if out else None)
+    try:
+        results = runner.run()
+    except TesteeError:
+        raise
+    return results, time.perf_counter() - started
