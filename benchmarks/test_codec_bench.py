@@ -17,8 +17,18 @@ import transport
 ROOT = Path(__file__).resolve().parents[1]
 STEP = transport.load_schema(ROOT / "schema" / "pac_env.toml")["StepResult"]
 LAYOUT = struct.Struct("<612f92BfBBHHHBBBBB")
-SCALARS = ("done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count",
-           "items_held", "actions_this_turn")
+SCALARS = (
+    "done",
+    "rank",
+    "life",
+    "money",
+    "stage",
+    "board_size",
+    "level",
+    "synergy_count",
+    "items_held",
+    "actions_this_turn",
+)
 
 
 def values() -> dict[str, Any]:

@@ -29,7 +29,7 @@ import pytest
 import transport.api as api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.servers import ServerProcess, free_port, require_lang, unique_url  # noqa: E402
+from tests.servers import ServerProcess, free_port, require_lang, unique_url
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_SIZE = 2557

@@ -58,8 +58,18 @@ class ServerProcess:
         ready_timeout: float = 20.0,
     ) -> None:
         require_lang(lang)
-        command = [sys.executable, "-m", "transport.tools.serve_cli", url, "--env", env,
-                   "--lang", lang, "--num-envs", str(num_envs)]
+        command = [
+            sys.executable,
+            "-m",
+            "transport.tools.serve_cli",
+            url,
+            "--env",
+            env,
+            "--lang",
+            lang,
+            "--num-envs",
+            str(num_envs),
+        ]
         if seed is not None:
             command += ["--seed", str(seed)]
         command += extra or []

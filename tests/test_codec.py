@@ -56,8 +56,21 @@ def test_step_result_bytes_match_struct_pack() -> None:
         *values["observation"].tolist(),
         *values["action_mask"].tolist(),
         values["reward"],
-        *(values[k] for k in ("done", "rank", "life", "money", "stage", "board_size", "level",
-                              "synergy_count", "items_held", "actions_this_turn")),
+        *(
+            values[k]
+            for k in (
+                "done",
+                "rank",
+                "life",
+                "money",
+                "stage",
+                "board_size",
+                "level",
+                "synergy_count",
+                "items_held",
+                "actions_this_turn",
+            )
+        ),
     )
     assert STEP.encode(values) == expected
     decoded = STEP.decode(expected)
@@ -164,7 +177,7 @@ def test_integral_floats_are_accepted_for_integers() -> None:
 def test_missing_field() -> None:
     values = step_values()
     del values["money"]
-    with pytest.raises(MissingFieldError, match="StepResult.money"):
+    with pytest.raises(MissingFieldError, match=r"StepResult\.money"):
         STEP.encode(values)
 
 

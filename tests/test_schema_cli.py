@@ -33,7 +33,11 @@ def test_inspect_json_reports_seed_layouts() -> None:
     assert step["size"] == 2557
     fields = {f["name"]: f for f in step["fields"]}
     assert fields["observation"] == {
-        "name": "observation", "type": "f32[612]", "offset": 0, "size": 2448, "count": 612,
+        "name": "observation",
+        "type": "f32[612]",
+        "offset": 0,
+        "size": 2448,
+        "count": 612,
         "role": "observation",
     }
     assert fields["actions_this_turn"]["offset"] == 2556

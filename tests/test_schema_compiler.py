@@ -203,8 +203,9 @@ def test_duplicate_message_ids_and_unknown_bodies(tmp_path: Path) -> None:
 def test_enum_errors(tmp_path: Path) -> None:
     path = tmp_path / "e.toml"
     tail = '[structs.S]\nfields = [{ name = "x", type = "E" }]\n'
-    path.write_text('[schema]\nname = "e"\n[enums.E]\ntype = "u8"\nvalues = { A = 1, B = 1 }\n'
-                    + tail)
+    path.write_text(
+        '[schema]\nname = "e"\n[enums.E]\ntype = "u8"\nvalues = { A = 1, B = 1 }\n' + tail
+    )
     with pytest.raises(SchemaError, match="values A and B are both 1"):
         load_schema(path)
     path.write_text('[schema]\nname = "e"\n[enums.E]\ntype = "u8"\nvalues = { A = 256 }\n' + tail)
@@ -215,5 +216,5 @@ def test_enum_errors(tmp_path: Path) -> None:
 def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "broken.toml"
     path.write_text("[schema\nname=")
-    with pytest.raises(SchemaError, match="broken.toml: invalid TOML"):
+    with pytest.raises(SchemaError, match=r"broken\.toml: invalid TOML"):
         load_schema(path)

@@ -207,7 +207,10 @@ def test_stale_socket_replaced_live_one_never_stolen(lang: str) -> None:
     with ServerProcess(url, env="echo", lang=lang) as live:
         second = subprocess.run(
             [sys.executable, "-m", "transport.tools.serve_cli", url, "--lang", lang],
-            cwd=ROOT, capture_output=True, text=True, timeout=30,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert second.returncode != 0
         assert "in use" in second.stderr

@@ -30,9 +30,7 @@ def connect(
     server is an error within it.
     """
     codecs = resolve_schema(schema)
-    channel = backend_for(url).open_channel(
-        url, timeout=timeout, max_body=max_body, schema=codecs
-    )
+    channel = backend_for(url).open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
     try:
         channel.info = handshake(channel, codecs)
     except BaseException:
@@ -114,7 +112,7 @@ def serve(
         max_body=max_body,
     )
     stop = threading.Event()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()

@@ -134,9 +134,7 @@ class Client:
         """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
         if isinstance(actions, int | np.integer):
             if self.num_envs != 1:
-                raise ValueError(
-                    f"this server has {self.num_envs} envs: pass one action per env"
-                )
+                raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
             self._actions[0] = actions
             self._exchange(self.ids.STEP_REQ, self._request, self.ids.STEP_RESP)
             return self._result_view(0, copy)
@@ -184,7 +182,6 @@ class Client:
                 f"response 0x{resp_type:02X} has {resp.nbytes} bytes, expected {expected_len}"
             )
         return resp
-
 
     def _result_view(self, count: int, copy: bool) -> StepView:
         key = (self.channel.generation, count)

@@ -93,8 +93,7 @@ class StructCodec:
             (f.name, _validator(codecs, f)) for f in struct.fields
         ]
         self._nested = [
-            (f, codecs.structs_lazy(f.elem) if f.kind == "struct" else None)
-            for f in struct.fields
+            (f, codecs.structs_lazy(f.elem) if f.kind == "struct" else None) for f in struct.fields
         ]
 
     # -- zero-copy -------------------------------------------------------------------------
@@ -460,8 +459,9 @@ def _sequence(value: Any, f: FieldIR, path: str) -> Sequence[Any] | np.ndarray:
     elif isinstance(value, list | tuple):
         seq = value
     else:
-        raise ValueTypeError(f"expected an array of {f.count}, not {type(value).__name__}",
-                             field=path)
+        raise ValueTypeError(
+            f"expected an array of {f.count}, not {type(value).__name__}", field=path
+        )
     if len(seq) != f.count:
         raise ArrayLengthError(f"expected {f.count} elements, got {len(seq)}", field=path)
     return seq

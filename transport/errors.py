@@ -15,15 +15,14 @@ class TransportError(Exception):
 class SchemaError(TransportError):
     """A schema file is invalid. The message names the file, the struct and the field."""
 
-    def __init__(
-        self, message: str, *, file: str = "", struct: str = "", field: str = ""
-    ) -> None:
+    def __init__(self, message: str, *, file: str = "", struct: str = "", field: str = "") -> None:
         self.file = file
         self.struct = struct
         self.field = field
         self.reason = message
         place = ", ".join(
-            part for part in (f"struct {struct}" if struct else "", f"field {field}" if field else "")
+            part
+            for part in (f"struct {struct}" if struct else "", f"field {field}" if field else "")
             if part
         )
         text = f"{place}: {message}" if place else message
@@ -115,6 +114,8 @@ class ProtocolError(TransportError):
 
 class BadFrameError(ProtocolError):
     """A frame header or body that cannot be valid (unknown type, wrong size, too large)."""
+
+    msg_id: int = 0  # the offending frame's msg_id, when its header could be read
 
 
 class VersionMismatchError(ProtocolError):

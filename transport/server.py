@@ -72,8 +72,16 @@ class Env(Protocol):
 EnvFactory = Callable[[], Env]
 
 _NO_LOCK = contextlib.nullcontext()
-_STRUCT_CODES = {"i8": "b", "u8": "B", "i16": "h", "u16": "H", "i32": "i", "u32": "I",
-                 "i64": "q", "u64": "Q"}
+_STRUCT_CODES = {
+    "i8": "b",
+    "u8": "B",
+    "i16": "h",
+    "u16": "H",
+    "i32": "i",
+    "u32": "I",
+    "i64": "q",
+    "u64": "Q",
+}
 
 
 class EnvGroup:

@@ -182,7 +182,7 @@ def serve_connection(framed: FramedSocket, session: Session) -> None:
                 msg_type, msg_id, body = framed.recv_frame()
             except BadFrameError as exc:
                 error_type, error_body = session.error(ErrorCode.BODY_TOO_LARGE, str(exc))
-                framed.send_raw(session.frame(error_type, getattr(exc, "msg_id", 0), error_body))
+                framed.send_raw(session.frame(error_type, exc.msg_id, error_body))
                 return
             resp_type, resp = session.handle(msg_type, body)
             framed.send_raw(session.frame(resp_type, msg_id, resp))

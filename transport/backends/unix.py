@@ -54,7 +54,9 @@ def open_channel(
         except _RETRYABLE as exc:
             sock.close()
             if time.monotonic() + delay > deadline:
-                raise ConnectError(f"nothing accepts connections on {path} ({exc.strerror})") from exc
+                raise ConnectError(
+                    f"nothing accepts connections on {path} ({exc.strerror})"
+                ) from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
         except OSError as exc:

@@ -70,12 +70,14 @@ class _Compiler:
         return SchemaError(message, file=self.file, struct=struct, field=field)
 
     def run(self) -> SchemaIR:
-        _check_keys(self.doc, _TOP_KEYS, lambda k: self.error(f"unknown top-level table {k!r}"))
+        if (k := _unknown_key(self.doc, _TOP_KEYS)) is not None:
+            raise self.error(f"unknown top-level table {k!r}")
         head = self._table(self.doc.get("schema"), "[schema]")
-        _check_keys(head, _SCHEMA_KEYS, lambda k: self.error(f"unknown key {k!r} in [schema]"))
+        if (k := _unknown_key(head, _SCHEMA_KEYS)) is not None:
+            raise self.error(f"unknown key {k!r} in [schema]")
         name = head.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise self.error("[schema] needs name = \"identifier\"")
+            raise self.error('[schema] needs name = "identifier"')
         version = head.get("version", 1)
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise self.error("[schema] version must be a non-negative integer")
@@ -110,7 +112,8 @@ class _Compiler:
             raise self.error(f"{where}: invalid name")
         if not isinstance(body, dict):
             raise self.error(f"{where}: must be a table")
-        _check_keys(body, _ENUM_KEYS, lambda k: self.error(f"{where}: unknown key {k!r}"))
+        if (k := _unknown_key(body, _ENUM_KEYS)) is not None:
+            raise self.error(f"{where}: unknown key {k!r}")
         base = body.get("type")
         if base not in INTEGER_RANGES:
             raise self.error(f"{where}: type must be an integer scalar, not {base!r}")
@@ -142,7 +145,8 @@ class _Compiler:
         body = self.raw_structs[name]
         if not isinstance(body, dict):
             raise self.error("must be a table", struct=name)
-        _check_keys(body, _STRUCT_KEYS, lambda k: self.error(f"unknown key {k!r}", struct=name))
+        if (k := _unknown_key(body, _STRUCT_KEYS)) is not None:
+            raise self.error(f"unknown key {k!r}", struct=name)
         layout = body.get("layout", self.default_layout)
         if layout not in _LAYOUTS:
             raise self.error(f"layout must be one of {', '.join(_LAYOUTS)}", struct=name)
@@ -162,9 +166,8 @@ class _Compiler:
             fname = raw.get("name")
             if not isinstance(fname, str) or not _NAME.match(fname):
                 raise self.error(f"field #{index} needs a name", struct=name)
-            _check_keys(
-                raw, _FIELD_KEYS, lambda k: self.error(f"unknown key {k!r}", name, fname)
-            )
+            if (k := _unknown_key(raw, _FIELD_KEYS)) is not None:
+                raise self.error(f"unknown key {k!r}", name, fname)
             if fname in names:
                 raise self.error("duplicate field name", name, fname)
             names.add(fname)
@@ -247,7 +250,7 @@ class _Compiler:
         self, struct: str, fname: str, raw: Any
     ) -> tuple[str, str, int, int, int, bool, str]:
         if not isinstance(raw, str):
-            raise self.error("type must be a string such as \"f32\" or \"f32[612]\"", struct, fname)
+            raise self.error('type must be a string such as "f32" or "f32[612]"', struct, fname)
         match = _TYPE.match(raw)
         if not match:
             raise self.error(f"cannot parse type {raw!r}", struct, fname)
@@ -280,7 +283,8 @@ class _Compiler:
                 raise self.error(f"{where}: invalid name")
             if not isinstance(body, dict):
                 raise self.error(f"{where}: must be a table with id and body")
-            _check_keys(body, _MESSAGE_KEYS, lambda k: self.error(f"{where}: unknown key {k!r}"))
+            if (k := _unknown_key(body, _MESSAGE_KEYS)) is not None:
+                raise self.error(f"{where}: unknown key {k!r}")
             mid = body.get("id")
             if not isinstance(mid, int) or isinstance(mid, bool) or not 0 <= mid <= 255:
                 raise self.error(f"{where}: id must be an integer 0..255 (the u8 msg_type)")
@@ -302,10 +306,11 @@ class _Compiler:
         return out
 
 
-def _check_keys(table: dict[str, Any], allowed: set[str], make_error: Any) -> None:
+def _unknown_key(table: dict[str, Any], allowed: set[str]) -> str | None:
     for key in table:
         if key not in allowed:
-            raise make_error(key)
+            return key
+    return None
 
 
 def _round_up(value: int, align: int) -> int:

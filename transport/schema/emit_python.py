@@ -35,7 +35,12 @@ def emit_python(ir: SchemaIR) -> str:
         "",
     ]
     if ir.messages:
-        lines += ["", "class MsgType(IntEnum):", '    """Message ids (the frame\'s msg_type)."""', ""]
+        lines += [
+            "",
+            "class MsgType(IntEnum):",
+            '    """Message ids (the frame\'s msg_type)."""',
+            "",
+        ]
         lines += [f"    {m.name} = 0x{m.id:02X}" for m in ir.messages.values()]
         lines.append("")
     for enum in ir.enums.values():

@@ -107,9 +107,7 @@ def _inspect(file: Path, as_json: bool) -> int:
     return 0
 
 
-def generated_files(
-    schemas: list[SchemaIR], python_out: Path, ts_out: Path
-) -> dict[Path, str]:
+def generated_files(schemas: list[SchemaIR], python_out: Path, ts_out: Path) -> dict[Path, str]:
     """Every file ``compile`` writes, with its content."""
     out: dict[Path, str] = {python_out / "__init__.py": emit_python_package_init()}
     for ir in schemas:
@@ -127,8 +125,9 @@ def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_
     seen: dict[str, Path] = {}
     for ir, file in zip(schemas, files, strict=True):
         if ir.name in seen:
-            raise SchemaError(f"schema name {ir.name!r} is also used by {seen[ir.name]}",
-                              file=str(file))
+            raise SchemaError(
+                f"schema name {ir.name!r} is also used by {seen[ir.name]}", file=str(file)
+            )
         seen[ir.name] = file
     files_out = generated_files(schemas, python_out, ts_out)
     stale = [
@@ -142,8 +141,14 @@ def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_
             path.write_text(files_out[path], encoding="utf-8")
     if as_json:
         key = "stale" if check else "written"
-        print(json.dumps({key: [str(p) for p in stale],
-                          "fingerprints": {ir.name: ir.fingerprint_hex for ir in schemas}}))
+        print(
+            json.dumps(
+                {
+                    key: [str(p) for p in stale],
+                    "fingerprints": {ir.name: ir.fingerprint_hex for ir in schemas},
+                }
+            )
+        )
     elif check and stale:
         for path in stale:
             print(f"stale: {path}", file=sys.stderr)

@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        command = [node, str(script), args.url, "--env", args.env,
-                   "--num-envs", str(args.num_envs)]
+        command = [node, str(script), args.url, "--env", args.env, "--num-envs", str(args.num_envs)]
         if args.seed is not None:
             command += ["--seed", str(args.seed)]
         if args.max_body is not None:
