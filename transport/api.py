@@ -30,7 +30,11 @@ def connect(
     server is an error within it.
     """
     codecs = resolve_schema(schema)
-    channel = backend_for(url).open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
+    backend = backend_for(url)
+    if hasattr(backend, "connect"):  # a backend with its own client (shm: views into the region)
+        client: Client = backend.connect(url, schema=codecs, timeout=timeout)
+        return client
+    channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
     try:
         channel.info = handshake(channel, codecs)
     except BaseException:
