@@ -41,7 +41,6 @@ import logging
 import math
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +58,7 @@ from transport.errors import (
     ProtocolError,
     TransportTimeoutError,
 )
+from transport.listener import SocketListener
 from transport.protocol import (
     BODY_OFFSET,
     DEFAULT_MAX_BODY,
@@ -569,7 +569,7 @@ class _Connection:
         return (json.dumps(_jsonable(out)) + "\n").encode("utf-8")
 
 
-class Listener:
+class Listener(SocketListener):
     """Accepts TCP connections; one thread and one Session per connection."""
 
     def __init__(
@@ -580,6 +580,7 @@ class Listener:
         max_body: int = DEFAULT_MAX_BODY,
         allow_remote: bool = False,
     ) -> None:
+        super().__init__(sessions, max_body=max_body)
         address = parse_url(url, listener=True)
         if not (allow_remote or address.allow_remote) and not _is_loopback(address.host):
             raise ConnectError(
@@ -589,14 +590,8 @@ class Listener:
             )
         self.address = address
         self.url = f"http://{address.netloc}"
-        self.sessions = sessions
-        self.max_body = max_body
-        self._sock: socket.socket | None = None
-        self._closed = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
 
-    def start(self) -> None:
+    def bind(self) -> socket.socket:
         """Bind and listen; with port 0, ``url`` becomes the real port."""
         host = self.address.host or None
         try:
@@ -617,57 +612,14 @@ class Listener:
         port = sock.getsockname()[1]
         self.address = Address(self.address.host, port, self.address.allow_remote)
         self.url = f"http://{self.address.netloc}"
-        sock.settimeout(0.2)  # wake up to notice close()
-        self._sock = sock
+        return sock
 
-    def serve_forever(self) -> None:
-        sock = self._sock
-        assert sock is not None, "call start() first"
-        while not self._closed.is_set():
-            try:
-                conn, _ = sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._closed.is_set():
-                    return
-                raise
-            conn.settimeout(None)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                if self._closed.is_set():
-                    conn.close()
-                    return
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def configure(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            try:
-                session = self.sessions()
-            except Exception:
-                log.exception("cannot create a session for a new connection on %s", self.url)
-                return
-            _Connection(conn, session, self.max_body).serve()
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def close(self) -> None:
-        """Stop accepting and drop every connection."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        if self._sock is not None:
-            self._sock.close()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def serve_connection(self, conn: socket.socket, session: Session) -> None:
+        _Connection(conn, session, self.max_body).serve()
 
 
 # -- client --------------------------------------------------------------------------------------

@@ -7,22 +7,20 @@ server is replaced only when nothing accepts connections on it; a live one is ne
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import socket
 import stat
-import threading
 import time
 from collections.abc import Callable
 
 from transport.codec import Schema
 from transport.errors import ConnectError
+from transport.listener import SocketListener
 from transport.protocol import DEFAULT_MAX_BODY
 from transport.server import Session
 from transport.stream import FramedSocket, StreamChannel, serve_connection
 
 _RETRYABLE = (FileNotFoundError, ConnectionRefusedError)
-log = logging.getLogger("transport.unix")
 
 
 def socket_path(url: str) -> str:
@@ -77,23 +75,18 @@ def _is_live(path: str) -> bool:
         probe.close()
 
 
-class Listener:
+class Listener(SocketListener):
     """Accepts connections on a Unix socket; one thread and one Session per connection."""
 
     def __init__(
         self, url: str, sessions: Callable[[], Session], *, max_body: int = DEFAULT_MAX_BODY
     ) -> None:
+        super().__init__(sessions, max_body=max_body)
         self.url = url
         self.path = socket_path(url)
-        self.sessions = sessions
-        self.max_body = max_body
-        self._sock: socket.socket | None = None
         self._inode: int | None = None
-        self._closed = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
 
-    def start(self) -> None:
+    def bind(self) -> socket.socket:
         """Bind and listen; refuses a path a live server holds, replaces a stale one."""
         if os.path.lexists(self.path):
             mode = os.lstat(self.path).st_mode
@@ -116,52 +109,13 @@ class Listener:
         os.chmod(self.path, 0o600)
         self._inode = os.stat(self.path).st_ino
         sock.listen(64)
-        sock.settimeout(0.2)  # wake up to notice close()
-        self._sock = sock
+        return sock
 
-    def serve_forever(self) -> None:
-        sock = self._sock
-        assert sock is not None, "call start() first"
-        while not self._closed.is_set():
-            try:
-                conn, _ = sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._closed.is_set():
-                    return
-                raise
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def serve_connection(self, conn: socket.socket, session: Session) -> None:
+        serve_connection(FramedSocket(conn, max_body=self.max_body, timeout=None), session)
 
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            session = self.sessions()
-        except Exception:
-            log.exception("cannot create a session for a new connection on %s", self.path)
-            conn.close()
-            return
-        try:
-            serve_connection(FramedSocket(conn, max_body=self.max_body, timeout=None), session)
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def close(self) -> None:
-        """Stop accepting, drop the connections and remove the socket file (if still ours)."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        if self._sock is not None:
-            self._sock.close()
-        with self._lock:
-            for conn in list(self._conns):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+    def cleanup(self) -> None:
+        """Remove the socket file if it is still the one this listener created."""
         try:
             if self._inode is not None and os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
