@@ -12,7 +12,7 @@ from typing import Any
 from transport.backends import backend_for
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
-from transport.protocol import DEFAULT_MAX_BODY
+from transport.protocol import DEFAULT_MAX_BODY, AutoReset
 from transport.server import Env, EnvFactory, SessionFactory
 
 
@@ -22,21 +22,24 @@ def connect(
     *,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_body: int = DEFAULT_MAX_BODY,
+    autoreset: AutoReset | str = AutoReset.DISABLED,
 ) -> Client:
     """Connect to an env server and complete the HELLO handshake.
 
     ``schema``: a ``Schema``, a schema file, or None for the reference ``pac_env`` schema.
     ``timeout``: seconds any one wait may take (connecting, each request); a dead or silent
-    server is an error within it.
+    server is an error within it. ``autoreset``: "disabled" (the client resets), "next_step"
+    (gymnasium 1.x) or "same_step" (SB3; final results in ``client.finals``).
     """
     codecs = resolve_schema(schema)
+    mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
     backend = backend_for(url)
     if hasattr(backend, "connect"):  # a backend with its own client (shm: views into the region)
-        client: Client = backend.connect(url, schema=codecs, timeout=timeout)
+        client: Client = backend.connect(url, schema=codecs, timeout=timeout, autoreset=mode)
         return client
     channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
     try:
-        channel.info = handshake(channel, codecs)
+        channel.info = handshake(channel, codecs, mode)
     except BaseException:
         channel.close()
         raise

@@ -18,7 +18,10 @@ import numpy as np
 from transport.codec import Schema, StructCodec
 from transport.errors import ProtocolError, TransportError
 from transport.protocol import (
+    AUTORESET_MASK,
     BODY_OFFSET,
+    FINAL_COUNT,
+    AutoReset,
     MessageIds,
     check_hello,
     decode_error,
@@ -98,6 +101,10 @@ class Client:
         self.ids = MessageIds.from_schema(schema.ir)
         self.num_envs = int(channel.info.get("num_envs", 1))
         self.server_info = dict(channel.info)
+        self.autoreset = AutoReset[str(channel.info.get("autoreset", "disabled")).upper()]
+        self.finals: list[tuple[int, StepView]] = []
+        """SAME_STEP auto-reset: (env index, owned final result) of each episode that ended in
+        the last step; the step's own result holds the reset observation for those envs."""
         self._result = _body_codec(schema, "STEP_RESP")
         step_request = _body_codec(schema, "STEP_REQ")
         action = step_request.ir.role("action")
@@ -178,10 +185,30 @@ class Client:
             raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
         expected_len = self._response_sizes.get(expect)
         if expected_len is not None and resp.nbytes != expected_len:
-            raise ProtocolError(
-                f"response 0x{resp_type:02X} has {resp.nbytes} bytes, expected {expected_len}"
-            )
+            if self.autoreset != AutoReset.SAME_STEP or expect == self.ids.RESET_RESP:
+                raise ProtocolError(
+                    f"response 0x{resp_type:02X} has {resp.nbytes} bytes, expected {expected_len}"
+                )
+            self._read_finals(resp, expected_len)
+        elif self.finals:
+            self.finals = []
         return resp
+
+    def _read_finals(self, resp: memoryview, results_len: int) -> None:
+        """Parse the SAME_STEP tail: u32 count, then (u32 env index, final result) each."""
+        size = self._result.size
+        if resp.nbytes < results_len + 4:
+            raise ProtocolError(f"step response of {resp.nbytes} bytes lacks its final tail")
+        (count,) = FINAL_COUNT.unpack_from(resp, results_len)
+        if resp.nbytes != results_len + 4 + count * (4 + size) or count > self.num_envs:
+            raise ProtocolError(f"final tail says {count} results; body is {resp.nbytes} bytes")
+        finals = []
+        for k in range(count):
+            start = results_len + 4 + k * (4 + size)
+            (index,) = FINAL_COUNT.unpack_from(resp, start)
+            record = self._result.view(bytes(resp[start + 4 : start + 4 + size]))
+            finals.append((int(index), StepView(record)))
+        self.finals = finals
 
     def _result_view(self, count: int, copy: bool) -> StepView:
         key = (self.channel.generation, count)
@@ -201,17 +228,25 @@ def _body_codec(schema: Schema, message: str) -> StructCodec:
     return schema[body]
 
 
-def handshake(channel: Channel, schema: Schema) -> dict[str, Any]:
+def handshake(
+    channel: Channel, schema: Schema, autoreset: AutoReset = AutoReset.DISABLED
+) -> dict[str, Any]:
     """HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map."""
     ids = MessageIds.from_schema(schema.ir)
-    resp_type, body = channel.request(ids.HELLO_REQ, encode_hello(schema.fingerprint))
+    resp_type, body = channel.request(
+        ids.HELLO_REQ, encode_hello(schema.fingerprint, flags=int(autoreset))
+    )
     if resp_type == ids.ERROR:
         raise decode_error(body)
     if resp_type != ids.HELLO_RESP:
         raise ProtocolError(f"expected HELLO_RESP, got msg_type 0x{resp_type:02X}")
     hello = decode_hello(body)
     check_hello(hello, schema.fingerprint, peer="server")
-    return hello.info
+    if hello.flags & AUTORESET_MASK != autoreset:
+        raise ProtocolError(
+            f"server answered auto-reset mode {hello.flags & AUTORESET_MASK}, asked {autoreset}"
+        )
+    return {**hello.info, "autoreset": autoreset.name.lower()}
 
 
 def default_schema() -> Schema:

@@ -40,6 +40,25 @@ ERROR_HEAD = struct.Struct("<HH")
 MAX_ERROR_TEXT = 0xFFFF
 
 
+class AutoReset(IntEnum):
+    """Who resets an env whose episode ended: HELLO_REQ flags bits 0-1, echoed by HELLO_RESP.
+
+    DISABLED: the client sends a reset (a step on a done env is NOT_RESET).
+    NEXT_STEP: the next step of a done env ignores its action and resets it (gymnasium 1.x).
+    SAME_STEP: the step that ends an episode resets the env at once; the response carries the
+    reset result in place and the final result in a tail (SB3 VecEnv).
+    """
+
+    DISABLED = 0
+    NEXT_STEP = 1
+    SAME_STEP = 2
+
+
+AUTORESET_MASK = 0x3
+FINAL_COUNT = struct.Struct("<I")
+"""SAME_STEP tail after the N results: u32 k, then k x (u32 env index, result struct)."""
+
+
 class ErrorCode(IntEnum):
     """ERROR message codes (docs/protocol.md)."""
 

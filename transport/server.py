@@ -26,10 +26,13 @@ from transport.errors import (
     VersionMismatchError,
 )
 from transport.protocol import (
+    AUTORESET_MASK,
     BODY_OFFSET,
     CLOSING_ERRORS,
+    FINAL_COUNT,
     HEADER,
     HEADER_OFFSET,
+    AutoReset,
     ErrorCode,
     MessageIds,
     RequestError,
@@ -124,16 +127,26 @@ class EnvGroup:
                 ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
             )
 
-    def check_actions(self, actions: np.ndarray) -> None:
-        """The same checks for one action per env, vectorised; reports the first bad env."""
+    def is_done(self, index: int) -> bool:
+        return self.done is not None and bool(self.done[index])
+
+    def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> None:
+        """The same checks for one action per env, vectorised; reports the first bad env.
+
+        ``skip_done``: envs whose episode is done are not checked (their action is ignored:
+        NEXT_STEP auto-reset).
+        """
         bad = ~self.was_reset if not self.all_reset else None
-        if self.done is not None:
-            bad = self.done.astype(bool) if bad is None else bad | self.done.astype(bool)
+        done = self.done.astype(bool) if self.done is not None else None
+        if done is not None and not skip_done:
+            bad = done if bad is None else bad | done
         bad_range = (actions < 0) | (actions >= self.spaces.act_n)
         if self.masks is not None:
             inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
             masked = self.masks[np.arange(len(actions)), inside] == 0
             bad_range = bad_range | masked
+        if skip_done and done is not None:
+            bad_range &= ~done
         if (bad is not None and bad.any()) or bad_range.any():
             first = bad_range if bad is None else bad | bad_range
             index = int(np.argmax(first))
@@ -179,8 +192,13 @@ class Session:
         self.num_envs = len(envs)
         self.hello_done = False
         self.closing = False
+        self.autoreset = AutoReset.DISABLED
         self.info = {"num_envs": self.num_envs, "env": env_name, "server": server_lang}
-        self.buffer = bytearray(BODY_OFFSET + max(self.num_envs, 8) * self.result.size)
+        size = self.result.size
+        results_size = max(self.num_envs, 8) * size
+        # SAME_STEP auto-reset appends: u32 count, then per ended env (u32 index, final result)
+        self.buffer = bytearray(BODY_OFFSET + results_size + 4 + self.num_envs * (4 + size))
+        self._finals = 0  # how many final results the current response carries
         self._body = memoryview(self.buffer)[BODY_OFFSET:]
         results = self.result.view(self.buffer, BODY_OFFSET, count=self.num_envs)
         self._records = [  # one 0-d record view per env, into the send buffer
@@ -248,8 +266,17 @@ class Session:
             return self.error(ErrorCode.VERSION_MISMATCH, str(exc))
         except ProtocolError as exc:
             return self.error(ErrorCode.BAD_FRAME, str(exc))
+        try:
+            self.autoreset = AutoReset(hello.flags & AUTORESET_MASK)
+        except ValueError:
+            return self.error(
+                ErrorCode.BAD_FRAME, f"unknown auto-reset mode in flags {hello.flags}"
+            )
         self.hello_done = True
-        return self.ids.HELLO_RESP, memoryview(encode_hello(self.schema.fingerprint, self.info))
+        info = {**self.info, "autoreset": self.autoreset.name.lower()}
+        return self.ids.HELLO_RESP, memoryview(
+            encode_hello(self.schema.fingerprint, info, flags=int(self.autoreset))
+        )
 
     def _expect_size(self, body: memoryview, size: int, what: str) -> None:
         if body.nbytes != size:
@@ -296,17 +323,50 @@ class Session:
         seed = int(self.reset_request.view(body)[seed_field])
         return self._reset_all(seed)
 
-    def _step_one(self, index: int, action: int) -> None:
+    def _reset_one(self, index: int) -> None:
         env = self.group.envs[index]
+        reset_into = getattr(env, "reset_into", None)
+        if reset_into is not None:
+            self._write(index, reset_into(None, self._records[index]))
+        else:
+            self._write(index, env.reset(None))
+
+    def _step_one(self, index: int, action: int) -> None:
+        """Step env ``index`` (or auto-reset it), honouring the session's auto-reset mode."""
+        group = self.group
+        if self.autoreset == AutoReset.NEXT_STEP and group.is_done(index):
+            self._reset_one(index)  # the action of a done env is ignored
+            return
+        env = group.envs[index]
         step_into = getattr(env, "step_into", None)
         if step_into is not None:
             self._write(index, step_into(action, self._records[index]))
         else:
             self._write(index, env.step(action))
+        if self.autoreset == AutoReset.SAME_STEP and group.is_done(index):
+            self._keep_final(index)
+            self._reset_one(index)
+
+    def _keep_final(self, index: int) -> None:
+        """Copy env ``index``'s final result into the response tail (SAME_STEP)."""
+        size = self.result.size
+        tail = BODY_OFFSET + self.num_envs * size + 4 + self._finals * (4 + size)
+        FINAL_COUNT.pack_into(self.buffer, tail, index)
+        self.buffer[tail + 4 : tail + 4 + size] = self._body[index * size : (index + 1) * size]
+        self._finals += 1
+
+    def _results_length(self, count: int) -> int:
+        """Body length of a step response; SAME_STEP adds the tail with its count."""
+        length = count * self.result.size
+        if self.autoreset != AutoReset.SAME_STEP:
+            return length
+        FINAL_COUNT.pack_into(self.buffer, BODY_OFFSET + length, self._finals)
+        return length + 4 + self._finals * (4 + self.result.size)
 
     def _step_all(self, actions: np.ndarray) -> None:
         group = self.group
-        group.check_actions(actions)
+        group.check_actions(actions, skip_done=self.autoreset == AutoReset.NEXT_STEP)
+        self._finals = 0
         with group.lock or _NO_LOCK:
             for i in range(len(actions)):
                 self._step_one(i, int(actions[i]))
@@ -318,10 +378,13 @@ class Session:
             )
         self._expect_size(body, self.step_request.size, "STEP_REQ")
         (action,) = self._action.unpack_from(body, self._action_offset)
-        self.group.check_action(0, action)
-        with self.group.lock or _NO_LOCK:
+        group = self.group
+        if not (self.autoreset == AutoReset.NEXT_STEP and group.is_done(0)):
+            group.check_action(0, action)
+        self._finals = 0
+        with group.lock or _NO_LOCK:
             self._step_one(0, action)
-        return self.ids.STEP_RESP, self.result.size
+        return self.ids.STEP_RESP, self._results_length(1)
 
     def _step_multi(self, body: memoryview) -> tuple[int, int]:
         multi = self.multi_request
@@ -332,7 +395,7 @@ class Session:
             )
         self._expect_size(body, multi.size, "STEP_MULTI_REQ")
         self._step_all(multi.view(body)[multi.ir.fields[0].name])
-        return self.ids.STEP_MULTI_RESP, 8 * self.result.size
+        return self.ids.STEP_MULTI_RESP, self._results_length(8)
 
     def _step_batch(self, body: memoryview) -> tuple[int, int]:
         size = self.step_request.size
@@ -343,7 +406,7 @@ class Session:
                 f"({body.nbytes} bytes); this server has {self.num_envs} envs",
             )
         self._step_all(self.step_request.view(body, count=self.num_envs)[self.action_name])
-        return self.ids.STEP_BATCH_RESP, self.num_envs * self.result.size
+        return self.ids.STEP_BATCH_RESP, self._results_length(self.num_envs)
 
     def _health(self, body: memoryview) -> tuple[int, int]:
         self._expect_size(body, 0, "HEALTH_REQ")
