@@ -15,6 +15,9 @@ from transport.errors import ConnectError
 BACKENDS: dict[str, str] = {
     "unix": "transport.backends.unix",
     "http": "transport.backends.http",
+    "zmq+ipc": "transport.backends.zmq",
+    "zmq+tcp": "transport.backends.zmq",
+    "shm": "transport.backends.shm",
 }
 
 

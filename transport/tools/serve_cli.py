@@ -17,6 +17,9 @@ clients can connect (with http://127.0.0.1:0 the URL carries the port that was b
 
   transport-serve unix:///tmp/pac.sock --env pac --lang node
   transport-serve http://127.0.0.1:8080 --env echo --num-envs 8
+  transport-serve "shm://pac?num_envs=32" --env pac       (region /dev/shm/transport-pac)
+  transport-serve --list-shm [--json]     the project's shared-memory regions, stale or live
+  transport-serve --cleanup-shm [--json]  remove the stale ones (whose server is dead)
 
 Envs: echo (a deterministic result derived from the action: pure transport cost) and pac (a
 seeded synthetic game on the pac_env schema, identical bytes from the Python and Node servers).
@@ -34,19 +37,41 @@ def main(argv: list[str] | None = None) -> int:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("url", help="where to listen: unix:///path.sock, http://127.0.0.1:PORT")
+    parser.add_argument(
+        "url",
+        nargs="?",
+        help="where to listen: unix:///path.sock, http://127.0.0.1:PORT, shm://name?num_envs=N",
+    )
     parser.add_argument("--env", default="echo", choices=sorted(ENVS), help="reference env")
     parser.add_argument(
         "--lang", default="python", choices=["python", "node"], help="server implementation"
     )
-    parser.add_argument("--num-envs", type=int, default=1, help="envs per connection (N)")
+    parser.add_argument(
+        "--num-envs",
+        type=int,
+        default=None,
+        help="envs per connection (N; default 1, or the shm:// URL's num_envs)",
+    )
     parser.add_argument(
         "--seed", type=int, default=None, help="seed of the first unseeded reset (env i: S + i)"
     )
     parser.add_argument(
         "--max-body", type=int, default=None, help="largest request body accepted, in bytes"
     )
+    parser.add_argument(
+        "--list-shm", action="store_true", help="list /dev/shm/transport-* regions and exit"
+    )
+    parser.add_argument(
+        "--cleanup-shm", action="store_true", help="remove stale /dev/shm/transport-* regions"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable --list/--cleanup")
     args = parser.parse_args(argv)
+    if args.list_shm or args.cleanup_shm:
+        return _shm_admin(cleanup=args.cleanup_shm, as_json=args.json)
+    if args.url is None:
+        parser.error("a URL is required (or --list-shm / --cleanup-shm)")
+    if args.num_envs is None:
+        args.num_envs = _url_num_envs(args.url) or 1
     if args.num_envs < 1:
         parser.error("--num-envs must be at least 1")
 
@@ -87,6 +112,41 @@ def main(argv: list[str] | None = None) -> int:
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _url_num_envs(url: str) -> int | None:
+    if not url.lower().startswith("shm://"):
+        return None
+    from transport.shm import parse_url
+
+    try:
+        return parse_url(url).num_envs
+    except TransportError:
+        return None  # the server reports the bad URL itself
+
+
+def _shm_admin(*, cleanup: bool, as_json: bool) -> int:
+    import json
+
+    from transport.shm import cleanup_stale, list_segments
+
+    infos = cleanup_stale() if cleanup else list_segments()
+    if as_json:
+        print(json.dumps([info.to_json() for info in infos], indent=2))
+        return 0
+    if not infos:
+        print("no stale regions" if cleanup else "no regions under /dev/shm/transport-*")
+        return 0
+    for info in infos:
+        if cleanup:
+            print(f"removed {info.path} (owner pid {info.owner_pid or '-'} is gone)")
+            continue
+        verdict = "stale" if info.stale else "live"
+        print(
+            f"{info.path}  {verdict}  state={info.state} envs={info.num_envs} "
+            f"owner={info.owner_pid or '-'} client={info.client_pid or '-'} size={info.size}"
+        )
     return 0
 
 

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_shm",
   "version": 1,
-  "fingerprint": "e04bc4ed180e5b41",
+  "fingerprint": "b252e734e10f0647",
   "structs": {
     "ControlBlock": {
       "size": 64,
@@ -86,7 +86,7 @@ export const IR: SchemaJson = {
           "count": 1
         },
         {
-          "name": "heartbeat",
+          "name": "client_start_time",
           "type": "u64",
           "offset": 48,
           "size": 8,
@@ -110,7 +110,7 @@ export const IR: SchemaJson = {
     },
     "Slot": {
       "size": 5120,
-      "align": 4,
+      "align": 8,
       "layout": "natural",
       "fields": [
         {
@@ -229,6 +229,62 @@ export const IR: SchemaJson = {
           "size": 92,
           "count": 92,
           "role": "action_mask"
+        },
+        {
+          "name": "actions_this_turn",
+          "type": "u8",
+          "offset": 2572,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "u8",
+          "offset": 2573,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "status",
+          "type": "u16",
+          "offset": 2574,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 2576,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "error_len",
+          "type": "u16",
+          "offset": 2584,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "info_len",
+          "type": "u16",
+          "offset": 2586,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "error_text",
+          "type": "u8[1024]",
+          "offset": 2592,
+          "size": 1024,
+          "count": 1024
+        },
+        {
+          "name": "info",
+          "type": "u8[256]",
+          "offset": 3616,
+          "size": 256,
+          "count": 256
         }
       ]
     }
@@ -255,8 +311,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "e04bc4ed180e5b41";
-export const FINGERPRINT = 0xe04bc4ed180e5b41n;
+export const FINGERPRINT_HEX = "b252e734e10f0647";
+export const FINGERPRINT = 0xb252e734e10f0647n;
 
 /** Enum RegionState (stored as u32). */
 export const RegionState = {
@@ -306,7 +362,7 @@ export interface ControlBlock {
   /** u64 at offset 40 (8 bytes). */
   owner_start_time: bigint;
   /** u64 at offset 48 (8 bytes). */
-  heartbeat: bigint;
+  client_start_time: bigint;
   /** u32 at offset 56 (4 bytes). */
   doorbell: number;
   /** u32 at offset 60 (4 bytes). */
@@ -336,7 +392,7 @@ export interface ControlBlockInput {
   /** u64 at offset 40 (8 bytes). */
   owner_start_time: bigint | number;
   /** u64 at offset 48 (8 bytes). */
-  heartbeat: bigint | number;
+  client_start_time: bigint | number;
   /** u32 at offset 56 (4 bytes). */
   doorbell: number;
   /** u32 at offset 60 (4 bytes). */
@@ -397,7 +453,7 @@ export class ControlBlockView {
     return this.#dv.getBigUint64(this.#at + 40, true);
   }
 
-  get heartbeat(): bigint {
+  get client_start_time(): bigint {
     return this.#dv.getBigUint64(this.#at + 48, true);
   }
 
@@ -410,7 +466,7 @@ export class ControlBlockView {
   }
 }
 
-const ControlBlockFields = rt.nameSet(["magic", "version", "num_envs", "obs_size", "act_size", "slot_size", "fingerprint", "owner_pid", "state", "owner_start_time", "heartbeat", "doorbell", "client_pid"]);
+const ControlBlockFields = rt.nameSet(["magic", "version", "num_envs", "obs_size", "act_size", "slot_size", "fingerprint", "owner_pid", "state", "owner_start_time", "client_start_time", "doorbell", "client_pid"]);
 
 const ControlBlockLayout: rt.StructLayout<ControlBlock, ControlBlockInput, ControlBlockView> = {
   name: "ControlBlock",
@@ -427,7 +483,7 @@ const ControlBlockLayout: rt.StructLayout<ControlBlock, ControlBlockInput, Contr
     rt.checkInteger(rt.fieldValue(fields, "owner_pid", path), "u32", path, "owner_pid");
     rt.checkEnum(rt.fieldValue(fields, "state", path), RegionStateValues, "RegionState", path, "state");
     rt.checkInteger(rt.fieldValue(fields, "owner_start_time", path), "u64", path, "owner_start_time");
-    rt.checkInteger(rt.fieldValue(fields, "heartbeat", path), "u64", path, "heartbeat");
+    rt.checkInteger(rt.fieldValue(fields, "client_start_time", path), "u64", path, "client_start_time");
     rt.checkInteger(rt.fieldValue(fields, "doorbell", path), "u32", path, "doorbell");
     rt.checkInteger(rt.fieldValue(fields, "client_pid", path), "u32", path, "client_pid");
     rt.rejectUnknownFields(fields, ControlBlockFields, path);
@@ -443,7 +499,7 @@ const ControlBlockLayout: rt.StructLayout<ControlBlock, ControlBlockInput, Contr
     dv.setUint32(at + 32, rt.toNumber(value.owner_pid), true);
     dv.setUint32(at + 36, rt.toNumber(value.state), true);
     dv.setBigUint64(at + 40, rt.toBigInt(value.owner_start_time), true);
-    dv.setBigUint64(at + 48, rt.toBigInt(value.heartbeat), true);
+    dv.setBigUint64(at + 48, rt.toBigInt(value.client_start_time), true);
     dv.setUint32(at + 56, rt.toNumber(value.doorbell), true);
     dv.setUint32(at + 60, rt.toNumber(value.client_pid), true);
   },
@@ -462,7 +518,7 @@ const ControlBlockLayout: rt.StructLayout<ControlBlock, ControlBlockInput, Contr
       owner_pid: dv.getUint32(at + 32, true),
       state: dv.getUint32(at + 36, true),
       owner_start_time: dv.getBigUint64(at + 40, true),
-      heartbeat: dv.getBigUint64(at + 48, true),
+      client_start_time: dv.getBigUint64(at + 48, true),
       doorbell: dv.getUint32(at + 56, true),
       client_pid: dv.getUint32(at + 60, true),
     };
@@ -474,7 +530,7 @@ const ControlBlockLayout: rt.StructLayout<ControlBlock, ControlBlockInput, Contr
 
 export const ControlBlockCodec: rt.StructCodec<ControlBlock, ControlBlockInput, ControlBlockView> = rt.defineStruct(ControlBlockLayout);
 
-// -- Slot: 5120 bytes, natural layout, align 4 ----------------------------------------------------
+// -- Slot: 5120 bytes, natural layout, align 8 ----------------------------------------------------
 
 /** Slot as `decode` returns it. */
 export interface Slot {
@@ -510,6 +566,22 @@ export interface Slot {
   observation: Float32Array;
   /** u8[92] at offset 2480 (92 bytes, role action_mask). */
   action_mask: Uint8Array;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+  /** u8 at offset 2573 (1 byte). */
+  has_seed: number;
+  /** u16 at offset 2574 (2 bytes). */
+  status: number;
+  /** u64 at offset 2576 (8 bytes). */
+  seed: bigint;
+  /** u16 at offset 2584 (2 bytes). */
+  error_len: number;
+  /** u16 at offset 2586 (2 bytes). */
+  info_len: number;
+  /** u8[1024] at offset 2592 (1024 bytes). */
+  error_text: Uint8Array;
+  /** u8[256] at offset 3616 (256 bytes). */
+  info: Uint8Array;
 }
 
 /** What `SlotCodec.encode` accepts (validated at run time). */
@@ -546,6 +618,22 @@ export interface SlotInput {
   observation: ArrayLike<number>;
   /** u8[92] at offset 2480 (92 bytes, role action_mask). */
   action_mask: ArrayLike<number>;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+  /** u8 at offset 2573 (1 byte). */
+  has_seed: number;
+  /** u16 at offset 2574 (2 bytes). */
+  status: number;
+  /** u64 at offset 2576 (8 bytes). */
+  seed: bigint | number;
+  /** u16 at offset 2584 (2 bytes). */
+  error_len: number;
+  /** u16 at offset 2586 (2 bytes). */
+  info_len: number;
+  /** u8[1024] at offset 2592 (1024 bytes). */
+  error_text: ArrayLike<number>;
+  /** u8[256] at offset 3616 (256 bytes). */
+  info: ArrayLike<number>;
 }
 
 /**
@@ -625,9 +713,41 @@ export class SlotView {
   get action_mask(): Uint8Array {
     return rt.viewArray(this.#dv, this.#at + 2480, "u8", 92);
   }
+
+  get actions_this_turn(): number {
+    return this.#dv.getUint8(this.#at + 2572);
+  }
+
+  get has_seed(): number {
+    return this.#dv.getUint8(this.#at + 2573);
+  }
+
+  get status(): number {
+    return this.#dv.getUint16(this.#at + 2574, true);
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at + 2576, true);
+  }
+
+  get error_len(): number {
+    return this.#dv.getUint16(this.#at + 2584, true);
+  }
+
+  get info_len(): number {
+    return this.#dv.getUint16(this.#at + 2586, true);
+  }
+
+  get error_text(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 2592, "u8", 1024);
+  }
+
+  get info(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 3616, "u8", 256);
+  }
 }
 
-const SlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask"]);
+const SlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn", "has_seed", "status", "seed", "error_len", "info_len", "error_text", "info"]);
 
 const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
   name: "Slot",
@@ -650,6 +770,14 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
     rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
+    rt.checkInteger(rt.fieldValue(fields, "has_seed", path), "u8", path, "has_seed");
+    rt.checkInteger(rt.fieldValue(fields, "status", path), "u16", path, "status");
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
+    rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
+    rt.checkIntegerArray(rt.fieldValue(fields, "info", path), "u8", 256, path, "info");
     rt.rejectUnknownFields(fields, SlotFields, path);
   },
   writeAt(dv: DataView, at: number, value: SlotInput): void {
@@ -669,6 +797,14 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
     dv.setUint8(at + 31, rt.toNumber(value.items_held));
     rt.writeArray(dv, at + 32, "f32", value.observation, 612);
     rt.writeArray(dv, at + 2480, "u8", value.action_mask, 92);
+    dv.setUint8(at + 2572, rt.toNumber(value.actions_this_turn));
+    dv.setUint8(at + 2573, rt.toNumber(value.has_seed));
+    dv.setUint16(at + 2574, rt.toNumber(value.status), true);
+    dv.setBigUint64(at + 2576, rt.toBigInt(value.seed), true);
+    dv.setUint16(at + 2584, rt.toNumber(value.error_len), true);
+    dv.setUint16(at + 2586, rt.toNumber(value.info_len), true);
+    rt.writeArray(dv, at + 2592, "u8", value.error_text, 1024);
+    rt.writeArray(dv, at + 3616, "u8", value.info, 256);
   },
   checkAt(dv: DataView, at: number, path: string): void {
     rt.checkEnumStored(dv, at + 8, "u32", SlotCommandValues, "SlotCommand", path, "command");
@@ -693,6 +829,14 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
       items_held: dv.getUint8(at + 31),
       observation: rt.readArray(dv, at + 32, "f32", 612),
       action_mask: rt.readArray(dv, at + 2480, "u8", 92),
+      actions_this_turn: dv.getUint8(at + 2572),
+      has_seed: dv.getUint8(at + 2573),
+      status: dv.getUint16(at + 2574, true),
+      seed: dv.getBigUint64(at + 2576, true),
+      error_len: dv.getUint16(at + 2584, true),
+      info_len: dv.getUint16(at + 2586, true),
+      error_text: rt.readArray(dv, at + 2592, "u8", 1024),
+      info: rt.readArray(dv, at + 3616, "u8", 256),
     };
   },
   viewAt(dv: DataView, at: number): SlotView {

@@ -1,0 +1,178 @@
+"""Typed wrapper of the cffi module ``transport.native._native`` (futex, atomics, liveness, floor).
+
+The module is compiled by ``pip install`` (setup.py's ``cffi_modules``). In a source checkout
+without it, the first import compiles it in place (gcc and the Python headers needed) so that
+``python -m pytest`` works right after ``git clone``.
+
+Every call releases the GIL while it runs (cffi API mode), so a thread that waits here never
+blocks the other Python threads, and no wait spins in Python bytecode.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from transport.errors import TransportError
+
+
+def _load() -> tuple[Any, Any]:
+    try:
+        from transport.native._native import ffi, lib  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from transport.native.build import build_in_place
+
+            build_in_place()
+            from transport.native._native import ffi, lib
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            raise ImportError(
+                "transport.native._native is not built and cannot be compiled here "
+                f"({exc}); run `pip install -e .` on a machine with gcc and Python headers"
+            ) from exc
+    return ffi, lib
+
+
+ffi, lib = _load()
+
+OK: int = lib.TP_OK
+TIMEOUT: int = lib.TP_TIMEOUT
+PEER_DEAD: int = lib.TP_PEER_DEAD
+CLOSED: int = lib.TP_CLOSED
+ERRNO: int = lib.TP_ERRNO
+SLEEP_BIT = 0x80000000
+SEQ_MASK = 0x7FFFFFFF
+
+MODES = {"spin": lib.TP_MODE_SPIN, "futex": lib.TP_MODE_FUTEX, "balanced": lib.TP_MODE_BALANCED}
+
+
+class NativeError(TransportError):
+    """A system call of the native module failed."""
+
+
+def address(buffer: Any, offset: int = 0) -> Any:
+    """A ``char *`` to ``buffer[offset]`` (a writable buffer: mmap, bytearray, ndarray)."""
+    return ffi.cast("char *", ffi.from_buffer(buffer, require_writable=True)) + offset
+
+
+def word(buffer: Any, offset: int) -> Any:
+    """A ``uint32_t *`` to the 4-byte-aligned word at ``buffer[offset]``."""
+    if offset % 4:
+        raise ValueError(f"offset {offset} is not 4-byte aligned")
+    return ffi.cast("uint32_t *", address(buffer, offset))
+
+
+def load_acquire(ptr: Any) -> int:
+    return int(lib.tp_load_acquire(ptr))
+
+
+def store_release(ptr: Any, value: int) -> None:
+    lib.tp_store_release(ptr, value)
+
+
+def compare_exchange(ptr: Any, expected: int, desired: int) -> bool:
+    return bool(lib.tp_cas(ptr, expected, desired))
+
+
+def futex_wait(ptr: Any, expected: int, timeout: float | None) -> int:
+    """FUTEX_WAIT (shared): OK when woken or the word differs from ``expected``, else TIMEOUT."""
+    ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+    rc = int(lib.tp_futex_wait(ptr, expected, ns))
+    if rc == ERRNO:
+        raise NativeError(f"futex wait failed: {os.strerror(ffi.errno)}")
+    return rc
+
+
+def futex_wake(ptr: Any, count: int = 0x7FFFFFFF) -> int:
+    """FUTEX_WAKE (shared): the number of waiters woken."""
+    rc = int(lib.tp_futex_wake(ptr, count))
+    if rc == ERRNO:
+        raise NativeError(f"futex wake failed: {os.strerror(ffi.errno)}")
+    return rc
+
+
+def publish(ptr: Any, value: int) -> bool:
+    """Store ``value`` (release) and wake the word's sleepers; True if a sleeper was woken."""
+    return bool(lib.tp_publish_word(ptr, value))
+
+
+def proc_start_time(pid: int) -> int:
+    """/proc/<pid>/stat starttime (clock ticks since boot); 0 if gone or a zombie."""
+    return int(lib.tp_proc_start_time(pid))
+
+
+def peer_alive(pid: int, start_time: int = 0) -> bool:
+    """pid runs (not a zombie) and, if ``start_time`` is not 0, is the process that started then."""
+    return bool(lib.tp_peer_alive(pid, start_time))
+
+
+def new_ctx() -> Any:
+    """A zeroed ``tp_ctx *`` (owned by the returned cdata)."""
+    return ffi.new("tp_ctx *")
+
+
+def wait_value(ctx: Any, ptr: Any, target: int, timeout: float | None) -> int:
+    """Wait (ctx's policy and peer) until the word's sequence equals ``target``."""
+    ns = -1 if timeout is None else int(timeout * 1e9)
+    return int(lib.tp_wait_value(ctx, ptr, target, ns))
+
+
+def shm_create(name: str, size: int) -> int:
+    """shm_open(O_CREAT | O_EXCL, 0600) + posix_fallocate; the fd, or raises OSError."""
+    fd = int(lib.tp_shm_create(name.encode(), size))
+    if fd < 0:
+        raise OSError(-fd, os.strerror(-fd), name)
+    return fd
+
+
+def shm_open(name: str, *, writable: bool = True) -> int:
+    fd = int(lib.tp_shm_open(name.encode(), 1 if writable else 0))
+    if fd < 0:
+        raise OSError(-fd, os.strerror(-fd), name)
+    return fd
+
+
+def shm_unlink(name: str) -> None:
+    rc = int(lib.tp_shm_unlink(name.encode()))
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc), name)
+
+
+FLOOR_REGION_SIZE = 128  # two words, each on its own cache line
+
+
+def floor_pingpong(
+    region: Any,
+    role: int,
+    iterations: int,
+    mode: str = "spin",
+    out_ns: npt.NDArray[np.int64] | None = None,
+    *,
+    spin: int = 10_000,
+    timeout: float = 10.0,
+) -> int:
+    """The C floor: ``iterations`` round trips with a peer process over ``region``.
+
+    ``region``: a writable shared mapping of at least ``FLOOR_REGION_SIZE`` zeroed bytes, shared
+    with the peer, which calls this with the other ``role`` (0 pings and records, 1 answers).
+    ``mode``: "spin", "futex" or "balanced" (``spin`` iterations, then FUTEX_WAIT).
+    ``out_ns``: role 0 only: an int64 array of ``iterations`` round-trip times in nanoseconds.
+    Returns OK, or TIMEOUT when the peer stopped answering for ``timeout`` seconds.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}")
+    if role not in (0, 1):
+        raise ValueError("role must be 0 (ping) or 1 (pong)")
+    out = ffi.NULL
+    if out_ns is not None:
+        if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
+            raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
+        out = ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+    return int(
+        lib.tp_floor_pingpong(
+            address(region), role, iterations, MODES[mode], out, spin, int(timeout * 1e9)
+        )
+    )

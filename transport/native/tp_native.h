@@ -1,0 +1,64 @@
+/* The C API of transport.native._native (declarations parsed by cffi's cdef, too).
+ * Shared-memory words are 32-bit little-endian futex words: bits 0..30 a sequence number,
+ * bit 31 (TP_SLEEP) "a waiter may sleep in FUTEX_WAIT on this word: wake it after changing it".
+ * Region layout and protocol: docs/shm.md.
+ */
+#define TP_OK 0
+#define TP_TIMEOUT -1
+#define TP_PEER_DEAD -2
+#define TP_CLOSED -3
+#define TP_ERRNO -4
+
+#define TP_MODE_SPIN 0
+#define TP_MODE_FUTEX 1
+#define TP_MODE_BALANCED 2
+
+typedef struct {
+    char *slots;               /* address of slot 0 */
+    uint64_t stride;           /* slot size in bytes */
+    uint32_t n;                /* number of slots */
+    uint32_t req_off;          /* offset of the request word in a slot */
+    uint32_t resp_off;         /* offset of the response word in a slot */
+    uint32_t status_off;       /* offset of the u16 status in a slot */
+    uint32_t *seqs;            /* n per-slot sequence numbers (client: last request sent) */
+    uint32_t *doorbell;        /* the control block's doorbell word */
+    uint32_t doorbell_seq;     /* client: last doorbell value rung */
+    uint32_t *state;           /* the control block's state word (READY = 1) */
+    uint32_t ready_state;      /* the value of *state while the region serves */
+    uint32_t peer_pid;         /* the process whose death ends a wait (0: none) */
+    uint64_t peer_start;       /* its start time (/proc/<pid>/stat field 22); 0: pid only */
+    int64_t spin;              /* spin iterations before sleeping */
+    int64_t slice_ns;          /* one FUTEX_WAIT's length: the liveness re-check period */
+    uint64_t wakes;            /* statistics: FUTEX_WAKE calls made */
+    uint64_t sleeps;           /* statistics: FUTEX_WAIT calls made */
+} tp_ctx;
+
+uint32_t tp_load_acquire(uint32_t *word);
+void tp_store_release(uint32_t *word, uint32_t value);
+uint32_t tp_exchange(uint32_t *word, uint32_t value);
+int tp_cas(uint32_t *word, uint32_t expected, uint32_t desired);
+void tp_fence_acquire(void);
+void tp_fence_release(void);
+
+int tp_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns);
+int tp_futex_wake(uint32_t *word, int count);
+
+uint64_t tp_proc_start_time(uint32_t pid);
+int tp_peer_alive(uint32_t pid, uint64_t start_time);
+
+int tp_publish_word(uint32_t *word, uint32_t value);
+int tp_wait_value(tp_ctx *ctx, uint32_t *word, uint32_t target, int64_t timeout_ns);
+int64_t tp_wait_change(tp_ctx *ctx, uint32_t *word, uint32_t last, int64_t timeout_ns);
+
+int tp_client_roundtrip(tp_ctx *ctx, int64_t timeout_ns);
+int tp_client_wait(tp_ctx *ctx, int64_t timeout_ns);
+int tp_server_pending(tp_ctx *ctx, uint8_t *pending, uint32_t cmd_off, int32_t *same_cmd);
+int tp_server_publish(tp_ctx *ctx, const uint8_t *pending, int32_t status);
+void tp_wake_all(tp_ctx *ctx);
+
+int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode,
+                      int64_t *out_ns, int64_t spin, int64_t timeout_ns);
+
+int tp_shm_create(const char *name, uint64_t size);
+int tp_shm_open(const char *name, int writable);
+int tp_shm_unlink(const char *name);
