@@ -17,13 +17,17 @@ def test_public_names() -> None:
             "NonCanonicalError",
             "Schema",
             "SchemaError",
+            "Server",
             "StructCodec",
             "TransportError",
             "UnknownFieldError",
             "ValueRangeError",
             "ValueTypeError",
             "__version__",
+            "connect",
+            "connect_many",
             "load_schema",
+            "serve",
         ]
     )
     for name in transport.__all__:

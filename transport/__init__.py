@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transport.api import Server, connect, serve
 from transport.codec import Schema, StructCodec
 from transport.errors import (
     ArrayLengthError,
@@ -22,6 +23,7 @@ from transport.errors import (
     ValueRangeError,
     ValueTypeError,
 )
+from transport.multi import connect_many
 from transport.schema import load_schema as _load_ir
 
 __version__ = "0.1.0"
@@ -42,11 +44,15 @@ __all__ = [
     "NonCanonicalError",
     "Schema",
     "SchemaError",
+    "Server",
     "StructCodec",
     "TransportError",
     "UnknownFieldError",
     "ValueRangeError",
     "ValueTypeError",
     "__version__",
+    "connect",
+    "connect_many",
     "load_schema",
+    "serve",
 ]

@@ -1,0 +1,290 @@
+"""Scatter/gather over several env servers: ``connect_many(urls)`` steps them all as one batch.
+
+Env ids are global: server k's envs follow those of servers 0..k-1 (in the order of ``urls``),
+and every batch has a leading axis of the total number of envs. Channels that can pipeline
+(zmq: ``send_request`` / ``recv_response``) get every request sent before any reply is awaited;
+the other backends are driven from a small thread pool. A server that fails does not hide the
+others' results: ``BatchError`` lists each failed server's URL, env ids and error, and keeps
+the rows that did arrive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from transport.api import connect
+from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema
+from transport.codec import Schema
+from transport.errors import ProtocolError, TransportError
+from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, decode_error
+from transport.server import Spaces
+
+
+@runtime_checkable
+class PipelinedChannel(Protocol):
+    """A channel that can have a request in flight while others are sent (zmq)."""
+
+    def send_request(self, msg_type: int, body: Any, deadline: float | None = None) -> int: ...
+
+    def recv_response(
+        self, msg_id: int, deadline: float | None = None
+    ) -> tuple[int, memoryview]: ...
+
+
+@dataclass(frozen=True)
+class ServerFailure:
+    """One server's part of a failed batch: where, which global env ids, and why."""
+
+    url: str
+    env_ids: range
+    error: BaseException
+
+    def __str__(self) -> str:
+        ids = _format_ids(self.env_ids)
+        return f"envs {ids} at {self.url}: {type(self.error).__name__}: {self.error}"
+
+
+class BatchError(TransportError):
+    """Some servers of a batch failed. ``failures`` says which (url, env ids, error).
+
+    ``results``: the batch with the rows of the servers that answered (the failed servers' rows
+    hold their previous values), or None when nothing was stepped (a failed ``connect_many``).
+    """
+
+    def __init__(self, failures: list[ServerFailure], results: StepView | None = None) -> None:
+        self.failures = failures
+        self.results = results
+        lines = "; ".join(str(failure) for failure in failures)
+        super().__init__(f"{len(failures)} server(s) failed: {lines}")
+
+    @property
+    def env_ids(self) -> list[int]:
+        return sorted(i for failure in self.failures for i in failure.env_ids)
+
+    @property
+    def urls(self) -> list[str]:
+        return [failure.url for failure in self.failures]
+
+
+def _format_ids(ids: range) -> str:
+    if len(ids) == 0:
+        return "(unknown)"
+    return str(ids.start) if len(ids) == 1 else f"{ids.start}-{ids.stop - 1}"
+
+
+class _Part:
+    """One server of the batch: its client, its global env range and its request buffers."""
+
+    def __init__(self, client: Client, start: int) -> None:
+        self.client = client
+        self.url = client.url
+        self.num_envs = client.num_envs
+        self.env_ids = range(start, start + client.num_envs)
+        ids = client.ids
+        schema = client.schema
+        step_request = schema[_body(schema, "STEP_REQ")]
+        action = step_request.ir.role("action")
+        if action is None:
+            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
+        self.request = bytearray(step_request.size * self.num_envs)
+        self.actions = step_request.view(self.request, count=self.num_envs)[action.name]
+        self.step_type, self.step_resp = (
+            (ids.STEP_REQ, ids.STEP_RESP)
+            if self.num_envs == 1
+            else (ids.STEP_BATCH_REQ, ids.STEP_BATCH_RESP)
+        )
+        seed_codec = schema[_body(schema, "RESET_SEED_REQ")]
+        self.seed_codec = seed_codec
+        self.seed_body = bytearray(seed_codec.size)
+
+
+def _body(schema: Schema, message: str) -> str:
+    body = schema.ir.messages[message].body
+    if body is None:
+        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
+    return body
+
+
+class MultiClient:
+    """Several env servers stepped as one batch (use ``connect_many`` to make one)."""
+
+    def __init__(self, clients: list[Client], *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        if not clients:
+            raise ValueError("connect_many needs at least one server")
+        fingerprints = {client.schema.fingerprint for client in clients}
+        if len(fingerprints) != 1:
+            raise ProtocolError("the servers of one batch must speak the same schema")
+        self.clients = clients
+        self.timeout = timeout
+        self.schema = clients[0].schema
+        self.parts: list[_Part] = []
+        start = 0
+        for client in clients:
+            self.parts.append(_Part(client, start))
+            start += client.num_envs
+        self.num_envs = start
+        self._result = self.schema[_body(self.schema, "STEP_RESP")]
+        self._out = bytearray(BODY_OFFSET + self.num_envs * self._result.size)
+        self._view = StepView(self._result.view(self._out, BODY_OFFSET, count=self.num_envs))
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    @property
+    def urls(self) -> list[str]:
+        return [part.url for part in self.parts]
+
+    @property
+    def env_slices(self) -> list[slice]:
+        """Which rows of a batch each server (in ``urls`` order) fills."""
+        return [slice(part.env_ids.start, part.env_ids.stop) for part in self.parts]
+
+    def spaces(self) -> Spaces:
+        return self.clients[0].spaces()
+
+    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
+        """Reset every env of every server; global env i gets ``seed + i``."""
+        requests: list[tuple[int, Any, int]] = []
+        for part in self.parts:
+            ids = part.client.ids
+            if seed is None:
+                requests.append((ids.RESET_REQ, b"", ids.RESET_RESP))
+            else:
+                name = part.seed_codec.ir.fields[0].name
+                part.seed_codec.encode_into(part.seed_body, 0, {name: seed + part.env_ids.start})
+                requests.append((ids.RESET_SEED_REQ, part.seed_body, ids.RESET_RESP))
+        self._run(requests)
+        return self._view.copy() if copy else self._view
+
+    def step(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
+        """Step with one action per global env; fields have a leading axis of ``num_envs``."""
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        flat = np.asarray(actions)
+        requests = []
+        for part in self.parts:
+            part.actions[:] = flat[part.env_ids.start : part.env_ids.stop]
+            requests.append((part.step_type, part.request, part.step_resp))
+        self._run(requests)
+        return self._view.copy() if copy else self._view
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for client in self.clients:
+            client.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> MultiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _run(self, requests: list[tuple[int, Any, int]]) -> None:
+        if self._closed:
+            raise TransportError("the client is closed")
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        failures: dict[int, BaseException] = {}
+        sent: dict[int, tuple[PipelinedChannel, int]] = {}
+        futures: dict[int, Future[None]] = {}
+        for k, (part, (msg_type, body, expect)) in enumerate(
+            zip(self.parts, requests, strict=True)
+        ):
+            channel = part.client.channel
+            if isinstance(channel, PipelinedChannel):
+                try:  # every pipelined request goes out before any reply is awaited
+                    sent[k] = (channel, channel.send_request(msg_type, body, deadline))
+                except TransportError as exc:
+                    failures[k] = exc
+            else:
+                futures[k] = self._thread_pool().submit(
+                    self._exchange, part, msg_type, body, expect
+                )
+        for k, (pipe, msg_id) in sent.items():
+            try:
+                resp_type, resp = pipe.recv_response(msg_id, deadline)
+                self._accept(self.parts[k], requests[k][2], resp_type, resp)
+            except TransportError as exc:
+                failures[k] = exc
+        for k, future in futures.items():
+            error = future.exception()
+            if error is not None:
+                failures[k] = error
+        if failures:
+            raise BatchError(
+                [
+                    ServerFailure(self.parts[k].url, self.parts[k].env_ids, failures[k])
+                    for k in sorted(failures)
+                ],
+                self._view.copy(),
+            )
+
+    def _exchange(self, part: _Part, msg_type: int, body: Any, expect: int) -> None:
+        resp_type, resp = part.client.channel.request(msg_type, body)
+        self._accept(part, expect, resp_type, resp)
+
+    def _accept(self, part: _Part, expect: int, resp_type: int, resp: memoryview) -> None:
+        """Check one server's reply and copy it into its rows of the batch."""
+        ids = part.client.ids
+        if resp_type == ids.ERROR:
+            raise decode_error(resp)
+        if resp_type != expect:
+            raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
+        size = self._result.size * part.num_envs
+        if resp.nbytes != size:
+            raise ProtocolError(f"response has {resp.nbytes} bytes, expected {size}")
+        start = BODY_OFFSET + part.env_ids.start * self._result.size
+        self._out[start : start + size] = resp
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=len(self.parts), thread_name_prefix="transport-multi"
+            )
+        return self._pool
+
+
+def connect_many(
+    urls: Sequence[str],
+    schema: Schema | str | Path | None = None,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> MultiClient:
+    """Connect to every server (in parallel) and step them as one batch of all their envs.
+
+    Any backend URL works; zmq servers are pipelined. Raises ``BatchError`` naming the servers
+    that could not be reached (the others are closed again).
+    """
+    if not urls:
+        raise ValueError("connect_many needs at least one URL")
+    codecs = resolve_schema(schema)
+
+    def one(url: str) -> Client:
+        return connect(url, codecs, timeout=timeout, max_body=max_body)
+
+    with ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="transport-connect") as pool:
+        futures = [pool.submit(one, url) for url in urls]
+        outcomes = [
+            (url, future.exception(), future) for url, future in zip(urls, futures, strict=True)
+        ]
+    clients = [future.result() for _, error, future in outcomes if error is None]
+    failed = [
+        ServerFailure(url, range(0), error) for url, error, _ in outcomes if error is not None
+    ]
+    if failed:
+        for client in clients:
+            client.close()
+        raise BatchError(failed)
+    return MultiClient(clients, timeout=timeout)
