@@ -59,6 +59,17 @@ def error_code(body: bytes) -> int:
     return int(struct.unpack_from("<H", body, 0)[0])
 
 
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """SIGSTOP is asynchronous: wait until /proc shows the process stopped."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            if stat_file.read().rpartition(")")[2].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def closed_by_peer(sock: socket.socket) -> bool:
     try:
         return sock.recv(1) == b""
@@ -186,6 +197,7 @@ def test_silent_server_times_out(lang: str) -> None:
         client = api.connect(proc.url, timeout=0.5)
         client.reset()
         os.kill(proc.proc.pid, signal.SIGSTOP)
+        wait_stopped(proc.proc.pid)
         try:
             started = time.monotonic()
             with pytest.raises(TransportTimeoutError):
