@@ -108,3 +108,56 @@ export class MissingFieldError extends CodecError {
 export class UnknownFieldError extends CodecError {
   readonly code = "unknown_field";
 }
+
+// -- transport errors (the protocol, client and server layers) ----------------------------------
+
+/** The peer could not be reached before the deadline (nothing listens, refused, bad URL). */
+export class ConnectError extends TransportError {}
+
+/** A wait for the peer passed its deadline; the peer may be alive but silent. */
+export class TransportTimeoutError extends TransportError {}
+
+/** The peer closed the connection or died while a request was outstanding. */
+export class PeerGoneError extends TransportError {}
+
+/** The peer sent something the protocol does not allow (bad frame, wrong msg_id, ...). */
+export class ProtocolError extends TransportError {}
+
+/** A frame header or body that cannot be valid (unknown type, wrong size, too large). */
+export class BadFrameError extends ProtocolError {
+  /** The msg_id of the offending frame's header, when it was read (0 otherwise). */
+  msgId = 0;
+}
+
+/** The peers speak different major protocol versions. */
+export class VersionMismatchError extends ProtocolError {}
+
+/** The peers compiled different schemas; the message names both fingerprints (16 hex digits). */
+export class FingerprintMismatchError extends ProtocolError {
+  readonly local: bigint;
+  readonly remote: bigint;
+
+  constructor(message: string, local = 0n, remote = 0n) {
+    super(message);
+    this.local = local;
+    this.remote = remote;
+  }
+}
+
+/**
+ * The peer answered ERROR: `code` is the protocol error code, `codeName` its name
+ * (`INVALID_ACTION`; Python's `RemoteError.name`; `name` stays the class name as for every
+ * JavaScript error) and `text` the peer's message.
+ */
+export class RemoteError extends TransportError {
+  readonly code: number;
+  readonly codeName: string;
+  readonly text: string;
+
+  constructor(code: number, codeName: string, text: string) {
+    super(`${codeName} (${code}): ${text}`);
+    this.code = code;
+    this.codeName = codeName;
+    this.text = text;
+  }
+}

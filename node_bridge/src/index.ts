@@ -1,6 +1,7 @@
 /**
  * Public surface of the Node side of the transport: generated codecs for every schema in
- * `schema/`, the codec runtime types, the error tree and fingerprints.
+ * `schema/`, the codec runtime types, the error tree and fingerprints, and the network layer:
+ * `serve(envOrFactory, url)` and `connect(url)` over unix:// and http://.
  *
  *   import { pac_env, SCHEMAS, CodecError } from "@transport/node-bridge";
  *   const bytes = pac_env.StepResultCodec.encode(values);
@@ -10,20 +11,42 @@
 export type { AnyStructCodec, SchemaModule, StructCodec } from "./codec";
 export {
   ArrayLengthError,
+  BadFrameError,
   BufferSizeError,
   CODEC_ERROR_CODES,
   CodecError,
   type CodecErrorCode,
+  ConnectError,
+  FingerprintMismatchError,
   InvalidBoolError,
   InvalidEnumError,
   MissingFieldError,
   NonCanonicalError,
+  PeerGoneError,
+  ProtocolError,
+  RemoteError,
   SchemaError,
   TransportError,
+  TransportTimeoutError,
   UnknownFieldError,
   ValueRangeError,
   ValueTypeError,
+  VersionMismatchError,
 } from "./errors";
+export { type Client, type ConnectOptions, type ResultOptions, connect } from "./client";
+export { type Server, type ServeOptions, serve } from "./server";
+export type { Env, EnvFactory, Spaces } from "./env";
+export type { EnvOrFactory } from "./session";
+export type { ConnectionStats } from "./stream";
+export {
+  CLOSING_ERRORS,
+  DEFAULT_MAX_BODY,
+  ErrorCode,
+  type Hello,
+  type MessageIds,
+  PROTOCOL_VERSION,
+  messageIds,
+} from "./protocol";
 export { canonicalJson, computeFingerprint, fingerprintHex, fingerprintOf } from "./fingerprint";
 export type { EnumJson, FieldJson, MessageJson, SchemaJson, StructJson } from "./ir";
 export { SCHEMAS, mahjong_env, pac_env, pac_shm } from "./generated";

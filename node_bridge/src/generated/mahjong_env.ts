@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "mahjong_env",
   "version": 1,
-  "fingerprint": "d45a3b2ef8889911",
+  "fingerprint": "1ddde4cf1f1f1c22",
   "structs": {
     "ResetRequest": {
       "size": 16,
@@ -295,6 +295,84 @@ export const IR: SchemaJson = {
           "count": 1
         }
       ]
+    },
+    "SeedRequest": {
+      "size": 8,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "StepMultiRequest": {
+      "size": 16,
+      "align": 2,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "actions",
+          "type": "u16[8]",
+          "offset": 0,
+          "size": 16,
+          "count": 8,
+          "role": "action"
+        }
+      ]
+    },
+    "StepMultiResult": {
+      "size": 10688,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "results",
+          "type": "AgentStep[8]",
+          "offset": 0,
+          "size": 10688,
+          "count": 8
+        }
+      ]
+    },
+    "HealthResult": {
+      "size": 1,
+      "align": 1,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "initialized",
+          "type": "u8",
+          "offset": 0,
+          "size": 1,
+          "count": 1
+        }
+      ]
+    },
+    "SpacesResult": {
+      "size": 8,
+      "align": 4,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "obs_n",
+          "type": "i32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "act_n",
+          "type": "i32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        }
+      ]
     }
   },
   "enums": {
@@ -330,12 +408,12 @@ export const IR: SchemaJson = {
   "messages": {
     "RESET_REQ": {
       "id": 1,
-      "body": "ResetRequest"
+      "body": null
     },
     "RESET_RESP": {
       "id": 2,
       "body": "AgentStep",
-      "tail": "msgpack"
+      "batch": true
     },
     "STEP_REQ": {
       "id": 3,
@@ -343,12 +421,31 @@ export const IR: SchemaJson = {
     },
     "STEP_RESP": {
       "id": 4,
-      "body": "AgentStep",
-      "tail": "msgpack"
+      "body": "AgentStep"
     },
-    "SCORE_RESP": {
+    "STEP_MULTI_REQ": {
+      "id": 5,
+      "body": "StepMultiRequest"
+    },
+    "STEP_MULTI_RESP": {
       "id": 6,
-      "body": "ScoreUpdate"
+      "body": "StepMultiResult"
+    },
+    "HEALTH_REQ": {
+      "id": 9,
+      "body": null
+    },
+    "HEALTH_RESP": {
+      "id": 10,
+      "body": "HealthResult"
+    },
+    "SPACES_REQ": {
+      "id": 11,
+      "body": null
+    },
+    "SPACES_RESP": {
+      "id": 12,
+      "body": "SpacesResult"
     },
     "HELLO_REQ": {
       "id": 13,
@@ -362,13 +459,31 @@ export const IR: SchemaJson = {
       "id": 15,
       "body": "ErrorHead",
       "tail": "utf8"
+    },
+    "RESET_SEED_REQ": {
+      "id": 16,
+      "body": "SeedRequest"
+    },
+    "STEP_BATCH_REQ": {
+      "id": 17,
+      "body": "ActionRequest",
+      "batch": true
+    },
+    "STEP_BATCH_RESP": {
+      "id": 18,
+      "body": "AgentStep",
+      "batch": true
+    },
+    "SCORE_RESP": {
+      "id": 32,
+      "body": "ScoreUpdate"
     }
   }
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "d45a3b2ef8889911";
-export const FINGERPRINT = 0xd45a3b2ef8889911n;
+export const FINGERPRINT_HEX = "1ddde4cf1f1f1c22";
+export const FINGERPRINT = 0x1ddde4cf1f1f1c22n;
 
 /** Enum Agent (stored as u8). */
 export const Agent = {
@@ -407,10 +522,19 @@ export const MessageId = {
   RESET_RESP: 2,
   STEP_REQ: 3,
   STEP_RESP: 4,
-  SCORE_RESP: 6,
+  STEP_MULTI_REQ: 5,
+  STEP_MULTI_RESP: 6,
+  HEALTH_REQ: 9,
+  HEALTH_RESP: 10,
+  SPACES_REQ: 11,
+  SPACES_RESP: 12,
   HELLO_REQ: 13,
   HELLO_RESP: 14,
   ERROR: 15,
+  RESET_SEED_REQ: 16,
+  STEP_BATCH_REQ: 17,
+  STEP_BATCH_RESP: 18,
+  SCORE_RESP: 32,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -1137,6 +1261,322 @@ const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView>
 
 export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
 
+// -- SeedRequest: 8 bytes, natural layout, align 8 ------------------------------------------------
+
+/** SeedRequest as `decode` returns it. */
+export interface SeedRequest {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+}
+
+/** What `SeedRequestCodec.encode` accepts (validated at run time). */
+export interface SeedRequestInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+}
+
+/**
+ * Zero-copy view of a SeedRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class SeedRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+}
+
+const SeedRequestFields = rt.nameSet(["seed"]);
+
+const SeedRequestLayout: rt.StructLayout<SeedRequest, SeedRequestInput, SeedRequestView> = {
+  name: "SeedRequest",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.rejectUnknownFields(fields, SeedRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: SeedRequestInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): SeedRequest {
+    return {
+      seed: dv.getBigUint64(at, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): SeedRequestView {
+    return new SeedRequestView(dv, at);
+  },
+};
+
+export const SeedRequestCodec: rt.StructCodec<SeedRequest, SeedRequestInput, SeedRequestView> = rt.defineStruct(SeedRequestLayout);
+
+// -- StepMultiRequest: 16 bytes, natural layout, align 2 ------------------------------------------
+
+/** StepMultiRequest as `decode` returns it. */
+export interface StepMultiRequest {
+  /** u16[8] at offset 0 (16 bytes, role action). */
+  actions: Uint16Array;
+}
+
+/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
+export interface StepMultiRequestInput {
+  /** u16[8] at offset 0 (16 bytes, role action). */
+  actions: ArrayLike<number>;
+}
+
+/**
+ * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get actions(): Uint16Array {
+    return rt.viewArray(this.#dv, this.#at, "u16", 8);
+  }
+}
+
+const StepMultiRequestFields = rt.nameSet(["actions"]);
+
+const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
+  name: "StepMultiRequest",
+  size: 16,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "u16", 8, path, "actions");
+    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
+    rt.writeArray(dv, at, "u16", value.actions, 8);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): StepMultiRequest {
+    return {
+      actions: rt.readArray(dv, at, "u16", 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiRequestView {
+    return new StepMultiRequestView(dv, at);
+  },
+};
+
+export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
+
+// -- StepMultiResult: 10688 bytes, natural layout, align 8 ----------------------------------------
+
+/** StepMultiResult as `decode` returns it. */
+export interface StepMultiResult {
+  /** AgentStep[8] at offset 0 (10688 bytes). */
+  results: AgentStep[];
+}
+
+/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
+export interface StepMultiResultInput {
+  /** AgentStep[8] at offset 0 (10688 bytes). */
+  results: ArrayLike<AgentStepInput>;
+}
+
+/**
+ * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get results(): AgentStepView[] {
+    return rt.viewStructArray(AgentStepLayout, this.#dv, this.#at, 8);
+  }
+}
+
+const StepMultiResultFields = rt.nameSet(["results"]);
+
+const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
+  name: "StepMultiResult",
+  size: 10688,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkStructArray(AgentStepLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
+    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
+    rt.writeStructArray(AgentStepLayout, dv, at, value.results, 8);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkStructsStored(AgentStepLayout, dv, at, 8, path, "results");
+  },
+  readAt(dv: DataView, at: number): StepMultiResult {
+    return {
+      results: rt.readStructArray(AgentStepLayout, dv, at, 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiResultView {
+    return new StepMultiResultView(dv, at);
+  },
+};
+
+export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
+
+// -- HealthResult: 1 bytes, natural layout, align 1 -----------------------------------------------
+
+/** HealthResult as `decode` returns it. */
+export interface HealthResult {
+  /** u8 at offset 0 (1 byte). */
+  initialized: number;
+}
+
+/** What `HealthResultCodec.encode` accepts (validated at run time). */
+export interface HealthResultInput {
+  /** u8 at offset 0 (1 byte). */
+  initialized: number;
+}
+
+/**
+ * Zero-copy view of a HealthResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class HealthResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get initialized(): number {
+    return this.#dv.getUint8(this.#at);
+  }
+}
+
+const HealthResultFields = rt.nameSet(["initialized"]);
+
+const HealthResultLayout: rt.StructLayout<HealthResult, HealthResultInput, HealthResultView> = {
+  name: "HealthResult",
+  size: 1,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "initialized", path), "u8", path, "initialized");
+    rt.rejectUnknownFields(fields, HealthResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: HealthResultInput): void {
+    dv.setUint8(at, rt.toNumber(value.initialized));
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): HealthResult {
+    return {
+      initialized: dv.getUint8(at),
+    };
+  },
+  viewAt(dv: DataView, at: number): HealthResultView {
+    return new HealthResultView(dv, at);
+  },
+};
+
+export const HealthResultCodec: rt.StructCodec<HealthResult, HealthResultInput, HealthResultView> = rt.defineStruct(HealthResultLayout);
+
+// -- SpacesResult: 8 bytes, natural layout, align 4 -----------------------------------------------
+
+/** SpacesResult as `decode` returns it. */
+export interface SpacesResult {
+  /** i32 at offset 0 (4 bytes). */
+  obs_n: number;
+  /** i32 at offset 4 (4 bytes). */
+  act_n: number;
+}
+
+/** What `SpacesResultCodec.encode` accepts (validated at run time). */
+export interface SpacesResultInput {
+  /** i32 at offset 0 (4 bytes). */
+  obs_n: number;
+  /** i32 at offset 4 (4 bytes). */
+  act_n: number;
+}
+
+/**
+ * Zero-copy view of a SpacesResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class SpacesResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get obs_n(): number {
+    return this.#dv.getInt32(this.#at, true);
+  }
+
+  get act_n(): number {
+    return this.#dv.getInt32(this.#at + 4, true);
+  }
+}
+
+const SpacesResultFields = rt.nameSet(["obs_n", "act_n"]);
+
+const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, SpacesResultView> = {
+  name: "SpacesResult",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "obs_n", path), "i32", path, "obs_n");
+    rt.checkInteger(rt.fieldValue(fields, "act_n", path), "i32", path, "act_n");
+    rt.rejectUnknownFields(fields, SpacesResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: SpacesResultInput): void {
+    dv.setInt32(at, rt.toNumber(value.obs_n), true);
+    dv.setInt32(at + 4, rt.toNumber(value.act_n), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): SpacesResult {
+    return {
+      obs_n: dv.getInt32(at, true),
+      act_n: dv.getInt32(at + 4, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): SpacesResultView {
+    return new SpacesResultView(dv, at);
+  },
+};
+
+export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
+
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   ResetRequest: ResetRequestCodec,
@@ -1146,4 +1586,9 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   ScoreUpdate: ScoreUpdateCodec,
   Hello: HelloCodec,
   ErrorHead: ErrorHeadCodec,
+  SeedRequest: SeedRequestCodec,
+  StepMultiRequest: StepMultiRequestCodec,
+  StepMultiResult: StepMultiResultCodec,
+  HealthResult: HealthResultCodec,
+  SpacesResult: SpacesResultCodec,
 });

@@ -1,0 +1,197 @@
+/**
+ * unix:///path.sock: frames over a Unix domain stream socket (transport/backends/unix.py).
+ *
+ * The socket file is created mode 0600 (umask while binding, chmod right after listen, before
+ * anyone is told the server is ready) and removed when the listener closes. A file left by a
+ * dead server is replaced only when nothing accepts connections on it; a live one is never
+ * stolen (`ConnectError` "... is in use ...").
+ */
+
+import { chmodSync, lstatSync, statSync, unlinkSync } from "node:fs";
+import * as net from "node:net";
+import { ConnectError } from "../errors";
+import type { Session } from "../session";
+import { type ChannelOptions, type ConnectionStats, StreamChannel, newStats, serveConnection } from "../stream";
+import { DEFAULT_MAX_BODY } from "../protocol";
+import type { Listener, ListenOptions } from "./index";
+
+export function socketPath(url: string): string {
+  const sep = url.indexOf("://");
+  const path = sep < 0 ? "" : url.slice(sep + 3);
+  if (!path) {
+    throw new ConnectError(`${JSON.stringify(url)} names no socket path (expected unix:///path/to.sock)`);
+  }
+  if (Buffer.byteLength(path) > 107) {
+    throw new ConnectError(`socket path ${JSON.stringify(path)} is longer than the 107 bytes Linux allows`);
+  }
+  return path;
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+function tryConnect(path: string, timeoutMs: number): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const socket = net.createConnection({ path });
+    const timer = setTimeout(() => {
+      socket.destroy();
+      const error = new Error("connect timed out") as NodeJS.ErrnoException;
+      error.code = "ETIMEDOUT";
+      reject(error);
+    }, Math.max(1, timeoutMs));
+    socket.once("connect", () => {
+      clearTimeout(timer);
+      socket.removeAllListeners("error");
+      resolve(socket);
+    });
+    socket.once("error", (error) => {
+      clearTimeout(timer);
+      socket.destroy();
+      reject(error);
+    });
+  });
+}
+
+/** Connect, retrying with backoff while the server is not up yet, until the deadline. */
+export async function openChannel(url: string, options: ChannelOptions = {}): Promise<StreamChannel> {
+  const path = socketPath(url);
+  const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+  const deadline = Date.now() + (timeoutMs ?? 10_000);
+  let delay = 5;
+  for (;;) {
+    try {
+      const socket = await tryConnect(path, deadline - Date.now());
+      return new StreamChannel(socket, options);
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code ?? "";
+      if (code === "ENOENT" || code === "ECONNREFUSED") {
+        if (Date.now() + delay > deadline) {
+          throw new ConnectError(`nothing accepts connections on ${path} (${code})`);
+        }
+        await sleep(delay);
+        delay = Math.min(delay * 2, 200);
+        continue;
+      }
+      if (code === "ETIMEDOUT") throw new ConnectError(`connecting to ${path} timed out`);
+      throw new ConnectError(`cannot connect to ${path}: ${code || (error as Error).message}`);
+    }
+  }
+}
+
+/** True when something accepts connections on `path` (a silent socket counts as live). */
+async function isLive(path: string): Promise<boolean> {
+  try {
+    const socket = await tryConnect(path, 1000);
+    socket.destroy();
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "ETIMEDOUT";
+  }
+}
+
+/** A listening Unix socket: one Session per connection. */
+export class UnixListener implements Listener {
+  readonly url: string;
+  readonly path: string;
+  readonly stats: ConnectionStats = newStats();
+  readonly server: net.Server;
+  readonly #sockets = new Set<net.Socket>();
+  #inode: number | null = null;
+  #closed: Promise<void> | null = null;
+
+  constructor(url: string, server: net.Server, path: string) {
+    this.url = url;
+    this.server = server;
+    this.path = path;
+  }
+
+  track(socket: net.Socket): void {
+    this.#sockets.add(socket);
+    socket.once("close", () => this.#sockets.delete(socket));
+  }
+
+  setInode(inode: number): void {
+    this.#inode = inode;
+  }
+
+  /** Stop accepting, drop the connections and remove the socket file (if still ours). */
+  close(): Promise<void> {
+    if (this.#closed) return this.#closed;
+    this.#closed = new Promise<void>((resolve) => {
+      this.server.close(() => resolve());
+      for (const socket of this.#sockets) socket.destroy();
+    }).then(() => {
+      try {
+        if (this.#inode !== null && statSync(this.path).ino === this.#inode) unlinkSync(this.path);
+      } catch {
+        // already gone (libuv unlinks the path of a closed listening pipe)
+      }
+    });
+    return this.#closed;
+  }
+}
+
+/** Bind and listen; refuses a path a live server holds, replaces a stale one. */
+export async function listen(
+  url: string,
+  sessions: () => Session,
+  options: ListenOptions = {},
+): Promise<UnixListener> {
+  const path = socketPath(url);
+  const maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
+  let stat: ReturnType<typeof lstatSync> | undefined;
+  try {
+    stat = lstatSync(path);
+  } catch {
+    stat = undefined;
+  }
+  if (stat !== undefined) {
+    if (!stat.isSocket()) throw new ConnectError(`${path} exists and is not a socket; not replacing it`);
+    if (await isLive(path)) throw new ConnectError(`${path} is in use by a live server`);
+    try {
+      unlinkSync(path); // stale: its server is gone
+    } catch {
+      // someone else removed it
+    }
+  }
+  const server = net.createServer();
+  const listener = new UnixListener(url, server, path);
+  server.on("connection", (socket: net.Socket) => {
+    listener.stats.connections += 1;
+    listener.track(socket);
+    let session: Session;
+    try {
+      session = sessions();
+    } catch (error) {
+      process.emitWarning(`cannot create a session for a new connection on ${path}: ${String(error)}`);
+      socket.destroy();
+      return;
+    }
+    serveConnection(socket, session, maxBody, listener.stats);
+  });
+  await new Promise<void>((resolve, reject) => {
+    const onError = (error: NodeJS.ErrnoException): void => {
+      server.close();
+      if (error.code === "EADDRINUSE") reject(new ConnectError(`${path} is in use`));
+      else reject(new ConnectError(`cannot bind ${path}: ${error.code ?? error.message}`));
+    };
+    server.once("error", onError);
+    let old: number | null = null;
+    try {
+      old = process.umask(0o177); // the file is born 0600 (no window with a wider mode)
+    } catch {
+      old = null; // worker threads cannot change the umask: chmod below still applies
+    }
+    try {
+      server.listen(path, () => {
+        server.removeListener("error", onError);
+        resolve();
+      });
+    } finally {
+      if (old !== null) process.umask(old);
+    }
+  });
+  chmodSync(path, 0o600);
+  listener.setInode(statSync(path).ino);
+  server.on("error", (error) => process.emitWarning(`unix listener ${path}: ${String(error)}`));
+  return listener;
+}

@@ -1,0 +1,141 @@
+#!/usr/bin/env node
+/**
+ * The Node env server behind `transport-serve URL --lang node` (transport/tools/serve_cli.py
+ * execs `node node_bridge/dist/cli/serve.js URL --env NAME --num-envs N [--seed S]
+ * [--max-body B]`). Prints exactly `ready <url>` on stdout once clients can connect; on SIGINT
+ * or SIGTERM closes (removing the socket file) and exits 0; on a start failure prints
+ * `transport-serve: error: <message>` on stderr and exits 1 (2 for bad arguments).
+ */
+
+import { ENVS } from "../envs";
+import { type Server, serve } from "../server";
+
+const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
+
+Serve a reference env (Node implementation) until SIGINT or SIGTERM. Prints one line
+"ready URL" on stdout once clients can connect (with http://127.0.0.1:0 the URL carries the
+port that was bound).
+
+  URL            unix:///path.sock or http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
+  --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo)
+  --num-envs N   envs per connection (default 1)
+  --seed S       seed of each connection's first unseeded reset (env i: S + i)
+  --max-body B   largest request body accepted, in bytes (default 64 MiB)
+
+Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
+`;
+
+interface Args {
+  url: string;
+  env: string;
+  numEnvs: number;
+  seed: bigint | null;
+  maxBody: number | undefined;
+}
+
+class UsageError extends Error {}
+
+function parseArgs(argv: readonly string[]): Args | null {
+  let url: string | undefined;
+  let env = "echo";
+  let numEnvs = 1;
+  let seed: bigint | null = null;
+  let maxBody: number | undefined;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i] as string;
+    if (arg === "-h" || arg === "--help") return null;
+    const [flag, inline] = arg.startsWith("--") && arg.includes("=") ? arg.split(/=(.*)/s, 2) : [arg, undefined];
+    const value = (): string => {
+      const v = inline ?? argv[++i];
+      if (v === undefined) throw new UsageError(`${flag} needs a value`);
+      return v;
+    };
+    const integer = (text: string, name: string): number => {
+      if (!/^[0-9]+$/.test(text)) throw new UsageError(`${name} must be a non-negative integer, got ${JSON.stringify(text)}`);
+      return Number(text);
+    };
+    switch (flag) {
+      case "--env":
+        env = value();
+        if (!Object.prototype.hasOwnProperty.call(ENVS, env)) {
+          throw new UsageError(`unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")})`);
+        }
+        break;
+      case "--num-envs":
+        numEnvs = integer(value(), "--num-envs");
+        if (numEnvs < 1) throw new UsageError("--num-envs must be at least 1");
+        break;
+      case "--seed": {
+        const text = value();
+        if (!/^-?[0-9]+$/.test(text)) throw new UsageError(`--seed must be an integer, got ${JSON.stringify(text)}`);
+        seed = BigInt(text);
+        break;
+      }
+      case "--max-body":
+        maxBody = integer(value(), "--max-body");
+        break;
+      default:
+        if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unexpected argument ${JSON.stringify(arg)}`);
+        url = arg;
+    }
+  }
+  if (url === undefined) throw new UsageError("the URL is required");
+  return { url, env, numEnvs, seed, maxBody };
+}
+
+async function main(argv: readonly string[]): Promise<number> {
+  let args: Args | null;
+  try {
+    args = parseArgs(argv);
+  } catch (error) {
+    process.stderr.write(`${USAGE}\ntransport-serve: error: ${(error as Error).message}\n`);
+    return 2;
+  }
+  if (args === null) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  let server: Server;
+  try {
+    server = await serve(ENVS[args.env] as () => never, args.url, {
+      numEnvs: args.numEnvs,
+      envName: args.env,
+      seed: args.seed,
+      ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
+    });
+  } catch (error) {
+    process.stderr.write(`transport-serve: error: ${(error as Error).message}\n`);
+    return 1;
+  }
+  return new Promise<number>((resolve) => {
+    let stopping = false;
+    const stop = (): void => {
+      if (stopping) return;
+      stopping = true;
+      const force = setTimeout(() => resolve(0), 5000);
+      force.unref();
+      server.close().then(
+        () => resolve(0),
+        (error: unknown) => {
+          process.stderr.write(`transport-serve: error while closing: ${String(error)}\n`);
+          resolve(1);
+        },
+      );
+    };
+    process.on("SIGINT", stop);
+    process.on("SIGTERM", stop);
+    process.stdout.write(`ready ${server.url}\n`);
+  });
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+    // flush stdout/stderr, then leave even if a client still holds a socket open
+    setImmediate(() => process.exit(code));
+  },
+  (error: unknown) => {
+    process.stderr.write(`transport-serve: error: ${String(error)}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,247 @@
+/**
+ * The client API: `connect(url) -> Client` over any registered backend (transport/client.py).
+ *
+ *   const client = await connect("unix:///tmp/pac.sock");
+ *   const first = await client.reset(7n);          // StepResultView (N = 1)
+ *   const next = await client.step(3);             // next.observation: Float32Array view
+ *   await client.close();
+ *
+ * Results are zero-copy views into the channel's receive buffer (bodies are placed at
+ * BODY_OFFSET, so the f32 observation is an aligned Float32Array over it): valid until the
+ * next call on the same client, built once per buffer (a steady-state step allocates no view).
+ * `{ copy: true }` returns decoded, owned values instead. With N > 1 envs, `reset` and `step`
+ * (one action per env) return one view per env.
+ */
+
+import { type Backend, backendFor } from "./backends";
+import type { AnyStructCodec, SchemaModule } from "./codec";
+import type { Spaces } from "./env";
+import { ProtocolError, TransportError } from "./errors";
+import * as pac_env from "./generated/pac_env";
+import {
+  BODY_OFFSET,
+  DEFAULT_MAX_BODY,
+  type MessageIds,
+  checkHello,
+  decodeError,
+  decodeHello,
+  encodeHello,
+  messageIds,
+} from "./protocol";
+import type { Channel } from "./stream";
+
+export const DEFAULT_TIMEOUT_MS = 10_000;
+
+export interface ConnectOptions {
+  /** Milliseconds any one wait may take (connecting, each request); null waits forever. */
+  readonly timeoutMs?: number | null;
+  /** Largest response body accepted (bytes). */
+  readonly maxBody?: number;
+  /** Schema (default: the reference pac_env). */
+  readonly schema?: SchemaModule;
+}
+
+export interface ResultOptions {
+  /** Decode owned values instead of returning views into the receive buffer. */
+  readonly copy?: boolean;
+}
+
+type View = pac_env.StepResultView;
+type Value = pac_env.StepResult;
+
+function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
+  const body = schema.messages[message]?.body;
+  const codec = body ? schema.structs[body] : undefined;
+  if (codec === undefined) {
+    throw new ProtocolError(`message ${message} of schema ${schema.name} has no body struct`);
+  }
+  return codec;
+}
+
+/** HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map. */
+export async function handshake(channel: Channel, schema: SchemaModule): Promise<Record<string, unknown>> {
+  const ids = messageIds(schema);
+  const type = await channel.request(ids.HELLO_REQ, encodeHello(schema.fingerprint));
+  const body = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
+  if (type === ids.ERROR) throw decodeError(body);
+  if (type !== ids.HELLO_RESP) {
+    throw new ProtocolError(`expected HELLO_RESP, got msg_type 0x${type.toString(16).toUpperCase().padStart(2, "0")}`);
+  }
+  const hello = decodeHello(body);
+  checkHello(hello, schema.fingerprint, "server");
+  return hello.info;
+}
+
+/** A connection to an env server. Call `close()` when done. */
+export class Client {
+  readonly channel: Channel;
+  readonly schema: SchemaModule;
+  readonly url: string;
+  readonly ids: MessageIds;
+  readonly numEnvs: number;
+  readonly serverInfo: Readonly<Record<string, unknown>>;
+  readonly #result: AnyStructCodec;
+  readonly #resultSize: number;
+  readonly #request: Buffer;
+  readonly #actionAt: number;
+  readonly #stepSize: number;
+  readonly #seed: Buffer;
+  readonly #seedAt: number;
+  readonly #spaces: AnyStructCodec;
+  readonly #expected: ReadonlyMap<number, number>;
+  #views: View[] = [];
+  #viewsGeneration = -1;
+  #closed = false;
+
+  constructor(channel: Channel, schema: SchemaModule, url: string) {
+    this.channel = channel;
+    this.schema = schema;
+    this.url = url;
+    this.ids = messageIds(schema);
+    const n = Number(channel.info.num_envs ?? 1);
+    this.numEnvs = Number.isInteger(n) && n >= 1 ? n : 1;
+    this.serverInfo = { ...channel.info };
+    this.#result = bodyCodec(schema, "STEP_RESP");
+    this.#resultSize = this.#result.size;
+    const step = bodyCodec(schema, "STEP_REQ");
+    const action = schema.ir.structs[step.name]?.fields.find((f) => f.role === "action");
+    if (action === undefined) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
+    this.#actionAt = action.offset;
+    this.#stepSize = step.size;
+    this.#request = Buffer.alloc(step.size * this.numEnvs);
+    const seed = bodyCodec(schema, "RESET_SEED_REQ");
+    this.#seed = Buffer.alloc(seed.size);
+    this.#seedAt = schema.ir.structs[seed.name]?.fields[0]?.offset ?? 0;
+    this.#spaces = bodyCodec(schema, "SPACES_RESP");
+    this.#expected = new Map([
+      [this.ids.RESET_RESP, this.#resultSize * this.numEnvs],
+      [this.ids.STEP_RESP, this.#resultSize],
+      [this.ids.STEP_BATCH_RESP, this.#resultSize * this.numEnvs],
+    ]);
+  }
+
+  /** Reset every env (env i gets seed + i); one view per env when N > 1. */
+  reset(seed?: bigint | number | null, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
+  reset(seed: bigint | number | null | undefined, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
+  async reset(seed?: bigint | number | null, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
+    if (seed === undefined || seed === null) {
+      await this.#exchange(this.ids.RESET_REQ, EMPTY, this.ids.RESET_RESP);
+    } else {
+      this.#seed.writeBigUInt64LE(BigInt.asUintN(64, BigInt(seed)), this.#seedAt);
+      await this.#exchange(this.ids.RESET_SEED_REQ, this.#seed, this.ids.RESET_RESP);
+    }
+    return this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true);
+  }
+
+  /** Step with one action (1-env server) or one per env (one view per env). */
+  step(actions: number | ArrayLike<number>, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
+  step(actions: number | ArrayLike<number>, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
+  async step(actions: number | ArrayLike<number>, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
+    const request = this.#request;
+    if (typeof actions === "number") {
+      if (this.numEnvs !== 1) {
+        throw new TransportError(`this server has ${this.numEnvs} envs: pass one action per env`);
+      }
+      request.writeInt32LE(actions | 0, this.#actionAt);
+      await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
+      return this.#results(0, options.copy === true);
+    }
+    if (actions.length !== this.numEnvs) {
+      throw new TransportError(`expected ${this.numEnvs} actions, got ${actions.length}`);
+    }
+    for (let i = 0; i < actions.length; i++) {
+      request.writeInt32LE((actions[i] as number) | 0, i * this.#stepSize + this.#actionAt);
+    }
+    await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
+    return this.#results(this.numEnvs, options.copy === true);
+  }
+
+  /** Observation length and number of actions. */
+  async spaces(): Promise<Spaces> {
+    const body = await this.#exchange(this.ids.SPACES_REQ, EMPTY, this.ids.SPACES_RESP);
+    const values = this.#spaces.decode(body, 0, false) as Record<string, number>;
+    const [first, second] = Object.values(values);
+    return { obsN: Number(first), actN: Number(second) };
+  }
+
+  async health(): Promise<boolean> {
+    const body = await this.#exchange(this.ids.HEALTH_REQ, EMPTY, this.ids.HEALTH_RESP);
+    return body.byteLength >= 1 && body[0] === 1;
+  }
+
+  async close(): Promise<void> {
+    if (!this.#closed) {
+      this.#closed = true;
+      this.channel.close();
+    }
+  }
+
+  async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {
+    if (this.#closed) throw new TransportError("the client is closed");
+    const channel = this.channel;
+    const type = await channel.request(msgType, body);
+    const resp = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
+    if (type === this.ids.ERROR) throw decodeError(resp);
+    if (type !== expect) {
+      throw new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`);
+    }
+    const expected = this.#expected.get(expect);
+    if (expected !== undefined && channel.bodyLength !== expected) {
+      throw new ProtocolError(`response 0x${hex(type)} has ${channel.bodyLength} bytes, expected ${expected}`);
+    }
+    return resp;
+  }
+
+  #results(count: number, copy: boolean): View | View[] | Value | Value[] {
+    const buffer = this.channel.buffer;
+    const size = this.#resultSize;
+    if (copy) {
+      if (count === 0) return this.#result.decode(buffer, BODY_OFFSET, false) as Value;
+      const out: Value[] = [];
+      for (let i = 0; i < count; i++) out.push(this.#result.decode(buffer, BODY_OFFSET + i * size, false) as Value);
+      return out;
+    }
+    if (this.#viewsGeneration !== this.channel.generation || this.#views.length < Math.max(count, 1)) {
+      const views: View[] = [];
+      for (let i = 0; i < Math.max(count, 1, this.numEnvs); i++) {
+        views.push(this.#result.view(buffer, BODY_OFFSET + i * size) as View);
+      }
+      this.#views = views;
+      this.#viewsGeneration = this.channel.generation;
+      this.#batch = null;
+    }
+    if (count === 0) return this.#views[0] as View;
+    if (this.#batch === null || this.#batch.length !== count) this.#batch = this.#views.slice(0, count);
+    return this.#batch;
+  }
+
+  #batch: View[] | null = null;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+function hex(value: number): string {
+  return value.toString(16).toUpperCase().padStart(2, "0");
+}
+
+/**
+ * Connect to an env server and complete the HELLO handshake. `timeoutMs` bounds every wait
+ * (connecting, each request): a dead server is `PeerGoneError`, a silent one
+ * `TransportTimeoutError`, nothing listening `ConnectError`.
+ */
+export async function connect(url: string, options: ConnectOptions = {}): Promise<Client> {
+  const schema = options.schema ?? pac_env.SCHEMA;
+  const backend: Backend = await backendFor(url);
+  const channel = await backend.openChannel(url, {
+    timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
+    maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
+    schema,
+  });
+  try {
+    channel.info = await handshake(channel, schema);
+  } catch (error) {
+    channel.close();
+    throw error;
+  }
+  return new Client(channel, schema, url);
+}

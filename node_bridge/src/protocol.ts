@@ -1,0 +1,296 @@
+/**
+ * The protocol layer shared by every backend: frame header, HELLO handshake, ERROR messages.
+ *
+ * The wire format is docs/protocol.md (seed 000 Appendix A plus HELLO and ERROR); this module
+ * mirrors transport/protocol.py function for function. Message ids are read from a schema's
+ * `[messages]` by name (`messageIds(schema)`), so any schema that declares these messages can
+ * ride the same client and server.
+ */
+
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
+import type { SchemaModule } from "./codec";
+import {
+  BadFrameError,
+  FingerprintMismatchError,
+  ProtocolError,
+  RemoteError,
+  VersionMismatchError,
+} from "./errors";
+import * as pac_env from "./generated/pac_env";
+
+/** major << 8 | minor; peers with different majors refuse each other. */
+export const PROTOCOL_VERSION = 0x0100;
+
+export const HEADER_SIZE = 9;
+/**
+ * Buffers hold the header at 7..15 so that bodies start 16-byte aligned (zero-copy Float32Array
+ * views need aligned data), as on the Python side.
+ */
+export const BODY_OFFSET = 16;
+export const HEADER_OFFSET = BODY_OFFSET - HEADER_SIZE;
+export const DEFAULT_MAX_BODY = 64 << 20;
+
+export const HELLO_SIZE = 12;
+export const ERROR_HEAD_SIZE = 4;
+export const MAX_ERROR_TEXT = 0xffff;
+
+/** ERROR message codes (docs/protocol.md). */
+export const ErrorCode = {
+  BAD_FRAME: 1,
+  UNKNOWN_MESSAGE: 2,
+  BAD_BODY_SIZE: 3,
+  BODY_TOO_LARGE: 4,
+  HELLO_REQUIRED: 5,
+  VERSION_MISMATCH: 6,
+  FINGERPRINT_MISMATCH: 7,
+  INVALID_ACTION: 8,
+  MASKED_ACTION: 9,
+  ENV_ERROR: 10,
+  BAD_BATCH: 11,
+  NOT_RESET: 12,
+  INTERNAL: 13,
+} as const;
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
+
+const ERROR_NAMES: ReadonlyMap<number, string> = new Map(
+  Object.entries(ErrorCode).map(([name, code]) => [code, name]),
+);
+
+/** The name of an error code (`"INVALID_ACTION"`), `"UNKNOWN"` for a code we do not know. */
+export function errorName(code: number): string {
+  return ERROR_NAMES.get(code) ?? "UNKNOWN";
+}
+
+/** After these the server closes the connection: the stream or the peer cannot be trusted. */
+export const CLOSING_ERRORS: ReadonlySet<number> = new Set<number>([
+  ErrorCode.BAD_FRAME,
+  ErrorCode.UNKNOWN_MESSAGE,
+  ErrorCode.BODY_TOO_LARGE,
+  ErrorCode.VERSION_MISMATCH,
+  ErrorCode.FINGERPRINT_MISMATCH,
+]);
+
+const MESSAGE_NAMES = [
+  "RESET_REQ",
+  "RESET_RESP",
+  "STEP_REQ",
+  "STEP_RESP",
+  "STEP_MULTI_REQ",
+  "STEP_MULTI_RESP",
+  "HEALTH_REQ",
+  "HEALTH_RESP",
+  "SPACES_REQ",
+  "SPACES_RESP",
+  "HELLO_REQ",
+  "HELLO_RESP",
+  "ERROR",
+  "RESET_SEED_REQ",
+  "STEP_BATCH_REQ",
+  "STEP_BATCH_RESP",
+] as const;
+
+/** The message ids this protocol uses, by name (Python's `MessageIds`). */
+export type MessageIds = { readonly [K in (typeof MESSAGE_NAMES)[number]]: number };
+
+/** The protocol's message ids read from a schema's `[messages]` by name. */
+export function messageIds(schema: SchemaModule): MessageIds {
+  const missing = MESSAGE_NAMES.filter((name) => !(name in schema.messages));
+  if (missing.length) {
+    throw new ProtocolError(
+      `schema ${schema.name} lacks the protocol messages ${missing.join(", ")}`,
+    );
+  }
+  const ids: Record<string, number> = {};
+  for (const name of MESSAGE_NAMES) ids[name] = (schema.messages[name] as { id: number }).id;
+  return Object.freeze(ids) as MessageIds;
+}
+
+/** The reference schema's ids (pac_env), from the generated module. */
+export const MESSAGE_IDS: MessageIds = messageIds(pac_env.SCHEMA);
+
+/** A decoded HELLO_REQ / HELLO_RESP: version, flags, fingerprint and the server's info. */
+export interface Hello {
+  readonly version: number;
+  readonly flags: number;
+  readonly fingerprint: bigint;
+  readonly info: Record<string, unknown>;
+}
+
+/** A parsed frame header. */
+export interface FrameHeader {
+  msgType: number;
+  msgId: number;
+  bodyLen: number;
+}
+
+/** Write a frame header at `offset`. */
+export function packHeader(
+  buf: Uint8Array,
+  offset: number,
+  msgType: number,
+  msgId: number,
+  bodyLen: number,
+): void {
+  buf[offset] = msgType;
+  writeU32(buf, offset + 1, msgId);
+  writeU32(buf, offset + 5, bodyLen);
+}
+
+/** (msg_type, msg_id, body_len); a body_len over `maxBody` is refused before any read. */
+export function parseHeader(buf: Uint8Array, offset: number, maxBody: number): FrameHeader {
+  const msgType = buf[offset] as number;
+  const msgId = readU32(buf, offset + 1);
+  const bodyLen = readU32(buf, offset + 5);
+  if (bodyLen > maxBody) {
+    const error = new BadFrameError(`body_len ${bodyLen} exceeds the maximum ${maxBody}`);
+    error.msgId = msgId;
+    throw error;
+  }
+  return { msgType, msgId, bodyLen };
+}
+
+export function readU32(buf: Uint8Array, at: number): number {
+  return (
+    ((buf[at] as number) |
+      ((buf[at + 1] as number) << 8) |
+      ((buf[at + 2] as number) << 16) |
+      ((buf[at + 3] as number) << 24)) >>>
+    0
+  );
+}
+
+export function writeU32(buf: Uint8Array, at: number, value: number): void {
+  buf[at] = value & 0xff;
+  buf[at + 1] = (value >>> 8) & 0xff;
+  buf[at + 2] = (value >>> 16) & 0xff;
+  buf[at + 3] = (value >>> 24) & 0xff;
+}
+
+function u64Hex(value: bigint): string {
+  return BigInt.asUintN(64, value).toString(16).padStart(16, "0");
+}
+
+/** 16 hex digits of a u64 fingerprint, as `transport-schema inspect --json` shows it. */
+export function fingerprintHex16(value: bigint): string {
+  return u64Hex(value);
+}
+
+/** The HELLO body: `Hello {u16 version, u16 flags, u64 fingerprint}`, then the msgpack info. */
+export function encodeHello(
+  fingerprint: bigint,
+  info?: Record<string, unknown>,
+  flags = 0,
+): Buffer {
+  const tail = info === undefined ? null : msgpackEncode(info);
+  const out = Buffer.alloc(HELLO_SIZE + (tail ? tail.byteLength : 0));
+  out.writeUInt16LE(PROTOCOL_VERSION, 0);
+  out.writeUInt16LE(flags, 2);
+  out.writeBigUInt64LE(BigInt.asUintN(64, fingerprint), 4);
+  if (tail) out.set(tail, HELLO_SIZE);
+  return out;
+}
+
+export function decodeHello(body: Uint8Array): Hello {
+  if (body.byteLength < HELLO_SIZE) {
+    throw new BadFrameError(
+      `HELLO body is ${body.byteLength} bytes, expected at least ${HELLO_SIZE}`,
+    );
+  }
+  const dv = new DataView(body.buffer, body.byteOffset, body.byteLength);
+  const version = dv.getUint16(0, true);
+  const flags = dv.getUint16(2, true);
+  const fingerprint = dv.getBigUint64(4, true);
+  let info: Record<string, unknown> = {};
+  if (body.byteLength > HELLO_SIZE) {
+    let decoded: unknown;
+    try {
+      decoded = msgpackDecode(body.subarray(HELLO_SIZE));
+    } catch (error) {
+      throw new BadFrameError(`HELLO tail is not msgpack: ${(error as Error).message}`);
+    }
+    if (decoded !== null && typeof decoded === "object" && !Array.isArray(decoded)) {
+      info = decoded as Record<string, unknown>;
+    }
+  }
+  return { version, flags, fingerprint, info };
+}
+
+/** Refuse a peer whose major version or schema fingerprint differs (both sides call it). */
+export function checkHello(hello: Hello, fingerprint: bigint, peer: string): void {
+  if (hello.version >> 8 !== PROTOCOL_VERSION >> 8) {
+    throw new VersionMismatchError(
+      `protocol version mismatch: ${peer} speaks ${hello.version >> 8}.${hello.version & 255},` +
+        ` this side ${PROTOCOL_VERSION >> 8}.${PROTOCOL_VERSION & 255}`,
+    );
+  }
+  if (hello.fingerprint !== BigInt.asUintN(64, fingerprint)) {
+    throw new FingerprintMismatchError(
+      `schema fingerprint mismatch: ${peer} has ${u64Hex(hello.fingerprint)}, ` +
+        `this side has ${u64Hex(fingerprint)}`,
+      fingerprint,
+      hello.fingerprint,
+    );
+  }
+}
+
+/** The ERROR body: `ErrorHead {u16 code, u16 text_len}` + UTF-8 text (cut at 65535 bytes). */
+export function encodeError(code: number, text: string): Buffer {
+  let raw = Buffer.from(text, "utf8");
+  if (raw.byteLength > MAX_ERROR_TEXT) {
+    // never cut a character in half: drop a trailing partial sequence
+    let end = MAX_ERROR_TEXT;
+    while (end > 0 && ((raw[end] as number) & 0xc0) === 0x80) end--;
+    raw = raw.subarray(0, end);
+  }
+  const out = Buffer.allocUnsafe(ERROR_HEAD_SIZE + raw.byteLength);
+  out.writeUInt16LE(code, 0);
+  out.writeUInt16LE(raw.byteLength, 2);
+  out.set(raw, ERROR_HEAD_SIZE);
+  return out;
+}
+
+/** An ERROR body's code and text, or null when the body is not a well-formed ERROR. */
+export function parseError(body: Uint8Array): { code: number; text: string } | null {
+  if (body.byteLength < ERROR_HEAD_SIZE) return null;
+  const code = (body[0] as number) | ((body[1] as number) << 8);
+  const textLen = (body[2] as number) | ((body[3] as number) << 8);
+  if (body.byteLength !== ERROR_HEAD_SIZE + textLen) return null;
+  const text = Buffer.from(body.buffer, body.byteOffset + ERROR_HEAD_SIZE, textLen).toString(
+    "utf8",
+  );
+  return { code, text };
+}
+
+/** The typed error an ERROR body stands for (mismatches keep their own types). */
+export function decodeError(body: Uint8Array): RemoteError | ProtocolError {
+  if (body.byteLength < ERROR_HEAD_SIZE) {
+    return new BadFrameError(`ERROR body is ${body.byteLength} bytes, shorter than its head`);
+  }
+  const textLen = (body[2] as number) | ((body[3] as number) << 8);
+  const parsed = parseError(body);
+  if (parsed === null) {
+    return new BadFrameError(
+      `ERROR body is ${body.byteLength} bytes, its head says ${ERROR_HEAD_SIZE + textLen}`,
+    );
+  }
+  const { code, text } = parsed;
+  if (code === ErrorCode.FINGERPRINT_MISMATCH) {
+    return new FingerprintMismatchError(`server refused the session: ${text}`);
+  }
+  if (code === ErrorCode.VERSION_MISMATCH) {
+    return new VersionMismatchError(`server refused the session: ${text}`);
+  }
+  return new RemoteError(code, errorName(code), text);
+}
+
+/** Thrown inside a server's dispatcher: becomes one ERROR response (never leaves the server). */
+export class RequestError extends Error {
+  readonly code: ErrorCode;
+  readonly text: string;
+
+  constructor(code: ErrorCode, text: string) {
+    super(`${errorName(code)}: ${text}`);
+    this.code = code;
+    this.text = text;
+  }
+}

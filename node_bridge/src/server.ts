@@ -1,0 +1,70 @@
+/**
+ * `serve(envOrFactory, url)`: an env server on any registered backend (transport/api.py).
+ *
+ *   const server = await serve(() => new PacEnv(), "unix:///tmp/pac.sock", { envName: "pac" });
+ *   console.log(server.url);   // http://127.0.0.1:0 comes back with the bound port
+ *   await server.close();      // drops connections, removes the socket file
+ */
+
+import { backendFor, type Listener } from "./backends";
+import type { SchemaModule } from "./codec";
+import { DEFAULT_MAX_BODY } from "./protocol";
+import { type EnvOrFactory, sessionFactory } from "./session";
+import type { ConnectionStats } from "./stream";
+
+export interface ServeOptions {
+  /** Envs per connection (N); needs a factory when above 1. Default 1. */
+  readonly numEnvs?: number;
+  /** The env name the HELLO_RESP info carries. */
+  readonly envName?: string;
+  /** The seed of each connection's first unseeded reset (env i gets seed + i). */
+  readonly seed?: bigint | number | null;
+  /** Largest request body accepted (bytes). Default 64 MiB. */
+  readonly maxBody?: number;
+  /** http: allow a non-loopback bind. */
+  readonly allowRemote?: boolean;
+  /** Schema (default: the reference pac_env). */
+  readonly schema?: SchemaModule;
+}
+
+/** A running server. */
+export interface Server {
+  /** The URL clients should use (a port 0 request is resolved to the real port). */
+  readonly url: string;
+  /** Connection counters (accepted, backpressure pauses). */
+  readonly stats: ConnectionStats;
+  /** Stop accepting, drop every connection and remove what the server created. */
+  close(): Promise<void>;
+}
+
+/**
+ * Serve `envOrFactory` at `url` until `close()`. An env instance is shared by every connection
+ * (numEnvs must be 1); a factory (or an env class) gives each connection `numEnvs` fresh envs.
+ * Resolves once clients can connect; rejects with `ConnectError` when the address cannot be
+ * used (a live server holds the socket path: "... is in use ...").
+ */
+export async function serve(
+  envOrFactory: EnvOrFactory,
+  url: string,
+  options: ServeOptions = {},
+): Promise<Server> {
+  const sessions = sessionFactory(envOrFactory, {
+    numEnvs: options.numEnvs ?? 1,
+    envName: options.envName ?? "",
+    seed: options.seed ?? null,
+    serverLang: "node",
+    ...(options.schema ? { schema: options.schema } : {}),
+  });
+  sessions(); // fail now, not on the first connection, when the env or factory is broken
+  const backend = await backendFor(url);
+  const listener: Listener = await backend.listen(url, sessions, {
+    maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
+    allowRemote: options.allowRemote ?? false,
+    ...(options.schema ? { schema: options.schema } : {}),
+  });
+  return {
+    url: listener.url,
+    stats: listener.stats,
+    close: () => listener.close(),
+  };
+}

@@ -1,0 +1,465 @@
+/**
+ * Frames over a connected stream socket (Unix domain, TCP): shared by every stream backend
+ * (transport/stream.py).
+ *
+ * `FrameReader` keeps the received chunks in a queue and hands out each frame's body in place:
+ * a frame that arrived whole in one chunk is parsed from that chunk (no concatenation); only a
+ * frame split across chunks is assembled, once, into a reused buffer (no quadratic copying). A
+ * body_len over the maximum is refused as soon as the header is there, before the body is
+ * buffered.
+ *
+ * `serveConnection` is the server loop: it answers frames through a `Session` and writes each
+ * response frame from the session's buffer in one `write`; while `write()` returns false it
+ * stops reading (`socket.pause()`) and resumes on 'drain', so a client that pipelines requests
+ * without reading cannot make the server buffer without bound.
+ *
+ * `StreamChannel` is the client side: numbered requests, each awaited with a deadline
+ * (`TransportTimeoutError`), `PeerGoneError` when the connection closes or resets.
+ */
+
+import type { Socket } from "node:net";
+import { BadFrameError, PeerGoneError, ProtocolError, TransportError, TransportTimeoutError } from "./errors";
+import {
+  BODY_OFFSET,
+  DEFAULT_MAX_BODY,
+  ErrorCode,
+  HEADER_SIZE,
+  packHeader,
+  readU32,
+} from "./protocol";
+import type { Session } from "./session";
+
+/** Seconds a refused connection is drained before it is destroyed (the peer reads the ERROR). */
+const LINGER_MS = 1000;
+
+/** Incremental frame parser over a queue of received chunks. */
+export class FrameReader {
+  readonly maxBody: number;
+  /** The last frame `next()` returned: type, id, and its body at `body[offset, offset+length)`. */
+  msgType = 0;
+  msgId = 0;
+  body: Buffer = Buffer.alloc(0);
+  offset = 0;
+  length = 0;
+
+  #chunks: Buffer[] = [];
+  #first = 0; // index of the first live chunk
+  #at = 0; // read position in the first live chunk
+  #available = 0;
+  readonly #header = Buffer.alloc(HEADER_SIZE);
+  #assembly = Buffer.alloc(0);
+
+  constructor(maxBody = DEFAULT_MAX_BODY) {
+    this.maxBody = maxBody;
+  }
+
+  /** Bytes received and not yet returned as frames. */
+  get available(): number {
+    return this.#available;
+  }
+
+  push(chunk: Buffer): void {
+    if (chunk.byteLength === 0) return;
+    this.#chunks.push(chunk);
+    this.#available += chunk.byteLength;
+  }
+
+  /**
+   * Parse the next complete frame into `msgType`, `msgId`, `body`, `offset`, `length`; false
+   * when it has not fully arrived. Throws `BadFrameError` (with `msgId`) for a body_len over the
+   * maximum, as soon as the header is complete.
+   */
+  next(): boolean {
+    if (this.#available < HEADER_SIZE) return false;
+    const chunk = this.#chunks[this.#first] as Buffer;
+    const at = this.#at;
+    let header: Buffer;
+    let hat: number;
+    if (chunk.byteLength - at >= HEADER_SIZE) {
+      header = chunk;
+      hat = at;
+    } else {
+      this.#peek(this.#header, HEADER_SIZE);
+      header = this.#header;
+      hat = 0;
+    }
+    const msgType = header[hat] as number;
+    const msgId = readU32(header, hat + 1);
+    const bodyLen = readU32(header, hat + 5);
+    if (bodyLen > this.maxBody) {
+      const error = new BadFrameError(`body_len ${bodyLen} exceeds the maximum ${this.maxBody}`);
+      error.msgId = msgId;
+      throw error;
+    }
+    const frameLen = HEADER_SIZE + bodyLen;
+    if (this.#available < frameLen) return false;
+    this.msgType = msgType;
+    this.msgId = msgId;
+    this.length = bodyLen;
+    if (chunk.byteLength - at >= frameLen) {
+      // the common case: the whole frame is in one chunk; its body is used in place
+      this.body = chunk;
+      this.offset = at + HEADER_SIZE;
+      this.#skip(frameLen);
+      return true;
+    }
+    if (this.#assembly.byteLength < bodyLen) {
+      this.#assembly = Buffer.alloc(Math.max(bodyLen, 2 * this.#assembly.byteLength, 4096));
+    }
+    this.#skip(HEADER_SIZE);
+    this.#take(this.#assembly, bodyLen);
+    this.body = this.#assembly;
+    this.offset = 0;
+    return true;
+  }
+
+  /** Drop everything buffered (a connection being closed). */
+  clear(): void {
+    this.#chunks = [];
+    this.#first = 0;
+    this.#at = 0;
+    this.#available = 0;
+  }
+
+  #peek(target: Buffer, count: number): void {
+    let index = this.#first;
+    let at = this.#at;
+    let filled = 0;
+    while (filled < count) {
+      const chunk = this.#chunks[index] as Buffer;
+      const n = Math.min(count - filled, chunk.byteLength - at);
+      chunk.copy(target, filled, at, at + n);
+      filled += n;
+      index += 1;
+      at = 0;
+    }
+  }
+
+  #take(target: Buffer, count: number): void {
+    let filled = 0;
+    while (filled < count) {
+      const chunk = this.#chunks[this.#first] as Buffer;
+      const n = Math.min(count - filled, chunk.byteLength - this.#at);
+      chunk.copy(target, filled, this.#at, this.#at + n);
+      filled += n;
+      this.#skip(n);
+    }
+  }
+
+  #skip(count: number): void {
+    this.#available -= count;
+    let rest = count;
+    while (rest > 0) {
+      const chunk = this.#chunks[this.#first] as Buffer;
+      const left = chunk.byteLength - this.#at;
+      if (rest < left) {
+        this.#at += rest;
+        return;
+      }
+      rest -= left;
+      this.#chunks[this.#first] = undefined as unknown as Buffer;
+      this.#first += 1;
+      this.#at = 0;
+    }
+    if (this.#first === this.#chunks.length) {
+      this.#chunks.length = 0;
+      this.#first = 0;
+    } else if (this.#first > 64) {
+      this.#chunks = this.#chunks.slice(this.#first);
+      this.#first = 0;
+    }
+  }
+}
+
+/** Counters a listener keeps over its connections (tests check that backpressure engaged). */
+export interface ConnectionStats {
+  /** Connections accepted so far. */
+  connections: number;
+  /** Times a connection stopped reading because its socket's write buffer was full. */
+  pauses: number;
+  /** Connections paused right now. */
+  paused: number;
+  /** Response buffers replaced because a write was still pending (not the hot path). */
+  detached: number;
+}
+
+export function newStats(): ConnectionStats {
+  return { connections: 0, pauses: 0, paused: 0, detached: 0 };
+}
+
+/** Half-close, drain what the peer still sends for a moment, then destroy. */
+export function linger(socket: Socket): void {
+  if (socket.destroyed) return;
+  socket.removeAllListeners("data");
+  socket.on("data", () => undefined);
+  socket.on("error", () => undefined);
+  socket.resume();
+  socket.end();
+  const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+  timer.unref();
+  socket.once("close", () => clearTimeout(timer));
+}
+
+/** Answer one connection's frames through `session` until it closes or must be closed. */
+export function serveConnection(
+  socket: Socket,
+  session: Session,
+  maxBody: number,
+  stats: ConnectionStats = newStats(),
+): void {
+  const reader = new FrameReader(maxBody);
+  let blocked = false;
+  let done = false;
+
+  const finish = (): void => {
+    if (done) return;
+    done = true;
+    if (blocked) stats.paused -= 1;
+    blocked = false;
+    reader.clear();
+    linger(socket);
+  };
+
+  const send = (frame: Buffer): boolean => {
+    const ok = socket.write(frame);
+    if (socket.writableLength > 0) {
+      // the kernel did not take it all: the pending write holds the session's buffer
+      session.detachBuffer();
+      stats.detached += 1;
+    }
+    return ok;
+  };
+
+  const pump = (): void => {
+    while (!blocked && !done) {
+      let ready: boolean;
+      try {
+        ready = reader.next();
+      } catch (error) {
+        if (!(error instanceof BadFrameError)) throw error;
+        const type = session.error(ErrorCode.BODY_TOO_LARGE, error.message);
+        send(session.frame(type, error.msgId));
+        finish();
+        return;
+      }
+      if (!ready) return;
+      const type = session.handle(reader.msgType, reader.body, reader.offset, reader.length);
+      const ok = send(session.frame(type, reader.msgId));
+      if (session.closing) {
+        finish();
+        return;
+      }
+      if (!ok) {
+        blocked = true;
+        stats.pauses += 1;
+        stats.paused += 1;
+        socket.pause();
+        socket.once("drain", onDrain);
+      }
+    }
+  };
+
+  const onDrain = (): void => {
+    if (done) return;
+    blocked = false;
+    stats.paused -= 1;
+    socket.resume();
+    pump();
+  };
+
+  socket.on("data", (chunk: Buffer) => {
+    if (done) return;
+    reader.push(chunk);
+    pump();
+  });
+  socket.on("error", () => undefined); // 'close' follows
+  socket.on("close", () => {
+    if (!done) {
+      done = true;
+      if (blocked) stats.paused -= 1;
+      blocked = false;
+      reader.clear();
+    }
+  });
+}
+
+/** Options of a client channel. */
+export interface ChannelOptions {
+  /** Milliseconds any one wait may take; null waits forever. Default 10000. */
+  readonly timeoutMs?: number | null;
+  /** Largest response body accepted (bytes). */
+  readonly maxBody?: number;
+}
+
+/** What a backend gives the client: one request/response exchange at a time. */
+export interface Channel {
+  /** The server's HELLO info (set by the handshake). */
+  info: Record<string, unknown>;
+  /** The receive buffer: the last response body is at BODY_OFFSET, `bodyLength` bytes. */
+  readonly buffer: Buffer;
+  readonly bodyLength: number;
+  /** Changes when `buffer` is replaced (views of the old one must be rebuilt). */
+  readonly generation: number;
+  /** Send a request; resolves to the response's msg_type (its body: `buffer`, `bodyLength`). */
+  request(msgType: number, body: Uint8Array): Promise<number>;
+  close(): void;
+}
+
+/** A response body as a Buffer view of the channel's receive buffer (valid until the next call). */
+export function responseBody(channel: Channel): Buffer {
+  return channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
+}
+
+/** The client side of a stream backend over one connected socket. */
+export class StreamChannel implements Channel {
+  info: Record<string, unknown> = {};
+  buffer: Buffer;
+  bodyLength = 0;
+  generation = 0;
+  readonly timeoutMs: number | null;
+
+  readonly #socket: Socket;
+  readonly #reader: FrameReader;
+  #send = Buffer.alloc(HEADER_SIZE + 64);
+  #sends = new Map<number, Buffer>();
+  #nextId = 1;
+  #pendingId = -1;
+  #resolve: ((type: number) => void) | null = null;
+  #reject: ((error: Error) => void) | null = null;
+  #timer: NodeJS.Timeout | null = null;
+  #gone = "";
+
+  constructor(socket: Socket, options: ChannelOptions = {}) {
+    this.#socket = socket;
+    this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    this.#reader = new FrameReader(options.maxBody ?? DEFAULT_MAX_BODY);
+    this.buffer = Buffer.alloc(BODY_OFFSET + (64 << 10));
+    socket.setNoDelay?.(true);
+    socket.on("data", (chunk: Buffer) => this.#onData(chunk));
+    socket.on("error", (error: NodeJS.ErrnoException) => {
+      this.#abandon(new PeerGoneError(`the server reset the connection (${error.code ?? error.message})`));
+    });
+    socket.on("close", () => {
+      this.#abandon(
+        new PeerGoneError(
+          this.#reader.available
+            ? "peer closed the connection in the middle of a frame"
+            : "peer closed the connection",
+        ),
+      );
+    });
+  }
+
+  request(msgType: number, body: Uint8Array): Promise<number> {
+    if (this.#gone) return Promise.reject(new PeerGoneError(this.#gone));
+    if (this.#resolve !== null) {
+      return Promise.reject(
+        new TransportError("a request is already in flight on this client (await it first)"),
+      );
+    }
+    const msgId = this.#nextId;
+    this.#nextId = (msgId + 1) >>> 0;
+    const length = body.byteLength;
+    if (HEADER_SIZE + length > this.#send.byteLength) {
+      this.#send = Buffer.alloc(Math.max(HEADER_SIZE + length, 2 * this.#send.byteLength));
+      this.#sends.clear();
+    }
+    const send = this.#send;
+    packHeader(send, 0, msgType, msgId, length);
+    send.set(body, HEADER_SIZE);
+    let frame = this.#sends.get(length);
+    if (frame === undefined) {
+      frame = send.subarray(0, HEADER_SIZE + length);
+      if (this.#sends.size > 64) this.#sends.clear();
+      this.#sends.set(length, frame);
+    }
+    const promise = new Promise<number>((resolve, reject) => {
+      this.#resolve = resolve;
+      this.#reject = reject;
+    });
+    this.#pendingId = msgId;
+    this.#socket.write(frame);
+    if (this.#socket.writableLength > 0) {
+      // a pending write holds the send buffer: use a fresh one for the next request
+      this.#send = Buffer.alloc(this.#send.byteLength);
+      this.#sends = new Map();
+    }
+    this.#arm();
+    return promise;
+  }
+
+  close(): void {
+    if (!this.#gone) this.#gone = "the channel is closed";
+    this.#fail(new PeerGoneError("the channel was closed while a request was outstanding"));
+    this.#socket.destroy();
+    if (this.#timer !== null) clearTimeout(this.#timer);
+  }
+
+  #arm(): void {
+    if (this.timeoutMs === null) return;
+    if (this.#timer === null) {
+      this.#timer = setTimeout(() => this.#onTimeout(), this.timeoutMs);
+      this.#timer.unref();
+    } else {
+      this.#timer.refresh();
+    }
+  }
+
+  #onTimeout(): void {
+    if (this.#resolve === null) return;
+    this.#abandon(
+      new TransportTimeoutError(`peer sent no complete response for ${this.timeoutMs} ms`),
+    );
+  }
+
+  #onData(chunk: Buffer): void {
+    const reader = this.#reader;
+    reader.push(chunk);
+    let ready: boolean;
+    try {
+      ready = reader.next();
+    } catch (error) {
+      this.#abandon(error as Error);
+      return;
+    }
+    if (!ready) return;
+    if (this.#resolve === null || reader.msgId !== this.#pendingId) {
+      this.#abandon(
+        new ProtocolError(
+          this.#resolve === null
+            ? `unsolicited frame (msg_id ${reader.msgId})`
+            : `response msg_id ${reader.msgId} does not echo request ${this.#pendingId}`,
+        ),
+      );
+      return;
+    }
+    const length = reader.length;
+    if (BODY_OFFSET + length > this.buffer.byteLength) {
+      this.buffer = Buffer.alloc(Math.max(BODY_OFFSET + length, 2 * this.buffer.byteLength));
+      this.generation += 1;
+    }
+    reader.body.copy(this.buffer, BODY_OFFSET, reader.offset, reader.offset + length);
+    this.bodyLength = length;
+    const resolve = this.#resolve;
+    this.#resolve = null;
+    this.#reject = null;
+    resolve(reader.msgType);
+    if (reader.available) {
+      this.#abandon(new ProtocolError("the server sent bytes beyond the response"));
+    }
+  }
+
+  #fail(error: Error): void {
+    const reject = this.#reject;
+    this.#resolve = null;
+    this.#reject = null;
+    if (reject !== null) reject(error);
+  }
+
+  #abandon(error: Error): void {
+    if (!this.#gone) this.#gone = `${error.message}; open a new client`;
+    this.#fail(error);
+    this.#reader.clear();
+    if (!this.#socket.destroyed) this.#socket.destroy();
+  }
+}
