@@ -80,6 +80,8 @@ def raw_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     proc.kill()
     proc.wait(10)
     proc.stdout.close()
+    if endpoint.startswith("ipc://"):  # a killed ZeroMQ process leaves its ipc file
+        Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize(
