@@ -70,6 +70,7 @@ from transport.protocol import (
     encode_hello,
 )
 from transport.server import Session
+from transport.sockets import connect_with_retry
 
 log = logging.getLogger("transport.http")
 
@@ -880,27 +881,10 @@ def open_channel(
         from transport.client import default_schema
 
         schema = default_schema()
-    deadline = time.monotonic() + (timeout if timeout is not None else 10.0)
-    delay = 0.005
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            sock = socket.create_connection(
-                (address.host, address.port), timeout=max(0.001, remaining)
-            )
-            break
-        except ConnectionRefusedError as exc:
-            if time.monotonic() + delay > deadline:
-                raise ConnectError(
-                    f"nothing accepts connections on {address.netloc} ({exc.strerror})"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-        except TimeoutError as exc:
-            raise ConnectError(f"connecting to {address.netloc} timed out") from exc
-        except OSError as exc:
-            raise ConnectError(
-                f"cannot connect to {address.netloc}: {exc.strerror or exc}"
-            ) from exc
+    sock = connect_with_retry(
+        lambda remaining: socket.create_connection((address.host, address.port), remaining),
+        address.netloc,
+        timeout,
+    )
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return HttpChannel(sock, address, schema, timeout=timeout, max_body=max_body)

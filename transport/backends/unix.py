@@ -9,8 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import stat
-import time
 from collections.abc import Callable
 
 from transport.codec import Schema
@@ -18,9 +16,8 @@ from transport.errors import ConnectError
 from transport.listener import SocketListener
 from transport.protocol import DEFAULT_MAX_BODY
 from transport.server import Session
+from transport.sockets import claim_unix_path, connect_with_retry
 from transport.stream import FramedSocket, StreamChannel, serve_connection
-
-_RETRYABLE = (FileNotFoundError, ConnectionRefusedError)
 
 
 def socket_path(url: str) -> str:
@@ -41,38 +38,19 @@ def open_channel(
 ) -> StreamChannel:
     """Connect, retrying with backoff while the server is not up yet, until the deadline."""
     path = socket_path(url)
-    deadline = time.monotonic() + (timeout if timeout is not None else 10.0)
-    delay = 0.005
-    while True:
+
+    def attempt(remaining: float) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.settimeout(remaining)
             sock.connect(path)
-            break
-        except _RETRYABLE as exc:
+        except BaseException:
             sock.close()
-            if time.monotonic() + delay > deadline:
-                raise ConnectError(
-                    f"nothing accepts connections on {path} ({exc.strerror})"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-        except OSError as exc:
-            sock.close()
-            raise ConnectError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
+            raise
+        return sock
+
+    sock = connect_with_retry(attempt, path, timeout)
     return StreamChannel(FramedSocket(sock, max_body=max_body, timeout=timeout), timeout)
-
-
-def _is_live(path: str) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 class Listener(SocketListener):
@@ -88,13 +66,7 @@ class Listener(SocketListener):
 
     def bind(self) -> socket.socket:
         """Bind and listen; refuses a path a live server holds, replaces a stale one."""
-        if os.path.lexists(self.path):
-            mode = os.lstat(self.path).st_mode
-            if not stat.S_ISSOCK(mode):
-                raise ConnectError(f"{self.path} exists and is not a socket; not replacing it")
-            if _is_live(self.path):
-                raise ConnectError(f"{self.path} is in use by a live server")
-            os.unlink(self.path)  # stale: its server is gone
+        claim_unix_path(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:

@@ -22,8 +22,6 @@ import ipaddress
 import json
 import logging
 import os
-import socket
-import stat
 import sys
 import threading
 import time
@@ -58,6 +56,7 @@ from transport.protocol import (
     encode_error,
 )
 from transport.server import Session
+from transport.sockets import claim_unix_path
 
 log = logging.getLogger("transport.zmq")
 
@@ -566,18 +565,6 @@ def open_channel(
 # -- server ---------------------------------------------------------------------------------------
 
 
-def _is_live(path: str) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
 class Listener:
     """A ROUTER socket serving every client; one Session per client routing id.
 
@@ -632,7 +619,7 @@ class Listener:
                     f"{ENV_SERVER_SECRET}) or add ?allow_insecure=1"
                 )
         if address.transport == "ipc":
-            self._claim_path(address.path)
+            claim_unix_path(address.path)
         ctx: Context = zmq.Context(io_threads=1)
         sock: Sock = ctx.socket(zmq.ROUTER)
         try:
@@ -657,14 +644,6 @@ class Listener:
             ctx.term()
             raise
         self._ctx, self._sock = ctx, sock
-
-    def _claim_path(self, path: str) -> None:
-        if os.path.lexists(path):
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
-                raise ConnectError(f"{path} exists and is not a socket; not replacing it")
-            if _is_live(path):
-                raise ConnectError(f"{path} is in use by a live server")
-            os.unlink(path)  # stale: its server is gone
 
     def _bind(self, sock: Sock, address: Address) -> None:
         old = os.umask(0o177) if address.transport == "ipc" else None
