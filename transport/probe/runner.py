@@ -1,0 +1,465 @@
+"""The probe run: plan the cells, start each reference server, measure, stop, check leftovers.
+
+A cell is one backend x server language x batch size (or sweep point). For each cell the
+runner starts ``transport-serve URL --env echo --lang L --num-envs B`` as a child process,
+connects with ``transport.connect``, resets, warms up, measures (closed or open loop), checks
+one response against the echo env's contract, disconnects, stops the server with SIGTERM and
+looks for files left with the cell's tag. Outcomes:
+
+- ok: a row with the percentiles and the histogram;
+- skipped: the backend or language is unavailable on this machine (not registered, module
+  does not import, no URL template, node or node_bridge/dist missing, the server does not
+  start on this backend);
+- failed: something that is available broke: connect or a request failed after "ready", a
+  wrong response, the server died, did not stop on SIGTERM or left files behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transport.probe.floor import REFERENCE, FloorResult, FloorUnavailable, measure_floor
+from transport.probe.histogram import LogHistogram
+from transport.probe.loops import LoopStats, closed_loop, open_loop, warm_up
+from transport.probe.progress import Progress
+from transport.probe.servers import (
+    URL_TEMPLATES,
+    ServerProcess,
+    ServerStartError,
+    backend_unavailable,
+    lang_unavailable,
+    leftovers,
+    remove,
+)
+
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+NUM_ACTIONS = 92  # echo accepts any action; stay inside pac_env's action space anyway
+HEALTH_BYTES = 1
+SWEEP_TARGETS = tuple(64 * 4**k for k in range(9))  # 64 B, 256 B, ... 4 MiB
+
+
+def step_result_size() -> int:
+    """Bytes of one env's StepResult in the reference schema (2557 for pac_env)."""
+    from transport.client import default_schema
+
+    schema = default_schema()
+    body = schema.ir.messages["STEP_RESP"].body
+    assert body is not None
+    return int(schema[body].size)
+
+
+def step_request_size() -> int:
+    from transport.client import default_schema
+
+    schema = default_schema()
+    body = schema.ir.messages["STEP_REQ"].body
+    assert body is not None
+    return int(schema[body].size)
+
+
+@dataclass(frozen=True)
+class Point:
+    """What one cell sends: ``batch`` envs per round trip (``message`` step), or a health check
+    (the protocol's smallest round trip: a 1-byte response)."""
+
+    batch: int
+    message: str = "step"  # "step" | "health"
+    target_bytes: int | None = None  # the --payload / --sweep target it stands for
+
+    def response_bytes(self, result_size: int) -> int:
+        return HEALTH_BYTES if self.message == "health" else self.batch * result_size
+
+    def request_bytes(self, request_size: int) -> int:
+        return 0 if self.message == "health" else self.batch * request_size
+
+
+def points_for_payloads(targets: Sequence[int], result_size: int) -> list[Point]:
+    """One point per target response size: a batch of ``round(target / result_size)`` envs
+    (at least 1), or a health round trip when the target is under an eighth of a StepResult
+    (320 bytes for pac_env). Targets that map to the same point are measured once."""
+    seen: dict[tuple[int, str], Point] = {}
+    for target in targets:
+        if target * 8 < result_size:
+            point = Point(1, "health", target)
+        else:
+            point = Point(max(1, round(target / result_size)), "step", target)
+        seen.setdefault((point.batch, point.message), point)
+    return sorted(seen.values(), key=lambda p: p.response_bytes(result_size))
+
+
+@dataclass
+class Settings:
+    backends: list[str]
+    langs: list[str]
+    points: list[Point]
+    count: int = 5000
+    warmup: int = 500
+    duration: float = 2.0  # seconds: a cell stops measuring after this, whatever ``count``
+    rate: float | None = None
+    timeout: float = 10.0
+    floor: bool = True
+    ready_timeout: float = 30.0
+
+
+@dataclass
+class Row:
+    backend: str
+    server: str
+    point: Point
+    payload_bytes: int
+    request_bytes: int
+    hist: LogHistogram
+    stats: LoopStats
+    mode: str  # "closed" | "open"
+    rate: float | None = None
+    warmup: int = 0
+    service: LogHistogram | None = None  # open loop: send -> response, without the wait
+    url: str = ""
+    ratio_to_floor: float | None = None
+    floor_name: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.point.message == "health":
+            return f"{self.backend}/{self.server}/health"
+        if self.point.message == "pingpong":
+            return f"{self.backend}/{self.server}"
+        return f"{self.backend}/{self.server}/b{self.point.batch}"
+
+    def us(self, p: float) -> float:
+        return self.hist.percentile(p) / 1000.0
+
+    @property
+    def p50_us(self) -> float:
+        return self.us(50.0)
+
+    @property
+    def round_trips_per_s(self) -> float:
+        return (
+            self.stats.round_trips / (self.stats.elapsed_ns / 1e9) if self.stats.elapsed_ns else 0.0
+        )
+
+    @property
+    def steps_per_s(self) -> float:
+        if self.point.message != "step":
+            return 0.0
+        return self.round_trips_per_s * self.point.batch
+
+    def to_json(self, *, histogram: bool = True) -> dict[str, Any]:
+        h = self.hist
+        out: dict[str, Any] = {
+            "backend": self.backend,
+            "server": self.server,
+            "batch": self.point.batch,
+            "message": self.point.message,
+            "payload_bytes": self.payload_bytes,
+            "request_bytes": self.request_bytes,
+            "target_bytes": self.point.target_bytes,
+            "mode": self.mode,
+            "rate": self.rate,
+            "count": h.total,
+            "warmup": self.warmup,
+            "min_us": h.min / 1000.0,
+            "mean_us": round(h.mean() / 1000.0, 3),
+            "p50_us": self.us(50.0),
+            "p90_us": self.us(90.0),
+            "p99_us": self.us(99.0),
+            "p999_us": self.us(99.9),
+            "max_us": h.max / 1000.0,
+            "steps_per_s": round(self.steps_per_s, 1),
+            "round_trips_per_s": round(self.round_trips_per_s, 1),
+            "ratio_to_floor": None
+            if self.ratio_to_floor is None
+            else round(self.ratio_to_floor, 2),
+            "floor": self.floor_name,
+            "url": self.url,
+        }
+        if self.service is not None and self.service.total:
+            out["service_p50_us"] = self.service.percentile(50.0) / 1000.0
+            out["service_p99_us"] = self.service.percentile(99.0) / 1000.0
+        if histogram:
+            out["histogram"] = h.to_json()
+        return out
+
+
+@dataclass
+class Problem:
+    backend: str
+    server: str
+    batch: int | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "server": self.server,
+            "batch": self.batch,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    floors: list[Row] = field(default_factory=list)
+    skipped: list[Problem] = field(default_factory=list)
+    failed: list[Problem] = field(default_factory=list)
+    reference_floor: Row | None = None
+    started: float = field(default_factory=time.time)
+    elapsed_s: float = 0.0
+
+    def all_rows(self) -> list[Row]:
+        return self.floors + self.rows
+
+
+class CellFailure(Exception):
+    """A server that started broke during the probe."""
+
+
+_tags = itertools.count()
+
+
+def new_tag() -> str:
+    return f"tprobe-{os.getpid()}-{next(_tags)}"
+
+
+def floor_rows(settings: Settings, results: Results, progress: Progress) -> None:
+    for mode in ("spin", "futex"):
+        name = f"c-floor-{mode}"
+        progress.begin(f"{name}/c")
+        try:
+            floor = measure_floor(mode, settings.count, settings.warmup, timeout=settings.timeout)
+        except FloorUnavailable as exc:
+            results.skipped.append(Problem(name, "c", 1, str(exc)))
+            progress.end(f"{name}/c", f"skipped: {exc}")
+            continue
+        except (RuntimeError, OSError) as exc:
+            results.failed.append(Problem(name, "c", 1, str(exc)))
+            progress.end(f"{name}/c", f"FAILED: {exc}")
+            continue
+        row = _floor_row(floor)
+        results.floors.append(row)
+        progress.end(row.label, _brief(row))
+    for row in results.floors:
+        if row.backend == REFERENCE:
+            results.reference_floor = row
+
+
+def _floor_row(floor: FloorResult) -> Row:
+    return Row(
+        backend=floor.backend,
+        server="c",
+        point=Point(1, "pingpong"),
+        payload_bytes=4,
+        request_bytes=4,
+        hist=floor.hist,
+        stats=LoopStats(floor.hist.total, floor.elapsed_ns),
+        mode="closed",
+    )
+
+
+def _brief(row: Row) -> str:
+    text = f"p50 {row.us(50):.1f} us, p99 {row.us(99):.1f} us, n={row.hist.total}"
+    if row.point.message == "step":
+        text += f", {row.steps_per_s:,.0f} steps/s"
+    return text
+
+
+def plan(settings: Settings) -> list[tuple[str, str, Point]]:
+    return [
+        (b, lang, p) for b in settings.backends for lang in settings.langs for p in settings.points
+    ]
+
+
+def run(settings: Settings, progress: Progress) -> Results:
+    """Floors first (before any server or thread exists: they fork), then every cell."""
+    results = Results()
+    started = time.perf_counter()
+    if settings.floor:
+        floor_rows(settings, results, progress)
+    result_size = step_result_size()
+    request_size = step_request_size()
+    unavailable: dict[tuple[str, str], str] = {}
+    for backend, lang, point in plan(settings):
+        label = f"{backend}/{lang}/" + (
+            "health" if point.message == "health" else f"b{point.batch}"
+        )
+        progress.begin(label)
+        reason = unavailable.get((backend, lang))
+        if reason is None:
+            reason = backend_unavailable(backend) or lang_unavailable(lang)
+        if reason is not None:
+            unavailable[(backend, lang)] = reason
+            results.skipped.append(Problem(backend, lang, point.batch, reason))
+            progress.end(label, f"skipped: {reason}")
+            continue
+        tag = new_tag()
+        url = URL_TEMPLATES[backend](tag, point.batch)
+        try:
+            server = ServerProcess(
+                url,
+                lang=lang,
+                num_envs=point.batch,
+                tag=tag,
+                ready_timeout=settings.ready_timeout,
+            )
+        except ServerStartError as exc:
+            remove(leftovers(tag))
+            why = f"the {lang} server does not start on {backend}://: {exc}"
+            unavailable[(backend, lang)] = why
+            results.skipped.append(Problem(backend, lang, point.batch, why))
+            progress.end(label, f"skipped: {why}")
+            continue
+        try:
+            row = probe_server(server, backend, lang, point, settings, result_size, request_size)
+        except (KeyboardInterrupt, SystemExit):
+            server.stop()
+            remove(leftovers(tag))
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if not server.alive():
+                error += (
+                    f" (the server exited with {server.proc.returncode}: {server.stderr_text()})"
+                )
+            _stop(server, backend, lang, point, results)
+            results.failed.append(Problem(backend, lang, point.batch, error))
+            progress.end(label, f"FAILED: {error}")
+            continue
+        if _stop(server, backend, lang, point, results):
+            results.rows.append(row)
+            progress.end(label, _brief(row))
+        else:
+            progress.end(label, f"FAILED: {results.failed[-1].reason}")
+    apply_floor(results)
+    results.elapsed_s = time.perf_counter() - started
+    return results
+
+
+def _stop(server: ServerProcess, backend: str, lang: str, point: Point, results: Results) -> bool:
+    """Stop the server; record a failure (and clean up) if it misbehaved. True when clean."""
+    problems: list[str] = []
+    died_before = not server.alive()
+    status = server.stop()
+    if died_before:
+        pass  # already reported by the caller
+    elif status is None:
+        problems.append("did not exit within 10 s of SIGTERM (killed)")
+    elif status != 0:
+        problems.append(f"exited with status {status} after SIGTERM")
+    left = leftovers(server.tag)
+    if left:
+        remove(left)
+        problems.append(f"left {', '.join(left)} behind (removed by the probe)")
+    if problems and not died_before:
+        results.failed.append(Problem(backend, lang, point.batch, "server " + "; ".join(problems)))
+        return False
+    return not problems
+
+
+def probe_server(
+    server: ServerProcess,
+    backend: str,
+    lang: str,
+    point: Point,
+    settings: Settings,
+    result_size: int,
+    request_size: int,
+) -> Row:
+    row = probe_url(server.url, point, settings, result_size, request_size)
+    row.backend, row.server = backend, lang
+    return row
+
+
+def probe_url(
+    url: str,
+    point: Point | None,
+    settings: Settings,
+    result_size: int | None = None,
+    request_size: int | None = None,
+) -> Row:
+    """Measure one server at ``url``; ``point`` None: step with the server's own env count."""
+    from transport.api import connect
+    from transport.backends import scheme_of
+
+    result_size = result_size or step_result_size()
+    request_size = request_size or step_request_size()
+    with connect(url, timeout=settings.timeout) as client:
+        if point is None:
+            point = Point(client.num_envs)
+        elif point.message == "step" and client.num_envs != point.batch:
+            raise CellFailure(f"the server has {client.num_envs} envs, expected {point.batch}")
+        client.reset(seed=0)
+        call, actions = _call_for(client, point)
+        warmed = warm_up(
+            call, settings.warmup, int(settings.duration * 0.5e9), time.perf_counter_ns
+        )
+        hist = LogHistogram()
+        service: LogHistogram | None = None
+        max_ns = int(settings.duration * 1e9)
+        if settings.rate is None:
+            stats = closed_loop(call, settings.count, hist, max_ns=max_ns)
+        else:
+            service = LogHistogram()
+            stats = open_loop(call, settings.count, settings.rate, hist, service, max_ns=max_ns)
+        _check_echo(client, point, actions)
+        server = str(client.server_info.get("server", "unknown"))
+    return Row(
+        backend=scheme_of(url),
+        server=server,
+        point=point,
+        payload_bytes=point.response_bytes(result_size),
+        request_bytes=point.request_bytes(request_size),
+        hist=hist,
+        stats=stats,
+        mode="closed" if settings.rate is None else "open",
+        rate=settings.rate,
+        warmup=warmed,
+        service=service,
+        url=url,
+    )
+
+
+def _call_for(client: Any, point: Point) -> tuple[Callable[[], object], np.ndarray | int]:
+    if point.message == "health":
+        return client.health, 0
+    if point.batch == 1 and client.num_envs == 1:
+        return functools.partial(client.step, 1), 1
+    actions = (np.arange(point.batch, dtype=np.int64) * 7 + 1) % NUM_ACTIONS
+    return functools.partial(client.step, actions), actions
+
+
+def _check_echo(client: Any, point: Point, actions: np.ndarray | int) -> None:
+    """One more round trip whose answer must follow the echo env's contract (obs[0] = action)."""
+    if point.message == "health":
+        if not client.health():
+            raise CellFailure("the server reports itself unhealthy")
+        return
+    if isinstance(actions, int):
+        probe = 3
+        got = client.step(probe).observation[0]
+        if int(got) != probe:
+            raise CellFailure(f"wrong echo: observation[0] = {got}, expected {probe}")
+        return
+    probe_actions = (actions + 3) % NUM_ACTIONS
+    got_arr = np.asarray(client.step(probe_actions).observation)[:, 0]
+    if not np.array_equal(got_arr.astype(np.int64), probe_actions):
+        raise CellFailure("wrong echo: observation[:, 0] differs from the actions sent")
+
+
+def apply_floor(results: Results) -> None:
+    floor = results.reference_floor
+    if floor is None:
+        return
+    base = floor.p50_us
+    for row in results.all_rows():
+        row.floor_name = floor.backend
+        row.ratio_to_floor = row.p50_us / base if base > 0 else None

@@ -1,0 +1,376 @@
+"""transport-probe: round-trip latency distributions of every backend, next to a C floor."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+DEFAULT_DIR = Path("probe-results")
+DEFAULT_JSON = DEFAULT_DIR / "transport-probe.json"
+DEFAULT_PLOT = DEFAULT_DIR / "transport-probe.png"
+
+_DESCRIPTION = """\
+Measure step round trips over every available backend against the reference servers, next to
+a C floor, and report latency distributions.
+
+With no arguments: for each backend of the registry (unix, http, and zmq+ipc, zmq+tcp, shm
+once registered) and each server language (python, node), for batch sizes 1, 8 and 64, start
+`transport-serve URL --env echo --lang L --num-envs B`, connect, reset, warm up, record every
+round trip of a closed-loop ping-pong into a log-bucket histogram (2 significant digits),
+check one echo response, stop the server and check that it left nothing behind. Then print
+the table, write the JSON and the PNG (default: probe-results/transport-probe.json and .png
+under the current directory).
+
+  transport-probe                               # everything available, defaults
+  transport-probe --backends unix,http --lang python --batch 1
+  transport-probe --rate 2000                   # open loop at 2000 round trips/s
+  transport-probe --sweep --lang python         # latency vs payload, 64 B .. 4 MiB
+  transport-probe --url unix:///tmp/pac.sock    # a server that is already running
+  transport-probe --quick --json out.json --plot out.png     # CI smoke run
+
+The echo env computes almost nothing, so a row is the cost of the transport. A round trip of
+batch B is one batched step of B envs (one request with B actions, one response with B
+StepResults of 2557 bytes: payload_bytes = B * 2557); steps/s counts env steps (B per round
+trip).
+"""
+
+_EPILOG = """\
+what it prints and writes:
+  table      one row per backend x server x batch, after the two C floor rows:
+             payload B  response bytes per round trip (B x 2557; 1 for a health round trip)
+             p50 .. max round-trip latency percentiles in microseconds (HdrHistogram-style
+                        log buckets, <= 0.78 % wide; max is exact)
+             steps/s    env steps per second (round trips/s x batch); closed loop: the
+                        throughput of one client; open loop: the achieved rate x batch
+             x floor    this row's p50 / the p50 of c-floor-futex
+  C floor    c-floor-spin and c-floor-futex (server "c"): two processes ping-ponging one
+             32-bit word over shared memory in C (transport/native), spinning or sleeping in
+             FUTEX_WAIT: what no transport can beat on this machine
+  JSON       {"machine": CPU model, cores, affinity, kernel, /dev/shm, versions of Python,
+             Node, pyzmq, libzmq, numpy; "settings"; "floor"; "rows": [{backend, server,
+             batch, message, payload_bytes, request_bytes, target_bytes, mode, rate, count,
+             warmup, min_us, mean_us, p50_us, p90_us, p99_us, p999_us, max_us, steps_per_s,
+             round_trips_per_s, ratio_to_floor, floor, url, histogram}], "skipped": [...],
+             "failed": [...], "ok"}. backend is the URL scheme; server is python, node or c.
+  PNG        per batch size, the CDF of every row (log x; y in "nines": 90 %, 99 %, 99.9 %),
+             color = backend, line style = server language, legend sorted by p50; with
+             --sweep, p50 and p99 against payload bytes.
+
+skipped vs failed:
+  skipped    unavailable on this machine: a backend not in the registry, whose module does
+             not import, or without a URL template; node not installed or node_bridge/dist
+             not built; a server that does not start on that backend (no "ready" line, for
+             example the Node server does not implement it yet). Reported, exit status 0.
+  failed     a server that started and then broke: connect or a request failed, a wrong echo
+             response, the server died, did not stop on SIGTERM, or left a socket file or a
+             /dev/shm segment behind (the probe removes it). Exit status 1.
+
+exit status: 0 when nothing failed (skips allowed), 1 when something failed, 2 for bad usage.
+Runs under about 3 minutes with the defaults on a 2-core machine; see docs/probe.md.
+"""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("expected integers >= 1")
+    return values
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if text and text[-1] in "KMG":
+        scale = 1024 ** ("KMG".index(text[-1]) + 1)
+        text = text[:-1]
+    try:
+        value = int(float(text) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (examples: 2557, 64K, 4M)"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("sizes must be >= 1 byte")
+    return value
+
+
+def _size_list(text: str) -> list[int]:
+    return [_size(v) for v in text.split(",") if v.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip().lower() for v in text.split(",") if v.strip()]
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(143)  # unwinds through the runner, which stops the current server
+
+
+def _registered() -> list[str]:
+    from transport.probe.servers import registered_backends
+
+    return registered_backends()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="transport-probe",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_argument_group("what to probe")
+    what.add_argument(
+        "--url",
+        help="probe this running server instead of starting the reference servers (any "
+        "backend; the batch is the server's env count; --backends/--lang/--batch/--sweep "
+        "do not apply)",
+    )
+    what.add_argument(
+        "--backends",
+        type=_names,
+        metavar="A,B",
+        help="URL schemes to probe (default: every backend of the registry "
+        f"transport.backends.BACKENDS, here: {','.join(_registered())})",
+    )
+    what.add_argument(
+        "--lang",
+        type=_names,
+        metavar="L,L",
+        default=["python", "node"],
+        help="server languages (default: python,node)",
+    )
+    what.add_argument(
+        "--batch",
+        type=_int_list,
+        metavar="B,B",
+        help="envs per round trip: one batched step of B envs against a server started with "
+        "--num-envs B (default: 1,8,64; none when --payload or --sweep is given)",
+    )
+    what.add_argument(
+        "--payload",
+        type=_size_list,
+        metavar="BYTES,..",
+        help="target response sizes (suffixes K, M): each becomes a batch of "
+        "round(BYTES / 2557) envs, so payload_bytes (the actual response) is the nearest "
+        "multiple of 2557 (at least 1 env); a target under 320 bytes becomes a health round "
+        "trip (a 1-byte response, the smallest round trip of the protocol). The default "
+        "payload is one 2557-byte StepResult per env",
+    )
+    what.add_argument(
+        "--sweep",
+        action="store_true",
+        help="payload sweep: --payload 64,256,1K,4K,16K,64K,256K,1M,4M (log scale), measured as "
+        "a health round trip (64 and 256), then batches of 1, 2, 6, 26, 103, 410 and 1640 envs "
+        "(1 B to 4,193,480 B responses), plotted as latency vs payload",
+    )
+    what.add_argument("--no-floor", action="store_true", help="do not measure the C floor rows")
+    how = p.add_argument_group("how to measure")
+    how.add_argument(
+        "--count",
+        type=int,
+        help="round trips recorded per row (default 5000; --quick 200); a row also stops "
+        "after --duration seconds",
+    )
+    how.add_argument(
+        "--warmup",
+        type=int,
+        help="round trips before recording (default 500; --quick 20), at most half of --duration",
+    )
+    how.add_argument(
+        "--duration",
+        type=float,
+        help="seconds of recording per row at most (default 2; --quick 0.3)",
+    )
+    how.add_argument(
+        "--rate",
+        type=float,
+        metavar="R",
+        help="open loop: send R round trips per second on a fixed schedule and measure each "
+        "from its scheduled time (coordinated-omission correction: a stall also delays, and "
+        "shows in, every request due during it). Default: closed-loop ping-pong",
+    )
+    how.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds any one request may take (10)"
+    )
+    how.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run for CI: few samples (count 200, warmup 20, duration 0.3 s)",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument(
+        "--json",
+        metavar="FILE",
+        default=str(DEFAULT_JSON),
+        help=f"the JSON results ('-': stdout, the table then goes to stderr; default "
+        f"{DEFAULT_JSON})",
+    )
+    out.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=str(DEFAULT_PLOT),
+        help=f"the PNG (default {DEFAULT_PLOT})",
+    )
+    out.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    out.add_argument(
+        "--markdown",
+        "--results-md",
+        metavar="FILE",
+        help="also rewrite the <!-- probe:begin --> ... <!-- probe:end --> block of FILE "
+        "(e.g. benchmarks/RESULTS.md) with the table, the command and the machine; the rest "
+        "of the file is left as is; the file or the block is created if missing",
+    )
+    out.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw the progress bar on stderr even when it is not a terminal (default: a bar "
+        "on a terminal, one plain line per row otherwise)",
+    )
+    out.add_argument("--quiet", action="store_true", help="no progress output at all")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["transport-probe", *words])
+
+    from transport.probe import report
+    from transport.probe.machine import machine_info, summary
+    from transport.probe.progress import Progress
+    from transport.probe.runner import (
+        SWEEP_TARGETS,
+        Point,
+        Results,
+        Settings,
+        apply_floor,
+        floor_rows,
+        plan,
+        points_for_payloads,
+        probe_url,
+        run,
+        step_result_size,
+    )
+    from transport.probe.servers import LANGS, registered_backends
+
+    quick = args.quick
+    count = args.count if args.count is not None else (200 if quick else 5000)
+    warmup = args.warmup if args.warmup is not None else (20 if quick else 500)
+    duration = args.duration if args.duration is not None else (0.3 if quick else 2.0)
+    if count < 1 or warmup < 0 or duration <= 0:
+        parser.error("--count must be >= 1, --warmup >= 0 and --duration > 0")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be positive")
+    for lang in args.lang:
+        if lang not in LANGS:
+            parser.error(f"--lang: unknown language {lang!r} (choose from {', '.join(LANGS)})")
+
+    result_size = step_result_size()
+    points: list[Point] = []
+    if args.batch is not None or (args.payload is None and not args.sweep):
+        points += [Point(b) for b in (args.batch or [1, 8, 64])]
+    targets = list(args.payload or []) + (list(SWEEP_TARGETS) if args.sweep else [])
+    if targets:
+        points += points_for_payloads(targets, result_size)
+    order = registered_backends()
+    backends = args.backends if args.backends is not None else order
+    settings = Settings(
+        backends=backends,
+        langs=args.lang,
+        points=points,
+        count=count,
+        warmup=warmup,
+        duration=duration,
+        rate=args.rate,
+        timeout=args.timeout,
+        floor=not args.no_floor,
+    )
+    table_out = sys.stderr if args.json == "-" else sys.stdout
+    machine = machine_info()  # before the run: the load average is the machine's, not ours
+    bar = args.progress or sys.stderr.isatty()
+
+    if args.url:
+        if args.sweep or args.payload or args.batch:
+            parser.error("--url probes the server as it is: --batch/--payload/--sweep do not apply")
+        from transport.backends import scheme_of
+
+        settings.backends = [scheme_of(args.url)]
+        settings.points = []
+        progress = Progress(3 if settings.floor else 1, bar=bar, quiet=args.quiet)
+        results = Results()
+        if settings.floor:
+            floor_rows(settings, results, progress)
+        progress.begin(args.url)
+        try:
+            row = probe_url(args.url, None, settings)
+            results.rows.append(row)
+            progress.end(row.label, f"p50 {row.us(50):.1f} us")
+        except Exception as exc:
+            from transport.probe.runner import Problem
+
+            results.failed.append(
+                Problem(settings.backends[0], "unknown", None, f"{type(exc).__name__}: {exc}")
+            )
+            progress.end(args.url, f"FAILED: {exc}")
+        apply_floor(results)
+    else:
+        cells = len(plan(settings)) + (2 if settings.floor else 0)
+        progress = Progress(cells, bar=bar, quiet=args.quiet)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            results = run(settings, progress)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            progress.close()
+            print("transport-probe: interrupted (servers stopped)", file=sys.stderr)
+            return 130 if isinstance(exc, KeyboardInterrupt) else 143
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    progress.close()
+
+    rows = report.sorted_rows(results, order)
+    print(f"transport-probe: {summary(machine)}", file=table_out)
+    mode = "closed loop" if settings.rate is None else f"open loop at {settings.rate:g}/s"
+    print(
+        f"echo env, {mode}, up to {count} samples per row after {warmup} warm-up; "
+        "latencies in us; x floor = p50 / c-floor-futex p50",
+        file=table_out,
+    )
+    print(report.text_table(rows), file=table_out)
+    problems = report.problems_text(results)
+    if problems:
+        print(problems, file=table_out)
+
+    doc = report.document(results, settings, machine, command, order)
+    report.write_json(doc, args.json)
+    written = [] if args.json == "-" else [args.json]
+    if not args.no_plot:
+        from transport.probe.plot import plot
+
+        title = f"transport-probe ({mode}, echo env): {summary(machine)}"
+        plot(results.rows, results.floors, args.plot, title=title, backends=order)
+        written.append(args.plot)
+    if args.markdown:
+        block = report.markdown_block(results, machine, command, order)
+        report.update_markdown(args.markdown, block)
+        written.append(f"{args.markdown} (probe block)")
+    if written:
+        print(f"wrote {', '.join(written)}", file=table_out)
+    if results.failed:
+        print(f"transport-probe: {len(results.failed)} failure(s), see above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
