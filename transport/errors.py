@@ -141,6 +141,19 @@ class RemoteError(TransportError):
         super().__init__(f"{name} ({code}): {text}")
 
 
+class EnvError(RemoteError):
+    """The server's env raised (ERROR code 10, ENV_ERROR). ``env_id`` is the index of the env
+    that failed (the text starts with ``env {i}:``), or None when the server did not say.
+
+    The server reset that env (or recreated it) and the other envs of the request did their
+    step: the next request works.
+    """
+
+    def __init__(self, code: int, name: str, text: str, env_id: int | None = None) -> None:
+        super().__init__(code, name, text)
+        self.env_id = env_id
+
+
 CODEC_ERRORS: dict[str, type[CodecError]] = {
     cls.code: cls
     for cls in (

@@ -8,6 +8,7 @@ can ride the same client and server.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -17,6 +18,7 @@ import msgpack
 
 from transport.errors import (
     BadFrameError,
+    EnvError,
     FingerprintMismatchError,
     ProtocolError,
     RemoteError,
@@ -203,7 +205,14 @@ def decode_error(body: Any) -> RemoteError | ProtocolError:
         name = ErrorCode(code).name
     except ValueError:
         name = "UNKNOWN"
+    if code == ErrorCode.ENV_ERROR:
+        match = _ENV_PREFIX.match(text)
+        return EnvError(code, name, text, int(match.group(1)) if match else None)
     return RemoteError(code, name, text)
+
+
+_ENV_PREFIX = re.compile(r"env (\d+):")
+"""ENV_ERROR texts start with ``env {i}:``, naming the env that raised."""
 
 
 class RequestError(Exception):

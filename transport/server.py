@@ -174,8 +174,10 @@ class Session:
         server_lang: str = "python",
         lock: threading.Lock | None = None,
         seed: int | None = None,
+        factory: EnvFactory | None = None,
     ) -> None:
         self.schema = schema
+        self.factory = factory  # recreates an env whose reset fails after it raised
         self.first_seed = seed  # the seed of the first unseeded reset (env i: seed + i)
         self.ids = MessageIds.from_schema(schema.ir)
         self.result = schema[_body(schema, "STEP_RESP")]
@@ -237,9 +239,9 @@ class Session:
             return resp_type, self._body[:length]
         except RequestError as exc:
             return self.error(exc.code, exc.text)
-        except Exception as exc:  # an env bug must not take the server down
+        except Exception as exc:  # a bug must not take the server down (env errors: _recover)
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            return self.error(ErrorCode.ENV_ERROR, detail)
+            return self.error(ErrorCode.INTERNAL, detail)
 
     def error(self, code: ErrorCode, text: str) -> tuple[int, memoryview]:
         if code in CLOSING_ERRORS:
@@ -295,22 +297,29 @@ class Session:
                 )
             except CodecError as exc:
                 raise RequestError(
-                    ErrorCode.ENV_ERROR, f"env {index} returned bad values: {exc}"
+                    ErrorCode.ENV_ERROR, f"env {index}: returned bad values: {exc}"
                 ) from None
 
     def _reset_all(self, seed: int | None) -> tuple[int, int]:
         group = self.group
         if seed is None and self.first_seed is not None and not group.was_reset.any():
             seed = self.first_seed
+        failures: list[tuple[int, Exception]] = []
         with group.lock or _NO_LOCK:
             for i, env in enumerate(group.envs):
                 env_seed = None if seed is None else seed + i
-                reset_into = getattr(env, "reset_into", None)
-                if reset_into is not None:
-                    self._write(i, reset_into(env_seed, self._records[i]))
-                else:
-                    self._write(i, env.reset(env_seed))
+                try:
+                    reset_into = getattr(env, "reset_into", None)
+                    if reset_into is not None:
+                        self._write(i, reset_into(env_seed, self._records[i]))
+                    else:
+                        self._write(i, env.reset(env_seed))
+                except Exception as exc:  # the other envs still reset
+                    failures.append((i, exc))
+                    continue
                 group.mark_reset(i)
+            if failures:
+                raise self._recover(failures, seed)
         return self.ids.RESET_RESP, self.num_envs * self.result.size
 
     def _reset(self, body: memoryview) -> tuple[int, int]:
@@ -367,9 +376,57 @@ class Session:
         group = self.group
         group.check_actions(actions, skip_done=self.autoreset == AutoReset.NEXT_STEP)
         self._finals = 0
+        failures: list[tuple[int, Exception]] | None = None
         with group.lock or _NO_LOCK:
             for i in range(len(actions)):
-                self._step_one(i, int(actions[i]))
+                try:  # free unless an env raises (zero-cost exceptions)
+                    self._step_one(i, int(actions[i]))
+                except Exception as exc:  # the other envs still step
+                    if failures is None:
+                        failures = []
+                    failures.append((i, exc))
+            if failures is not None:
+                raise self._recover(failures, None)
+
+    def _recover(self, failures: list[tuple[int, Exception]], seed: int | None) -> RequestError:
+        """Reset (or recreate from the factory) each env that raised; the ERROR to answer.
+
+        The text starts with ``env {i}:`` (the first env that failed), so clients can name the
+        env (``EnvError.env_id``). The other envs of the request did step (or reset).
+        """
+        texts = []
+        for index, exc in failures:
+            if isinstance(exc, RequestError):
+                detail = exc.text.removeprefix(f"env {index}: ")
+            else:
+                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            fate = self._restore(index, None if seed is None else seed + index)
+            texts.append(f"env {index}: {detail} ({fate})")
+        return RequestError(ErrorCode.ENV_ERROR, "; ".join(texts))
+
+    def _restore(self, index: int, seed: int | None) -> str:
+        """Reset env ``index`` after it raised; if that raises too, recreate it from the factory."""
+        group = self.group
+        env = group.envs[index]
+        attempts: list[tuple[str, Callable[[], Env]]] = [("the env was reset", lambda: env)]
+        if self.factory is not None:
+            attempts.append(("the env was recreated", self.factory))
+        for fate, make in attempts:
+            try:
+                fresh = make()
+                reset_into = getattr(fresh, "reset_into", None)
+                if reset_into is not None:
+                    self._write(index, reset_into(seed, self._records[index]))
+                else:
+                    self._write(index, fresh.reset(seed))
+            except Exception:
+                continue
+            group.envs[index] = fresh
+            group.mark_reset(index)
+            return fate
+        group.was_reset[index] = False  # every step is NOT_RESET until a reset succeeds
+        group.all_reset = False
+        return "the env could not be reset: send a reset"
 
     def _step(self, body: memoryview) -> tuple[int, int]:
         if self.num_envs != 1:
@@ -383,7 +440,10 @@ class Session:
             group.check_action(0, action)
         self._finals = 0
         with group.lock or _NO_LOCK:
-            self._step_one(0, action)
+            try:
+                self._step_one(0, action)
+            except Exception as exc:
+                raise self._recover([(0, exc)], None) from None
         return self.ids.STEP_RESP, self._results_length(1)
 
     def _step_multi(self, body: memoryview) -> tuple[int, int]:
@@ -474,4 +534,5 @@ class SessionFactory:
             server_lang=self.server_lang,
             lock=self._lock,
             seed=self.seed,
+            factory=self._factory,
         )

@@ -18,6 +18,7 @@ BACKENDS: dict[str, str] = {
     "zmq+ipc": "transport.backends.zmq",
     "zmq+tcp": "transport.backends.zmq",
     "shm": "transport.backends.shm",
+    "auto": "transport.backends.auto",
 }
 
 

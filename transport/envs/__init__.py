@@ -1,15 +1,28 @@
-"""Reference envs served by ``transport-serve``: ``echo`` (pure transport cost) and ``pac``."""
+"""Reference envs served by ``transport-serve``: ``echo`` (pure transport cost), ``pac`` and
+``mahjong`` (a four-seat turn-based game for the PettingZoo adapter)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from transport.codec import Schema
 from transport.server import Env
 
 ENVS: dict[str, str] = {
     "echo": "transport.envs.echo:EchoEnv",
     "pac": "transport.envs.pac:PacEnv",
+    "mahjong": "transport.envs.mahjong:MahjongEnv",
 }
+
+SCHEMAS: dict[str, str] = {
+    "echo": "pac_env",
+    "pac": "pac_env",
+    "mahjong": "mahjong_env",
+}
+"""The schema (a module of ``transport.generated``) each reference env speaks."""
+
+OBS_BOUNDS: dict[str, tuple[float, float]] = {"mahjong": (0.0, 1.0)}
+"""Known observation bounds of reference envs (the adapters' Box low/high; else +-inf)."""
 
 
 def env_factory(name: str) -> Callable[[], Env]:
@@ -21,3 +34,12 @@ def env_factory(name: str) -> Callable[[], Env]:
     module, _, attr = ENVS[name].partition(":")
     factory: Callable[[], Env] = getattr(importlib.import_module(module), attr)
     return factory
+
+
+def env_schema(name: str) -> Schema:
+    """The compiled schema a reference env speaks (``pac_env`` unless listed in SCHEMAS)."""
+    import importlib
+
+    module = importlib.import_module(f"transport.generated.{SCHEMAS.get(name, 'pac_env')}")
+    schema: Schema = module.SCHEMA
+    return schema

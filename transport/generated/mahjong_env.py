@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': 'd45a3b2ef8889911',
+ 'fingerprint': '1ddde4cf1f1f1c22',
  'structs': {'ResetRequest': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
@@ -204,7 +204,53 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                        'type': 'u16',
                                        'offset': 2,
                                        'size': 2,
-                                       'count': 1}]}},
+                                       'count': 1}]},
+             'SeedRequest': {'size': 8,
+                             'align': 8,
+                             'layout': 'natural',
+                             'fields': [{'name': 'seed',
+                                         'type': 'u64',
+                                         'offset': 0,
+                                         'size': 8,
+                                         'count': 1}]},
+             'StepMultiRequest': {'size': 16,
+                                  'align': 2,
+                                  'layout': 'natural',
+                                  'fields': [{'name': 'actions',
+                                              'type': 'u16[8]',
+                                              'offset': 0,
+                                              'size': 16,
+                                              'count': 8,
+                                              'role': 'action'}]},
+             'StepMultiResult': {'size': 10688,
+                                 'align': 8,
+                                 'layout': 'natural',
+                                 'fields': [{'name': 'results',
+                                             'type': 'AgentStep[8]',
+                                             'offset': 0,
+                                             'size': 10688,
+                                             'count': 8}]},
+             'HealthResult': {'size': 1,
+                              'align': 1,
+                              'layout': 'natural',
+                              'fields': [{'name': 'initialized',
+                                          'type': 'u8',
+                                          'offset': 0,
+                                          'size': 1,
+                                          'count': 1}]},
+             'SpacesResult': {'size': 8,
+                              'align': 4,
+                              'layout': 'natural',
+                              'fields': [{'name': 'obs_n',
+                                          'type': 'i32',
+                                          'offset': 0,
+                                          'size': 4,
+                                          'count': 1},
+                                         {'name': 'act_n',
+                                          'type': 'i32',
+                                          'offset': 4,
+                                          'size': 4,
+                                          'count': 1}]}},
  'enums': {'Agent': {'type': 'u8',
                      'values': {'PLAYER_0': 0, 'PLAYER_1': 1, 'PLAYER_2': 2, 'PLAYER_3': 3}},
            'Wind': {'type': 'u8', 'values': {'EAST': 0, 'SOUTH': 1, 'WEST': 2, 'NORTH': 3}},
@@ -214,17 +260,26 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                    'PONG': 1,
                                    'KONG': 2,
                                    'CONCEALED_KONG': 3}}},
- 'messages': {'RESET_REQ': {'id': 1, 'body': 'ResetRequest'},
-              'RESET_RESP': {'id': 2, 'body': 'AgentStep', 'tail': 'msgpack'},
+ 'messages': {'RESET_REQ': {'id': 1, 'body': None},
+              'RESET_RESP': {'id': 2, 'body': 'AgentStep', 'batch': True},
               'STEP_REQ': {'id': 3, 'body': 'ActionRequest'},
-              'STEP_RESP': {'id': 4, 'body': 'AgentStep', 'tail': 'msgpack'},
-              'SCORE_RESP': {'id': 6, 'body': 'ScoreUpdate'},
+              'STEP_RESP': {'id': 4, 'body': 'AgentStep'},
+              'STEP_MULTI_REQ': {'id': 5, 'body': 'StepMultiRequest'},
+              'STEP_MULTI_RESP': {'id': 6, 'body': 'StepMultiResult'},
+              'HEALTH_REQ': {'id': 9, 'body': None},
+              'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
+              'SPACES_REQ': {'id': 11, 'body': None},
+              'SPACES_RESP': {'id': 12, 'body': 'SpacesResult'},
               'HELLO_REQ': {'id': 13, 'body': 'Hello'},
               'HELLO_RESP': {'id': 14, 'body': 'Hello'},
-              'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'}}}
+              'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
+              'RESET_SEED_REQ': {'id': 16, 'body': 'SeedRequest'},
+              'STEP_BATCH_REQ': {'id': 17, 'body': 'ActionRequest', 'batch': True},
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'AgentStep', 'batch': True},
+              'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}}}
 
-FINGERPRINT: Final = 0xd45a3b2ef8889911
-FINGERPRINT_HEX: Final = "d45a3b2ef8889911"
+FINGERPRINT: Final = 0x1ddde4cf1f1f1c22
+FINGERPRINT_HEX: Final = "1ddde4cf1f1f1c22"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -235,10 +290,19 @@ class MsgType(IntEnum):
     RESET_RESP = 0x02
     STEP_REQ = 0x03
     STEP_RESP = 0x04
-    SCORE_RESP = 0x06
+    STEP_MULTI_REQ = 0x05
+    STEP_MULTI_RESP = 0x06
+    HEALTH_REQ = 0x09
+    HEALTH_RESP = 0x0A
+    SPACES_REQ = 0x0B
+    SPACES_RESP = 0x0C
     HELLO_REQ = 0x0D
     HELLO_RESP = 0x0E
     ERROR = 0x0F
+    RESET_SEED_REQ = 0x10
+    STEP_BATCH_REQ = 0x11
+    STEP_BATCH_RESP = 0x12
+    SCORE_RESP = 0x20
 
 
 class Agent(IntEnum):
@@ -276,6 +340,11 @@ AgentStep: Final[StructCodec] = SCHEMA["AgentStep"]
 ScoreUpdate: Final[StructCodec] = SCHEMA["ScoreUpdate"]
 Hello: Final[StructCodec] = SCHEMA["Hello"]
 ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
+SeedRequest: Final[StructCodec] = SCHEMA["SeedRequest"]
+StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
+StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
+HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
+SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
     "ResetRequest": 16,
@@ -285,4 +354,9 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "ScoreUpdate": 32,
     "Hello": 12,
     "ErrorHead": 4,
+    "SeedRequest": 8,
+    "StepMultiRequest": 16,
+    "StepMultiResult": 10688,
+    "HealthResult": 1,
+    "SpacesResult": 8,
 }

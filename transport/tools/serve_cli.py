@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from transport.envs import ENVS, env_factory
+from transport.envs import ENVS, env_factory, env_schema
 from transport.errors import TransportError
 
 _DESCRIPTION = """\
@@ -21,8 +21,9 @@ clients can connect (with http://127.0.0.1:0 the URL carries the port that was b
   transport-serve --list-shm [--json]     the project's shared-memory regions, stale or live
   transport-serve --cleanup-shm [--json]  remove the stale ones (whose server is dead)
 
-Envs: echo (a deterministic result derived from the action: pure transport cost) and pac (a
-seeded synthetic game on the pac_env schema, identical bytes from the Python and Node servers).
+Envs: echo (a deterministic result derived from the action: pure transport cost), pac (a
+seeded synthetic game on the pac_env schema, identical bytes from the Python and Node servers)
+and mahjong (a four-seat turn-based tile game on the mahjong_env schema; Python only).
 Exit status: 0 after a signal, 1 when the server cannot start (address in use, bad URL).
 """
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(
             env_factory(args.env),
             args.url,
+            schema=env_schema(args.env),
             num_envs=args.num_envs,
             env_name=args.env,
             seed=args.seed,

@@ -1,0 +1,354 @@
+"""Gymnasium adapters: ``RemoteEnv`` (one env) and ``RemoteVectorEnv`` (N envs, one connection).
+
+Install with ``pip install transport[gym]``. Spaces come from the server (``SPACES_REQ``):
+observation ``Box(low, high, (obs_n,), float32)`` and action ``Discrete(act_n)``; the bounds are
+(-inf, inf) unless given, or known for a reference env (``transport.envs.OBS_BOUNDS``).
+
+The adapters return *copies* of observations (owned arrays): gymnasium code keeps observations
+across steps (replay buffers, ``check_env``'s aliasing checks), which views into the client's
+receive buffer would break. The zero-copy path is the ``Client`` itself (``transport.connect``).
+
+Which fields mean what is read from the schema's roles: ``observation``, ``action_mask``,
+``reward``, ``done`` or ``terminated``, ``truncated``. Every other scalar field of the result
+struct is an *info scalar*: ``info[name]`` (``RemoteEnv``) or ``infos[name]`` arrays with
+``infos["_" + name]`` masks (``RemoteVectorEnv``).
+
+Configuration: ``url=None`` reads ``$TRANSPORT_URL``; ``num_envs=None`` reads
+``$TRANSPORT_NUM_ENVS`` and else takes the server's number of envs (docs/adapters.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, SupportsFloat
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from transport.api import connect
+from transport.client import DEFAULT_TIMEOUT, Client, StepView
+from transport.codec import Schema
+from transport.errors import TransportError
+
+URL_ENV = "TRANSPORT_URL"
+NUM_ENVS_ENV = "TRANSPORT_NUM_ENVS"
+
+Bounds = tuple[float, float]
+
+
+class AdapterError(TransportError):
+    """An adapter cannot work with this server (wrong number of envs, missing roles, no URL)."""
+
+
+def resolve_url(url: str | None) -> str:
+    """``url``, or ``$TRANSPORT_URL`` when it is None."""
+    if url is not None:
+        return url
+    env_url = os.environ.get(URL_ENV)
+    if not env_url:
+        raise AdapterError(f"no URL given and ${URL_ENV} is not set")
+    return env_url
+
+
+def resolve_num_envs(num_envs: int | None) -> int | None:
+    """``num_envs``, or ``$TRANSPORT_NUM_ENVS`` when it is None (None: take the server's)."""
+    if num_envs is not None:
+        return num_envs
+    text = os.environ.get(NUM_ENVS_ENV)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise AdapterError(f"${NUM_ENVS_ENV}={text!r} is not an integer") from None
+    return value
+
+
+def check_num_envs(client: Client, num_envs: int | None) -> int:
+    """The server's number of envs; a clear error when the caller expects another."""
+    if num_envs is not None and num_envs != client.num_envs:
+        raise AdapterError(
+            f"{client.url} serves {client.num_envs} env(s) per connection, the adapter was asked"
+            f" for {num_envs}: start the server with --num-envs {num_envs} or pass "
+            f"num_envs={client.num_envs}"
+        )
+    return client.num_envs
+
+
+class ResultFields:
+    """The roles of a schema's result struct: which field is the observation, the mask, ..."""
+
+    def __init__(self, client: Client) -> None:
+        ir = client.schema[_result_struct(client.schema)].ir
+        observation = ir.role("observation")
+        reward = ir.role("reward")
+        done = ir.role("terminated") or ir.role("done")
+        if observation is None or reward is None or done is None:
+            raise AdapterError(
+                f"the result struct {ir.name} needs fields with the roles observation, reward "
+                "and terminated (or done)"
+            )
+        mask = ir.role("action_mask")
+        truncated = ir.role("truncated")
+        self.observation = observation.name
+        self.obs_dtype = np.dtype(client.schema[ir.name].dtype[observation.name].base)
+        self.reward = reward.name
+        self.terminated = done.name
+        self.truncated = truncated.name if truncated is not None else None
+        self.mask = mask.name if mask is not None else None
+        roles = {"observation", "action_mask", "reward", "done", "terminated", "truncated"}
+        self.info = [
+            f.name
+            for f in ir.fields
+            if f.role not in roles and not f.is_array and f.kind != "struct"
+        ]
+
+    def terminated_of(self, view: StepView) -> np.ndarray:
+        return np.asarray(view[self.terminated]).astype(bool)
+
+    def truncated_of(self, view: StepView) -> np.ndarray:
+        if self.truncated is None:
+            return np.zeros(np.shape(view[self.terminated]), dtype=bool)
+        return np.asarray(view[self.truncated]).astype(bool)
+
+
+def _result_struct(schema: Schema) -> str:
+    body = schema.ir.messages["STEP_RESP"].body
+    if body is None:
+        raise AdapterError(f"schema {schema.name}: STEP_RESP has no body struct")
+    return body
+
+
+def observation_bounds_of(client: Client, bounds: Bounds | None) -> Bounds:
+    """``bounds`` if given, else the reference env's known bounds, else (-inf, inf)."""
+    if bounds is not None:
+        return bounds
+    from transport.envs import OBS_BOUNDS
+
+    return OBS_BOUNDS.get(str(client.server_info.get("env", "")), (-np.inf, np.inf))
+
+
+def _connect(
+    url: str | None,
+    schema: Schema | str | Path | None,
+    timeout: float | None,
+    autoreset: str,
+) -> Client:
+    return connect(resolve_url(url), schema, timeout=timeout, autoreset=autoreset)
+
+
+class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """One remote env as a ``gymnasium.Env`` (the server must serve one env per connection).
+
+    ``action_masks()`` returns the current action mask (sb3-contrib's MaskablePPO calls it).
+    ``reset(seed=s)`` seeds the server's env; ``reset()`` continues its RNG stream.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        schema: Schema | str | Path | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        observation_bounds: Bounds | None = None,
+    ) -> None:
+        self.client = _connect(url, schema, timeout, "disabled")
+        try:
+            check_num_envs(self.client, 1)
+            self.fields = ResultFields(self.client)
+            space = self.client.spaces()
+            low, high = observation_bounds_of(self.client, observation_bounds)
+            self.observation_space = spaces.Box(
+                low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
+            )
+            self.action_space = spaces.Discrete(space.act_n)
+        except BaseException:
+            self.client.close()
+            raise
+        self._mask = np.ones(space.act_n, dtype=bool)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        view = self.client.reset(seed)
+        return self._observe(view), self._info(view)
+
+    def step(
+        self, action: np.int64 | int
+    ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        view = self.client.step(int(action))
+        fields = self.fields
+        return (
+            self._observe(view),
+            float(view[fields.reward]),
+            bool(fields.terminated_of(view)),
+            bool(fields.truncated_of(view)),
+            self._info(view),
+        )
+
+    def action_masks(self) -> np.ndarray:
+        """The legal actions of the current state (bool, length act_n)."""
+        return self._mask.copy()
+
+    def close(self) -> None:
+        self.client.close()
+        super().close()
+
+    def _observe(self, view: StepView) -> np.ndarray:
+        if self.fields.mask is not None:
+            mask = view[self.fields.mask]
+            self._mask[:] = False
+            n = min(len(mask), len(self._mask))
+            self._mask[:n] = mask[:n]
+        return np.array(view[self.fields.observation], copy=True)
+
+    def _info(self, view: StepView) -> dict[str, Any]:
+        return {name: view[name].item() for name in self.fields.info}
+
+
+class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
+    """N remote envs over one connection as a ``gymnasium.vector.VectorEnv``.
+
+    One batched message per step. Auto-reset happens on the server (docs/protocol.md):
+    ``autoreset_mode=AutoresetMode.NEXT_STEP`` (default: the step after an episode ended
+    ignores that env's action and returns its reset observation, reward 0, not terminated) or
+    ``AutoresetMode.SAME_STEP`` (the step that ends an episode returns the reset observation,
+    the final reward/terminated/truncated, and ``infos["final_obs"]`` (N, obs_n) with the
+    final observations plus ``infos["final_info"]`` (a dict of info arrays), each with its
+    ``_final_obs`` / ``_final_info`` mask; the keys are present only on steps where an episode
+    ended). Infos always hold every info scalar of the schema as an (N,) array with an all-True
+    ``_name`` mask: same keys, dtypes and shapes on every step.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        num_envs: int | None = None,
+        *,
+        schema: Schema | str | Path | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        observation_bounds: Bounds | None = None,
+    ) -> None:
+        mode = AutoresetMode(autoreset_mode)
+        if mode == AutoresetMode.DISABLED:
+            raise AdapterError(
+                "RemoteVectorEnv needs server-side auto-reset: use AutoresetMode.NEXT_STEP or "
+                "SAME_STEP (or the Client for manual resets)"
+            )
+        wire = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
+        self.client = _connect(url, schema, timeout, wire)
+        try:
+            self.num_envs = check_num_envs(self.client, resolve_num_envs(num_envs))
+            self.fields = ResultFields(self.client)
+            space = self.client.spaces()
+            low, high = observation_bounds_of(self.client, observation_bounds)
+        except BaseException:
+            self.client.close()
+            raise
+        self.metadata = {"autoreset_mode": mode, "render_modes": []}
+        self.autoreset_mode = mode
+        self.single_observation_space = spaces.Box(
+            low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
+        )
+        self.single_action_space = spaces.Discrete(space.act_n)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._masks = np.ones((self.num_envs, space.act_n), dtype=bool)
+
+    def reset(
+        self,
+        *,
+        seed: int | list[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every env; ``seed=s`` gives env i the seed s + i (a list must be s, s+1, ...)."""
+        if isinstance(seed, list):
+            seed = _consecutive(seed)
+        if seed is not None:
+            self._np_random, self._np_random_seed = gymnasium.utils.seeding.np_random(seed)
+        view = self.client.reset(seed)
+        return self._observe(view), self._infos(view)
+
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        view = self.client.step(np.asarray(actions).reshape(self.num_envs))
+        fields = self.fields
+        rewards = np.array(view[fields.reward], dtype=np.float64)
+        terminated = fields.terminated_of(view)
+        truncated = fields.truncated_of(view)
+        infos = self._infos(view)
+        if self.autoreset_mode == AutoresetMode.SAME_STEP and self.client.finals:
+            self._add_finals(rewards, terminated, truncated, infos)
+        return self._observe(view), rewards, terminated, truncated, infos
+
+    def action_masks(self) -> np.ndarray:
+        """(N, act_n) bool: the legal actions of each env's current state."""
+        return self._masks.copy()
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.client.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _observe(self, view: StepView) -> np.ndarray:
+        if self.fields.mask is not None:
+            mask = view[self.fields.mask]
+            n = min(mask.shape[-1], self._masks.shape[1])
+            self._masks[:] = False
+            self._masks[:, :n] = mask.reshape(self.num_envs, -1)[:, :n]
+        return np.array(view[self.fields.observation], copy=True).reshape(self.num_envs, -1)
+
+    def _infos(self, view: StepView) -> dict[str, Any]:
+        infos: dict[str, Any] = {}
+        for name in self.fields.info:
+            infos[name] = np.array(view[name], copy=True).reshape(self.num_envs)
+            infos["_" + name] = np.ones(self.num_envs, dtype=bool)
+        return infos
+
+    def _add_finals(
+        self,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: dict[str, Any],
+    ) -> None:
+        fields = self.fields
+        ended = np.zeros(self.num_envs, dtype=bool)
+        obs_n = self.single_observation_space.shape or (0,)
+        final_obs = np.zeros((self.num_envs, *obs_n), dtype=fields.obs_dtype)
+        final_info: dict[str, Any] = {}
+        for name in fields.info:
+            final_info[name] = np.zeros_like(infos[name])
+        for index, final in self.client.finals:
+            ended[index] = True
+            rewards[index] = float(final[fields.reward])
+            terminated[index] = bool(fields.terminated_of(final))
+            truncated[index] = bool(fields.truncated_of(final))
+            final_obs[index] = final[fields.observation]
+            for name in fields.info:
+                final_info[name][index] = final[name]
+        for name in fields.info:
+            final_info["_" + name] = ended.copy()
+        infos["final_obs"], infos["_final_obs"] = final_obs, ended
+        infos["final_info"], infos["_final_info"] = final_info, ended.copy()
+
+
+def _consecutive(seeds: list[int | None]) -> int | None:
+    if all(s is None for s in seeds):
+        return None
+    first = seeds[0]
+    if first is None or any(s != first + i for i, s in enumerate(seeds)):
+        raise AdapterError(
+            f"the server seeds env i with seed + i: pass one int, or a list [s, s+1, ...] "
+            f"(got {seeds})"
+        )
+    return first

@@ -1,0 +1,195 @@
+"""PettingZoo adapter: ``RemoteAECEnv``, a turn-based multi-agent server as an AEC env.
+
+Install with ``pip install transport[pettingzoo]``. The server serves one env (a table) per
+connection on a schema whose result struct names the seat that acts next in an enum field
+(``agent``: the mahjong_env schema's ``AgentStep``, seed 003). Agents are the enum's value names
+in lower case (``player_0`` .. ``player_3``). Observations are dicts ``{"observation": float32
+array, "action_mask": int8 array}`` (PettingZoo's classic-env convention), copies.
+
+Rewards (the contract a turn-based server follows, see transport/envs/mahjong.py):
+
+- a result's ``reward`` belongs to the seat named in ``agent``;
+- the game is zero-sum at the end: on a terminal result (``terminated`` or ``truncated``) the
+  named seat gets ``reward`` and every other seat ``-reward / (n - 1)``; then every agent is
+  terminated (or truncated) and is stepped with ``None`` once, as PettingZoo requires.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv
+
+from transport.api import connect
+from transport.client import DEFAULT_TIMEOUT, StepView
+from transport.codec import Schema
+from transport.gym import AdapterError, Bounds, ResultFields, observation_bounds_of, resolve_url
+
+
+def _default_schema() -> Schema:
+    from transport.generated import mahjong_env
+
+    return mahjong_env.SCHEMA
+
+
+class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
+    """A remote turn-based game as a PettingZoo ``AECEnv``.
+
+    ``schema`` defaults to mahjong_env; ``agent_field`` names the result field (an enum) that
+    says which seat acts next. ``observe(agent)`` returns the last observation that agent was
+    shown (zeros before its first turn).
+    """
+
+    metadata: dict[str, Any] = {
+        "render_modes": [],
+        "name": "transport_remote_aec_v0",
+        "is_parallelizable": False,
+    }
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        schema: Schema | str | Path | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        agent_field: str = "agent",
+        observation_bounds: Bounds | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        codecs = _default_schema() if schema is None else schema
+        self.client = connect(resolve_url(url), codecs, timeout=timeout)
+        try:
+            if self.client.num_envs != 1:
+                raise AdapterError(
+                    f"{self.client.url} serves {self.client.num_envs} envs per connection; "
+                    "RemoteAECEnv plays one table: start the server with --num-envs 1"
+                )
+            self.fields = ResultFields(self.client)
+            if self.fields.mask is None:
+                raise AdapterError("RemoteAECEnv needs a result field with role action_mask")
+            result = self.client.schema.ir.structs[
+                self.client.schema.ir.messages["STEP_RESP"].body or ""
+            ]
+            field = next((f for f in result.fields if f.name == agent_field), None)
+            enum = self.client.schema.ir.enums.get(field.elem) if field is not None else None
+            if field is None or enum is None:
+                raise AdapterError(
+                    f"the result struct {result.name} needs an enum field {agent_field!r} "
+                    "naming the agent that acts next"
+                )
+            space = self.client.spaces()
+            low, high = observation_bounds_of(self.client, observation_bounds)
+        except BaseException:
+            self.client.close()
+            raise
+        self.agent_field = agent_field
+        by_value = sorted(enum.values.items(), key=lambda item: item[1])
+        self._names = {value: name.lower() for name, value in by_value}
+        self.possible_agents = [name.lower() for name, _ in by_value]
+        self.agents = self.possible_agents[:]
+        self.render_mode = render_mode
+        obs_space = spaces.Dict(
+            {
+                "observation": spaces.Box(
+                    low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
+                ),
+                "action_mask": spaces.Box(0, 1, (space.act_n,), dtype=np.int8),
+            }
+        )
+        self.observation_spaces = {agent: obs_space for agent in self.possible_agents}
+        self.action_spaces = {agent: spaces.Discrete(space.act_n) for agent in self.possible_agents}
+        self._act_n = space.act_n
+        self._obs_n = space.obs_n
+        self._observations: dict[str, dict[str, np.ndarray]] = {}
+        self.rewards = {agent: 0.0 for agent in self.agents}
+        self._cumulative_rewards = {agent: 0.0 for agent in self.agents}
+        self.terminations = {agent: False for agent in self.agents}
+        self.truncations = {agent: False for agent in self.agents}
+        self.infos: dict[str, dict[str, Any]] = {agent: {} for agent in self.agents}
+        self.agent_selection = self.possible_agents[0]
+
+    def observation_space(self, agent: str) -> spaces.Space[Any]:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space[Any]:
+        return self.action_spaces[agent]
+
+    def observe(self, agent: str) -> dict[str, np.ndarray]:
+        observation = self._observations.get(agent)
+        if observation is None:
+            observation = {
+                "observation": np.zeros(self._obs_n, dtype=self.fields.obs_dtype),
+                "action_mask": np.zeros(self._act_n, dtype=np.int8),
+            }
+        return {key: value.copy() for key, value in observation.items()}
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        view = self.client.reset(seed)
+        self.agents = self.possible_agents[:]
+        self.rewards = {agent: 0.0 for agent in self.agents}
+        self._cumulative_rewards = {agent: 0.0 for agent in self.agents}
+        self.terminations = {agent: False for agent in self.agents}
+        self.truncations = {agent: False for agent in self.agents}
+        self.infos = {agent: {} for agent in self.agents}
+        self._observations = {}
+        self._absorb(view)
+
+    def step(self, action: int | None) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if action is None:
+            raise ValueError(f"{agent} is alive: step it with an action, not None")
+        self._cumulative_rewards[agent] = 0.0
+        view = self.client.step(int(action))
+        self._absorb(view)
+
+    def action_mask(self, agent: str) -> np.ndarray:
+        """The legal actions of ``agent`` (int8; all zeros when it is not its turn)."""
+        if agent != self.agent_selection:
+            return np.zeros(self._act_n, dtype=np.int8)
+        return self.observe(agent)["action_mask"]
+
+    def render(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _absorb(self, view: StepView) -> None:
+        """Take a result: who acts next, what it sees, rewards, and the end of the game."""
+        fields = self.fields
+        value = int(view[self.agent_field])
+        agent = self._names.get(value)
+        if agent is None:
+            raise AdapterError(f"the server named agent {value}, not one of {self._names}")
+        mask = view[fields.mask or ""][: self._act_n].astype(np.int8)
+        self._observations[agent] = {
+            "observation": np.array(view[fields.observation], copy=True),
+            "action_mask": mask,
+        }
+        reward = float(view[fields.reward])
+        terminated = bool(fields.terminated_of(view))
+        truncated = bool(fields.truncated_of(view))
+        info = {name: view[name].item() for name in fields.info}
+        self.rewards = {a: 0.0 for a in self.agents}
+        self.rewards[agent] = reward
+        if terminated or truncated:
+            share = -reward / (len(self.agents) - 1) if len(self.agents) > 1 else 0.0
+            for other in self.agents:
+                if other != agent:
+                    self.rewards[other] = share
+                self.terminations[other] = terminated
+                self.truncations[other] = truncated and not terminated
+        self.infos[agent] = info
+        self._accumulate_rewards()
+        self.agent_selection = agent
+        if terminated or truncated:
+            self._deads_step_first()

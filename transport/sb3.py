@@ -1,0 +1,176 @@
+"""Stable-Baselines3 adapter: ``RemoteVecEnv``, N remote envs over one connection as a ``VecEnv``.
+
+Install with ``pip install transport[sb3]``. Same-step auto-reset on the server (SB3's contract):
+the step that ends an episode returns the reset observation, ``done=True``, the final reward,
+and ``infos[i]["terminal_observation"]`` (the final observation, from ``client.finals``);
+``infos[i]["TimeLimit.truncated"]`` is True when the episode was truncated, not terminated.
+``action_masks()`` and ``env_method("action_masks")`` give sb3-contrib's MaskablePPO the masks.
+
+Observations are copies (SB3 stores them in rollout buffers); use the ``Client`` for zero copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.vec_env.base_vec_env import (
+    VecEnv,
+    VecEnvIndices,
+    VecEnvObs,
+    VecEnvStepReturn,
+)
+
+from transport.api import connect
+from transport.client import DEFAULT_TIMEOUT
+from transport.codec import Schema
+from transport.gym import (
+    Bounds,
+    ResultFields,
+    check_num_envs,
+    observation_bounds_of,
+    resolve_num_envs,
+    resolve_url,
+)
+
+
+class RemoteVecEnv(VecEnv):
+    """An SB3 ``VecEnv`` over one connection: one batched message per ``step_wait``.
+
+    ``num_envs`` must match the server's number of envs (None: ``$TRANSPORT_NUM_ENVS`` or the
+    server's). ``seed(s)`` makes the next ``reset()`` give env i the seed s + i. Attributes set
+    with ``set_attr`` live on this side, per env index (there is no remote env object).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        num_envs: int | None = None,
+        *,
+        schema: Schema | str | Path | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        observation_bounds: Bounds | None = None,
+    ) -> None:
+        self.client = connect(resolve_url(url), schema, timeout=timeout, autoreset="same_step")
+        try:
+            n = check_num_envs(self.client, resolve_num_envs(num_envs))
+            self.fields = ResultFields(self.client)
+            space = self.client.spaces()
+            low, high = observation_bounds_of(self.client, observation_bounds)
+        except BaseException:
+            self.client.close()
+            raise
+        observation_space = spaces.Box(low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type)
+        self._actions: np.ndarray | None = None
+        self._masks = np.ones((n, space.act_n), dtype=bool)
+        self._attrs: dict[str, list[Any]] = {}
+        self._closed = False
+        super().__init__(n, observation_space, spaces.Discrete(space.act_n))
+
+    # -- the VecEnv API ------------------------------------------------------------------------
+
+    def reset(self) -> VecEnvObs:
+        seeds = self._seeds
+        seed = seeds[0] if seeds and seeds[0] is not None else None
+        if seed is not None and any(s != seed + i for i, s in enumerate(seeds)):
+            raise ValueError(f"the server seeds env i with seed + i; got seeds {seeds}")
+        view = self.client.reset(seed)
+        self._reset_seeds()
+        self._reset_options()
+        self.reset_infos = [self._info(view, i) for i in range(self.num_envs)]
+        return self._observe(view)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions).reshape(self.num_envs)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        if self._actions is None:
+            raise RuntimeError("step_wait() without step_async()")
+        actions, self._actions = self._actions, None
+        view = self.client.step(actions)
+        fields = self.fields
+        rewards = np.array(view[fields.reward], dtype=np.float32)
+        terminated = fields.terminated_of(view)
+        truncated = fields.truncated_of(view)
+        infos = [self._info(view, i) for i in range(self.num_envs)]
+        for index, final in self.client.finals:
+            rewards[index] = final[fields.reward]
+            terminated[index] = bool(fields.terminated_of(final))
+            truncated[index] = bool(fields.truncated_of(final))
+            info = infos[index]
+            info.update({name: final[name].item() for name in fields.info})
+            info["terminal_observation"] = np.array(final[fields.observation], copy=True)
+        dones = terminated | truncated
+        for i in np.flatnonzero(dones):
+            infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+        return self._observe(view), rewards, dones, infos
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.client.close()
+
+    def action_masks(self) -> np.ndarray:
+        """(N, act_n) bool: the legal actions of each env's current state."""
+        return self._masks.copy()
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        index = list(self._get_indices(indices))
+        if attr_name in self._attrs:
+            return [self._attrs[attr_name][i] for i in index]
+        if attr_name == "action_masks":
+            return [self._mask_getter(i) for i in index]
+        if attr_name in ("render_mode", "spec"):
+            return [None for _ in index]
+        if attr_name in ("observation_space", "action_space"):
+            return [getattr(self, attr_name) for _ in index]
+        raise AttributeError(f"remote envs have no attribute {attr_name!r}")
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        values = self._attrs.setdefault(attr_name, [None] * self.num_envs)
+        for i in self._get_indices(indices):
+            values[i] = value
+
+    def env_method(
+        self,
+        method_name: str,
+        *method_args: Any,
+        indices: VecEnvIndices = None,
+        **method_kwargs: Any,
+    ) -> list[Any]:
+        return [
+            method(*method_args, **method_kwargs) for method in self.get_attr(method_name, indices)
+        ]
+
+    def env_is_wrapped(
+        self,
+        wrapper_class: type[gymnasium.Wrapper[Any, Any, Any, Any]],
+        indices: VecEnvIndices = None,
+    ) -> list[bool]:
+        return [False for _ in self._get_indices(indices)]
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        return [None for _ in range(self.num_envs)]
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _mask_getter(self, index: int) -> Any:
+        return lambda: self._masks[index].copy()
+
+    def _observe(self, view: Any) -> np.ndarray:
+        if self.fields.mask is not None:
+            mask = view[self.fields.mask].reshape(self.num_envs, -1)
+            n = min(mask.shape[1], self._masks.shape[1])
+            self._masks[:] = False
+            self._masks[:, :n] = mask[:, :n]
+        return np.array(view[self.fields.observation], copy=True).reshape(self.num_envs, -1)
+
+    def _info(self, view: Any, index: int) -> dict[str, Any]:
+        return {
+            name: np.asarray(view[name]).reshape(self.num_envs)[index].item()
+            for name in self.fields.info
+        }
