@@ -178,8 +178,9 @@ def test_out_of_range_action_is_422_and_client_stays_usable(server: ServerProces
             client.step(-1)
         assert negative.value.code == ErrorCode.INVALID_ACTION
         assert client.health()
-    status, headers, body = post(server.url, "step", struct.pack("<i", 92),
-                                 {"X-Transport-Fingerprint": FP})
+    status, _headers, body = post(
+        server.url, "step", struct.pack("<i", 92), {"X-Transport-Fingerprint": FP}
+    )
     assert status == 422 and error_code(body) == ErrorCode.NOT_RESET  # fresh connection
 
 
