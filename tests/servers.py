@@ -25,6 +25,26 @@ def require_lang(lang: str) -> None:
         pytest.skip("the Node server is not built (run ./dev setup)")
 
 
+def stop_process(pid: int, timeout: float = 5.0) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads is stopped (the signal is
+    asynchronous: a thread may still answer a request right after ``kill`` returns)."""
+    import time
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
+
+
 def unique_unix_url() -> str:
     return f"unix://{tempfile.gettempdir()}/transport-test-{uuid.uuid4().hex[:12]}.sock"
 

@@ -35,7 +35,7 @@ from transport.generated import pac_env
 from transport.protocol import ErrorCode, MessageIds
 from transport.schema import compile_schema
 
-from .servers import ROOT, ServerProcess, require_lang
+from .servers import ROOT, ServerProcess, require_lang, stop_process
 
 IDS = MessageIds.from_schema(pac_env.SCHEMA.ir)
 FP = f"{pac_env.SCHEMA.fingerprint:016x}"
@@ -382,8 +382,7 @@ def test_silent_server_times_out() -> None:
     with node_server(env="echo") as proc:
         client = api.connect(proc.url, timeout=0.5)
         client.reset()
-        os.kill(proc.proc.pid, signal.SIGSTOP)
-        wait_stopped(proc.proc.pid)
+        stop_process(proc.proc.pid)
         try:
             started = time.monotonic()
             with pytest.raises(TransportTimeoutError):
@@ -392,23 +391,6 @@ def test_silent_server_times_out() -> None:
         finally:
             os.kill(proc.proc.pid, signal.SIGCONT)
             client.close()
-
-
-def wait_stopped(pid: int) -> None:
-    """Every thread stopped: SIGSTOP wakes one thread, which stops the others a moment later."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/status") as status:
-                    states.append(next(line for line in status if line.startswith("State:")))
-            except (FileNotFoundError, StopIteration):
-                continue
-        if all(state.split()[1] in ("T", "t") for state in states):
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"process {pid} did not stop")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

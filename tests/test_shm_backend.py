@@ -36,7 +36,7 @@ from transport.protocol import ErrorCode
 from transport.schema import compile_schema
 from transport.shm import CONTROL_SIZE, MAGIC, SLOT_SIZE, RegionState, own_start_time, region_size
 
-from .servers import ROOT, ServerProcess, unique_url
+from .servers import ROOT, ServerProcess, stop_process, unique_url
 
 N = 4
 
@@ -343,7 +343,7 @@ def test_silent_server_times_out() -> None:
     with ServerProcess(unique_shm_url(1), env="echo") as proc:
         client = api.connect(proc.url, timeout=0.5)
         client.reset()
-        os.kill(proc.proc.pid, signal.SIGSTOP)
+        stop_process(proc.proc.pid)
         try:
             started = time.monotonic()
             with pytest.raises(TransportTimeoutError):

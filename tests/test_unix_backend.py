@@ -26,7 +26,7 @@ from transport.generated import pac_env
 from transport.protocol import HEADER, ErrorCode, MessageIds, encode_hello
 from transport.schema import compile_schema
 
-from .servers import LANGS, ROOT, ServerProcess, require_lang, unique_unix_url
+from .servers import LANGS, ROOT, ServerProcess, require_lang, stop_process, unique_unix_url
 
 IDS = MessageIds.from_schema(pac_env.SCHEMA.ir)
 
@@ -57,17 +57,6 @@ def read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
 
 def error_code(body: bytes) -> int:
     return int(struct.unpack_from("<H", body, 0)[0])
-
-
-def wait_stopped(pid: int, timeout: float = 5.0) -> None:
-    """SIGSTOP is asynchronous: wait until /proc shows the process stopped."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            if stat_file.read().rpartition(")")[2].split()[0] in ("T", "t"):
-                return
-        time.sleep(0.005)
-    raise AssertionError(f"process {pid} did not stop")
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -196,8 +185,7 @@ def test_silent_server_times_out(lang: str) -> None:
     with ServerProcess(unique_unix_url(), env="echo", lang=lang) as proc:
         client = api.connect(proc.url, timeout=0.5)
         client.reset()
-        os.kill(proc.proc.pid, signal.SIGSTOP)
-        wait_stopped(proc.proc.pid)
+        stop_process(proc.proc.pid)
         try:
             started = time.monotonic()
             with pytest.raises(TransportTimeoutError):

@@ -37,7 +37,7 @@ from transport.generated import pac_env
 from transport.protocol import HEADER, ErrorCode, MessageIds, encode_hello
 from transport.schema import compile_schema
 
-from .servers import ROOT, ServerProcess, free_port, unique_unix_url
+from .servers import ROOT, ServerProcess, free_port, stop_process, unique_unix_url
 from .test_trace_equality import GAMES, play
 
 IDS = MessageIds.from_schema(pac_env.SCHEMA.ir)
@@ -83,18 +83,6 @@ class Raw:
     def close(self) -> None:
         self.sock.close(0)
         self.ctx.term()
-
-
-def stop_process(pid: int) -> None:
-    """SIGSTOP, then wait until the kernel shows it stopped (kill() returns before that)."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            if stat_file.read().rpartition(")")[2].split()[0] in ("T", "t"):
-                return
-        time.sleep(0.005)
-    raise AssertionError(f"process {pid} did not stop")
 
 
 def error_code(body: bytes) -> int:
