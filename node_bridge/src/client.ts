@@ -19,14 +19,21 @@ import type { Spaces } from "./env";
 import { ProtocolError, TransportError } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
+  AUTORESET_MASK,
+  AutoReset,
+  type AutoResetName,
   BODY_OFFSET,
   DEFAULT_MAX_BODY,
+  FINAL_COUNT_SIZE,
   type MessageIds,
+  autoresetName,
   checkHello,
   decodeError,
   decodeHello,
   encodeHello,
   messageIds,
+  readU32,
+  toAutoReset,
 } from "./protocol";
 import type { Channel } from "./stream";
 
@@ -39,6 +46,13 @@ export interface ConnectOptions {
   readonly maxBody?: number;
   /** Schema (default: the reference pac_env). */
   readonly schema?: SchemaModule;
+  /**
+   * Who resets an env whose episode ended (docs/protocol.md, "Auto-reset"): "disabled" (the
+   * client sends a reset; default), "next_step" (the next step of a done env resets it) or
+   * "same_step" (the step that ends an episode resets at once; `client.finals` carries the
+   * final results).
+   */
+  readonly autoreset?: AutoReset | AutoResetName;
 }
 
 export interface ResultOptions {
@@ -46,8 +60,11 @@ export interface ResultOptions {
   readonly copy?: boolean;
 }
 
-type View = pac_env.StepResultView;
-type Value = pac_env.StepResult;
+/** A SAME_STEP final result: the env whose episode ended and its owned, decoded result. */
+export interface Final<T = pac_env.StepResult> {
+  readonly index: number;
+  readonly result: T;
+}
 
 function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
   const body = schema.messages[message]?.body;
@@ -59,9 +76,13 @@ function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
 }
 
 /** HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map. */
-export async function handshake(channel: Channel, schema: SchemaModule): Promise<Record<string, unknown>> {
+export async function handshake(
+  channel: Channel,
+  schema: SchemaModule,
+  autoreset: AutoReset = AutoReset.DISABLED,
+): Promise<Record<string, unknown>> {
   const ids = messageIds(schema);
-  const type = await channel.request(ids.HELLO_REQ, encodeHello(schema.fingerprint));
+  const type = await channel.request(ids.HELLO_REQ, encodeHello(schema.fingerprint, undefined, autoreset));
   const body = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
   if (type === ids.ERROR) throw decodeError(body);
   if (type !== ids.HELLO_RESP) {
@@ -69,17 +90,32 @@ export async function handshake(channel: Channel, schema: SchemaModule): Promise
   }
   const hello = decodeHello(body);
   checkHello(hello, schema.fingerprint, "server");
-  return hello.info;
+  if ((hello.flags & AUTORESET_MASK) !== autoreset) {
+    throw new ProtocolError(
+      `server answered auto-reset mode ${hello.flags & AUTORESET_MASK}, asked ${autoreset}`,
+    );
+  }
+  return { ...hello.info, autoreset: autoresetName(autoreset) };
 }
 
-/** A connection to an env server. Call `close()` when done. */
-export class Client {
+/**
+ * A connection to an env server. Call `close()` when done. `View` and `Value` are the result
+ * struct's view and value types of the schema (pac_env's by default).
+ */
+export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly channel: Channel;
   readonly schema: SchemaModule;
   readonly url: string;
   readonly ids: MessageIds;
   readonly numEnvs: number;
   readonly serverInfo: Readonly<Record<string, unknown>>;
+  /** The auto-reset mode of this session (from the handshake). */
+  readonly autoreset: AutoReset;
+  /**
+   * SAME_STEP auto-reset: the env index and owned final result of each episode that ended in
+   * the last step; the step's own result holds the reset result for those envs. Empty otherwise.
+   */
+  finals: Final<Value>[] = [];
   readonly #result: AnyStructCodec;
   readonly #resultSize: number;
   readonly #request: Buffer;
@@ -101,6 +137,7 @@ export class Client {
     const n = Number(channel.info.num_envs ?? 1);
     this.numEnvs = Number.isInteger(n) && n >= 1 ? n : 1;
     this.serverInfo = { ...channel.info };
+    this.autoreset = toAutoReset(String(channel.info.autoreset ?? "disabled"));
     this.#result = bodyCodec(schema, "STEP_RESP");
     this.#resultSize = this.#result.size;
     const step = bodyCodec(schema, "STEP_REQ");
@@ -187,9 +224,36 @@ export class Client {
     }
     const expected = this.#expected.get(expect);
     if (expected !== undefined && channel.bodyLength !== expected) {
-      throw new ProtocolError(`response 0x${hex(type)} has ${channel.bodyLength} bytes, expected ${expected}`);
+      if (this.autoreset !== AutoReset.SAME_STEP || expect === this.ids.RESET_RESP) {
+        throw new ProtocolError(`response 0x${hex(type)} has ${channel.bodyLength} bytes, expected ${expected}`);
+      }
+      this.#readFinals(resp, expected);
+    } else if (this.finals.length) {
+      this.finals = [];
     }
     return resp;
+  }
+
+  /** Parse the SAME_STEP tail: u32 count, then (u32 env index, final result) each. */
+  #readFinals(resp: Buffer, resultsLength: number): void {
+    const size = this.#resultSize;
+    if (resp.byteLength < resultsLength + FINAL_COUNT_SIZE) {
+      throw new ProtocolError(`step response of ${resp.byteLength} bytes lacks its final tail`);
+    }
+    const count = readU32(resp, resultsLength);
+    if (
+      count > this.numEnvs ||
+      resp.byteLength !== resultsLength + FINAL_COUNT_SIZE + count * (FINAL_COUNT_SIZE + size)
+    ) {
+      throw new ProtocolError(`final tail says ${count} results; body is ${resp.byteLength} bytes`);
+    }
+    const finals: Final<Value>[] = [];
+    for (let k = 0; k < count; k++) {
+      const start = resultsLength + FINAL_COUNT_SIZE + k * (FINAL_COUNT_SIZE + size);
+      const index = readU32(resp, start);
+      finals.push({ index, result: this.#result.decode(resp, start + FINAL_COUNT_SIZE, false) as Value });
+    }
+    this.finals = finals;
   }
 
   #results(count: number, copy: boolean): View | View[] | Value | Value[] {
@@ -229,8 +293,12 @@ function hex(value: number): string {
  * (connecting, each request): a dead server is `PeerGoneError`, a silent one
  * `TransportTimeoutError`, nothing listening `ConnectError`.
  */
-export async function connect(url: string, options: ConnectOptions = {}): Promise<Client> {
+export async function connect<View = pac_env.StepResultView, Value = pac_env.StepResult>(
+  url: string,
+  options: ConnectOptions = {},
+): Promise<Client<View, Value>> {
   const schema = options.schema ?? pac_env.SCHEMA;
+  const autoreset = toAutoReset(options.autoreset ?? AutoReset.DISABLED);
   const backend: Backend = await backendFor(url);
   const channel = await backend.openChannel(url, {
     timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
@@ -238,10 +306,10 @@ export async function connect(url: string, options: ConnectOptions = {}): Promis
     schema,
   });
   try {
-    channel.info = await handshake(channel, schema);
+    channel.info = await handshake(channel, schema, autoreset);
   } catch (error) {
     channel.close();
     throw error;
   }
-  return new Client(channel, schema, url);
+  return new Client<View, Value>(channel, schema, url);
 }

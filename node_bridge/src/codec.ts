@@ -40,6 +40,13 @@ export interface StructCodec<T, TInput = T, TView = unknown> {
   encode(value: TInput): Uint8Array;
   /** Validate `value`, then write its canonical bytes at `buf[offset, offset + size)`. */
   encodeInto(value: TInput, buf: Uint8Array, offset?: number): void;
+  /**
+   * The fast path for values already known to be well-formed (a server's own env output): zero
+   * `buf[offset, offset + size)` and write `value` without validating it. A value of the wrong
+   * shape writes wrong bytes or throws a TypeError, never a `CodecError`. Like `encodeInto`, it
+   * allocates nothing when called again with the same buffer.
+   */
+  writeInto(value: TInput, buf: Uint8Array, offset?: number): void;
   /** Decode owned values (typed arrays are copies). `strict` (default true) checks the bytes. */
   decode(buf: Uint8Array, offset?: number, strict?: boolean): T;
   /**
@@ -90,6 +97,17 @@ export function defineStruct<T, TInput, TView>(
   const { name, size } = layout;
   const attach = (error: unknown): unknown =>
     error instanceof CodecError ? error.withStruct(name) : error;
+  // The DataView of the last buffer written: encoding into the same buffer again (a server's
+  // response buffer) allocates nothing.
+  let lastBuf: Uint8Array | null = null;
+  let lastView: DataView | null = null;
+  const viewOf = (buf: Uint8Array): DataView => {
+    if (buf !== lastBuf || lastView === null) {
+      lastBuf = buf;
+      lastView = dataViewOf(buf);
+    }
+    return lastView;
+  };
   return {
     name,
     size,
@@ -106,7 +124,16 @@ export function defineStruct<T, TInput, TView>(
         throw attach(error);
       }
       buf.fill(0, offset, offset + size);
-      layout.writeAt(dataViewOf(buf), offset, value);
+      layout.writeAt(viewOf(buf), offset, value);
+    },
+    writeInto(value: TInput, buf: Uint8Array, offset = 0): void {
+      try {
+        requireRoom(buf, offset, size);
+      } catch (error) {
+        throw attach(error);
+      }
+      buf.fill(0, offset, offset + size);
+      layout.writeAt(viewOf(buf), offset, value);
     },
     decode(buf: Uint8Array, offset = 0, strict = true): T {
       const dv = dataViewOf(buf);
@@ -233,9 +260,10 @@ export function rejectUnknownFields(
   known: ReadonlySet<string>,
   path: string,
 ): void {
-  const names = Object.keys(fields);
-  if (names.length === known.size) return; // every known field is present, so no extras
-  const extra = names.filter((name) => !known.has(name)).sort();
+  let count = 0; // counted without allocating (Object.keys would, on every encode)
+  for (const name in fields) if (Object.prototype.hasOwnProperty.call(fields, name)) count++;
+  if (count === known.size) return; // every known field is present, so no extras
+  const extra = Object.keys(fields).filter((name) => !known.has(name)).sort();
   if (extra.length > 0) {
     throw new UnknownFieldError(`not a field of this struct: ${extra.join(", ")}`, path + extra[0]);
   }
@@ -495,6 +523,30 @@ const ELEMENT_WRITERS: Readonly<Record<NumericType, ElementWriter>> = {
   f64: setF64,
 };
 
+// Byte views of source arrays and target DataViews, built once each: an env that returns the
+// same typed arrays every step (mutated in place) is copied into the same response buffer with
+// no allocation. Weak keys: the views go away with their arrays.
+const SOURCE_BYTES = new WeakMap<ArrayBufferView, Uint8Array>();
+const TARGET_BYTES = new WeakMap<DataView, Uint8Array>();
+
+function bytesOfSource(source: ArrayBufferView): Uint8Array {
+  let bytes = SOURCE_BYTES.get(source);
+  if (bytes === undefined) {
+    bytes = new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
+    SOURCE_BYTES.set(source, bytes);
+  }
+  return bytes;
+}
+
+function bytesOfTarget(dv: DataView): Uint8Array {
+  let bytes = TARGET_BYTES.get(dv);
+  if (bytes === undefined) {
+    bytes = new Uint8Array(dv.buffer, dv.byteOffset, dv.byteLength);
+    TARGET_BYTES.set(dv, bytes);
+  }
+  return bytes;
+}
+
 /** Write `count` validated numbers; a typed array of the field's own type is copied in bulk. */
 export function writeArray(
   dv: DataView,
@@ -506,8 +558,9 @@ export function writeArray(
   const size = TYPED_ARRAYS[type].BYTES_PER_ELEMENT;
   if (LITTLE_ENDIAN_HOST && values instanceof TYPED_ARRAYS[type]) {
     const source = values as ArrayBufferView;
-    const bytes = new Uint8Array(source.buffer, source.byteOffset, count * size);
-    new Uint8Array(dv.buffer, dv.byteOffset + at, count * size).set(bytes);
+    const bytes = bytesOfSource(source);
+    const length = count * size;
+    bytesOfTarget(dv).set(bytes.byteLength === length ? bytes : bytes.subarray(0, length), at);
     if (type === "f32" || type === "f64") {
       const write = ELEMENT_WRITERS[type];
       for (let i = 0; i < count; i++) {

@@ -34,6 +34,47 @@ export const HELLO_SIZE = 12;
 export const ERROR_HEAD_SIZE = 4;
 export const MAX_ERROR_TEXT = 0xffff;
 
+/**
+ * Who resets an env whose episode ended (docs/protocol.md, "Auto-reset"): HELLO_REQ flags bits
+ * 0-1, echoed by HELLO_RESP and named in its info tail (`"autoreset": "next_step"`).
+ *
+ * DISABLED: the client sends a reset (a step on a done env is NOT_RESET).
+ * NEXT_STEP: the next step of a done env ignores its action and resets it (gymnasium 1.x).
+ * SAME_STEP: the step that ends an episode resets the env at once; the response carries the
+ * reset result in place and the final result in a tail (SB3 VecEnv).
+ */
+export const AutoReset = {
+  DISABLED: 0,
+  NEXT_STEP: 1,
+  SAME_STEP: 2,
+} as const;
+export type AutoReset = (typeof AutoReset)[keyof typeof AutoReset];
+export type AutoResetName = "disabled" | "next_step" | "same_step";
+
+/** The HELLO flags bits that carry the auto-reset mode. */
+export const AUTORESET_MASK = 0x3;
+/** Size of the SAME_STEP tail's count and of each final's env index (u32 each). */
+export const FINAL_COUNT_SIZE = 4;
+
+const AUTORESET_NAMES: readonly AutoResetName[] = ["disabled", "next_step", "same_step"];
+
+/** "disabled" | "next_step" | "same_step" (the HELLO_RESP info value). */
+export function autoresetName(mode: AutoReset): AutoResetName {
+  return AUTORESET_NAMES[mode] as AutoResetName;
+}
+
+/** A mode from its name (any case) or number; throws a TypeError for anything else. */
+export function toAutoReset(mode: AutoReset | AutoResetName | string | number): AutoReset {
+  const index =
+    typeof mode === "number" ? mode : AUTORESET_NAMES.indexOf(mode.toLowerCase() as AutoResetName);
+  if (!Number.isInteger(index) || index < 0 || index >= AUTORESET_NAMES.length) {
+    throw new TypeError(
+      `unknown auto-reset mode ${JSON.stringify(mode)} (choose from ${AUTORESET_NAMES.join(", ")})`,
+    );
+  }
+  return index as AutoReset;
+}
+
 /** ERROR message codes (docs/protocol.md). */
 export const ErrorCode = {
   BAD_FRAME: 1,

@@ -23,8 +23,17 @@ export interface ServeOptions {
   readonly maxBody?: number;
   /** http: allow a non-loopback bind. */
   readonly allowRemote?: boolean;
-  /** Schema (default: the reference pac_env). */
+  /**
+   * Schema (default: the reference pac_env): any generated module that declares the protocol
+   * messages by name, with an integer `action` role in the STEP_REQ body and the result struct
+   * as the STEP_RESP body (see session.ts).
+   */
   readonly schema?: SchemaModule;
+  /**
+   * Validate every env result against the schema (default true); false writes results
+   * unchecked, for envs whose output is well-formed by construction.
+   */
+  readonly validate?: boolean;
 }
 
 /** A running server. */
@@ -54,6 +63,7 @@ export async function serve(
     seed: options.seed ?? null,
     serverLang: "node",
     ...(options.schema ? { schema: options.schema } : {}),
+    ...(options.validate !== undefined ? { validate: options.validate } : {}),
   });
   sessions(); // fail now, not on the first connection, when the env or factory is broken
   const backend = await backendFor(url);

@@ -5,10 +5,26 @@
  * calls `handle(msgType, buf, offset, length)`, which answers into one preallocated response
  * buffer: the header at HEADER_OFFSET (7..15) and the body at BODY_OFFSET (16), so a stream
  * backend writes `frame()` in one call. Step results are encoded straight into that buffer at
- * `BODY_OFFSET + i * size` (the StepResult codec's `encodeInto`): a steady-state step allocates
- * no result bytes. The checks, their order and their error codes are Python's: HELLO first,
- * then per message the body size, the batch size, and per env "reset first", "done: reset
- * first", the action range and the action mask, all before any env steps.
+ * `BODY_OFFSET + i * size` (the result codec's `encodeInto`, or `writeInto` with
+ * `validate: false`): a steady-state step allocates no result bytes. The checks, their order and
+ * their error codes are Python's: HELLO first, then per message the body size, the batch size,
+ * and per env "reset first", "done: reset first", the action range and the action mask, all
+ * before any env steps.
+ *
+ * Schema-generic: any generated schema module that declares the protocol messages by name
+ * (`messageIds`), whose STEP_REQ body has an integer field with role "action" and whose
+ * STEP_RESP body is the result struct (roles `action_mask`, `done` or `terminated`, both
+ * optional) can be served; the default is pac_env.
+ *
+ * Auto-reset (docs/protocol.md): the mode the client asks for in HELLO_REQ flags holds for the
+ * session. NEXT_STEP ignores the action of a done env and resets it; SAME_STEP resets an env
+ * whose step ended its episode at once and appends the final results as a tail
+ * (`u32 k`, k x (`u32 env index`, result)).
+ *
+ * Env errors (transport/server.py `_recover`): an env that throws in reset or step is answered
+ * with ERROR ENV_ERROR, text `env {i}: <Name>: <message> (<fate>)` (several failures joined by
+ * "; "); that env is reset, or recreated from the factory when its reset throws too, or left
+ * needing a reset; the other envs of the request did step (or reset).
  */
 
 import type { AnyStructCodec, SchemaModule } from "./codec";
@@ -17,18 +33,23 @@ import { CodecError, ProtocolError, TransportError } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import type { FieldJson } from "./ir";
 import {
+  AUTORESET_MASK,
+  AutoReset,
   BODY_OFFSET,
   CLOSING_ERRORS,
   ErrorCode,
+  FINAL_COUNT_SIZE,
   HEADER_OFFSET,
   type MessageIds,
   RequestError,
+  autoresetName,
   checkHello,
   decodeHello,
   encodeError,
   encodeHello,
   messageIds,
   packHeader,
+  writeU32,
 } from "./protocol";
 import { FingerprintMismatchError, VersionMismatchError } from "./errors";
 
@@ -42,6 +63,14 @@ export interface SessionOptions {
   readonly seed?: bigint | number | null;
   /** "node" (the HELLO_RESP info's `server`). */
   readonly serverLang?: string;
+  /**
+   * Check every env result against the schema before writing it (default true): a bad value
+   * is ENV_ERROR "returned bad values". false writes results unchecked (the codec's
+   * `writeInto`), for envs whose output is well-formed by construction.
+   */
+  readonly validate?: boolean;
+  /** Recreates an env whose reset fails after it threw (a server with an env factory). */
+  readonly factory?: () => Env<unknown>;
 }
 
 type AnyEnv = Env<unknown>;
@@ -71,9 +100,11 @@ function firstField(schema: SchemaModule, struct: string, index = 0): FieldJson 
   return field;
 }
 
-function elementType(field: FieldJson): string {
+/** A field's element type, enums resolved to their integer type ("i32" for "i32[8]"). */
+function elementType(schema: SchemaModule, field: FieldJson): string {
   const bracket = field.type.indexOf("[");
-  return bracket < 0 ? field.type : field.type.slice(0, bracket);
+  const type = bracket < 0 ? field.type : field.type.slice(0, bracket);
+  return schema.ir.enums[type]?.type ?? type;
 }
 
 type Reader = (dv: DataView, at: number) => number;
@@ -92,30 +123,63 @@ const READERS: Readonly<Record<string, Reader>> = {
   i64: (dv, at) => Number(dv.getBigInt64(at, true)),
 };
 
-function readerOf(field: FieldJson): { read: Reader; size: number } {
-  const type = elementType(field);
+function readerOf(schema: SchemaModule, field: FieldJson): { read: Reader; size: number } {
+  const type = elementType(schema, field);
   const read = READERS[type];
   if (read === undefined) throw new ProtocolError(`field ${field.name} has non-scalar type ${type}`);
   return { read, size: field.size / field.count };
 }
 
+/** An action's integer type: byte size and signedness (actions are read byte by byte). */
+interface ActionType {
+  readonly size: 1 | 2 | 4;
+  readonly signed: boolean;
+}
+
+const ACTION_TYPES: Readonly<Record<string, ActionType>> = {
+  i8: { size: 1, signed: true },
+  u8: { size: 1, signed: false },
+  i16: { size: 2, signed: true },
+  u16: { size: 2, signed: false },
+  i32: { size: 4, signed: true },
+  u32: { size: 4, signed: false },
+};
+
+function actionTypeOf(schema: SchemaModule, field: FieldJson, what: string): ActionType {
+  const type = elementType(schema, field);
+  const found = ACTION_TYPES[type];
+  if (found === undefined) {
+    throw new ProtocolError(`the ${what} field ${field.name} has type ${type}: actions must be 8-32 bit integers`);
+  }
+  return found;
+}
+
+/** Python's `format_exception_only`: "Name: message". */
 function describeError(error: unknown): string {
   if (error instanceof Error) return `${error.name}: ${error.message}`;
   return String(error);
 }
 
+/** A failure of one env during a request: its index and what it threw. */
+type Failure = readonly [index: number, error: unknown];
+
 /** One client's conversation with a server: HELLO, then requests answered in place. */
 export class Session {
   readonly schema: SchemaModule;
   readonly ids: MessageIds;
-  readonly envs: readonly AnyEnv[];
+  /** The envs of this session; an env that threw and could not be reset may be replaced. */
+  readonly envs: AnyEnv[];
   readonly numEnvs: number;
   readonly spaces: Spaces;
+  /** The HELLO_RESP info map before the auto-reset mode is added (key order is Python's). */
   readonly info: Record<string, unknown>;
   readonly firstSeed: bigint | null;
+  readonly factory: (() => AnyEnv) | null;
   helloDone = false;
   /** Set when the connection must be closed after sending the current response. */
   closing = false;
+  /** The auto-reset mode the client asked for in HELLO (disabled until then). */
+  autoreset: AutoReset = AutoReset.DISABLED;
   /** The response buffer: header at 7..15, body at 16. Replaced by `detachBuffer()`. */
   buffer: Buffer;
   /** Length of the current response body (at BODY_OFFSET). */
@@ -123,8 +187,11 @@ export class Session {
 
   readonly #result: AnyStructCodec;
   readonly #resultSize: number;
+  readonly #validate: boolean;
+  readonly #action: ActionType;
   readonly #actionAt: number;
   readonly #stepRequestSize: number;
+  readonly #multi: ActionType;
   readonly #multiSize: number;
   readonly #multiAt: number;
   readonly #seedAt: number;
@@ -136,8 +203,9 @@ export class Session {
   readonly #masks: Uint8Array;
   readonly #isDone: Uint8Array;
   readonly #wasReset: Uint8Array;
-  readonly #actions: Int32Array;
-  readonly #hello: Buffer;
+  readonly #actions: Float64Array; // exact for every 8-32 bit action type
+  /** How many final results the current SAME_STEP response carries. */
+  #finals = 0;
   #frames = new Map<number, Buffer>();
   #bodies = new Map<number, Buffer>();
   #dv: DataView;
@@ -147,8 +215,9 @@ export class Session {
     const schema = options.schema ?? pac_env.SCHEMA;
     this.schema = schema;
     this.ids = messageIds(schema);
-    this.envs = envs;
+    this.envs = [...envs];
     this.numEnvs = envs.length;
+    this.factory = options.factory ?? null;
     const seed = options.seed;
     this.firstSeed = seed === undefined || seed === null ? null : BigInt(seed);
     this.info = {
@@ -156,20 +225,23 @@ export class Session {
       env: options.envName ?? "",
       server: options.serverLang ?? "node",
     };
-    this.#hello = encodeHello(schema.fingerprint, this.info);
+    this.#validate = options.validate ?? true;
 
     this.#result = bodyCodec(schema, "STEP_RESP");
     this.#resultSize = this.#result.size;
     const stepRequest = bodyCodec(schema, "STEP_REQ");
     const action = fieldWithRole(schema, stepRequest.name, "action");
-    if (action === null || elementType(action) !== "i32") {
-      throw new ProtocolError("the STEP_REQ body struct has no i32 field with role 'action'");
+    if (action === null) {
+      throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
     }
+    this.#action = actionTypeOf(schema, action, "STEP_REQ action");
     this.#actionAt = action.offset;
     this.#stepRequestSize = stepRequest.size;
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
+    const multiField = firstField(schema, multi.name);
+    this.#multi = actionTypeOf(schema, multiField, "STEP_MULTI_REQ");
     this.#multiSize = multi.size;
-    this.#multiAt = firstField(schema, multi.name).offset;
+    this.#multiAt = multiField.offset;
     const reset = bodyCodec(schema, "RESET_SEED_REQ");
     this.#seedAt = firstField(schema, reset.name).offset;
     this.#seedSize = reset.size;
@@ -180,20 +252,27 @@ export class Session {
     ];
 
     this.spaces = envs[0]!.spaces();
-    const actN = this.spaces.actN;
+    // as in Python, the mask is checked for actions below its length (normally act_n)
     const maskField = fieldWithRole(schema, this.#result.name, "action_mask");
-    this.#mask =
-      maskField && maskField.count === actN
-        ? { at: maskField.offset, ...readerOf(maskField), count: maskField.count }
-        : null;
+    this.#mask = maskField
+      ? { at: maskField.offset, ...readerOf(schema, maskField), count: maskField.count }
+      : null;
     const doneField = fieldWithRole(schema, this.#result.name, "done", "terminated");
-    this.#done = doneField ? { at: doneField.offset, read: readerOf(doneField).read } : null;
-    this.#masks = new Uint8Array(this.numEnvs * actN).fill(1);
+    this.#done = doneField ? { at: doneField.offset, read: readerOf(schema, doneField).read } : null;
+    this.#masks = new Uint8Array(this.numEnvs * (this.#mask?.count ?? 0));
     this.#isDone = new Uint8Array(this.numEnvs);
     this.#wasReset = new Uint8Array(this.numEnvs);
-    this.#actions = new Int32Array(Math.max(this.numEnvs, 8));
+    this.#actions = new Float64Array(Math.max(this.numEnvs, 8));
 
-    this.buffer = Buffer.alloc(BODY_OFFSET + Math.max(this.numEnvs, 8) * this.#resultSize + 4096);
+    // results (8 at least: STEP_MULTI), then the SAME_STEP tail: u32 k, k x (u32 index, result)
+    const size = this.#resultSize;
+    this.buffer = Buffer.alloc(
+      BODY_OFFSET +
+        Math.max(this.numEnvs, 8) * size +
+        FINAL_COUNT_SIZE +
+        this.numEnvs * (FINAL_COUNT_SIZE + size) +
+        1024,
+    );
     this.#dv = new DataView(this.buffer.buffer, this.buffer.byteOffset, this.buffer.byteLength);
   }
 
@@ -244,7 +323,8 @@ export class Session {
       }
     } catch (error) {
       if (error instanceof RequestError) return this.error(error.code, error.text);
-      return this.error(ErrorCode.ENV_ERROR, describeError(error)); // an env bug must not kill us
+      // a bug must not take the server down (env errors are recovered: #recover)
+      return this.error(ErrorCode.INTERNAL, describeError(error));
     }
   }
 
@@ -291,9 +371,10 @@ export class Session {
     this.#bodies = new Map();
   }
 
-  /** Hello body this server answers with (own Hello + msgpack info). */
-  helloBody(): Buffer {
-    return this.#hello;
+  /** The HELLO_RESP body for an auto-reset mode: own Hello (flags = mode) + msgpack info. */
+  helloBody(mode: AutoReset = this.autoreset): Buffer {
+    // the same keys in the same order as Python: num_envs, env, server, autoreset
+    return encodeHello(this.schema.fingerprint, { ...this.info, autoreset: autoresetName(mode) }, mode);
   }
 
   // -- requests --------------------------------------------------------------------------------
@@ -307,9 +388,11 @@ export class Session {
   }
 
   #helloRequest(buf: Uint8Array, offset: number, length: number): number {
+    let flags: number;
     try {
       const hello = decodeHello(buf.subarray(offset, offset + length));
       checkHello(hello, this.schema.fingerprint, "client");
+      flags = hello.flags;
     } catch (error) {
       if (error instanceof FingerprintMismatchError) {
         return this.error(ErrorCode.FINGERPRINT_MISMATCH, error.message);
@@ -320,8 +403,13 @@ export class Session {
       if (error instanceof ProtocolError) return this.error(ErrorCode.BAD_FRAME, error.message);
       throw error;
     }
+    const mode = flags & AUTORESET_MASK;
+    if (mode > AutoReset.SAME_STEP) {
+      return this.error(ErrorCode.BAD_FRAME, `unknown auto-reset mode in flags ${flags}`);
+    }
+    this.autoreset = mode as AutoReset;
     this.helloDone = true;
-    this.#setBody(this.#hello);
+    this.#setBody(this.helloBody());
     return this.ids.HELLO_RESP;
   }
 
@@ -334,18 +422,23 @@ export class Session {
     }
   }
 
+  /** Encode env `index`'s result into its slot and remember its mask and done flag. */
   #write(index: number, output: unknown): void {
     const at = BODY_OFFSET + index * this.#resultSize;
-    try {
-      this.#result.encodeInto(output, this.buffer, at);
-    } catch (error) {
-      if (error instanceof CodecError) {
-        throw new RequestError(
-          ErrorCode.ENV_ERROR,
-          `env ${index} returned bad values: ${error.message}`,
-        );
+    if (this.#validate) {
+      try {
+        this.#result.encodeInto(output, this.buffer, at);
+      } catch (error) {
+        if (error instanceof CodecError) {
+          throw new RequestError(
+            ErrorCode.ENV_ERROR,
+            `env ${index}: returned bad values: ${error.message}`,
+          );
+        }
+        throw error;
       }
-      throw error;
+    } else {
+      this.#result.writeInto(output, this.buffer, at);
     }
     this.#remember(index, at);
   }
@@ -354,19 +447,18 @@ export class Session {
     const dv = this.#dv;
     const mask = this.#mask;
     if (mask !== null) {
-      const actN = mask.count;
-      const base = index * actN;
+      const count = mask.count;
+      const base = index * count;
       const masks = this.#masks;
       const start = at + mask.at;
       if (mask.size === 1) {
         const buffer = this.buffer;
-        for (let a = 0; a < actN; a++) masks[base + a] = buffer[start + a] as number;
+        for (let a = 0; a < count; a++) masks[base + a] = buffer[start + a] as number;
       } else {
-        for (let a = 0; a < actN; a++) masks[base + a] = mask.read(dv, start + a * mask.size) ? 1 : 0;
+        for (let a = 0; a < count; a++) masks[base + a] = mask.read(dv, start + a * mask.size) ? 1 : 0;
       }
     }
     if (this.#done !== null) this.#isDone[index] = this.#done.read(dv, at + this.#done.at) ? 1 : 0;
-    this.#wasReset[index] = 1;
   }
 
   #checkAction(index: number, action: number): void {
@@ -383,9 +475,15 @@ export class Session {
         `env ${index}: action ${action} is outside 0..${actN - 1}`,
       );
     }
-    if (!this.#masks[index * actN + action]) {
+    const mask = this.#mask;
+    if (mask !== null && action < mask.count && !this.#masks[index * mask.count + action]) {
       throw new RequestError(ErrorCode.MASKED_ACTION, `env ${index}: action ${action} is masked out`);
     }
+  }
+
+  /** The reset of env `index` (or a fresh env's) written to its slot. */
+  #resetInto(index: number, env: AnyEnv, seed: bigint | null): void {
+    this.#write(index, seed === null ? env.reset() : env.reset(seed));
   }
 
   #resetAll(requested: bigint | null): number {
@@ -394,9 +492,17 @@ export class Session {
       seed = this.firstSeed;
     }
     const envs = this.envs;
+    let failures: Failure[] | null = null;
     for (let i = 0; i < envs.length; i++) {
-      this.#write(i, seed === null ? envs[i]!.reset() : envs[i]!.reset(seed + BigInt(i)));
+      try {
+        this.#resetInto(i, envs[i]!, seed === null ? null : seed + BigInt(i));
+      } catch (error) {
+        (failures ??= []).push([i, error]); // the other envs still reset
+        continue;
+      }
+      this.#wasReset[i] = 1;
     }
+    if (failures !== null) throw this.#recover(failures, seed);
     this.bodyLength = this.numEnvs * this.#resultSize;
     return this.ids.RESET_RESP;
   }
@@ -407,23 +513,124 @@ export class Session {
     return this.#resetAll(dv.getBigUint64(this.#seedAt, true));
   }
 
-  /** Check every action, then step every env (nothing steps when one action is refused). */
-  #stepEnvs(count: number): void {
-    const actions = this.#actions;
-    for (let i = 0; i < count; i++) this.#checkAction(i, actions[i] as number);
-    const envs = this.envs;
-    for (let i = 0; i < count; i++) this.#write(i, envs[i]!.step(actions[i] as number));
+  /** Step env `index` (or auto-reset it), honouring the session's auto-reset mode. */
+  #stepOne(index: number, action: number): void {
+    const mode = this.autoreset;
+    if (mode === AutoReset.NEXT_STEP && this.#isDone[index]) {
+      this.#resetInto(index, this.envs[index]!, null); // the action of a done env is ignored
+      return;
+    }
+    this.#write(index, this.envs[index]!.step(action));
+    if (mode === AutoReset.SAME_STEP && this.#isDone[index]) {
+      this.#keepFinal(index);
+      this.#resetInto(index, this.envs[index]!, null);
+    }
   }
 
-  #readActions(buf: Uint8Array, at: number, stride: number, count: number): void {
+  /** Copy env `index`'s final result into the response tail (SAME_STEP). */
+  #keepFinal(index: number): void {
+    const size = this.#resultSize;
+    const tail =
+      BODY_OFFSET + this.numEnvs * size + FINAL_COUNT_SIZE + this.#finals * (FINAL_COUNT_SIZE + size);
+    writeU32(this.buffer, tail, index);
+    const slot = BODY_OFFSET + index * size;
+    this.buffer.copy(this.buffer, tail + FINAL_COUNT_SIZE, slot, slot + size);
+    this.#finals++;
+  }
+
+  /** Body length of a step response of `count` results; SAME_STEP adds the tail. */
+  #resultsLength(count: number): number {
+    const length = count * this.#resultSize;
+    if (this.autoreset !== AutoReset.SAME_STEP) return length;
+    writeU32(this.buffer, BODY_OFFSET + length, this.#finals);
+    return length + FINAL_COUNT_SIZE + this.#finals * (FINAL_COUNT_SIZE + this.#resultSize);
+  }
+
+  /**
+   * Check every action (NEXT_STEP: a done env's action is ignored, not checked), then step
+   * every env; an env that throws is recovered after the others stepped.
+   */
+  #stepEnvs(count: number): void {
+    const actions = this.#actions;
+    const skipDone = this.autoreset === AutoReset.NEXT_STEP;
+    for (let i = 0; i < count; i++) {
+      if (skipDone && this.#isDone[i] && this.#wasReset[i]) continue;
+      this.#checkAction(i, actions[i] as number);
+    }
+    this.#finals = 0;
+    let failures: Failure[] | null = null;
+    for (let i = 0; i < count; i++) {
+      try {
+        this.#stepOne(i, actions[i] as number);
+      } catch (error) {
+        (failures ??= []).push([i, error]); // the other envs still step
+      }
+    }
+    if (failures !== null) throw this.#recover(failures, null);
+  }
+
+  /**
+   * Reset (or recreate from the factory) each env that threw; the ERROR to answer. The text
+   * starts with `env {i}:` (the first env that failed), so clients can name the env.
+   */
+  #recover(failures: readonly Failure[], seed: bigint | null): RequestError {
+    const texts: string[] = [];
+    for (const [index, error] of failures) {
+      let detail: string;
+      if (error instanceof RequestError) {
+        const prefix = `env ${index}: `;
+        detail = error.text.startsWith(prefix) ? error.text.slice(prefix.length) : error.text;
+      } else {
+        detail = describeError(error);
+      }
+      const fate = this.#restore(index, seed === null ? null : seed + BigInt(index));
+      texts.push(`env ${index}: ${detail} (${fate})`);
+    }
+    return new RequestError(ErrorCode.ENV_ERROR, texts.join("; "));
+  }
+
+  /** Reset env `index` after it threw; if that throws too, recreate it from the factory. */
+  #restore(index: number, seed: bigint | null): string {
+    const env = this.envs[index]!;
+    const attempts: Array<readonly [string, () => AnyEnv]> = [["the env was reset", () => env]];
+    const factory = this.factory;
+    if (factory !== null) attempts.push(["the env was recreated", factory]);
+    for (const [fate, make] of attempts) {
+      let fresh: AnyEnv;
+      try {
+        fresh = make();
+        this.#resetInto(index, fresh, seed);
+      } catch {
+        continue;
+      }
+      this.envs[index] = fresh;
+      this.#wasReset[index] = 1;
+      return fate;
+    }
+    this.#wasReset[index] = 0; // every step is NOT_RESET until a reset succeeds
+    return "the env could not be reset: send a reset";
+  }
+
+  #readActions(buf: Uint8Array, at: number, stride: number, count: number, type: ActionType): void {
     const actions = this.#actions;
     for (let i = 0; i < count; i++) {
       const p = at + i * stride;
-      actions[i] =
-        (buf[p] as number) |
-        ((buf[p + 1] as number) << 8) |
-        ((buf[p + 2] as number) << 16) |
-        ((buf[p + 3] as number) << 24);
+      let value: number;
+      if (type.size === 4) {
+        value =
+          (buf[p] as number) |
+          ((buf[p + 1] as number) << 8) |
+          ((buf[p + 2] as number) << 16) |
+          ((buf[p + 3] as number) << 24);
+        if (!type.signed) value >>>= 0;
+      } else if (type.size === 2) {
+        value = (buf[p] as number) | ((buf[p + 1] as number) << 8);
+        if (type.signed) value = (value << 16) >> 16;
+      } else {
+        value = buf[p] as number;
+        if (type.signed) value = (value << 24) >> 24;
+      }
+      actions[i] = value;
     }
   }
 
@@ -435,9 +642,9 @@ export class Session {
       );
     }
     this.#expectSize(length, this.#stepRequestSize, "STEP_REQ");
-    this.#readActions(buf, offset + this.#actionAt, this.#stepRequestSize, 1);
+    this.#readActions(buf, offset + this.#actionAt, this.#stepRequestSize, 1, this.#action);
     this.#stepEnvs(1);
-    this.bodyLength = this.#resultSize;
+    this.bodyLength = this.#resultsLength(1);
     return this.ids.STEP_RESP;
   }
 
@@ -449,9 +656,9 @@ export class Session {
       );
     }
     this.#expectSize(length, this.#multiSize, "STEP_MULTI_REQ");
-    this.#readActions(buf, offset + this.#multiAt, 4, 8);
+    this.#readActions(buf, offset + this.#multiAt, this.#multi.size, 8, this.#multi);
     this.#stepEnvs(8);
-    this.bodyLength = 8 * this.#resultSize;
+    this.bodyLength = this.#resultsLength(8);
     return this.ids.STEP_MULTI_RESP;
   }
 
@@ -464,9 +671,9 @@ export class Session {
           `(${length} bytes); this server has ${this.numEnvs} envs`,
       );
     }
-    this.#readActions(buf, offset + this.#actionAt, size, this.numEnvs);
+    this.#readActions(buf, offset + this.#actionAt, size, this.numEnvs, this.#action);
     this.#stepEnvs(this.numEnvs);
-    this.bodyLength = this.numEnvs * this.#resultSize;
+    this.bodyLength = this.#resultsLength(this.numEnvs);
     return this.ids.STEP_BATCH_RESP;
   }
 
@@ -522,9 +729,10 @@ export function sessionFactory(
   const make = envOrFactory as (() => Env<unknown>) & (new () => Env<unknown>);
   const isClass = /^class[\s{]/.test(Function.prototype.toString.call(make));
   const create = isClass ? () => new make() : () => make();
+  const sessionOptions: SessionOptions = { ...options, factory: create };
   return () => {
     const envs: AnyEnv[] = [];
     for (let i = 0; i < numEnvs; i++) envs.push(create());
-    return new Session(envs, options);
+    return new Session(envs, sessionOptions);
   };
 }
