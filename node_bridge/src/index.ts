@@ -33,12 +33,20 @@ export {
   ValueTypeError,
   VersionMismatchError,
 } from "./errors";
-export { type Client, type ConnectOptions, type ResultOptions, connect } from "./client";
+export {
+  type Client,
+  type ConnectOptions,
+  type Final,
+  type ResultOptions,
+  connect,
+} from "./client";
 export { type Server, type ServeOptions, serve } from "./server";
 export type { Env, EnvFactory, Spaces } from "./env";
 export type { EnvOrFactory } from "./session";
 export type { ConnectionStats } from "./stream";
 export {
+  AutoReset,
+  type AutoResetName,
   CLOSING_ERRORS,
   DEFAULT_MAX_BODY,
   ErrorCode,
@@ -49,4 +57,4 @@ export {
 } from "./protocol";
 export { canonicalJson, computeFingerprint, fingerprintHex, fingerprintOf } from "./fingerprint";
 export type { EnumJson, FieldJson, MessageJson, SchemaJson, StructJson } from "./ir";
-export { SCHEMAS, mahjong_env, pac_env, pac_shm } from "./generated";
+export { SCHEMAS, mahjong_env, pac_env, pac_shm, tetris } from "./generated";
