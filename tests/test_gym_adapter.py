@@ -15,7 +15,6 @@ pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
-from transport.errors import ConnectError
 from transport.gym import AdapterError, RemoteEnv, RemoteVectorEnv
 
 from .servers import ServerProcess, unique_url
@@ -149,8 +148,3 @@ def test_vector_env_num_envs_from_the_environment(
     monkeypatch.setenv("TRANSPORT_NUM_ENVS", str(NUM_ENVS + 2))
     with pytest.raises(AdapterError, match="--num-envs"):
         RemoteVectorEnv(pac_url)
-
-
-def test_shm_refuses_auto_reset_with_a_clear_error() -> None:
-    with pytest.raises(ConnectError, match="auto-reset"):
-        RemoteVectorEnv("shm://transport-test-never-created", 2)

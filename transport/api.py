@@ -59,10 +59,16 @@ class Server:
         env_name: str = "",
         seed: int | None = None,
         max_body: int = DEFAULT_MAX_BODY,
+        workers: int = 0,
     ) -> None:
         codecs = resolve_schema(schema)
         sessions = SessionFactory(
-            codecs, env_or_factory, num_envs=num_envs, env_name=env_name, seed=seed
+            codecs,
+            env_or_factory,
+            num_envs=num_envs,
+            env_name=env_name,
+            seed=seed,
+            workers=workers,
         )
         self.listener: Any = backend_for(url).Listener(url, sessions, max_body=max_body)
         self.url = url
@@ -102,12 +108,15 @@ def serve(
     seed: int | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     ready: Callable[[str], None] | None = None,
+    workers: int = 0,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
 
     ``env_or_factory``: an env instance (one env, shared by every connection under a lock) or a
     zero-argument factory (each connection gets ``num_envs`` fresh envs). ``seed``: the seed of
-    each connection's first unseeded reset (env i gets ``seed + i``).
+    each connection's first unseeded reset (env i gets ``seed + i``). ``workers``: 0 steps the
+    envs in this process; K >= 1 runs each connection's envs in K worker processes (split
+    evenly; ``transport.workers``), same protocol behaviour, one fan-out/gather per step.
     """
     server = Server(
         env_or_factory,
@@ -117,6 +126,7 @@ def serve(
         env_name=env_name,
         seed=seed,
         max_body=max_body,
+        workers=workers,
     )
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}

@@ -12,6 +12,7 @@ import contextlib
 import struct
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -175,6 +176,8 @@ class Session:
         lock: threading.Lock | None = None,
         seed: int | None = None,
         factory: EnvFactory | None = None,
+        workers: int = 0,
+        num_envs: int | None = None,
     ) -> None:
         self.schema = schema
         self.factory = factory  # recreates an env whose reset fails after it raised
@@ -191,7 +194,7 @@ class Session:
         self.action_name = action.name
         self._action = struct.Struct("<" + _STRUCT_CODES[action.elem])
         self._action_offset = action.offset
-        self.num_envs = len(envs)
+        self.num_envs = len(envs) if num_envs is None else num_envs
         self.hello_done = False
         self.closing = False
         self.autoreset = AutoReset.DISABLED
@@ -207,6 +210,9 @@ class Session:
             self.result.view(self.buffer, BODY_OFFSET + i * self.result.size)
             for i in range(self.num_envs)
         ]
+        self.pool: Any = None  # workers > 0: a transport.workers.WorkerPool runs the envs
+        if workers > 0:
+            envs = self._start_pool(workers, results)
         self.group = EnvGroup(envs, self.result, results, lock)
         ids = self.ids
         self._handlers: dict[int, Callable[[memoryview], tuple[int, int]]] = {
@@ -218,6 +224,23 @@ class Session:
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
         }
+
+    def _start_pool(self, workers: int, results: np.ndarray) -> list[Env]:
+        from transport.workers import PoolEnvStub, WorkerPool
+
+        if self.factory is None:
+            raise ValueError("workers need an env factory (each worker creates its envs)")
+        pool = WorkerPool(
+            self.factory, self.schema, self.result.ir.name, self.num_envs, workers, results
+        )
+        self.pool = pool
+        weakref.finalize(self, pool.close)  # the session is dropped with its connection
+        return [PoolEnvStub(pool) for _ in range(self.num_envs)]
+
+    def close(self) -> None:
+        """Stop the worker processes (if any) now instead of when the session is collected."""
+        if self.pool is not None:
+            self.pool.close()
 
     def handle(self, msg_type: int, body: memoryview) -> tuple[int, memoryview]:
         """Answer one request: (response msg_type, response body).
@@ -305,6 +328,17 @@ class Session:
         if seed is None and self.first_seed is not None and not group.was_reset.any():
             seed = self.first_seed
         failures: list[tuple[int, Exception]] = []
+        if self.pool is not None:
+            failures = self.pool.reset(
+                [None if seed is None else seed + i for i in range(self.num_envs)]
+            )
+            failed = {i for i, _ in failures}
+            for i in range(self.num_envs):
+                if i not in failed:
+                    group.mark_reset(i)
+            if failures:
+                raise self._recover(failures, seed)
+            return self.ids.RESET_RESP, self.num_envs * self.result.size
         with group.lock or _NO_LOCK:
             for i, env in enumerate(group.envs):
                 env_seed = None if seed is None else seed + i
@@ -356,13 +390,24 @@ class Session:
             self._keep_final(index)
             self._reset_one(index)
 
-    def _keep_final(self, index: int) -> None:
+    def _keep_final(self, index: int, final: Any = None) -> None:
         """Copy env ``index``'s final result into the response tail (SAME_STEP)."""
         size = self.result.size
         tail = BODY_OFFSET + self.num_envs * size + 4 + self._finals * (4 + size)
         FINAL_COUNT.pack_into(self.buffer, tail, index)
-        self.buffer[tail + 4 : tail + 4 + size] = self._body[index * size : (index + 1) * size]
+        if final is None:
+            final = self._body[index * size : (index + 1) * size]
+        self.buffer[tail + 4 : tail + 4 + size] = final
         self._finals += 1
+
+    def _pool_step(self, actions: Any) -> None:
+        """Fan the step out to the worker processes and gather (``workers`` > 0)."""
+        pool = self.pool
+        ended, failures = pool.step(actions, self.autoreset)
+        for i in ended:
+            self._keep_final(i, pool.final_record(i).tobytes())
+        if failures:
+            raise self._recover(failures, None)
 
     def _results_length(self, count: int) -> int:
         """Body length of a step response; SAME_STEP adds the tail with its count."""
@@ -376,6 +421,9 @@ class Session:
         group = self.group
         group.check_actions(actions, skip_done=self.autoreset == AutoReset.NEXT_STEP)
         self._finals = 0
+        if self.pool is not None:
+            self._pool_step(actions)
+            return
         failures: list[tuple[int, Exception]] | None = None
         with group.lock or _NO_LOCK:
             for i in range(len(actions)):
@@ -407,6 +455,14 @@ class Session:
     def _restore(self, index: int, seed: int | None) -> str:
         """Reset env ``index`` after it raised; if that raises too, recreate it from the factory."""
         group = self.group
+        if self.pool is not None:
+            fate, ok = self.pool.restore(index, seed)
+            if ok:
+                group.mark_reset(index)
+            else:
+                group.was_reset[index] = False
+                group.all_reset = False
+            return str(fate)
         env = group.envs[index]
         attempts: list[tuple[str, Callable[[], Env]]] = [("the env was reset", lambda: env)]
         if self.factory is not None:
@@ -439,6 +495,9 @@ class Session:
         if not (self.autoreset == AutoReset.NEXT_STEP and group.is_done(0)):
             group.check_action(0, action)
         self._finals = 0
+        if self.pool is not None:
+            self._pool_step([action])
+            return self.ids.STEP_RESP, self._results_length(1)
         with group.lock or _NO_LOCK:
             try:
                 self._step_one(0, action)
@@ -504,6 +563,7 @@ class SessionFactory:
         env_name: str = "",
         server_lang: str = "python",
         seed: int | None = None,
+        workers: int = 0,
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
@@ -512,9 +572,14 @@ class SessionFactory:
         self.env_name = env_name
         self.server_lang = server_lang
         self.seed = seed
+        if workers < 0:
+            raise ValueError("workers must be 0 (in-process) or more")
+        self.workers = workers  # > 0: each session's envs run in that many worker processes
         if not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env):
             if num_envs != 1:
                 raise ValueError("pass an env factory to serve more than one env")
+            if workers:
+                raise ValueError("pass an env factory to run envs in worker processes")
             self._shared: Env | None = env_or_factory
             self._factory: EnvFactory | None = None
             self._lock: threading.Lock | None = threading.Lock()
@@ -522,7 +587,9 @@ class SessionFactory:
             self._shared, self._factory, self._lock = None, env_or_factory, None
 
     def __call__(self) -> Session:
-        if self._factory is not None:
+        if self._factory is not None and self.workers:
+            envs: list[Env] = []  # created in the worker processes
+        elif self._factory is not None:
             envs = [self._factory() for _ in range(self.num_envs)]
         else:
             assert self._shared is not None
@@ -535,4 +602,6 @@ class SessionFactory:
             lock=self._lock,
             seed=self.seed,
             factory=self._factory,
+            workers=self.workers,
+            num_envs=self.num_envs,
         )

@@ -2,10 +2,11 @@
 
 Layout (``schema/pac_shm.toml``; the diagram and the protocol are in ``docs/shm.md``)::
 
-    offset 0            64              64 + 5120        64 + i * 5120
-    +-------------------+---------------+----------------+----
-    | ControlBlock (64) | Slot env 0    | Slot env 1     | ...   one 5120-byte Slot per env
-    +-------------------+---------------+----------------+----
+    offset 0            64              64 + 5120        64 + N * 5120      + i * 2576
+    +-------------------+---------------+----------------+----+-----------+-------------+----
+    | ControlBlock (64) | Slot env 0    | Slot env 1     | ...| Final 0   | Final 1     | ...
+    +-------------------+---------------+----------------+----+-----------+-------------+----
+    one 5120-byte Slot per env, then one 2576-byte Final area per env (SAME_STEP auto-reset)
 
     ControlBlock: 0 magic u32 "PACT" | 4 version u32 | 8 num_envs u32 | 12 obs_size u32
       16 act_size u32 | 20 slot_size u32 | 24 fingerprint u64 | 32 owner_pid u32
@@ -15,6 +16,8 @@ Layout (``schema/pac_shm.toml``; the diagram and the protocol are in ``docs/shm.
       futex) | 8 command u32 | 12 action i32 | 16 .. 2573 the StepResult fields | 2573 has_seed
       u8 | 2574 status u16 | 2576 seed u64 | 2584 error_len u16 | 2586 info_len u16
       2592 error_text u8[1024] | 3616 info u8[256] (slot 0) | padding to 5120
+    Final: 0 final_seq u32 (the request sequence of the step that ended the episode) |
+      4..15 zero | 16 .. 2573 the final StepResult, at the same offsets as in a Slot | 2 zero
 
 A segment lives at ``/dev/shm/transport-<name>`` (mode 0600), is created with O_EXCL and fully
 reserved with ``posix_fallocate`` (a full /dev/shm is an error at creation, never a SIGBUS), and
@@ -53,6 +56,8 @@ SHM_DIR = "/dev/shm"
 RESULT_OFFSET = (
     16  # the StepResult fields of a slot: bytes 16 .. 2573 (reward .. actions_this_turn)
 )
+FINAL_SIZE = 2576  # one env's final-result area: u32 final_seq, 12 zero bytes, the StepResult
+FINAL_SEQ_OFFSET = 0
 STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to be initialised
 
 
@@ -66,6 +71,7 @@ class SlotCommand(IntEnum):
     STEP = 0
     RESET = 1
     SHUTDOWN = 2
+    HELLO = 3  # the session's auto-reset mode in `action` (HELLO_REQ.flags bits 0-1 values)
 
 
 def _offsets(fields: Sequence[FieldIR]) -> dict[str, FieldIR]:
@@ -189,8 +195,19 @@ def parse_url(url: str) -> ShmUrl:
     return ShmUrl(name, num_envs, policy)
 
 
-def region_size(num_envs: int) -> int:
+def slots_size(num_envs: int) -> int:
+    """Bytes of the control block and the N slots (Appendix B; a region without final areas)."""
     return CONTROL_SIZE + num_envs * SLOT_SIZE
+
+
+def finals_offset(num_envs: int) -> int:
+    """Where env 0's final-result area starts: right after the last slot."""
+    return slots_size(num_envs)
+
+
+def region_size(num_envs: int) -> int:
+    """The segment size: control block, N slots, N final-result areas."""
+    return slots_size(num_envs) + num_envs * FINAL_SIZE
 
 
 def own_start_time() -> int:
@@ -203,7 +220,9 @@ def own_start_time() -> int:
 class Region:
     """A mapped segment: the control block's words and the slots, as pointers and NumPy views."""
 
-    def __init__(self, segment: str, fd: int, size: int, *, owner: bool) -> None:
+    def __init__(
+        self, segment: str, fd: int, size: int, *, owner: bool, num_envs: int | None = None
+    ) -> None:
         self.segment = segment
         self.owner = owner
         self.size = size
@@ -215,7 +234,12 @@ class Region:
         self.state_word = native.word(self.map, CB["state"].offset)
         self.doorbell = native.word(self.map, CB["doorbell"].offset)
         self.client_pid_word = native.word(self.map, CB["client_pid"].offset)
-        self.num_envs = (size - CONTROL_SIZE) // SLOT_SIZE
+        if num_envs is None:  # an attaching client: the header says (validated against the size)
+            num_envs = int(self.control["num_envs"])
+            if slots_size(num_envs) > size:
+                num_envs = (size - CONTROL_SIZE) // SLOT_SIZE
+        self.num_envs = num_envs
+        self.has_finals = size >= region_size(num_envs)
         self.slots = pac_shm.Slot.view(self.map, CONTROL_SIZE, count=self.num_envs)
 
     # control block fields

@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,8 +26,8 @@ from transport import native
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema, StructCodec
 from transport.errors import (
-    CodecError,
     ConnectError,
+    EnvError,
     FingerprintMismatchError,
     PeerGoneError,
     ProtocolError,
@@ -44,6 +43,8 @@ from transport.shm import (
     CB,
     CONTROL_SIZE,
     ERROR_TEXT_MAX,
+    FINAL_SEQ_OFFSET,
+    FINAL_SIZE,
     INFO_MAX,
     LAYOUT_VERSION,
     MAGIC,
@@ -55,12 +56,15 @@ from transport.shm import (
     ShmUrl,
     SlotCommand,
     WaitPolicy,
+    finals_offset,
     inspect_segment,
     own_start_time,
     parse_url,
     region_size,
+    slots_size,
     write_text,
 )
+from transport.workers import LocalEnvs, describe
 
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1
@@ -126,6 +130,20 @@ def result_views(region: Region, dtype: np.dtype[Any]) -> tuple[np.ndarray, list
     return batch, singles
 
 
+def final_views(region: Region, dtype: np.dtype[Any]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(N,) final_seq words and one 0-d final-result record per env (the final areas)."""
+    n = region.num_envs
+    base = finals_offset(n)
+    seqs = np.ndarray(
+        (n,), dtype="<u4", buffer=region.map, offset=base + FINAL_SEQ_OFFSET, strides=(FINAL_SIZE,)
+    )
+    records = [
+        np.ndarray((), dtype=dtype, buffer=region.map, offset=base + i * FINAL_SIZE + RESULT_OFFSET)
+        for i in range(n)
+    ]
+    return seqs, records
+
+
 def _ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
     ctx = native.new_ctx()
     ctx.slots = region.base + CONTROL_SIZE
@@ -149,6 +167,11 @@ def _remote_error(code: int, text: str) -> TransportError:
         name = ErrorCode(code).name
     except ValueError:
         name = "UNKNOWN"
+    if code == ErrorCode.ENV_ERROR:
+        env, sep, _ = text.partition(":")
+        index = env.removeprefix("env ")
+        env_id = int(index) if sep and env.startswith("env ") and index.isdigit() else None
+        return EnvError(code, name, text, env_id)
     return RemoteError(code, name, text)
 
 
@@ -162,12 +185,7 @@ def connect(
     timeout: float | None = DEFAULT_TIMEOUT,
     autoreset: AutoReset = AutoReset.DISABLED,
 ) -> ShmClient:
-    if autoreset != AutoReset.DISABLED:
-        raise ConnectError(
-            f"shm:// does not implement auto-reset mode {autoreset.name.lower()} yet; "
-            "connect with autoreset='disabled' and reset envs yourself"
-        )
-    return ShmClient(url, schema, timeout=timeout)
+    return ShmClient(url, schema, timeout=timeout, autoreset=autoreset)
 
 
 class ShmClient(Client):
@@ -176,6 +194,11 @@ class ShmClient(Client):
     Results are views into the region: ``observation`` of an N-env step is an (N, 612) float32
     view whose row stride is the slot size. They stay valid until the next call; ``copy=True``
     returns owned arrays. ``torch.from_numpy(result.observation)`` shares the memory too.
+
+    ``autoreset``: the session's auto-reset mode, sent with the HELLO slot command at connect
+    (docs/shm.md "Auto-reset"). With SAME_STEP, ``finals`` lists (env index, StepView) of the
+    episodes that ended in the last step: views of the region's final-result areas (no copy),
+    valid until that env's next episode ends; the step's own result holds the reset.
     """
 
     def __init__(
@@ -185,6 +208,7 @@ class ShmClient(Client):
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         wait: WaitPolicy | str | None = None,
+        autoreset: AutoReset = AutoReset.DISABLED,
     ) -> None:
         self.url = url
         self.schema = schema
@@ -194,15 +218,39 @@ class ShmClient(Client):
         self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
         self._closed = True
         self._leased = False
+        self.autoreset = AutoReset.DISABLED
+        self.finals: list[tuple[int, StepView]] = []
         self.region = self._open(10.0 if timeout is None else timeout)
         try:
             self._validate()
             self._take_lease(10.0 if timeout is None else timeout)
             self._setup()
+            self._closed = False
+            if autoreset != AutoReset.DISABLED:
+                self._hello(autoreset)
         except BaseException:
+            self._closed = True
             self._release()
             raise
-        self._closed = False
+
+    def _hello(self, mode: AutoReset) -> None:
+        """Ask for an auto-reset mode: HELLO in every slot, the mode in ``action``."""
+        url = f"shm://{self.shm.name}"
+        if mode == AutoReset.SAME_STEP and not self.region.has_finals:
+            raise ConnectError(
+                f"{url}: the region has no final-result areas (a server without auto-reset "
+                "support): same_step needs them"
+            )
+        self._actions[:] = int(mode)
+        try:
+            self._exchange(SlotCommand.HELLO)
+        except RemoteError as exc:
+            raise ConnectError(
+                f"{url}: the server refused auto-reset mode {mode.name.lower()}: {exc}"
+            ) from exc
+        self.autoreset = mode
+        self.server_info["autoreset"] = mode.name.lower()
+        self._same_step = mode == AutoReset.SAME_STEP
 
     # -- attach ------------------------------------------------------------------------------
 
@@ -264,7 +312,8 @@ class ShmClient(Client):
         num_envs = cb("num_envs")
         if self.shm.num_envs is not None:
             expect("num_envs", self.shm.num_envs, num_envs)
-        expect("region size", region_size(num_envs), region.size)
+        if region.size != slots_size(num_envs):  # no final areas: an older server's region
+            expect("region size", region_size(num_envs), region.size)
         dtype = result_dtype(self.schema)
         obs = SLOT["observation"].count
         mask = SLOT["action_mask"].count
@@ -326,6 +375,10 @@ class ShmClient(Client):
         batch, singles = result_views(region, self._dtype)
         self._batch_view = StepView(batch)
         self._single_view = StepView(singles[0])
+        self._same_step = False
+        if region.has_finals:
+            self._final_seqs, finals = final_views(region, self._dtype)
+            self._final_views = [StepView(record) for record in finals]
         self._roundtrip = native.lib.tp_client_roundtrip
         info_len = int(region.slots[0]["info_len"])
         info: dict[str, Any] = {}
@@ -373,6 +426,8 @@ class ShmClient(Client):
                 raise ValueRangeError(f"seed {seed} does not fit u64", field="seed")
             self._seeds[:] = [(seed + i) & U64 for i in range(self.num_envs)]
             self._has_seed[:] = 1
+        if self.finals:
+            self.finals = []
         self._exchange(SlotCommand.RESET)
         view = self._single_view if self.num_envs == 1 else self._batch_view
         return view.copy() if copy else view
@@ -383,13 +438,23 @@ class ShmClient(Client):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
             self._actions[0] = actions
-            self._exchange(SlotCommand.STEP)
+            self._step()
             return self._single_view.copy() if copy else self._single_view
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         self._actions[:] = actions
-        self._exchange(SlotCommand.STEP)
+        self._step()
         return self._batch_view.copy() if copy else self._batch_view
+
+    def _step(self) -> None:
+        if self.finals:
+            self.finals = []
+        self._exchange(SlotCommand.STEP)
+        if self._same_step:  # the server stamped final_seq = this request's sequence
+            ended = np.flatnonzero(self._final_seqs == self._seqs)
+            if ended.size:
+                views = self._final_views
+                self.finals = [(i, views[i]) for i in ended.tolist()]
 
     def spaces(self) -> Spaces:
         return Spaces(self.region.get("obs_size"), self.region.get("act_size"))
@@ -429,7 +494,16 @@ class ShmClient(Client):
             region.set("client_start_time", 0)
             native.compare_exchange(region.client_pid_word, os.getpid(), 0)
             self._leased = False
-        for name in ("_batch_view", "_single_view", "_commands", "_actions", "_status"):
+        self.finals = []
+        for name in (
+            "_batch_view",
+            "_single_view",
+            "_commands",
+            "_actions",
+            "_status",
+            "_final_seqs",
+            "_final_views",
+        ):
             if hasattr(self, name):
                 delattr(self, name)
         region.close()
@@ -449,47 +523,58 @@ class ShmClient(Client):
 
 
 class _Session:
-    """One lease's envs (made by the SessionFactory) stepping in place in the slots."""
+    """One lease's envs (made by the SessionFactory) stepping in place in the slots.
+
+    The envs run in a runner (``transport.workers``): ``LocalEnvs`` writes each result straight
+    into its slot (zero copy) and SAME_STEP final results into the env's final area; a
+    ``WorkerPool`` (``--workers K``) steps them in K processes and its results are copied into
+    the slots in one assignment.
+    """
 
     def __init__(self, listener: Listener, client_pid: int) -> None:
         session = listener.sessions()
+        self.session = session  # keeps a worker pool alive (closed when the session is dropped)
         self.client_pid = client_pid
-        self.envs = session.group.envs
+        self.autoreset = AutoReset.DISABLED
         self.lock = session.group.lock
         self.first_seed = session.first_seed
-        self.records = listener.records
-        self.group = EnvGroup(self.envs, listener.result_codec, listener.results, self.lock)
-        self.step_into = [getattr(env, "step_into", None) for env in self.envs]
-        self.reset_into = [getattr(env, "reset_into", None) for env in self.envs]
-        self.codec = listener.result_codec
-        self.scratch = bytearray(self.codec.size)
-
-    def write(self, index: int, output: Any) -> None:
-        if output is None:
-            return
-        try:
-            self.codec.encode_into(
-                self.scratch, 0, output, validate=not isinstance(output, np.ndarray)
+        self.pool = session.pool
+        self.runner: Any
+        if session.pool is not None:
+            session.pool.dest = listener.results  # gathered results go straight to the slots
+            self.runner = session.pool
+        else:
+            self.runner = LocalEnvs(
+                session.group.envs,
+                listener.result_codec,
+                listener.records,
+                listener.final_records,
+                session.factory,
             )
-        except CodecError as exc:
-            text = f"env {index} returned bad values: {exc}"
-            raise RequestError(ErrorCode.ENV_ERROR, text) from None
-        self.records[index][...] = self.codec.view(self.scratch)
+        self.group = EnvGroup(
+            session.group.envs, listener.result_codec, listener.results, self.lock
+        )
+        self.final_records = listener.final_records
 
-    def step_one(self, index: int, action: int) -> None:
-        step_into = self.step_into[index]
-        if step_into is not None:
-            self.write(index, step_into(action, self.records[index]))
-        else:
-            self.write(index, self.envs[index].step(action))
-
-    def reset_one(self, index: int, seed: int | None) -> None:
-        reset_into = self.reset_into[index]
-        if reset_into is not None:
-            self.write(index, reset_into(seed, self.records[index]))
-        else:
-            self.write(index, self.envs[index].reset(seed))
-        self.group.mark_reset(index)
+    def recover(
+        self, failures: list[tuple[int, Exception]], seeds: list[int | None]
+    ) -> RequestError:
+        """Reset (or recreate) each env that raised; the error to answer (as Session._recover)."""
+        texts = []
+        group = self.group
+        for index, exc in failures:
+            if isinstance(exc, RequestError):
+                detail = exc.text.removeprefix(f"env {index}: ")
+            else:
+                detail = describe(exc)
+            fate, ok = self.runner.restore(index, seeds[index])
+            if ok:
+                group.mark_reset(index)
+            else:  # every step is NOT_RESET until a reset succeeds
+                group.was_reset[index] = False
+                group.all_reset = False
+            texts.append(f"env {index}: {detail} ({fate})")
+        return RequestError(ErrorCode.ENV_ERROR, "; ".join(texts))
 
 
 class Listener:
@@ -526,7 +611,7 @@ class Listener:
         size = region_size(self.num_envs)
         fd = self._create(size)
         try:
-            region = Region(self.shm.segment, fd, size, owner=True)
+            region = Region(self.shm.segment, fd, size, owner=True, num_envs=self.num_envs)
         finally:
             os.close(fd)
         self.region = region
@@ -534,6 +619,7 @@ class Listener:
         region.set("owner_start_time", own_start_time())
         try:
             self.results, self.records = result_views(region, dtype)
+            self._final_seqs, self.final_records = final_views(region, dtype)
             self._spare = _Session(self, 0)  # the first client's envs, made before READY
             spaces = self._spare.group.spaces
             obs_n, act_n = SLOT["observation"].count, SLOT["action_mask"].count
@@ -655,6 +741,8 @@ class Listener:
                 self._step_all(session)
             elif count == self.num_envs and cmd == SlotCommand.RESET:
                 self._reset_all(session)
+            elif count == self.num_envs and cmd == SlotCommand.HELLO:
+                session.autoreset = self._mode(0)
             elif cmd == SlotCommand.SHUTDOWN:
                 self.session = None
             else:
@@ -663,9 +751,9 @@ class Listener:
         except RequestError as exc:
             status = int(exc.code)
             self._error(exc.text)
-        except Exception as exc:  # an env bug must not take the server down
-            status = int(ErrorCode.ENV_ERROR)
-            self._error("".join(traceback.format_exception_only(type(exc), exc)).strip())
+        except Exception as exc:  # a bug must not take the server down (env errors: recover)
+            status = int(ErrorCode.INTERNAL)
+            self._error(describe(exc))
         native.lib.tp_server_publish(self._ctx, self._pending_ptr, status)
 
     def _error(self, text: str) -> None:
@@ -679,30 +767,56 @@ class Listener:
         self.session = session
         return session
 
+    def _mode(self, index: int) -> AutoReset:
+        try:
+            return AutoReset(int(self._actions[index]))
+        except ValueError:
+            raise RequestError(
+                ErrorCode.BAD_FRAME, f"unknown auto-reset mode {int(self._actions[index])}"
+            ) from None
+
     def _step_all(self, session: _Session) -> None:
-        group = session.group
+        group, mode = session.group, session.autoreset
+        next_step = mode == AutoReset.NEXT_STEP
         if self.num_envs == 1:
             action = int(self._actions[0])
-            group.check_action(0, action)
-            if session.lock is not None:
-                with session.lock:
-                    session.step_one(0, action)
-            else:
-                session.step_one(0, action)
-            return
-        actions = self._actions
-        group.check_actions(actions)
-        step_one = session.step_one
-        for i, action in enumerate(actions.tolist()):
-            step_one(i, action)
+            if not (next_step and group.is_done(0)):
+                group.check_action(0, action)
+            actions: list[int] = [action]
+        else:
+            group.check_actions(self._actions, skip_done=next_step)
+            actions = self._actions.tolist()
+        if session.lock is not None:
+            with session.lock:
+                ended, failures = session.runner.step(actions, mode)
+        else:
+            ended, failures = session.runner.step(actions, mode)
+        for i in ended:  # stamped before the response words are published (release)
+            if session.pool is not None:
+                self.final_records[i][...] = session.pool.final_record(i)
+            self._final_seqs[i] = self._seqs[i]
+        if failures:
+            raise session.recover(failures, [None] * self.num_envs)
 
     def _reset_all(self, session: _Session) -> None:
         first = session.first_seed if not session.group.was_reset.any() else None
         has_seed = self._has_seed.tolist()
-        seeds = self._slot_seeds.tolist()
+        slot_seeds = self._slot_seeds.tolist()
+        seeds: list[int | None] = [
+            slot_seeds[i] if has_seed[i] else (None if first is None else first + i)
+            for i in range(self.num_envs)
+        ]
+        if session.lock is not None:
+            with session.lock:
+                failures = session.runner.reset(seeds)
+        else:
+            failures = session.runner.reset(seeds)
+        failed = {i for i, _ in failures}
         for i in range(self.num_envs):
-            seed = seeds[i] if has_seed[i] else (None if first is None else first + i)
-            session.reset_one(i, seed)
+            if i not in failed:
+                session.group.mark_reset(i)
+        if failures:
+            raise session.recover(failures, seeds)
 
     def _mixed(self, session: _Session) -> None:
         """Slots with different commands, or a subset: each answered on its own."""
@@ -710,25 +824,51 @@ class Listener:
             code = 0
             try:
                 cmd = int(self._commands[i])
-                if cmd == SlotCommand.STEP:
-                    action = int(self._actions[i])
-                    session.group.check_action(i, action)
-                    session.step_one(i, action)
-                elif cmd == SlotCommand.RESET:
-                    seed = int(self._slot_seeds[i]) if self._has_seed[i] else None
-                    session.reset_one(i, seed)
-                elif cmd == SlotCommand.SHUTDOWN:
+                if cmd == SlotCommand.SHUTDOWN:
                     self.session = None
-                else:
+                elif cmd == SlotCommand.HELLO:
+                    session.autoreset = self._mode(i)
+                elif cmd not in (SlotCommand.STEP, SlotCommand.RESET):
                     raise RequestError(ErrorCode.UNKNOWN_MESSAGE, f"slot {i}: command {cmd}")
+                elif not isinstance(session.runner, LocalEnvs):
+                    raise RequestError(
+                        ErrorCode.BAD_BATCH,
+                        f"env {i}: a worker pool steps and resets every env together",
+                    )
+                else:
+                    self._one(session, i, cmd)
             except RequestError as exc:
                 code = int(exc.code)
                 self._error_len[i] = write_text(self._error_text[i], exc.text)
             except Exception as exc:
-                code = int(ErrorCode.ENV_ERROR)
-                text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                self._error_len[i] = write_text(self._error_text[i], text)
+                code = int(ErrorCode.INTERNAL)
+                self._error_len[i] = write_text(self._error_text[i], describe(exc))
             self._status[i] = code
+
+    def _one(self, session: _Session, i: int, cmd: int) -> None:
+        """One slot's STEP or RESET (a subset request), with the same checks and recovery."""
+        runner = session.runner
+        seed = int(self._slot_seeds[i]) if self._has_seed[i] else None
+        try:
+            if cmd == SlotCommand.RESET:
+                runner.reset_one(i, seed)
+                session.group.mark_reset(i)
+                return
+            action, mode = int(self._actions[i]), session.autoreset
+            if not (mode == AutoReset.NEXT_STEP and session.group.is_done(i)):
+                session.group.check_action(i, action)
+            if runner.step_one(i, action, mode):
+                self._final_seqs[i] = self._seqs[i]
+        except RequestError as exc:
+            if exc.code != ErrorCode.ENV_ERROR:
+                raise
+            seeds: list[int | None] = [None] * self.num_envs
+            seeds[i] = seed if cmd == SlotCommand.RESET else None
+            raise session.recover([(i, exc)], seeds) from None
+        except Exception as exc:
+            seeds = [None] * self.num_envs
+            seeds[i] = seed if cmd == SlotCommand.RESET else None
+            raise session.recover([(i, exc)], seeds) from None
 
     def _housekeeping(self) -> None:
         """Idle: reclaim the lease of a dead client (its envs are dropped)."""
@@ -770,9 +910,14 @@ class Listener:
                 native.shm_unlink(self.shm.segment)
         except FileNotFoundError:
             pass
+        for session in (self.session, self._spare):
+            if session is not None:
+                session.session.close()
         self.session = self._spare = None
         self.results = np.zeros(0)
         self.records = []
+        self.final_records = []
+        self._final_seqs = np.zeros(0, dtype=np.uint32)
         for name in ("_actions", "_has_seed", "_slot_seeds", "_commands", "_status"):
             if hasattr(self, name):
                 delattr(self, name)

@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-body", type=int, default=None, help="largest request body accepted, in bytes"
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="run each connection's envs in K worker processes (0: in the server process)",
+    )
+    parser.add_argument(
         "--list-shm", action="store_true", help="list /dev/shm/transport-* regions and exit"
     )
     parser.add_argument(
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         args.num_envs = _url_num_envs(args.url) or 1
     if args.num_envs < 1:
         parser.error("--num-envs must be at least 1")
+    if args.workers < 0:
+        parser.error("--workers must be 0 (in-process) or more")
 
     if args.lang == "node":
         script = node_server_script()
@@ -91,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--seed", str(args.seed)]
         if args.max_body is not None:
             command += ["--max-body", str(args.max_body)]
+        if args.workers:
+            print("transport-serve: error: --workers is Python-only", file=sys.stderr)
+            return 1
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             max_body=args.max_body or DEFAULT_MAX_BODY,
             ready=ready,
+            workers=args.workers,
         )
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)

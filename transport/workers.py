@@ -1,0 +1,624 @@
+"""Env groups: the N envs of one session, stepped in this process or in K worker processes.
+
+A *runner* owns a session's envs and writes their results into record views it was given
+(``records[i]``: a 0-d record with the STEP_RESP fields). Both runners share one interface,
+used by ``transport.server.Session`` (with ``workers=K``) and by the shm:// server:
+
+- ``reset(seeds) -> failures``: reset every env (env i with ``seeds[i]``).
+- ``step(actions, mode) -> (ended, failures)``: step every env, honouring the auto-reset mode
+  (docs/protocol.md "Auto-reset"): NEXT_STEP resets an env whose last result was done instead
+  of stepping it; SAME_STEP copies the final result to ``final_record(i)`` and resets at once
+  (``ended`` lists those envs, in index order).
+- ``restore(i, seed) -> (fate, ok)``: after env i raised, reset it, or recreate it from the
+  factory when the reset raises too.
+
+``failures`` are ``(env index, exception)`` pairs; the other envs did their step. The session
+turns them into one ERROR whose text starts with ``env {i}:`` (``EnvError.env_id``).
+
+``LocalEnvs`` runs the envs in the calling thread. ``WorkerPool`` splits them evenly over K
+worker processes (``multiprocessing`` spawn): env i is created, seeded and stepped in one worker
+for the pool's lifetime, so each env keeps its own RNG stream and a pool's results are byte for
+byte those of the in-process server. A step fans out and gathers through one shared mapping:
+
+```
+ memfd (never named in /dev/shm; workers open /proc/<server pid>/fd/<fd>)
+ 0       state u32 (READY 1, CLOSED 2)
+ 64      worker k's block (64 bytes each): cmd u32 (futex: server -> worker sequence),
+         done u32 (futex: worker -> server sequence), op u32, arg u32, mode u32, ok u32
+ ctl     N x 1024-byte env control records: action i32 | flags u8 (1 ended, 2 failed)
+         | has_seed u8 | fate u8 | error_len u16 | seed u64 | error_text u8[1000]
+ results N x StepResult (packed, the codec's layout)
+ finals  N x StepResult (SAME_STEP final results)
+```
+
+The server writes actions, publishes every worker's ``cmd`` word (FUTEX_WAKE only if that worker
+sleeps), then waits on each ``done`` word (spin, then FUTEX_WAIT slices with a liveness check
+of the worker's pid: a dead worker is found within one slice, never a hang). A worker waits on
+its ``cmd`` word the same way, checking the server's pid: an orphaned worker exits. A worker
+that died is replaced by a new process with fresh envs from the factory; its envs' failures
+name them (``env i: worker process k (pid P, envs a..b) died``) and ``restore`` resets the
+fresh envs: the next request works.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from transport import native
+from transport.codec import Schema, StructCodec
+from transport.errors import CodecError, TransportError
+from transport.protocol import AutoReset, ErrorCode, RequestError
+from transport.server import Env, Spaces
+
+FATE_RESET = "the env was reset"
+FATE_RECREATED = "the env was recreated"
+FATE_FAILED = "the env could not be reset: send a reset"
+_FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worker process"}
+
+Failures = list[tuple[int, Exception]]
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line: ``ValueError: text``."""
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def done_field(codec: StructCodec) -> str | None:
+    done = codec.ir.role("done") or codec.ir.role("terminated")
+    return done.name if done else None
+
+
+class LocalEnvs:
+    """Envs stepped in the calling thread; results written in place into ``records``.
+
+    ``records[i]`` and ``finals[i]`` are 0-d records with the codec's field names (any offsets:
+    a packed buffer, or the slots of an shm region). ``base`` numbers the envs in error texts
+    (a worker's first env).
+    """
+
+    def __init__(
+        self,
+        envs: list[Env],
+        codec: StructCodec,
+        records: Sequence[np.ndarray],
+        finals: Sequence[np.ndarray] | None,
+        factory: Callable[[], Env] | None,
+        *,
+        base: int = 0,
+    ) -> None:
+        self.envs = envs
+        self.codec = codec
+        self.records = records
+        self.finals = finals
+        self.factory = factory
+        self.base = base
+        self.num_envs = len(envs)
+        self._done = done_field(codec)
+        self._scratch = bytearray(codec.size)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._step_into = [getattr(env, "step_into", None) for env in self.envs]
+        self._reset_into = [getattr(env, "reset_into", None) for env in self.envs]
+
+    def spaces(self) -> Spaces:
+        return self.envs[0].spaces()
+
+    def final_record(self, index: int) -> np.ndarray:
+        assert self.finals is not None
+        return self.finals[index]
+
+    def is_done(self, index: int) -> bool:
+        return self._done is not None and bool(self.records[index][self._done])
+
+    def write(self, index: int, output: Any) -> None:
+        if output is None:  # the env wrote the record in place (step_into / reset_into)
+            return
+        try:
+            self.codec.encode_into(
+                self._scratch, 0, output, validate=not isinstance(output, np.ndarray)
+            )
+        except CodecError as exc:
+            raise RequestError(
+                ErrorCode.ENV_ERROR, f"env {self.base + index}: returned bad values: {exc}"
+            ) from None
+        self.records[index][...] = self.codec.view(self._scratch)
+
+    def reset_one(self, index: int, seed: int | None) -> None:
+        reset_into = self._reset_into[index]
+        if reset_into is not None:
+            self.write(index, reset_into(seed, self.records[index]))
+        else:
+            self.write(index, self.envs[index].reset(seed))
+
+    def step_one(self, index: int, action: int, mode: AutoReset) -> bool:
+        """Step env ``index`` (or auto-reset it); True when SAME_STEP kept a final result."""
+        if mode == AutoReset.NEXT_STEP and self.is_done(index):
+            self.reset_one(index, None)  # the action of a done env is ignored
+            return False
+        step_into = self._step_into[index]
+        if step_into is not None:
+            self.write(index, step_into(action, self.records[index]))
+        else:
+            self.write(index, self.envs[index].step(action))
+        if mode == AutoReset.SAME_STEP and self.is_done(index):
+            self.final_record(index)[...] = self.records[index]
+            self.reset_one(index, None)
+            return True
+        return False
+
+    def reset(self, seeds: Sequence[int | None]) -> Failures:
+        failures: Failures = []
+        for i in range(self.num_envs):
+            try:
+                self.reset_one(i, seeds[i])
+            except Exception as exc:  # the other envs still reset
+                failures.append((i, exc))
+        return failures
+
+    def step(self, actions: Sequence[int], mode: AutoReset) -> tuple[list[int], Failures]:
+        ended: list[int] = []
+        failures: Failures = []
+        step_one = self.step_one
+        for i in range(self.num_envs):
+            try:
+                if step_one(i, actions[i], mode):
+                    ended.append(i)
+            except Exception as exc:  # the other envs still step
+                failures.append((i, exc))
+        return ended, failures
+
+    def restore(self, index: int, seed: int | None) -> tuple[str, bool]:
+        """Reset env ``index`` after it raised; if that raises too, recreate it."""
+        env = self.envs[index]
+        attempts: list[tuple[str, Callable[[], Env]]] = [(FATE_RESET, lambda: env)]
+        if self.factory is not None:
+            attempts.append((FATE_RECREATED, self.factory))
+        for fate, make in attempts:
+            try:
+                fresh = make()
+                self.envs[index] = fresh
+                self._refresh()
+                self.reset_one(index, seed)
+            except Exception:
+                continue
+            return fate, True
+        return FATE_FAILED, False
+
+    def close(self) -> None:
+        for env in self.envs:
+            close = getattr(env, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    pass
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+READY, CLOSED = 1, 2
+OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE = 1, 2, 3, 4
+ENDED, FAILED = 1, 2
+BLOCK = 64
+CTL_DTYPE = np.dtype(
+    {
+        "names": ["action", "flags", "has_seed", "fate", "error_len", "seed", "error_text"],
+        "formats": ["<i4", "u1", "u1", "u1", "<u2", "<u8", ("u1", 1000)],
+        "offsets": [0, 4, 5, 6, 8, 16, 24],
+        "itemsize": 1024,
+    }
+)
+_W_CMD, _W_DONE, _W_OP, _W_ARG, _W_MODE, _W_OK = range(6)  # u32 words of a worker block
+
+
+class WorkerDiedError(TransportError):
+    """A worker process of a pool died: its envs lost their state (they are recreated)."""
+
+
+class _Layout:
+    """The pool mapping's views (the same in the server and in every worker)."""
+
+    def __init__(self, buf: Any, num_envs: int, workers: int, codec: StructCodec) -> None:
+        size = codec.size
+        self.ctl_off = BLOCK * (1 + workers)
+        self.results_off = _align(self.ctl_off + num_envs * CTL_DTYPE.itemsize)
+        self.finals_off = _align(self.results_off + num_envs * size)
+        self.size = _align(self.finals_off + num_envs * size)
+        self.buf = buf
+        self.state = native.word(buf, 0)
+        self.blocks = [
+            np.ndarray((BLOCK // 4,), dtype="<u4", buffer=buf, offset=BLOCK * (1 + k))
+            for k in range(workers)
+        ]
+        self.cmd = [native.word(buf, BLOCK * (1 + k)) for k in range(workers)]
+        self.done = [native.word(buf, BLOCK * (1 + k) + 4) for k in range(workers)]
+        self.ctl = np.ndarray((num_envs,), dtype=CTL_DTYPE, buffer=buf, offset=self.ctl_off)
+        self.results = codec.view(buf, self.results_off, count=num_envs)
+        self.finals = codec.view(buf, self.finals_off, count=num_envs)
+        self.result_records = [
+            codec.view(buf, self.results_off + i * size) for i in range(num_envs)
+        ]
+        self.final_records = [codec.view(buf, self.finals_off + i * size) for i in range(num_envs)]
+
+    @staticmethod
+    def total(num_envs: int, workers: int, codec: StructCodec) -> int:
+        ctl = BLOCK * (1 + workers)
+        results = _align(ctl + num_envs * CTL_DTYPE.itemsize)
+        finals = _align(results + num_envs * codec.size)
+        return _align(finals + num_envs * codec.size)
+
+
+def _align(n: int, to: int = 64) -> int:
+    return (n + to - 1) // to * to
+
+
+def _split(num_envs: int, workers: int) -> list[tuple[int, int]]:
+    """Env ranges [lo, hi) per worker, as even as possible (the first ones get one more)."""
+    per, extra = divmod(num_envs, workers)
+    ranges, lo = [], 0
+    for k in range(workers):
+        hi = lo + per + (1 if k < extra else 0)
+        ranges.append((lo, hi))
+        lo = hi
+    return ranges
+
+
+def _wait_ctx(peer_pid: int, spin: int, state: Any = None) -> Any:
+    ctx = native.new_ctx()
+    ctx.peer_pid = peer_pid
+    ctx.peer_start = native.proc_start_time(peer_pid)
+    ctx.spin = spin
+    ctx.slice_ns = 50_000_000
+    if state is not None:
+        ctx.state = state
+        ctx.ready_state = READY
+    return ctx
+
+
+def _write_error(ctl: np.ndarray, text: str) -> None:
+    data = text.encode("utf-8")[: ctl["error_text"].shape[-1]]
+    data = data.decode("utf-8", "ignore").encode("utf-8")
+    ctl["error_text"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    ctl["error_len"] = len(data)
+
+
+def _worker_main(
+    fd_path: str,
+    size: int,
+    num_envs: int,
+    workers: int,
+    k: int,
+    factory: Callable[[], Env],
+    schema_ir: Any,
+    result_struct: str,
+    parent_pid: int,
+    spin: int,
+) -> None:  # pragma: no cover - runs in the worker process (covered by tests/test_workers.py)
+    fd = os.open(fd_path, os.O_RDWR)
+    try:
+        buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    codec = Schema(schema_ir)[result_struct]
+    lay = _Layout(buf, num_envs, workers, codec)
+    lo, hi = _split(num_envs, workers)[k]
+    block, ctl = lay.blocks[k], lay.ctl
+    try:
+        envs = [factory() for _ in range(lo, hi)]
+        local = LocalEnvs(
+            envs, codec, lay.result_records[lo:hi], lay.final_records[lo:hi], factory, base=lo
+        )
+        block[_W_OK] = 1
+    except Exception as exc:
+        _write_error(ctl[lo], describe(exc))
+        block[_W_OK] = 0
+        native.publish(lay.done[k], 1)
+        return
+    ctx = _wait_ctx(parent_pid, spin, lay.state)
+    native.publish(lay.done[k], 1)  # ready
+    last = 0
+    wait = native.lib.tp_wait_change
+    while True:
+        rc = int(wait(ctx, lay.cmd[k], last, 1_000_000_000))
+        if rc == native.TIMEOUT:
+            continue
+        if rc < 0:  # CLOSED, or the server died
+            return
+        last = rc
+        op = int(block[_W_OP])
+        if op == OP_CLOSE:
+            local.close()
+            native.publish(lay.done[k], rc)
+            return
+        mine = ctl[lo:hi]
+        mine["flags"] = 0
+        failures: Failures = []
+        if op == OP_STEP:
+            ended, failures = local.step(mine["action"].tolist(), AutoReset(int(block[_W_MODE])))
+            for i in ended:
+                mine[i]["flags"] = ENDED
+        elif op == OP_RESET:
+            seeds = [
+                int(s) if h else None
+                for s, h in zip(mine["seed"].tolist(), mine["has_seed"].tolist(), strict=True)
+            ]
+            failures = local.reset(seeds)
+        elif op == OP_RESTORE:
+            i = int(block[_W_ARG]) - lo
+            seed = int(mine[i]["seed"]) if mine[i]["has_seed"] else None
+            fate, ok = local.restore(i, seed)
+            mine[i]["fate"] = {FATE_RESET: 1, FATE_RECREATED: 2}.get(fate, 0) if ok else 0
+        for i, err in failures:
+            mine[i]["flags"] |= FAILED
+            if isinstance(err, RequestError):
+                text = err.text.removeprefix(f"env {lo + i}: ")
+            else:
+                text = describe(err)
+            _write_error(mine[i], text)
+        native.publish(lay.done[k], rc)
+
+
+class WorkerPool:
+    """``num_envs`` envs in ``workers`` processes (env i in worker ``i * K // N``, evenly split).
+
+    Results land in the pool's shared mapping and are copied (one assignment of N records) into
+    ``dest`` (an (N,) record array with the codec's field names), so the session reads them where
+    it always does. ``final_record(i)`` is env i's SAME_STEP final result, in the mapping.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Env],
+        schema: Schema,
+        result_struct: str,
+        num_envs: int,
+        workers: int,
+        dest: np.ndarray,
+        *,
+        spin: int = 2_000,
+        start_timeout: float = 60.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        if num_envs < 1:
+            raise ValueError("num_envs must be at least 1")
+        self.factory = factory
+        self.schema = schema
+        self.result_struct = result_struct
+        self.codec = schema[result_struct]
+        self.num_envs = num_envs
+        self.workers = min(workers, num_envs)
+        self.dest = dest
+        self.spin = spin
+        self.start_timeout = start_timeout
+        self._ranges = _split(num_envs, self.workers)
+        self._owner = [k for k, (lo, hi) in enumerate(self._ranges) for _ in range(lo, hi)]
+        self._spaces: Spaces | None = None
+        self._closed = False
+        size = _Layout.total(num_envs, self.workers, self.codec)
+        self._fd = os.memfd_create("transport-workers", os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, size)
+        self._size = size
+        self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.lay = _Layout(self._map, num_envs, self.workers, self.codec)
+        native.store_release(self.lay.state, READY)
+        self._mp = multiprocessing.get_context("spawn")
+        self._procs: list[Any] = [None] * self.workers
+        self._ctxs: list[Any] = [None] * self.workers
+        self._seq = [0] * self.workers
+        self._recreated: set[int] = set()
+        try:
+            for k in range(self.workers):
+                self._spawn(k)
+            for k in range(self.workers):
+                self._await_start(k)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, k: int) -> None:
+        block = self.lay.blocks[k]
+        block[:] = 0  # cmd and done sequences restart at 0
+        self._seq[k] = 0
+        proc = self._mp.Process(
+            target=_worker_main,
+            args=(
+                f"/proc/{os.getpid()}/fd/{self._fd}",
+                self._size,
+                self.num_envs,
+                self.workers,
+                k,
+                self.factory,
+                self.schema.ir,
+                self.result_struct,
+                os.getpid(),
+                self.spin,
+            ),
+            name=f"transport-worker-{k}",
+            daemon=True,
+        )
+        proc.start()
+        self._procs[k] = proc
+        self._ctxs[k] = None
+
+    def _await_start(self, k: int) -> None:
+        proc = self._procs[k]
+        ctx = _wait_ctx(proc.pid, 0)
+        rc = native.wait_value(ctx, self.lay.done[k], 1, self.start_timeout)
+        if rc != native.OK:
+            raise WorkerDiedError(
+                f"worker process {k} (pid {proc.pid}, envs {self._describe(k)}) did not start"
+            )
+        if not self.lay.blocks[k][_W_OK]:
+            lo = self._ranges[k][0]
+            ctl = self.lay.ctl[lo]
+            text = bytes(ctl["error_text"][: int(ctl["error_len"])]).decode("utf-8", "replace")
+            raise WorkerDiedError(f"worker process {k}: creating its envs failed: {text}")
+        self._seq[k] = 1
+        self._ctxs[k] = _wait_ctx(proc.pid, self.spin)
+
+    def _describe(self, k: int) -> str:
+        lo, hi = self._ranges[k]
+        return f"{lo}..{hi - 1}" if hi - lo > 1 else str(lo)
+
+    def pids(self) -> list[int]:
+        """The worker processes' pids (index k: worker k)."""
+        return [int(p.pid) for p in self._procs]
+
+    def env_ids(self, k: int) -> range:
+        lo, hi = self._ranges[k]
+        return range(lo, hi)
+
+    # -- fan-out / gather ----------------------------------------------------------------------
+
+    def _run(self, op: int, workers: Sequence[int], arg: int = 0, mode: int = 0) -> list[int]:
+        """Send ``op`` to ``workers`` and wait for each; returns the workers that died."""
+        if self._closed:
+            raise TransportError("the worker pool is closed")
+        for k in workers:
+            block = self.lay.blocks[k]
+            block[_W_OP] = op
+            block[_W_ARG] = arg
+            block[_W_MODE] = mode
+            self._seq[k] = (self._seq[k] + 1) & native.SEQ_MASK
+            native.publish(self.lay.cmd[k], self._seq[k])
+        dead = []
+        for k in workers:
+            rc = native.lib.tp_wait_value(self._ctxs[k], self.lay.done[k], self._seq[k], -1)
+            if rc != native.OK:
+                dead.append(k)
+        return dead
+
+    def _died(self, dead: list[int], failures: Failures) -> None:
+        """Replace each dead worker; its envs fail with a text naming them."""
+        for k in dead:
+            proc = self._procs[k]
+            proc.join(timeout=1.0)
+            code = proc.exitcode
+            how = f"exit code {code}" if code is not None else "no exit code"
+            envs = self._describe(k)
+            for i in self.env_ids(k):
+                text = f"env {i}: worker process {k} (pid {proc.pid}, envs {envs}) died ({how})"
+                failures.append((i, RequestError(ErrorCode.ENV_ERROR, text)))
+                self._recreated.add(i)
+            self._spawn(k)
+            self._await_start(k)
+        failures.sort(key=lambda f: f[0])
+
+    def _collect(self, failures: Failures, skip: set[int]) -> list[int]:
+        ctl = self.lay.ctl
+        flags = ctl["flags"]
+        ended = []
+        for i in np.flatnonzero(flags).tolist():
+            if self._owner[i] in skip:
+                continue
+            if flags[i] & FAILED:
+                text = bytes(ctl[i]["error_text"][: int(ctl[i]["error_len"])]).decode(
+                    "utf-8", "replace"
+                )
+                failures.append((i, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")))
+            if flags[i] & ENDED:
+                ended.append(i)
+        return ended
+
+    def spaces(self) -> Spaces:
+        if self._spaces is None:
+            self._spaces = self.factory().spaces()
+        return self._spaces
+
+    def reset(self, seeds: Sequence[int | None]) -> Failures:
+        ctl = self.lay.ctl
+        ctl["has_seed"] = [s is not None for s in seeds]
+        ctl["seed"] = [0 if s is None else s for s in seeds]
+        dead = self._run(OP_RESET, range(self.workers))
+        failures: Failures = []
+        self._collect(failures, set(dead))
+        self.dest[...] = self.lay.results
+        if dead:
+            self._died(dead, failures)
+        return failures
+
+    def step(
+        self, actions: Sequence[int] | np.ndarray, mode: AutoReset
+    ) -> tuple[list[int], Failures]:
+        self.lay.ctl["action"] = actions
+        dead = self._run(OP_STEP, range(self.workers), mode=int(mode))
+        failures: Failures = []
+        ended = self._collect(failures, set(dead))
+        self.dest[...] = self.lay.results
+        if dead:
+            self._died(dead, failures)
+        return ended, failures
+
+    def final_record(self, index: int) -> np.ndarray:
+        return self.lay.final_records[index]
+
+    def restore(self, index: int, seed: int | None) -> tuple[str, bool]:
+        ctl = self.lay.ctl[index]
+        ctl["has_seed"] = seed is not None
+        ctl["seed"] = 0 if seed is None else seed
+        k = self._owner[index]
+        if self._run(OP_RESTORE, [k], arg=index):
+            self._died([k], [])
+            return FATE_FAILED, False
+        code = int(self.lay.ctl[index]["fate"])
+        if code and index in self._recreated:
+            code = 3
+            self._recreated.discard(index)
+        self.dest[index] = self.lay.results[index]
+        return (_FATES[code], True) if code else (FATE_FAILED, False)
+
+    def close(self) -> None:
+        """Stop every worker (CLOSED wakes them; stragglers are killed) and unmap."""
+        if self._closed:
+            return
+        self._closed = True
+        native.store_release(self.lay.state, CLOSED)
+        for k in range(self.workers):
+            native.futex_wake(self.lay.cmd[k])
+        for proc in self._procs:
+            if proc is None:
+                continue
+            proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
+        self.dest = np.zeros(0)
+        self.lay = None  # type: ignore[assignment]
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+        os.close(self._fd)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class PoolEnvStub:
+    """Stands in the session's env list for an env living in a worker process."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+
+    def spaces(self) -> Spaces:
+        return self._pool.spaces()
+
+    def reset(self, seed: int | None = None) -> Any:
+        raise TransportError("this env lives in a worker process: reset through the pool")
+
+    def step(self, action: int) -> Any:
+        raise TransportError("this env lives in a worker process: step through the pool")
