@@ -20,8 +20,6 @@ export interface Env<R = StepResultInput> {
   spaces(): Spaces;
   reset(seed?: bigint): R;
   step(action: number): R;
-  /** Optional: step several envs' worth of actions at once (one action per env). */
-  stepBatch?(actions: Int32Array): R[];
 }
 
 /** Makes a fresh env (a server calls it once per env per connection). */
