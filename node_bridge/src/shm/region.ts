@@ -1,0 +1,513 @@
+/**
+ * The shm:// region (seed 000 Appendix B; schema/pac_shm.toml; the protocol is docs/shm.md and
+ * the Python twin is transport/shm.py). Layout, from the generated pac_shm IR:
+ *
+ *     offset 0            64              64 + 5120        64 + i * 5120   F = 64 + N * 5120
+ *     +-------------------+---------------+----------------+----  ...  ----+----------+--- ...
+ *     | ControlBlock (64) | Slot env 0    | Slot env 1     | ...           | Final 0  | Final i
+ *     +-------------------+---------------+----------------+----  ...  ----+----------+--- ...
+ *     one 5120-byte Slot per env, then one 2576-byte final-result area per env (at F + i * 2576:
+ *     u32 final_seq, then SAME_STEP's final StepResult at the Slot's offsets 16..2572)
+ *
+ *     ControlBlock: 0 magic u32 "PACT" | 4 version | 8 num_envs | 12 obs_size | 16 act_size
+ *       20 slot_size | 24 fingerprint u64 | 32 owner_pid | 36 state (CREATING 0, READY 1,
+ *       CLOSED 2; written last) | 40 owner_start_time u64 | 48 client_start_time u64
+ *       56 doorbell (futex) | 60 client_pid (lease, CAS)
+ *     Slot: 0 sem_action_ready (request seq, futex) | 4 sem_result_ready (response seq, futex)
+ *       8 command | 12 action i32 | 16..2573 the StepResult fields | 2573 has_seed u8
+ *       2574 status u16 | 2576 seed u64 | 2584 error_len u16 | 2586 info_len u16
+ *       2592 error_text u8[1024] | 3616 info u8[256] (slot 0) | padding to 5120
+ *
+ * Futex words carry a 31-bit sequence; bit 31 (SLEEP) means "a waiter may sleep on this word".
+ */
+
+import { closeSync, fstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
+import { ConnectError } from "../errors";
+import * as pac_shm from "../generated/pac_shm";
+import type { FieldJson } from "../ir";
+import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
+
+export const MAGIC = 0x50414354; // "PACT"
+export const LAYOUT_VERSION: number = pac_shm.IR.version;
+export const PREFIX = "transport-";
+export const SHM_DIR = "/dev/shm";
+export const SEQ_MASK = 0x7fffffff;
+export const SLEEP_BIT = 0x80000000;
+/** Seconds a header-less segment may take to be initialised before it counts as stale. */
+export const STALE_CREATING_AFTER_S = 10;
+export const RegionState = pac_shm.RegionState;
+export const SlotCommand = pac_shm.SlotCommand;
+
+function fieldsOf(struct: string): Readonly<Record<string, FieldJson>> {
+  const ir = pac_shm.IR.structs[struct];
+  if (ir === undefined) throw new Error(`pac_shm has no struct ${struct}`);
+  const out: Record<string, FieldJson> = {};
+  for (const f of ir.fields) out[f.name] = f;
+  return out;
+}
+
+/** ControlBlock fields by name (offset, size, count, type). */
+export const CB = fieldsOf("ControlBlock");
+/** Slot fields by name. */
+export const SLOT = fieldsOf("Slot");
+export const CONTROL_SIZE: number = pac_shm.IR.structs["ControlBlock"]!.size; // 64
+export const SLOT_SIZE: number = pac_shm.IR.structs["Slot"]!.size; // 5120
+/** Slot byte where the StepResult fields begin (reward). */
+export const RESULT_OFFSET: number = SLOT["reward"]!.offset; // 16
+export const ERROR_TEXT_MAX: number = SLOT["error_text"]!.count;
+export const INFO_MAX: number = SLOT["info"]!.count;
+
+export function off(fields: Readonly<Record<string, FieldJson>>, name: string): number {
+  const f = fields[name];
+  if (f === undefined) throw new Error(`pac_shm has no field ${name}`);
+  return f.offset;
+}
+
+/** One env's final-result area (transport/shm.py FINAL_SIZE): u32 final_seq, the StepResult. */
+export const FINAL_SIZE = 2576;
+/** Offset of `final_seq` in a final area (the StepResult fields keep their Slot offsets). */
+export const FINAL_SEQ_OFFSET = 0;
+/** Slot command 3 (transport/shm.py `SlotCommand.HELLO`; not in the generated pac_shm enum). */
+export const SLOT_HELLO = 3;
+
+/** Bytes of the control block and the N slots (a region without final areas). */
+export function slotsSize(numEnvs: number): number {
+  return CONTROL_SIZE + numEnvs * SLOT_SIZE;
+}
+
+/** Where env 0's final-result area starts: right after the last slot. */
+export function finalsOffset(numEnvs: number): number {
+  return slotsSize(numEnvs);
+}
+
+/** The segment size (transport/shm.py `region_size`): control block, N slots, N final areas. */
+export function regionSize(numEnvs: number): number {
+  return slotsSize(numEnvs) + numEnvs * FINAL_SIZE;
+}
+
+// -- wait policy and URLs ------------------------------------------------------------------------
+
+/** `spin` busy iterations (counted like the C loop's PAUSEs, ~25 ns each), then futex slices. */
+export interface WaitPolicy {
+  readonly spin: number;
+  readonly futexSliceMs: number;
+}
+
+export const WAIT_PRESETS: Readonly<Record<string, WaitPolicy>> = {
+  spin: { spin: 2_000_000, futexSliceMs: 50 },
+  balanced: { spin: 20_000, futexSliceMs: 50 },
+  futex: { spin: 0, futexSliceMs: 50 },
+};
+
+export interface ShmUrl {
+  readonly name: string;
+  readonly numEnvs: number | null;
+  readonly wait: WaitPolicy;
+  /** The shm_open name: `/transport-<name>`. */
+  readonly segment: string;
+  /** `/dev/shm/transport-<name>`. */
+  readonly path: string;
+}
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$/;
+
+/** `shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M` (transport/shm.py). */
+export function parseShmUrl(url: string): ShmUrl {
+  const sep = url.indexOf("://");
+  if (sep < 0 || url.slice(0, sep).toLowerCase() !== "shm") {
+    throw new ConnectError(`${JSON.stringify(url)} is not an shm:// URL`);
+  }
+  const rest = url.slice(sep + 3);
+  const q = rest.indexOf("?");
+  const name = (q < 0 ? rest : rest.slice(0, q)).replace(/^\/+|\/+$/g, "");
+  const query = q < 0 ? "" : rest.slice(q + 1);
+  if (!NAME.test(name)) {
+    throw new ConnectError(
+      `${JSON.stringify(url)}: the region name must be 1-201 characters of A-Z a-z 0-9 . _ - ` +
+        "(it becomes /dev/shm/transport-<name>)",
+    );
+  }
+  const params = new URLSearchParams(query);
+  const unknown = [...new Set(params.keys())].filter((k) => !["num_envs", "wait", "spin", "slice_ms"].includes(k));
+  if (unknown.length > 0) {
+    throw new ConnectError(`${JSON.stringify(url)}: unknown parameter(s) ${unknown.sort().join(", ")}`);
+  }
+  const bad = (why: string): never => {
+    throw new ConnectError(`${JSON.stringify(url)}: bad parameter value (${why})`);
+  };
+  let numEnvs: number | null = null;
+  const n = params.get("num_envs");
+  if (n !== null) {
+    if (!/^[0-9]+$/.test(n) || Number(n) < 1) bad("num_envs must be >= 1");
+    numEnvs = Number(n);
+  }
+  const preset = params.get("wait") ?? "balanced";
+  let wait = WAIT_PRESETS[preset];
+  if (wait === undefined || !Object.prototype.hasOwnProperty.call(WAIT_PRESETS, preset)) {
+    return bad(`unknown wait policy ${JSON.stringify(preset)} (known: ${Object.keys(WAIT_PRESETS).sort().join(", ")})`);
+  }
+  const spin = params.get("spin");
+  const slice = params.get("slice_ms");
+  if (spin !== null || slice !== null) {
+    const s = spin === null ? wait.spin : Number(spin);
+    const m = slice === null ? wait.futexSliceMs : Number(slice);
+    if (!Number.isInteger(s) || s < 0) bad(`spin must be a non-negative integer, got ${JSON.stringify(spin)}`);
+    if (!Number.isFinite(m) || m <= 0) bad(`slice_ms must be a positive number, got ${JSON.stringify(slice)}`);
+    wait = { spin: s, futexSliceMs: m };
+  }
+  return { name, numEnvs, wait, segment: `/${PREFIX}${name}`, path: `${SHM_DIR}/${PREFIX}${name}` };
+}
+
+// -- liveness ----------------------------------------------------------------------------------
+
+/** Field 22 (starttime) of /proc/<pid>/stat; 0 if the process is gone or a zombie (Z, X). */
+export function procStartTime(pid: number): bigint {
+  if (!Number.isInteger(pid) || pid <= 0) return 0n;
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, "latin1");
+  } catch {
+    return 0n;
+  }
+  const close = text.lastIndexOf(")"); // the command name may hold spaces and parentheses
+  if (close < 0 || text[close + 1] !== " ") return 0n;
+  const fields = text.slice(close + 2).split(" "); // fields[0] is field 3 (state)
+  const state = fields[0];
+  if (state === "Z" || state === "X" || state === "x") return 0n;
+  const start = fields[22 - 3];
+  if (start === undefined || !/^[0-9]+$/.test(start)) return 0n;
+  return BigInt(start);
+}
+
+/** pid runs (not a zombie) and, when `startTime` is not 0, is the process that started then. */
+export function peerAlive(pid: number, startTime: bigint = 0n): boolean {
+  if (pid === 0) return false;
+  const found = procStartTime(pid);
+  if (found === 0n) return false;
+  return startTime === 0n || found === startTime;
+}
+
+/** Bytes free for an unprivileged writer in /dev/shm; -1 if unknown. */
+export function freeShmBytes(): number {
+  try {
+    const st = statfsSync(SHM_DIR);
+    return st.bavail * st.bsize;
+  } catch {
+    return -1;
+  }
+}
+
+export function noRoomMessage(path: string, size: number, numEnvs: number, free: number, why: string): string {
+  return (
+    `cannot create ${path} (${size} bytes for ${numEnvs} envs): ${why}; /dev/shm has ${free} ` +
+    "bytes free. Enlarge /dev/shm (docker run --shm-size=1g, or mount -o remount,size=2G " +
+    "/dev/shm), remove stale regions (transport-serve --cleanup-shm) or serve fewer envs"
+  );
+}
+
+/** Refuse before anything is created when /dev/shm cannot hold `numEnvs` slots. */
+export function checkRoom(shm: ShmUrl, numEnvs: number): void {
+  const size = regionSize(numEnvs);
+  const free = freeShmBytes();
+  if (free >= 0 && free < size) throw new ConnectError(noRoomMessage(shm.path, size, numEnvs, free, "no space"));
+}
+
+// -- inspection of an existing segment -----------------------------------------------------------
+
+export interface SegmentInfo {
+  readonly path: string;
+  readonly size: number;
+  readonly magicOk: boolean;
+  readonly ownerPid: number;
+  readonly ownerAlive: boolean;
+  readonly state: number;
+  readonly ageS: number;
+  /** Replaceable: a finished header whose owner is dead, or a header-less leftover. */
+  readonly stale: boolean;
+}
+
+/** Read a segment's control block with plain file I/O (transport/shm.py `inspect_segment`). */
+export function inspectSegment(path: string): SegmentInfo {
+  const st = statSync(path);
+  const header = Buffer.alloc(CONTROL_SIZE);
+  let got = 0;
+  try {
+    const fd = openSync(path, "r");
+    try {
+      got = readSync(fd, header, 0, CONTROL_SIZE, 0);
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    got = 0;
+  }
+  const ageS = Math.max(0, (Date.now() - st.mtimeMs) / 1000);
+  if (got < CONTROL_SIZE) {
+    return { path, size: st.size, magicOk: false, ownerPid: 0, ownerAlive: false, state: -1, ageS, stale: ageS > STALE_CREATING_AFTER_S };
+  }
+  const magicOk = header.readUInt32LE(off(CB, "magic")) === MAGIC;
+  const ownerPid = magicOk ? header.readUInt32LE(off(CB, "owner_pid")) : 0;
+  const start = magicOk ? header.readBigUInt64LE(off(CB, "owner_start_time")) : 0n;
+  const ownerAlive = ownerPid !== 0 && peerAlive(ownerPid, start);
+  const stale = ownerPid !== 0 ? !ownerAlive : ageS > STALE_CREATING_AFTER_S;
+  return { path, size: st.size, magicOk, ownerPid, ownerAlive, state: header.readUInt32LE(off(CB, "state")), ageS, stale };
+}
+
+// -- the mapped region ---------------------------------------------------------------------------
+
+/**
+ * A mapped segment. `bytes`, `dv` and `words` view the mapping itself (koffi.view: no copy);
+ * every access after `unmap()` would touch unmapped memory, so the owner stops using them first.
+ */
+export class Region {
+  readonly shm: ShmUrl;
+  readonly size: number;
+  readonly numEnvs: number;
+  readonly inode: number;
+  readonly address: bigint;
+  /** The mapping's address as a Number (user-space addresses fit in 53 bits). */
+  readonly base: number;
+  readonly bytes: Uint8Array;
+  readonly dv: DataView;
+  /** 32-bit words of the whole mapping, for Atomics (offset / 4). */
+  readonly words: Int32Array;
+  #mapped = true;
+
+  private constructor(shm: ShmUrl, fd: number, size: number, numEnvs: number) {
+    const nat = native();
+    this.shm = shm;
+    this.size = size;
+    this.numEnvs = numEnvs;
+    this.inode = fstatSync(fd).ino;
+    const address = nat.mmap(fd, size);
+    if (address < 0n) {
+      throw new ConnectError(`cannot map ${shm.path} (${size} bytes): ${nat.strerror(nat.errno())}`);
+    }
+    this.address = address;
+    this.base = Number(address);
+    const buffer = nat.view(address, size);
+    this.bytes = new Uint8Array(buffer);
+    this.dv = new DataView(buffer);
+    this.words = new Int32Array(buffer);
+  }
+
+  /**
+   * Create `/dev/shm/transport-<name>` exclusively (mode 0600), reserve its pages with
+   * posix_fallocate (a full /dev/shm is an error here naming what is needed and what is free,
+   * never a SIGBUS later) and map it. A stale segment (dead owner) is replaced; a live one never.
+   */
+  static create(shm: ShmUrl, numEnvs: number): Region {
+    const nat = native();
+    const size = regionSize(numEnvs);
+    const url = `shm://${shm.name}`;
+    checkRoom(shm, numEnvs);
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const fd = nat.shmOpen(shm.segment, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600);
+      if (fd < 0) {
+        const errno = nat.errno();
+        if (errno !== EEXIST) {
+          throw new ConnectError(noRoomMessage(shm.path, size, numEnvs, freeShmBytes(), nat.strerror(errno)));
+        }
+        let info: SegmentInfo;
+        try {
+          info = inspectSegment(shm.path);
+        } catch {
+          continue; // gone meanwhile: try again
+        }
+        if (!info.stale) {
+          const who = info.ownerPid ? `pid ${info.ownerPid}` : "a server starting up";
+          throw new ConnectError(`${url} is in use by a live server (${who}); ${shm.path} is not replaced`);
+        }
+        process.stderr.write(`transport: replacing stale region ${shm.path} (owner pid ${info.ownerPid})\n`);
+        if (nat.shmUnlink(shm.segment) !== 0 && nat.errno() !== ENOENT) {
+          throw new ConnectError(`cannot remove the stale region ${shm.path}: ${nat.strerror(nat.errno())}`);
+        }
+        continue;
+      }
+      try {
+        if (nat.fchmod(fd, 0o600) !== 0) throw new ConnectError(`fchmod ${shm.path}: ${nat.strerror(nat.errno())}`);
+        const err = nat.posixFallocate(fd, 0, size);
+        if (err !== 0) throw new ConnectError(noRoomMessage(shm.path, size, numEnvs, freeShmBytes(), nat.strerror(err)));
+        return new Region(shm, fd, size, numEnvs);
+      } catch (error) {
+        nat.shmUnlink(shm.segment);
+        throw error;
+      } finally {
+        nat.close(fd);
+      }
+    }
+    throw new ConnectError(`${url}: could not replace the stale region ${shm.path}`);
+  }
+
+  /** Map an existing segment (tests and tools; the Python client is the real client). */
+  static open(shm: ShmUrl): Region {
+    const nat = native();
+    const fd = nat.shmOpen(shm.segment, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) throw new ConnectError(`cannot open ${shm.path}: ${nat.strerror(nat.errno())}`);
+    try {
+      const size = fstatSync(fd).size;
+      if (size < CONTROL_SIZE) throw new ConnectError(`${shm.path} has no control block yet (${size} bytes)`);
+      const header = Buffer.alloc(CONTROL_SIZE);
+      readSync(fd, header, 0, CONTROL_SIZE, 0);
+      let numEnvs = header.readUInt32LE(off(CB, "num_envs"));
+      if (header.readUInt32LE(off(CB, "magic")) !== MAGIC || (size !== regionSize(numEnvs) && size !== slotsSize(numEnvs))) {
+        numEnvs = Math.floor((size - CONTROL_SIZE) / (SLOT_SIZE + FINAL_SIZE)); // no header yet
+      }
+      return new Region(shm, fd, size, numEnvs);
+    } finally {
+      nat.close(fd);
+    }
+  }
+
+  get mapped(): boolean {
+    return this.#mapped;
+  }
+
+  /** Word index (for `words`) of a control-block field. */
+  cbWord(field: string): number {
+    return off(CB, field) >> 2;
+  }
+
+  /** Byte offset of a slot field. */
+  slotAt(index: number, field: string): number {
+    return CONTROL_SIZE + index * SLOT_SIZE + off(SLOT, field);
+  }
+
+  /** Has the N final-result areas after the slots (a region of `regionSize(numEnvs)` bytes). */
+  get hasFinals(): boolean {
+    return this.size >= regionSize(this.numEnvs);
+  }
+
+  /** Byte offset of env `index`'s final-result area (its `final_seq` word). */
+  finalAt(index: number): number {
+    return finalsOffset(this.numEnvs) + index * FINAL_SIZE;
+  }
+
+  /** The futex address of the 32-bit word at byte `offset`. */
+  addressOf(offset: number): number {
+    return this.base + offset;
+  }
+
+  /** shm_unlink, only if the name still points at this mapping's inode (never another's). */
+  unlinkIfOurs(): boolean {
+    try {
+      if (statSync(this.shm.path).ino !== this.inode) return false;
+    } catch {
+      return false;
+    }
+    return native().shmUnlink(this.shm.segment) === 0;
+  }
+
+  /** Unmap: the typed arrays over the mapping must not be used afterwards. */
+  unmap(): void {
+    if (!this.#mapped) return;
+    this.#mapped = false;
+    native().munmap(this.address, this.size);
+  }
+}
+
+// -- futex words ----------------------------------------------------------------------------------
+
+const FOREVER = { tv_sec: 0, tv_nsec: 0 };
+
+/** FUTEX_WAIT on the word at byte `offset` while it holds `expected`, at most `ns`. */
+export function futexWait(region: Region, offset: number, expected: number, ns: number): number {
+  const nat = native();
+  const t = FOREVER;
+  t.tv_sec = Math.floor(ns / 1e9);
+  t.tv_nsec = Math.floor(ns % 1e9);
+  return nat.futex(region.addressOf(offset), 0, expected >>> 0, t);
+}
+
+export function futexWake(region: Region, offset: number): number {
+  return native().futex(region.addressOf(offset), 1, 0x7fffffff, null);
+}
+
+/**
+ * Publish a sequence (tp_publish_word): exchange (seq_cst, so also a release), then FUTEX_WAKE
+ * only if the old value says a waiter may sleep. A spinning peer costs no system call.
+ */
+export function publishWord(region: Region, offset: number, value: number): boolean {
+  const old = Atomics.exchange(region.words, offset >> 2, value & SEQ_MASK);
+  if (old & SLEEP_BIT) {
+    futexWake(region, offset);
+    return true;
+  }
+  return false;
+}
+
+/** The sequence bits of the word at byte `offset` (acquire: Atomics.load is seq_cst). */
+export function loadSeq(region: Region, offset: number): number {
+  return Atomics.load(region.words, offset >> 2) & SEQ_MASK;
+}
+
+export const WAIT_TIMEOUT = -1;
+export const WAIT_CLOSED = -2;
+export const WAIT_PEER_DEAD = -3;
+const SPIN_NS = 25; // one C PAUSE iteration: the unit of WaitPolicy.spin
+const YIELD_EVERY = 256;
+
+export interface WaitOptions {
+  /** Spin budget in C iterations (converted to time: ~25 ns each). */
+  readonly spin: number;
+  /** One FUTEX_WAIT's length (ms). */
+  readonly sliceMs: number;
+  /** Peer whose death ends the wait (0: none). */
+  readonly peerPid?: number;
+  readonly peerStart?: bigint;
+}
+
+/**
+ * The wait loop of docs/shm.md (tp_native.c `wait_loop`), in JS: spin on Atomics.load
+ * (sched_yield every 256 loads), then FUTEX_WAIT slices with the state and liveness checks.
+ * Returns the word's sequence once `(seq === target) === wantEqual`, or WAIT_TIMEOUT after
+ * `timeoutNs`, WAIT_CLOSED when the region is no longer READY, WAIT_PEER_DEAD.
+ * Synchronous: it blocks the calling thread for at most `timeoutNs`.
+ */
+export function waitWord(
+  region: Region,
+  offset: number,
+  target: number,
+  wantEqual: boolean,
+  timeoutNs: number,
+  options: WaitOptions,
+): number {
+  const words = region.words;
+  const index = offset >> 2;
+  const stateIndex = region.cbWord("state");
+  let v = Atomics.load(words, index);
+  if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+  const start = performance.now();
+  const deadline = start + timeoutNs / 1e6;
+  if (options.spin > 0) {
+    const spinUntil = start + (options.spin * SPIN_NS) / 1e6;
+    const nat = native();
+    for (let spins = 1; ; spins++) {
+      v = Atomics.load(words, index);
+      if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+      if ((spins & (YIELD_EVERY - 1)) === 0) {
+        nat.schedYield(); // a peer sharing this core runs now, not after the whole budget
+        const now = performance.now();
+        if (now >= spinUntil || now >= deadline) break;
+      }
+    }
+  }
+  let checked = false;
+  const sliceMs = Math.max(1, options.sliceMs);
+  for (;;) {
+    v = Atomics.load(words, index);
+    if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+    if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
+    const now = performance.now();
+    if (now >= deadline) return WAIT_TIMEOUT;
+    if (checked && options.peerPid && !peerAlive(options.peerPid, options.peerStart ?? 0n)) return WAIT_PEER_DEAD;
+    checked = true;
+    if (!(v & SLEEP_BIT)) {
+      const sleeping = v | SLEEP_BIT;
+      if (Atomics.compareExchange(words, index, v, sleeping) !== v) continue; // moved: look again
+      v = sleeping;
+    }
+    const ms = Math.min(sliceMs, deadline - now);
+    futexWait(region, offset, v, Math.max(0, ms) * 1e6);
+  }
+}
