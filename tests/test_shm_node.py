@@ -25,13 +25,13 @@ import transport.api as api
 from transport.backends.shm import RegionMismatchError, ShmClient
 from transport.codec import Schema
 from transport.errors import ConnectError, FingerprintMismatchError, PeerGoneError, RemoteError
-from transport.protocol import AutoReset
 from transport.generated import pac_env
-from transport.protocol import ErrorCode
+from transport.protocol import AutoReset, ErrorCode
 from transport.schema import compile_schema
 from transport.shm import CONTROL_SIZE, SLOT_SIZE, region_size
 
 from .servers import ROOT, ServerProcess, require_lang, unique_url
+from .test_shm_autoreset import legal, trace
 from .test_shm_backend import (
     CLIENT_SCRIPT,
     GAMES,
@@ -41,7 +41,6 @@ from .test_shm_backend import (
     unique_shm_url,
     write_fake_region,
 )
-from .test_shm_autoreset import legal, trace
 
 
 @pytest.fixture(autouse=True)

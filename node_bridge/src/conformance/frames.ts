@@ -1,47 +1,50 @@
 /**
  * Length-prefixed frames: a u32 little-endian byte count, then that many bytes.
  *
- * `FrameReader` buffers partial frames from a byte stream without quadratic copying: chunks are
- * kept in a list and joined once per complete frame.
+ * `FrameReader` appends received chunks to one growing buffer (amortised doubling, compacted
+ * when it would grow), so a frame split into many small chunks costs linear time: every byte is
+ * copied in once and out once.
  */
 
 export class FrameReader {
-  #chunks: Buffer[] = [];
-  #buffered = 0;
+  #buffer = Buffer.alloc(0);
+  #start = 0;
+  #end = 0;
 
   /** Add bytes from the stream; returns every frame body completed by them, in order. */
   push(chunk: Buffer): Buffer[] {
-    this.#chunks.push(chunk);
-    this.#buffered += chunk.length;
+    this.#reserve(chunk.length);
+    chunk.copy(this.#buffer, this.#end);
+    this.#end += chunk.length;
     const frames: Buffer[] = [];
-    for (;;) {
-      if (this.#buffered < 4) break;
-      const length = this.#peekLength();
-      if (this.#buffered < 4 + length) break;
-      frames.push(this.#take(4 + length).subarray(4));
+    while (this.#end - this.#start >= 4) {
+      const length = this.#buffer.readUInt32LE(this.#start);
+      const begin = this.#start + 4;
+      if (this.#end < begin + length) break;
+      frames.push(Buffer.from(this.#buffer.subarray(begin, begin + length)));
+      this.#start = begin + length;
     }
+    if (this.#start === this.#end) this.#start = this.#end = 0;
     return frames;
   }
 
   /** Bytes of an incomplete frame still waiting for the rest. */
   get pending(): number {
-    return this.#buffered;
+    return this.#end - this.#start;
   }
 
-  #peekLength(): number {
-    const first = this.#chunks[0] as Buffer;
-    const head = first.length >= 4 ? first : Buffer.concat(this.#chunks, 4);
-    return head.readUInt32LE(0);
-  }
-
-  #take(count: number): Buffer {
-    const all =
-      this.#chunks.length === 1 ? (this.#chunks[0] as Buffer) : Buffer.concat(this.#chunks);
-    const frame = all.subarray(0, count);
-    const rest = all.subarray(count);
-    this.#chunks = rest.length > 0 ? [rest] : [];
-    this.#buffered = rest.length;
-    return frame;
+  /** Room for `count` more bytes after `#end`: compact first, grow only when that is not enough. */
+  #reserve(count: number): void {
+    if (this.#end + count <= this.#buffer.length) return;
+    const pending = this.#end - this.#start;
+    const target =
+      pending + count <= this.#buffer.length
+        ? this.#buffer
+        : Buffer.alloc(Math.max(2 * this.#buffer.length, pending + count, 4096));
+    this.#buffer.copy(target, 0, this.#start, this.#end);
+    this.#buffer = target;
+    this.#start = 0;
+    this.#end = pending;
   }
 }
 
