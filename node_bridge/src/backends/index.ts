@@ -43,6 +43,7 @@ export interface Backend {
 export const BACKENDS: Readonly<Record<string, () => Promise<Backend>>> = {
   unix: async () => require("./unix") as Backend,
   http: async () => require("./http") as Backend,
+  shm: async () => require("./shm") as Backend,
 };
 
 export function schemeOf(url: string): string {
