@@ -44,6 +44,8 @@ export const BACKENDS: Readonly<Record<string, () => Promise<Backend>>> = {
   unix: async () => require("./unix") as Backend,
   http: async () => require("./http") as Backend,
   shm: async () => require("./shm") as Backend,
+  "zmq+ipc": async () => require("./zmq") as Backend,
+  "zmq+tcp": async () => require("./zmq") as Backend,
 };
 
 export function schemeOf(url: string): string {

@@ -1,0 +1,501 @@
+"""zmq+ipc:// and zmq+tcp:// with the Node server (`transport-serve ... --lang node`).
+
+Python clients and raw pyzmq sockets against a real Node process (zeromq.js Router): round
+trips, batches, bad input, dead and silent servers, ipc socket files, CURVE, and the 100-game
+pac trace compared byte for byte with the Python server over unix://.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+import transport.api as api
+from transport.backends import zmq as zmq_backend
+from transport.codec import Schema
+from transport.errors import (
+    ConnectError,
+    FingerprintMismatchError,
+    PeerGoneError,
+    RemoteError,
+    TransportTimeoutError,
+)
+from transport.generated import pac_env
+from transport.protocol import HEADER, ErrorCode, encode_hello
+from transport.schema import compile_schema
+
+from .servers import (
+    NODE_SERVER,
+    ROOT,
+    ServerProcess,
+    free_port,
+    require_lang,
+    stop_process,
+    unique_unix_url,
+)
+from .test_trace_equality import GAMES, play
+from .test_zmq_backend import IDS, KINDS, Raw, error_code, ipc_path, zmq_url
+
+NODE_ZERO_COPY_THRESHOLD = 64 << 10  # node_bridge/src/backends/zmq.ts ZERO_COPY_THRESHOLD
+
+
+@pytest.fixture(autouse=True)
+def _needs_node() -> None:
+    require_lang("node")
+
+
+def node_serve(url: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the Node server to completion (for start failures)."""
+    return subprocess.run(
+        ["node", str(NODE_SERVER), url, "--env", "echo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+
+
+@pytest.fixture(params=KINDS)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    with ServerProcess(zmq_url(request.param), env="echo", lang="node") as proc:
+        yield proc
+    if proc.url.startswith("zmq+ipc"):
+        assert not os.path.exists(ipc_path(proc.url)), "server left its ipc socket file"
+
+
+def test_round_trip_and_ipc_file_mode(server: ServerProcess) -> None:
+    if server.url.startswith("zmq+ipc"):
+        assert stat.S_IMODE(os.stat(ipc_path(server.url)).st_mode) == 0o600
+    with api.connect(server.url, timeout=5) as client:
+        assert client.server_info["server"] == "node"
+        assert client.health()
+        assert client.spaces().act_n == 92
+        client.reset()
+        result = client.step(7)
+        assert result.observation[0] == 7.0 and result.reward == 1.75
+        assert result.observation.ctypes.data % 16 == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batched_eight_envs(kind: str) -> None:
+    with ServerProcess(zmq_url(kind), env="echo", lang="node", num_envs=8) as proc:
+        with api.connect(proc.url, timeout=5) as client:
+            assert client.server_info["num_envs"] == 8
+            first = client.reset(seed=3)
+            assert first.observation.shape == (8, 612)
+            for round_ in range(3):
+                actions = [(round_ * 8 + i) % 92 for i in range(8)]
+                result = client.step(actions)
+                assert result.observation.shape == (8, 612)
+                assert (result.observation[:, 0] == np.array(actions, dtype=np.float32)).all()
+
+
+def test_bad_input_gets_error_and_others_keep_being_served(server: ServerProcess) -> None:
+    good = api.connect(server.url, timeout=5)
+    good.reset()
+
+    def still_served() -> None:
+        assert good.step(3).observation[0] == 3.0
+
+    raw = Raw(server.url)
+    try:
+        # garbage: one 64-byte part is no [header, body] frame
+        raw.send(b"\xff" * 64)
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, error_code(body)) == (IDS.ERROR, ErrorCode.BAD_FRAME)
+        still_served()
+
+        # garbage parts: a 3-byte header part
+        raw.send(b"abc", b"def")
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 0, ErrorCode.BAD_FRAME)
+
+        # a header whose body_len disagrees with the body part
+        raw.send(HEADER.pack(IDS.HELLO_REQ, 4, 12), b"\x00\x01")
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 4, ErrorCode.BAD_FRAME)
+        still_served()
+
+        # a header announcing a body, and no body part
+        raw.send(HEADER.pack(IDS.STEP_REQ, 11, 4))
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 11, ErrorCode.BAD_FRAME)
+
+        # body_len of 4 GiB - 1: refused from the header alone, msg_id echoed
+        raw.send(HEADER.pack(IDS.STEP_REQ, 9, 0xFFFFFFFF), b"")
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 9, ErrorCode.BODY_TOO_LARGE)
+        still_served()
+
+        # three parts
+        raw.send(HEADER.pack(IDS.HEALTH_REQ, 6, 0), b"", b"extra")
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 6, ErrorCode.BAD_FRAME)
+
+        # unknown msg_type: ERROR, and the session is dropped (HELLO again)
+        raw.hello()
+        raw.frame(0x77, 5)
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 5, ErrorCode.UNKNOWN_MESSAGE)
+        raw.frame(IDS.HEALTH_REQ, 7)
+        assert error_code(raw.recv()[2]) == ErrorCode.HELLO_REQUIRED
+        still_served()
+
+        # STEP before HELLO: ERROR, session kept; HELLO then works
+        raw.frame(IDS.STEP_REQ, 1, struct.pack("<i", 0))
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 1, ErrorCode.HELLO_REQUIRED)
+        raw.hello(2)
+        raw.frame(IDS.HEALTH_REQ, 3)
+        assert raw.recv() == (IDS.HEALTH_RESP, 3, b"\x01")
+
+        # wrong fingerprint: ERROR naming both, session dropped
+        raw.frame(IDS.HELLO_REQ, 8, encode_hello(pac_env.FINGERPRINT ^ 1))
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (
+            IDS.ERROR,
+            8,
+            ErrorCode.FINGERPRINT_MISMATCH,
+        )
+        assert pac_env.FINGERPRINT_HEX in body.decode("utf-8", "replace")
+        raw.frame(IDS.HEALTH_REQ, 10)
+        assert error_code(raw.recv()[2]) == ErrorCode.HELLO_REQUIRED
+        still_served()
+    finally:
+        raw.close()
+
+    # wrong body size for STEP_REQ, and a large (zero-copy) wrong body: ERROR, session kept
+    with api.connect(server.url, timeout=5) as other:
+        other.reset()
+        resp_type, view = other.channel.request(IDS.STEP_REQ, b"\x00\x00")
+        assert (resp_type, error_code(bytes(view))) == (IDS.ERROR, ErrorCode.BAD_BODY_SIZE)
+        big = bytes(zmq_backend.ZERO_COPY_THRESHOLD + 4)
+        resp_type, view = other.channel.request(IDS.STEP_BATCH_REQ, big)
+        assert (resp_type, error_code(bytes(view))) == (IDS.ERROR, ErrorCode.BAD_BATCH)
+        assert other.step(2).observation[0] == 2.0
+    still_served()
+    good.close()
+
+
+def test_req_socket_clients_work(server: ServerProcess) -> None:
+    raw = Raw(server.url, zmq.REQ)
+    try:
+        raw.frame(IDS.HELLO_REQ, 1, encode_hello(pac_env.FINGERPRINT))
+        assert raw.recv()[:2] == (IDS.HELLO_RESP, 1)
+        raw.frame(IDS.SPACES_REQ, 2)
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id) == (IDS.SPACES_RESP, 2)
+        assert struct.unpack("<ii", body) == (612, 92)
+    finally:
+        raw.close()
+
+
+def test_out_of_range_action_is_a_remote_error_and_client_stays_usable(
+    server: ServerProcess,
+) -> None:
+    with api.connect(server.url, timeout=5) as client:
+        client.reset()
+        with pytest.raises(RemoteError) as info:
+            client.step(92)
+        assert info.value.code == ErrorCode.INVALID_ACTION
+        assert "92" in info.value.text
+        with pytest.raises(RemoteError) as info:
+            client.step(-1)
+        assert info.value.code == ErrorCode.INVALID_ACTION
+        assert client.step(91).observation[0] == 91.0
+
+
+def test_wrong_fingerprint_names_both(server: ServerProcess) -> None:
+    text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+    other = Schema(compile_schema(text))
+    with pytest.raises(FingerprintMismatchError) as info:
+        api.connect(server.url, schema=other, timeout=5)
+    message = str(info.value)
+    assert pac_env.FINGERPRINT_HEX in message and f"{other.fingerprint:016x}" in message
+
+
+def test_second_hello_starts_a_fresh_session(server: ServerProcess) -> None:
+    with api.connect(server.url, timeout=5) as client:
+        client.reset()
+        client.step(1)
+        resp_type, _ = client.channel.request(IDS.HELLO_REQ, encode_hello(pac_env.FINGERPRINT))
+        assert resp_type == IDS.HELLO_RESP
+        with pytest.raises(RemoteError) as info:
+            client.step(1)
+        assert info.value.code == ErrorCode.NOT_RESET
+
+
+def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
+    with api.connect(server.url, timeout=5) as client:
+        client.reset()
+        channel = client.channel
+        assert isinstance(channel, zmq_backend.ZmqChannel)
+        actions = (4, 5, 6, 7, 8, 9)
+        ids = [channel.send_request(IDS.STEP_REQ, struct.pack("<i", a)) for a in actions]
+        # every reply keeps its own bytes although the server answered from one session buffer
+        for msg_id, action in zip(ids, actions, strict=True):
+            resp_type, body = channel.recv_response(msg_id, time.monotonic() + 5)
+            assert resp_type == IDS.STEP_RESP
+            assert struct.unpack_from("<f", body, 0)[0] == float(action)
+        ids = [channel.send_request(IDS.STEP_REQ, struct.pack("<i", a)) for a in (4, 5, 6)]
+        resp_type, _ = channel.recv_response(ids[2], time.monotonic() + 5)  # discards 4 and 5
+        assert resp_type == IDS.STEP_RESP
+        assert client.step(8).observation[0] == 8.0
+
+
+def test_large_batches_take_the_zero_copy_path() -> None:
+    url = zmq_url("ipc")
+    envs = zmq_backend.ZERO_COPY_THRESHOLD // 2557 + 1  # above both sides' thresholds
+    assert envs * 2557 >= NODE_ZERO_COPY_THRESHOLD
+    with ServerProcess(url, env="echo", lang="node", num_envs=envs) as proc:
+        with api.connect(proc.url, timeout=10) as client:
+            client.reset()
+            channel = client.channel
+            assert isinstance(channel, zmq_backend.ZmqChannel)
+            # pipelined zero-copy replies: each must keep its own bytes (the session detaches)
+            body = bytearray(4 * envs)
+            ids = []
+            for action in (1, 2, 3):
+                struct.pack_into(f"<{envs}i", body, 0, *([action] * envs))
+                ids.append(channel.send_request(IDS.STEP_BATCH_REQ, bytes(body)))
+            for msg_id, action in zip(ids, (1, 2, 3), strict=True):
+                resp_type, resp = channel.recv_response(msg_id, time.monotonic() + 10)
+                assert resp_type == IDS.STEP_BATCH_RESP and len(resp) == envs * 2557
+                obs0 = [struct.unpack_from("<f", resp, i * 2557)[0] for i in range(envs)]
+                assert obs0 == [float(action)] * envs
+            result = client.step([4] * envs)
+            assert (result.observation[:, 0] == 4).all()
+
+
+def test_body_over_the_maximum_disconnects_the_sender() -> None:
+    with ServerProcess(zmq_url("ipc"), env="echo", lang="node", extra=["--max-body", "4096"]) as p:
+        client = api.connect(p.url, timeout=3)
+        client.reset()
+        with pytest.raises(PeerGoneError):
+            client.channel.request(IDS.STEP_BATCH_REQ, bytes(8192))
+        deadline = time.monotonic() + 5
+        while True:  # the DEALER reconnects by itself (same routing id: same session)
+            try:
+                assert client.step(4).observation[0] == 4.0
+                break
+            except (PeerGoneError, TransportTimeoutError):
+                assert time.monotonic() < deadline
+        client.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_killed_server_is_peer_gone_within_timeout(kind: str) -> None:
+    proc = ServerProcess(zmq_url(kind), env="echo", lang="node")
+    client = api.connect(proc.url, timeout=2)
+    client.reset()
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait(5)
+    started = time.monotonic()
+    with pytest.raises(PeerGoneError):
+        client.step(1)
+    assert time.monotonic() - started < 2.5
+    with pytest.raises(PeerGoneError):
+        client.step(1)
+    client.close()
+    proc.kill()
+    if kind == "ipc":
+        Path(ipc_path(proc.url)).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_silent_server_times_out_and_client_stays_usable(kind: str) -> None:
+    with ServerProcess(zmq_url(kind), env="echo", lang="node") as proc:
+        client = api.connect(proc.url, timeout=0.5)
+        client.reset()
+        stop_process(proc.proc.pid)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TransportTimeoutError):
+                client.step(3)
+            assert time.monotonic() - started < 2.0
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+        channel = client.channel
+        assert isinstance(channel, zmq_backend.ZmqChannel)
+        channel.timeout = 5
+        assert client.step(5).observation[0] == 5.0  # the late reply to step(3) is discarded
+        assert client.step(6).observation[0] == 6.0
+        client.close()
+
+
+def test_stale_ipc_file_replaced_live_one_never_stolen() -> None:
+    url = zmq_url("ipc")
+    path = ipc_path(url)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()  # the file stays, nothing listens: a dead server's leftover
+    with ServerProcess(url, env="echo", lang="node") as live:
+        second = node_serve(url)
+        assert second.returncode != 0
+        assert "in use by a live server" in second.stderr
+        python = subprocess.run(
+            [sys.executable, "-m", "transport.tools.serve_cli", url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert python.returncode != 0 and "in use by a live server" in python.stderr
+        with api.connect(live.url, timeout=5) as client:
+            assert client.health()
+    assert not os.path.exists(path)
+
+
+def test_tcp_port_in_use_fails_clearly() -> None:
+    with ServerProcess(zmq_url("tcp"), env="echo", lang="node") as live:
+        second = node_serve(live.url)
+        assert second.returncode != 0
+        assert "EADDRINUSE" in second.stderr
+        with api.connect(live.url, timeout=5) as client:
+            assert client.health()
+
+
+def test_port_zero_reports_the_bound_port() -> None:
+    with ServerProcess("zmq+tcp://127.0.0.1:0", env="echo", lang="node") as proc:
+        assert not proc.url.endswith(":0")
+        with api.connect(proc.url, timeout=5) as client:
+            assert client.health()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_removes_ipc_file(sig: int) -> None:
+    proc = ServerProcess(zmq_url("ipc"), env="echo", lang="node")
+    path = ipc_path(proc.url)
+    assert os.path.exists(path)
+    proc.proc.send_signal(sig)
+    assert proc.proc.wait(10) == 0
+    proc.kill()
+    assert not os.path.exists(path)
+
+
+def test_non_loopback_bind_needs_keys_or_explicit_consent() -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSPORT_ZMQ_")}
+    refused = node_serve(f"zmq+tcp://0.0.0.0:{port}", env=env)
+    assert refused.returncode != 0 and "allow_insecure" in refused.stderr
+    with ServerProcess(f"zmq+tcp://0.0.0.0:{port}?allow_insecure=1", env="echo", lang="node"):
+        with api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=5) as client:
+            assert client.health()
+
+
+def test_bad_urls_fail_to_start() -> None:
+    for url in (
+        "zmq+tcp://127.0.0.1",
+        "zmq+tcp://127.0.0.1:http",
+        "zmq+tcp://127.0.0.1:5000?bogus=1",
+        "zmq+ipc:///tmp/x?server_key=/nope",
+    ):
+        done = node_serve(url)
+        assert done.returncode == 1, (url, done.stderr)
+        assert "transport-serve: error:" in done.stderr
+
+
+# -- CURVE ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    for names in (["server", "client"], ["other"]):
+        args = [arg for name in names for arg in ("--name", name)]
+        subprocess.run(
+            [sys.executable, "-m", "transport.backends.zmq", "keygen", str(tmp_path), *args],
+            check=True,
+            timeout=30,
+            capture_output=True,
+        )
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    (clients / "client.key").write_text((tmp_path / "client.key").read_text())
+    return tmp_path
+
+
+def test_curve_admits_allowed_keys_only(keys: Path) -> None:
+    port = free_port()
+    url = f"zmq+tcp://0.0.0.0:{port}?server_key={keys}/server.key_secret&clients={keys}/clients"
+    with ServerProcess(url, env="echo", lang="node"):
+        base = f"zmq+tcp://127.0.0.1:{port}?server_key={keys}/server.key"
+        with api.connect(f"{base}&client_key={keys}/client.key_secret", timeout=5) as client:
+            client.reset()
+            assert client.step(9).observation[0] == 9.0
+        with pytest.raises(ConnectError, match="refused this client's CURVE key"):
+            api.connect(f"{base}&client_key={keys}/other.key_secret", timeout=3)
+        with pytest.raises(ConnectError):  # no keys at all: the handshake never completes
+            api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=1)
+        # the admitted client still works after the refusals
+        with api.connect(f"{base}&client_key={keys}/client.key_secret", timeout=5) as client:
+            assert client.health()
+
+
+def test_curve_keys_from_environment_variables(keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zmq.auth
+
+    server_public, server_secret = zmq.auth.load_certificate(keys / "server.key_secret")
+    client_public, client_secret = zmq.auth.load_certificate(keys / "client.key_secret")
+    _, other_secret = zmq.auth.load_certificate(keys / "other.key_secret")
+    assert server_secret is not None and client_secret is not None and other_secret is not None
+    port = free_port()
+    env = {
+        **os.environ,
+        zmq_backend.ENV_SERVER_SECRET: server_secret.decode(),  # public key derived
+        zmq_backend.ENV_ALLOWED_CLIENTS: client_public.decode(),
+    }
+    proc = subprocess.Popen(
+        ["node", str(NODE_SERVER), f"zmq+tcp://0.0.0.0:{port}", "--env", "echo"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ready "), proc.stderr.read() if proc.stderr else line
+        monkeypatch.setenv(zmq_backend.ENV_SERVER_PUBLIC, server_public.decode())
+        monkeypatch.setenv(zmq_backend.ENV_CLIENT_SECRET, client_secret.decode())
+        with api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=5) as client:
+            assert client.health()
+        monkeypatch.setenv(zmq_backend.ENV_CLIENT_SECRET, other_secret.decode())
+        with pytest.raises(ConnectError, match="refused"):
+            api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=3)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+# -- trace equality -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pac_traces_identical_node_zmq_and_python_unix() -> None:
+    traces = {}
+    with ServerProcess(unique_unix_url(), env="pac", lang="python") as proc:
+        traces["unix-python"] = play(proc.url)
+    for kind in KINDS:
+        with ServerProcess(zmq_url(kind), env="pac", lang="node") as proc:
+            traces[f"{kind}-node"] = play(proc.url)
+    reference = traces["unix-python"]
+    assert reference[1] > GAMES
+    assert traces["ipc-node"] == reference
+    assert traces["tcp-node"] == reference
