@@ -11,6 +11,7 @@ import type { SchemaModule } from "./codec";
 import { DEFAULT_MAX_BODY } from "./protocol";
 import { type EnvOrFactory, sessionFactory } from "./session";
 import type { ConnectionStats } from "./stream";
+import { WorkerPool, type WorkerEnvSpec } from "./workers";
 
 export interface ServeOptions {
   /** Envs per connection (N); needs a factory when above 1. Default 1. */
@@ -34,6 +35,12 @@ export interface ServeOptions {
    * unchecked, for envs whose output is well-formed by construction.
    */
   readonly validate?: boolean;
+  /**
+   * Step each connection's envs in this many worker_threads (workers.ts; default 0: in this
+   * thread). The threads build their envs from `workerEnv` (default: `envName` in `ENVS`).
+   */
+  readonly workers?: number;
+  readonly workerEnv?: WorkerEnvSpec;
 }
 
 /** A running server. */
@@ -64,6 +71,7 @@ export async function serve(
     serverLang: "node",
     ...(options.schema ? { schema: options.schema } : {}),
     ...(options.validate !== undefined ? { validate: options.validate } : {}),
+    ...(options.workers ? { pool: poolMaker(options) } : {}),
   });
   sessions(); // fail now, not on the first connection, when the env or factory is broken
   const backend = await backendFor(url);
@@ -77,4 +85,15 @@ export async function serve(
     stats: listener.stats,
     close: () => listener.close(),
   };
+}
+
+function poolMaker(options: ServeOptions): () => WorkerPool {
+  const workers = options.workers ?? 0;
+  const numEnvs = options.numEnvs ?? 1;
+  const spec: WorkerEnvSpec = {
+    envName: options.envName ?? "",
+    ...(options.validate !== undefined ? { validate: options.validate } : {}),
+    ...options.workerEnv,
+  };
+  return () => new WorkerPool(spec, numEnvs, workers);
 }

@@ -71,7 +71,28 @@ export interface SessionOptions {
   readonly validate?: boolean;
   /** Recreates an env whose reset fails after it threw (a server with an env factory). */
   readonly factory?: () => Env<unknown>;
+  /**
+   * Runs the session's envs elsewhere (workers.ts `WorkerPool`, `--workers K`): made at the
+   * first reset; the session's `envs` are then stand-ins that only answer `spaces()`.
+   */
+  readonly pool?: () => EnvPool;
 }
+
+/** The N envs of a session stepped in worker threads (workers.ts `WorkerPool`). */
+export interface EnvPool {
+  /** The N result records, written by `reset`, `step` and `restore`. */
+  readonly results: Uint8Array;
+  reset(seeds: ReadonlyArray<bigint | null>): ReadonlyArray<readonly [number, unknown]>;
+  step(
+    actions: ArrayLike<number>,
+    mode: AutoReset,
+  ): { readonly ended: readonly number[]; readonly failures: ReadonlyArray<readonly [number, unknown]> };
+  finalRecord(index: number): Uint8Array;
+  restore(index: number, seed: bigint | null): readonly [fate: string, ok: boolean];
+  close(): void;
+}
+
+const closePools = new FinalizationRegistry<EnvPool>((pool) => pool.close());
 
 type AnyEnv = Env<unknown>;
 
@@ -209,6 +230,8 @@ export class Session {
   #frames = new Map<number, Buffer>();
   #bodies = new Map<number, Buffer>();
   #dv: DataView;
+  readonly #makePool: (() => EnvPool) | null;
+  #pool: EnvPool | null = null;
 
   constructor(envs: readonly AnyEnv[], options: SessionOptions = {}) {
     if (envs.length < 1) throw new TransportError("a session needs at least one env");
@@ -226,6 +249,7 @@ export class Session {
       server: options.serverLang ?? "node",
     };
     this.#validate = options.validate ?? true;
+    this.#makePool = options.pool ?? null;
 
     this.#result = bodyCodec(schema, "STEP_RESP");
     this.#resultSize = this.#result.size;
@@ -491,6 +515,7 @@ export class Session {
     if (seed === null && this.firstSeed !== null && !this.#wasReset.includes(1)) {
       seed = this.firstSeed;
     }
+    if (this.#makePool !== null) return this.#poolReset(seed);
     const envs = this.envs;
     let failures: Failure[] | null = null;
     for (let i = 0; i < envs.length; i++) {
@@ -528,13 +553,17 @@ export class Session {
   }
 
   /** Copy env `index`'s final result into the response tail (SAME_STEP). */
-  #keepFinal(index: number): void {
+  #keepFinal(index: number, source?: Uint8Array): void {
     const size = this.#resultSize;
     const tail =
       BODY_OFFSET + this.numEnvs * size + FINAL_COUNT_SIZE + this.#finals * (FINAL_COUNT_SIZE + size);
     writeU32(this.buffer, tail, index);
-    const slot = BODY_OFFSET + index * size;
-    this.buffer.copy(this.buffer, tail + FINAL_COUNT_SIZE, slot, slot + size);
+    if (source !== undefined) {
+      this.buffer.set(source, tail + FINAL_COUNT_SIZE);
+    } else {
+      const slot = BODY_OFFSET + index * size;
+      this.buffer.copy(this.buffer, tail + FINAL_COUNT_SIZE, slot, slot + size);
+    }
     this.#finals++;
   }
 
@@ -558,6 +587,7 @@ export class Session {
       this.#checkAction(i, actions[i] as number);
     }
     this.#finals = 0;
+    if (this.#pool !== null) return this.#poolStep();
     let failures: Failure[] | null = null;
     for (let i = 0; i < count; i++) {
       try {
@@ -591,6 +621,12 @@ export class Session {
 
   /** Reset env `index` after it threw; if that throws too, recreate it from the factory. */
   #restore(index: number, seed: bigint | null): string {
+    if (this.#pool !== null) {
+      const [fate, ok] = this.#pool.restore(index, seed);
+      this.#wasReset[index] = ok ? 1 : 0;
+      if (ok) this.#copyResults(index, index + 1);
+      return fate;
+    }
     const env = this.envs[index]!;
     const attempts: Array<readonly [string, () => AnyEnv]> = [["the env was reset", () => env]];
     const factory = this.factory;
@@ -609,6 +645,40 @@ export class Session {
     }
     this.#wasReset[index] = 0; // every step is NOT_RESET until a reset succeeds
     return "the env could not be reset: send a reset";
+  }
+
+  // -- a worker pool (SessionOptions.pool) ------------------------------------------------------
+
+  /** Copy the pool's results of envs [from, to) into their slots and remember masks and done. */
+  #copyResults(from: number, to: number): void {
+    const size = this.#resultSize;
+    const pool = this.#pool!;
+    this.buffer.set(pool.results.subarray(from * size, to * size), BODY_OFFSET + from * size);
+    for (let i = from; i < to; i++) this.#remember(i, BODY_OFFSET + i * size);
+  }
+
+  #poolReset(seed: bigint | null): number {
+    if (this.#pool === null) {
+      this.#pool = this.#makePool!();
+      closePools.register(this, this.#pool);
+    }
+    const seeds: Array<bigint | null> = [];
+    for (let i = 0; i < this.numEnvs; i++) seeds.push(seed === null ? null : seed + BigInt(i));
+    const failures = this.#pool.reset(seeds);
+    this.#copyResults(0, this.numEnvs);
+    const failed = new Set(failures.map(([i]) => i));
+    for (let i = 0; i < this.numEnvs; i++) if (!failed.has(i)) this.#wasReset[i] = 1;
+    if (failures.length) throw this.#recover(failures, seed);
+    this.bodyLength = this.numEnvs * this.#resultSize;
+    return this.ids.RESET_RESP;
+  }
+
+  #poolStep(): void {
+    const pool = this.#pool!;
+    const { ended, failures } = pool.step(this.#actions, this.autoreset);
+    this.#copyResults(0, this.numEnvs);
+    for (const i of ended) this.#keepFinal(i, pool.finalRecord(i));
+    if (failures.length) throw this.#recover(failures, null);
   }
 
   #readActions(buf: Uint8Array, at: number, stride: number, count: number, type: ActionType): void {
@@ -730,6 +800,20 @@ export function sessionFactory(
   const isClass = /^class[\s{]/.test(Function.prototype.toString.call(make));
   const create = isClass ? () => new make() : () => make();
   const sessionOptions: SessionOptions = { ...options, factory: create };
+  if (options.pool !== undefined) {
+    // the envs live in the pool's worker threads: stand-ins answer spaces() only
+    const spaces = create().spaces();
+    const stub: AnyEnv = {
+      spaces: () => spaces,
+      reset: () => {
+        throw new TransportError("this env lives in a worker thread: reset through the pool");
+      },
+      step: () => {
+        throw new TransportError("this env lives in a worker thread: step through the pool");
+      },
+    };
+    return () => new Session(new Array<AnyEnv>(numEnvs).fill(stub), sessionOptions);
+  }
   return () => {
     const envs: AnyEnv[] = [];
     for (let i = 0; i < numEnvs; i++) envs.push(create());

@@ -3,12 +3,13 @@
  * The Node env server behind `transport-serve URL --lang node` (transport/tools/serve_cli.py
  * execs `node node_bridge/dist/cli/serve.js URL --env NAME --num-envs N [--seed S]
  * [--max-body B]`). Prints exactly `ready <url>` on stdout once clients can connect; on SIGINT
- * or SIGTERM closes (removing the socket file) and exits 0; on a start failure prints
- * `transport-serve: error: <message>` on stderr and exits 1 (2 for bad arguments).
+ * or SIGTERM closes (removing the socket file or the shm:// segment) and exits 0; on a start
+ * failure prints `transport-serve: error: <message>` on stderr and exits 1 (2 for bad arguments).
  */
 
 import { ENVS } from "../envs";
 import { type Server, serve } from "../server";
+import { checkRoom, parseShmUrl } from "../shm/region";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 
@@ -16,11 +17,14 @@ Serve a reference env (Node implementation) until SIGINT or SIGTERM. Prints one 
 "ready URL" on stdout once clients can connect (with http://127.0.0.1:0 the URL carries the
 port that was bound).
 
-  URL            unix:///path.sock or http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
+  URL            unix:///path.sock, http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
+                 zmq+ipc:///path, zmq+tcp://127.0.0.1:PORT (docs/zmq.md: CURVE, allow_insecure)
+                 or shm://name?num_envs=N (region /dev/shm/transport-name; docs/shm.md)
   --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo)
-  --num-envs N   envs per connection (default 1)
+  --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs)
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
+  --workers K    step each connection's envs in K worker threads (default 0: in-process)
 
 Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
 `;
@@ -31,6 +35,8 @@ interface Args {
   numEnvs: number;
   seed: bigint | null;
   maxBody: number | undefined;
+  numEnvsGiven: boolean;
+  workers: number;
 }
 
 class UsageError extends Error {}
@@ -38,9 +44,10 @@ class UsageError extends Error {}
 function parseArgs(argv: readonly string[]): Args | null {
   let url: string | undefined;
   let env = "echo";
-  let numEnvs = 1;
+  let numEnvs: number | null = null;
   let seed: bigint | null = null;
   let maxBody: number | undefined;
+  let workers = 0;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     if (arg === "-h" || arg === "--help") return null;
@@ -74,13 +81,16 @@ function parseArgs(argv: readonly string[]): Args | null {
       case "--max-body":
         maxBody = integer(value(), "--max-body");
         break;
+      case "--workers":
+        workers = integer(value(), "--workers");
+        break;
       default:
         if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unexpected argument ${JSON.stringify(arg)}`);
         url = arg;
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, numEnvs, seed, maxBody };
+  return { url, env, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
 }
 
 async function main(argv: readonly string[]): Promise<number> {
@@ -97,11 +107,19 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   let server: Server;
   try {
+    if (args.url.toLowerCase().startsWith("shm://")) {
+      // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
+      const shm = parseShmUrl(args.url);
+      if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
+      checkRoom(shm, args.numEnvs);
+      if (args.workers) throw new Error("--workers is not supported with shm:// (yet)");
+    }
     server = await serve(ENVS[args.env] as () => never, args.url, {
       numEnvs: args.numEnvs,
       envName: args.env,
       seed: args.seed,
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
+      ...(args.workers ? { workers: args.workers } : {}),
     });
   } catch (error) {
     process.stderr.write(`transport-serve: error: ${(error as Error).message}\n`);
