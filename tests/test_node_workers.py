@@ -1,47 +1,44 @@
-"""The Node server's worker threads (`serve.js URL --workers K`, node_bridge/src/workers.ts).
+"""The Node server's worker threads (`transport-serve URL --lang node --workers K`,
+node_bridge/src/workers.ts).
 
 Seeded pac games under a seeded random legal policy, 8 envs per connection: the Node server with
-2 worker threads gives byte-identical traces to the Node server without workers and to the
-Python server with 2 worker processes, in every auto-reset mode.
+worker threads gives byte-identical traces to the Node server without workers and to the Python
+server with 2 worker processes, in every auto-reset mode, over unix:// and over shm:// (where
+each lease gets its own pool and the records are copied into the slots).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-import shutil
-import subprocess
+import uuid
+from typing import Any
 
 import numpy as np
 import pytest
 
 import transport.api as api
+from transport.errors import RemoteError
+from transport.shm import SlotCommand
 
-from .servers import NODE_SERVER, ROOT, ServerProcess, require_lang, unique_unix_url
+from .servers import ServerProcess, require_lang, unique_unix_url
 
 NUM_ENVS = 8
 GAMES = 100
 MAX_STEPS = 2000
 
 
-class NodeServer(ServerProcess):
-    """`node serve.js URL --env pac ...` run directly (transport-serve --lang node refuses
-    --workers)."""
+def pac_server(
+    url: str, *, lang: str = "node", num_envs: int = NUM_ENVS, workers: int, seed: int | None = None
+) -> ServerProcess:
+    """`transport-serve URL --env pac --lang LANG --num-envs N --workers K`."""
+    require_lang(lang)
+    extra = ["--workers", str(workers)] if workers else []
+    return ServerProcess(url, env="pac", lang=lang, num_envs=num_envs, seed=seed, extra=extra)
 
-    def __init__(self, url: str, *, num_envs: int, workers: int, seed: int | None = None) -> None:
-        require_lang("node")
-        node = shutil.which("node")
-        assert node is not None
-        command = [node, str(NODE_SERVER), url, "--env", "pac", "--num-envs", str(num_envs)]
-        if workers:
-            command += ["--workers", str(workers)]
-        if seed is not None:
-            command += ["--seed", str(seed)]
-        self.requested_url = url
-        self.proc = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.url = self._wait_ready(20.0)
+
+def shm_url() -> str:
+    return f"shm://test-nw-{uuid.uuid4().hex[:10]}?num_envs={NUM_ENVS}"
 
 
 def legal(result: object, policy: random.Random) -> list[int]:
@@ -91,43 +88,59 @@ def play(url: str, mode: str) -> tuple[str, int]:
 
 @pytest.mark.parametrize("mode", ["disabled", "next_step", "same_step"])
 def test_node_worker_threads_give_byte_identical_pac_traces(mode: str) -> None:
-    require_lang("node")
-    with NodeServer(unique_unix_url(), num_envs=NUM_ENVS, workers=2) as server:
+    with pac_server(unique_unix_url(), workers=2) as server:
         threads = play(server.url, mode)
-    with NodeServer(unique_unix_url(), num_envs=NUM_ENVS, workers=0) as server:
+    with pac_server(unique_unix_url(), workers=0) as server:
         in_process = play(server.url, mode)
-    with ServerProcess(
-        unique_unix_url(), env="pac", num_envs=NUM_ENVS, extra=["--workers", "2"]
-    ) as server:
+    with pac_server(unique_unix_url(), lang="python", workers=2) as server:
         python = play(server.url, mode)
     assert threads[1] > 50
     assert threads == in_process
     assert threads == python
 
 
+@pytest.mark.parametrize("mode", ["disabled", "next_step", "same_step"])
+def test_node_worker_threads_over_shm(mode: str) -> None:
+    with pac_server(shm_url(), workers=2) as server:
+        threads = play(server.url, mode)
+    with pac_server(shm_url(), workers=0) as server:
+        in_process = play(server.url, mode)
+    with pac_server(shm_url(), lang="python", workers=2) as server:
+        python = play(server.url, mode)
+    assert threads[1] > 50
+    assert threads == in_process
+    assert threads == python
+
+
+def test_shm_worker_pool_per_lease_and_subset_refused() -> None:
+    """A second lease gets fresh envs (its own pool); a one-env request is BAD_BATCH."""
+    with pac_server(shm_url(), workers=3, seed=5) as server:
+        with api.connect(server.url, timeout=30) as client:
+            first = client.reset().record.copy()
+            client.step([int(np.flatnonzero(m)[0]) for m in client.reset().action_mask])
+        with api.connect(server.url, timeout=30) as client:
+            again = client.reset().record.copy()
+            assert again.tobytes() == first.tobytes()  # the --seed S + i of a fresh lease
+            # a mixed request (slot 0 RESET, the others STEP) is answered slot by slot
+            raw: Any = client
+            raw._commands[:] = SlotCommand.STEP
+            raw._commands[0] = SlotCommand.RESET
+            raw._last_cmd = -1
+            rc = raw._roundtrip(raw._ctx, raw._timeout_ns)
+            assert rc > 0
+            with pytest.raises(RemoteError, match="a worker pool steps and resets every env"):
+                raw._raise(rc)
+            assert client.reset().record.tobytes() != b""  # still usable
+
+
 def test_uneven_split_and_more_workers_than_envs() -> None:
-    require_lang("node")
-    with NodeServer(unique_unix_url(), num_envs=NUM_ENVS, workers=3) as server:
+    with pac_server(unique_unix_url(), workers=3) as server:
         three = play(server.url, "next_step")
-    with NodeServer(unique_unix_url(), num_envs=NUM_ENVS, workers=0) as server:
+    with pac_server(unique_unix_url(), workers=0) as server:
         reference = play(server.url, "next_step")
     assert three == reference
-    with NodeServer(unique_unix_url(), num_envs=2, workers=5, seed=4) as server:
+    with pac_server(unique_unix_url(), num_envs=2, workers=5, seed=4) as server:
         with api.connect(server.url, timeout=30) as client:
             result = client.reset()
             assert result.record.shape == (2,)
             client.step([int(np.flatnonzero(result.action_mask[i])[0]) for i in range(2)])
-
-
-def test_workers_with_shm_is_refused() -> None:
-    require_lang("node")
-    node = shutil.which("node")
-    assert node is not None
-    done = subprocess.run(
-        [node, str(NODE_SERVER), "shm://test-nw-refused?num_envs=2", "--workers", "2"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 1
-    assert "--workers is not supported with shm://" in done.stderr

@@ -230,7 +230,8 @@ export class Session {
   #frames = new Map<number, Buffer>();
   #bodies = new Map<number, Buffer>();
   #dv: DataView;
-  readonly #makePool: (() => EnvPool) | null;
+  /** Makes the worker pool of `--workers K` (SessionOptions.pool); null: the envs run here. */
+  readonly makePool: (() => EnvPool) | null;
   #pool: EnvPool | null = null;
 
   constructor(envs: readonly AnyEnv[], options: SessionOptions = {}) {
@@ -249,7 +250,7 @@ export class Session {
       server: options.serverLang ?? "node",
     };
     this.#validate = options.validate ?? true;
-    this.#makePool = options.pool ?? null;
+    this.makePool = options.pool ?? null;
 
     this.#result = bodyCodec(schema, "STEP_RESP");
     this.#resultSize = this.#result.size;
@@ -515,7 +516,7 @@ export class Session {
     if (seed === null && this.firstSeed !== null && !this.#wasReset.includes(1)) {
       seed = this.firstSeed;
     }
-    if (this.#makePool !== null) return this.#poolReset(seed);
+    if (this.makePool !== null) return this.#poolReset(seed);
     const envs = this.envs;
     let failures: Failure[] | null = null;
     for (let i = 0; i < envs.length; i++) {
@@ -659,7 +660,7 @@ export class Session {
 
   #poolReset(seed: bigint | null): number {
     if (this.#pool === null) {
-      this.#pool = this.#makePool!();
+      this.#pool = this.makePool!();
       closePools.register(this, this.#pool);
     }
     const seeds: Array<bigint | null> = [];

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         type=int,
         default=0,
-        help="run each connection's envs in K worker processes (0: in the server process)",
+        help="step each connection's envs in K worker processes (Python) or worker threads "
+        "(Node); 0, the default: in the server process",
     )
     parser.add_argument(
         "--list-shm", action="store_true", help="list /dev/shm/transport-* regions and exit"
@@ -100,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_body is not None:
             command += ["--max-body", str(args.max_body)]
         if args.workers:
-            print("transport-serve: error: --workers is Python-only", file=sys.stderr)
-            return 1
+            command += ["--workers", str(args.workers)]
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 

@@ -31,6 +31,11 @@
  * ENV_ERROR `env {i}: <Name>: <message> (the env was reset | the env was recreated | the env
  * could not be reset: send a reset)`, several joined by "; "; the other envs did their step.
  * Anything else that throws is a server bug: INTERNAL.
+ *
+ * Worker threads (`--workers K`, workers.ts): each lease gets its own `WorkerPool` (made with
+ * the lease's spare envs, before the client asks); a batch is one fan-out to the K threads, whose
+ * records are then copied into the slots (and SAME_STEP finals into the final areas) with the
+ * same copy plan. As in transport/backends/shm.py, a subset request is BAD_BATCH with a pool.
  */
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
@@ -39,7 +44,7 @@ import type { Env, Spaces } from "../env";
 import { CodecError, ConnectError, ProtocolError } from "../errors";
 import type { FieldJson } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
-import type { Session } from "../session";
+import type { EnvPool, Session } from "../session";
 import { newStats, type Channel, type ConnectionStats } from "../stream";
 import {
   CB,
@@ -176,8 +181,16 @@ class ShmSession {
   allReset = false;
   /** The lease's auto-reset mode (HELLO slot command; disabled until then). */
   autoreset: AutoReset = AutoReset.DISABLED;
+  /** The worker threads stepping `envs` (`--workers K`); null: they step on this thread. */
+  readonly pool: EnvPool | null;
 
-  constructor(envs: readonly AnyEnv[], firstSeed: bigint | null, factory: (() => AnyEnv) | null) {
+  constructor(
+    envs: readonly AnyEnv[],
+    firstSeed: bigint | null,
+    factory: (() => AnyEnv) | null,
+    pool: EnvPool | null = null,
+  ) {
+    this.pool = pool;
     this.envs = [...envs];
     this.factory = factory;
     this.spaces = envs[0]!.spaces();
@@ -225,6 +238,9 @@ export class ShmListener implements Listener {
   /** FUTEX_WAIT calls the loop made while idle or waiting (how often it slept). */
   sleeps = 0;
   readonly #makeEnvs: () => readonly AnyEnv[];
+  readonly #makePool: (() => EnvPool) | null;
+  /** The actions of a pooled batch (one array, reused). */
+  readonly #actions: Int32Array;
   readonly #factory: (() => AnyEnv) | null;
   readonly #firstSeed: bigint | null;
   readonly #layout: ResultLayout;
@@ -253,6 +269,13 @@ export class ShmListener implements Listener {
     const [numEnvs, makeEnvs] = envSource(url, this.shm.numEnvs, probe, sessions);
     this.numEnvs = numEnvs;
     this.#makeEnvs = makeEnvs;
+    this.#makePool = probe.makePool;
+    if (this.#makePool !== null && numEnvs !== probe.numEnvs) {
+      throw new ConnectError(
+        `${url} asks for ${numEnvs} envs but the worker pool was made for ${probe.numEnvs} (numEnvs)`,
+      );
+    }
+    this.#actions = new Int32Array(numEnvs);
     this.#factory = probe.factory;
     this.#firstSeed = probe.firstSeed;
     const obsN = SLOT["observation"]!.count;
@@ -282,7 +305,9 @@ export class ShmListener implements Listener {
       dv.setBigUint64(off(CB, "owner_start_time"), procStartTime(process.pid), true);
       // the first client's envs, made before READY
       this.#spare =
-        numEnvs === probe.numEnvs ? new ShmSession(probe.envs, this.#firstSeed, this.#factory) : this.#newEnvs();
+        numEnvs === probe.numEnvs && this.#makePool === null
+          ? new ShmSession(probe.envs, this.#firstSeed, this.#factory)
+          : this.#newEnvs();
       dv.setUint32(off(CB, "magic"), MAGIC, true);
       dv.setUint32(off(CB, "version"), LAYOUT_VERSION, true);
       dv.setUint32(off(CB, "num_envs"), numEnvs, true);
@@ -297,6 +322,7 @@ export class ShmListener implements Listener {
       this.#last = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK; // before READY
       Atomics.store(region.words, region.cbWord("state"), RegionState.READY); // last: ready
     } catch (error) {
+      this.#spare?.pool?.close();
       region.unlinkIfOurs();
       region.unmap();
       throw error;
@@ -305,7 +331,14 @@ export class ShmListener implements Listener {
   }
 
   #newEnvs(): ShmSession {
-    return new ShmSession(this.#makeEnvs(), this.#firstSeed, this.#factory);
+    const pool = this.#makePool === null ? null : this.#makePool();
+    return new ShmSession(this.#makeEnvs(), this.#firstSeed, this.#factory, pool);
+  }
+
+  /** Drop the lease's envs (and stop its worker threads). */
+  #dropSession(): void {
+    this.#session?.pool?.close();
+    this.#session = null;
   }
 
   // -- the loop ------------------------------------------------------------------------------------
@@ -379,7 +412,7 @@ export class ShmListener implements Listener {
       if (count === n && cmd === SlotCommand.STEP) this.#stepAll(session);
       else if (count === n && cmd === SlotCommand.RESET) this.#resetAll(session);
       else if (count === n && cmd === SLOT_HELLO) session.autoreset = this.#mode(0);
-      else if (cmd === SlotCommand.SHUTDOWN) this.#session = null;
+      else if (cmd === SlotCommand.SHUTDOWN) this.#dropSession();
       else {
         this.#mixed(session);
         status = -1; // statuses written per slot
@@ -404,6 +437,7 @@ export class ShmListener implements Listener {
   }
 
   #newSession(pid: number): ShmSession {
+    this.#dropSession();
     const session = this.#spare ?? this.#newEnvs();
     this.#spare = null;
     session.clientPid = pid;
@@ -436,9 +470,15 @@ export class ShmListener implements Listener {
       }
       throw error;
     }
+    this.#writeRecord(session, index, scratch);
+  }
+
+  /** Copy an encoded result's fields to env `index`'s slot; remember its mask and done. */
+  #writeRecord(session: ShmSession, index: number, record: Uint8Array): void {
+    const layout = this.#layout;
     const bytes = this.region.bytes;
     const base = CONTROL_SIZE + index * SLOT_SIZE;
-    for (const c of layout.copies) bytes.set(scratch.subarray(c.from, c.from + c.size), base + c.to);
+    for (const c of layout.copies) bytes.set(record.subarray(c.from, c.from + c.size), base + c.to);
     if (layout.maskAt >= 0) {
       const actN = session.spaces.actN;
       const count = Math.min(actN, layout.maskCount);
@@ -464,6 +504,12 @@ export class ShmListener implements Listener {
       if (skipDone && done[i] && (session.allReset || session.wasReset[i])) continue;
       session.checkAction(i, words[actionWord + i * stride] as number);
     }
+    if (session.pool !== null) {
+      const actions = this.#actions;
+      for (let i = 0; i < n; i++) actions[i] = words[actionWord + i * stride] as number;
+      this.#poolStep(session, session.pool, actions);
+      return;
+    }
     let failures: Failure[] | null = null;
     for (let i = 0; i < n; i++) {
       try {
@@ -473,6 +519,32 @@ export class ShmListener implements Listener {
       }
     }
     if (failures !== null) throw this.#recover(session, failures, null);
+  }
+
+  /** A batch stepped by the worker threads (they auto-reset as the lease's mode says). */
+  #poolStep(session: ShmSession, pool: EnvPool, actions: Int32Array): void {
+    const n = this.numEnvs;
+    const nextStep = session.autoreset === AutoReset.NEXT_STEP;
+    const wasDone = nextStep ? session.done.slice() : null; // these envs are reset, not stepped
+    const { ended, failures } = pool.step(actions, session.autoreset);
+    this.#copyPoolResults(session, pool);
+    const failed = new Set(failures.map(([i]) => i));
+    if (wasDone !== null) for (let i = 0; i < n; i++) if (wasDone[i] && !failed.has(i)) session.markReset(i);
+    const bytes = this.region.bytes;
+    for (const i of ended) {
+      const final = this.#finalsAt + i * FINAL_SIZE;
+      const record = pool.finalRecord(i);
+      for (const c of this.#layout.copies) bytes.set(record.subarray(c.from, c.from + c.size), final + c.to);
+      this.#stampFinal(i);
+    }
+    if (failures.length) throw this.#recover(session, failures, null);
+  }
+
+  #copyPoolResults(session: ShmSession, pool: EnvPool): void {
+    const size = this.#layout.codec.size;
+    for (let i = 0; i < this.numEnvs; i++) {
+      this.#writeRecord(session, i, pool.results.subarray(i * size, (i + 1) * size));
+    }
   }
 
   /** Step env `index` (or auto-reset it); true when SAME_STEP kept a final result. */
@@ -523,6 +595,19 @@ export class ShmListener implements Listener {
   /** RESET on every slot: env i gets its slot's seed, or `--seed S` + i on the first reset. */
   #resetAll(session: ShmSession): void {
     const first = session.firstSeed !== null && !session.wasReset.includes(1) ? session.firstSeed : null;
+    if (session.pool !== null) {
+      const seeds: Array<bigint | null> = [];
+      for (let i = 0; i < this.numEnvs; i++) {
+        const slotSeed = this.#slotSeed(i);
+        seeds.push(slotSeed !== null ? slotSeed : first === null ? null : first + BigInt(i));
+      }
+      const failures = session.pool.reset(seeds);
+      this.#copyPoolResults(session, session.pool);
+      const failed = new Set(failures.map(([i]) => i));
+      for (let i = 0; i < this.numEnvs; i++) if (!failed.has(i)) session.markReset(i);
+      if (failures.length) throw this.#recover(session, failures, seeds);
+      return;
+    }
     let failures: Failure[] | null = null;
     for (let i = 0; i < this.numEnvs; i++) {
       const slotSeed = this.#slotSeed(i);
@@ -565,6 +650,17 @@ export class ShmListener implements Listener {
 
   /** Reset env `index` after it threw; if that throws too, recreate it from the factory. */
   #restore(session: ShmSession, index: number, seed: bigint | null): string {
+    if (session.pool !== null) {
+      const [fate, ok] = session.pool.restore(index, seed);
+      if (ok) {
+        const size = this.#layout.codec.size;
+        this.#writeRecord(session, index, session.pool.results.subarray(index * size, (index + 1) * size));
+        session.markReset(index);
+      } else {
+        session.markNotReset(index);
+      }
+      return fate;
+    }
     const env = session.envs[index]!;
     const attempts: Array<readonly [string, () => AnyEnv]> = [[FATE_RESET, () => env]];
     const factory = session.factory;
@@ -603,9 +699,11 @@ export class ShmListener implements Listener {
       try {
         const cmd = dv.getUint32(region.slotAt(i, "command"), true);
         if (cmd === SlotCommand.SHUTDOWN) {
-          this.#session = null;
+          this.#dropSession();
         } else if (cmd === SLOT_HELLO) {
           session.autoreset = this.#mode(i);
+        } else if ((cmd === SlotCommand.STEP || cmd === SlotCommand.RESET) && session.pool !== null) {
+          throw new RequestError(ErrorCode.BAD_BATCH, `env ${i}: a worker pool steps and resets every env together`);
         } else if (cmd === SlotCommand.STEP || cmd === SlotCommand.RESET) {
           this.#one(session, i, cmd);
         } else {
@@ -652,7 +750,7 @@ export class ShmListener implements Listener {
       process.stderr.write(`transport: shm://${this.shm.name}: client pid ${pid} is gone; reclaiming its lease\n`);
       region.dv.setBigUint64(this.#clientStartAt, 0n, true);
       Atomics.compareExchange(region.words, this.#clientPidWord, pid | 0, 0);
-      if (this.#session !== null && this.#session.clientPid === pid) this.#session = null;
+      if (this.#session !== null && this.#session.clientPid === pid) this.#dropSession();
     }
     if (this.#spare === null && this.#session === null) this.#spare = this.#newEnvs();
   }
@@ -670,7 +768,9 @@ export class ShmListener implements Listener {
     for (let i = 0; i < this.numEnvs; i++) futexWake(region, CONTROL_SIZE + i * SLOT_SIZE + respOff);
     region.unlinkIfOurs();
     region.unmap();
-    this.#session = this.#spare = null;
+    this.#dropSession();
+    this.#spare?.pool?.close();
+    this.#spare = null;
     this.#stop();
     await this.#stopped;
   }

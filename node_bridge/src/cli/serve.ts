@@ -112,7 +112,6 @@ async function main(argv: readonly string[]): Promise<number> {
       const shm = parseShmUrl(args.url);
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
       checkRoom(shm, args.numEnvs);
-      if (args.workers) throw new Error("--workers is not supported with shm:// (yet)");
     }
     server = await serve(ENVS[args.env] as () => never, args.url, {
       numEnvs: args.numEnvs,
