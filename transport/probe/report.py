@@ -221,22 +221,22 @@ def markdown_block(
     return "\n".join(parts)
 
 
-def replace_block(existing: str | None, block: str) -> str:
-    """``existing`` with its probe block replaced by ``block`` (appended if it has none).
-    Everything outside the markers is kept byte for byte."""
+def replace_block(existing: str | None, block: str, begin: str = BEGIN, end: str = END) -> str:
+    """``existing`` with its block between ``begin`` and ``end`` replaced by ``block`` (appended
+    if it has none). Everything outside the markers is kept byte for byte."""
     if existing is None or existing == "":
         return "# Benchmark results\n\n" + block + "\n"
-    start = existing.find(BEGIN)
+    start = existing.find(begin)
     if start >= 0:
-        end = existing.find(END, start)
-        if end < 0:
-            raise ValueError(f"the file has {BEGIN} but no {END} after it: fix it by hand")
-        return existing[:start] + block + existing[end + len(END) :]
+        stop = existing.find(end, start)
+        if stop < 0:
+            raise ValueError(f"the file has {begin} but no {end} after it: fix it by hand")
+        return existing[:start] + block + existing[stop + len(end) :]
     sep = "" if existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
     return existing + sep + block + "\n"
 
 
-def update_markdown(path: str, block: str) -> None:
+def update_markdown(path: str, block: str, begin: str = BEGIN, end: str = END) -> None:
     target = Path(path)
     existing = target.read_text() if target.exists() else None
-    _atomic_write(target, replace_block(existing, block))
+    _atomic_write(target, replace_block(existing, block, begin, end))
