@@ -55,8 +55,11 @@ def table(benchmarks: list[dict[str, Any]], ratios: list[tuple[str, str]]) -> st
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, bench in rows.items():
+        extra = bench.get("extra_info", {})
+        if bench["stats"]["rounds"] <= 1 and not {"p50_us", "env_steps_per_s"} & set(extra):
+            continue  # a row that only reports (ratios), not a measurement
         p50 = _p(bench, "p50_us")
-        rate = bench.get("extra_info", {}).get("env_steps_per_s")
+        rate = extra.get("env_steps_per_s")
         ratio = "-"
         for pattern, base in ratios:
             if pattern in name and base not in name:

@@ -37,9 +37,9 @@ ROUNDS = 5000
 WARMUP = 500
 
 
-def measure(benchmark: Any, run: Callable[[], object]) -> None:
+def measure(benchmark: Any, run: Callable[[], object], warmup: int = WARMUP) -> None:
     """pedantic rounds of one call each, then p50/p99 from every sample into extra_info."""
-    for _ in range(WARMUP):
+    for _ in range(warmup):
         run()
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=0)
     data = np.array(benchmark.stats.stats.data) * 1e6

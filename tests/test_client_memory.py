@@ -12,12 +12,16 @@ import pytest
 import transport.api as api
 from transport.client import Client
 
-from .servers import ServerProcess, unique_url
+from .servers import ServerProcess, unique_unix_url, unique_url
 
 
-@pytest.fixture(params=["unix", "http"])
+@pytest.fixture(params=["unix", "http", "zmq+ipc"])
 def client(request: pytest.FixtureRequest) -> Iterator[Client]:
-    with ServerProcess(unique_url(request.param), env="echo", num_envs=1) as server:
+    if request.param == "zmq+ipc":
+        url = unique_unix_url().replace("unix://", "zmq+ipc://")
+    else:
+        url = unique_url(request.param)
+    with ServerProcess(url, env="echo", num_envs=1) as server:
         with api.connect(server.url, timeout=10) as connected:
             yield connected
 

@@ -101,7 +101,7 @@ class Settings:
     langs: list[str]
     points: list[Point]
     count: int = 5000
-    warmup: int = 500
+    warmup: int = 5000
     duration: float = 2.0  # seconds: a cell stops measuring after this, whatever ``count``
     rate: float | None = None
     timeout: float = 10.0
