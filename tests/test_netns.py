@@ -4,8 +4,10 @@ The servers run in one namespace (10.200.N.1), the client in another (10.200.N.2
 is addressed. tc shapes the link: a slow egress (tbf) makes replies late (TransportTimeoutError,
 then the client goes on: the late replies are dropped by msg_id), a link taken down stops the
 heartbeats (PeerGoneError well before the request timeout) and, once it is up again, ZeroMQ
-reconnects with the same routing id and the same server session continues. netem delay and loss
-run too where the kernel has sch_netem. Skipped only where namespaces cannot be made (not root,
+reconnects with the same routing id and the same server session continues. Packet loss: tbf with a
+one-packet queue drops the tail of every reply burst (TCP retransmits it: steps succeed, late;
+a shorter timeout is TransportTimeoutError and the client goes on). netem delay and loss run
+too where the kernel has sch_netem. Skipped only where namespaces cannot be made (not root,
 no iproute2, no CAP_NET_ADMIN).
 """
 
@@ -113,6 +115,35 @@ if spec["phase"] == "netem":
     multi.timeout = 10
     r = step_all(multi, 41)
     out["netem_after"] = r.observation[:, :2].tolist()
+
+if spec["phase"] == "loss":
+    # without sch_netem: a token bucket on the server's egress whose queue holds one packet, so
+    # the rest of each multi-packet reply burst is dropped and TCP has to retransmit it
+    sh("ip", "netns", "exec", spec["server_ns"], "tc", "qdisc", "add", "dev", spec["server_if"],
+       "root", "tbf", "rate", "4mbit", "burst", "1600", "limit", "1600")
+    t = time.monotonic()
+    ok = 0
+    for action in range(2, 17):
+        r = step_all(multi, action)  # every step succeeds, late but whole and in order
+        ok += bool((r.observation[:, 0] == action).all())
+    out["loss_ok"] = ok
+    out["loss_per_step"] = (time.monotonic() - t) / 15
+    stats = subprocess.run(
+        ["ip", "netns", "exec", spec["server_ns"], "tc", "-s", "qdisc", "show", "dev",
+         spec["server_if"]], capture_output=True, text=True, check=True).stdout
+    out["loss_dropped"] = int(stats.split("dropped ")[1].split(",")[0])
+    multi.timeout = 0.002  # shorter than a retransmission: a timeout, then the client goes on
+    try:
+        for action in range(20, 40):
+            step_all(multi, action)
+        out["loss_timeout"] = "no error"
+    except BatchError as exc:
+        out["loss_timeout"] = sorted({type(f.error).__name__ for f in exc.failures})
+    sh("ip", "netns", "exec", spec["server_ns"], "tc", "qdisc", "del", "dev", spec["server_if"],
+       "root")
+    multi.timeout = 10
+    r = step_all(multi, 41)
+    out["loss_after"] = r.observation[:, :2].tolist()
 
 multi.close()
 print(json.dumps(out))
@@ -286,3 +317,21 @@ def test_netem_delay_and_loss(net: tuple[Net, list[str]]) -> None:
     assert out["netem_ok"] == 30
     assert out["netem_timeout"] == ["TransportTimeoutError"]
     assert all(row[0] == 41.0 for row in out["netem_after"])
+
+
+def test_packet_loss_is_retransmitted_and_timeouts_leave_the_client_usable(
+    net: tuple[Net, list[str]],
+) -> None:
+    """Loss without sch_netem (this kernel has none): tbf with a one-packet queue drops the
+    tail of every multi-packet reply; TCP retransmits it, so steps succeed, only later."""
+    network, urls = net
+    try:
+        out = _client(network, urls, "loss")
+    finally:
+        _run("ip", "netns", "exec", network.server_ns, "tc", "qdisc", "del", "dev",
+             network.server_if, "root")  # fmt: skip
+    assert out["loss_dropped"] > 0, out  # packets were really dropped
+    assert out["loss_ok"] == 15, out
+    assert out["loss_timeout"] == ["TransportTimeoutError"], out
+    # the late replies were discarded by msg_id; the sessions go on with the next action
+    assert all(row[0] == 41.0 for row in out["loss_after"]), out
