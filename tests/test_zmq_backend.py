@@ -1,14 +1,17 @@
 """zmq+ipc:// and zmq+tcp:// against real `transport-serve` processes and real ZeroMQ sockets.
 
-Bad input from raw DEALER/REQ sockets, dead and silent servers, stale replies, pipelining,
-ipc socket files, port clashes, insecure binds, CURVE keys, and the 100-game pac trace compared
-byte for byte with unix://.
+Every server-side test runs against both server implementations (``lang`` is ``python`` or
+``node``: pyzmq ROUTER or zeromq.js Router; Node cases skip when the Node server is not built).
+Bad input from raw DEALER/REQ sockets, batches, dead and silent servers, stale replies,
+pipelining, ipc socket files, port clashes, insecure binds, CURVE keys, and the 100-game pac
+trace compared byte for byte with unix://. tests/test_zmq_node.py holds the Node-only part.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -20,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -37,11 +41,20 @@ from transport.generated import pac_env
 from transport.protocol import HEADER, ErrorCode, MessageIds, encode_hello
 from transport.schema import compile_schema
 
-from .servers import ROOT, ServerProcess, free_port, stop_process, unique_unix_url
+from .servers import (
+    LANGS,
+    ROOT,
+    ServerProcess,
+    free_port,
+    require_lang,
+    stop_process,
+    unique_unix_url,
+)
 from .test_trace_equality import GAMES, play
 
 IDS = MessageIds.from_schema(pac_env.SCHEMA.ir)
 KINDS = ["ipc", "tcp"]
+NODE_ZERO_COPY_THRESHOLD = 64 << 10  # node_bridge/src/backends/zmq.ts ZERO_COPY_THRESHOLD
 
 
 def zmq_url(kind: str) -> str:
@@ -52,6 +65,20 @@ def zmq_url(kind: str) -> str:
 
 def ipc_path(url: str) -> str:
     return url.partition("://")[2].partition("?")[0]
+
+
+def serve_command(url: str, lang: str) -> list[str]:
+    """`transport-serve URL --env echo --lang LANG` (Node: serve_cli execs node in its place)."""
+    return [sys.executable, "-m", "transport.tools.serve_cli", url, "--env", "echo", "--lang", lang]
+
+
+def serve_once(
+    url: str, lang: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the server to completion (for start failures)."""
+    return subprocess.run(
+        serve_command(url, lang), cwd=ROOT, capture_output=True, text=True, timeout=30, env=env
+    )
 
 
 class Raw:
@@ -89,25 +116,60 @@ def error_code(body: bytes) -> int:
     return int(struct.unpack_from("<H", body, 0)[0])
 
 
+def assert_pac_traces_match_unix(lang: str) -> None:
+    """100 pac games served by ``lang`` over zmq+ipc and zmq+tcp equal the Python unix:// ones."""
+    require_lang(lang)
+    with ServerProcess(unique_unix_url(), env="pac", lang="python") as proc:
+        reference = play(proc.url)
+    assert reference[1] > GAMES
+    for kind in KINDS:
+        with ServerProcess(zmq_url(kind), env="pac", lang=lang) as proc:
+            assert play(proc.url) == reference, f"{lang} over zmq+{kind}"
+
+
+@pytest.fixture(params=LANGS)
+def lang(request: pytest.FixtureRequest) -> str:
+    require_lang(request.param)
+    return str(request.param)
+
+
 @pytest.fixture(params=KINDS)
-def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    with ServerProcess(zmq_url(request.param), env="echo") as proc:
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def server(lang: str, kind: str) -> Iterator[ServerProcess]:
+    with ServerProcess(zmq_url(kind), env="echo", lang=lang) as proc:
         yield proc
     if proc.url.startswith("zmq+ipc"):
         assert not os.path.exists(ipc_path(proc.url)), "server left its ipc socket file"
 
 
-def test_round_trip_and_ipc_file_mode(server: ServerProcess) -> None:
+def test_round_trip_and_ipc_file_mode(server: ServerProcess, lang: str) -> None:
     if server.url.startswith("zmq+ipc"):
         assert stat.S_IMODE(os.stat(ipc_path(server.url)).st_mode) == 0o600
     with api.connect(server.url, timeout=5) as client:
-        assert client.server_info["server"] == "python"
+        assert client.server_info["server"] == lang
         assert client.health()
         assert client.spaces().act_n == 92
         client.reset()
         result = client.step(7)
         assert result.observation[0] == 7.0 and result.reward == 1.75
         assert result.observation.ctypes.data % 16 == 0  # body at BODY_OFFSET: aligned views
+
+
+def test_batched_eight_envs(lang: str, kind: str) -> None:
+    with ServerProcess(zmq_url(kind), env="echo", lang=lang, num_envs=8) as proc:
+        with api.connect(proc.url, timeout=5) as client:
+            assert client.server_info["num_envs"] == 8
+            first = client.reset(seed=3)
+            assert first.observation.shape == (8, 612)
+            for round_ in range(3):
+                actions = [(round_ * 8 + i) % 92 for i in range(8)]
+                result = client.step(actions)
+                assert result.observation.shape == (8, 612)
+                assert (result.observation[:, 0] == np.array(actions, dtype=np.float32)).all()
 
 
 def test_bad_input_gets_error_and_others_keep_being_served(server: ServerProcess) -> None:
@@ -125,11 +187,21 @@ def test_bad_input_gets_error_and_others_keep_being_served(server: ServerProcess
         assert (msg_type, error_code(body)) == (IDS.ERROR, ErrorCode.BAD_FRAME)
         still_served()
 
+        # garbage parts: a 3-byte header part
+        raw.send(b"abc", b"def")
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 0, ErrorCode.BAD_FRAME)
+
         # a header whose body_len disagrees with the body part
         raw.send(HEADER.pack(IDS.HELLO_REQ, 4, 12), b"\x00\x01")
         msg_type, msg_id, body = raw.recv()
         assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 4, ErrorCode.BAD_FRAME)
         still_served()
+
+        # a header announcing a body, and no body part
+        raw.send(HEADER.pack(IDS.STEP_REQ, 11, 4))
+        msg_type, msg_id, body = raw.recv()
+        assert (msg_type, msg_id, error_code(body)) == (IDS.ERROR, 11, ErrorCode.BAD_FRAME)
 
         # body_len of 4 GiB - 1: refused from the header alone, msg_id echoed
         raw.send(HEADER.pack(IDS.STEP_REQ, 9, 0xFFFFFFFF), b"")
@@ -168,6 +240,8 @@ def test_bad_input_gets_error_and_others_keep_being_served(server: ServerProcess
             ErrorCode.FINGERPRINT_MISMATCH,
         )
         assert pac_env.FINGERPRINT_HEX in body.decode("utf-8", "replace")
+        raw.frame(IDS.HEALTH_REQ, 10)
+        assert error_code(raw.recv()[2]) == ErrorCode.HELLO_REQUIRED
         still_served()
     finally:
         raw.close()
@@ -175,11 +249,11 @@ def test_bad_input_gets_error_and_others_keep_being_served(server: ServerProcess
     # wrong body size for STEP_REQ, and a large (zero-copy) wrong body: ERROR, session kept
     with api.connect(server.url, timeout=5) as other:
         other.reset()
-        resp_type, body = other.channel.request(IDS.STEP_REQ, b"\x00\x00")
-        assert (resp_type, error_code(bytes(body))) == (IDS.ERROR, ErrorCode.BAD_BODY_SIZE)
+        resp_type, view = other.channel.request(IDS.STEP_REQ, b"\x00\x00")
+        assert (resp_type, error_code(bytes(view))) == (IDS.ERROR, ErrorCode.BAD_BODY_SIZE)
         big = bytes(zmq_backend.ZERO_COPY_THRESHOLD + 4)
-        resp_type, body = other.channel.request(IDS.STEP_BATCH_REQ, big)
-        assert (resp_type, error_code(bytes(body))) == (IDS.ERROR, ErrorCode.BAD_BATCH)
+        resp_type, view = other.channel.request(IDS.STEP_BATCH_REQ, big)
+        assert (resp_type, error_code(bytes(view))) == (IDS.ERROR, ErrorCode.BAD_BATCH)
         assert other.step(2).observation[0] == 2.0
     still_served()
     good.close()
@@ -207,6 +281,9 @@ def test_out_of_range_action_is_a_remote_error_and_client_stays_usable(
             client.step(92)
         assert info.value.code == ErrorCode.INVALID_ACTION
         assert "92" in info.value.text
+        with pytest.raises(RemoteError) as info:
+            client.step(-1)
+        assert info.value.code == ErrorCode.INVALID_ACTION
         assert client.step(91).observation[0] == 91.0
 
 
@@ -235,30 +312,55 @@ def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None
         client.reset()
         channel = client.channel
         assert isinstance(channel, zmq_backend.ZmqChannel)
+        actions = (4, 5, 6, 7, 8, 9)
+        ids = [channel.send_request(IDS.STEP_REQ, struct.pack("<i", a)) for a in actions]
+        # every reply keeps its own bytes although the server answered from one session buffer
+        for msg_id, action in zip(ids, actions, strict=True):
+            resp_type, body = channel.recv_response(msg_id, time.monotonic() + 5)
+            assert resp_type == IDS.STEP_RESP
+            assert struct.unpack_from("<f", body, 0)[0] == float(action)
         ids = [channel.send_request(IDS.STEP_REQ, struct.pack("<i", a)) for a in (4, 5, 6)]
         first = channel.recv_response(ids[0], time.monotonic() + 5)
         assert first[0] == IDS.STEP_RESP
         # awaiting the last one discards the reply to the middle request
         resp_type, _ = channel.recv_response(ids[2], time.monotonic() + 5)
         assert resp_type == IDS.STEP_RESP
+        ids = [channel.send_request(IDS.STEP_REQ, struct.pack("<i", a)) for a in (4, 5, 6)]
+        resp_type, _ = channel.recv_response(ids[2], time.monotonic() + 5)  # discards 4 and 5
+        assert resp_type == IDS.STEP_RESP
         assert client.step(8).observation[0] == 8.0
 
 
-def test_large_batches_take_the_zero_copy_path() -> None:
+def test_large_batches_take_the_zero_copy_path(lang: str) -> None:
     url = zmq_url("ipc")
-    envs = zmq_backend.ZERO_COPY_THRESHOLD // 2557 + 1
-    with ServerProcess(url, env="echo", num_envs=envs) as proc:
+    envs = zmq_backend.ZERO_COPY_THRESHOLD // 2557 + 1  # above both sides' thresholds
+    assert envs * 2557 >= NODE_ZERO_COPY_THRESHOLD
+    with ServerProcess(url, env="echo", lang=lang, num_envs=envs) as proc:
         with api.connect(proc.url, timeout=10) as client:
             client.reset()
-            for action in (1, 2, 3):  # pipelined zero-copy replies reuse the session buffer
+            channel = client.channel
+            assert isinstance(channel, zmq_backend.ZmqChannel)
+            # pipelined zero-copy replies: each must keep its own bytes (the session detaches)
+            body = bytearray(4 * envs)
+            ids = []
+            for action in (1, 2, 3):
+                struct.pack_into(f"<{envs}i", body, 0, *([action] * envs))
+                ids.append(channel.send_request(IDS.STEP_BATCH_REQ, bytes(body)))
+            for msg_id, action in zip(ids, (1, 2, 3), strict=True):
+                resp_type, resp = channel.recv_response(msg_id, time.monotonic() + 10)
+                assert resp_type == IDS.STEP_BATCH_RESP and len(resp) == envs * 2557
+                obs0 = [struct.unpack_from("<f", resp, i * 2557)[0] for i in range(envs)]
+                assert obs0 == [float(action)] * envs
+            for action in (4, 5, 6):  # zero-copy replies in turn reuse the client's buffer
                 result = client.step([action] * envs)
                 assert result.observation.shape == (envs, 612)
                 assert (result.observation[:, 0] == action).all()
-            assert len(client.channel.buffer) >= 16 + envs * 2557
+            assert len(channel.buffer) >= 16 + envs * 2557
 
 
-def test_body_over_the_maximum_disconnects_the_sender() -> None:
-    with ServerProcess(zmq_url("ipc"), env="echo", extra=["--max-body", "4096"]) as proc:
+def test_body_over_the_maximum_disconnects_the_sender(lang: str) -> None:
+    extra = ["--max-body", "4096"]
+    with ServerProcess(zmq_url("ipc"), env="echo", lang=lang, extra=extra) as proc:
         client = api.connect(proc.url, timeout=3)
         client.reset()
         with pytest.raises(PeerGoneError):
@@ -274,9 +376,8 @@ def test_body_over_the_maximum_disconnects_the_sender() -> None:
         client.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_killed_server_is_peer_gone_within_timeout(kind: str) -> None:
-    proc = ServerProcess(zmq_url(kind), env="echo")
+def test_killed_server_is_peer_gone_within_timeout(lang: str, kind: str) -> None:
+    proc = ServerProcess(zmq_url(kind), env="echo", lang=lang)
     client = api.connect(proc.url, timeout=2)
     client.reset()
     os.kill(proc.proc.pid, signal.SIGKILL)
@@ -294,9 +395,8 @@ def test_killed_server_is_peer_gone_within_timeout(kind: str) -> None:
         os.unlink(ipc_path(proc.url))  # SIGKILL leaves the file: the next start replaces it
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_silent_server_times_out_and_client_stays_usable(kind: str) -> None:
-    with ServerProcess(zmq_url(kind), env="echo") as proc:
+def test_silent_server_times_out_and_client_stays_usable(lang: str, kind: str) -> None:
+    with ServerProcess(zmq_url(kind), env="echo", lang=lang) as proc:
         client = api.connect(proc.url, timeout=0.5)
         client.reset()
         stop_process(proc.proc.pid)
@@ -308,15 +408,17 @@ def test_silent_server_times_out_and_client_stays_usable(kind: str) -> None:
         finally:
             os.kill(proc.proc.pid, signal.SIGCONT)
         # the late reply to step(3) arrives now and is discarded by msg_id
-        client.channel.timeout = 5
+        channel = client.channel
+        assert isinstance(channel, zmq_backend.ZmqChannel)
+        channel.timeout = 5
         assert client.step(5).observation[0] == 5.0
         assert client.step(6).observation[0] == 6.0
         client.close()
 
 
-def test_stopped_heartbeats_are_peer_gone_before_a_long_timeout() -> None:
+def test_stopped_heartbeats_are_peer_gone_before_a_long_timeout(lang: str) -> None:
     url = zmq_url("tcp") + "?heartbeat=0.1"
-    with ServerProcess(url, env="echo") as proc:
+    with ServerProcess(url, env="echo", lang=lang) as proc:
         client = api.connect(proc.url, timeout=20)
         client.reset()
         stop_process(proc.proc.pid)
@@ -330,54 +432,42 @@ def test_stopped_heartbeats_are_peer_gone_before_a_long_timeout() -> None:
         client.close()
 
 
-def test_stale_ipc_file_replaced_live_one_never_stolen() -> None:
-    import socket
-
+def test_stale_ipc_file_replaced_live_one_never_stolen(lang: str) -> None:
     url = zmq_url("ipc")
     path = ipc_path(url)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(path)
     stale.close()  # the file stays, nothing listens: a dead server's leftover
-    with ServerProcess(url, env="echo") as live:
-        second = subprocess.run(
-            [sys.executable, "-m", "transport.tools.serve_cli", url],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert second.returncode != 0
-        assert "in use by a live server" in second.stderr
+    with ServerProcess(url, env="echo", lang=lang) as live:
+        # a second server of the same language, and a Python one, never takes the live file
+        for second_lang in dict.fromkeys([lang, "python"]):
+            second = serve_once(url, second_lang)
+            assert second.returncode != 0
+            assert "in use by a live server" in second.stderr, second_lang
         with api.connect(live.url, timeout=5) as client:
             assert client.health()
     assert not os.path.exists(path)
 
 
-def test_tcp_port_in_use_fails_clearly() -> None:
-    with ServerProcess(zmq_url("tcp"), env="echo") as live:
-        second = subprocess.run(
-            [sys.executable, "-m", "transport.tools.serve_cli", live.url],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+def test_tcp_port_in_use_fails_clearly(lang: str) -> None:
+    with ServerProcess(zmq_url("tcp"), env="echo", lang=lang) as live:
+        second = serve_once(live.url, lang)
         assert second.returncode != 0
         assert "EADDRINUSE" in second.stderr
         with api.connect(live.url, timeout=5) as client:
             assert client.health()
 
 
-def test_port_zero_reports_the_bound_port() -> None:
-    with ServerProcess("zmq+tcp://127.0.0.1:0", env="echo") as proc:
+def test_port_zero_reports_the_bound_port(lang: str) -> None:
+    with ServerProcess("zmq+tcp://127.0.0.1:0", env="echo", lang=lang) as proc:
         assert not proc.url.endswith(":0")
         with api.connect(proc.url, timeout=5) as client:
             assert client.health()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_removes_ipc_file(sig: int) -> None:
-    proc = ServerProcess(zmq_url("ipc"), env="echo")
+def test_signal_removes_ipc_file(lang: str, sig: int) -> None:
+    proc = ServerProcess(zmq_url("ipc"), env="echo", lang=lang)
     path = ipc_path(proc.url)
     assert os.path.exists(path)
     proc.proc.send_signal(sig)
@@ -386,23 +476,33 @@ def test_signal_removes_ipc_file(sig: int) -> None:
     assert not os.path.exists(path)
 
 
-def test_non_loopback_bind_needs_keys_or_explicit_consent() -> None:
+def test_non_loopback_bind_needs_keys_or_explicit_consent(lang: str) -> None:
     port = free_port()
-    refused = subprocess.run(
-        [sys.executable, "-m", "transport.tools.serve_cli", f"zmq+tcp://0.0.0.0:{port}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TRANSPORT_ZMQ_")},
-    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSPORT_ZMQ_")}
+    refused = serve_once(f"zmq+tcp://0.0.0.0:{port}", lang, env=env)
     assert refused.returncode != 0 and "allow_insecure" in refused.stderr
-    with ServerProcess(f"zmq+tcp://0.0.0.0:{port}?allow_insecure=1", env="echo"):
+    with ServerProcess(f"zmq+tcp://0.0.0.0:{port}?allow_insecure=1", env="echo", lang=lang):
         with api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=5) as client:
             assert client.health()
 
 
+def test_bad_urls_fail_to_start(lang: str) -> None:
+    for url in (
+        "zmq+tcp://127.0.0.1",
+        "zmq+tcp://127.0.0.1:http",
+        "zmq+tcp://127.0.0.1:5000?bogus=1",
+        "zmq+ipc:///tmp/x?server_key=/nope",
+    ):
+        done = serve_once(url, lang)
+        assert done.returncode == 1, (url, done.stderr)
+        assert "transport-serve: error:" in done.stderr
+
+
+# -- client side only (no server process, or an in-process Python api.Server) ------------------
+
+
 def test_client_retries_connect_until_the_server_is_up() -> None:
+    # python-only: the server starts late in this process (api.Server), there is no Node one
     from transport.envs.echo import EchoEnv
 
     url = zmq_url("ipc")
@@ -421,6 +521,18 @@ def test_client_retries_connect_until_the_server_is_up() -> None:
 def test_nothing_listening_is_connect_error() -> None:
     with pytest.raises(ConnectError):
         api.connect(zmq_url("ipc"), timeout=0.3)
+
+
+def test_bad_urls_are_connect_errors() -> None:
+    for url in (
+        "zmq+tcp://127.0.0.1",
+        "zmq+tcp://127.0.0.1:http",
+        "zmq+ipc://",
+        "zmq+tcp://127.0.0.1:5000?bogus=1",
+        "zmq+ipc:///tmp/x?server_key=/nope",
+    ):
+        with pytest.raises(ConnectError):
+            api.connect(url, timeout=0.2)
 
 
 # -- CURVE ----------------------------------------------------------------------------------------
@@ -457,10 +569,10 @@ def keys(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_curve_admits_allowed_keys_only(keys: Path) -> None:
+def test_curve_admits_allowed_keys_only(keys: Path, lang: str) -> None:
     port = free_port()
     url = f"zmq+tcp://0.0.0.0:{port}?server_key={keys}/server.key_secret&clients={keys}/clients"
-    with ServerProcess(url, env="echo"):
+    with ServerProcess(url, env="echo", lang=lang):
         base = f"zmq+tcp://127.0.0.1:{port}?server_key={keys}/server.key"
         with api.connect(f"{base}&client_key={keys}/client.key_secret", timeout=5) as client:
             client.reset()
@@ -471,22 +583,28 @@ def test_curve_admits_allowed_keys_only(keys: Path) -> None:
             api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=1)
         with pytest.raises(ConnectError, match="own key pair"):
             api.connect(base, timeout=1)
+        # the admitted client still works after the refusals
+        with api.connect(f"{base}&client_key={keys}/client.key_secret", timeout=5) as client:
+            assert client.health()
 
 
-def test_curve_keys_from_environment_variables(keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_curve_keys_from_environment_variables(
+    keys: Path, lang: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import zmq.auth
 
     server_public, server_secret = zmq.auth.load_certificate(keys / "server.key_secret")
     client_public, client_secret = zmq.auth.load_certificate(keys / "client.key_secret")
-    assert server_secret is not None and client_secret is not None
+    _, other_secret = zmq.auth.load_certificate(keys / "other.key_secret")
+    assert server_secret is not None and client_secret is not None and other_secret is not None
     port = free_port()
     env = {
         **os.environ,
-        zmq_backend.ENV_SERVER_SECRET: server_secret.decode(),
+        zmq_backend.ENV_SERVER_SECRET: server_secret.decode(),  # public key derived
         zmq_backend.ENV_ALLOWED_CLIENTS: client_public.decode(),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "transport.tools.serve_cli", f"zmq+tcp://0.0.0.0:{port}"],
+        serve_command(f"zmq+tcp://0.0.0.0:{port}", lang),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -501,6 +619,9 @@ def test_curve_keys_from_environment_variables(keys: Path, monkeypatch: pytest.M
         monkeypatch.setenv(zmq_backend.ENV_CLIENT_SECRET, client_secret.decode())
         with api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=5) as client:
             assert client.health()
+        monkeypatch.setenv(zmq_backend.ENV_CLIENT_SECRET, other_secret.decode())
+        with pytest.raises(ConnectError, match="refused"):
+            api.connect(f"zmq+tcp://127.0.0.1:{port}", timeout=3)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -509,28 +630,9 @@ def test_curve_keys_from_environment_variables(keys: Path, monkeypatch: pytest.M
                 stream.close()
 
 
-def test_bad_urls_are_connect_errors() -> None:
-    for url in (
-        "zmq+tcp://127.0.0.1",
-        "zmq+tcp://127.0.0.1:http",
-        "zmq+ipc://",
-        "zmq+tcp://127.0.0.1:5000?bogus=1",
-        "zmq+ipc:///tmp/x?server_key=/nope",
-    ):
-        with pytest.raises(ConnectError):
-            api.connect(url, timeout=0.2)
-
-
 # -- trace equality -------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_pac_traces_identical_over_zmq_and_unix() -> None:
-    traces = {}
-    for url in (unique_unix_url(), zmq_url("ipc"), zmq_url("tcp")):
-        with ServerProcess(url, env="pac") as proc:
-            traces[url.partition(":")[0]] = play(proc.url)
-    reference = traces["unix"]
-    assert reference[1] > GAMES
-    assert traces["zmq+ipc"] == reference
-    assert traces["zmq+tcp"] == reference
+    assert_pac_traces_match_unix("python")
