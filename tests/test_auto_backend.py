@@ -12,7 +12,6 @@ import transport.api as api
 from transport.backends.auto import candidates
 from transport.envs.echo import EchoEnv
 from transport.errors import ConnectError
-from transport.protocol import AutoReset
 
 from .servers import free_port
 
@@ -53,17 +52,16 @@ def test_http_is_the_fallback(
     assert "no socket file" in caplog.text and f"chose {url}" in caplog.text
 
 
-def test_shm_is_first_and_skipped_for_auto_reset(name: str) -> None:
+@pytest.mark.parametrize("mode", ["disabled", "next_step", "same_step"])
+def test_shm_is_first_for_every_auto_reset_mode(name: str, mode: str) -> None:
     url = f"shm://{name}?num_envs=1"
     with api.Server(EchoEnv, url).start():
-        with api.connect(f"auto://{name}", timeout=5) as client:
+        assert dict(candidates(f"auto://{name}"))[f"shm://{name}"] == ""
+        with api.connect(f"auto://{name}", timeout=5, autoreset=mode) as client:
             assert client.url.startswith("shm://")
+            assert client.server_info["autoreset"] == mode
             client.reset()
-        found = dict(candidates(f"auto://{name}", AutoReset.SAME_STEP))
-        assert "auto-reset mode same_step" in found[f"shm://{name}"]
-        with pytest.raises(ConnectError) as info:  # nothing else serves this name
-            api.connect(f"auto://{name}", timeout=2, autoreset="same_step")
-        assert "auto-reset" in str(info.value)
+            assert client.step(3).observation[0] == 3
 
 
 def test_nothing_answers(name: str) -> None:

@@ -140,6 +140,21 @@ def test_vector_env_checks_num_envs_and_mode(pac_url: str) -> None:
         RemoteVectorEnv(pac_url, NUM_ENVS + 1)
     with pytest.raises(AdapterError, match="NEXT_STEP or SAME_STEP"):
         RemoteVectorEnv(pac_url, NUM_ENVS, autoreset_mode=AutoresetMode.DISABLED)
+    with pytest.raises(AdapterError, match="unknown auto-reset mode 'sometimes'"):
+        RemoteVectorEnv(pac_url, NUM_ENVS, autoreset_mode="sometimes")
+
+
+@pytest.mark.parametrize("name", ["next_step", "NextStep", "same_step", "SAME_STEP"])
+def test_vector_env_mode_by_name(pac_url: str, name: str) -> None:
+    expected = (
+        AutoresetMode.NEXT_STEP if name.lower().startswith("next") else AutoresetMode.SAME_STEP
+    )
+    env = RemoteVectorEnv(pac_url, NUM_ENVS, autoreset_mode=name)
+    try:
+        assert env.metadata["autoreset_mode"] == expected
+        assert env.client.server_info["autoreset"] == expected.name.lower()
+    finally:
+        env.close()
 
 
 def test_vector_env_num_envs_from_the_environment(

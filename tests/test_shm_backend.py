@@ -93,7 +93,12 @@ def test_round_trip_segment_mode_and_info(server1: ServerProcess) -> None:
     assert os.stat(path).st_size == region_size(1)
     with api.connect(server1.url, timeout=5) as client:
         assert client.num_envs == 1
-        assert client.server_info == {"num_envs": 1, "env": "echo", "server": "python"}
+        assert client.server_info == {
+            "num_envs": 1,
+            "env": "echo",
+            "server": "python",
+            "autoreset": "disabled",
+        }
         assert client.health()
         assert client.spaces().obs_n == 612 and client.spaces().act_n == 92
         client.reset()

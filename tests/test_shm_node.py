@@ -58,7 +58,12 @@ def test_round_trip_segment_mode_and_info() -> None:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert os.stat(path).st_size == region_size(1) == CONTROL_SIZE + SLOT_SIZE + 2576
         with api.connect(proc.url, timeout=5) as client:
-            assert client.server_info == {"num_envs": 1, "env": "echo", "server": "node"}
+            assert client.server_info == {
+                "num_envs": 1,
+                "env": "echo",
+                "server": "node",
+                "autoreset": "disabled",
+            }
             assert client.health()
             assert client.spaces().obs_n == 612 and client.spaces().act_n == 92
             client.reset()
@@ -188,7 +193,7 @@ def test_auto_reset_modes_are_accepted_per_lease(mode: str) -> None:
             assert client.finals == []
         with api.connect(proc.url, timeout=5) as client:  # a new lease: disabled again
             assert client.autoreset == AutoReset.DISABLED
-            assert "autoreset" not in client.server_info
+            assert client.server_info["autoreset"] == "disabled"
             client.reset()
             assert client.step([3, 4]).observation[:, 0].tolist() == [3.0, 4.0]
 

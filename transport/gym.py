@@ -213,6 +213,19 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
         return {name: view[name].item() for name in self.fields.info}
 
 
+def autoreset_mode_of(value: AutoresetMode | str) -> AutoresetMode:
+    """An ``AutoresetMode`` from itself, its value (``"NextStep"``) or the wire name
+    (``"next_step"``, the name the protocol and ``transport.connect`` use)."""
+    if isinstance(value, AutoresetMode):
+        return value
+    key = str(value).replace("-", "_").replace(" ", "_").lower()
+    for mode in AutoresetMode:
+        if key in (mode.name.lower(), mode.value.lower()):
+            return mode
+    names = ", ".join(mode.name.lower() for mode in AutoresetMode)
+    raise AdapterError(f"unknown auto-reset mode {value!r}: expected one of {names}")
+
+
 class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     """N remote envs over one connection as a ``gymnasium.vector.VectorEnv``.
 
@@ -237,7 +250,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         observation_bounds: Bounds | None = None,
     ) -> None:
-        mode = AutoresetMode(autoreset_mode)
+        mode = autoreset_mode_of(autoreset_mode)
         if mode == AutoresetMode.DISABLED:
             raise AdapterError(
                 "RemoteVectorEnv needs server-side auto-reset: use AutoresetMode.NEXT_STEP or "

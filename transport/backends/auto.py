@@ -2,8 +2,7 @@
 
 Tried in order (seed 000, 6.3b/c), the first that connects wins:
 
-1. ``shm://name``: when the region ``/dev/shm/transport-name`` exists and the requested
-   auto-reset mode is one shm serves (shm refuses next_step/same_step for now);
+1. ``shm://name``: when the region ``/dev/shm/transport-name`` exists;
 2. ``unix://$XDG_RUNTIME_DIR/transport-name.sock``, then ``unix:///tmp/transport-name.sock``:
    when the socket file exists;
 3. ``http://127.0.0.1:$TRANSPORT_HTTP_PORT`` (default 8080; ``auto://name?port=P`` overrides).
@@ -30,18 +29,13 @@ DEFAULT_HTTP_PORT = 8080
 HTTP_PORT_ENV = "TRANSPORT_HTTP_PORT"
 
 
-def candidates(url: str, autoreset: AutoReset = AutoReset.DISABLED) -> list[tuple[str, str]]:
+def candidates(url: str) -> list[tuple[str, str]]:
     """(candidate URL, reason to skip it or "") in the order ``connect`` tries them."""
     name, params = _parse(url)
     out: list[tuple[str, str]] = []
     shm_path = f"/dev/shm/transport-{name}"
     shm_url = f"shm://{name}"
-    if not os.path.exists(shm_path):
-        out.append((shm_url, f"no shared-memory region {shm_path}"))
-    elif autoreset != AutoReset.DISABLED:
-        out.append((shm_url, f"shm does not serve auto-reset mode {autoreset.name.lower()}"))
-    else:
-        out.append((shm_url, ""))
+    out.append((shm_url, "" if os.path.exists(shm_path) else f"no shared-memory region {shm_path}"))
     dirs = [os.environ.get("XDG_RUNTIME_DIR", ""), "/tmp"]
     for directory in dict.fromkeys(d for d in dirs if d):
         path = os.path.join(directory, f"transport-{name}.sock")
@@ -64,7 +58,7 @@ def connect(
     from transport.protocol import DEFAULT_MAX_BODY
 
     reasons: list[str] = []
-    for candidate, skip in candidates(url, autoreset):
+    for candidate, skip in candidates(url):
         if skip:
             log.info("auto: skipped %s: %s", candidate, skip)
             reasons.append(f"{candidate}: {skip}")

@@ -388,6 +388,7 @@ class ShmClient(Client):
             except Exception:
                 info = {}
         info["num_envs"] = n
+        info["autoreset"] = AutoReset.DISABLED.name.lower()  # until a HELLO command asks
         self.server_info = info
 
     # -- requests ----------------------------------------------------------------------------
