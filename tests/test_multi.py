@@ -15,7 +15,7 @@ import pytest
 import transport
 import transport.api as api
 from transport.envs.echo import EchoEnv
-from transport.errors import ConnectError, PeerGoneError, RemoteError
+from transport.errors import ConnectError, EnvError, PeerGoneError, RemoteError
 from transport.multi import BatchError, MultiClient
 from transport.protocol import ErrorCode
 from transport.server import Spaces
@@ -95,6 +95,37 @@ def test_a_refused_action_is_attributed_to_its_server(three_servers: list[Server
         assert error.results.observation[5, 0] == 6.0  # the other servers did step
         # every server is still in step: the next batch works
         assert (multi.step([7] * 6).observation[:, 0] == 7).all()
+
+
+class RaisesOnAction(EchoEnv):
+    """Echo, except that action 13 raises inside the env."""
+
+    def step_into(self, action: int, out: np.ndarray) -> None:
+        if action == 13:
+            raise RuntimeError("unlucky action")
+        super().step_into(action, out)
+
+
+def test_an_env_error_is_attributed_to_the_global_env_id() -> None:
+    urls = [unique_unix_url(), unique_unix_url()]
+    with (
+        api.Server(EchoEnv, urls[0], num_envs=2).start(),
+        api.Server(RaisesOnAction, urls[1], num_envs=3).start(),
+        transport.connect_many(urls, timeout=5) as multi,
+    ):
+        multi.reset()
+        with pytest.raises(BatchError) as info:
+            multi.step([1, 2, 3, 13, 5])  # global env 3 is env 1 of the second server
+        error = info.value
+        assert error.env_ids == [3]
+        (failure,) = error.failures
+        assert failure.env_ids == range(2, 5) and failure.failed_env_ids == (3,)
+        assert isinstance(failure.error, EnvError) and failure.error.env_id == 1  # server-local
+        assert f"env 3 (of envs 2-4) at {urls[1]}: EnvError" in str(error)
+        with pytest.raises(BatchError) as info:
+            multi.step([13, 2, 13, 4, 13])  # two envs of the second server fail
+        assert info.value.env_ids == [2, 4]  # the first server's env 0 is fine: echo
+        assert (multi.step([7] * 5).observation[:, 0] == 7).all()
 
 
 def test_a_dead_server_is_attributed_and_the_rest_answer() -> None:

@@ -10,6 +10,7 @@ the rows that did arrive.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,7 +23,7 @@ import numpy as np
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema
 from transport.codec import Schema
-from transport.errors import ProtocolError, TransportError
+from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, decode_error
 from transport.server import Spaces
 
@@ -40,15 +41,44 @@ class PipelinedChannel(Protocol):
 
 @dataclass(frozen=True)
 class ServerFailure:
-    """One server's part of a failed batch: where, which global env ids, and why."""
+    """One server's part of a failed batch: where, which global env ids, and why.
+
+    ``env_ids``: all of that server's envs (their rows of the batch did not arrive).
+    ``failed_env_ids``: the envs the error is about, as global ids, when the server named them
+    (its ERROR text says ``env {i}:``, with i the server's own index, as ``EnvError.env_id``
+    does); otherwise every env of the server.
+    """
 
     url: str
     env_ids: range
     error: BaseException
+    failed_env_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.failed_env_ids:
+            object.__setattr__(self, "failed_env_ids", tuple(self.env_ids))
 
     def __str__(self) -> str:
         ids = _format_ids(self.env_ids)
-        return f"envs {ids} at {self.url}: {type(self.error).__name__}: {self.error}"
+        failed = self.failed_env_ids
+        where = f"envs {ids}"
+        if failed != tuple(self.env_ids):
+            named = ", ".join(map(str, failed))
+            where = f"env{'s' if len(failed) > 1 else ''} {named} (of envs {ids})"
+        return f"{where} at {self.url}: {type(self.error).__name__}: {self.error}"
+
+    @classmethod
+    def of(cls, url: str, env_ids: range, error: BaseException) -> ServerFailure:
+        """Attribute ``error`` to the envs its ERROR text names (server-local -> global ids)."""
+        named: tuple[int, ...] = ()
+        if isinstance(error, RemoteError):
+            local = dict.fromkeys(int(i) for i in _NAMED_ENV.findall(error.text))
+            named = tuple(env_ids.start + i for i in local if 0 <= i < len(env_ids))
+        return cls(url, env_ids, error, named)
+
+
+_NAMED_ENV = re.compile(r"(?:^|; )env (\d+):")
+"""Every env an ERROR text names: texts are ``env {i}: ...`` joined by ``; ``."""
 
 
 class BatchError(TransportError):
@@ -66,7 +96,8 @@ class BatchError(TransportError):
 
     @property
     def env_ids(self) -> list[int]:
-        return sorted(i for failure in self.failures for i in failure.env_ids)
+        """The global env ids the failures are attributed to (see ``ServerFailure``)."""
+        return sorted(i for failure in self.failures for i in failure.failed_env_ids)
 
     @property
     def urls(self) -> list[str]:
@@ -224,7 +255,7 @@ class MultiClient:
         if failures:
             raise BatchError(
                 [
-                    ServerFailure(self.parts[k].url, self.parts[k].env_ids, failures[k])
+                    ServerFailure.of(self.parts[k].url, self.parts[k].env_ids, failures[k])
                     for k in sorted(failures)
                 ],
                 self._view.copy(),
