@@ -505,3 +505,24 @@ def test_layout_constants_match_the_schema() -> None:
     fields = {f.name: f.offset for f in pac_shm.Slot.ir.fields}
     assert fields["observation"] == 32 and fields["action_mask"] == 2480
     assert fields["reward"] == 16 and fields["actions_this_turn"] == 2572
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+def test_an_idle_spin_server_sleeps(lang: str) -> None:
+    """wait=spin spins before each request, not forever: idle, the server sleeps in the kernel."""
+    with ServerProcess(unique_shm_url(1) + "&wait=spin", lang=lang) as proc:
+        with api.connect(proc.url, timeout=5) as client:
+            client.reset()
+            client.step(1)
+            time.sleep(0.5)  # past the spin budget and the first idle slice
+            before = cpu_seconds(proc.proc.pid)
+            time.sleep(2.0)
+            used = cpu_seconds(proc.proc.pid) - before
+            assert used < 0.5, f"an idle {lang} server used {used:.2f} s of CPU in 2 s"
+            assert client.step(2).observation[0] == 2  # and wakes for the next request

@@ -702,14 +702,18 @@ class Listener:
         wait = native.lib.tp_wait_change
         ctx, doorbell = self._ctx, region.doorbell
         idle_ns = int(max(self.shm.wait.futex_slice_ms, 1.0) * 1e6)
+        spin, idle = ctx.spin, False  # spin before each request; not once idle for a slice
         last = self._doorbell_at_start  # read before READY: a ring right after it is seen
         try:
             while not self._closed.is_set():
                 rc = wait(ctx, doorbell, last, idle_ns)
                 if rc >= 0:
                     last = rc
+                    if idle:
+                        ctx.spin, idle = spin, False
                     self._serve_batch()
                 elif rc == native.TIMEOUT:
+                    ctx.spin, idle = 0, True  # idle: sleep in FUTEX_WAIT, never burn a core
                     self._housekeeping()
                 elif rc == native.CLOSED:
                     return
