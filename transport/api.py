@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -128,23 +130,34 @@ def serve(
         max_body=max_body,
         workers=workers,
     )
-    stop = threading.Event()
+    # The wait is a read on a pipe that the C-level signal handler itself writes to
+    # (signal.set_wakeup_fd): the kernel may deliver SIGTERM to a server thread rather than the
+    # main one, and a Python handler alone would then never interrupt the main thread's wait.
+    # Nothing here takes a lock in a handler (threading.Event.set did, and could deadlock).
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
     previous: dict[signal.Signals, Any] = {}
+    previous_wakeup_fd: int | None = None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        with contextlib.suppress(BlockingIOError):
+            os.write(wake_w, b"\0")
 
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
+        previous_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     try:
         server.start()
         if ready is not None:
             ready(server.bound_url)
-        while not stop.wait(0.5):
-            pass
+        os.read(wake_r, 1)  # until SIGINT or SIGTERM (or forever outside the main thread)
     finally:
         server.close()
+        if previous_wakeup_fd is not None:
+            signal.set_wakeup_fd(previous_wakeup_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        os.close(wake_r)
+        os.close(wake_w)
