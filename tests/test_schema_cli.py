@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_inspect_json_reports_seed_layouts() -> None:
         "role": "observation",
     }
     assert fields["actions_this_turn"]["offset"] == 2556
-    assert ir["messages"]["HELLO_REQ"] == {"id": 13, "body": "Hello"}
+    assert ir["messages"]["HELLO_REQ"] == {"id": 13, "body": "Hello", "tail": "msgpack"}
     shm = json.loads(run("inspect", "schema/pac_shm.toml", "--json").stdout)
     assert shm["structs"]["ControlBlock"]["size"] == 64
     assert shm["structs"]["Slot"]["size"] == 5120
@@ -71,6 +72,25 @@ def test_help() -> None:
     assert result.returncode == 0
     assert "inspect" in result.stdout and "compile" in result.stdout
     assert run().returncode == 2
+
+
+def test_a_reader_that_stops_early_ends_it_quietly() -> None:
+    """`transport-schema inspect | head`: no traceback, the exit status a shell gives `cat`."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "transport.tools.schema_cli", "inspect", "schema/pac_env.toml"],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141
+    assert result.stderr == ""
 
 
 def test_compile_writes_importable_modules_and_check_detects_staleness(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': '1ddde4cf1f1f1c22',
+ 'fingerprint': '1aa0bf8cdfbd31c2',
  'structs': {'ResetRequest': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
@@ -270,16 +270,16 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
               'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
               'SPACES_REQ': {'id': 11, 'body': None},
               'SPACES_RESP': {'id': 12, 'body': 'SpacesResult'},
-              'HELLO_REQ': {'id': 13, 'body': 'Hello'},
-              'HELLO_RESP': {'id': 14, 'body': 'Hello'},
+              'HELLO_REQ': {'id': 13, 'body': 'Hello', 'tail': 'msgpack'},
+              'HELLO_RESP': {'id': 14, 'body': 'Hello', 'tail': 'msgpack'},
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'SeedRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'ActionRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'AgentStep', 'batch': True},
               'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}}}
 
-FINGERPRINT: Final = 0x1ddde4cf1f1f1c22
-FINGERPRINT_HEX: Final = "1ddde4cf1f1f1c22"
+FINGERPRINT: Final = 0x1aa0bf8cdfbd31c2
+FINGERPRINT_HEX: Final = "1aa0bf8cdfbd31c2"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 

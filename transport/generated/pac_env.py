@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_env',
  'version': 1,
- 'fingerprint': '288192de047032f3',
+ 'fingerprint': 'd0d04558561addca',
  'structs': {'FrameHeader': {'size': 9,
                              'align': 1,
                              'layout': 'packed',
@@ -202,15 +202,15 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
               'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
               'SPACES_REQ': {'id': 11, 'body': None},
               'SPACES_RESP': {'id': 12, 'body': 'SpacesResult'},
-              'HELLO_REQ': {'id': 13, 'body': 'Hello'},
-              'HELLO_RESP': {'id': 14, 'body': 'Hello'},
+              'HELLO_REQ': {'id': 13, 'body': 'Hello', 'tail': 'msgpack'},
+              'HELLO_RESP': {'id': 14, 'body': 'Hello', 'tail': 'msgpack'},
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}}}
 
-FINGERPRINT: Final = 0x288192de047032f3
-FINGERPRINT_HEX: Final = "288192de047032f3"
+FINGERPRINT: Final = 0xd0d04558561addca
+FINGERPRINT_HEX: Final = "d0d04558561addca"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 

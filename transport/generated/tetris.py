@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'tetris',
  'version': 1,
- 'fingerprint': 'b30834fd8ae4134f',
+ 'fingerprint': 'b12fe7c749256192',
  'structs': {'StepResult': {'size': 912,
                             'align': 4,
                             'layout': 'natural',
@@ -163,15 +163,15 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
               'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
               'SPACES_REQ': {'id': 11, 'body': None},
               'SPACES_RESP': {'id': 12, 'body': 'SpacesResult'},
-              'HELLO_REQ': {'id': 13, 'body': 'Hello'},
-              'HELLO_RESP': {'id': 14, 'body': 'Hello'},
+              'HELLO_REQ': {'id': 13, 'body': 'Hello', 'tail': 'msgpack'},
+              'HELLO_RESP': {'id': 14, 'body': 'Hello', 'tail': 'msgpack'},
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}}}
 
-FINGERPRINT: Final = 0xb30834fd8ae4134f
-FINGERPRINT_HEX: Final = "b30834fd8ae4134f"
+FINGERPRINT: Final = 0xb12fe7c749256192
+FINGERPRINT_HEX: Final = "b12fe7c749256192"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "mahjong_env",
   "version": 1,
-  "fingerprint": "1ddde4cf1f1f1c22",
+  "fingerprint": "1aa0bf8cdfbd31c2",
   "structs": {
     "ResetRequest": {
       "size": 16,
@@ -449,11 +449,13 @@ export const IR: SchemaJson = {
     },
     "HELLO_REQ": {
       "id": 13,
-      "body": "Hello"
+      "body": "Hello",
+      "tail": "msgpack"
     },
     "HELLO_RESP": {
       "id": 14,
-      "body": "Hello"
+      "body": "Hello",
+      "tail": "msgpack"
     },
     "ERROR": {
       "id": 15,
@@ -482,8 +484,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "1ddde4cf1f1f1c22";
-export const FINGERPRINT = 0x1ddde4cf1f1f1c22n;
+export const FINGERPRINT_HEX = "1aa0bf8cdfbd31c2";
+export const FINGERPRINT = 0x1aa0bf8cdfbd31c2n;
 
 /** Enum Agent (stored as u8). */
 export const Agent = {

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_env",
   "version": 1,
-  "fingerprint": "288192de047032f3",
+  "fingerprint": "d0d04558561addca",
   "structs": {
     "FrameHeader": {
       "size": 9,
@@ -337,11 +337,13 @@ export const IR: SchemaJson = {
     },
     "HELLO_REQ": {
       "id": 13,
-      "body": "Hello"
+      "body": "Hello",
+      "tail": "msgpack"
     },
     "HELLO_RESP": {
       "id": 14,
-      "body": "Hello"
+      "body": "Hello",
+      "tail": "msgpack"
     },
     "ERROR": {
       "id": 15,
@@ -366,8 +368,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "288192de047032f3";
-export const FINGERPRINT = 0x288192de047032f3n;
+export const FINGERPRINT_HEX = "d0d04558561addca";
+export const FINGERPRINT = 0xd0d04558561addcan;
 
 /** Message type ids (the frame header's msg_type), by message name. */
 export const MessageId = {

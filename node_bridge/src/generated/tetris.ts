@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "tetris",
   "version": 1,
-  "fingerprint": "b30834fd8ae4134f",
+  "fingerprint": "b12fe7c749256192",
   "structs": {
     "StepResult": {
       "size": 912,
@@ -273,11 +273,13 @@ export const IR: SchemaJson = {
     },
     "HELLO_REQ": {
       "id": 13,
-      "body": "Hello"
+      "body": "Hello",
+      "tail": "msgpack"
     },
     "HELLO_RESP": {
       "id": 14,
-      "body": "Hello"
+      "body": "Hello",
+      "tail": "msgpack"
     },
     "ERROR": {
       "id": 15,
@@ -302,8 +304,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "b30834fd8ae4134f";
-export const FINGERPRINT = 0xb30834fd8ae4134fn;
+export const FINGERPRINT_HEX = "b12fe7c749256192";
+export const FINGERPRINT = 0xb12fe7c749256192n;
 
 /** Message type ids (the frame header's msg_type), by message name. */
 export const MessageId = {
