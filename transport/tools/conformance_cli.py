@@ -29,6 +29,7 @@ from transport.conformance.runner import (
 )
 from transport.errors import SchemaError
 from transport.schema import load_schema
+from transport.tools import quiet_on_broken_pipe
 
 DESCRIPTION = """\
 Check that the Python codec and another language's codec (by default the Node.js testee built
@@ -182,6 +183,7 @@ def _print_first_failure(results: list[SchemaResult], lang: str) -> None:
             return
 
 
+@quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

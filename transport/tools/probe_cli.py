@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from transport.tools import quiet_on_broken_pipe
+
 DEFAULT_DIR = Path("probe-results")
 DEFAULT_JSON = DEFAULT_DIR / "transport-probe.json"
 DEFAULT_PLOT = DEFAULT_DIR / "transport-probe.png"
@@ -241,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_on_broken_pipe
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

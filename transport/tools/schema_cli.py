@@ -11,6 +11,7 @@ from transport.errors import SchemaError
 from transport.schema import SchemaIR, load_schema
 from transport.schema.emit_python import emit_python, emit_python_package_init
 from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
+from transport.tools import quiet_on_broken_pipe
 
 _DESCRIPTION = """\
 Inspect and compile declarative transport schemas (TOML; see docs/schema.md).
@@ -24,6 +25,7 @@ Exit status: 0 on success, 1 on an invalid schema or stale generated code, 2 on 
 """
 
 
+@quiet_on_broken_pipe
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="transport-schema",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from transport.envs import ENVS, env_factory, env_schema
 from transport.errors import TransportError
+from transport.tools import quiet_on_broken_pipe
 
 _DESCRIPTION = """\
 Serve a reference env until SIGINT or SIGTERM. Prints one line "ready URL" on stdout once
@@ -32,6 +33,7 @@ def node_server_script() -> Path:
     return Path(__file__).resolve().parents[2] / "node_bridge" / "dist" / "cli" / "serve.js"
 
 
+@quiet_on_broken_pipe
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="transport-serve",
