@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +119,14 @@ def _fill(
     seed: int,
     density: float,
     drawn: list[Any],
+    stream: int = 0,
 ) -> np.ndarray:
-    """Expand one column: ``shape[0]`` messages, the rest the field's array dimensions."""
-    rng = np.random.default_rng(seed)
+    """Expand one column: ``shape[0]`` messages, the rest the field's array dimensions.
+
+    ``stream`` keeps columns apart: Hypothesis starts from the simplest draws (seed 0 for every
+    column), and without it two fields of one type would hold the same values.
+    """
+    rng = np.random.default_rng((seed, stream))
     rows = shape[0]
     n = math.prod(shape)
     per_row = n // rows if rows else 0
@@ -167,7 +173,8 @@ def _column(draw: st.DrawFn, schema: SchemaIR, column: _Column, rows: int) -> np
     seed = draw(st.integers(0, 2**64 - 1))
     density = draw(st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0]))
     drawn = draw(st.lists(element_strategy(schema, column.field), max_size=6))
-    return _fill(schema, column.field, (rows, *column.dims), seed, density, drawn)
+    stream = zlib.crc32("/".join(column.keys).encode())
+    return _fill(schema, column.field, (rows, *column.dims), seed, density, drawn, stream)
 
 
 def _element(value: np.ndarray, field: FieldIR) -> Any:
