@@ -195,6 +195,17 @@ def test_probe_a_running_server_by_url(tmp_path: Path) -> None:
     assert row["payload_bytes"] == 8 * 2557 and row["ratio_to_floor"] is None
 
 
+def test_an_auto_url_reports_the_backend_it_chose(tmp_path: Path) -> None:
+    name = f"tprobe-auto-{os.getpid()}"
+    with ServerProcess(f"unix:///tmp/transport-{name}.sock", env="echo", lang="python"):
+        done = run_probe(
+            "--url", f"auto://{name}", "--quick", "--no-floor", "--no-plot", "--json", "-",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert (row["backend"], row["url"]) == ("unix", f"unix:///tmp/transport-{name}.sock")
+
+
 def test_a_dead_url_is_a_failure(tmp_path: Path) -> None:
     url = f"unix://{tempfile.gettempdir()}/tprobe-missing-{os.getpid()}.sock"
     done = run_probe("--url", url, "--quick", "--no-floor", "--no-plot", "--json", "-")
@@ -237,6 +248,8 @@ def test_help_explains_the_options() -> None:
 def test_bad_usage_exits_2() -> None:
     assert run_probe("--lang", "cobol").returncode == 2
     assert run_probe("--batch", "0").returncode == 2
+    unknown = run_probe("--backends", "unix,nosuch")
+    assert unknown.returncode == 2 and "nosuch" in unknown.stderr
 
 
 # -- pieces ----------------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ class Row:
             "round_trips_per_s": round(self.round_trips_per_s, 1),
             "ratio_to_floor": None
             if self.ratio_to_floor is None
-            else round(self.ratio_to_floor, 2),
+            else float(f"{self.ratio_to_floor:.4g}"),
             "floor": self.floor_name,
             "url": self.url,
         }
@@ -412,8 +412,9 @@ def probe_url(
             stats = open_loop(call, settings.count, settings.rate, hist, service, max_ns=max_ns)
         _check_echo(client, point, actions)
         server = str(client.server_info.get("server", "unknown"))
+        chosen = client.url  # auto:// resolves to the backend it chose
     return Row(
-        backend=scheme_of(url),
+        backend=scheme_of(chosen),
         server=server,
         point=point,
         payload_bytes=point.response_bytes(result_size),
@@ -424,7 +425,7 @@ def probe_url(
         rate=settings.rate,
         warmup=warmed,
         service=service,
-        url=url,
+        url=chosen,
     )
 
 

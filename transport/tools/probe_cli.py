@@ -289,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         points += points_for_payloads(targets, result_size)
     order = registered_backends()
     backends = args.backends if args.backends is not None else order
+    unknown = [b for b in backends if b not in order]
+    if unknown:
+        parser.error(
+            f"--backends: unknown backend(s) {', '.join(unknown)} (choose from {', '.join(order)})"
+        )
     settings = Settings(
         backends=backends,
         langs=args.lang,
