@@ -498,6 +498,18 @@ def test_bad_urls_fail_to_start(lang: str) -> None:
         assert "transport-serve: error:" in done.stderr
 
 
+def test_serve_help_shows_zmq_urls_and_curve() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "transport.tools.serve_cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    for text in ("zmq+ipc://", "zmq+tcp://", "CURVE", "allow_insecure", "keygen"):
+        assert text in done.stdout, text
+
+
 # -- client side only (no server process, or an in-process Python api.Server) ------------------
 
 

@@ -19,12 +19,18 @@ clients can connect (with http://127.0.0.1:0 the URL carries the port that was b
   transport-serve unix:///tmp/pac.sock --env pac --lang node
   transport-serve http://127.0.0.1:8080 --env echo --num-envs 8
   transport-serve "shm://pac?num_envs=32" --env pac       (region /dev/shm/transport-pac)
+  transport-serve zmq+ipc:///tmp/pac.zmq --env pac --lang node
+  transport-serve "zmq+tcp://0.0.0.0:5555?server_key=keys/server.key_secret&clients=keys/clients"
+                                          CURVE: only clients whose key is in keys/clients
   transport-serve --list-shm [--json]     the project's shared-memory regions, stale or live
   transport-serve --cleanup-shm [--json]  remove the stale ones (whose server is dead)
 
 Envs: echo (a deterministic result derived from the action: pure transport cost), pac (a
 seeded synthetic game on the pac_env schema, identical bytes from the Python and Node servers)
 and mahjong (a four-seat turn-based tile game on the mahjong_env schema; Python only).
+zmq+tcp refuses a non-loopback address without CURVE keys (URL query or TRANSPORT_ZMQ_*
+variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq keygen DIR`
+(docs/zmq.md).
 Exit status: 0 after a signal, 1 when the server cannot start (address in use, bad URL).
 """
 
@@ -43,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "url",
         nargs="?",
-        help="where to listen: unix:///path.sock, http://127.0.0.1:PORT, shm://name?num_envs=N",
+        help="where to listen: unix:///path.sock, http://127.0.0.1:PORT, shm://name?num_envs=N,"
+        " zmq+ipc:///path, zmq+tcp://HOST:PORT",
     )
     parser.add_argument("--env", default="echo", choices=sorted(ENVS), help="reference env")
     parser.add_argument(
