@@ -230,6 +230,26 @@ def test_signal_removes_socket_file(lang: str, sig: int) -> None:
     assert not os.path.exists(path)
 
 
+@pytest.mark.parametrize("backend", ["unix", "shm"])
+def test_a_server_left_open_is_closed_at_interpreter_exit(backend: str) -> None:
+    """transport.Server(...).start() without close(): the socket file or segment still goes."""
+    name = f"atexit-{os.getpid()}"
+    url = unique_unix_url() if backend == "unix" else f"shm://{name}"
+    path = url.partition("://")[2] if backend == "unix" else f"/dev/shm/transport-{name}"
+    script = (
+        "import sys, transport\n"
+        "from transport.envs import env_factory\n"
+        "transport.Server(env_factory('echo'), sys.argv[1]).start()\n"
+        "assert transport.connect(sys.argv[1], timeout=5).health()\n"
+        "print('served', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, url], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr
+    assert not os.path.exists(path)
+
+
 def test_client_retries_connect_until_the_server_is_up(tmp_path: Path) -> None:
     url = unique_unix_url()
     from transport.envs.echo import EchoEnv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -82,13 +83,19 @@ class Server:
         return str(self.listener.url)
 
     def start(self) -> Server:
-        """Bind now (errors surface here) and serve in a background thread."""
+        """Bind now (errors surface here) and serve in a background thread.
+
+        A server still open when the interpreter exits is closed then (atexit), so a script that
+        forgets ``close()`` leaves no socket file or shared-memory segment behind.
+        """
         self.listener.start()
         self._thread = threading.Thread(target=self.listener.serve_forever, daemon=True)
         self._thread.start()
+        atexit.register(self.close)
         return self
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         self.listener.close()
         if self._thread is not None:
             self._thread.join(timeout=5)

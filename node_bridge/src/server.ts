@@ -4,6 +4,10 @@
  *   const server = await serve(() => new PacEnv(), "unix:///tmp/pac.sock", { envName: "pac" });
  *   console.log(server.url);   // http://127.0.0.1:0 comes back with the bound port
  *   await server.close();      // drops connections, removes the socket file
+ *
+ * A process that gets SIGINT or SIGTERM while servers are open and has no handler of its own for
+ * that signal closes them (socket files and shm segments removed) and then dies of the signal as
+ * it would have: nothing is left behind. With a handler of its own, the application decides.
  */
 
 import { backendFor, type Listener } from "./backends";
@@ -80,11 +84,44 @@ export async function serve(
     allowRemote: options.allowRemote ?? false,
     ...(options.schema ? { schema: options.schema } : {}),
   });
-  return {
+  const server: Server = {
     url: listener.url,
     stats: listener.stats,
-    close: () => listener.close(),
+    close: () => {
+      OPEN_SERVERS.delete(server);
+      return listener.close();
+    },
   };
+  OPEN_SERVERS.add(server);
+  watchSignals();
+  return server;
+}
+
+const OPEN_SERVERS = new Set<Server>();
+const SIGNALS = ["SIGINT", "SIGTERM"] as const;
+/** How long a signalled process waits for its servers to close before it dies anyway. */
+const CLOSE_ON_SIGNAL_MS = 2000;
+let watching = false;
+
+/** Close the open servers on SIGINT/SIGTERM when no one else handles the signal (see top). */
+function watchSignals(): void {
+  if (watching) return;
+  watching = true;
+  const handlers = new Map<NodeJS.Signals, () => void>();
+  for (const signal of SIGNALS) {
+    const onSignal = (): void => {
+      if (process.listenerCount(signal) > 1) return; // the application handles it
+      const closing = [...OPEN_SERVERS].map((server) => server.close().catch(() => undefined));
+      const deadline = new Promise((resolve) => setTimeout(resolve, CLOSE_ON_SIGNAL_MS).unref());
+      void Promise.race([Promise.all(closing), deadline]).then(() => {
+        for (const [s, handler] of handlers) process.removeListener(s, handler);
+        watching = false;
+        process.kill(process.pid, signal); // the default action now: die of the signal
+      });
+    };
+    handlers.set(signal, onSignal);
+    process.on(signal, onSignal);
+  }
 }
 
 function poolMaker(options: ServeOptions): () => WorkerPool {

@@ -9,7 +9,7 @@ import { existsSync, statSync, unlinkSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { after, describe, test } from "node:test";
 
@@ -424,6 +424,51 @@ describe("unix:// server robustness", () => {
     } finally {
       await stop(server);
     }
+    assert.equal(existsSync(path), false);
+  });
+
+  for (const signal of ["SIGTERM", "SIGINT"] as const) {
+    test(`library serve(): ${signal} removes the socket file, then the process dies of it`, async () => {
+      const path = pathOf(uniqueUnixUrl());
+      const script = [
+        `const { serve } = require(${JSON.stringify(join(__dirname, "..", "index"))});`,
+        `const { EchoEnv } = require(${JSON.stringify(join(__dirname, "..", "envs"))});`,
+        "serve(() => new EchoEnv(), 'unix://' + process.argv[1]).then(() => console.log('ready'));",
+      ].join("\n");
+      const child = spawn(process.execPath, ["-e", script, path], { stdio: ["ignore", "pipe", "inherit"] });
+      await new Promise<void>((resolve) => child.stdout.once("data", () => resolve()));
+      assert.equal(statSync(path).isSocket(), true);
+      const exited = new Promise<NodeJS.Signals | null>((resolve) =>
+        child.once("exit", (_code, sig) => resolve(sig)),
+      );
+      child.kill(signal);
+      assert.equal(await exited, signal);
+      assert.equal(existsSync(path), false);
+    });
+  }
+
+  test("library serve(): an application's own SIGTERM handler is left in charge", async () => {
+    const path = pathOf(uniqueUnixUrl());
+    const script = [
+      `const { serve } = require(${JSON.stringify(join(__dirname, "..", "index"))});`,
+      `const { EchoEnv } = require(${JSON.stringify(join(__dirname, "..", "envs"))});`,
+      "serve(() => new EchoEnv(), 'unix://' + process.argv[1]).then((server) => {",
+      "  process.on('SIGTERM', () => { console.log('app'); server.close().then(() => process.exit(7)); });",
+      "  console.log('ready');",
+      "});",
+    ].join("\n");
+    const child = spawn(process.execPath, ["-e", script, path], { stdio: ["ignore", "pipe", "inherit"] });
+    let out = "";
+    await new Promise<void>((resolve) =>
+      child.stdout.on("data", (chunk: Buffer) => {
+        out += chunk.toString();
+        if (out.includes("ready")) resolve();
+      }),
+    );
+    const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+    child.kill("SIGTERM");
+    assert.equal(await exited, 7);
+    assert.match(out, /app/);
     assert.equal(existsSync(path), false);
   });
 
