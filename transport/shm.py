@@ -35,7 +35,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -56,22 +55,13 @@ SHM_DIR = "/dev/shm"
 RESULT_OFFSET = (
     16  # the StepResult fields of a slot: bytes 16 .. 2573 (reward .. actions_this_turn)
 )
-FINAL_SIZE = 2576  # one env's final-result area: u32 final_seq, 12 zero bytes, the StepResult
-FINAL_SEQ_OFFSET = 0
+FINAL_SIZE: int = pac_shm.FinalArea.size  # 2576: u32 final_seq, 12 zero bytes, the StepResult
+FINAL_SEQ_OFFSET: int = pac_shm.FinalArea.ir.fields[0].offset  # 0
 STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to be initialised
 
 
-class RegionState(IntEnum):
-    CREATING = 0
-    READY = 1
-    CLOSED = 2
-
-
-class SlotCommand(IntEnum):
-    STEP = 0
-    RESET = 1
-    SHUTDOWN = 2
-    HELLO = 3  # the session's auto-reset mode in `action` (HELLO_REQ.flags bits 0-1 values)
+RegionState = pac_shm.RegionState  # CREATING 0, READY 1, CLOSED 2
+SlotCommand = pac_shm.SlotCommand  # STEP 0, RESET 1, SHUTDOWN 2, HELLO 3 (mode in `action`)
 
 
 def _offsets(fields: Sequence[FieldIR]) -> dict[str, FieldIR]:

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_shm',
  'version': 1,
- 'fingerprint': 'b252e734e10f0647',
+ 'fingerprint': '9b3ed67029d40307',
  'structs': {'ControlBlock': {'size': 64,
                               'align': 8,
                               'layout': 'natural',
@@ -208,13 +208,91 @@ IR: Final[dict[str, Any]] = {'name': 'pac_shm',
                                   'type': 'u8[256]',
                                   'offset': 3616,
                                   'size': 256,
-                                  'count': 256}]}},
+                                  'count': 256}]},
+             'FinalArea': {'size': 2576,
+                           'align': 4,
+                           'layout': 'natural',
+                           'fields': [{'name': 'final_seq',
+                                       'type': 'u32',
+                                       'offset': 0,
+                                       'size': 4,
+                                       'count': 1},
+                                      {'name': 'reward',
+                                       'type': 'f32',
+                                       'offset': 16,
+                                       'size': 4,
+                                       'count': 1,
+                                       'role': 'reward'},
+                                      {'name': 'done',
+                                       'type': 'u8',
+                                       'offset': 20,
+                                       'size': 1,
+                                       'count': 1,
+                                       'role': 'done'},
+                                      {'name': 'rank',
+                                       'type': 'u8',
+                                       'offset': 21,
+                                       'size': 1,
+                                       'count': 1},
+                                      {'name': 'life',
+                                       'type': 'u16',
+                                       'offset': 22,
+                                       'size': 2,
+                                       'count': 1},
+                                      {'name': 'money',
+                                       'type': 'u16',
+                                       'offset': 24,
+                                       'size': 2,
+                                       'count': 1},
+                                      {'name': 'stage',
+                                       'type': 'u16',
+                                       'offset': 26,
+                                       'size': 2,
+                                       'count': 1},
+                                      {'name': 'board_size',
+                                       'type': 'u8',
+                                       'offset': 28,
+                                       'size': 1,
+                                       'count': 1},
+                                      {'name': 'level',
+                                       'type': 'u8',
+                                       'offset': 29,
+                                       'size': 1,
+                                       'count': 1},
+                                      {'name': 'synergy_count',
+                                       'type': 'u8',
+                                       'offset': 30,
+                                       'size': 1,
+                                       'count': 1},
+                                      {'name': 'items_held',
+                                       'type': 'u8',
+                                       'offset': 31,
+                                       'size': 1,
+                                       'count': 1},
+                                      {'name': 'observation',
+                                       'type': 'f32[612]',
+                                       'offset': 32,
+                                       'size': 2448,
+                                       'count': 612,
+                                       'role': 'observation'},
+                                      {'name': 'action_mask',
+                                       'type': 'u8[92]',
+                                       'offset': 2480,
+                                       'size': 92,
+                                       'count': 92,
+                                       'role': 'action_mask'},
+                                      {'name': 'actions_this_turn',
+                                       'type': 'u8',
+                                       'offset': 2572,
+                                       'size': 1,
+                                       'count': 1}]}},
  'enums': {'RegionState': {'type': 'u32', 'values': {'CREATING': 0, 'READY': 1, 'CLOSED': 2}},
-           'SlotCommand': {'type': 'u32', 'values': {'STEP': 0, 'RESET': 1, 'SHUTDOWN': 2}}},
+           'SlotCommand': {'type': 'u32',
+                           'values': {'STEP': 0, 'RESET': 1, 'SHUTDOWN': 2, 'HELLO': 3}}},
  'messages': {}}
 
-FINGERPRINT: Final = 0xb252e734e10f0647
-FINGERPRINT_HEX: Final = "b252e734e10f0647"
+FINGERPRINT: Final = 0x9b3ed67029d40307
+FINGERPRINT_HEX: Final = "9b3ed67029d40307"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -232,12 +310,15 @@ class SlotCommand(IntEnum):
     STEP = 0
     RESET = 1
     SHUTDOWN = 2
+    HELLO = 3
 
 
 ControlBlock: Final[StructCodec] = SCHEMA["ControlBlock"]
 Slot: Final[StructCodec] = SCHEMA["Slot"]
+FinalArea: Final[StructCodec] = SCHEMA["FinalArea"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
     "ControlBlock": 64,
     "Slot": 5120,
+    "FinalArea": 2576,
 }

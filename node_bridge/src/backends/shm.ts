@@ -60,7 +60,6 @@ import {
   RegionState,
   SEQ_MASK,
   SLOT,
-  SLOT_HELLO,
   SLOT_SIZE,
   type ShmUrl,
   SlotCommand,
@@ -411,7 +410,7 @@ export class ShmListener implements Listener {
       if (session === null) throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
       if (count === n && cmd === SlotCommand.STEP) this.#stepAll(session);
       else if (count === n && cmd === SlotCommand.RESET) this.#resetAll(session);
-      else if (count === n && cmd === SLOT_HELLO) session.autoreset = this.#mode(0);
+      else if (count === n && cmd === SlotCommand.HELLO) session.autoreset = this.#mode(0);
       else if (cmd === SlotCommand.SHUTDOWN) this.#dropSession();
       else {
         this.#mixed(session);
@@ -700,7 +699,7 @@ export class ShmListener implements Listener {
         const cmd = dv.getUint32(region.slotAt(i, "command"), true);
         if (cmd === SlotCommand.SHUTDOWN) {
           this.#dropSession();
-        } else if (cmd === SLOT_HELLO) {
+        } else if (cmd === SlotCommand.HELLO) {
           session.autoreset = this.#mode(i);
         } else if ((cmd === SlotCommand.STEP || cmd === SlotCommand.RESET) && session.pool !== null) {
           throw new RequestError(ErrorCode.BAD_BATCH, `env ${i}: a worker pool steps and resets every env together`);

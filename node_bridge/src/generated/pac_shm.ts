@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_shm",
   "version": 1,
-  "fingerprint": "b252e734e10f0647",
+  "fingerprint": "9b3ed67029d40307",
   "structs": {
     "ControlBlock": {
       "size": 64,
@@ -287,6 +287,115 @@ export const IR: SchemaJson = {
           "count": 256
         }
       ]
+    },
+    "FinalArea": {
+      "size": 2576,
+      "align": 4,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "final_seq",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "reward",
+          "type": "f32",
+          "offset": 16,
+          "size": 4,
+          "count": 1,
+          "role": "reward"
+        },
+        {
+          "name": "done",
+          "type": "u8",
+          "offset": 20,
+          "size": 1,
+          "count": 1,
+          "role": "done"
+        },
+        {
+          "name": "rank",
+          "type": "u8",
+          "offset": 21,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "life",
+          "type": "u16",
+          "offset": 22,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "money",
+          "type": "u16",
+          "offset": 24,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "stage",
+          "type": "u16",
+          "offset": 26,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "board_size",
+          "type": "u8",
+          "offset": 28,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "level",
+          "type": "u8",
+          "offset": 29,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "synergy_count",
+          "type": "u8",
+          "offset": 30,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "items_held",
+          "type": "u8",
+          "offset": 31,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "observation",
+          "type": "f32[612]",
+          "offset": 32,
+          "size": 2448,
+          "count": 612,
+          "role": "observation"
+        },
+        {
+          "name": "action_mask",
+          "type": "u8[92]",
+          "offset": 2480,
+          "size": 92,
+          "count": 92,
+          "role": "action_mask"
+        },
+        {
+          "name": "actions_this_turn",
+          "type": "u8",
+          "offset": 2572,
+          "size": 1,
+          "count": 1
+        }
+      ]
     }
   },
   "enums": {
@@ -303,7 +412,8 @@ export const IR: SchemaJson = {
       "values": {
         "STEP": 0,
         "RESET": 1,
-        "SHUTDOWN": 2
+        "SHUTDOWN": 2,
+        "HELLO": 3
       }
     }
   },
@@ -311,8 +421,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "b252e734e10f0647";
-export const FINGERPRINT = 0xb252e734e10f0647n;
+export const FINGERPRINT_HEX = "9b3ed67029d40307";
+export const FINGERPRINT = 0x9b3ed67029d40307n;
 
 /** Enum RegionState (stored as u32). */
 export const RegionState = {
@@ -328,6 +438,7 @@ export const SlotCommand = {
   STEP: 0,
   RESET: 1,
   SHUTDOWN: 2,
+  HELLO: 3,
 } as const;
 export type SlotCommand = (typeof SlotCommand)[keyof typeof SlotCommand];
 const SlotCommandValues = rt.enumValueSet(SlotCommand);
@@ -846,8 +957,214 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
 
 export const SlotCodec: rt.StructCodec<Slot, SlotInput, SlotView> = rt.defineStruct(SlotLayout);
 
+// -- FinalArea: 2576 bytes, natural layout, align 4 -----------------------------------------------
+
+/** FinalArea as `decode` returns it. */
+export interface FinalArea {
+  /** u32 at offset 0 (4 bytes). */
+  final_seq: number;
+  /** f32 at offset 16 (4 bytes, role reward). */
+  reward: number;
+  /** u8 at offset 20 (1 byte, role done). */
+  done: number;
+  /** u8 at offset 21 (1 byte). */
+  rank: number;
+  /** u16 at offset 22 (2 bytes). */
+  life: number;
+  /** u16 at offset 24 (2 bytes). */
+  money: number;
+  /** u16 at offset 26 (2 bytes). */
+  stage: number;
+  /** u8 at offset 28 (1 byte). */
+  board_size: number;
+  /** u8 at offset 29 (1 byte). */
+  level: number;
+  /** u8 at offset 30 (1 byte). */
+  synergy_count: number;
+  /** u8 at offset 31 (1 byte). */
+  items_held: number;
+  /** f32[612] at offset 32 (2448 bytes, role observation). */
+  observation: Float32Array;
+  /** u8[92] at offset 2480 (92 bytes, role action_mask). */
+  action_mask: Uint8Array;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+}
+
+/** What `FinalAreaCodec.encode` accepts (validated at run time). */
+export interface FinalAreaInput {
+  /** u32 at offset 0 (4 bytes). */
+  final_seq: number;
+  /** f32 at offset 16 (4 bytes, role reward). */
+  reward: number;
+  /** u8 at offset 20 (1 byte, role done). */
+  done: number;
+  /** u8 at offset 21 (1 byte). */
+  rank: number;
+  /** u16 at offset 22 (2 bytes). */
+  life: number;
+  /** u16 at offset 24 (2 bytes). */
+  money: number;
+  /** u16 at offset 26 (2 bytes). */
+  stage: number;
+  /** u8 at offset 28 (1 byte). */
+  board_size: number;
+  /** u8 at offset 29 (1 byte). */
+  level: number;
+  /** u8 at offset 30 (1 byte). */
+  synergy_count: number;
+  /** u8 at offset 31 (1 byte). */
+  items_held: number;
+  /** f32[612] at offset 32 (2448 bytes, role observation). */
+  observation: ArrayLike<number>;
+  /** u8[92] at offset 2480 (92 bytes, role action_mask). */
+  action_mask: ArrayLike<number>;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+}
+
+/**
+ * Zero-copy view of a FinalArea in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class FinalAreaView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get final_seq(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get reward(): number {
+    return this.#dv.getFloat32(this.#at + 16, true);
+  }
+
+  get done(): number {
+    return this.#dv.getUint8(this.#at + 20);
+  }
+
+  get rank(): number {
+    return this.#dv.getUint8(this.#at + 21);
+  }
+
+  get life(): number {
+    return this.#dv.getUint16(this.#at + 22, true);
+  }
+
+  get money(): number {
+    return this.#dv.getUint16(this.#at + 24, true);
+  }
+
+  get stage(): number {
+    return this.#dv.getUint16(this.#at + 26, true);
+  }
+
+  get board_size(): number {
+    return this.#dv.getUint8(this.#at + 28);
+  }
+
+  get level(): number {
+    return this.#dv.getUint8(this.#at + 29);
+  }
+
+  get synergy_count(): number {
+    return this.#dv.getUint8(this.#at + 30);
+  }
+
+  get items_held(): number {
+    return this.#dv.getUint8(this.#at + 31);
+  }
+
+  get observation(): Float32Array {
+    return rt.viewArray(this.#dv, this.#at + 32, "f32", 612);
+  }
+
+  get action_mask(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 2480, "u8", 92);
+  }
+
+  get actions_this_turn(): number {
+    return this.#dv.getUint8(this.#at + 2572);
+  }
+}
+
+const FinalAreaFields = rt.nameSet(["final_seq", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn"]);
+
+const FinalAreaLayout: rt.StructLayout<FinalArea, FinalAreaInput, FinalAreaView> = {
+  name: "FinalArea",
+  size: 2576,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "final_seq", path), "u32", path, "final_seq");
+    rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
+    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
+    rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
+    rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
+    rt.checkInteger(rt.fieldValue(fields, "stage", path), "u16", path, "stage");
+    rt.checkInteger(rt.fieldValue(fields, "board_size", path), "u8", path, "board_size");
+    rt.checkInteger(rt.fieldValue(fields, "level", path), "u8", path, "level");
+    rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
+    rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
+    rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
+    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
+    rt.rejectUnknownFields(fields, FinalAreaFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: FinalAreaInput): void {
+    dv.setUint32(at, rt.toNumber(value.final_seq), true);
+    rt.setF32(dv, at + 16, value.reward);
+    dv.setUint8(at + 20, rt.toNumber(value.done));
+    dv.setUint8(at + 21, rt.toNumber(value.rank));
+    dv.setUint16(at + 22, rt.toNumber(value.life), true);
+    dv.setUint16(at + 24, rt.toNumber(value.money), true);
+    dv.setUint16(at + 26, rt.toNumber(value.stage), true);
+    dv.setUint8(at + 28, rt.toNumber(value.board_size));
+    dv.setUint8(at + 29, rt.toNumber(value.level));
+    dv.setUint8(at + 30, rt.toNumber(value.synergy_count));
+    dv.setUint8(at + 31, rt.toNumber(value.items_held));
+    rt.writeArray(dv, at + 32, "f32", value.observation, 612);
+    rt.writeArray(dv, at + 2480, "u8", value.action_mask, 92);
+    dv.setUint8(at + 2572, rt.toNumber(value.actions_this_turn));
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkFloatBits(dv, at + 16, "f32", path, "reward");
+    rt.checkFloatsBits(dv, at + 32, "f32", 612, path, "observation");
+  },
+  readAt(dv: DataView, at: number): FinalArea {
+    return {
+      final_seq: dv.getUint32(at, true),
+      reward: dv.getFloat32(at + 16, true),
+      done: dv.getUint8(at + 20),
+      rank: dv.getUint8(at + 21),
+      life: dv.getUint16(at + 22, true),
+      money: dv.getUint16(at + 24, true),
+      stage: dv.getUint16(at + 26, true),
+      board_size: dv.getUint8(at + 28),
+      level: dv.getUint8(at + 29),
+      synergy_count: dv.getUint8(at + 30),
+      items_held: dv.getUint8(at + 31),
+      observation: rt.readArray(dv, at + 32, "f32", 612),
+      action_mask: rt.readArray(dv, at + 2480, "u8", 92),
+      actions_this_turn: dv.getUint8(at + 2572),
+    };
+  },
+  viewAt(dv: DataView, at: number): FinalAreaView {
+    return new FinalAreaView(dv, at);
+  },
+};
+
+export const FinalAreaCodec: rt.StructCodec<FinalArea, FinalAreaInput, FinalAreaView> = rt.defineStruct(FinalAreaLayout);
+
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   ControlBlock: ControlBlockCodec,
   Slot: SlotCodec,
+  FinalArea: FinalAreaCodec,
 });

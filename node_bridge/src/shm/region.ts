@@ -63,12 +63,10 @@ export function off(fields: Readonly<Record<string, FieldJson>>, name: string): 
   return f.offset;
 }
 
-/** One env's final-result area (transport/shm.py FINAL_SIZE): u32 final_seq, the StepResult. */
-export const FINAL_SIZE = 2576;
+/** One env's final-result area (FinalArea, 2576 bytes): u32 final_seq, the StepResult. */
+export const FINAL_SIZE: number = pac_shm.IR.structs["FinalArea"]!.size;
 /** Offset of `final_seq` in a final area (the StepResult fields keep their Slot offsets). */
-export const FINAL_SEQ_OFFSET = 0;
-/** Slot command 3 (transport/shm.py `SlotCommand.HELLO`; not in the generated pac_shm enum). */
-export const SLOT_HELLO = 3;
+export const FINAL_SEQ_OFFSET: number = off(fieldsOf("FinalArea"), "final_seq");
 
 /** Bytes of the control block and the N slots (a region without final areas). */
 export function slotsSize(numEnvs: number): number {

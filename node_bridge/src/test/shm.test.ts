@@ -27,7 +27,6 @@ import {
   SEQ_MASK,
   SLEEP_BIT,
   SLOT,
-  SLOT_HELLO,
   SLOT_SIZE,
   SlotCommand,
   WAIT_TIMEOUT,
@@ -191,8 +190,8 @@ function runFaultClient(url: string): FaultReply {
     ask(SlotCommand.STEP, [89, 1, 1]); // env 0: reset and recreation fail
     ask(SlotCommand.STEP, [1, 1, 1]); // NOT_RESET
     ask(SlotCommand.RESET, []);
-    ask(SLOT_HELLO, [7, 7, 7]); // BAD_FRAME
-    ask(SLOT_HELLO, [2, 2, 2]); // same_step
+    ask(SlotCommand.HELLO, [7, 7, 7]); // BAD_FRAME
+    ask(SlotCommand.HELLO, [2, 2, 2]); // same_step
     ask(SlotCommand.STEP, [50, 1, 1]);
     const finalAt = (i: number): number => finalsOffset(region.numEnvs) + i * FINAL_SIZE;
     const reqSeq = (i: number): number => loadSeq(region, region.slotAt(i, "sem_action_ready"));
@@ -204,7 +203,7 @@ function runFaultClient(url: string): FaultReply {
       slotObs0: dv.getFloat32(region.slotAt(0, "observation"), true),
       slotDone: region.bytes[region.slotAt(0, "done")]!,
     };
-    ask(SLOT_HELLO, [1, 1, 1]); // next_step
+    ask(SlotCommand.HELLO, [1, 1, 1]); // next_step
     ask(SlotCommand.STEP, [50, 1, 1]);
     const doneBefore = region.bytes[region.slotAt(0, "done")]!;
     ask(SlotCommand.STEP, [500, 1, 1]); // env 0 is done: its (invalid) action is ignored, reset
