@@ -6,7 +6,8 @@ Run (one run, every row side by side; short on purpose):
 
 Rows, each at N = 1, 8, 32 envs:
   remote-<backend>   RemoteVectorEnv(url, N) against `transport-serve URL --env echo --num-envs N`
-                     (Python server, next_step auto-reset), backends unix, http, zmq+ipc, shm
+                     (Python server, next_step auto-reset), backends unix, http, zmq+ipc,
+                     zmq+tcp, shm
   gymnasium-async    gymnasium.vector.AsyncVectorEnv(shared_memory=True) of N trivial envs
   sb3-subproc        stable_baselines3 SubprocVecEnv of N trivial envs
 The trivial env has the same spaces (Box(612,) float32, Discrete(92)) and an echo-like step (it
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.servers import ServerProcess, free_port
 
 SIZES = [1, 8, 32]
-BACKENDS = ["unix", "http", "zmq+ipc", "shm"]
+BACKENDS = ["unix", "http", "zmq+ipc", "zmq+tcp", "shm"]
 OBS_N, ACT_N = 612, 92
 RESULTS: dict[str, float] = {}
 
@@ -58,6 +59,8 @@ def url_for(backend: str, n: int) -> str:
         return f"http://127.0.0.1:{free_port()}"
     if backend == "zmq+ipc":
         return f"zmq+ipc://{tempfile.gettempdir()}/{name}"
+    if backend == "zmq+tcp":
+        return f"zmq+tcp://127.0.0.1:{free_port()}"
     return f"shm://{name}?num_envs={n}"
 
 
