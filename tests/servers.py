@@ -60,6 +60,10 @@ def unique_url(backend: str) -> str:
         return unique_unix_url()
     if backend == "http":
         return f"http://127.0.0.1:{free_port()}"
+    if backend == "zmq+ipc":
+        return "zmq+" + unique_unix_url().removesuffix(".sock").replace("unix://", "ipc://")
+    if backend == "zmq+tcp":
+        return f"zmq+tcp://127.0.0.1:{free_port()}"
     raise ValueError(backend)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
-import uuid
 import warnings
 from collections.abc import Iterator
 
@@ -29,9 +27,7 @@ def echo_url() -> Iterator[str]:
 
 
 def backend_url(backend: str) -> str:
-    if backend == "zmq":
-        return f"zmq+ipc://{tempfile.gettempdir()}/transport-zmq-{uuid.uuid4().hex[:12]}.sock"
-    return unique_url(backend)
+    return unique_url("zmq+ipc" if backend == "zmq" else backend)
 
 
 @pytest.fixture(scope="module", params=["unix", "http", "zmq"])
