@@ -115,12 +115,16 @@ class Client:
         self._actions = step_request.view(self._request, count=self.num_envs)[action.name]
         self._seed_codec = _body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
+        multi = _body_codec(schema, "STEP_MULTI_REQ")
+        self._multi_request = bytearray(multi.size)
+        self._multi_actions = multi.view(self._multi_request)[multi.ir.fields[0].name]
         self._views: dict[tuple[int, int], StepView] = {}
         size = self._result.size
         self._response_sizes = {
             self.ids.RESET_RESP: size * self.num_envs,
             self.ids.STEP_RESP: size,
             self.ids.STEP_BATCH_RESP: size * self.num_envs,
+            self.ids.STEP_MULTI_RESP: size * len(self._multi_actions),
         }
         self._closed = False
 
@@ -150,6 +154,16 @@ class Client:
         self._actions[:] = actions
         self._exchange(self.ids.STEP_BATCH_REQ, self._request, self.ids.STEP_BATCH_RESP)
         return self._result_view(self.num_envs, copy)
+
+    def step_multi(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
+        """STEP_MULTI (seed 000): 8 actions, 8 results (a leading axis of 8). The server is an
+        8-env server (one action per env) or a 1-env server whose env has ``step_batch`` (one
+        action per seat of one game)."""
+        if len(actions) != len(self._multi_actions):
+            raise ValueError(f"expected {len(self._multi_actions)} actions, got {len(actions)}")
+        self._multi_actions[:] = actions
+        self._exchange(self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP)
+        return self._result_view(len(self._multi_actions), copy)
 
     def spaces(self) -> Spaces:
         codec = _body_codec(self.schema, "SPACES_RESP")

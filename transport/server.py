@@ -13,7 +13,7 @@ import struct
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -64,6 +64,11 @@ class Env(Protocol):
     ``reset_into(seed, out)`` and ``step_into(action, out)``: they write the result straight
     into ``out``, a view of the response buffer (zero copy; the buffer is not cleared between
     calls and NaNs are not canonicalised), and return None.
+
+    Optionally ``step_batch(actions)``: one action per seat of a multi-player game (seed 000's
+    self-play ``stepBatch``), one result per seat. A 1-env server whose env has it answers
+    STEP_MULTI_REQ (8 seats) by calling it once; the server checks the range of every action
+    and that the game was reset and is not over, the env checks the rest (each seat's mask).
     """
 
     def spaces(self) -> Spaces: ...
@@ -507,14 +512,59 @@ class Session:
 
     def _step_multi(self, body: memoryview) -> tuple[int, int]:
         multi = self.multi_request
-        if self.num_envs != 8:
+        step_batch = self._step_batch_method()
+        if self.num_envs != 8 and step_batch is None:
             raise RequestError(
                 ErrorCode.BAD_BATCH,
-                f"STEP_MULTI_REQ needs an 8-env server; this one has {self.num_envs}",
+                f"STEP_MULTI_REQ needs an 8-env server or one env with step_batch; this one has "
+                f"{self.num_envs} envs",
             )
         self._expect_size(body, multi.size, "STEP_MULTI_REQ")
-        self._step_all(multi.view(body)[multi.ir.fields[0].name])
+        actions = multi.view(body)[multi.ir.fields[0].name]
+        if step_batch is not None:
+            self._step_seats(step_batch, actions)
+            return self.ids.STEP_MULTI_RESP, len(actions) * self.result.size
+        self._step_all(actions)
         return self.ids.STEP_MULTI_RESP, self._results_length(8)
+
+    def _step_batch_method(self) -> Callable[[np.ndarray], Sequence[StepOutput]] | None:
+        """A 1-env server's ``env.step_batch``: STEP_MULTI then steps that one env (seed 000's
+        self-play game: one action per seat, one result per seat)."""
+        if self.num_envs != 1 or self.pool is not None:
+            return None
+        return getattr(self.group.envs[0], "step_batch", None)
+
+    def _step_seats(
+        self, step_batch: Callable[[np.ndarray], Sequence[StepOutput]], actions: np.ndarray
+    ) -> None:
+        group = self.group
+        if self.autoreset != AutoReset.DISABLED:
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                "STEP_MULTI_REQ to an env with step_batch: the env's seats do not auto-reset "
+                "(connect with autoreset disabled)",
+            )
+        if not group.all_reset or group.is_done(0):
+            group.check_action(0, 0)  # NOT_RESET: before the first reset, or the game is over
+        bad = (actions < 0) | (actions >= group.spaces.act_n)
+        if bad.any():
+            seat = int(np.argmax(bad))
+            raise RequestError(
+                ErrorCode.INVALID_ACTION,
+                f"env 0: action {int(actions[seat])} of seat {seat} is outside "
+                f"0..{group.spaces.act_n - 1}",
+            )
+        with group.lock or _NO_LOCK:
+            try:
+                outputs = step_batch(actions)
+                if len(outputs) != len(actions):
+                    raise ValueError(
+                        f"step_batch returned {len(outputs)} results for {len(actions)} actions"
+                    )
+                for seat, output in enumerate(outputs):
+                    self._write(seat, output)
+            except Exception as exc:
+                raise self._recover([(0, exc)], None) from None
 
     def _step_batch(self, body: memoryview) -> tuple[int, int]:
         size = self.step_request.size

@@ -20,6 +20,12 @@ export interface Env<R = StepResultInput> {
   spaces(): Spaces;
   reset(seed?: bigint): R;
   step(action: number): R;
+  /**
+   * Optional: one action per seat of a multi-player game (seed 000's self-play), one result per
+   * seat. A 1-env server whose env has it answers STEP_MULTI_REQ (8 seats) with one call; the
+   * server checks each action's range and that the game was reset and is not over.
+   */
+  stepBatch?(actions: Int32Array): ArrayLike<R>;
 }
 
 /** Makes a fresh env (a server calls it once per env per connection). */

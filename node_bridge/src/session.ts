@@ -720,17 +720,65 @@ export class Session {
   }
 
   #stepMulti(buf: Uint8Array, offset: number, length: number): number {
-    if (this.numEnvs !== 8) {
+    const stepBatch = this.#stepBatchMethod();
+    if (this.numEnvs !== 8 && stepBatch === null) {
       throw new RequestError(
         ErrorCode.BAD_BATCH,
-        `STEP_MULTI_REQ needs an 8-env server; this one has ${this.numEnvs}`,
+        `STEP_MULTI_REQ needs an 8-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
       );
     }
     this.#expectSize(length, this.#multiSize, "STEP_MULTI_REQ");
     this.#readActions(buf, offset + this.#multiAt, this.#multi.size, 8, this.#multi);
+    if (stepBatch !== null) {
+      this.#stepSeats(stepBatch, 8);
+      this.bodyLength = 8 * this.#resultSize;
+      return this.ids.STEP_MULTI_RESP;
+    }
     this.#stepEnvs(8);
     this.bodyLength = this.#resultsLength(8);
     return this.ids.STEP_MULTI_RESP;
+  }
+
+  /**
+   * A 1-env server's `env.stepBatch`: STEP_MULTI then steps that one env (seed 000's self-play
+   * game: one action per seat, one result per seat).
+   */
+  #stepBatchMethod(): ((actions: Int32Array) => ArrayLike<unknown>) | null {
+    if (this.numEnvs !== 1 || this.makePool !== null) return null;
+    const env = this.envs[0];
+    return env?.stepBatch !== undefined ? env.stepBatch.bind(env) : null;
+  }
+
+  #stepSeats(stepBatch: (actions: Int32Array) => ArrayLike<unknown>, count: number): void {
+    if (this.autoreset !== AutoReset.DISABLED) {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        "STEP_MULTI_REQ to an env with stepBatch: the env's seats do not auto-reset " +
+          "(connect with autoreset disabled)",
+      );
+    }
+    if (!this.#wasReset[0] || this.#isDone[0]) this.#checkAction(0, 0); // NOT_RESET
+    const actN = this.spaces.actN;
+    const actions = Int32Array.from(this.#actions.subarray(0, count));
+    for (let seat = 0; seat < count; seat++) {
+      const action = actions[seat] as number;
+      if (!(action >= 0 && action < actN)) {
+        throw new RequestError(
+          ErrorCode.INVALID_ACTION,
+          `env 0: action ${action} of seat ${seat} is outside 0..${actN - 1}`,
+        );
+      }
+    }
+    this.#finals = 0;
+    try {
+      const outputs = stepBatch(actions);
+      if (outputs.length !== count) {
+        throw new Error(`stepBatch returned ${outputs.length} results for ${count} actions`);
+      }
+      for (let seat = 0; seat < count; seat++) this.#write(seat, outputs[seat]);
+    } catch (error) {
+      throw this.#recover([[0, error]], null);
+    }
   }
 
   #stepBatch(buf: Uint8Array, offset: number, length: number): number {
