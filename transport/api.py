@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import signal
 import threading
@@ -140,15 +139,15 @@ def serve(
     # The wait is a read on a pipe that the C-level signal handler itself writes to
     # (signal.set_wakeup_fd): the kernel may deliver SIGTERM to a server thread rather than the
     # main one, and a Python handler alone would then never interrupt the main thread's wait.
-    # Nothing here takes a lock in a handler (threading.Event.set did, and could deadlock).
+    # The Python handler does nothing: it only replaces the default action (KeyboardInterrupt,
+    # termination); taking a lock there (threading.Event.set) could deadlock.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     previous: dict[signal.Signals, Any] = {}
     previous_wakeup_fd: int | None = None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.write(wake_w, b"\0")
+        pass  # the wakeup fd has already woken the main thread
 
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:

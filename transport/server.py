@@ -523,8 +523,8 @@ class Session:
         actions = multi.view(body)[multi.ir.fields[0].name]
         if step_batch is not None:
             self._step_seats(step_batch, actions)
-            return self.ids.STEP_MULTI_RESP, len(actions) * self.result.size
-        self._step_all(actions)
+        else:
+            self._step_all(actions)
         return self.ids.STEP_MULTI_RESP, self._results_length(8)
 
     def _step_batch_method(self) -> Callable[[np.ndarray], Sequence[StepOutput]] | None:

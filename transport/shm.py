@@ -56,7 +56,7 @@ RESULT_OFFSET = (
     16  # the StepResult fields of a slot: bytes 16 .. 2573 (reward .. actions_this_turn)
 )
 FINAL_SIZE: int = pac_shm.FinalArea.size  # 2576: u32 final_seq, 12 zero bytes, the StepResult
-FINAL_SEQ_OFFSET: int = pac_shm.FinalArea.ir.fields[0].offset  # 0
+FINAL_SEQ_OFFSET: int = pac_shm.FinalArea.ir.field("final_seq").offset  # 0
 STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to be initialised
 
 

@@ -233,6 +233,7 @@ export class Session {
   /** Makes the worker pool of `--workers K` (SessionOptions.pool); null: the envs run here. */
   readonly makePool: (() => EnvPool) | null;
   #pool: EnvPool | null = null;
+  #seatActions: Int32Array | null = null; // STEP_MULTI's actions for an env with stepBatch
 
   constructor(envs: readonly AnyEnv[], options: SessionOptions = {}) {
     if (envs.length < 1) throw new TransportError("a session needs at least one env");
@@ -729,12 +730,8 @@ export class Session {
     }
     this.#expectSize(length, this.#multiSize, "STEP_MULTI_REQ");
     this.#readActions(buf, offset + this.#multiAt, this.#multi.size, 8, this.#multi);
-    if (stepBatch !== null) {
-      this.#stepSeats(stepBatch, 8);
-      this.bodyLength = 8 * this.#resultSize;
-      return this.ids.STEP_MULTI_RESP;
-    }
-    this.#stepEnvs(8);
+    if (stepBatch !== null) this.#stepSeats(stepBatch, 8);
+    else this.#stepEnvs(8);
     this.bodyLength = this.#resultsLength(8);
     return this.ids.STEP_MULTI_RESP;
   }
@@ -759,7 +756,8 @@ export class Session {
     }
     if (!this.#wasReset[0] || this.#isDone[0]) this.#checkAction(0, 0); // NOT_RESET
     const actN = this.spaces.actN;
-    const actions = Int32Array.from(this.#actions.subarray(0, count));
+    const actions = (this.#seatActions ??= new Int32Array(count)); // reused: valid during the call
+    actions.set(this.#actions.subarray(0, count));
     for (let seat = 0; seat < count; seat++) {
       const action = actions[seat] as number;
       if (!(action >= 0 && action < actN)) {
@@ -769,7 +767,6 @@ export class Session {
         );
       }
     }
-    this.#finals = 0;
     try {
       const outputs = stepBatch(actions);
       if (outputs.length !== count) {
