@@ -86,8 +86,9 @@ class ResultFields:
         ir = client.schema[_result_struct(client.schema)].ir
         observation = ir.role("observation")
         reward = ir.role("reward")
-        done = ir.role("terminated") or ir.role("done")
-        if observation is None or reward is None or done is None:
+        terminated = ir.role("terminated")
+        done = ir.role("done")
+        if observation is None or reward is None or (terminated is None and done is None):
             raise AdapterError(
                 f"the result struct {ir.name} needs fields with the roles observation, reward "
                 "and terminated (or done)"
@@ -97,8 +98,10 @@ class ResultFields:
         self.observation = observation.name
         self.obs_dtype = np.dtype(client.schema[ir.name].dtype[observation.name].base)
         self.reward = reward.name
-        self.terminated = done.name
         self.truncated = truncated.name if truncated is not None else None
+        # done = terminated or truncated, so terminated = done and not truncated
+        self.terminated = terminated.name if terminated is not None else None
+        self.done = done.name if done is not None else None
         self.mask = mask.name if mask is not None else None
         roles = {"observation", "action_mask", "reward", "done", "terminated", "truncated"}
         self.info = [
@@ -108,11 +111,18 @@ class ResultFields:
         ]
 
     def terminated_of(self, view: StepView) -> np.ndarray:
-        return np.asarray(view[self.terminated]).astype(bool)
+        """Terminated: the ``terminated`` field, else ``done and not truncated``."""
+        if self.terminated is not None:
+            return np.asarray(view[self.terminated]).astype(bool)
+        assert self.done is not None
+        ended: np.ndarray = np.asarray(view[self.done]).astype(bool) & ~self.truncated_of(view)
+        return ended
 
     def truncated_of(self, view: StepView) -> np.ndarray:
         if self.truncated is None:
-            return np.zeros(np.shape(view[self.terminated]), dtype=bool)
+            ended = self.terminated if self.terminated is not None else self.done
+            assert ended is not None
+            return np.zeros(np.shape(view[ended]), dtype=bool)
         return np.asarray(view[self.truncated]).astype(bool)
 
 

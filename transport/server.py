@@ -111,16 +111,16 @@ class EnvGroup:
         self.lock = lock
         self.spaces = envs[0].spaces()
         mask = result.ir.role("action_mask")
-        done = result.ir.role("done") or result.ir.role("terminated")
         self.masks = results[mask.name] if mask else None  # (N, mask_len) view of the results
-        self.done = results[done.name] if done else None  # (N,) view of the results
+        # (N,) views of the results whose truth ends an episode (done, or terminated/truncated)
+        self.ends = [results[f.name] for f in result.ir.episode_end_fields()]
         self.was_reset = np.zeros(len(envs), dtype=bool)
         self.all_reset = False
 
     def check_action(self, index: int, action: int) -> None:
         if not self.all_reset and not self.was_reset[index]:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
-        if self.done is not None and self.done[index]:
+        if self.is_done(index):
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: episode is done; reset first")
         if not 0 <= action < self.spaces.act_n:
             raise RequestError(
@@ -134,7 +134,16 @@ class EnvGroup:
             )
 
     def is_done(self, index: int) -> bool:
-        return self.done is not None and bool(self.done[index])
+        return any(end[index] for end in self.ends)
+
+    def done_mask(self) -> np.ndarray | None:
+        """(N,) bool: the envs whose episode ended (None when the result has no end fields)."""
+        if not self.ends:
+            return None
+        done = self.ends[0].astype(bool)
+        for end in self.ends[1:]:
+            done |= end.astype(bool)
+        return done
 
     def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> None:
         """The same checks for one action per env, vectorised; reports the first bad env.
@@ -143,7 +152,7 @@ class EnvGroup:
         NEXT_STEP auto-reset).
         """
         bad = ~self.was_reset if not self.all_reset else None
-        done = self.done.astype(bool) if self.done is not None else None
+        done = self.done_mask()
         if done is not None and not skip_done:
             bad = done if bad is None else bad | done
         bad_range = (actions < 0) | (actions >= self.spaces.act_n)

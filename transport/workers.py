@@ -70,9 +70,9 @@ def describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def done_field(codec: StructCodec) -> str | None:
-    done = codec.ir.role("done") or codec.ir.role("terminated")
-    return done.name if done else None
+def end_fields(codec: StructCodec) -> tuple[str, ...]:
+    """The result fields whose truth ends an episode (``StructIR.episode_end_fields``)."""
+    return tuple(f.name for f in codec.ir.episode_end_fields())
 
 
 class LocalEnvs:
@@ -100,7 +100,7 @@ class LocalEnvs:
         self.factory = factory
         self.base = base
         self.num_envs = len(envs)
-        self._done = done_field(codec)
+        self._ends = end_fields(codec)
         self._scratch = bytearray(codec.size)
         self._refresh()
 
@@ -116,7 +116,8 @@ class LocalEnvs:
         return self.finals[index]
 
     def is_done(self, index: int) -> bool:
-        return self._done is not None and bool(self.records[index][self._done])
+        record = self.records[index]
+        return any(record[name] for name in self._ends)
 
     def write(self, index: int, output: Any) -> None:
         if output is None:  # the env wrote the record in place (step_into / reset_into)

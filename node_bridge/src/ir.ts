@@ -42,6 +42,17 @@ export interface StructJson {
   readonly fields: readonly FieldJson[];
 }
 
+/**
+ * The fields whose truth ends an episode: `done` (terminated or truncated) when the struct has
+ * one, else `terminated` and `truncated` (whichever it has). Python: `StructIR.episode_end_fields`.
+ */
+export function episodeEndFields(struct: StructJson | undefined): FieldJson[] {
+  const fields = struct?.fields ?? [];
+  const done = fields.find((f) => f.role === "done");
+  if (done !== undefined) return [done];
+  return fields.filter((f) => f.role === "terminated" || f.role === "truncated");
+}
+
 export interface EnumJson {
   readonly type: string;
   readonly values: Readonly<Record<string, number>>;

@@ -31,7 +31,7 @@ import type { AnyStructCodec, SchemaModule } from "./codec";
 import type { Env, EnvFactory, Spaces } from "./env";
 import { CodecError, ProtocolError, TransportError } from "./errors";
 import * as pac_env from "./generated/pac_env";
-import type { FieldJson } from "./ir";
+import { type FieldJson, episodeEndFields } from "./ir";
 import {
   AUTORESET_MASK,
   AutoReset,
@@ -220,7 +220,8 @@ export class Session {
   readonly #spacesCodec: AnyStructCodec;
   readonly #spacesNames: readonly [string, string];
   readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
-  readonly #done: { at: number; read: Reader } | null;
+  /** The result fields whose truth ends an episode (`episodeEndFields`). */
+  readonly #ends: ReadonlyArray<{ at: number; read: Reader }>;
   readonly #masks: Uint8Array;
   readonly #isDone: Uint8Array;
   readonly #wasReset: Uint8Array;
@@ -283,8 +284,10 @@ export class Session {
     this.#mask = maskField
       ? { at: maskField.offset, ...readerOf(schema, maskField), count: maskField.count }
       : null;
-    const doneField = fieldWithRole(schema, this.#result.name, "done", "terminated");
-    this.#done = doneField ? { at: doneField.offset, read: readerOf(schema, doneField).read } : null;
+    this.#ends = episodeEndFields(schema.ir.structs[this.#result.name]).map((f) => ({
+      at: f.offset,
+      read: readerOf(schema, f).read,
+    }));
     this.#masks = new Uint8Array(this.numEnvs * (this.#mask?.count ?? 0));
     this.#isDone = new Uint8Array(this.numEnvs);
     this.#wasReset = new Uint8Array(this.numEnvs);
@@ -484,7 +487,9 @@ export class Session {
         for (let a = 0; a < count; a++) masks[base + a] = mask.read(dv, start + a * mask.size) ? 1 : 0;
       }
     }
-    if (this.#done !== null) this.#isDone[index] = this.#done.read(dv, at + this.#done.at) ? 1 : 0;
+    let ended = 0;
+    for (const end of this.#ends) if (end.read(dv, at + end.at)) ended = 1;
+    this.#isDone[index] = ended;
   }
 
   #checkAction(index: number, action: number): void {

@@ -34,6 +34,7 @@ import type { Env, Spaces } from "./env";
 import { CodecError, TransportError } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import { AutoReset, ErrorCode, RequestError } from "./protocol";
+import { episodeEndFields } from "./ir";
 
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
@@ -207,15 +208,15 @@ function loadFactory(spec: WorkerEnvSpec): () => Env<unknown> {
   return make as () => Env<unknown>;
 }
 
-/** A byte-sized-or-wider scalar reader for the done field (any non-zero value is done). */
+/** Whether a result ended its episode: any of its `episodeEndFields` is non-zero. */
 function doneReader(schema: SchemaModule, codec: AnyStructCodec): ((dv: DataView, at: number) => boolean) | null {
-  const fields = schema.ir.structs[codec.name]?.fields ?? [];
-  const field = fields.find((f) => f.role === "done") ?? fields.find((f) => f.role === "terminated");
-  if (field === undefined) return null;
-  const off = field.offset;
-  const size = field.size / field.count;
+  const fields = episodeEndFields(schema.ir.structs[codec.name]);
+  if (fields.length === 0) return null;
   return (dv, at) => {
-    for (let b = 0; b < size; b++) if (dv.getUint8(at + off + b)) return true;
+    for (const field of fields) {
+      const size = field.size / field.count;
+      for (let b = 0; b < size; b++) if (dv.getUint8(at + field.offset + b)) return true;
+    }
     return false;
   };
 }

@@ -99,6 +99,14 @@ class StructIR:
                 return f
         return None
 
+    def episode_end_fields(self) -> tuple[FieldIR, ...]:
+        """The fields whose truth ends an episode: ``done`` (terminated or truncated) when the
+        struct has one, else ``terminated`` and ``truncated`` (whichever it has)."""
+        done = self.role("done")
+        if done is not None:
+            return (done,)
+        return tuple(f for f in (self.role("terminated"), self.role("truncated")) if f is not None)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "size": self.size,
