@@ -13,7 +13,9 @@ The same script runs over every backend: only the URL changes.
 ``--spawn`` starts ``transport-serve URL --env pac --num-envs N`` as a child process (its
 ``ready URL`` line gives the bound address) and stops it at exit, also on Ctrl-C or an error.
 ``--csv`` writes one row per finished episode (timestep, env, episode reward, length);
-``--plot`` draws the episode rewards over timesteps with a rolling mean.
+``--plot`` draws the episode rewards over timesteps with a rolling mean. While it trains, a
+``progress:`` line after a rollout (at most one every ``--progress-every`` seconds) says how far
+it got, how fast, and the mean reward of the latest episodes.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, default=None, help="learning curve (PNG)")
     parser.add_argument("--window", type=int, default=100, help="rolling-mean episodes")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=10.0,
+        help="seconds between progress lines (checked after each rollout; 0: every rollout)",
+    )
     return parser.parse_args(argv)
 
 
@@ -106,10 +114,31 @@ def spawn_server(url: str, num_envs: int, seed: int, workers: int) -> tuple[str,
 class EpisodeLog:
     """Sums rewards per env from the VecEnv's step results; one row per finished episode."""
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, total: int, window: int, every: float) -> None:
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.rows: list[tuple[int, int, float, int]] = []
+        self.total = total
+        self.window = window
+        self.every = every
+        self.started = time.perf_counter()
+        self.reported: float | None = None
+
+    def report(self, timestep: int) -> None:
+        """A progress line after a rollout, at most one per ``every`` seconds."""
+        now = time.perf_counter()
+        if self.reported is not None and now - self.reported < self.every:
+            return
+        self.reported = now
+        recent = [r[2] for r in self.rows[-self.window :]]
+        mean = f"{np.mean(recent):.3f}" if recent else "n/a"
+        elapsed = now - self.started
+        print(
+            f"progress: {timestep}/{self.total} timesteps ({100 * timestep / self.total:.0f}%), "
+            f"{len(self.rows)} episodes, mean reward of the last {len(recent)} = {mean}, "
+            f"{timestep / elapsed:.0f} steps/s, {elapsed:.0f} s",
+            flush=True,
+        )
 
     def update(self, timestep: int, rewards: np.ndarray, dones: np.ndarray) -> None:
         self.returns += rewards
@@ -127,6 +156,9 @@ def make_callback(log: EpisodeLog) -> Any:
         def _on_step(self) -> bool:
             log.update(self.num_timesteps, self.locals["rewards"], self.locals["dones"])
             return True
+
+        def _on_rollout_end(self) -> None:
+            log.report(self.num_timesteps)
 
     return Recorder()
 
@@ -187,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.spawn:
         url, _ = spawn_server(url, args.num_envs, args.seed, args.workers)
     env = RemoteVecEnv(url, args.num_envs, timeout=args.timeout)
-    log = EpisodeLog(args.num_envs)
+    log = EpisodeLog(args.num_envs, args.timesteps, args.window, args.progress_every)
     started = time.perf_counter()
     try:
         env.seed(args.seed)

@@ -43,6 +43,8 @@ def test_training_smoke_run_exits_0(scheme: str, tmp_path: Path) -> None:
         str(csv_path),
         "--plot",
         str(png_path),
+        "--progress-every",
+        "0",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -50,6 +52,9 @@ def test_training_smoke_run_exits_0(scheme: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "episodes=" in done.stdout and f"url={scheme}://" in done.stdout
+    progress = [line for line in done.stdout.splitlines() if line.startswith("progress: ")]
+    assert len(progress) == 2, done.stdout  # one line per rollout of 8 envs x 128 steps
+    assert progress[0].startswith("progress: 1024/2048 timesteps (50%), ")
     with csv_path.open() as fh:
         rows = list(csv.DictReader(fh))
     assert rows and set(rows[0]) == {"timestep", "env", "episode_reward", "episode_length"}
