@@ -15,7 +15,10 @@ import pytest
 
 from transport.backends import BACKENDS
 from transport.probe import report, servers
+from transport.probe.floor import FLOOR_OF_SCHEME
 from transport.probe.histogram import LogHistogram
+from transport.probe.loops import TICK_EVERY, closed_loop, warm_up
+from transport.probe.progress import Progress
 from transport.probe.runner import Point, points_for_payloads
 
 from .servers import ServerProcess, unique_unix_url
@@ -131,8 +134,10 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_quick_run_exits_zero_and_prints_the_table(quick_run: dict[str, Any]) -> None:
     assert quick_run["status"] == 0, quick_run["stdout"] + quick_run["stderr"]
     out = quick_run["stdout"]
-    assert "p99.9 us" in out and "c-floor-futex" in out
+    assert "p99.9 us" in out and "c-floor-futex" in out and "c-floor-unix" in out
     assert "probe [" in quick_run["stderr"]  # plain progress lines: stderr is not a terminal
+    # auto:// is a client-side alias: not probed by default, so no "skipped" lines for it
+    assert "auto" not in quick_run["stderr"] and "auto" not in out
 
 
 def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
@@ -140,15 +145,20 @@ def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
     assert doc["tool"] == "transport-probe" and doc["ok"] is True and doc["failed"] == []
     assert MACHINE_KEYS <= doc["machine"].keys()
     assert doc["floor"]["reference"] == "c-floor-futex"
+    assert doc["floor"]["floor_of_backend"] == FLOOR_OF_SCHEME
     rows = doc["rows"]
     check_rows(rows)
-    floors = {r["backend"]: r for r in rows if r["server"] == "c"}
-    assert set(floors) == {"c-floor-spin", "c-floor-futex"}
-    assert floors["c-floor-futex"]["ratio_to_floor"] == pytest.approx(1.0)
-    base = floors["c-floor-futex"]["p50_us"]
+    floors = {(r["backend"], r["batch"]): r for r in rows if r["server"] == "c"}
+    assert {name for name, _ in floors} == {
+        "c-floor-spin",
+        "c-floor-futex",
+        "c-floor-unix",
+        "c-floor-tcp",
+    }
+    assert all(f["ratio_to_floor"] is None for f in floors.values())
     measured = {(r["backend"], r["server"]) for r in rows if r["server"] != "c"}
     skipped = {(s["backend"], s["server"]) for s in doc["skipped"]}
-    for backend in BACKENDS:  # every registered backend is measured or skipped with a reason
+    for backend in servers.default_backends():  # each is measured or skipped with a reason
         for lang in ("python", "node"):
             assert (backend, lang) in measured | skipped, (backend, lang)
     assert ("unix", "python") in measured and ("http", "python") in measured
@@ -159,7 +169,14 @@ def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
         assert row["backend"] in BACKENDS
         assert row["batch"] in (1, 8, 64)
         assert row["payload_bytes"] == row["batch"] * 2557
-        assert row["ratio_to_floor"] == pytest.approx(row["p50_us"] / base, rel=0.01, abs=0.01)
+        # each row against the floor that applies to it: the spin floor for shm, the socket
+        # floor of the same bytes for sockets
+        name = FLOOR_OF_SCHEME[row["backend"]]
+        floor = floors.get((name, row["batch"])) or floors[(name, 1)]
+        assert row["floor"] == name
+        assert row["ratio_to_floor"] == pytest.approx(
+            row["p50_us"] / floor["p50_us"], rel=0.01, abs=0.01
+        )
         assert row["steps_per_s"] > 0
     batches = {r["batch"] for r in rows if (r["backend"], r["server"]) == ("unix", "python")}
     assert batches == {1, 8, 64}
@@ -193,6 +210,18 @@ def test_probe_a_running_server_by_url(tmp_path: Path) -> None:
     check_rows(doc["rows"])
     assert (row["backend"], row["server"], row["batch"]) == ("unix", "python", 8)
     assert row["payload_bytes"] == 8 * 2557 and row["ratio_to_floor"] is None
+
+
+def test_a_url_row_is_compared_with_the_socket_floor_of_its_bytes(tmp_path: Path) -> None:
+    with ServerProcess(unique_unix_url(), env="echo", lang="python", num_envs=8) as server:
+        done = run_probe("--url", server.url, "--quick", "--no-plot", "--json", "-")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    (row,) = [r for r in rows if r["server"] != "c"]
+    (floor,) = [r for r in rows if r["backend"] == "c-floor-unix"]
+    assert floor["batch"] == 8 and floor["payload_bytes"] == row["payload_bytes"]
+    assert row["floor"] == "c-floor-unix"
+    assert row["ratio_to_floor"] == pytest.approx(row["p50_us"] / floor["p50_us"], rel=0.01)
 
 
 def test_an_auto_url_reports_the_backend_it_chose(tmp_path: Path) -> None:
@@ -253,6 +282,37 @@ def test_bad_usage_exits_2() -> None:
 
 
 # -- pieces ----------------------------------------------------------------------------------------
+
+
+def test_an_explicit_alias_is_skipped_with_one_line() -> None:
+    done = run_probe("--backends", "auto", "--lang", "python", "--quick", "--no-floor",
+                     "--no-plot", "--json", "-")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("probe [")]
+    assert len(progress) == 1 and "client-side alias" in progress[0]  # three cells, one line
+    assert len(json.loads(done.stdout)["skipped"]) == 3
+
+
+def test_progress_moves_within_a_row() -> None:
+    import io
+
+    stream = io.StringIO()
+    progress = Progress(1, bar=True, stream=stream)
+    calls = 0
+
+    def call() -> None:
+        nonlocal calls
+        calls += 1
+
+    tick = progress.ticker("unix/python/b1", "measure", 3 * TICK_EVERY)
+    assert tick is not None
+    closed_loop(call, 3 * TICK_EVERY, LogHistogram(), max_ns=10**12, tick=tick)
+    warm_up(call, TICK_EVERY, 10**12, lambda: 0, progress.ticker("x", "warm-up", TICK_EVERY))
+    text = stream.getvalue()
+    for done in (TICK_EVERY, 2 * TICK_EVERY, 3 * TICK_EVERY):
+        assert f"unix/python/b1 measure {done}/{3 * TICK_EVERY}" in text
+    assert f"x warm-up {TICK_EVERY}/{TICK_EVERY}" in text
+    assert Progress(1, bar=False).ticker("a", "b", 1) is None  # no bar: no per-loop cost
 
 
 def test_sweep_points_map_targets_to_batches() -> None:

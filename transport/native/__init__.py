@@ -144,6 +144,35 @@ def shm_unlink(name: str) -> None:
 FLOOR_REGION_SIZE = 128  # two words, each on its own cache line
 
 
+def floor_socket(
+    fd: int,
+    role: int,
+    iterations: int,
+    request_bytes: int,
+    response_bytes: int,
+    out_ns: npt.NDArray[np.int64] | None = None,
+    *,
+    timeout: float = 10.0,
+) -> int:
+    """The socket floor: ``iterations`` round trips with a peer over a connected stream socket.
+
+    Role 0 sends ``request_bytes`` and reads ``response_bytes`` (recording each round trip in
+    ``out_ns``); role 1 reads and answers. Returns OK, TIMEOUT or PEER_DEAD.
+    """
+    if role not in (0, 1):
+        raise ValueError("role must be 0 (ping) or 1 (pong)")
+    out = ffi.NULL
+    if out_ns is not None:
+        if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
+            raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
+        out = ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+    return int(
+        lib.tp_floor_socket(
+            fd, role, iterations, request_bytes, response_bytes, out, int(timeout * 1e9)
+        )
+    )
+
+
 def floor_pingpong(
     region: Any,
     role: int,

@@ -16,7 +16,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -326,4 +329,52 @@ int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode, int6
         }
     }
     return TP_OK;
+}
+
+/* The socket floor: round trips over a connected stream socket (Unix or TCP) with no protocol at
+ * all. Role 0 sends `request_bytes` and reads `response_bytes`, recording each round trip's
+ * nanoseconds in out_ns[k]; role 1 reads `request_bytes` and answers `response_bytes`. Blocking
+ * I/O with SO_RCVTIMEO/SO_SNDTIMEO of `timeout_ns`. Returns TP_OK, TP_TIMEOUT (the peer went
+ * silent), TP_PEER_DEAD (it closed) or TP_ERRNO. */
+static int floor_io(int fd, char *buf, int64_t n, int sending) {
+    int64_t done = 0;
+    while (done < n) {
+        ssize_t r = sending ? send(fd, buf + done, (size_t)(n - done), MSG_NOSIGNAL)
+                            : recv(fd, buf + done, (size_t)(n - done), 0);
+        if (r > 0) {
+            done += r;
+            continue;
+        }
+        if (r == 0) return TP_PEER_DEAD;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return TP_TIMEOUT;
+        return errno == EPIPE || errno == ECONNRESET ? TP_PEER_DEAD : TP_ERRNO;
+    }
+    return TP_OK;
+}
+
+int tp_floor_socket(int fd, int role, int64_t iterations, int64_t request_bytes,
+                    int64_t response_bytes, int64_t *out_ns, int64_t timeout_ns) {
+    struct timeval tv = {.tv_sec = timeout_ns / 1000000000LL,
+                         .tv_usec = (timeout_ns % 1000000000LL) / 1000};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+        return TP_ERRNO;
+    int64_t size = request_bytes > response_bytes ? request_bytes : response_bytes;
+    char *buf = calloc((size_t)(size > 0 ? size : 1), 1);
+    if (buf == NULL) return TP_ERRNO;
+    int rc = TP_OK;
+    for (int64_t k = 0; k < iterations && rc == TP_OK; k++) {
+        if (role == 0) {
+            int64_t t0 = now_ns();
+            rc = floor_io(fd, buf, request_bytes, 1);
+            if (rc == TP_OK) rc = floor_io(fd, buf, response_bytes, 0);
+            if (rc == TP_OK && out_ns != NULL) out_ns[k] = now_ns() - t0;
+        } else {
+            rc = floor_io(fd, buf, request_bytes, 0);
+            if (rc == TP_OK) rc = floor_io(fd, buf, response_bytes, 1);
+        }
+    }
+    free(buf);
+    return rc;
 }

@@ -58,6 +58,8 @@ void tp_wake_all(tp_ctx *ctx);
 
 int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode,
                       int64_t *out_ns, int64_t spin, int64_t timeout_ns);
+int tp_floor_socket(int fd, int role, int64_t iterations, int64_t request_bytes,
+                    int64_t response_bytes, int64_t *out_ns, int64_t timeout_ns);
 
 int tp_shm_create(const char *name, uint64_t size);
 int tp_shm_open(const char *name, int writable);

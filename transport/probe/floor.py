@@ -10,14 +10,24 @@ int64 array that is then recorded into a ``LogHistogram``.
 
 Modes: ``spin`` (busy-wait with a ``sched_yield`` every few thousand spins: the best case when
 both processes own a core) and ``futex`` (FUTEX_WAIT / FUTEX_WAKE on every round trip: the cost
-of sleeping, which is what a blocking transport pays). ``ratio_to_floor`` of a backend row is
-its p50 over the futex floor's p50 (``REFERENCE``).
+of sleeping, which is what a blocking transport pays).
+
+The socket floors (``c-floor-unix``, ``c-floor-tcp``) send the same bytes as a row (request and
+response, frame headers included) over a connected Unix or loopback TCP stream socket between
+the two processes, in C (``transport.native.floor_socket``), with no protocol at all.
+
+``ratio_to_floor`` of a row is its p50 over the p50 of the floor that applies to it
+(``FLOOR_OF_SCHEME``): the spin floor for shm (a region waited on by spinning first), the Unix
+socket floor of the same bytes for unix and zmq+ipc, the TCP floor of the same bytes for http
+and zmq+tcp; the futex floor (``REFERENCE``) for anything else. No transport can beat its floor,
+so no ratio is below 1 but for noise.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import socket
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -27,14 +37,25 @@ import numpy as np
 from transport.probe.histogram import LogHistogram
 
 MODES = ("spin", "futex")
+SOCKET_KINDS = ("unix", "tcp")
 REFERENCE = "c-floor-futex"
+FLOOR_OF_SCHEME = {
+    "shm": "c-floor-spin",
+    "unix": "c-floor-unix",
+    "zmq+ipc": "c-floor-unix",
+    "http": "c-floor-tcp",
+    "zmq+tcp": "c-floor-tcp",
+}
+"""The floor each backend's rows are compared with (others: ``REFERENCE``)."""
 
 
 @dataclass
 class FloorResult:
-    mode: str
+    mode: str  # "spin" | "futex" | "unix" | "tcp"
     hist: LogHistogram
     elapsed_ns: int
+    request_bytes: int = 4
+    response_bytes: int = 4
 
     @property
     def backend(self) -> str:
@@ -92,6 +113,72 @@ def measure_floor(mode: str, count: int, warmup: int, *, timeout: float = 10.0) 
     hist.record_many(out[warmup:])
     measured = int(out[warmup:].sum())
     return FloorResult(mode, hist, measured if measured > 0 else elapsed)
+
+
+def _connected_pair(kind: str) -> tuple[socket.socket, socket.socket]:
+    """Two ends of a stream connection: a Unix socket pair, or loopback TCP (TCP_NODELAY)."""
+    if kind == "unix":
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    for end in (client, server):
+        end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client, server
+
+
+def measure_socket_floor(
+    kind: str,
+    request_bytes: int,
+    response_bytes: int,
+    count: int,
+    warmup: int,
+    *,
+    timeout: float = 10.0,
+) -> FloorResult:
+    """``warmup + count`` round trips of ``request_bytes`` out, ``response_bytes`` back over a
+    ``kind`` ("unix" or "tcp") stream socket to a forked child; the last ``count`` recorded."""
+    if kind not in SOCKET_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(SOCKET_KINDS)}")
+    nat = _load()
+    if not hasattr(nat, "floor_socket"):
+        raise FloorUnavailable("transport.native has no floor_socket (rebuild: ./dev setup)")
+    total = warmup + count
+    out = np.zeros(total, dtype=np.int64)
+    mine, theirs = _connected_pair(kind)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child process
+        code = 1
+        try:
+            mine.close()
+            rc = nat.floor_socket(
+                theirs.fileno(), 1, total, request_bytes, response_bytes, timeout=timeout
+            )
+            code = 0 if rc == nat.OK else 1
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        started = _now()
+        rc = nat.floor_socket(
+            mine.fileno(), 0, total, request_bytes, response_bytes, out, timeout=timeout
+        )
+        elapsed = _now() - started
+    finally:
+        mine.close()
+        _, status = os.waitpid(pid, 0)
+    if rc != nat.OK:
+        raise RuntimeError(f"the {kind} socket floor failed (rc {rc}: the peer stopped)")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the {kind} socket floor's child exited with status {status}")
+    hist = LogHistogram()
+    hist.record_many(out[warmup:])
+    measured = int(out[warmup:].sum())
+    return FloorResult(
+        kind, hist, measured if measured > 0 else elapsed, request_bytes, response_bytes
+    )
 
 
 def _now() -> int:

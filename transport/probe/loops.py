@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from transport.probe.histogram import LogHistogram
 
 SPIN_NS = 300_000  # the last 0.3 ms before a due time are spent spinning, not sleeping
+TICK_EVERY = 500  # round trips between two progress ticks (one integer compare per round trip)
 Clock = Callable[[], int]
 WaitUntil = Callable[[int], None]
+Tick = Callable[[int], None]
+"""Called with the number of round trips done so far, every ``TICK_EVERY`` (progress bars)."""
 
 
 @dataclass
@@ -44,13 +47,19 @@ def sleep_until(due: int, clock: Clock = time.perf_counter_ns) -> None:
         pass
 
 
-def warm_up(call: Callable[[], object], count: int, max_ns: int, clock: Clock) -> int:
+def warm_up(
+    call: Callable[[], object], count: int, max_ns: int, clock: Clock, tick: Tick | None = None
+) -> int:
     """Up to ``count`` round trips, at most ``max_ns`` long; nothing is recorded."""
     deadline = clock() + max_ns
     done = 0
+    next_tick = TICK_EVERY if tick is not None else -1
     for _ in range(count):
         call()
         done += 1
+        if done == next_tick and tick is not None:
+            tick(done)
+            next_tick += TICK_EVERY
         if clock() > deadline:
             break
     return done
@@ -63,6 +72,7 @@ def closed_loop(
     *,
     max_ns: int,
     clock: Clock = time.perf_counter_ns,
+    tick: Tick | None = None,
 ) -> LoopStats:
     """``count`` round trips back to back (fewer if ``max_ns`` runs out): each one recorded."""
     record = hist.record
@@ -70,12 +80,16 @@ def closed_loop(
     deadline = start + max_ns
     t1 = start
     done = 0
+    next_tick = TICK_EVERY if tick is not None else -1
     for _ in range(count):
         t0 = clock()
         call()
         t1 = clock()
         record(t1 - t0)
         done += 1
+        if done == next_tick and tick is not None:
+            tick(done)
+            next_tick += TICK_EVERY
         if t1 > deadline:
             break
     return LoopStats(done, t1 - start)
@@ -91,6 +105,7 @@ def open_loop(
     max_ns: int,
     clock: Clock = time.perf_counter_ns,
     wait_until: WaitUntil | None = None,
+    tick: Tick | None = None,
 ) -> LoopStats:
     """``count`` requests due at ``rate`` per second: latency measured from each due time.
 
@@ -108,6 +123,7 @@ def open_loop(
     start = clock() + SPIN_NS  # the first due time
     t1 = start
     done = 0
+    next_tick = TICK_EVERY if tick is not None else -1
     for i in range(count):
         due = start + int(i * interval)
         if due - start > max_ns:
@@ -121,4 +137,7 @@ def open_loop(
         record(t1 - due)
         record_service(t1 - now)
         done += 1
+        if done == next_tick and tick is not None:
+            tick(done)
+            next_tick += TICK_EVERY
     return LoopStats(done, t1 - start)

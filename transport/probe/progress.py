@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -28,6 +29,23 @@ class Progress:
     def begin(self, label: str) -> None:
         if self.bar:
             self._draw(f"{label} ...")
+
+    def tick(self, label: str, phase: str, done: int, total: int) -> None:
+        """Inside a cell: ``done`` of ``total`` round trips of ``phase`` (warm-up, measure)."""
+        if self.bar:
+            self._draw(f"{label} {phase} {done}/{total}")
+
+    def ticker(self, label: str, phase: str, total: int) -> Callable[[int], None] | None:
+        """A tick function for the measurement loops, or None (no bar: no per-loop cost)."""
+        if not self.bar:
+            return None
+        return lambda done: self.tick(label, phase, done, total)
+
+    def skip(self, label: str) -> None:
+        """A cell skipped for a reason already reported: counted, no line of its own."""
+        self.done += 1
+        if self.bar:
+            self._draw(label)
 
     def end(self, label: str, summary: str) -> None:
         self.done += 1

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from transport.probe.floor import REFERENCE, native_floor_source
+from transport.probe.floor import FLOOR_OF_SCHEME, REFERENCE, native_floor_source
 from transport.probe.machine import summary
 from transport.probe.runner import Results, Row, Settings
 
@@ -136,6 +136,12 @@ def settings_json(settings: Settings) -> dict[str, Any]:
     }
 
 
+FLOOR_DEFINITION = (
+    "ratio_to_floor = row p50 / the p50 of the floor that applies to the row (floor_of_backend; "
+    f"the same batch for socket floors; {REFERENCE} for any other backend)"
+)
+
+
 def document(
     results: Results,
     settings: Settings,
@@ -155,7 +161,8 @@ def document(
         "floor": {
             "reference": floor.backend if floor is not None else None,
             "reference_p50_us": floor.p50_us if floor is not None else None,
-            "definition": f"ratio_to_floor = row p50 / {REFERENCE} p50",
+            "definition": FLOOR_DEFINITION,
+            "floor_of_backend": dict(FLOOR_OF_SCHEME),
             "source": native_floor_source(),
         },
         "rows": [r.to_json() for r in sorted_rows(results, order)],
@@ -190,10 +197,11 @@ def markdown_block(
 ) -> str:
     """The text between (and including) the probe markers."""
     when = datetime.fromtimestamp(results.started, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    floor = results.reference_floor
     floor_text = (
-        f"`x floor` = p50 / the p50 of `{floor.backend}` ({floor.p50_us:.2f} us)"
-        if floor is not None
+        "`x floor` = p50 / the p50 of the floor that applies to the row (`c-floor-spin` for "
+        "shm, `c-floor-unix` of the same bytes for unix and zmq+ipc, `c-floor-tcp` of the same "
+        "bytes for http and zmq+tcp)"
+        if results.floors
         else "`x floor`: no floor measured"
     )
     parts = [

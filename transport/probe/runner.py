@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from transport.probe.floor import REFERENCE, FloorResult, FloorUnavailable, measure_floor
+from transport.probe.floor import (
+    FLOOR_OF_SCHEME,
+    REFERENCE,
+    SOCKET_KINDS,
+    FloorResult,
+    FloorUnavailable,
+    measure_floor,
+    measure_socket_floor,
+)
 from transport.probe.histogram import LogHistogram
 from transport.probe.loops import LoopStats, closed_loop, open_loop, warm_up
 from transport.probe.progress import Progress
@@ -43,6 +51,7 @@ from transport.probe.servers import (
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 NUM_ACTIONS = 92  # echo accepts any action; stay inside pac_env's action space anyway
 HEALTH_BYTES = 1
+FRAME_HEADER_BYTES = 9  # a socket floor sends what the stream backends send: header + body
 SWEEP_TARGETS = tuple(64 * 4**k for k in range(9))  # 64 B, 256 B, ... 4 MiB
 
 
@@ -231,21 +240,55 @@ def new_tag() -> str:
     return f"tprobe-{os.getpid()}-{next(_tags)}"
 
 
-def floor_rows(settings: Settings, results: Results, progress: Progress) -> None:
-    for mode in ("spin", "futex"):
+def socket_floor_plan(settings: Settings) -> list[tuple[str, Point]]:
+    """The socket floors the planned rows need: (kind, point) for each socket kind one of the
+    backends maps to (``FLOOR_OF_SCHEME``) and each point measured."""
+    kinds = {FLOOR_OF_SCHEME.get(b, "").removeprefix("c-floor-") for b in settings.backends}
+    return [(kind, point) for kind in SOCKET_KINDS if kind in kinds for point in settings.points]
+
+
+def floor_count(settings: Settings) -> int:
+    """How many floor cells ``floor_rows`` measures (progress totals)."""
+    return 2 + len(socket_floor_plan(settings)) if settings.floor else 0
+
+
+def floor_rows(
+    settings: Settings, results: Results, progress: Progress, *, sockets_only: bool = False
+) -> None:
+    """The spin and futex floors, then a socket floor per socket kind and point (same bytes).
+    ``sockets_only``: only the socket floors (added to floors measured before)."""
+    cells: list[tuple[str, Point | None]] = (
+        [] if sockets_only else [("spin", None), ("futex", None)]
+    )
+    cells += socket_floor_plan(settings)
+    result_size, request_size = step_result_size(), step_request_size()
+    for mode, point in cells:
         name = f"c-floor-{mode}"
-        progress.begin(f"{name}/c")
+        label = f"{name}/c" if point is None else f"{name}/c/{_point_tag(point)}"
+        progress.begin(label)
         try:
-            floor = measure_floor(mode, settings.count, settings.warmup, timeout=settings.timeout)
+            if point is None:
+                floor = measure_floor(
+                    mode, settings.count, settings.warmup, timeout=settings.timeout
+                )
+            else:
+                floor = measure_socket_floor(
+                    mode,
+                    FRAME_HEADER_BYTES + point.request_bytes(request_size),
+                    FRAME_HEADER_BYTES + point.response_bytes(result_size),
+                    settings.count,
+                    settings.warmup,
+                    timeout=settings.timeout,
+                )
         except FloorUnavailable as exc:
             results.skipped.append(Problem(name, "c", 1, str(exc)))
-            progress.end(f"{name}/c", f"skipped: {exc}")
+            progress.end(label, f"skipped: {exc}")
             continue
         except (RuntimeError, OSError) as exc:
             results.failed.append(Problem(name, "c", 1, str(exc)))
-            progress.end(f"{name}/c", f"FAILED: {exc}")
+            progress.end(label, f"FAILED: {exc}")
             continue
-        row = _floor_row(floor)
+        row = _floor_row(floor, point, result_size, request_size)
         results.floors.append(row)
         progress.end(row.label, _brief(row))
     for row in results.floors:
@@ -253,13 +296,17 @@ def floor_rows(settings: Settings, results: Results, progress: Progress) -> None
             results.reference_floor = row
 
 
-def _floor_row(floor: FloorResult) -> Row:
+def _point_tag(point: Point) -> str:
+    return "health" if point.message == "health" else f"b{point.batch}"
+
+
+def _floor_row(floor: FloorResult, point: Point | None, result_size: int, request_size: int) -> Row:
     return Row(
         backend=floor.backend,
         server="c",
-        point=Point(1, "pingpong"),
-        payload_bytes=4,
-        request_bytes=4,
+        point=Point(1, "pingpong") if point is None else point,
+        payload_bytes=4 if point is None else point.response_bytes(result_size),
+        request_bytes=4 if point is None else point.request_bytes(request_size),
         hist=floor.hist,
         stats=LoopStats(floor.hist.total, floor.elapsed_ns),
         mode="closed",
@@ -288,10 +335,9 @@ def run(settings: Settings, progress: Progress) -> Results:
     result_size = step_result_size()
     request_size = step_request_size()
     unavailable: dict[tuple[str, str], str] = {}
+    reported: set[str] = set()  # skip reasons already printed: each is printed once
     for backend, lang, point in plan(settings):
-        label = f"{backend}/{lang}/" + (
-            "health" if point.message == "health" else f"b{point.batch}"
-        )
+        label = f"{backend}/{lang}/{_point_tag(point)}"
         progress.begin(label)
         reason = unavailable.get((backend, lang))
         if reason is None:
@@ -299,7 +345,11 @@ def run(settings: Settings, progress: Progress) -> Results:
         if reason is not None:
             unavailable[(backend, lang)] = reason
             results.skipped.append(Problem(backend, lang, point.batch, reason))
-            progress.end(label, f"skipped: {reason}")
+            if reason in reported:
+                progress.skip(label)
+            else:
+                reported.add(reason)
+                progress.end(label, f"skipped: {reason}")
             continue
         tag = new_tag()
         url = URL_TEMPLATES[backend](tag, point.batch)
@@ -319,7 +369,9 @@ def run(settings: Settings, progress: Progress) -> Results:
             progress.end(label, f"skipped: {why}")
             continue
         try:
-            row = probe_server(server, backend, lang, point, settings, result_size, request_size)
+            row = probe_server(
+                server, backend, lang, point, settings, result_size, request_size, progress, label
+            )
         except (KeyboardInterrupt, SystemExit):
             server.stop()
             remove(leftovers(tag))
@@ -373,8 +425,10 @@ def probe_server(
     settings: Settings,
     result_size: int,
     request_size: int,
+    progress: Progress | None = None,
+    label: str = "",
 ) -> Row:
-    row = probe_url(server.url, point, settings, result_size, request_size)
+    row = probe_url(server.url, point, settings, result_size, request_size, progress, label)
     row.backend, row.server = backend, lang
     return row
 
@@ -385,8 +439,11 @@ def probe_url(
     settings: Settings,
     result_size: int | None = None,
     request_size: int | None = None,
+    progress: Progress | None = None,
+    label: str = "",
 ) -> Row:
-    """Measure one server at ``url``; ``point`` None: step with the server's own env count."""
+    """Measure one server at ``url``; ``point`` None: step with the server's own env count.
+    ``progress``: its bar moves within the cell (warm-up and measurement round trips)."""
     from transport.api import connect
     from transport.backends import scheme_of
 
@@ -399,17 +456,29 @@ def probe_url(
             raise CellFailure(f"the server has {client.num_envs} envs, expected {point.batch}")
         client.reset(seed=0)
         call, actions = _call_for(client, point)
+        label = label or url
+
+        def ticker(phase: str, total: int) -> Callable[[int], None] | None:
+            return None if progress is None else progress.ticker(label, phase, total)
+
         warmed = warm_up(
-            call, settings.warmup, int(settings.duration * 0.5e9), time.perf_counter_ns
+            call,
+            settings.warmup,
+            int(settings.duration * 0.5e9),
+            time.perf_counter_ns,
+            ticker("warm-up", settings.warmup),
         )
         hist = LogHistogram()
         service: LogHistogram | None = None
         max_ns = int(settings.duration * 1e9)
+        tick = ticker("measure", settings.count)
         if settings.rate is None:
-            stats = closed_loop(call, settings.count, hist, max_ns=max_ns)
+            stats = closed_loop(call, settings.count, hist, max_ns=max_ns, tick=tick)
         else:
             service = LogHistogram()
-            stats = open_loop(call, settings.count, settings.rate, hist, service, max_ns=max_ns)
+            stats = open_loop(
+                call, settings.count, settings.rate, hist, service, max_ns=max_ns, tick=tick
+            )
         _check_echo(client, point, actions)
         server = str(client.server_info.get("server", "unknown"))
         chosen = client.url  # auto:// resolves to the backend it chose
@@ -456,11 +525,29 @@ def _check_echo(client: Any, point: Point, actions: np.ndarray | int) -> None:
         raise CellFailure("wrong echo: observation[:, 0] differs from the actions sent")
 
 
+def floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
+    """The floor ``row`` is compared with: its backend's kind (``FLOOR_OF_SCHEME``) at the same
+    point (socket floors), else that kind's floor, else the futex floor (``REFERENCE``)."""
+    name = FLOOR_OF_SCHEME.get(row.backend, REFERENCE)
+    same_point = [
+        f
+        for f in floors
+        if f.backend == name
+        and (f.point.batch, f.point.message) == (row.point.batch, row.point.message)
+    ]
+    named = [f for f in floors if f.backend == name]
+    reference = [f for f in floors if f.backend == REFERENCE]
+    for candidates in (same_point, named, reference):
+        if candidates:
+            return candidates[0]
+    return None
+
+
 def apply_floor(results: Results) -> None:
-    floor = results.reference_floor
-    if floor is None:
-        return
-    base = floor.p50_us
-    for row in results.all_rows():
+    """``ratio_to_floor`` of every measured row against the floor that applies to it."""
+    for row in results.rows:
+        floor = floor_for(row, results.floors)
+        if floor is None or floor.p50_us <= 0:
+            continue
         row.floor_name = floor.backend
-        row.ratio_to_floor = row.p50_us / base if base > 0 else None
+        row.ratio_to_floor = row.p50_us / floor.p50_us

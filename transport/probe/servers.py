@@ -69,6 +69,12 @@ def registered_backends() -> list[str]:
     return sorted(BACKENDS, key=lambda s: (rank.get(s, len(rank)), s))
 
 
+def default_backends() -> list[str]:
+    """What a probe without ``--backends`` measures: every registered scheme that has a server
+    of its own (client-side aliases such as ``auto://`` are probed with ``--url``)."""
+    return [scheme for scheme in registered_backends() if scheme not in CLIENT_ONLY]
+
+
 def backend_unavailable(scheme: str) -> str | None:
     """Why ``scheme`` cannot be probed here (None: it can): not registered, its module fails to
     import, it has no server side (``auto://`` picks another backend), or no URL template."""

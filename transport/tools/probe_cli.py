@@ -42,16 +42,20 @@ trip).
 
 _EPILOG = """\
 what it prints and writes:
-  table      one row per backend x server x batch, after the two C floor rows:
+  table      one row per backend x server x batch, after the C floor rows:
              payload B  response bytes per round trip (B x 2557; 1 for a health round trip)
              p50 .. max round-trip latency percentiles in microseconds (HdrHistogram-style
                         log buckets, <= 0.78 % wide; max is exact)
              steps/s    env steps per second (round trips/s x batch); closed loop: the
                         throughput of one client; open loop: the achieved rate x batch
-             x floor    this row's p50 / the p50 of c-floor-futex
+             x floor    this row's p50 / the p50 of the floor that applies to it:
+                        c-floor-spin for shm, c-floor-unix (the same bytes) for unix and
+                        zmq+ipc, c-floor-tcp (the same bytes) for http and zmq+tcp
   C floor    c-floor-spin and c-floor-futex (server "c"): two processes ping-ponging one
              32-bit word over shared memory in C (transport/native), spinning or sleeping in
-             FUTEX_WAIT: what no transport can beat on this machine
+             FUTEX_WAIT; c-floor-unix and c-floor-tcp: the same two processes sending a row's
+             request and response bytes (frame headers included) over a connected Unix or
+             loopback TCP socket, in C: what no transport can beat on this machine
   JSON       {"machine": CPU model, cores, affinity, kernel, /dev/shm, versions of Python,
              Node, pyzmq, libzmq, numpy; "settings"; "floor"; "rows": [{backend, server,
              batch, message, payload_bytes, request_bytes, target_bytes, mode, rate, count,
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         Results,
         Settings,
         apply_floor,
+        floor_count,
         floor_rows,
         plan,
         points_for_payloads,
@@ -266,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         run,
         step_result_size,
     )
-    from transport.probe.servers import LANGS, registered_backends
+    from transport.probe.servers import LANGS, default_backends, registered_backends
 
     quick = args.quick
     count = args.count if args.count is not None else (200 if quick else 5000)
@@ -288,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if targets:
         points += points_for_payloads(targets, result_size)
     order = registered_backends()
-    backends = args.backends if args.backends is not None else order
+    backends = args.backends if args.backends is not None else default_backends()
     unknown = [b for b in backends if b not in order]
     if unknown:
         parser.error(
@@ -316,15 +321,19 @@ def main(argv: list[str] | None = None) -> int:
 
         settings.backends = [scheme_of(args.url)]
         settings.points = []
-        progress = Progress(3 if settings.floor else 1, bar=bar, quiet=args.quiet)
+        cells = floor_count(settings) + 1 + (1 if settings.floor else 0)  # + the socket floor
+        progress = Progress(cells, bar=bar, quiet=args.quiet)
         results = Results()
         if settings.floor:
             floor_rows(settings, results, progress)
         progress.begin(args.url)
         try:
-            row = probe_url(args.url, None, settings)
+            row = probe_url(args.url, None, settings, progress=progress)
             results.rows.append(row)
             progress.end(row.label, f"p50 {row.us(50):.1f} us")
+            if settings.floor:  # the socket floor of this row's bytes, now that they are known
+                settings.points = [row.point]
+                floor_rows(settings, results, progress, sockets_only=True)
         except Exception as exc:
             from transport.probe.runner import Problem
 
@@ -334,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.end(args.url, f"FAILED: {exc}")
         apply_floor(results)
     else:
-        cells = len(plan(settings)) + (2 if settings.floor else 0)
+        cells = len(plan(settings)) + floor_count(settings)
         progress = Progress(cells, bar=bar, quiet=args.quiet)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
@@ -352,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "closed loop" if settings.rate is None else f"open loop at {settings.rate:g}/s"
     print(
         f"echo env, {mode}, up to {count} samples per row after {warmup} warm-up; "
-        "latencies in us; x floor = p50 / c-floor-futex p50",
+        "latencies in us; x floor = p50 / the p50 of the floor that applies "
+        "(spin for shm, unix socket for unix and zmq+ipc, tcp for http and zmq+tcp)",
         file=table_out,
     )
     print(report.text_table(rows), file=table_out)
