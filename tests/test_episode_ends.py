@@ -171,11 +171,19 @@ def test_vector_env_matches_sync_vector_env(url: str, mode: AutoresetMode) -> No
                 assert np.array_equal(info_r[name], info_l[name]), (where, name)
             if mode == AutoresetMode.SAME_STEP:
                 assert ("final_obs" in info_r) == ("final_obs" in info_l), where
-                if "final_obs" in info_l:
+                if "final_obs" in info_l:  # gymnasium's format: objects, None where none ended
                     ended = info_l["_final_obs"]
                     assert np.array_equal(info_r["_final_obs"], ended), where
-                    for i in np.flatnonzero(ended):
-                        assert np.array_equal(info_r["final_obs"][i], info_l["final_obs"][i])
+                    assert info_r["final_obs"].dtype == info_l["final_obs"].dtype == object
+                    for got, want in zip(info_r["final_obs"], info_l["final_obs"], strict=True):
+                        assert (got is None) == (want is None), where
+                        assert want is None or np.array_equal(got, want), where
+                    for name in ("lines", "pieces"):
+                        want_info = info_l["final_info"]
+                        assert np.array_equal(info_r["final_info"][name], want_info[name])
+                        assert np.array_equal(
+                            info_r["final_info"]["_" + name], want_info["_" + name]
+                        )
             truncations += int(trunc_l.sum())
         assert truncations >= NUM_ENVS  # the time limit was exercised
     finally:

@@ -125,7 +125,11 @@ def test_vector_env_same_step(pac_url: str) -> None:
                 ended += 1
                 assert not np.array_equal(infos["final_obs"][i], obs[i])  # obs: the reset
                 assert infos["final_info"]["_life"][i]
-            assert infos["final_obs"].dtype == np.float32
+            # gymnasium's format: an object array, the final observation or None per env
+            assert infos["final_obs"].dtype == object
+            finals = infos["final_obs"]
+            assert all((o is None) == (not d) for o, d in zip(finals, done, strict=True))
+            assert all(o.dtype == np.float32 for o in infos["final_obs"] if o is not None)
         assert ended >= NUM_ENVS
     finally:
         env.close()
@@ -159,3 +163,12 @@ def test_vector_env_num_envs_from_the_environment(
     monkeypatch.setenv("TRANSPORT_NUM_ENVS", str(NUM_ENVS + 2))
     with pytest.raises(AdapterError, match="--num-envs"):
         RemoteVectorEnv(pac_url)
+
+
+def test_remote_env_on_a_vector_server_points_to_the_vector_adapters(pac_url: str) -> None:
+    with pytest.raises(AdapterError) as caught:
+        RemoteEnv(pac_url)
+    text = str(caught.value)
+    assert pac_url in text and f"serves {NUM_ENVS} envs" in text
+    assert "RemoteVectorEnv" in text and "RemoteVecEnv" in text
+    assert "num_envs=1" in text and "pass num_envs" not in text  # RemoteEnv takes no num_envs

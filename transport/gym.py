@@ -68,15 +68,31 @@ def resolve_num_envs(num_envs: int | None) -> int | None:
     return value
 
 
+SERVE_HINT = (
+    "the server's num_envs sets it: transport.serve(..., num_envs={n}) in a script, "
+    "`transport-serve URL --num-envs {n}` from the shell, or shm://NAME?num_envs={n}"
+)
+
+
 def check_num_envs(client: Client, num_envs: int | None) -> int:
     """The server's number of envs; a clear error when the caller expects another."""
     if num_envs is not None and num_envs != client.num_envs:
         raise AdapterError(
             f"{client.url} serves {client.num_envs} env(s) per connection, the adapter was asked"
-            f" for {num_envs}: start the server with --num-envs {num_envs} or pass "
-            f"num_envs={client.num_envs}"
+            f" for {num_envs}: pass num_envs={client.num_envs} (or None: the server's count), or "
+            + SERVE_HINT.format(n=num_envs)
         )
     return client.num_envs
+
+
+def check_single_env(client: Client) -> None:
+    """``RemoteEnv`` plays one env: a clear error, with what to use instead, when there are more."""
+    if client.num_envs != 1:
+        raise AdapterError(
+            f"{client.url} serves {client.num_envs} envs per connection and RemoteEnv plays one: "
+            f"use transport.gym.RemoteVectorEnv or transport.sb3.RemoteVecEnv for all "
+            f"{client.num_envs}, or serve one env per connection (" + SERVE_HINT.format(n=1) + ")"
+        )
 
 
 class ResultFields:
@@ -170,7 +186,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     ) -> None:
         self.client = _connect(url, schema, timeout, "disabled")
         try:
-            check_num_envs(self.client, 1)
+            check_single_env(self.client)
             self.fields = ResultFields(self.client)
             space = self.client.spaces()
             low, high = observation_bounds_of(self.client, observation_bounds)
@@ -243,11 +259,12 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     ``autoreset_mode=AutoresetMode.NEXT_STEP`` (default: the step after an episode ended
     ignores that env's action and returns its reset observation, reward 0, not terminated) or
     ``AutoresetMode.SAME_STEP`` (the step that ends an episode returns the reset observation,
-    the final reward/terminated/truncated, and ``infos["final_obs"]`` (N, obs_n) with the
-    final observations plus ``infos["final_info"]`` (a dict of info arrays), each with its
-    ``_final_obs`` / ``_final_info`` mask; the keys are present only on steps where an episode
-    ended). Infos always hold every info scalar of the schema as an (N,) array with an all-True
-    ``_name`` mask: same keys, dtypes and shapes on every step.
+    the final reward/terminated/truncated, and, as gymnasium's own vector envs do,
+    ``infos["final_obs"]``: an object array of N entries, the final observation of each env
+    whose episode ended and None elsewhere, plus ``infos["final_info"]`` (a dict of info
+    arrays), each with its ``_final_obs`` / ``_final_info`` mask; the keys are present only on
+    steps where an episode ended). Infos always hold every info scalar of the schema as an
+    (N,) array with an all-True ``_name`` mask: same keys, dtypes and shapes on every step.
     """
 
     def __init__(
@@ -346,8 +363,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     ) -> None:
         fields = self.fields
         ended = np.zeros(self.num_envs, dtype=bool)
-        obs_n = self.single_observation_space.shape or (0,)
-        final_obs = np.zeros((self.num_envs, *obs_n), dtype=fields.obs_dtype)
+        final_obs = np.full(self.num_envs, None, dtype=object)  # gymnasium's format
         final_info: dict[str, Any] = {}
         for name in fields.info:
             final_info[name] = np.zeros_like(infos[name])
@@ -356,7 +372,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             rewards[index] = float(final[fields.reward])
             terminated[index] = bool(fields.terminated_of(final))
             truncated[index] = bool(fields.truncated_of(final))
-            final_obs[index] = final[fields.observation]
+            final_obs[index] = np.array(final[fields.observation], copy=True)
             for name in fields.info:
                 final_info[name][index] = final[name]
         for name in fields.info:
