@@ -1,26 +1,35 @@
-"""The mahjong env: a simplified four-seat draw/discard tile game on the mahjong_env schema.
+"""The mahjong env: a simplified four-seat draw/discard/claim tile game on the mahjong_env schema.
 
 A turn-based game for the PettingZoo AEC adapter (``transport.pettingzoo.RemoteAECEnv``, seed
 003). One env is one table of four seats; ``agent`` in every result names the seat that acts next.
 
-Rules (simplified mahjong, no claims: no chi, pong, kong or winning on another seat's discard):
+Rules (simplified mahjong: no flowers, no kongs, no scoring patterns):
 
 - 136 tiles: 34 kinds x 4 (0-8 characters, 9-17 dots, 18-26 bamboo, 27-33 honours). A seeded
   shuffle; each seat gets 13 tiles, then East (seat 0) draws a 14th and acts first.
-- The seat to act holds 14 tiles. Actions 0-33: discard one tile of that kind (legal when held);
-  102 (win): legal when the 14 tiles form four sets (a pung of three equal tiles, or a chow of
-  three consecutive tiles of one suit) and a pair. Every other action (chi 34-96, pong 97,
-  kongs 98-101, pass 103) is always masked.
-- After a discard the next seat draws from the wall. An empty wall ends the hand in a draw.
-- Rewards are zero-sum, paid at the end only: a win (always self-drawn here) pays the winner
+- The seat to act holds 14 tiles (melded sets included). Actions 0-33: discard one tile of that
+  kind (legal when held in hand); 102 (win): legal when the hand and the melds form four sets
+  (a pung of three equal tiles, or a chow of three consecutive tiles of one suit) and a pair.
+- After a discard, the other seats may claim it, asked one at a time in priority order (a seat
+  that can win on it first, then the seat that can pung it, then the next seat, which can chow
+  it), each with the mask of what it can do: 102 win on the discard, 97 pung (two of that kind
+  in hand), 34-96 chow (34 + 3 x sequence + position: sequence = suit x 7 + first rank, position
+  = which of its three tiles is the discard; only the seat after the discarder), 103 pass. A pung
+  or chow becomes a meld, and the claimer discards next; if every seat passes, the next seat
+  draws from the wall. Kongs (98-101) are always masked. An empty wall ends the hand in a draw.
+- Rewards are zero-sum, paid at the end only: a win (self-drawn or on a discard) pays the winner
   +3 and costs each other seat 1. The final result names the winner in ``agent`` and carries
   its reward (3.0); on a draw it names the seat that would have drawn, with reward 0. Every
   other result has reward 0. The AEC adapter gives the other seats -reward / 3 (zero-sum).
+  Claims make wins happen: in 600 seeded hands, random legal play wins 25 and a greedy player
+  (win when it can, claim what it can, discard its least connected tile) 596
+  (tests/test_pettingzoo_adapter.py ``test_wins_happen_and_score``).
 
 Observation (290 f32 in [0, 1], from the point of view of the seat in ``agent``): own hand
 counts / 4 (34) | flowers (8, always 0) | the discards of the next, opposite and previous seats,
-counts / 4 (3 x 34) | their melds (3 x 34, always 0) | own melds (34, always 0) | seat wind
+counts / 4 (3 x 34) | their melds, counts / 4 (3 x 34) | own melds, counts / 4 (34) | seat wind
 one-hot (4) | prevailing wind one-hot (4, East) | tiles left in the wall / 83 | turn / 83.
+``last_discard`` names the tile on offer while a seat is asked to claim it (-1 otherwise).
 """
 
 from __future__ import annotations
@@ -36,21 +45,41 @@ N_SEATS = 4
 N_KINDS = 34
 HAND = 13
 WALL = N_KINDS * 4 - N_SEATS * HAND - 1  # draws left after the deal and East's first draw: 83
+A_CHOW = 34  # 34 .. 96: 21 sequences x 3 positions
+A_PUNG = 97
 A_WIN = 102
+A_PASS = 103
 WIN_REWARD = 3.0
 
 # observation offsets
 O_HAND = 0
 O_DISCARDS = 34 + 8
-O_SEAT_WIND = O_DISCARDS + 3 * 34 + 3 * 34 + 34
+O_MELDS = O_DISCARDS + 3 * 34
+O_OWN_MELDS = O_MELDS + 3 * 34
+O_SEAT_WIND = O_OWN_MELDS + 34
 O_PREVAILING = O_SEAT_WIND + 4
 O_WALL = O_PREVAILING + 4
 O_TURN = O_WALL + 1
 
+MELD_PUNG = 1  # mahjong_env MeldKind.PONG
+MELD_CHOW = 0  # MeldKind.CHI
+
+
+def chow_action(sequence: int, position: int) -> int:
+    """The action that claims a discard as tile ``position`` (0-2) of chow ``sequence`` (0-20)."""
+    return A_CHOW + 3 * sequence + position
+
+
+def chow_of(action: int) -> tuple[int, int]:
+    """(first tile kind of the chow, position of the claimed tile) of a chow action."""
+    sequence, position = divmod(action - A_CHOW, 3)
+    suit, rank = divmod(sequence, 7)
+    return suit * 9 + rank, position
+
 
 def is_winning(counts: npt.NDArray[np.int64]) -> bool:
-    """Fourteen tiles: four sets (pungs or chows) and a pair."""
-    if int(counts.sum()) != 14:
+    """A hand of 3k + 2 tiles that forms k sets (pungs or chows) and a pair (its melds aside)."""
+    if int(counts.sum()) % 3 != 2:
         return False
     for pair in np.flatnonzero(counts >= 2):
         rest = counts.copy()
@@ -75,16 +104,36 @@ def _all_sets(counts: npt.NDArray[np.int64]) -> bool:
     return True
 
 
+def chow_options(hand: npt.NDArray[np.int64], tile: int) -> list[int]:
+    """The chow actions that claim ``tile`` with two tiles of ``hand``."""
+    if tile >= 27:
+        return []
+    suit, rank = divmod(tile, 9)
+    out = []
+    for position in range(3):
+        first = rank - position
+        if not 0 <= first <= 6:
+            continue
+        kinds = [suit * 9 + first + k for k in range(3) if k != position]
+        if all(hand[k] > 0 for k in kinds):
+            out.append(chow_action(suit * 7 + first, position))
+    return out
+
+
 class MahjongEnv:
     """One table. ``reset_into`` / ``step_into`` write the result in place."""
 
     def __init__(self) -> None:
         self.rng = np.random.default_rng(0)
-        self.hands = np.zeros((N_SEATS, N_KINDS), dtype=np.int64)
+        self.hands = np.zeros((N_SEATS, N_KINDS), dtype=np.int64)  # concealed tiles
+        self.melded = np.zeros((N_SEATS, N_KINDS), dtype=np.int64)  # tiles in exposed melds
+        self.melds: list[list[tuple[int, int, list[int]]]] = [[] for _ in range(N_SEATS)]
         self.discards = np.zeros((N_SEATS, N_KINDS), dtype=np.int64)
         self.scores = np.zeros(N_SEATS, dtype=np.int64)
         self.wall: list[int] = []
-        self.current = 0
+        self.current = 0  # the seat that acts next (discards, or is asked to claim)
+        self.discarder = -1  # while a discard is on offer: who threw it
+        self.claimers: list[int] = []  # seats still to ask about the discard on offer
         self.turn = 0
         self.last_discard = -1
         self.episode = 0
@@ -100,19 +149,53 @@ class MahjongEnv:
             self.rng = np.random.default_rng(seed)
         tiles = self.rng.permutation(np.repeat(np.arange(N_KINDS), 4))
         self.hands[:] = 0
+        self.melded[:] = 0
+        self.melds = [[] for _ in range(N_SEATS)]
         self.discards[:] = 0
         for seat in range(N_SEATS):
             np.add.at(self.hands[seat], tiles[seat * HAND : (seat + 1) * HAND], 1)
         self.wall = [int(t) for t in tiles[N_SEATS * HAND :]]
         self.current = 0
+        self.discarder = -1
+        self.claimers = []
         self.hands[0, self.wall.pop()] += 1
         self.turn = 0
         self.last_discard = -1
         self.episode += 1
         self.over = False
 
+    def _claims(self, seat: int) -> list[int]:
+        """What ``seat`` may do with the discard on offer (pass aside)."""
+        tile, hand = self.last_discard, self.hands[seat]
+        options = []
+        with_tile = hand.copy()
+        with_tile[tile] += 1
+        if is_winning(with_tile):
+            options.append(A_WIN)
+        if hand[tile] >= 2:
+            options.append(A_PUNG)
+        if seat == (self.discarder + 1) % N_SEATS:
+            options += chow_options(hand, tile)
+        return options
+
+    def _offer(self) -> None:
+        """Queue the seats that can claim the discard: winners first, then pung, then chow."""
+        seats = [(self.discarder + k) % N_SEATS for k in range(1, N_SEATS)]
+        rank = {seat: self._claims(seat) for seat in seats}
+
+        def priority(seat: int) -> int:
+            options = rank[seat]
+            return 0 if A_WIN in options else 1 if A_PUNG in options else 2
+
+        self.claimers = sorted((s for s in seats if rank[s]), key=priority)
+
     def _mask(self, seat: int, out: npt.NDArray[np.bool_]) -> None:
         out[:] = False
+        if self.discarder >= 0:  # asked to claim the discard on offer
+            for action in self._claims(seat):
+                out[action] = True
+            out[A_PASS] = True
+            return
         out[:N_KINDS] = self.hands[seat] > 0
         out[A_WIN] = is_winning(self.hands[seat])
 
@@ -126,8 +209,12 @@ class MahjongEnv:
         obs[:] = 0
         obs[O_HAND : O_HAND + N_KINDS] = self.hands[seat] / 4
         for k in range(1, N_SEATS):
+            other = (seat + k) % N_SEATS
             start = O_DISCARDS + (k - 1) * N_KINDS
-            obs[start : start + N_KINDS] = self.discards[(seat + k) % N_SEATS] / 4
+            obs[start : start + N_KINDS] = self.discards[other] / 4
+            start = O_MELDS + (k - 1) * N_KINDS
+            obs[start : start + N_KINDS] = self.melded[other] / 4
+        obs[O_OWN_MELDS : O_OWN_MELDS + N_KINDS] = self.melded[seat] / 4
         obs[O_SEAT_WIND + seat] = 1
         obs[O_PREVAILING] = 1
         obs[O_WALL] = len(self.wall) / WALL
@@ -143,11 +230,46 @@ class MahjongEnv:
         melds["kind"] = -1
         melds["from_seat"] = -1
         melds["tiles"] = 255
+        for m, (kind, from_seat, tiles) in enumerate(self.melds[seat][: len(melds)]):
+            melds[m]["kind"] = kind
+            melds[m]["from_seat"] = from_seat
+            melds[m]["tiles"][: len(tiles)] = tiles
         out["score"] = self.scores[seat]
         out["episode_id"] = self.episode
         out["hand_value"] = reward if terminated else 0.0
-        out["last_discard"] = self.last_discard
+        out["last_discard"] = self.last_discard if self.discarder >= 0 else -1
         out["dealer_streak"] = 0
+
+    def _win(self, out: np.ndarray, seat: int) -> None:
+        self.over = True
+        self.scores -= 1
+        self.scores[seat] += N_SEATS
+        self.discarder = -1
+        self._write(out, seat, WIN_REWARD, True)
+
+    def _next_draw(self, out: np.ndarray) -> None:
+        """Nobody claimed the discard: the seat after the discarder draws (or the hand is over)."""
+        self.current = (self.discarder + 1) % N_SEATS
+        self.discarder = -1
+        if not self.wall:
+            self.over = True
+            self._write(out, self.current, 0.0, True)
+            return
+        self.hands[self.current, self.wall.pop()] += 1
+        self._write(out, self.current, 0.0, False)
+
+    def _meld(self, seat: int, kind: int, tiles: list[int]) -> None:
+        """``seat`` claims the discard on offer into a meld of ``tiles`` and discards next."""
+        tile = self.last_discard
+        self.discards[self.discarder, tile] -= 1  # the discard leaves the river for the meld
+        self.hands[seat, tile] += 1
+        for t in tiles:
+            self.hands[seat, t] -= 1
+            self.melded[seat, t] += 1
+        self.melds[seat].append((kind, self.discarder, tiles))
+        self.current = seat
+        self.discarder = -1
+        self.claimers = []
 
     # -- the env interface ---------------------------------------------------------------------
 
@@ -159,14 +281,14 @@ class MahjongEnv:
         if self.over:
             raise RuntimeError("the hand is over: reset first")
         seat = self.current
+        if self.discarder >= 0:
+            self._claim(seat, action, out)
+            return
         hand = self.hands[seat]
         if action == A_WIN:
             if not is_winning(hand):
                 raise ValueError(f"seat {seat} cannot win with this hand")
-            self.over = True
-            self.scores -= 1
-            self.scores[seat] += N_SEATS
-            self._write(out, seat, WIN_REWARD, True)
+            self._win(out, seat)
             return
         if not 0 <= action < N_KINDS or hand[action] == 0:
             raise ValueError(f"seat {seat} cannot discard tile kind {action}")
@@ -174,13 +296,35 @@ class MahjongEnv:
         self.discards[seat, action] += 1
         self.last_discard = action
         self.turn += 1
-        self.current = (seat + 1) % N_SEATS
-        if not self.wall:
-            self.over = True
-            self._write(out, self.current, 0.0, True)
-            return
-        self.hands[self.current, self.wall.pop()] += 1
-        self._write(out, self.current, 0.0, False)
+        self.discarder = seat
+        self._offer()
+        if self.claimers:
+            self.current = self.claimers.pop(0)
+            self._write(out, self.current, 0.0, False)
+        else:
+            self._next_draw(out)
+
+    def _claim(self, seat: int, action: int, out: np.ndarray) -> None:
+        """``seat`` answers the offer of the last discard: pass, win, pung or chow."""
+        tile = self.last_discard
+        if action != A_PASS and action not in self._claims(seat):
+            raise ValueError(f"seat {seat} cannot claim tile kind {tile} with action {action}")
+        if action == A_WIN:
+            self.hands[seat, tile] += 1
+            self.discards[self.discarder, tile] -= 1
+            self._win(out, seat)
+        elif action == A_PUNG:
+            self._meld(seat, MELD_PUNG, [tile] * 3)
+            self._write(out, seat, 0.0, False)
+        elif action != A_PASS:
+            first, _ = chow_of(action)
+            self._meld(seat, MELD_CHOW, [first, first + 1, first + 2])
+            self._write(out, seat, 0.0, False)
+        elif self.claimers:
+            self.current = self.claimers.pop(0)
+            self._write(out, self.current, 0.0, False)
+        else:
+            self._next_draw(out)
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         from transport.generated import mahjong_env
