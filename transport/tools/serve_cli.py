@@ -1,22 +1,30 @@
-"""transport-serve: run a reference env server (Python or Node) on any backend URL."""
+"""transport-serve: run an env server (a reference env or your own, Python or Node) on any URL."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from transport.codec import Schema
 from transport.envs import ENVS, env_factory, env_schema
-from transport.errors import TransportError
+from transport.errors import SchemaError, TransportError
 from transport.tools import quiet_on_broken_pipe
 
 _DESCRIPTION = """\
-Serve a reference env until SIGINT or SIGTERM. Prints one line "ready URL" on stdout once
-clients can connect (with http://127.0.0.1:0 the URL carries the port that was bound).
+Serve an env until SIGINT or SIGTERM: a reference env by name, or your own env factory as
+package.module:Factory (Python) or path/to/module.js:Factory (Node). Prints one line
+"ready URL" on stdout once clients can connect (with http://127.0.0.1:0 the URL carries the
+port that was bound).
 
   transport-serve unix:///tmp/pac.sock --env pac --lang node
+  transport-serve unix:///tmp/g.sock --env mygame.envs:GridWorld --schema grid.toml --num-envs 16
+  transport-serve unix:///tmp/g.sock --env ./dist/grid.js:GridWorld --schema grid.toml --lang node
   transport-serve http://127.0.0.1:8080 --env echo --num-envs 8
   transport-serve "shm://pac?num_envs=32" --env pac       (region /dev/shm/transport-pac)
   transport-serve zmq+ipc:///tmp/pac.zmq --env pac --lang node
@@ -52,7 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         help="where to listen: unix:///path.sock, http://127.0.0.1:PORT, shm://name?num_envs=N,"
         " zmq+ipc:///path, zmq+tcp://HOST:PORT",
     )
-    parser.add_argument("--env", default="echo", choices=sorted(ENVS), help="reference env")
+    parser.add_argument(
+        "--env",
+        default="echo",
+        help=f"a reference env ({', '.join(sorted(ENVS))}) or your env factory: "
+        "package.module:Factory (Python: a class or a zero-argument callable) or "
+        "path/to/module.js:Factory (Node); default echo",
+    )
+    parser.add_argument(
+        "--schema",
+        type=Path,
+        default=None,
+        help="the schema file (TOML) your env's results follow; default: the reference env's "
+        "schema, or a SCHEMA attribute of your factory or its module",
+    )
     parser.add_argument(
         "--lang", default="python", choices=["python", "node"], help="server implementation"
     )
@@ -93,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num-envs must be at least 1")
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
+    if args.env not in ENVS and ":" not in args.env:
+        parser.error(
+            f"--env {args.env!r}: not a reference env ({', '.join(sorted(ENVS))}) and not a "
+            "factory spec package.module:Factory (Python) or path/to/module.js:Factory (Node)"
+        )
 
     if args.lang == "node":
         script = node_server_script()
@@ -105,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         command = [node, str(script), args.url, "--env", args.env, "--num-envs", str(args.num_envs)]
+        if args.schema is not None:
+            command += ["--schema", str(args.schema)]
         if args.seed is not None:
             command += ["--seed", str(args.seed)]
         if args.max_body is not None:
@@ -121,12 +149,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready {url}", flush=True)
 
     try:
+        factory, schema = _env_and_schema(args.env, args.schema)
+    except (SchemaError, _EnvSpecError) as exc:
+        print(f"transport-serve: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         serve(
-            env_factory(args.env),
+            factory,
             args.url,
-            schema=env_schema(args.env),
+            schema=schema,
             num_envs=args.num_envs,
-            env_name=args.env,
+            env_name=args.env.rpartition(":")[2] if args.env not in ENVS else args.env,
             seed=args.seed,
             max_body=args.max_body or DEFAULT_MAX_BODY,
             ready=ready,
@@ -136,6 +169,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+class _EnvSpecError(Exception):
+    """--env names a factory that cannot be loaded (the message says why)."""
+
+
+def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], Any], Schema]:
+    """The env factory and schema for ``--env`` / ``--schema`` (the file wins)."""
+    from transport import load_schema
+
+    if spec in ENVS:
+        return env_factory(spec), load_schema(schema_file) if schema_file else env_schema(spec)
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise _EnvSpecError(f"--env {spec!r}: expected package.module:Factory")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the module raises on import
+        raise _EnvSpecError(
+            f"--env {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc} "
+            "(is its package on PYTHONPATH, or installed?)"
+        ) from exc
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise _EnvSpecError(
+            f"--env {spec!r}: {module_name} has no callable {attr} (a class or a "
+            "zero-argument function that returns an env)"
+        )
+    if schema_file is not None:
+        return found, load_schema(schema_file)
+    declared = getattr(found, "SCHEMA", None) or getattr(module, "SCHEMA", None)
+    if not isinstance(declared, Schema):
+        raise _EnvSpecError(
+            f"--env {spec!r}: pass --schema FILE (the schema its results follow), or give "
+            f"{attr} or {module_name} a SCHEMA attribute (transport.load_schema(...))"
+        )
+    return found, declared
 
 
 def _url_num_envs(url: str) -> int | None:
