@@ -29,6 +29,8 @@ from transport.ray.testing import LOOPBACK, add_node, local_cluster, use_loopbac
 
 use_loopback()  # before anything below talks to Ray
 
+import ray  # noqa: E402
+
 import transport  # noqa: E402
 from transport.envs import env_factory, env_schema  # noqa: E402
 from transport.errors import ConnectError, PeerGoneError, TransportError  # noqa: E402
@@ -207,6 +209,25 @@ def test_launch_spreads_curve_servers_and_every_client_steps_them(cluster: Any) 
     roots = [tempfile.gettempdir(), str(ROOT)]
     assert files_mentioning(client_secret, roots, started) == []
 
+    # A placement group is honoured: actor k goes to bundle k (STRICT_SPREAD: two nodes).
+    from ray.util.placement_group import (
+        placement_group,
+        placement_group_table,
+        remove_placement_group,
+    )
+
+    group = placement_group([{"CPU": 0.5}, {"CPU": 0.5}], strategy="STRICT_SPREAD")
+    ray.get(group.ready(), timeout=WATCHDOG)
+    try:
+        with launch("echo", num_servers=2, num_cpus=0.5, placement_group=group) as servers:
+            bundle_nodes = placement_group_table(group)["bundles_to_node_id"]
+            assert [e.node_id for e in servers.endpoints] == [bundle_nodes[0], bundle_nodes[1]]
+            with servers.connect_many(timeout=CLIENT_TIMEOUT) as many:
+                many.reset()
+                assert many.step([1, 2]).observation[:, 0].tolist() == [1.0, 2.0]
+    finally:
+        remove_placement_group(group)
+
 
 def test_killed_actor_is_named_then_reconnected_at_the_next_reset(cluster: Any) -> None:
     # A Python env given as a factory (here the pac env's class) with its schema.
@@ -318,9 +339,15 @@ def test_node_servers_are_owned_by_their_actors_and_shutdown_leaves_nothing(
 
     if shutil.which("node") is None or not NODE_SCRIPT.is_file():
         pytest.skip("the Node server is not built (run ./dev setup)")
-    servers: EnvServers = launch("pac", num_servers=2, num_envs=2, lang="node", num_cpus=0.5)
+    # A custom resource is honoured: both actors go to the one node that has it.
+    resource = sorted(name for name in ray.cluster_resources() if name.startswith("node"))[0]
+    servers: EnvServers = launch(
+        "pac", num_servers=2, num_envs=2, lang="node", num_cpus=0.5, resources={resource: 0.1}
+    )
     seen: list[Any] = []
     try:
+        holder = [n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
+        assert [e.node_id for e in servers.endpoints] == holder * 2
         for endpoint in servers.endpoints:
             seen.append(endpoint)
             assert endpoint.child_pid is not None and not process_dead(endpoint.child_pid)
