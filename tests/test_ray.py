@@ -309,6 +309,32 @@ def test_killed_actor_is_named_then_reconnected_at_the_next_reset(cluster: Any) 
             assert vec.cluster.restored[:4].all()
             assert not any(infos[i].get("transport_lost") for i in range(4, 12))
             vec.step(actions)
+
+            # A training run survives it: MaskablePPO.learn() with an actor killed mid-rollout.
+            pytest.importorskip("sb3_contrib")
+            from sb3_contrib import MaskablePPO
+            from stable_baselines3.common.callbacks import BaseCallback
+
+            class KillOnce(BaseCallback):
+                """SIGKILL server 1's actor once, in the middle of the second rollout."""
+
+                killed: int | None = None
+
+                def _on_step(self) -> bool:
+                    if self.killed is None and self.num_timesteps >= 12 * 24:
+                        self.killed = servers.endpoint(1).pid
+                        os.kill(self.killed, signal.SIGKILL)
+                    return True
+
+            kill = KillOnce()
+            lost_before = vec.cluster.last_lost
+            model = MaskablePPO("MlpPolicy", vec, n_steps=16, batch_size=96, n_epochs=1, seed=0)
+            model.learn(total_timesteps=12 * 16 * 3, callback=kill)
+            assert kill.killed is not None and model.num_timesteps >= 12 * 16 * 3
+            assert vec.cluster.last_lost is not lost_before
+            assert vec.cluster.last_lost is not None
+            assert vec.cluster.last_lost.lost_servers == (1,)
+            assert servers.endpoint(1).pid != kill.killed
         finally:
             vec.close()
 
