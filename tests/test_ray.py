@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,6 +51,7 @@ FAST_NODE_DEATH = {
     "health_check_failure_threshold": 3,
 }
 """Ray declares a silent node dead after ~1.5 s instead of its default ~15 s (tests only)."""
+SKIP_DIRS = {".git", ".venv", "node_modules", ".mypy_cache", ".ruff_cache"}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +108,8 @@ def files_mentioning(text: str, roots: list[str], since: float) -> list[str]:
     needle = text.encode()
     found = []
     for root in roots:
-        for directory, _, names in os.walk(root):
+        for directory, subdirectories, names in os.walk(root):
+            subdirectories[:] = [d for d in subdirectories if d not in SKIP_DIRS]
             for name in names:
                 path = os.path.join(directory, name)
                 try:
@@ -366,7 +369,7 @@ def test_node_servers_are_owned_by_their_actors_and_shutdown_leaves_nothing(
     if shutil.which("node") is None or not NODE_SCRIPT.is_file():
         pytest.skip("the Node server is not built (run ./dev setup)")
     # A custom resource is honoured: both actors go to the one node that has it.
-    resource = sorted(name for name in ray.cluster_resources() if name.startswith("node"))[0]
+    resource = sorted(name for name in ray.cluster_resources() if re.fullmatch(r"node\d+", name))[0]
     servers: EnvServers = launch(
         "pac", num_servers=2, num_envs=2, lang="node", num_cpus=0.5, resources={resource: 0.1}
     )
