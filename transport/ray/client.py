@@ -398,11 +398,15 @@ class ClusterClient:
     def _lost_error(
         self, lost: Sequence[int], failures: dict[int, TransportError], reason: str = ""
     ) -> EnvsLostError:
+        """The typed error for ``lost`` servers; other failed servers are listed too."""
         entries = []
-        for k in lost:
-            error: BaseException = failures.get(k) or PeerGoneError(f"env server {k} is lost")
+        for k in sorted({*lost, *failures}):
             ids = self.servers.env_ids(k)
-            entries.append(ServerFailure(self._url_of(k), ids, error))
+            if k in lost:
+                error: BaseException = failures.get(k) or PeerGoneError(f"env server {k} is lost")
+                entries.append(ServerFailure(self._url_of(k), ids, error))
+            else:  # a refused request (e.g. an env error) in the same call
+                entries.append(ServerFailure.of(self._url_of(k), ids, failures[k]))
         lost_ids = [i for k in lost for i in self.servers.env_ids(k)]
         return EnvsLostError(entries, self._batch.copy(), lost, lost_ids, reason)
 
