@@ -172,3 +172,17 @@ def test_remote_env_on_a_vector_server_points_to_the_vector_adapters(pac_url: st
     assert pac_url in text and f"serves {NUM_ENVS} envs" in text
     assert "RemoteVectorEnv" in text and "RemoteVecEnv" in text
     assert "num_envs=1" in text and "pass num_envs" not in text  # RemoteEnv takes no num_envs
+
+
+def test_vector_env_drives_a_given_client(pac_url: str) -> None:
+    import transport
+
+    client = transport.connect(pac_url, autoreset="next_step")
+    with pytest.raises(AdapterError, match="needs 'same_step'"):
+        RemoteVectorEnv(client=client, autoreset_mode=AutoresetMode.SAME_STEP)
+    env = RemoteVectorEnv(client=client)  # next_step, the default
+    try:
+        obs, _ = env.reset(seed=3)
+        assert obs.shape == (NUM_ENVS, 612) and env.client is client
+    finally:
+        env.close()

@@ -95,6 +95,16 @@ def check_single_env(client: Client) -> None:
         )
 
 
+def check_autoreset(client: Client, wire: str) -> None:
+    """A client given to an adapter must have been connected with the mode the adapter needs."""
+    mode = str(client.server_info.get("autoreset", ""))
+    if mode != wire:
+        raise AdapterError(
+            f"{client.url}: the client was connected with autoreset {mode or 'unknown'!r}; this "
+            f"adapter needs {wire!r} (transport.connect(url, autoreset={wire!r}))"
+        )
+
+
 class ResultFields:
     """The roles of a schema's result struct: which field is the observation, the mask, ..."""
 
@@ -276,7 +286,10 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         timeout: float | None = DEFAULT_TIMEOUT,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         observation_bounds: Bounds | None = None,
+        client: Client | None = None,
     ) -> None:
+        """``client``: drive this connected client (its auto-reset mode must be the one asked
+        for) instead of connecting to ``url``; the adapter closes it."""
         mode = autoreset_mode_of(autoreset_mode)
         if mode == AutoresetMode.DISABLED:
             raise AdapterError(
@@ -284,8 +297,9 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
                 "SAME_STEP (or the Client for manual resets)"
             )
         wire = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
-        self.client = _connect(url, schema, timeout, wire)
+        self.client = _connect(url, schema, timeout, wire) if client is None else client
         try:
+            check_autoreset(self.client, wire)
             self.num_envs = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)
             space = self.client.spaces()

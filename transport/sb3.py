@@ -26,11 +26,12 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 )
 
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT
+from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
 from transport.gym import (
     Bounds,
     ResultFields,
+    check_autoreset,
     check_num_envs,
     observation_bounds_of,
     resolve_num_envs,
@@ -54,9 +55,15 @@ class RemoteVecEnv(VecEnv):
         schema: Schema | str | Path | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         observation_bounds: Bounds | None = None,
+        client: Client | None = None,
     ) -> None:
-        self.client = connect(resolve_url(url), schema, timeout=timeout, autoreset="same_step")
+        """``client``: drive this client (connected with ``autoreset="same_step"``) instead of
+        connecting to ``url``; the VecEnv closes it."""
+        if client is None:
+            client = connect(resolve_url(url), schema, timeout=timeout, autoreset="same_step")
+        self.client = client
         try:
+            check_autoreset(client, "same_step")
             n = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)
             space = self.client.spaces()

@@ -14,17 +14,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from transport.gym import (
     AdapterError,
     Bounds,
     RemoteVectorEnv,
-    ResultFields,
     autoreset_mode_of,
-    observation_bounds_of,
 )
 from transport.ray.client import ClusterClient, LostEnvPolicy
 from transport.ray.launch import DEFAULT_TIMEOUT, EnvServers
@@ -66,25 +62,12 @@ class RayVectorEnv(RemoteVectorEnv):
         self.cluster = ClusterClient(
             servers, autoreset=wire, timeout=timeout, policy=adapter_policy(policy)
         )
-        # RemoteVectorEnv drives ``self.client`` by duck typing (reset, step, finals, schema).
-        self.client = cast(Any, self.cluster)
-        try:
-            self.num_envs = self.cluster.num_envs
-            self.fields = ResultFields(self.client)
-            space = self.cluster.spaces()
-            low, high = observation_bounds_of(self.client, observation_bounds)
-        except BaseException:
-            self.cluster.close()
-            raise
-        self.metadata = {"autoreset_mode": mode, "render_modes": []}
-        self.autoreset_mode = mode
-        self.single_observation_space = spaces.Box(
-            low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
+        # RemoteVectorEnv drives the cluster as its client (reset, step, finals, schema).
+        super().__init__(
+            autoreset_mode=mode,
+            observation_bounds=observation_bounds,
+            client=cast(Any, self.cluster),
         )
-        self.single_action_space = spaces.Discrete(space.act_n)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._masks = np.ones((self.num_envs, space.act_n), dtype=bool)
 
     def step(
         self, actions: np.ndarray

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any, cast
 
 import numpy as np
-from gymnasium import spaces
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvStepReturn
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
-from transport.gym import Bounds, ResultFields, observation_bounds_of
+from transport.gym import Bounds
 from transport.ray.client import ClusterClient, LostEnvPolicy
 from transport.ray.gym import LOST_INFO, adapter_policy
 from transport.ray.launch import DEFAULT_TIMEOUT, EnvServers
@@ -41,21 +40,8 @@ class RayVecEnv(RemoteVecEnv):
         self.cluster = ClusterClient(
             servers, autoreset="same_step", timeout=timeout, policy=adapter_policy(policy)
         )
-        self.client = cast(Any, self.cluster)
-        try:
-            n = self.cluster.num_envs
-            self.fields = ResultFields(self.client)
-            space = self.cluster.spaces()
-            low, high = observation_bounds_of(self.client, observation_bounds)
-        except BaseException:
-            self.cluster.close()
-            raise
-        observation_space = spaces.Box(low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type)
-        self._actions: np.ndarray | None = None
-        self._masks = np.ones((n, space.act_n), dtype=bool)
-        self._attrs: dict[str, list[Any]] = {}
-        self._closed = False
-        VecEnv.__init__(self, n, observation_space, spaces.Discrete(space.act_n))
+        # RemoteVecEnv drives the cluster as its client (reset, step, finals, schema).
+        super().__init__(observation_bounds=observation_bounds, client=cast(Any, self.cluster))
 
     def step_wait(self) -> VecEnvStepReturn:
         observations, rewards, dones, infos = super().step_wait()
