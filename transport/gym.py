@@ -297,9 +297,10 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
                 "SAME_STEP (or the Client for manual resets)"
             )
         wire = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
+        if client is not None:
+            check_autoreset(client, wire)  # before the adapter owns (and would close) it
         self.client = _connect(url, schema, timeout, wire) if client is None else client
         try:
-            check_autoreset(self.client, wire)
             self.num_envs = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)
             space = self.client.spaces()

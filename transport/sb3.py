@@ -61,9 +61,10 @@ class RemoteVecEnv(VecEnv):
         connecting to ``url``; the VecEnv closes it."""
         if client is None:
             client = connect(resolve_url(url), schema, timeout=timeout, autoreset="same_step")
+        else:
+            check_autoreset(client, "same_step")  # before the VecEnv owns (and would close) it
         self.client = client
         try:
-            check_autoreset(client, "same_step")
             n = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)
             space = self.client.spaces()
