@@ -110,6 +110,16 @@ export interface SchemaJson {
   readonly env?: EnvJson;
   /** Present for env schemas: the shm region's layout. */
   readonly shm?: ShmJson;
+  /** The protocol envelope only: per ErrorCode name, its HTTP status and whether it closes. */
+  readonly errors?: Readonly<Record<string, ErrorSpecJson>>;
+  /** The protocol envelope only: `POST /v1/<method>` -> the request message name. */
+  readonly http?: Readonly<Record<string, string>>;
+}
+
+/** How one ErrorCode travels (the envelope's `[errors]`). Python: `ErrorSpecIR`. */
+export interface ErrorSpecJson {
+  readonly http: number;
+  readonly closes: boolean;
 }
 
 /** What a field's element is, resolved against the schema (mirrors Python's FieldIR.kind). */

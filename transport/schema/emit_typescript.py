@@ -52,7 +52,17 @@ _BIG = ("u64", "i64")
 
 # Names every generated module defines itself; a struct or enum may not take them.
 _MODULE_NAMES = frozenset(
-    {"rt", "IR", "FINGERPRINT", "FINGERPRINT_HEX", "MessageId", "SCHEMA", "SHM_LAYOUT"}
+    {
+        "rt",
+        "IR",
+        "FINGERPRINT",
+        "FINGERPRINT_HEX",
+        "MessageId",
+        "SCHEMA",
+        "SHM_LAYOUT",
+        "ERRORS",
+        "HTTP_ROUTES",
+    }
 )
 _TS_RESERVED = frozenset(
     "break case catch class const continue debugger default delete do else enum export extends "
@@ -75,6 +85,7 @@ def emit_typescript(ir: SchemaIR) -> str:
         _emit_constants(ir),
         *(_emit_enum(ir, name) for name in ir.enums),
         _emit_message_ids(ir),
+        *_emit_envelope(ir),
         *(_emit_struct(ir, struct) for struct in ir.structs.values()),
         _emit_schema(ir),
         *_emit_shm(ir),
@@ -170,6 +181,27 @@ def _emit_schema(ir: SchemaIR) -> str:
         f"export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {{\n"
         f"{entries}}});\n"
     )
+
+
+def _emit_envelope(ir: SchemaIR) -> list[str]:
+    """The protocol envelope's [errors] and [http] tables as constants (only it has them)."""
+    out: list[str] = []
+    if ir.errors is not None:
+        body = "".join(
+            f"{_INDENT}{name}: {{ http: {e.http}, closes: {'true' if e.closes else 'false'} }},\n"
+            for name, e in ir.errors.items()
+        )
+        out.append(
+            "/** [errors]: per ErrorCode, its HTTP status and whether the connection closes. */\n"
+            f"export const ERRORS = {{\n{body}}} as const;\n"
+        )
+    if ir.http is not None:
+        body = "".join(f'{_INDENT}{m}: "{msg}",\n' for m, msg in ir.http.items())
+        out.append(
+            "/** [http]: POST /v1/<method> -> the request message it carries. */\n"
+            f"export const HTTP_ROUTES = {{\n{body}}} as const;\n"
+        )
+    return out
 
 
 def _emit_shm(ir: SchemaIR) -> list[str]:

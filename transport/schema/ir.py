@@ -144,6 +144,19 @@ class MessageIR:
 
 
 @dataclass(frozen=True)
+class ErrorSpecIR:
+    """How one ErrorCode travels (the envelope's ``[errors]`` table): its HTTP status and whether
+    the server closes the connection after sending it."""
+
+    name: str  # an ErrorCode member
+    http: int
+    closes: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"http": self.http, "closes": self.closes}
+
+
+@dataclass(frozen=True)
 class EnvIR:
     """The env protocol of a schema (its ``[env]`` table): which structs the env messages carry."""
 
@@ -224,6 +237,8 @@ class SchemaIR:
     source: str = field(default="", compare=False)
     env: EnvIR | None = None  # the [env] table; None for a schema without one
     shm: ShmIR | None = None  # the shared-memory layout of an env schema
+    errors: dict[str, ErrorSpecIR] | None = None  # the protocol envelope's [errors] table
+    http: dict[str, str] | None = None  # the envelope's [http] table: method -> request message
 
     def layout_json(self) -> dict[str, Any]:
         """The part of the IR the fingerprint covers (``env`` and ``shm`` only when present)."""
@@ -236,6 +251,10 @@ class SchemaIR:
             out["env"] = self.env.to_json()
         if self.shm is not None:
             out["shm"] = self.shm.to_json()
+        if self.errors is not None:
+            out["errors"] = {n: e.to_json() for n, e in self.errors.items()}
+        if self.http is not None:
+            out["http"] = dict(self.http)
         return out
 
     @property
@@ -315,7 +334,23 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
     }
     env = EnvIR.from_json(data["env"]) if "env" in data else None
     shm = ShmIR.from_json(data["shm"]) if "shm" in data else None
-    ir = SchemaIR(data["name"], data["version"], structs, enums, messages, env=env, shm=shm)
+    errors = (
+        {n: ErrorSpecIR(n, e["http"], e["closes"]) for n, e in data["errors"].items()}
+        if "errors" in data
+        else None
+    )
+    http = dict(data["http"]) if "http" in data else None
+    ir = SchemaIR(
+        data["name"],
+        data["version"],
+        structs,
+        enums,
+        messages,
+        env=env,
+        shm=shm,
+        errors=errors,
+        http=http,
+    )
     if "fingerprint" in data and data["fingerprint"] != ir.fingerprint_hex:
         raise ValueError(
             f"IR of {ir.name} has fingerprint {data['fingerprint']} but hashes to "
