@@ -285,6 +285,42 @@ export function checkArray(
   return value;
 }
 
+/** Nested arrays of a multi-dimensional field, row-major (`[[1, 2], [3, 4]]` for a [2,2]). */
+export type NestedArray<T> = ArrayLike<T> | ArrayLike<NestedArray<T>>;
+
+/**
+ * A multi-dimensional array field's value as its flat row-major elements: nested arrays of
+ * exactly `shape` are flattened (a new array); anything else (a flat array or typed array of
+ * `count` elements, or a wrong value for `checkArray` to refuse) is returned as it is, so a flat
+ * typed array costs nothing. Python accepts the same two forms.
+ */
+export function flatArray<T>(
+  value: NestedArray<T> | unknown,
+  shape: readonly number[],
+  path: string,
+  name: string,
+): ArrayLike<T> {
+  if (!Array.isArray(value) || value.length !== shape[0] || !isArrayValue(value[0])) {
+    return value as ArrayLike<T>;
+  }
+  const out: T[] = [];
+  const walk = (item: unknown, depth: number): void => {
+    if (depth === shape.length) {
+      out.push(item as T);
+      return;
+    }
+    if (!isArrayValue(item) || item.length !== shape[depth]) {
+      throw new ArrayLengthError(
+        `expected an array of shape [${shape.join(", ")}] (or its elements, row-major)`,
+        path + name,
+      );
+    }
+    for (let i = 0; i < item.length; i++) walk(item[i], depth + 1);
+  };
+  walk(value, 0);
+  return out;
+}
+
 // -- scalar value checks -------------------------------------------------------------------------
 
 /** The largest finite f32, as a double. */

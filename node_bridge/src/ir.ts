@@ -25,14 +25,22 @@ export const SCALAR_SIZES: Readonly<Record<ScalarType, number>> = {
 
 export interface FieldJson {
   readonly name: string;
-  /** As written, normalised: "f32", "f32[612]", "StepResult[8]", "Command". */
+  /** As written, normalised: "f32", "f32[612]", "f32[2,5,5]", "StepResult[8]", "Command". */
   readonly type: string;
   readonly offset: number;
   /** Total bytes of the field (element size * count). */
   readonly size: number;
-  /** Element count; 1 for a non-array field. */
+  /** Element count (the product of a multi-dimensional shape); 1 for a non-array field. */
   readonly count: number;
   readonly role?: string;
+  /** Dimensions of a multi-dimensional array ("f32[2,5,5]": [2, 5, 5]), row-major. */
+  readonly shape?: readonly number[];
+}
+
+/** A field's dimensions: its `shape`, `[count]` for a 1-D array, `[]` for a scalar. */
+export function fieldDims(field: FieldJson): readonly number[] {
+  if (field.shape !== undefined) return field.shape;
+  return field.type.includes("[") ? [field.count] : [];
 }
 
 export interface StructJson {

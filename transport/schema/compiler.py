@@ -6,6 +6,7 @@ field. The file format is documented in ``docs/schema.md``.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -27,7 +28,8 @@ from transport.schema.ir import (
 )
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+)\s*\])?\s*$")
+_TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
+"""A type: ``f32``, ``f32[612]``, or a multi-dimensional ``f32[2,5,5]`` (row-major)."""
 _LAYOUTS = ("packed", "natural")
 _TAILS = ("msgpack", "utf8")
 _JS_SAFE = 2**53 - 1
@@ -512,7 +514,7 @@ class _Compiler:
             if fname in names:
                 raise self.error("duplicate field name", name, fname)
             names.add(fname)
-            elem, kind, elem_size, elem_align, count, is_array, type_str = self._field_type(
+            elem, kind, elem_size, elem_align, count, is_array, type_str, shape = self._field_type(
                 name, fname, raw.get("type")
             )
             field_align = 1 if layout == "packed" else elem_align
@@ -559,6 +561,7 @@ class _Compiler:
                     is_array,
                     elem_size,
                     role,
+                    shape,
                 )
             )
             end = offset + size
@@ -589,7 +592,7 @@ class _Compiler:
 
     def _field_type(
         self, struct: str, fname: str, raw: Any
-    ) -> tuple[str, str, int, int, int, bool, str]:
+    ) -> tuple[str, str, int, int, int, bool, str, tuple[int, ...] | None]:
         if not isinstance(raw, str):
             raise self.error('type must be a string such as "f32" or "f32[612]"', struct, fname)
         match = _TYPE.match(raw)
@@ -597,9 +600,12 @@ class _Compiler:
             raise self.error(f"cannot parse type {raw!r}", struct, fname)
         elem, count_text = match.group(1), match.group(2)
         is_array = count_text is not None
-        count = int(count_text) if is_array else 1
-        if count < 1:
-            raise self.error(f"array count must be at least 1, not {count}", struct, fname)
+        dims = [int(d) for d in count_text.split(",")] if count_text is not None else [1]
+        for d in dims:
+            if d < 1:
+                raise self.error(f"array count must be at least 1, not {d}", struct, fname)
+        count = math.prod(dims)
+        shape = tuple(dims) if len(dims) > 1 else None
         if elem in SCALARS:
             size = SCALARS[elem]
             kind = "bool" if elem == "bool" else "float" if elem[0] == "f" else "int"
@@ -608,12 +614,18 @@ class _Compiler:
             size = SCALARS[self.enums[elem].type]
             kind, elem_align = "enum", size
         elif elem in self.raw_structs:
+            if shape is not None:
+                raise self.error(
+                    f"{raw!r}: an array of structs has one dimension (nest a struct for more)",
+                    struct,
+                    fname,
+                )
             sub = self._struct(elem)
             size, kind, elem_align = sub.size, "struct", sub.align
         else:
             raise self.error(f"unknown type {elem!r}", struct, fname)
-        type_str = f"{elem}[{count}]" if is_array else elem
-        return elem, kind, size, elem_align, count, is_array, type_str
+        type_str = f"{elem}[{','.join(map(str, dims))}]" if is_array else elem
+        return elem, kind, size, elem_align, count, is_array, type_str, shape
 
     def _messages(
         self, raw: dict[str, Any], bodies: dict[str, str], *, placeholders: bool

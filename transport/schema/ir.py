@@ -56,15 +56,23 @@ class FieldIR:
     """One field: its element type, element count and where it sits in its struct."""
 
     name: str
-    type: str  # as written, normalised: "f32", "f32[612]", "StepResult[8]", "Command"
+    type: str  # as written, normalised: "f32", "f32[612]", "f32[2,5,5]", "StepResult[8]", "Command"
     elem: str  # element type: a scalar name, an enum name or a struct name
     kind: str  # "int" | "float" | "bool" | "enum" | "struct"
     offset: int
     size: int  # total bytes of the field (elem_size * count)
-    count: int  # element count; 1 for a non-array field
+    count: int  # element count (the product of a multi-dimensional shape); 1 for a scalar
     is_array: bool
     elem_size: int
     role: str | None = None
+    shape: tuple[int, ...] | None = None  # dimensions of a multi-dimensional array, row-major
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The array's dimensions: ``shape``, ``(count,)`` for a 1-D array, ``()`` for a scalar."""
+        if self.shape is not None:
+            return self.shape
+        return (self.count,) if self.is_array else ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -76,6 +84,8 @@ class FieldIR:
         }
         if self.role is not None:
             out["role"] = self.role
+        if self.shape is not None:
+            out["shape"] = list(self.shape)
         return out
 
 
@@ -325,6 +335,7 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
                     is_array,
                     elem_size,
                     f.get("role"),
+                    tuple(f["shape"]) if "shape" in f else None,
                 )
             )
         structs[name] = StructIR(name, body["size"], body["align"], body["layout"], tuple(fields))
