@@ -3,8 +3,8 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { dataViewOf } from "../codec";
-import { ArrayLengthError, CodecError, ValueRangeError } from "../errors";
+import { dataViewOf, loadSchema } from "../codec";
+import { ArrayLengthError, CodecError, SchemaError, ValueRangeError } from "../errors";
 import { gridworld, mahjong_env, pac_env, pac_shm } from "../generated";
 import { codecErrorOf, hex, stepResult } from "../testing/fixtures";
 
@@ -348,3 +348,43 @@ describe("multi-dimensional arrays (gridworld f32[2,5,5])", () => {
     });
   });
 });
+
+describe("loadSchema: codecs from a compiled IR at run time", () => {
+  test("the same bytes, values, views and errors as the generated module", () => {
+    const runtime = loadSchema(pac_env.IR);
+    assert.equal(runtime.fingerprint, pac_env.FINGERPRINT);
+    assert.deepEqual(Object.keys(runtime.structs), Object.keys(pac_env.SCHEMA.structs));
+    const codec = runtime.structs["StepResult"];
+    assert.ok(codec !== undefined);
+    const bytes = codec.encode(stepResult());
+    assert.deepEqual(bytes, StepResultCodec.encode(stepResult()));
+    assert.deepEqual(codec.decode(bytes), StepResultCodec.decode(bytes));
+    const view = codec.view(bytes) as { reward: number; observation: Float32Array };
+    assert.equal(view.reward, StepResultCodec.view(bytes).reward);
+    assert.equal(view.observation.length, 612);
+    const bad = { ...stepResult(), life: 70000 };
+    assert.throws(() => codec.encode(bad), (e: unknown) => {
+      assert.ok(e instanceof ValueRangeError);
+      assert.equal(e.field, "life");
+      return true;
+    });
+  });
+
+  test("nested structs, enums and multi-dimensional arrays", () => {
+    const runtime = loadSchema(mahjong_env.IR);
+    const codec = runtime.structs["AgentStep"];
+    assert.ok(codec !== undefined);
+    assert.deepEqual(codec.encode(agentStep()), AgentStepCodec.encode(agentStep()));
+    const grid = loadSchema(gridworld.IR).structs["StepResult"];
+    assert.equal(grid?.size, gridworld.StepResultCodec.size);
+  });
+
+  test("an IR that does not hash to its fingerprint is refused", () => {
+    const tampered = { ...copyOfPacIr(), fingerprint: "0000000000000000" };
+    assert.throws(() => loadSchema(tampered), SchemaError);
+  });
+});
+
+function copyOfPacIr(): typeof pac_env.IR {
+  return JSON.parse(JSON.stringify(pac_env.IR)) as typeof pac_env.IR;
+}
