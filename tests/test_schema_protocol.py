@@ -3,6 +3,7 @@ the only source of transport/protocol.py's constants."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,14 @@ def test_a_minimal_user_schema_gets_the_whole_protocol() -> None:
     assert protocol.MessageIds.from_schema(ir) == protocol.MESSAGE_IDS
     assert ir.structs["StepMultiResult"].size == 8 * 12
     assert ir.shm is not None and ir.shm.profile == "derived"
+
+
+def test_without_the_schema_folder_the_generated_envelope_stands_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from transport.schema import compiler
+
+    monkeypatch.setattr(compiler, "ENVELOPE_FILE", tmp_path / "missing.toml")
+    for name in ("tetris", "mahjong_env", "gridworld"):
+        module = importlib.import_module(f"transport.generated.{name}")
+        assert load_schema(SCHEMAS / f"{name}.toml").fingerprint == module.FINGERPRINT, name

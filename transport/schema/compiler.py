@@ -25,6 +25,7 @@ from transport.schema.ir import (
     SchemaIR,
     ShmIR,
     StructIR,
+    ir_from_json,
 )
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -677,9 +678,17 @@ def _compile_file(path: Path) -> tuple[dict[str, Any], SchemaIR]:
 
 
 def _envelope() -> tuple[dict[str, Any], SchemaIR]:
-    """The protocol envelope: its TOML document and its IR."""
+    """The protocol envelope: its TOML document and its IR. Without the project's schema folder
+    (an installed package) the IR embedded in ``transport.generated.protocol`` stands in."""
     if not ENVELOPE_FILE.is_file():
-        raise SchemaError(f"the protocol envelope {ENVELOPE_FILE} is missing")
+        from transport.generated import protocol  # generated from ENVELOPE_FILE
+
+        ir = ir_from_json(protocol.IR)
+        doc: dict[str, Any] = {
+            "structs": {n: _raw_struct(s) for n, s in ir.structs.items()},
+            "messages": {n: m.to_json() for n, m in ir.messages.items()},
+        }
+        return doc, ir
     doc, ir = _compile_file(ENVELOPE_FILE)
     if "env" in doc:
         raise SchemaError("the protocol envelope cannot have an [env] table", file=ir.source)
