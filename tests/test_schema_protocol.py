@@ -83,6 +83,8 @@ def test_envelope_tables_are_the_protocol_of_docs_protocol_md() -> None:
 def test_protocol_module_takes_every_constant_from_the_generated_envelope() -> None:
     assert protocol.ErrorCode is envelope.ErrorCode
     assert protocol.AutoReset is envelope.AutoReset
+    assert protocol.SlotCommand is envelope.SlotCommand
+    assert protocol.SlotCommand.STEP_MULTI == 5 and protocol.RegionState.READY == 1
     assert protocol.CLOSING_ERRORS == envelope.CLOSING_ERRORS
     assert protocol.HTTP_STATUS[protocol.ErrorCode.BODY_TOO_LARGE] == 413
     assert protocol.HTTP_ROUTES["observe"] == "OBSERVE_REQ"

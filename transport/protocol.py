@@ -30,6 +30,8 @@ from transport.errors import (
 from transport.generated import protocol as envelope
 from transport.generated.protocol import AutoReset as AutoReset
 from transport.generated.protocol import ErrorCode as ErrorCode
+from transport.generated.protocol import RegionState as RegionState
+from transport.generated.protocol import SlotCommand as SlotCommand
 from transport.schema.ir import SchemaIR
 
 PROTOCOL_VERSION = 0x0100
@@ -79,6 +81,8 @@ MAX_ERROR_TEXT = 0xFFFF
 # SAME_STEP: the step that ends an episode resets the env at once; the response carries the
 # reset result in place and the final result in a tail (SB3 VecEnv).
 # ErrorCode (imported above): the ERROR message codes (docs/protocol.md).
+# SlotCommand, RegionState (imported above): a shm slot's command word and a region's state word
+# (docs/shm.md).
 
 AUTORESET_MASK = 0x3
 FINAL_COUNT = struct.Struct("<I")

@@ -79,6 +79,14 @@ export function toAutoReset(mode: AutoReset | AutoResetName | string | number): 
 export const ErrorCode = envelope.ErrorCode;
 export type ErrorCode = envelope.ErrorCode;
 
+/** A shm slot's command word (docs/shm.md): STEP 0 .. STEP_MULTI 5. */
+export const SlotCommand = envelope.SlotCommand;
+export type SlotCommand = envelope.SlotCommand;
+
+/** A shm region's state word: CREATING 0, READY 1 (written last), CLOSED 2. */
+export const RegionState = envelope.RegionState;
+export type RegionState = envelope.RegionState;
+
 const ERROR_NAMES: ReadonlyMap<number, string> = new Map(
   Object.entries(ErrorCode).map(([name, code]) => [code, name]),
 );
