@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pprint
 
+from transport.schema.diagram import shm_diagram
 from transport.schema.ir import SchemaIR
 
 
@@ -47,6 +48,7 @@ def emit_python(ir: SchemaIR) -> str:
         lines += ["", f"class {enum.name}(IntEnum):", f'    """Enum over {enum.type}."""', ""]
         lines += [f"    {name} = {value}" for name, value in enum.values.items()]
         lines.append("")
+    lines += _envelope_lines(ir)
     lines.append("")
     for struct in ir.structs.values():
         lines.append(f'{struct.name}: Final[StructCodec] = SCHEMA["{struct.name}"]')
@@ -54,7 +56,53 @@ def emit_python(ir: SchemaIR) -> str:
     lines.append("STRUCT_SIZES: Final[dict[str, int]] = {")
     lines += [f'    "{s.name}": {s.size},' for s in ir.structs.values()]
     lines.append("}")
+    lines += _shm_lines(ir)
     return "\n".join(lines) + "\n"
+
+
+def _envelope_lines(ir: SchemaIR) -> list[str]:
+    """The protocol envelope's [errors] and [http] tables as constants (only it has them)."""
+    lines: list[str] = []
+    if ir.errors is not None:
+        lines += [
+            "",
+            "# [errors]: the HTTP status of each ERROR code",
+            "HTTP_STATUS: Final[dict[int, int]] = {",
+        ]
+        lines += [f"    ErrorCode.{name}: {e.http}," for name, e in ir.errors.items()]
+        lines.append("}")
+        lines.append("# [errors]: after these the server closes the connection")
+        lines.append("CLOSING_ERRORS: Final[frozenset[int]] = frozenset(")
+        lines.append("    {")
+        lines += [f"        ErrorCode.{n}," for n, e in ir.errors.items() if e.closes]
+        lines += ["    }", ")"]
+    if ir.http is not None:
+        lines += ["", "# [http]: POST /v1/<method> -> the request message it carries"]
+        lines.append("HTTP_ROUTES: Final[dict[str, str]] = {")
+        lines += [f'    "{method}": "{message}",' for method, message in ir.http.items()]
+        lines.append("}")
+    return lines
+
+
+def _shm_lines(ir: SchemaIR) -> list[str]:
+    """The shm region's diagram and flat offsets (the same numbers as ``IR["shm"]``)."""
+    shm = ir.shm
+    if shm is None:
+        return []
+    lines = ["", ""]
+    lines += [f"# {line}".rstrip() for line in shm_diagram(ir)]
+    sizes = {"CONTROL": shm.control, "SLOT": shm.slot, "FINAL": shm.final}
+    lines.append(f'SHM_PROFILE: Final = "{shm.profile}"')
+    lines += [f"SHM_{key}_SIZE: Final = {ir.structs[name].size}" for key, name in sizes.items()]
+    for key, offsets in (
+        ("REQUEST", shm.request_offsets),
+        ("RESULT", shm.result_offsets),
+        ("FINAL_RESULT", shm.final_result_offsets),
+    ):
+        lines.append(f"SHM_{key}_OFFSETS: Final[dict[str, int]] = {{")
+        lines += [f'    "{name}": {offset},' for name, offset in offsets.items()]
+        lines.append("}")
+    return lines
 
 
 def emit_python_package_init() -> str:
