@@ -18,7 +18,7 @@ from transport.envs.echo import EchoEnv
 from transport.errors import ConnectError, EnvError, PeerGoneError, RemoteError
 from transport.multi import BatchError, MultiClient
 from transport.protocol import ErrorCode
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 from .servers import ServerProcess, free_port, unique_unix_url
 

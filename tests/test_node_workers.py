@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import transport.api as api
+from transport.backends.shm.region import SlotCommand
 from transport.errors import RemoteError
-from transport.shm import SlotCommand
 
 from .servers import ServerProcess, require_lang, unique_unix_url
 

@@ -22,6 +22,14 @@ import pytest
 import transport.api as api
 from transport import native
 from transport.backends.shm import RegionMismatchError
+from transport.backends.shm.region import (
+    CONTROL_SIZE,
+    MAGIC,
+    SLOT_SIZE,
+    RegionState,
+    own_start_time,
+    region_size,
+)
 from transport.codec import Schema
 from transport.errors import (
     ConnectError,
@@ -34,7 +42,6 @@ from transport.errors import (
 from transport.generated import pac_env, pac_shm
 from transport.protocol import ErrorCode
 from transport.schema import compile_schema
-from transport.shm import CONTROL_SIZE, MAGIC, SLOT_SIZE, RegionState, own_start_time, region_size
 
 from .servers import ROOT, ServerProcess, stop_process, unique_url
 

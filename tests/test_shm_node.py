@@ -23,12 +23,12 @@ import pytest
 
 import transport.api as api
 from transport.backends.shm import RegionMismatchError, ShmClient
+from transport.backends.shm.region import CONTROL_SIZE, SLOT_SIZE, region_size
 from transport.codec import Schema
 from transport.errors import ConnectError, FingerprintMismatchError, PeerGoneError, RemoteError
 from transport.generated import pac_env
 from transport.protocol import AutoReset, ErrorCode
 from transport.schema import compile_schema
-from transport.shm import CONTROL_SIZE, SLOT_SIZE, region_size
 
 from .servers import ROOT, ServerProcess, require_lang, unique_url
 from .test_shm_autoreset import legal, trace

@@ -15,7 +15,8 @@ from transport.backends import backend_for
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset
-from transport.server import Env, EnvFactory, SessionFactory
+from transport.runtime.core import EnvHost
+from transport.runtime.env import Env, EnvFactory
 
 
 def connect(
@@ -64,7 +65,7 @@ class Server:
         workers: int = 0,
     ) -> None:
         codecs = resolve_schema(schema)
-        sessions = SessionFactory(
+        host = EnvHost(
             codecs,
             env_or_factory,
             num_envs=num_envs,
@@ -72,7 +73,7 @@ class Server:
             seed=seed,
             workers=workers,
         )
-        self.listener: Any = backend_for(url).Listener(url, sessions, max_body=max_body)
+        self.listener: Any = backend_for(url).Listener(url, host, max_body=max_body)
         self.url = url
         self._thread: threading.Thread | None = None
 
@@ -124,7 +125,7 @@ def serve(
     zero-argument factory (each connection gets ``num_envs`` fresh envs). ``seed``: the seed of
     each connection's first unseeded reset (env i gets ``seed + i``). ``workers``: 0 steps the
     envs in this process; K >= 1 runs each connection's envs in K worker processes (split
-    evenly; ``transport.workers``), same protocol behaviour, one fan-out/gather per step.
+    evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.
     """
     server = Server(
         env_or_factory,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+import msgpack
 import numpy as np
 
+from transport.backends.base import Channel
 from transport.codec import Schema, StructCodec
 from transport.errors import ProtocolError, TransportError
 from transport.protocol import (
@@ -28,31 +30,9 @@ from transport.protocol import (
     decode_hello,
     encode_hello,
 )
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 DEFAULT_TIMEOUT = 10.0
-
-
-class Channel(Protocol):
-    """What a backend gives the client: one request/response exchange at a time."""
-
-    info: dict[str, Any]
-
-    @property
-    def buffer(self) -> bytearray:
-        """The receive buffer; response bodies start at ``BODY_OFFSET`` in it."""
-        ...
-
-    @property
-    def generation(self) -> int:
-        """Changes when ``buffer`` is replaced (views of the old one must be rebuilt)."""
-        ...
-
-    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
-        """Send a request; return the response's msg_type and body (valid until the next call)."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class StepView:
@@ -164,6 +144,27 @@ class Client:
         self._multi_actions[:] = actions
         self._exchange(self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP)
         return self._result_view(len(self._multi_actions), copy)
+
+    def observe(self, *, copy: bool = False) -> tuple[StepView, list[dict[str, Any]]]:
+        """OBSERVE: every env's current result (no step, no auto-reset) and its ``info()`` map.
+
+        The result is a view like ``step``'s (valid until the next call unless ``copy``)."""
+        request = self.schema.ir.messages.get("OBSERVE_REQ")
+        response = self.schema.ir.messages.get("OBSERVE_RESP")
+        if request is None or response is None:
+            raise ProtocolError(f"schema {self.schema.name} declares no OBSERVE_REQ/OBSERVE_RESP")
+        body = self._exchange(request.id, b"", response.id)
+        results_len = self._result.size * self.num_envs
+        if body.nbytes < results_len:
+            raise ProtocolError(f"OBSERVE_RESP of {body.nbytes} bytes; expected {results_len}+")
+        try:
+            infos = msgpack.unpackb(bytes(body[results_len:])) if body.nbytes > results_len else []
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ProtocolError(f"OBSERVE_RESP tail is not msgpack: {exc}") from exc
+        if not isinstance(infos, list) or len(infos) != self.num_envs:
+            raise ProtocolError(f"OBSERVE_RESP tail is not a list of {self.num_envs} info maps")
+        view = self._result_view(0 if self.num_envs == 1 else self.num_envs, copy)
+        return view, [dict(info) if isinstance(info, dict) else {} for info in infos]
 
     def spaces(self) -> Spaces:
         codec = _body_codec(self.schema, "SPACES_RESP")

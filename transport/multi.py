@@ -25,7 +25,7 @@ from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, decode_error
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""The shared-memory region of ``shm://`` (seed 000 Appendix B): layout, lifecycle, wait policy.
+"""The shared-memory region of ``shm://`` (seed 000 Appendix B): layout, lifecycle, wait policy,
+and the record views of the slots that clients and servers read and write.
 
 Layout (``schema/pac_shm.toml``; the diagram and the protocol are in ``docs/shm.md``)::
 
@@ -41,7 +42,8 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from transport import native
-from transport.errors import ConnectError
+from transport.codec import Schema
+from transport.errors import ConnectError, ProtocolError
 from transport.generated import pac_shm
 from transport.schema.ir import FieldIR
 
@@ -274,6 +276,90 @@ def write_text(buf: np.ndarray, text: str) -> int:
     data = data.decode("utf-8", "ignore").encode("utf-8")
     buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
     return len(data)
+
+
+class RegionMismatchError(ProtocolError):
+    """A control-block field of the region differs from what this side expects."""
+
+    def __init__(self, url: str, field: str, expected: object, found: object) -> None:
+        self.field = field
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{url}: control block field {field}: expected {expected}, found {found}")
+
+
+# -- the StepResult as a view of the slots ---------------------------------------------------
+
+
+def result_dtype(schema: Schema) -> np.dtype[Any]:
+    """The STEP_RESP struct's fields at their slot offsets (relative to slot byte 16)."""
+    body = schema.ir.messages["STEP_RESP"].body
+    if body is None:
+        raise ProtocolError(f"schema {schema.name} has no STEP_RESP body struct")
+    codec = schema[body]
+    names, formats, offsets = [], [], []
+    slot_dtype = pac_slot_dtype()
+    for f in codec.ir.fields:
+        slot_field = SLOT.get(f.name)
+        if slot_field is None or slot_field.offset < RESULT_OFFSET:
+            raise ProtocolError(
+                f"shm:// cannot carry {codec.ir.name}.{f.name}: the pac_shm Slot has no such field"
+            )
+        if (slot_field.elem, slot_field.count) != (f.elem, f.count) and not (
+            f.kind == "enum" or f.kind == "bool"
+        ):
+            raise ProtocolError(
+                f"shm:// cannot carry {codec.ir.name}.{f.name}: {f.type} in the schema, "
+                f"{slot_field.type} in the pac_shm Slot"
+            )
+        names.append(f.name)
+        formats.append(slot_dtype[f.name])
+        offsets.append(slot_field.offset - RESULT_OFFSET)
+    itemsize = max(o + np.dtype(fm).itemsize for o, fm in zip(offsets, formats, strict=True))
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": itemsize})
+
+
+def pac_slot_dtype() -> np.dtype[Any]:
+    from transport.generated import pac_shm
+
+    return pac_shm.Slot.dtype
+
+
+def result_views(region: Region, dtype: np.dtype[Any]) -> np.ndarray:
+    """(N,) result records, one per slot (row stride SLOT_SIZE), into the mapping."""
+    base = CONTROL_SIZE + RESULT_OFFSET
+    return np.ndarray(
+        (region.num_envs,), dtype=dtype, buffer=region.map, offset=base, strides=(SLOT_SIZE,)
+    )
+
+
+def final_views(region: Region, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) final_seq words and (N,) final-result records (the final areas), into the mapping."""
+    n = region.num_envs
+    base = finals_offset(n)
+    seqs = np.ndarray(
+        (n,), dtype="<u4", buffer=region.map, offset=base + FINAL_SEQ_OFFSET, strides=(FINAL_SIZE,)
+    )
+    records = np.ndarray(
+        (n,), dtype=dtype, buffer=region.map, offset=base + RESULT_OFFSET, strides=(FINAL_SIZE,)
+    )
+    return seqs, records
+
+
+def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
+    ctx = native.new_ctx()
+    ctx.slots = region.base + CONTROL_SIZE
+    ctx.stride = SLOT_SIZE
+    ctx.n = region.num_envs
+    ctx.req_off = SLOT["sem_action_ready"].offset
+    ctx.resp_off = SLOT["sem_result_ready"].offset
+    ctx.status_off = SLOT["status"].offset
+    ctx.seqs = native.ffi.cast("uint32_t *", native.ffi.from_buffer(seqs, require_writable=True))
+    ctx.doorbell = region.doorbell
+    ctx.state = region.state_word
+    ctx.ready_state = RegionState.READY
+    policy.apply(ctx)
+    return ctx
 
 
 # -- inspection, stale detection, cleanup ------------------------------------------------------

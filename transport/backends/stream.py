@@ -20,7 +20,7 @@ from transport.protocol import (
     HEADER_SIZE,
     ErrorCode,
 )
-from transport.server import Session
+from transport.runtime.session import Session
 
 _PEER_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
