@@ -88,7 +88,7 @@ def server1() -> Any:
 
 
 def mapping_of(client: Any) -> np.ndarray:
-    return np.frombuffer(client.region.map, dtype=np.uint8)
+    return np.frombuffer(client.channel.region.map, dtype=np.uint8)
 
 
 # -- basics and zero copy ----------------------------------------------------------------------

@@ -36,17 +36,13 @@ def connect(
     """
     codecs = resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
-    backend = backend_for(url)
-    if hasattr(backend, "connect"):  # a backend with its own client (shm: views into the region)
-        client: Client = backend.connect(url, schema=codecs, timeout=timeout, autoreset=mode)
-        return client
-    channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
+    channel = backend_for(url).open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
     try:
         channel.info = handshake(channel, codecs, mode)
     except BaseException:
         channel.close()
         raise
-    return Client(channel, codecs, url)
+    return Client(channel, codecs, channel.url or url)
 
 
 class Server:

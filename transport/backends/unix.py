@@ -50,7 +50,9 @@ def open_channel(
         return sock
 
     sock = connect_with_retry(attempt, path, timeout)
-    return StreamChannel(FramedSocket(sock, max_body=max_body, timeout=timeout), timeout)
+    channel = StreamChannel(FramedSocket(sock, max_body=max_body, timeout=timeout), timeout)
+    channel.url = url
+    return channel
 
 
 class Listener(SocketListener):

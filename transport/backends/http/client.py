@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from transport.backends.base import BufferChannel
 from transport.backends.http.wire import (
     _CACHE_LIMIT,
     _DIGITS,
@@ -96,7 +97,7 @@ def parse_response_head(head: bytes) -> _ResponseHead:
     return _ResponseHead(code, msg_type, error, content_length, close)
 
 
-class HttpChannel:
+class HttpChannel(BufferChannel):
     """The client side: one keep-alive connection, one request at a time, buffers reused."""
 
     def __init__(
@@ -108,7 +109,7 @@ class HttpChannel:
         timeout: float | None,
         max_body: int,
     ) -> None:
-        self.info: dict[str, Any] = {}
+        super().__init__()
         self.sock: socket.socket | None = sock
         self.timeout = timeout
         self.max_body = max_body
@@ -301,4 +302,6 @@ def open_channel(
         timeout,
     )
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return HttpChannel(sock, address, schema, timeout=timeout, max_body=max_body)
+    channel = HttpChannel(sock, address, schema, timeout=timeout, max_body=max_body)
+    channel.url = url
+    return channel

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -37,66 +37,62 @@ from transport.backends.shm.region import (
     slots_size,
     wait_ctx,
 )
-from transport.client import DEFAULT_TIMEOUT, Client, StepView
-from transport.codec import Schema
+from transport.client import DEFAULT_TIMEOUT
+from transport.codec import Schema, StructCodec
 from transport.errors import (
     ConnectError,
-    EnvError,
     FingerprintMismatchError,
     PeerGoneError,
-    RemoteError,
+    ProtocolError,
     TransportError,
     TransportTimeoutError,
-    ValueRangeError,
     VersionMismatchError,
 )
-from transport.protocol import AutoReset, ErrorCode
-from transport.runtime.env import Spaces
+from transport.protocol import (
+    AUTORESET_MASK,
+    DEFAULT_MAX_BODY,
+    AutoReset,
+    ErrorCode,
+    MessageIds,
+    decode_hello,
+    encode_error,
+    encode_hello,
+)
+from transport.runtime.core import body_codec
 
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1
 _CLIENT_PID_WORD = CB["client_pid"].offset // 4
 
 
-def _remote_error(code: int, text: str) -> TransportError:
-    if code == ErrorCode.FINGERPRINT_MISMATCH:
-        return FingerprintMismatchError(f"server refused the request: {text}")
-    try:
-        name = ErrorCode(code).name
-    except ValueError:
-        name = "UNKNOWN"
-    if code == ErrorCode.ENV_ERROR:
-        env, sep, _ = text.partition(":")
-        index = env.removeprefix("env ")
-        env_id = int(index) if sep and env.startswith("env ") and index.isdigit() else None
-        return EnvError(code, name, text, env_id)
-    return RemoteError(code, name, text)
+class _Refused(Exception):
+    """A slot answered with an error status: becomes the ERROR body the client decodes."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
 
 
-# -- client ----------------------------------------------------------------------------------
-
-
-def connect(
+def open_channel(
     url: str,
     *,
-    schema: Schema,
     timeout: float | None = DEFAULT_TIMEOUT,
-    autoreset: AutoReset = AutoReset.DISABLED,
-) -> ShmClient:
-    return ShmClient(url, schema, timeout=timeout, autoreset=autoreset)
+    max_body: int = DEFAULT_MAX_BODY,
+    schema: Schema | None = None,
+) -> ShmChannel:
+    """Attach to the region of ``url``, validate it against ``schema`` and take its lease."""
+    from transport.client import default_schema
+
+    return ShmChannel(url, schema if schema is not None else default_schema(), timeout=timeout)
 
 
-class ShmClient(Client):
-    """``transport.connect("shm://name")``: the Client API over a shared-memory region.
-
-    Results are views into the region: ``observation`` of an N-env step is an (N, 612) float32
-    view whose row stride is the slot size. They stay valid until the next call; ``copy=True``
-    returns owned arrays. ``torch.from_numpy(result.observation)`` shares the memory too.
-
-    ``autoreset``: the session's auto-reset mode, sent with the HELLO slot command at connect
-    (docs/shm.md "Auto-reset"). With SAME_STEP, ``finals`` lists (env index, StepView) of the
-    episodes that ended in the last step: views of the region's final-result areas (no copy),
-    valid until that env's next episode ends; the step's own result holds the reset.
+class ShmChannel:
+    """The ``Channel`` of ``shm://name``: requests become slot commands, results stay in the
+    slots. ``result_records`` are views into the region (``observation`` of an N-env step is an
+    (N, obs) view whose row stride is the slot size); SAME_STEP final results are views of the
+    final areas, valid until that env's next episode ends. One lease per region: attaching takes
+    it, ``close()`` says SHUTDOWN and gives it back.
     """
 
     def __init__(
@@ -106,49 +102,46 @@ class ShmClient(Client):
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         wait: WaitPolicy | str | None = None,
-        autoreset: AutoReset = AutoReset.DISABLED,
     ) -> None:
         self.url = url
         self.schema = schema
+        self.info: dict[str, Any] = {}
         self.shm: ShmUrl = parse_url(url)
         self.policy = WaitPolicy.resolve(wait) if wait is not None else self.shm.wait
         self.timeout = timeout
         self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
         self._closed = True
         self._leased = False
-        self.autoreset = AutoReset.DISABLED
-        self.finals: list[tuple[int, StepView]] = []
+        self._same_step = False
+        ids = MessageIds.from_schema(schema.ir)
+        self.ids = ids
+        self._step_request = body_codec(schema, "STEP_REQ")
+        action = self._step_request.ir.role("action")
+        if action is None:
+            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
+        self._action_name = action.name
+        self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
+        self._body_actions: tuple[Any, np.ndarray] | None = None
+        self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
+            ids.STEP_REQ: self._step,
+            ids.STEP_BATCH_REQ: self._step,
+            ids.RESET_REQ: self._reset,
+            ids.RESET_SEED_REQ: self._reset,
+            ids.HELLO_REQ: self._hello,
+            ids.HEALTH_REQ: self._health,
+            ids.SPACES_REQ: self._spaces,
+        }
+        self._empty = memoryview(b"")
         self.region = self._open(10.0 if timeout is None else timeout)
         try:
             self._validate()
             self._take_lease(10.0 if timeout is None else timeout)
             self._setup()
             self._closed = False
-            if autoreset != AutoReset.DISABLED:
-                self._hello(autoreset)
         except BaseException:
             self._closed = True
             self._release()
             raise
-
-    def _hello(self, mode: AutoReset) -> None:
-        """Ask for an auto-reset mode: HELLO in every slot, the mode in ``action``."""
-        url = f"shm://{self.shm.name}"
-        if mode == AutoReset.SAME_STEP and not self.region.has_finals:
-            raise ConnectError(
-                f"{url}: the region has no final-result areas (a server without auto-reset "
-                "support): same_step needs them"
-            )
-        self._actions[:] = int(mode)
-        try:
-            self._exchange(SlotCommand.HELLO)
-        except RemoteError as exc:
-            raise ConnectError(
-                f"{url}: the server refused auto-reset mode {mode.name.lower()}: {exc}"
-            ) from exc
-        self.autoreset = mode
-        self.server_info["autoreset"] = mode.name.lower()
-        self._same_step = mode == AutoReset.SAME_STEP
 
     # -- attach ------------------------------------------------------------------------------
 
@@ -270,13 +263,12 @@ class ShmClient(Client):
         self._error_len = region.strided("error_len")
         self._error_text = region.strided("error_text")
         self._last_cmd = -1
-        batch = result_views(region, self._dtype)
-        self._batch_view = StepView(batch)
-        self._single_view = StepView(batch[0, ...])
-        self._same_step = False
+        self._batch = result_views(region, self._dtype)
+        self._single = self._batch[0, ...]
+        self._ended: list[tuple[int, np.ndarray]] = []
         if region.has_finals:
             self._final_seqs, finals = final_views(region, self._dtype)
-            self._final_views = [StepView(finals[i, ...]) for i in range(n)]
+            self._final_records = [finals[i, ...] for i in range(n)]
         self._roundtrip = native.lib.tp_client_roundtrip
         info_len = int(region.slots[0]["info_len"])
         info: dict[str, Any] = {}
@@ -286,12 +278,103 @@ class ShmClient(Client):
             except Exception:
                 info = {}
         info["num_envs"] = n
-        info["autoreset"] = AutoReset.DISABLED.name.lower()  # until a HELLO command asks
-        self.server_info = info
+        self._server_info = info
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _exchange(self, command: int, timeout_ns: int | None = None) -> None:  # type: ignore[override]
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        """One request as slot commands; a refusal comes back as an ERROR body."""
+        if self._closed:
+            raise TransportError("the client is closed")
+        handler = self._handlers.get(msg_type)
+        if handler is None:
+            text = f"shm:// carries no message 0x{msg_type:02X}"
+            return self.ids.ERROR, memoryview(encode_error(ErrorCode.UNKNOWN_MESSAGE, text))
+        try:
+            return handler(body)
+        except _Refused as refused:
+            return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
+
+    def result_records(
+        self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
+    ) -> np.ndarray:
+        if finals:
+            self._find_finals()
+        return self._single if count is None else self._batch
+
+    def final_records(self) -> list[tuple[int, np.ndarray]]:
+        return self._ended
+
+    def _step(self, body: Any) -> tuple[int, memoryview]:
+        cached = self._body_actions
+        if cached is None or cached[0] is not body:  # the client reuses one request buffer
+            count = len(body) // self._step_request.size
+            actions = self._step_request.view(body, count=count)[self._action_name]
+            cached = self._body_actions = (body, actions)
+        actions = cached[1]
+        if actions.shape[0] != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {actions.shape[0]}")
+        self._actions[:] = actions
+        self._exchange(SlotCommand.STEP)
+        msg_type = self.ids.STEP_RESP if self.num_envs == 1 else self.ids.STEP_BATCH_RESP
+        return msg_type, self._empty
+
+    def _find_finals(self) -> None:
+        """The server stamped final_seq = this request's sequence for each ended episode."""
+        ended = np.flatnonzero(self._final_seqs == self._seqs)
+        if ended.size:
+            records = self._final_records
+            self._ended = [(i, records[i]) for i in ended.tolist()]
+        elif self._ended:
+            self._ended = []
+
+    def _reset(self, body: Any) -> tuple[int, memoryview]:
+        if len(body):
+            seed = int(self._seed_codec.view(body)[self._seed_codec.ir.fields[0].name])
+            self._seeds[:] = [(seed + i) & U64 for i in range(self.num_envs)]
+            self._has_seed[:] = 1
+        else:
+            self._has_seed[:] = 0
+        self._exchange(SlotCommand.RESET)
+        return self.ids.RESET_RESP, self._empty
+
+    def _hello(self, body: Any) -> tuple[int, memoryview]:
+        """The handshake: the region was validated at attach; an auto-reset mode other than
+        DISABLED is asked with the HELLO slot command (the mode in ``action``)."""
+        hello = decode_hello(body)
+        mode = AutoReset(hello.flags & AUTORESET_MASK)
+        url = f"shm://{self.shm.name}"
+        if mode == AutoReset.SAME_STEP and not self.region.has_finals:
+            raise ConnectError(
+                f"{url}: the region has no final-result areas (a server without auto-reset "
+                "support): same_step needs them"
+            )
+        if mode != AutoReset.DISABLED:
+            self._actions[:] = int(mode)
+            try:
+                self._exchange(SlotCommand.HELLO)
+            except _Refused as refused:
+                raise ConnectError(
+                    f"{url}: the server refused auto-reset mode {mode.name.lower()}: {refused.text}"
+                ) from None
+        self._same_step = mode == AutoReset.SAME_STEP
+        reply = encode_hello(self.region.get("fingerprint"), self._server_info, flags=int(mode))
+        return self.ids.HELLO_RESP, memoryview(reply)
+
+    def _health(self, body: Any) -> tuple[int, memoryview]:
+        """The region is READY and its server alive (no round trip needed)."""
+        alive = self.region.state == RegionState.READY and native.peer_alive(
+            self.owner_pid, self.owner_start
+        )
+        return self.ids.HEALTH_RESP, memoryview(b"\x01" if alive else b"\x00")
+
+    def _spaces(self, body: Any) -> tuple[int, memoryview]:
+        codec = body_codec(self.schema, "SPACES_RESP")
+        first, second = (f.name for f in codec.ir.fields[:2])
+        values = {first: self.region.get("obs_size"), second: self.region.get("act_size")}
+        return self.ids.SPACES_RESP, memoryview(codec.encode(values))
+
+    def _exchange(self, command: int, timeout_ns: int | None = None) -> None:
         if self._closed:
             raise TransportError("the client is closed")
         if command != self._last_cmd:
@@ -307,7 +390,7 @@ class ShmClient(Client):
             i = rc - 1
             length = min(int(self._error_len[i]), ERROR_TEXT_MAX)
             text = self._error_text[i, :length].tobytes().decode("utf-8", "replace")
-            raise _remote_error(int(self._status[i]), text)
+            raise _Refused(int(self._status[i]), text)
         if rc == native.TIMEOUT:
             raise TransportTimeoutError(f"{url}: no response within {self.timeout} s")
         if rc == native.PEER_DEAD:
@@ -315,56 +398,6 @@ class ShmClient(Client):
         if rc == native.CLOSED:
             raise PeerGoneError(f"{url}: the server closed the region")
         raise TransportError(f"{url}: futex wait failed ({os.strerror(native.ffi.errno)})")
-
-    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
-        """Reset every env (env i gets ``seed + i``); fields have a leading env axis if N > 1."""
-        if seed is None:
-            self._has_seed[:] = 0
-        else:
-            if not 0 <= seed <= U64:
-                raise ValueRangeError(f"seed {seed} does not fit u64", field="seed")
-            self._seeds[:] = [(seed + i) & U64 for i in range(self.num_envs)]
-            self._has_seed[:] = 1
-        if self.finals:
-            self.finals = []
-        self._exchange(SlotCommand.RESET)
-        view = self._single_view if self.num_envs == 1 else self._batch_view
-        return view.copy() if copy else view
-
-    def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
-        """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
-        if isinstance(actions, int | np.integer):
-            if self.num_envs != 1:
-                raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
-            self._actions[0] = actions
-            self._step()
-            return self._single_view.copy() if copy else self._single_view
-        if len(actions) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        self._actions[:] = actions
-        self._step()
-        return self._batch_view.copy() if copy else self._batch_view
-
-    def _step(self) -> None:
-        if self.finals:
-            self.finals = []
-        self._exchange(SlotCommand.STEP)
-        if self._same_step:  # the server stamped final_seq = this request's sequence
-            ended = np.flatnonzero(self._final_seqs == self._seqs)
-            if ended.size:
-                views = self._final_views
-                self.finals = [(i, views[i]) for i in ended.tolist()]
-
-    def spaces(self) -> Spaces:
-        return Spaces(self.region.get("obs_size"), self.region.get("act_size"))
-
-    def health(self) -> bool:
-        """The region is READY and its server alive (no round trip needed)."""
-        if self._closed:
-            raise TransportError("the client is closed")
-        return self.region.state == RegionState.READY and native.peer_alive(
-            self.owner_pid, self.owner_start
-        )
 
     @property
     def wait_stats(self) -> tuple[int, int]:
@@ -393,22 +426,20 @@ class ShmClient(Client):
             region.set("client_start_time", 0)
             native.compare_exchange(region.client_pid_word, os.getpid(), 0)
             self._leased = False
-        self.finals = []
+        self._ended = []
         for name in (
-            "_batch_view",
-            "_single_view",
+            "_batch",
+            "_single",
             "_commands",
             "_actions",
             "_status",
             "_final_seqs",
-            "_final_views",
+            "_final_records",
+            "_body_actions",
         ):
             if hasattr(self, name):
                 delattr(self, name)
         region.close()
-
-    def __enter__(self) -> ShmClient:
-        return self
 
     def __del__(self) -> None:
         try:

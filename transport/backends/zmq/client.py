@@ -13,6 +13,7 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
+from transport.backends.base import BufferChannel
 from transport.backends.zmq.curve import (
     client_curve,
 )
@@ -66,7 +67,7 @@ def _describe_failure(event: int, value: int) -> str:
     return "the ZMTP handshake failed (wrong server key, or not a ZeroMQ server?)"
 
 
-class ZmqChannel:
+class ZmqChannel(BufferChannel):
     """The client side: a DEALER whose replies are matched to requests by msg_id.
 
     ``send_request`` and ``recv_response`` split ``request`` so callers can pipeline (send to
@@ -82,10 +83,10 @@ class ZmqChannel:
         context: Context | None = None,
         capacity: int = 64 << 10,
     ) -> None:
+        super().__init__()
         self.address = address
         self.timeout = timeout
         self.max_body = max_body
-        self.info: dict[str, Any] = {}
         self._buffer = bytearray(BODY_OFFSET + capacity)
         self._view = memoryview(self._buffer)
         self._generation = 0
@@ -293,6 +294,7 @@ def open_channel(
     """Connect a DEALER and wait (until the deadline) for the handshake with the server."""
     address = parse_url(url)
     channel = ZmqChannel(address, timeout=timeout, max_body=max_body)
+    channel.url = url
     try:
         channel.wait_connected(time.monotonic() + (timeout if timeout is not None else 10.0))
     except BaseException:
