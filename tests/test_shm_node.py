@@ -23,24 +23,28 @@ import pytest
 
 import transport.api as api
 from transport.backends.shm import RegionMismatchError, ShmChannel
-from transport.backends.shm.region import CONTROL_SIZE, SLOT_SIZE, region_size
+from transport.backends.shm.region import CONTROL_SIZE
 from transport.codec import Schema
 from transport.errors import ConnectError, FingerprintMismatchError, PeerGoneError, RemoteError
 from transport.generated import pac_env
 from transport.protocol import AutoReset, ErrorCode
 from transport.schema import compile_schema
 
-from .servers import ROOT, ServerProcess, require_lang, unique_url
+from .servers import ROOT, ServerProcess, require_lang, stop_process, unique_url
 from .test_shm_autoreset import legal, trace
 from .test_shm_backend import (
     CLIENT_SCRIPT,
     GAMES,
+    PAC,
     play,
     segment_path,
     serve_cli,
     unique_shm_url,
     write_fake_region,
 )
+
+SLOT_SIZE = PAC.slot_size
+region_size = PAC.region_size
 
 
 @pytest.fixture(autouse=True)
@@ -310,7 +314,7 @@ def test_node_server_killed_during_step_is_peer_gone_within_1s() -> None:
     proc = node_server(unique_shm_url(1), env="echo")
     client = api.connect(proc.url, timeout=10)
     client.reset()
-    os.kill(proc.proc.pid, signal.SIGSTOP)  # the next step stays outstanding
+    stop_process(proc.proc.pid)  # every thread stopped: the next step stays outstanding
     errors: list[BaseException] = []
     finished = threading.Event()
 

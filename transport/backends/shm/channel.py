@@ -16,25 +16,17 @@ from transport import native
 from transport.backends.shm.region import (
     CB,
     CONTROL_SIZE,
-    ERROR_TEXT_MAX,
-    INFO_MAX,
     LAYOUT_VERSION,
     MAGIC,
-    SLOT,
-    SLOT_SIZE,
     Region,
     RegionMismatchError,
     RegionState,
+    ShmLayout,
     ShmUrl,
     SlotCommand,
     WaitPolicy,
-    final_views,
     own_start_time,
     parse_url,
-    region_size,
-    result_dtype,
-    result_views,
-    slots_size,
     wait_ctx,
 )
 from transport.client import DEFAULT_TIMEOUT
@@ -107,6 +99,7 @@ class ShmChannel:
         self.schema = schema
         self.info: dict[str, Any] = {}
         self.shm: ShmUrl = parse_url(url)
+        self.layout = ShmLayout.of(schema)
         self.policy = WaitPolicy.resolve(wait) if wait is not None else self.shm.wait
         self.timeout = timeout
         self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
@@ -121,7 +114,7 @@ class ShmChannel:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self._action_name = action.name
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
-        self._body_actions: tuple[Any, np.ndarray] | None = None
+        self._body_requests: tuple[Any, np.ndarray] | None = None
         self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
             ids.STEP_REQ: self._step,
             ids.STEP_BATCH_REQ: self._step,
@@ -130,7 +123,13 @@ class ShmChannel:
             ids.HELLO_REQ: self._hello,
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
+            ids.STEP_MULTI_REQ: self._step_multi,
         }
+        observe = schema.ir.messages.get("OBSERVE_REQ")
+        if observe is not None:
+            self._observe_resp = schema.ir.messages["OBSERVE_RESP"].id
+            self._handlers[observe.id] = self._observe
+        self._multi = body_codec(schema, "STEP_MULTI_REQ")
         self._empty = memoryview(b"")
         self.region = self._open(10.0 if timeout is None else timeout)
         try:
@@ -160,7 +159,7 @@ class ShmChannel:
                 try:
                     size = os.fstat(fd).st_size
                     if size >= CONTROL_SIZE:
-                        region = Region(self.shm.segment, fd, size, owner=False)
+                        region = Region(self.shm.segment, fd, size, self.layout, owner=False)
                         state = region.state
                         if state == RegionState.READY:
                             return region
@@ -191,7 +190,6 @@ class ShmChannel:
                 f"found {cb('version')} (server and client were built from different pac_shm "
                 "layouts)"
             )
-        expect("slot_size", SLOT_SIZE, cb("slot_size"))
         fingerprint = cb("fingerprint")
         if fingerprint != self.schema.fingerprint:
             raise FingerprintMismatchError(
@@ -200,18 +198,15 @@ class ShmChannel:
                 local=self.schema.fingerprint,
                 remote=fingerprint,
             )
+        layout = self.layout
+        expect("slot_size", layout.slot_size, cb("slot_size"))
         num_envs = cb("num_envs")
         if self.shm.num_envs is not None:
             expect("num_envs", self.shm.num_envs, num_envs)
-        if region.size != slots_size(num_envs):  # no final areas: an older server's region
-            expect("region size", region_size(num_envs), region.size)
-        dtype = result_dtype(self.schema)
-        obs = SLOT["observation"].count
-        mask = SLOT["action_mask"].count
-        if "observation" in (dtype.names or ()):
-            expect("obs_size", obs, cb("obs_size"))
-        if "action_mask" in (dtype.names or ()):
-            expect("act_size", mask, cb("act_size"))
+        if region.num_slots < max(num_envs, 1):  # the size fits no k >= num_envs
+            expect("region size", layout.region_size(num_envs), region.size)
+        expect("obs_size", layout.obs_size, cb("obs_size"))
+        expect("act_size", layout.act_size, cb("act_size"))
         owner, start = cb("owner_pid"), cb("owner_start_time")
         if not native.peer_alive(owner, start):
             raise ConnectError(
@@ -221,7 +216,6 @@ class ShmChannel:
         self.owner_pid = owner
         self.owner_start = start
         self.num_envs = num_envs
-        self._dtype = dtype
 
     def _take_lease(self, timeout: float) -> None:
         region = self.region
@@ -252,27 +246,36 @@ class ShmChannel:
         self._seqs = np.ascontiguousarray(region.strided("sem_action_ready"), dtype=np.uint32)
         self._seqs &= native.SEQ_MASK
         self._ctx = wait_ctx(region, self.policy, self._seqs)
+        self._ctx.n = n  # requests go to the envs' slots (STEP_MULTI: to one slot per seat)
         self._ctx.doorbell_seq = native.load_acquire(region.doorbell) & native.SEQ_MASK
         self._ctx.peer_pid = self.owner_pid
         self._ctx.peer_start = self.owner_start
         self._commands = region.strided("command")
-        self._actions = region.strided("action")
+        self._requests = region.requests()
+        self._actions = self._requests[self._action_name]
         self._has_seed = region.strided("has_seed")
         self._seeds = region.strided("seed")
         self._status = region.strided("status")
         self._error_len = region.strided("error_len")
         self._error_text = region.strided("error_text")
+        self._info_len = region.strided("info_len")
+        self._info = region.strided("info")
         self._last_cmd = -1
-        self._batch = result_views(region, self._dtype)
-        self._single = self._batch[0, ...]
+        results = region.results()
+        self._single = results[0, ...]
+        self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
+        seats = self.layout.seats
+        if region.num_slots >= seats:
+            self._rows[seats] = results[:seats]
         self._ended: list[tuple[int, np.ndarray]] = []
         if region.has_finals:
-            self._final_seqs, finals = final_views(region, self._dtype)
+            final_seqs, finals = region.finals()
+            self._final_seqs = final_seqs[:n]
             self._final_records = [finals[i, ...] for i in range(n)]
         self._roundtrip = native.lib.tp_client_roundtrip
         info_len = int(region.slots[0]["info_len"])
         info: dict[str, Any] = {}
-        if 0 < info_len <= INFO_MAX:
+        if 0 < info_len <= self.layout.info_max:
             try:
                 info = dict(msgpack.unpackb(region.slots[0]["info"][:info_len].tobytes()))
             except Exception:
@@ -300,28 +303,57 @@ class ShmChannel:
     ) -> np.ndarray:
         if finals:
             self._find_finals()
-        return self._single if count is None else self._batch
+        return self._rows[count]
 
     def final_records(self) -> list[tuple[int, np.ndarray]]:
         return self._ended
 
     def _step(self, body: Any) -> tuple[int, memoryview]:
-        cached = self._body_actions
+        cached = self._body_requests
         if cached is None or cached[0] is not body:  # the client reuses one request buffer
             count = len(body) // self._step_request.size
-            actions = self._step_request.view(body, count=count)[self._action_name]
-            cached = self._body_actions = (body, actions)
-        actions = cached[1]
-        if actions.shape[0] != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {actions.shape[0]}")
-        self._actions[:] = actions
+            if count != self.num_envs:
+                raise ValueError(f"expected {self.num_envs} requests, got {count}")
+            cached = self._body_requests = (body, self._step_request.view(body, count=count))
+        self._requests[: self.num_envs] = cached[1]  # each request into its slot
         self._exchange(SlotCommand.STEP)
         msg_type = self.ids.STEP_RESP if self.num_envs == 1 else self.ids.STEP_BATCH_RESP
         return msg_type, self._empty
 
+    def _step_multi(self, body: Any) -> tuple[int, memoryview]:
+        """STEP_MULTI: seat k's action in slot k, STEP_MULTI in slots 0..seats-1."""
+        seats = self.layout.seats
+        if self.region.num_slots < seats:
+            raise _Refused(
+                ErrorCode.BAD_BATCH,
+                f"STEP_MULTI_REQ needs a {seats}-env server or one env with step_batch; this one "
+                f"has {self.num_envs} envs",
+            )
+        actions = self._multi.view(body)[self._multi.ir.fields[0].name]
+        self._actions[:seats] = actions
+        self._ctx.n = seats
+        try:
+            self._exchange(SlotCommand.STEP_MULTI)
+        finally:
+            self._ctx.n = self.num_envs
+        return self.ids.STEP_MULTI_RESP, self._empty
+
+    def _observe(self, body: Any) -> tuple[int, memoryview]:
+        """OBSERVE: the results are rewritten in the slots; each slot's info area holds its env's
+        info map. The body (as over streams: N results, then the msgpack array of the maps)
+        carries zeros where the results would be: the client reads the slots."""
+        self._exchange(SlotCommand.OBSERVE)
+        infos = []
+        for i in range(self.num_envs):
+            length = int(self._info_len[i])
+            data = self._info[i, :length].tobytes() if length else b""
+            infos.append(msgpack.unpackb(data) if data else {})
+        results_len = self.layout.result.size * self.num_envs
+        return self._observe_resp, memoryview(bytes(results_len) + msgpack.packb(infos))
+
     def _find_finals(self) -> None:
         """The server stamped final_seq = this request's sequence for each ended episode."""
-        ended = np.flatnonzero(self._final_seqs == self._seqs)
+        ended = np.flatnonzero(self._final_seqs == self._seqs[: self.num_envs])
         if ended.size:
             records = self._final_records
             self._ended = [(i, records[i]) for i in ended.tolist()]
@@ -388,7 +420,7 @@ class ShmChannel:
         url = f"shm://{self.shm.name}"
         if rc > 0:
             i = rc - 1
-            length = min(int(self._error_len[i]), ERROR_TEXT_MAX)
+            length = min(int(self._error_len[i]), self.layout.error_text_max)
             text = self._error_text[i, :length].tobytes().decode("utf-8", "replace")
             raise _Refused(int(self._status[i]), text)
         if rc == native.TIMEOUT:
@@ -428,14 +460,15 @@ class ShmChannel:
             self._leased = False
         self._ended = []
         for name in (
-            "_batch",
             "_single",
             "_commands",
             "_actions",
             "_status",
             "_final_seqs",
             "_final_records",
-            "_body_actions",
+            "_body_requests",
+            "_requests",
+            "_rows",
         ):
             if hasattr(self, name):
                 delattr(self, name)

@@ -19,21 +19,15 @@ import numpy as np
 from transport import native
 from transport.backends.shm.region import (
     CB,
-    INFO_MAX,
     LAYOUT_VERSION,
     MAGIC,
-    SLOT,
-    SLOT_SIZE,
     Region,
     RegionState,
+    ShmLayout,
     SlotCommand,
-    final_views,
     inspect_segment,
     own_start_time,
     parse_url,
-    region_size,
-    result_dtype,
-    result_views,
     wait_ctx,
     write_text,
 )
@@ -81,59 +75,61 @@ class Listener:
 
     def start(self) -> None:
         """Create the region (replacing a stale one, never a live one) and mark it READY."""
-        dtype = result_dtype(self.schema)
-        size = region_size(self.num_envs)
+        host, layout = self.host, ShmLayout.of(self.schema)
+        self.layout = layout
+        # one env: made now, it says whether it needs a slot per seat (step_batch); more envs
+        # are made once the region (checked against /dev/shm's room) exists
+        envs = host.create_envs() if self.num_envs == 1 else None
+        slots = host.rows(envs) if envs is not None else self.num_envs
+        size = layout.region_size(slots)
         fd = self._create(size)
         try:
-            region = Region(self.shm.segment, fd, size, owner=True, num_envs=self.num_envs)
+            region = Region(self.shm.segment, fd, size, layout, owner=True, slots=slots)
         finally:
             os.close(fd)
         self.region = region
         region.set("owner_pid", os.getpid())
         region.set("owner_start_time", own_start_time())
         try:
-            self.results = result_views(region, dtype)
-            self._final_seqs, self.finals = final_views(region, dtype)
-            self._spare = self._new_runtime()  # the first client's envs, made before READY
-            spaces = self._spare.spaces
-            obs_n, act_n = SLOT["observation"].count, SLOT["action_mask"].count
-            if (spaces.obs_n, spaces.act_n) != (obs_n, act_n):
-                raise ConnectError(
-                    f"shm:// needs envs with {obs_n} observations and {act_n} actions (the "
-                    f"pac_shm slot); this env has {spaces.obs_n} and {spaces.act_n}"
-                )
+            n = self.num_envs
+            self.results = region.results()
+            final_seqs, finals = region.finals()
+            self._final_seqs, self.finals = final_seqs[:n], finals[:n]
+            if envs is None:
+                envs = host.create_envs()
+            self._spare = host.runtime(envs, self.results, self.finals)
             for field, value in (
                 ("magic", MAGIC),
                 ("version", LAYOUT_VERSION),
-                ("num_envs", self.num_envs),
-                ("obs_size", obs_n),
-                ("act_size", act_n),
-                ("slot_size", SLOT_SIZE),
+                ("num_envs", n),
+                ("obs_size", layout.obs_size),
+                ("act_size", layout.act_size),
+                ("slot_size", layout.slot_size),
                 ("fingerprint", self.schema.fingerprint),
             ):
                 region.set(field, value)
-            info = msgpack.packb({"env": self.host.env_name, "server": self.host.server_lang})[
-                :INFO_MAX
-            ]
-            region.slots[0]["info"][: len(info)] = np.frombuffer(info, dtype=np.uint8)
-            region.slots[0]["info_len"] = len(info)
+            self._server_info = msgpack.packb({"env": host.env_name, "server": host.server_lang})
+            self._write_info(0, self._server_info)
         except BaseException:
             self._remove()
             raise
-        self._seqs = np.zeros(self.num_envs, dtype=np.uint32)
-        self._pending = np.zeros(self.num_envs, dtype=np.uint8)
+        self._seqs = np.zeros(slots, dtype=np.uint32)
+        self._pending = np.zeros(slots, dtype=np.uint8)
         self._same_cmd = native.ffi.new("int32_t *")
         self._pending_ptr = native.ffi.cast(
             "uint8_t *", native.ffi.from_buffer(self._pending, require_writable=True)
         )
         self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
-        self._actions = region.strided("action")
+        self._actions = region.requests()[host.action.name]
+        self._env_actions = self._actions[: self.num_envs]
         self._has_seed = region.strided("has_seed")
         self._slot_seeds = region.strided("seed")
         self._commands = region.strided("command")
         self._status = region.strided("status")
         self._error_len = region.strided("error_len")
         self._error_text = region.strided("error_text")
+        self._info_len = region.strided("info_len")
+        self._info = region.strided("info")
         self._doorbell_at_start = native.load_acquire(region.doorbell) & native.SEQ_MASK
         native.store_release(region.state_word, RegionState.READY)  # last: the region is ready
 
@@ -202,7 +198,7 @@ class Listener:
         region = self.region
         assert region is not None
         count = native.lib.tp_server_pending(
-            self._ctx, self._pending_ptr, SLOT["command"].offset, self._same_cmd
+            self._ctx, self._pending_ptr, self.layout.slot_fields["command"].offset, self._same_cmd
         )
         if count == 0:
             return
@@ -216,14 +212,19 @@ class Listener:
             if lease is None:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first")
             runtime = lease.runtime
-            if count == self.num_envs and cmd == SlotCommand.STEP:
-                self._stamp(
-                    runtime.step(self._actions) if count > 1 else self._step_one(runtime, 0)
-                )
-            elif count == self.num_envs and cmd == SlotCommand.RESET:
+            n = self.num_envs
+            if count == n and cmd == SlotCommand.STEP:
+                ended = runtime.step(self._env_actions) if n > 1 else self._step_one(runtime, 0)
+                self._stamp(ended)
+            elif count == n and cmd == SlotCommand.RESET:
                 runtime.reset(self._seeds())
-            elif count == self.num_envs and cmd == SlotCommand.HELLO:
+            elif count == n and cmd == SlotCommand.HELLO:
                 runtime.set_autoreset(int(self._actions[0]))
+            elif count == n and cmd == SlotCommand.OBSERVE:
+                for i, info in enumerate(runtime.observe()):
+                    self._write_info(i, msgpack.packb(info))
+            elif cmd == SlotCommand.STEP_MULTI and count == runtime.seats and self._pending[0]:
+                self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
             elif cmd == SlotCommand.SHUTDOWN:
                 self._drop_lease()
             else:
@@ -252,10 +253,23 @@ class Listener:
         return self.lease
 
     def _drop_lease(self) -> None:
-        """The client said SHUTDOWN or died: its envs go (a worker pool stops)."""
+        """The client said SHUTDOWN or died: its envs go (a worker pool stops); slot 0's info
+        area says the server's info again (OBSERVE wrote env info there)."""
         if self.lease is not None:
             self.lease.runtime.close()
         self.lease = None
+        self._write_info(0, self._server_info)
+
+    def _write_info(self, index: int, data: bytes) -> None:
+        """A msgpack map into slot ``index``'s info area (info_len 0 when it does not fit)."""
+        region = self.region
+        assert region is not None
+        slot = region.slots[index]
+        if len(data) > region.layout.info_max:
+            slot["info_len"] = 0
+            return
+        slot["info"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        slot["info_len"] = len(data)
 
     def _step_one(self, runtime: EnvRuntime, i: int) -> list[int]:
         return [i] if runtime.step_one(i, int(self._actions[i])) else []
