@@ -69,6 +69,7 @@ class Server:
             seed=seed,
             workers=workers,
         )
+        host.check()
         self.listener: Any = backend_for(url).Listener(url, host, max_body=max_body)
         self.url = url
         self._thread: threading.Thread | None = None

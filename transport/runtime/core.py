@@ -506,6 +506,20 @@ class EnvHost:
                         "function, or functools.partial of one"
                     ) from None
 
+    def check(self) -> None:
+        """Make one env and ask its spaces, now: a factory that cannot make an env fails when
+        the server starts, with the reason, not at every client's connection."""
+        try:
+            env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
+            env.spaces()
+        except Exception as exc:
+            raise ValueError(
+                f"cannot serve these envs: making one failed: {describe(exc)}"
+            ) from exc
+        close = getattr(env, "close", None) if self._shared is None else None
+        if close is not None:
+            close()
+
     def create_envs(self) -> list[Env]:
         """A new client's envs (none here when they live in worker processes)."""
         if self.factory is not None and self.workers:

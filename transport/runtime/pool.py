@@ -40,7 +40,7 @@ import numpy as np
 
 from transport import native
 from transport.codec import Schema, StructCodec
-from transport.errors import TransportError
+from transport.errors import TransportError, WorkerDiedError
 from transport.protocol import AutoReset, ErrorCode, RequestError
 from transport.runtime.core import (
     FATE_FAILED,
@@ -71,10 +71,6 @@ CTL_DTYPE = np.dtype(
     }
 )
 _W_CMD, _W_DONE, _W_OP, _W_ARG, _W_MODE, _W_OK = range(6)  # u32 words of a worker block
-
-
-class WorkerDiedError(TransportError):
-    """A worker process of a pool died: its envs lost their state (they are recreated)."""
 
 
 class _Layout:

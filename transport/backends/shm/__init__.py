@@ -15,7 +15,7 @@ server reclaims the lease of a dead client, so another client can attach.
 from __future__ import annotations
 
 from transport.backends.shm.channel import ShmChannel, open_channel
-from transport.backends.shm.region import RegionMismatchError
 from transport.backends.shm.server import Listener
+from transport.errors import RegionMismatchError
 
 __all__ = ["Listener", "RegionMismatchError", "ShmChannel", "open_channel"]

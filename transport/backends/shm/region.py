@@ -390,16 +390,6 @@ def write_text(buf: np.ndarray, text: str) -> int:
     return len(data)
 
 
-class RegionMismatchError(ProtocolError):
-    """A control-block field of the region differs from what this side expects."""
-
-    def __init__(self, url: str, field: str, expected: object, found: object) -> None:
-        self.field = field
-        self.expected = expected
-        self.found = found
-        super().__init__(f"{url}: control block field {field}: expected {expected}, found {found}")
-
-
 def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
     ctx = native.new_ctx()
     fields = region.layout.slot_fields
