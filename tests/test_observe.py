@@ -104,3 +104,16 @@ def test_observe_before_reset_is_not_reset() -> None:
         assert info.value.code == ErrorCode.NOT_RESET and "env 0" in info.value.text
         client.reset()
         client.observe()
+
+
+def test_observe_with_envs_in_worker_processes() -> None:
+    """The pool runner answers OBSERVE too: results rewritten in the workers, info maps back."""
+    with (
+        api.Server(Counter, unique_url("unix"), num_envs=3, workers=2).start() as server,
+        api.connect(server.bound_url, timeout=30) as client,
+    ):
+        client.reset()
+        client.step([0, 1, 2])
+        result, infos = client.observe()
+        np.testing.assert_array_equal(result.observation[:, 1], [99, 99, 99])
+        assert infos == [{"count": 1, "name": "counter"}] * 3

@@ -35,8 +35,18 @@ Failures = list[tuple[int, Exception]]
 """(env index, exception) of each env that raised; the other envs did their step."""
 
 StepBatch = Callable[[np.ndarray], Sequence[StepOutput]]
-ACTION_TYPES = ("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64")
-"""Action field types a server carries: one discrete action (an integer) per env."""
+ACTION_CODES = {
+    "i8": "b",
+    "u8": "B",
+    "i16": "h",
+    "u16": "H",
+    "i32": "i",
+    "u32": "I",
+    "i64": "q",
+    "u64": "Q",
+}
+"""Action field types a server carries (one discrete action, an integer, per env) and their
+``struct`` format codes."""
 
 
 def describe(exc: BaseException) -> str:
@@ -478,7 +488,7 @@ class EnvHost:
         action = self.step_request.ir.role("action")
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
-        if action.elem not in ACTION_TYPES or action.count != 1:
+        if action.elem not in ACTION_CODES or action.count != 1:
             raise ProtocolError(
                 f"this server cannot carry the action {self.step_request.ir.name}.{action.name}: "
                 f"{action.type} (it steps envs with one integer action each)"

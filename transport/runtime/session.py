@@ -34,18 +34,7 @@ from transport.protocol import (
     encode_error,
     encode_hello,
 )
-from transport.runtime.core import EnvHost, body_codec
-
-_STRUCT_CODES = {
-    "i8": "b",
-    "u8": "B",
-    "i16": "h",
-    "u16": "H",
-    "i32": "i",
-    "u32": "I",
-    "i64": "q",
-    "u64": "Q",
-}
+from transport.runtime.core import ACTION_CODES, EnvHost, body_codec
 
 
 class Session:
@@ -68,7 +57,7 @@ class Session:
         self.reset_request = body_codec(schema, "RESET_SEED_REQ")
         self.spaces_result = body_codec(schema, "SPACES_RESP")
         self.action_name = host.action.name
-        self._action = struct.Struct("<" + _STRUCT_CODES[host.action.elem])
+        self._action = struct.Struct("<" + ACTION_CODES[host.action.elem])
         self._action_offset = host.action.offset
         self.num_envs = n = host.num_envs
         self.hello_done = False
