@@ -80,6 +80,7 @@ class Client:
         self.num_envs = int(channel.info.get("num_envs", 1))
         self.server_info = dict(channel.info)
         self.autoreset = AutoReset[str(channel.info.get("autoreset", "disabled")).upper()]
+        self._same_step = self.autoreset == AutoReset.SAME_STEP  # step responses carry finals
         self.finals: list[tuple[int, StepView]] = []
         """SAME_STEP auto-reset: (env index, owned final result) of each episode that ended in
         the last step; the step's own result holds the reset observation for those envs."""
@@ -117,7 +118,7 @@ class Client:
 
     def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
-        same_step = self.autoreset == AutoReset.SAME_STEP
+        same_step = self._same_step
         if isinstance(actions, int | np.integer):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
@@ -141,7 +142,7 @@ class Client:
         body = self._exchange(
             self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP
         )
-        return self._results(body, seats, self.autoreset == AutoReset.SAME_STEP, copy)
+        return self._results(body, seats, self._same_step, copy)
 
     def observe(self, *, copy: bool = False) -> tuple[StepView, list[dict[str, Any]]]:
         """OBSERVE: every env's current result (no step, no auto-reset) and its ``info()`` map.

@@ -168,9 +168,10 @@ class Runner:
         ended: list[int] = []
         failures: Failures = []
         step_one = self.step_one
+        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
         for i in range(self.num_envs):
             try:
-                if step_one(i, int(actions[i]), mode):
+                if step_one(i, values[i], mode):
                     ended.append(i)
             except Exception as exc:  # the other envs still step
                 failures.append((i, exc))

@@ -114,7 +114,7 @@ class ShmChannel:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self._action_name = action.name
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
-        self._body_requests: tuple[Any, np.ndarray] | None = None
+        self._body_requests: tuple[Any, list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
             ids.STEP_REQ: self._step,
             ids.STEP_BATCH_REQ: self._step,
@@ -252,6 +252,12 @@ class ShmChannel:
         self._ctx.peer_start = self.owner_start
         self._commands = region.strided("command")
         self._requests = region.requests()
+        lay = self.layout
+        # one env whose request struct lies whole in its slot: a step copies its bytes at once
+        self._slot0_request: memoryview | None = None
+        if n == 1 and lay.request_dtype.itemsize == lay.request.size:
+            at = CONTROL_SIZE + lay.request_base
+            self._slot0_request = memoryview(region.map)[at : at + lay.request.size]
         self._actions = self._requests[self._action_name]
         self._has_seed = region.strided("has_seed")
         self._seeds = region.strided("seed")
@@ -309,13 +315,22 @@ class ShmChannel:
         return self._ended
 
     def _step(self, body: Any) -> tuple[int, memoryview]:
+        slot0 = self._slot0_request
+        if slot0 is not None and len(body) == slot0.nbytes:
+            slot0[:] = body
+            self._exchange(SlotCommand.STEP)
+            return self.ids.STEP_RESP, self._empty
         cached = self._body_requests
         if cached is None or cached[0] is not body:  # the client reuses one request buffer
             count = len(body) // self._step_request.size
             if count != self.num_envs:
                 raise ValueError(f"expected {self.num_envs} requests, got {count}")
-            cached = self._body_requests = (body, self._step_request.view(body, count=count))
-        self._requests[: self.num_envs] = cached[1]  # each request into its slot
+            records = self._step_request.view(body, count=count)
+            slots = self._requests[:count]
+            pairs = [(slots[name], records[name]) for name in self._step_request.dtype.names or ()]
+            cached = self._body_requests = (body, pairs)
+        for slot_field, field in cached[1]:  # each request field into its slots (one copy each)
+            slot_field[...] = field
         self._exchange(SlotCommand.STEP)
         msg_type = self.ids.STEP_RESP if self.num_envs == 1 else self.ids.STEP_BATCH_RESP
         return msg_type, self._empty
@@ -467,6 +482,7 @@ class ShmChannel:
             "_final_seqs",
             "_final_records",
             "_body_requests",
+            "_slot0_request",
             "_requests",
             "_rows",
         ):

@@ -214,8 +214,10 @@ class Listener:
             runtime = lease.runtime
             n = self.num_envs
             if count == n and cmd == SlotCommand.STEP:
-                ended = runtime.step(self._env_actions) if n > 1 else self._step_one(runtime, 0)
-                self._stamp(ended)
+                if n > 1:
+                    self._stamp(runtime.step(self._env_actions))
+                elif runtime.step_one(0, int(self._actions[0])):
+                    self._final_seqs[0] = self._seqs[0]
             elif count == n and cmd == SlotCommand.RESET:
                 runtime.reset(self._seeds())
             elif count == n and cmd == SlotCommand.HELLO:
