@@ -90,8 +90,9 @@ class Client:
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self._step_request = step_request
-        self._request = bytearray(step_request.size * self.num_envs)
-        self._actions = step_request.view(self._request, count=self.num_envs)[action.name]
+        # the request records live where the channel wants them (shm: in the slots): no copy
+        records, self._request = channel.request_area(step_request, self.num_envs)
+        self._actions = records[action.name]
         self._seed_codec = _body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
         multi = _body_codec(schema, "STEP_MULTI_REQ")

@@ -114,6 +114,9 @@ class AutoChannel:
             raise ConnectError(f"{self.url}: no backend chosen yet (send HELLO_REQ first)")
         return self.chosen
 
+    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+        return self._channel().request_area(codec, count)
+
     def result_records(
         self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
     ) -> np.ndarray:

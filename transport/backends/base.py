@@ -39,6 +39,12 @@ class Channel(Protocol):
         """Send a request; return the response's msg_type and body (valid until the next call)."""
         ...
 
+    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+        """Where the client writes ``count`` request records (``codec``'s fields) and the body to
+        pass to ``request`` for them: a buffer of the client's own, or (shm) the slots
+        themselves, so a request body is never copied on its way."""
+        ...
+
     def result_records(
         self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
     ) -> np.ndarray:
@@ -76,6 +82,10 @@ class BufferChannel:
     def generation(self) -> int:
         """Changes when ``buffer`` is replaced (views of the old one must be rebuilt)."""
         raise NotImplementedError
+
+    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+        body = bytearray(codec.size * count)
+        return codec.view(body, count=count), body
 
     def result_records(
         self, body: memoryview, codec: StructCodec, count: int | None, finals: bool

@@ -252,13 +252,9 @@ class ShmChannel:
         self._ctx.peer_start = self.owner_start
         self._commands = region.strided("command")
         self._requests = region.requests()
-        lay = self.layout
-        # one env whose request struct lies whole in its slot: a step copies its bytes at once
-        self._slot0_request: memoryview | None = None
-        if n == 1 and lay.request_dtype.itemsize == lay.request.size:
-            at = CONTROL_SIZE + lay.request_base
-            self._slot0_request = memoryview(region.map)[at : at + lay.request.size]
         self._actions = self._requests[self._action_name]
+        self._request_rows = self._requests[:n]
+        self._step_resp = self.ids.STEP_RESP if n == 1 else self.ids.STEP_BATCH_RESP
         self._has_seed = region.strided("has_seed")
         self._seeds = region.strided("seed")
         self._status = region.strided("status")
@@ -304,6 +300,13 @@ class ShmChannel:
         except _Refused as refused:
             return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
 
+    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+        """The slots' request records: the client writes each env's request in its slot."""
+        if count != self.num_envs or codec.ir.name != self.layout.request.ir.name:
+            body = bytearray(codec.size * count)
+            return codec.view(body, count=count), body
+        return self._request_rows, self._request_rows
+
     def result_records(
         self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
     ) -> np.ndarray:
@@ -315,11 +318,9 @@ class ShmChannel:
         return self._ended
 
     def _step(self, body: Any) -> tuple[int, memoryview]:
-        slot0 = self._slot0_request
-        if slot0 is not None and len(body) == slot0.nbytes:
-            slot0[:] = body
+        if body is self._request_rows:  # the client wrote the requests into the slots
             self._exchange(SlotCommand.STEP)
-            return self.ids.STEP_RESP, self._empty
+            return self._step_resp, self._empty
         cached = self._body_requests
         if cached is None or cached[0] is not body:  # the client reuses one request buffer
             count = len(body) // self._step_request.size
@@ -482,7 +483,7 @@ class ShmChannel:
             "_final_seqs",
             "_final_records",
             "_body_requests",
-            "_slot0_request",
+            "_request_rows",
             "_requests",
             "_rows",
         ):
