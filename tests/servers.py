@@ -64,6 +64,8 @@ def unique_url(backend: str) -> str:
         return "zmq+" + unique_unix_url().removesuffix(".sock").replace("unix://", "ipc://")
     if backend == "zmq+tcp":
         return f"zmq+tcp://127.0.0.1:{free_port()}"
+    if backend == "shm":
+        return f"shm://test-{uuid.uuid4().hex[:12]}"
     raise ValueError(backend)
 
 

@@ -10,7 +10,7 @@ import pytest
 import transport.api as api
 from transport.errors import EnvError, RemoteError
 from transport.protocol import ErrorCode, decode_error, encode_error
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 from .servers import unique_url
 

@@ -27,8 +27,8 @@ import transport
 from transport.codec import Schema
 from transport.generated import tetris
 from transport.gym import RemoteEnv, RemoteVectorEnv
+from transport.runtime.env import Spaces
 from transport.schema.compiler import compile_schema
-from transport.server import Spaces
 
 NUM_ENVS = 3
 STEPS = 60

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import transport.api as api
+from transport.backends.stream import FramedSocket
 from transport.errors import BadFrameError, PeerGoneError
 from transport.generated import pac_env
 from transport.protocol import HEADER, HEADER_SIZE, ErrorCode, encode_hello
-from transport.stream import FramedSocket
 
 from .servers import LANGS, ServerProcess, unique_url
 

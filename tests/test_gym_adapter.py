@@ -13,7 +13,8 @@ pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
-from transport.gym import AdapterError, RemoteEnv, RemoteVectorEnv
+from transport.errors import AdapterError
+from transport.gym import RemoteEnv, RemoteVectorEnv
 
 from .servers import ServerProcess, unique_url
 

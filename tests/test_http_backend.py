@@ -34,8 +34,8 @@ from transport.errors import (
 )
 from transport.generated import pac_env
 from transport.protocol import ErrorCode, MessageIds
+from transport.runtime.core import EnvHost
 from transport.schema import compile_schema
-from transport.server import SessionFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = MessageIds.from_schema(pac_env.SCHEMA.ir)
@@ -351,7 +351,7 @@ def test_non_loopback_bind_refused() -> None:
         api.Server(EchoEnv, "http://0.0.0.0:0")
     with pytest.raises(ConnectError, match="allow_remote"):
         api.Server(EchoEnv, "http://:0")
-    sessions = SessionFactory(pac_env.SCHEMA, EchoEnv)
+    sessions = EnvHost(pac_env.SCHEMA, EchoEnv)
     listener = http_backend.Listener("http://0.0.0.0:0", sessions, allow_remote=True)
     listener.start()
     try:

@@ -18,7 +18,7 @@ from transport.envs.echo import EchoEnv
 from transport.errors import ConnectError, EnvError, PeerGoneError, RemoteError
 from transport.multi import BatchError, MultiClient
 from transport.protocol import ErrorCode
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 from .servers import ServerProcess, free_port, unique_unix_url
 
@@ -62,6 +62,18 @@ def test_one_batch_over_zmq_and_unix(three_servers: list[ServerProcess]) -> None
         kept = multi.step(list(range(6)), copy=True)
         multi.step([5] * 6)
         assert kept.observation[3, 0] == 3.0  # copy=True survives the next step
+
+
+def test_shm_servers_join_a_batch_through_the_same_channel_interface() -> None:
+    shm = f"shm://test-multi-{uuid.uuid4().hex[:12]}?num_envs=2"
+    with (
+        ServerProcess(shm, env="echo", num_envs=2) as a,
+        ServerProcess(unique_unix_url(), env="echo", num_envs=1) as b,
+        transport.connect_many([a.url, b.url], timeout=5) as multi,
+    ):
+        multi.reset(seed=1)
+        result = multi.step([7, 8, 9])
+        np.testing.assert_array_equal(result.observation[:, 0], [7, 8, 9])
 
 
 def test_seeds_are_global_env_ids() -> None:

@@ -39,7 +39,7 @@ class RiggedMahjong(MahjongEnv):
             self.hands[0, kind] += 1
 
 
-@pytest.fixture(scope="module", params=["unix", "http", "zmq+ipc", "zmq+tcp"])
+@pytest.fixture(scope="module", params=["unix", "http", "zmq+ipc", "zmq+tcp", "shm"])
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
     with ServerProcess(unique_url(request.param), env="mahjong") as server:
         yield server.url

@@ -2,40 +2,95 @@
 
 from __future__ import annotations
 
+import inspect
+import types
+
 import transport
+import transport.errors
+
+PINNED = [
+    "AdapterError",
+    "ArrayLengthError",
+    "AutoReset",
+    "BadFrameError",
+    "BatchError",
+    "BufferSizeError",
+    "Client",
+    "CodecError",
+    "ConnectError",
+    "Env",
+    "EnvError",
+    "EnvFactory",
+    "FingerprintMismatchError",
+    "InvalidBoolError",
+    "InvalidEnumError",
+    "MissingFieldError",
+    "MultiClient",
+    "NonCanonicalError",
+    "PeerGoneError",
+    "ProtocolError",
+    "RegionMismatchError",
+    "RemoteError",
+    "Schema",
+    "SchemaError",
+    "Server",
+    "Spaces",
+    "StepOutput",
+    "StepView",
+    "StructCodec",
+    "TransportError",
+    "TransportTimeoutError",
+    "UnknownFieldError",
+    "ValueRangeError",
+    "ValueTypeError",
+    "VersionMismatchError",
+    "WorkerDiedError",
+    "__version__",
+    "connect",
+    "connect_many",
+    "load_schema",
+    "serve",
+]
 
 
-def test_public_names() -> None:
-    assert sorted(transport.__all__) == sorted(
-        [
-            "ArrayLengthError",
-            "BufferSizeError",
-            "CodecError",
-            "InvalidBoolError",
-            "InvalidEnumError",
-            "MissingFieldError",
-            "NonCanonicalError",
-            "Schema",
-            "SchemaError",
-            "Server",
-            "StructCodec",
-            "TransportError",
-            "UnknownFieldError",
-            "ValueRangeError",
-            "ValueTypeError",
-            "__version__",
-            "connect",
-            "connect_many",
-            "load_schema",
-            "serve",
-        ]
-    )
+def test_all_is_the_pinned_list() -> None:
+    assert sorted(transport.__all__) == sorted(PINNED)
+    assert len(set(transport.__all__)) == len(transport.__all__)
+
+
+def test_every_exported_name_is_importable() -> None:
+    namespace: dict[str, object] = {}
+    exec("from transport import *", namespace)
     for name in transport.__all__:
-        assert hasattr(transport, name)
+        assert hasattr(transport, name), name
+        assert name == "__version__" or name in namespace, name
+
+
+def test_nothing_public_is_left_out_and_nothing_private_is_exported() -> None:
+    public = {
+        name
+        for name, value in vars(transport).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)  # subpackages: transport.gym, ...
+        and name != "annotations"  # from __future__ import annotations
+    }
+    assert public == set(transport.__all__) - {"__version__"}
+    assert not [
+        name for name in transport.__all__ if name.startswith("_") and name != "__version__"
+    ]
+
+
+def test_the_whole_error_tree_is_exported() -> None:
+    errors = {
+        name
+        for name, value in vars(transport.errors).items()
+        if inspect.isclass(value) and issubclass(value, Exception)
+    }
+    assert errors <= set(transport.__all__)
 
 
 def test_every_error_is_a_transport_error() -> None:
     for name in transport.__all__:
         obj = getattr(transport, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
-            assert issubclass(obj, transport.TransportError)
+            assert issubclass(obj, transport.TransportError), name

@@ -14,7 +14,7 @@ from sb3_contrib import MaskablePPO
 from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
 from stable_baselines3.common.vec_env import VecCheckNan, VecEnv, VecMonitor
 
-from transport.gym import AdapterError
+from transport.errors import AdapterError
 from transport.sb3 import RemoteVecEnv
 
 from .servers import ServerProcess, unique_url

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import transport.api as api
-from transport.backends.shm import ShmClient
+from transport.backends.shm import ShmChannel
 from transport.errors import EnvError, RemoteError
 from transport.protocol import AutoReset, ErrorCode
 
@@ -64,7 +64,7 @@ def test_next_step_resets_on_the_following_step(url: str) -> None:
 
 def test_same_step_returns_the_reset_and_the_final_result(url: str) -> None:
     with api.connect(url, timeout=10, autoreset="same_step") as client:
-        assert isinstance(client, ShmClient)
+        assert isinstance(client.channel, ShmChannel)
         assert client.server_info["autoreset"] == "same_step"
         result, rng = client.reset(seed=7), random.Random(7)
         ended = 0

@@ -22,6 +22,13 @@ import pytest
 import transport.api as api
 from transport import native
 from transport.backends.shm import RegionMismatchError
+from transport.backends.shm.region import (
+    CONTROL_SIZE,
+    MAGIC,
+    RegionState,
+    ShmLayout,
+    own_start_time,
+)
 from transport.codec import Schema
 from transport.errors import (
     ConnectError,
@@ -34,11 +41,13 @@ from transport.errors import (
 from transport.generated import pac_env, pac_shm
 from transport.protocol import ErrorCode
 from transport.schema import compile_schema
-from transport.shm import CONTROL_SIZE, MAGIC, SLOT_SIZE, RegionState, own_start_time, region_size
 
 from .servers import ROOT, ServerProcess, stop_process, unique_url
 
 N = 4
+PAC = ShmLayout.of(pac_env.SCHEMA)  # the pac_shm profile: Appendix B
+SLOT_SIZE = PAC.slot_size
+region_size = PAC.region_size
 
 
 def unique_shm_url(num_envs: int | None = None) -> str:
@@ -81,7 +90,7 @@ def server1() -> Any:
 
 
 def mapping_of(client: Any) -> np.ndarray:
-    return np.frombuffer(client.region.map, dtype=np.uint8)
+    return np.frombuffer(client.channel.region.map, dtype=np.uint8)
 
 
 # -- basics and zero copy ----------------------------------------------------------------------
@@ -318,7 +327,7 @@ def test_server_killed_during_step_is_peer_gone_within_1s() -> None:
     proc = ServerProcess(unique_shm_url(1), env="echo")
     client = api.connect(proc.url, timeout=10)  # the 10 s timeout is not what ends the wait
     client.reset()
-    os.kill(proc.proc.pid, signal.SIGSTOP)  # the next step stays outstanding
+    stop_process(proc.proc.pid)  # every thread stopped: the next step stays outstanding
     errors: list[BaseException] = []
     finished = threading.Event()
 

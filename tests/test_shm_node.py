@@ -22,25 +22,29 @@ import numpy as np
 import pytest
 
 import transport.api as api
-from transport.backends.shm import RegionMismatchError, ShmClient
+from transport.backends.shm import RegionMismatchError, ShmChannel
+from transport.backends.shm.region import CONTROL_SIZE
 from transport.codec import Schema
 from transport.errors import ConnectError, FingerprintMismatchError, PeerGoneError, RemoteError
 from transport.generated import pac_env
 from transport.protocol import AutoReset, ErrorCode
 from transport.schema import compile_schema
-from transport.shm import CONTROL_SIZE, SLOT_SIZE, region_size
 
-from .servers import ROOT, ServerProcess, require_lang, unique_url
+from .servers import ROOT, ServerProcess, require_lang, stop_process, unique_url
 from .test_shm_autoreset import legal, trace
 from .test_shm_backend import (
     CLIENT_SCRIPT,
     GAMES,
+    PAC,
     play,
     segment_path,
     serve_cli,
     unique_shm_url,
     write_fake_region,
 )
+
+SLOT_SIZE = PAC.slot_size
+region_size = PAC.region_size
 
 
 @pytest.fixture(autouse=True)
@@ -90,8 +94,8 @@ def test_batched_32_env_echo_shares_the_mapping() -> None:
             client.reset(seed=1)
             actions = np.arange(n) % 92
             result = client.step(actions)
-            assert isinstance(client, ShmClient)
-            mapping = np.frombuffer(client.region.map, dtype=np.uint8)
+            assert isinstance(client.channel, ShmChannel)
+            mapping = np.frombuffer(client.channel.region.map, dtype=np.uint8)
             assert result.observation.shape == (n, 612)
             assert result.observation.strides == (SLOT_SIZE, 4)
             for field in ("observation", "action_mask", "reward", "done"):
@@ -219,8 +223,8 @@ def test_auto_reset_pac_traces_identical_node_shm_and_python_shm(mode: str) -> N
 def test_same_step_finals_are_views_of_the_node_final_areas() -> None:
     with node_server(unique_shm_url(4), env="pac", num_envs=4) as proc:
         with api.connect(proc.url, timeout=10, autoreset="same_step") as client:
-            assert isinstance(client, ShmClient) and client.region.has_finals
-            mapping = np.frombuffer(client.region.map, dtype=np.uint8)
+            assert isinstance(client.channel, ShmChannel) and client.channel.region.has_finals
+            mapping = np.frombuffer(client.channel.region.map, dtype=np.uint8)
             result, rng, ended = client.reset(seed=7), __import__("random").Random(7), 0
             for _ in range(600):
                 result = client.step(legal(result, rng))
@@ -310,7 +314,7 @@ def test_node_server_killed_during_step_is_peer_gone_within_1s() -> None:
     proc = node_server(unique_shm_url(1), env="echo")
     client = api.connect(proc.url, timeout=10)
     client.reset()
-    os.kill(proc.proc.pid, signal.SIGSTOP)  # the next step stays outstanding
+    stop_process(proc.proc.pid)  # every thread stopped: the next step stays outstanding
     errors: list[BaseException] = []
     finished = threading.Event()
 

@@ -18,7 +18,7 @@ import transport
 from transport.errors import RemoteError
 from transport.generated import pac_env
 from transport.protocol import ErrorCode
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 from .servers import ROOT, require_lang, unique_unix_url
 

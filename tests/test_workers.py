@@ -16,7 +16,7 @@ from transport.envs import env_factory, env_schema
 from transport.errors import EnvError
 from transport.generated import pac_env
 from transport.protocol import AutoReset
-from transport.workers import WorkerPool, _split
+from transport.runtime.pool import WorkerPool, _split
 
 from .servers import ServerProcess, unique_unix_url
 

@@ -1,55 +1,93 @@
 """transport: zero-copy IPC between RL environment servers and trainers.
 
-The public surface is pinned by ``tests/test_public_api.py``.
+``connect(url)`` gives a trainer a ``Client``; ``serve(env, url)`` / ``Server`` host an ``Env``.
+Every error the library raises derives from ``TransportError`` and is exported here. The public
+surface is pinned by ``tests/test_public_api.py``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path as _Path
 
 from transport.api import Server, connect, serve
+from transport.client import Client, StepView
 from transport.codec import Schema, StructCodec
 from transport.errors import (
+    AdapterError,
     ArrayLengthError,
+    BadFrameError,
     BufferSizeError,
     CodecError,
+    ConnectError,
+    EnvError,
+    FingerprintMismatchError,
     InvalidBoolError,
     InvalidEnumError,
     MissingFieldError,
     NonCanonicalError,
+    PeerGoneError,
+    ProtocolError,
+    RegionMismatchError,
+    RemoteError,
     SchemaError,
     TransportError,
+    TransportTimeoutError,
     UnknownFieldError,
     ValueRangeError,
     ValueTypeError,
+    VersionMismatchError,
+    WorkerDiedError,
 )
-from transport.multi import connect_many
+from transport.multi import BatchError, MultiClient, connect_many
+from transport.protocol import AutoReset
+from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
 from transport.schema import load_schema as _load_ir
 
 __version__ = "0.1.0"
 
 
-def load_schema(path: str | Path) -> Schema:
+def load_schema(path: str | _Path) -> Schema:
     """Compile a schema file and return its codecs (``schema["StepResult"].view(buf)``)."""
     return Schema(_load_ir(path))
 
 
 __all__ = [
+    "AdapterError",
     "ArrayLengthError",
+    "AutoReset",
+    "BadFrameError",
+    "BatchError",
     "BufferSizeError",
+    "Client",
     "CodecError",
+    "ConnectError",
+    "Env",
+    "EnvError",
+    "EnvFactory",
+    "FingerprintMismatchError",
     "InvalidBoolError",
     "InvalidEnumError",
     "MissingFieldError",
+    "MultiClient",
     "NonCanonicalError",
+    "PeerGoneError",
+    "ProtocolError",
+    "RegionMismatchError",
+    "RemoteError",
     "Schema",
     "SchemaError",
     "Server",
+    "Spaces",
+    "StepOutput",
+    "StepView",
     "StructCodec",
     "TransportError",
+    "TransportTimeoutError",
     "UnknownFieldError",
     "ValueRangeError",
     "ValueTypeError",
+    "VersionMismatchError",
+    "WorkerDiedError",
     "__version__",
     "connect",
     "connect_many",

@@ -15,7 +15,8 @@ from transport.backends import backend_for
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset
-from transport.server import Env, EnvFactory, SessionFactory
+from transport.runtime.core import EnvHost
+from transport.runtime.env import Env, EnvFactory
 
 
 def connect(
@@ -35,17 +36,13 @@ def connect(
     """
     codecs = resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
-    backend = backend_for(url)
-    if hasattr(backend, "connect"):  # a backend with its own client (shm: views into the region)
-        client: Client = backend.connect(url, schema=codecs, timeout=timeout, autoreset=mode)
-        return client
-    channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
+    channel = backend_for(url).open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
     try:
         channel.info = handshake(channel, codecs, mode)
     except BaseException:
         channel.close()
         raise
-    return Client(channel, codecs, url)
+    return Client(channel, codecs, channel.url or url)
 
 
 class Server:
@@ -64,7 +61,7 @@ class Server:
         workers: int = 0,
     ) -> None:
         codecs = resolve_schema(schema)
-        sessions = SessionFactory(
+        host = EnvHost(
             codecs,
             env_or_factory,
             num_envs=num_envs,
@@ -72,7 +69,8 @@ class Server:
             seed=seed,
             workers=workers,
         )
-        self.listener: Any = backend_for(url).Listener(url, sessions, max_body=max_body)
+        host.check()
+        self.listener: Any = backend_for(url).Listener(url, host, max_body=max_body)
         self.url = url
         self._thread: threading.Thread | None = None
 
@@ -124,7 +122,7 @@ def serve(
     zero-argument factory (each connection gets ``num_envs`` fresh envs). ``seed``: the seed of
     each connection's first unseeded reset (env i gets ``seed + i``). ``workers``: 0 steps the
     envs in this process; K >= 1 runs each connection's envs in K worker processes (split
-    evenly; ``transport.workers``), same protocol behaviour, one fan-out/gather per step.
+    evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.
     """
     server = Server(
         env_or_factory,

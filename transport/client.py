@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+import msgpack
 import numpy as np
 
+from transport.backends.base import Channel
 from transport.codec import Schema, StructCodec
 from transport.errors import ProtocolError, TransportError
 from transport.protocol import (
     AUTORESET_MASK,
-    BODY_OFFSET,
-    FINAL_COUNT,
     AutoReset,
     MessageIds,
     check_hello,
@@ -28,31 +28,9 @@ from transport.protocol import (
     decode_hello,
     encode_hello,
 )
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 DEFAULT_TIMEOUT = 10.0
-
-
-class Channel(Protocol):
-    """What a backend gives the client: one request/response exchange at a time."""
-
-    info: dict[str, Any]
-
-    @property
-    def buffer(self) -> bytearray:
-        """The receive buffer; response bodies start at ``BODY_OFFSET`` in it."""
-        ...
-
-    @property
-    def generation(self) -> int:
-        """Changes when ``buffer`` is replaced (views of the old one must be rebuilt)."""
-        ...
-
-    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
-        """Send a request; return the response's msg_type and body (valid until the next call)."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class StepView:
@@ -102,6 +80,7 @@ class Client:
         self.num_envs = int(channel.info.get("num_envs", 1))
         self.server_info = dict(channel.info)
         self.autoreset = AutoReset[str(channel.info.get("autoreset", "disabled")).upper()]
+        self._same_step = self.autoreset == AutoReset.SAME_STEP  # step responses carry finals
         self.finals: list[tuple[int, StepView]] = []
         """SAME_STEP auto-reset: (env index, owned final result) of each episode that ended in
         the last step; the step's own result holds the reset observation for those envs."""
@@ -111,21 +90,17 @@ class Client:
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self._step_request = step_request
-        self._request = bytearray(step_request.size * self.num_envs)
-        self._actions = step_request.view(self._request, count=self.num_envs)[action.name]
+        # the request records live where the channel wants them (shm: in the slots): no copy
+        records, self._request = channel.request_area(step_request, self.num_envs)
+        self._actions = records[action.name]
         self._seed_codec = _body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
         multi = _body_codec(schema, "STEP_MULTI_REQ")
         self._multi_request = bytearray(multi.size)
         self._multi_actions = multi.view(self._multi_request)[multi.ir.fields[0].name]
-        self._views: dict[tuple[int, int], StepView] = {}
-        size = self._result.size
-        self._response_sizes = {
-            self.ids.RESET_RESP: size * self.num_envs,
-            self.ids.STEP_RESP: size,
-            self.ids.STEP_BATCH_RESP: size * self.num_envs,
-            self.ids.STEP_MULTI_RESP: size * len(self._multi_actions),
-        }
+        self._views: dict[int | None, tuple[np.ndarray, StepView]] = {}
+        self._no_finals: list[tuple[int, StepView]] = []
+        self._final_views: dict[int, tuple[np.ndarray, StepView]] = {}
         self._closed = False
 
     # -- requests ------------------------------------------------------------------------------
@@ -133,37 +108,64 @@ class Client:
     def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
         """Reset every env (env i gets ``seed + i``); fields have a leading env axis if N > 1."""
         if seed is None:
-            self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
+            body = self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
         else:
             self._seed_codec.encode_into(
                 self._seed_body, 0, {self._seed_codec.ir.fields[0].name: seed}
             )
-            self._exchange(self.ids.RESET_SEED_REQ, self._seed_body, self.ids.RESET_RESP)
-        return self._result_view(0 if self.num_envs == 1 else self.num_envs, copy)
+            body = self._exchange(self.ids.RESET_SEED_REQ, self._seed_body, self.ids.RESET_RESP)
+        self.finals = self._no_finals
+        return self._results(body, None if self.num_envs == 1 else self.num_envs, False, copy)
 
     def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
+        same_step = self._same_step
         if isinstance(actions, int | np.integer):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
             self._actions[0] = actions
-            self._exchange(self.ids.STEP_REQ, self._request, self.ids.STEP_RESP)
-            return self._result_view(0, copy)
+            body = self._exchange(self.ids.STEP_REQ, self._request, self.ids.STEP_RESP)
+            return self._results(body, None, same_step, copy)
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         self._actions[:] = actions
-        self._exchange(self.ids.STEP_BATCH_REQ, self._request, self.ids.STEP_BATCH_RESP)
-        return self._result_view(self.num_envs, copy)
+        body = self._exchange(self.ids.STEP_BATCH_REQ, self._request, self.ids.STEP_BATCH_RESP)
+        return self._results(body, self.num_envs, same_step, copy)
 
     def step_multi(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """STEP_MULTI (seed 000): 8 actions, 8 results (a leading axis of 8). The server is an
         8-env server (one action per env) or a 1-env server whose env has ``step_batch`` (one
         action per seat of one game)."""
-        if len(actions) != len(self._multi_actions):
-            raise ValueError(f"expected {len(self._multi_actions)} actions, got {len(actions)}")
+        seats = len(self._multi_actions)
+        if len(actions) != seats:
+            raise ValueError(f"expected {seats} actions, got {len(actions)}")
         self._multi_actions[:] = actions
-        self._exchange(self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP)
-        return self._result_view(len(self._multi_actions), copy)
+        body = self._exchange(
+            self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP
+        )
+        return self._results(body, seats, self._same_step, copy)
+
+    def observe(self, *, copy: bool = False) -> tuple[StepView, list[dict[str, Any]]]:
+        """OBSERVE: every env's current result (no step, no auto-reset) and its ``info()`` map.
+
+        The result is a view like ``step``'s (valid until the next call unless ``copy``)."""
+        request = self.schema.ir.messages.get("OBSERVE_REQ")
+        response = self.schema.ir.messages.get("OBSERVE_RESP")
+        if request is None or response is None:
+            raise ProtocolError(f"schema {self.schema.name} declares no OBSERVE_REQ/OBSERVE_RESP")
+        body = self._exchange(request.id, b"", response.id)
+        results_len = self._result.size * self.num_envs
+        if body.nbytes < results_len:
+            raise ProtocolError(f"OBSERVE_RESP of {body.nbytes} bytes; expected {results_len}+")
+        try:
+            infos = msgpack.unpackb(bytes(body[results_len:])) if body.nbytes > results_len else []
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ProtocolError(f"OBSERVE_RESP tail is not msgpack: {exc}") from exc
+        if not isinstance(infos, list) or len(infos) != self.num_envs:
+            raise ProtocolError(f"OBSERVE_RESP tail is not a list of {self.num_envs} info maps")
+        count = None if self.num_envs == 1 else self.num_envs
+        view = self._results(body[:results_len], count, False, copy)
+        return view, [dict(info) if isinstance(info, dict) else {} for info in infos]
 
     def spaces(self) -> Spaces:
         codec = _body_codec(self.schema, "SPACES_RESP")
@@ -197,42 +199,26 @@ class Client:
             raise decode_error(resp)
         if resp_type != expect:
             raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
-        expected_len = self._response_sizes.get(expect)
-        if expected_len is not None and resp.nbytes != expected_len:
-            if self.autoreset != AutoReset.SAME_STEP or expect == self.ids.RESET_RESP:
-                raise ProtocolError(
-                    f"response 0x{resp_type:02X} has {resp.nbytes} bytes, expected {expected_len}"
-                )
-            self._read_finals(resp, expected_len)
-        elif self.finals:
-            self.finals = []
         return resp
 
-    def _read_finals(self, resp: memoryview, results_len: int) -> None:
-        """Parse the SAME_STEP tail: u32 count, then (u32 env index, final result) each."""
-        size = self._result.size
-        if resp.nbytes < results_len + 4:
-            raise ProtocolError(f"step response of {resp.nbytes} bytes lacks its final tail")
-        (count,) = FINAL_COUNT.unpack_from(resp, results_len)
-        if resp.nbytes != results_len + 4 + count * (4 + size) or count > self.num_envs:
-            raise ProtocolError(f"final tail says {count} results; body is {resp.nbytes} bytes")
-        finals = []
-        for k in range(count):
-            start = results_len + 4 + k * (4 + size)
-            (index,) = FINAL_COUNT.unpack_from(resp, start)
-            record = self._result.view(bytes(resp[start + 4 : start + 4 + size]))
-            finals.append((int(index), StepView(record)))
-        self.finals = finals
-
-    def _result_view(self, count: int, copy: bool) -> StepView:
-        key = (self.channel.generation, count)
-        view = self._views.get(key)
-        if view is None:
-            record = self._result.view(
-                self.channel.buffer, BODY_OFFSET, count=count if count else None
+    def _results(self, body: memoryview, count: int | None, finals: bool, copy: bool) -> StepView:
+        """The response's results as a StepView (cached while the channel's records stay)."""
+        records = self.channel.result_records(body, self._result, count, finals)
+        cached = self._views.get(count)
+        if cached is None or cached[0] is not records:
+            cached = self._views[count] = (records, StepView(records))
+        if finals:
+            ended = self.channel.final_records()
+            self.finals = (
+                [(i, self._final_view(i, r)) for i, r in ended] if ended else self._no_finals
             )
-            view = self._views[key] = StepView(record)
-        return view.copy() if copy else view
+        return cached[1].copy() if copy else cached[1]
+
+    def _final_view(self, index: int, record: np.ndarray) -> StepView:
+        cached = self._final_views.get(index)
+        if cached is None or cached[0] is not record:
+            cached = self._final_views[index] = (record, StepView(record))
+        return cached[1]
 
 
 def _body_codec(schema: Schema, message: str) -> StructCodec:

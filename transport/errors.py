@@ -131,6 +131,24 @@ class FingerprintMismatchError(ProtocolError):
         super().__init__(message)
 
 
+class RegionMismatchError(ProtocolError):
+    """A control-block field of an shm:// region differs from what this side expects."""
+
+    def __init__(self, url: str, field: str, expected: object, found: object) -> None:
+        self.field = field
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{url}: control block field {field}: expected {expected}, found {found}")
+
+
+class WorkerDiedError(TransportError):
+    """A worker process of a pool died or did not start: its envs lost their state."""
+
+
+class AdapterError(TransportError):
+    """An adapter cannot work with this server (wrong number of envs, missing roles, no URL)."""
+
+
 class RemoteError(TransportError):
     """The peer answered ERROR: ``code`` is the protocol error code, ``text`` its message."""
 

@@ -32,16 +32,12 @@ from gymnasium.vector.utils import batch_space
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
-from transport.errors import TransportError
+from transport.errors import AdapterError
 
 URL_ENV = "TRANSPORT_URL"
 NUM_ENVS_ENV = "TRANSPORT_NUM_ENVS"
 
 Bounds = tuple[float, float]
-
-
-class AdapterError(TransportError):
-    """An adapter cannot work with this server (wrong number of envs, missing roles, no URL)."""
 
 
 def resolve_url(url: str | None) -> str:

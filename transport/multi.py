@@ -25,7 +25,7 @@ from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, decode_error
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 
 @runtime_checkable
@@ -163,7 +163,9 @@ class MultiClient:
         self.num_envs = start
         self._result = self.schema[_body(self.schema, "STEP_RESP")]
         self._out = bytearray(BODY_OFFSET + self.num_envs * self._result.size)
-        self._view = StepView(self._result.view(self._out, BODY_OFFSET, count=self.num_envs))
+        rows = self._result.view(self._out, BODY_OFFSET, count=self.num_envs)
+        self._view = StepView(rows)
+        self._rows = [rows[part.env_ids.start : part.env_ids.stop] for part in self.parts]
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -239,13 +241,11 @@ class MultiClient:
                 except TransportError as exc:
                     failures[k] = exc
             else:
-                futures[k] = self._thread_pool().submit(
-                    self._exchange, part, msg_type, body, expect
-                )
+                futures[k] = self._thread_pool().submit(self._exchange, k, msg_type, body, expect)
         for k, (pipe, msg_id) in sent.items():
             try:
                 resp_type, resp = pipe.recv_response(msg_id, deadline)
-                self._accept(self.parts[k], requests[k][2], resp_type, resp)
+                self._accept(k, requests[k][2], resp_type, resp)
             except TransportError as exc:
                 failures[k] = exc
         for k, future in futures.items():
@@ -261,22 +261,20 @@ class MultiClient:
                 self._view.copy(),
             )
 
-    def _exchange(self, part: _Part, msg_type: int, body: Any, expect: int) -> None:
-        resp_type, resp = part.client.channel.request(msg_type, body)
-        self._accept(part, expect, resp_type, resp)
+    def _exchange(self, k: int, msg_type: int, body: Any, expect: int) -> None:
+        resp_type, resp = self.parts[k].client.channel.request(msg_type, body)
+        self._accept(k, expect, resp_type, resp)
 
-    def _accept(self, part: _Part, expect: int, resp_type: int, resp: memoryview) -> None:
-        """Check one server's reply and copy it into its rows of the batch."""
+    def _accept(self, k: int, expect: int, resp_type: int, resp: memoryview) -> None:
+        """Check server k's reply and copy its results into its rows of the batch."""
+        part = self.parts[k]
         ids = part.client.ids
         if resp_type == ids.ERROR:
             raise decode_error(resp)
         if resp_type != expect:
             raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
-        size = self._result.size * part.num_envs
-        if resp.nbytes != size:
-            raise ProtocolError(f"response has {resp.nbytes} bytes, expected {size}")
-        start = BODY_OFFSET + part.env_ids.start * self._result.size
-        self._out[start : start + size] = resp
+        records = part.client.channel.result_records(resp, self._result, part.num_envs, False)
+        self._rows[k][...] = records
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:

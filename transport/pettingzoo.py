@@ -26,7 +26,8 @@ from pettingzoo import AECEnv
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, StepView
 from transport.codec import Schema
-from transport.gym import AdapterError, Bounds, ResultFields, observation_bounds_of, resolve_url
+from transport.errors import AdapterError
+from transport.gym import Bounds, ResultFields, observation_bounds_of, resolve_url
 
 
 def _default_schema() -> Schema:

@@ -18,10 +18,14 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl
 
-from transport.client import DEFAULT_TIMEOUT, Client
-from transport.codec import Schema
+import numpy as np
+
+from transport.backends import backend_for
+from transport.backends.base import Channel
+from transport.client import DEFAULT_TIMEOUT, default_schema
+from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, TransportError
-from transport.protocol import AutoReset
+from transport.protocol import DEFAULT_MAX_BODY, MessageIds, decode_error
 
 log = logging.getLogger(__name__)
 
@@ -45,45 +49,91 @@ def candidates(url: str) -> list[tuple[str, str]]:
     return out
 
 
-def connect(
+def open_channel(
     url: str,
     *,
-    schema: Schema,
     timeout: float | None = DEFAULT_TIMEOUT,
-    autoreset: AutoReset = AutoReset.DISABLED,
-    max_body: int | None = None,
-) -> Client:
-    """Connect to the first candidate that answers (see the module docstring)."""
-    from transport.api import connect as connect_url
-    from transport.protocol import DEFAULT_MAX_BODY
+    max_body: int = DEFAULT_MAX_BODY,
+    schema: Schema | None = None,
+) -> AutoChannel:
+    """A channel that picks its backend at the handshake (see ``AutoChannel``)."""
+    candidates(url)  # a bad URL fails here
+    return AutoChannel(url, schema if schema is not None else default_schema(), timeout, max_body)
 
-    reasons: list[str] = []
-    for candidate, skip in candidates(url):
-        if skip:
-            log.info("auto: skipped %s: %s", candidate, skip)
-            reasons.append(f"{candidate}: {skip}")
-            continue
-        try:
-            client = connect_url(
-                candidate,
-                schema,
-                timeout=timeout,
-                autoreset=autoreset,
-                max_body=max_body or DEFAULT_MAX_BODY,
-            )
-        except TransportError as exc:
-            log.info("auto: skipped %s: %s", candidate, exc)
-            reasons.append(f"{candidate}: {exc}")
-            continue
-        log.info("auto: %s chose %s", url, candidate)
-        return client
-    raise ConnectError(f"{url}: no backend answered ({'; '.join(reasons)})")
+
+class AutoChannel:
+    """The first candidate (module docstring) that opens and answers the HELLO becomes the
+    channel every later request goes to; each skipped candidate is logged with its reason."""
+
+    def __init__(self, url: str, schema: Schema, timeout: float | None, max_body: int) -> None:
+        self.url = url
+        self.info: dict[str, Any] = {}
+        self.schema = schema
+        self.timeout = timeout
+        self.max_body = max_body
+        self.chosen: Channel | None = None
+
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        if self.chosen is not None:
+            return self.chosen.request(msg_type, body)
+        return self._choose(msg_type, body)
+
+    def _choose(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        ids = MessageIds.from_schema(self.schema.ir)
+        if msg_type != ids.HELLO_REQ:
+            raise ConnectError(f"{self.url}: send HELLO_REQ first (it chooses the backend)")
+        reasons: list[str] = []
+        for candidate, skip in candidates(self.url):
+            if not skip:
+                try:
+                    channel = backend_for(candidate).open_channel(
+                        candidate, timeout=self.timeout, max_body=self.max_body, schema=self.schema
+                    )
+                except TransportError as exc:
+                    skip = str(exc)
+            if skip:
+                log.info("auto: skipped %s: %s", candidate, skip)
+                reasons.append(f"{candidate}: {skip}")
+                continue
+            try:
+                resp_type, resp = channel.request(msg_type, body)
+                if resp_type != ids.HELLO_RESP:
+                    raise decode_error(resp)
+            except TransportError as exc:
+                channel.close()
+                log.info("auto: skipped %s: %s", candidate, exc)
+                reasons.append(f"{candidate}: {exc}")
+                continue
+            log.info("auto: %s chose %s", self.url, candidate)
+            self.chosen, self.url = channel, candidate
+            return resp_type, resp
+        raise ConnectError(f"{self.url}: no backend answered ({'; '.join(reasons)})")
+
+    def _channel(self) -> Channel:
+        if self.chosen is None:
+            raise ConnectError(f"{self.url}: no backend chosen yet (send HELLO_REQ first)")
+        return self.chosen
+
+    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+        return self._channel().request_area(codec, count)
+
+    def result_records(
+        self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
+    ) -> np.ndarray:
+        return self._channel().result_records(body, codec, count, finals)
+
+    def final_records(self) -> list[tuple[int, np.ndarray]]:
+        return self._channel().final_records()
+
+    def close(self) -> None:
+        if self.chosen is not None:
+            self.chosen.close()
 
 
 class Listener:
     """``auto://`` names a server for clients only: servers listen on a concrete URL."""
 
-    def __init__(self, url: str, sessions: Any, **_: Any) -> None:
+    def __init__(self, url: str, host: Any, **_: Any) -> None:
         raise ConnectError(
             f"{url}: auto:// is for clients; serve on shm://NAME, unix:///tmp/transport-NAME.sock"
             " or http://127.0.0.1:PORT"

@@ -9,15 +9,15 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Callable
 
+from transport.backends.socket_listener import SocketListener
+from transport.backends.sockets import claim_unix_path, connect_with_retry
+from transport.backends.stream import FramedSocket, StreamChannel, serve_connection
 from transport.codec import Schema
 from transport.errors import ConnectError
-from transport.listener import SocketListener
 from transport.protocol import DEFAULT_MAX_BODY
-from transport.server import Session
-from transport.sockets import claim_unix_path, connect_with_retry
-from transport.stream import FramedSocket, StreamChannel, serve_connection
+from transport.runtime.core import EnvHost
+from transport.runtime.session import Session
 
 
 def socket_path(url: str) -> str:
@@ -50,16 +50,16 @@ def open_channel(
         return sock
 
     sock = connect_with_retry(attempt, path, timeout)
-    return StreamChannel(FramedSocket(sock, max_body=max_body, timeout=timeout), timeout)
+    channel = StreamChannel(FramedSocket(sock, max_body=max_body, timeout=timeout), timeout)
+    channel.url = url
+    return channel
 
 
 class Listener(SocketListener):
     """Accepts connections on a Unix socket; one thread and one Session per connection."""
 
-    def __init__(
-        self, url: str, sessions: Callable[[], Session], *, max_body: int = DEFAULT_MAX_BODY
-    ) -> None:
-        super().__init__(sessions, max_body=max_body)
+    def __init__(self, url: str, host: EnvHost, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+        super().__init__(host, max_body=max_body)
         self.url = url
         self.path = socket_path(url)
         self._inode: int | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from transport.codec import Schema
-from transport.server import Env
+from transport.runtime.env import Env
 
 ENVS: dict[str, str] = {
     "echo": "transport.envs.echo:EchoEnv",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 OBS_N = 612
 ACT_N = 92

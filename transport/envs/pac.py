@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from transport.server import Spaces
+from transport.runtime.env import Spaces
 
 OBS_N = 612
 ACT_N = 92

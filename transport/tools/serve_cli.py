@@ -211,7 +211,7 @@ def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], A
 def _url_num_envs(url: str) -> int | None:
     if not url.lower().startswith("shm://"):
         return None
-    from transport.shm import parse_url
+    from transport.backends.shm.region import parse_url
 
     try:
         return parse_url(url).num_envs
@@ -222,7 +222,7 @@ def _url_num_envs(url: str) -> int | None:
 def _shm_admin(*, cleanup: bool, as_json: bool) -> int:
     import json
 
-    from transport.shm import cleanup_stale, list_segments
+    from transport.backends.shm.region import cleanup_stale, list_segments
 
     infos = cleanup_stale() if cleanup else list_segments()
     if as_json:

@@ -1,23 +1,12 @@
-"""The shared-memory region of ``shm://`` (seed 000 Appendix B): layout, lifecycle, wait policy.
+"""The shared-memory region of ``shm://``: layout, lifecycle, wait policy, and the record views
+of the slots that clients and servers read and write (protocol: docs/shm.md).
 
-Layout (``schema/pac_shm.toml``; the diagram and the protocol are in ``docs/shm.md``)::
-
-    offset 0            64              64 + 5120        64 + N * 5120      + i * 2576
-    +-------------------+---------------+----------------+----+-----------+-------------+----
-    | ControlBlock (64) | Slot env 0    | Slot env 1     | ...| Final 0   | Final 1     | ...
-    +-------------------+---------------+----------------+----+-----------+-------------+----
-    one 5120-byte Slot per env, then one 2576-byte Final area per env (SAME_STEP auto-reset)
-
-    ControlBlock: 0 magic u32 "PACT" | 4 version u32 | 8 num_envs u32 | 12 obs_size u32
-      16 act_size u32 | 20 slot_size u32 | 24 fingerprint u64 | 32 owner_pid u32
-      36 state u32 (CREATING 0, READY 1, CLOSED 2; written last) | 40 owner_start_time u64
-      48 client_start_time u64 | 56 doorbell u32 (futex) | 60 client_pid u32 (lease, CAS)
-    Slot: 0 sem_action_ready u32 (request seq, futex) | 4 sem_result_ready u32 (response seq,
-      futex) | 8 command u32 | 12 action i32 | 16 .. 2573 the StepResult fields | 2573 has_seed
-      u8 | 2574 status u16 | 2576 seed u64 | 2584 error_len u16 | 2586 info_len u16
-      2592 error_text u8[1024] | 3616 info u8[256] (slot 0) | padding to 5120
-    Final: 0 final_seq u32 (the request sequence of the step that ended the episode) |
-      4..15 zero | 16 .. 2573 the final StepResult, at the same offsets as in a Slot | 2 zero
+The layout is the schema compiler's (the IR's ``shm`` section: the ShmControl, ShmSlot and
+ShmFinal structs and flat offset maps; the generated module of each schema prints it as a
+diagram). Region = ShmControl (64 bytes, the same in every layout), then k slots, then k final
+areas (k >= num_envs: a server whose env has ``step_batch`` has one slot per seat).
+``ShmLayout.of(schema)`` reads it; nothing here hand-keeps an offset. The pac_env schema uses the
+``pac_shm`` profile: seed 000 Appendix B byte for byte.
 
 A segment lives at ``/dev/shm/transport-<name>`` (mode 0600), is created with O_EXCL and fully
 reserved with ``posix_fallocate`` (a full /dev/shm is an error at creation, never a SIGBUS), and
@@ -33,7 +22,6 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -41,37 +29,144 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from transport import native
-from transport.errors import ConnectError
+from transport.codec import Schema, StructCodec
+from transport.errors import ConnectError, ProtocolError
 from transport.generated import pac_shm
 from transport.schema.ir import FieldIR
 
 MAGIC = 0x50414354  # "PACT"
 LAYOUT_VERSION: int = int(pac_shm.IR["version"])
-LAYOUT_FINGERPRINT: int = pac_shm.FINGERPRINT
-CONTROL_SIZE: int = pac_shm.ControlBlock.size  # 64
-SLOT_SIZE: int = pac_shm.Slot.size  # 5120
+CONTROL = pac_shm.ControlBlock
+"""The control block: the same fields at the same offsets in every layout (ShmControl)."""
+CONTROL_SIZE: int = CONTROL.size  # 64
 PREFIX = "transport-"
 SHM_DIR = "/dev/shm"
-RESULT_OFFSET = (
-    16  # the StepResult fields of a slot: bytes 16 .. 2573 (reward .. actions_this_turn)
-)
-FINAL_SIZE: int = pac_shm.FinalArea.size  # 2576: u32 final_seq, 12 zero bytes, the StepResult
-FINAL_SEQ_OFFSET: int = pac_shm.FinalArea.ir.field("final_seq").offset  # 0
 STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to be initialised
 
-
 RegionState = pac_shm.RegionState  # CREATING 0, READY 1, CLOSED 2
-SlotCommand = pac_shm.SlotCommand  # STEP 0, RESET 1, SHUTDOWN 2, HELLO 3 (mode in `action`)
+SlotCommand = pac_shm.SlotCommand  # STEP, RESET, SHUTDOWN, HELLO (mode in the action), OBSERVE,
+# STEP_MULTI: the protocol envelope's enum, the same in every schema
+
+CB: dict[str, FieldIR] = {f.name: f for f in CONTROL.ir.fields}
 
 
-def _offsets(fields: Sequence[FieldIR]) -> dict[str, FieldIR]:
-    return {f.name: f for f in fields}
+@dataclass(frozen=True)
+class ShmLayout:
+    """Where everything is in the region of one schema (the IR's ``shm`` section).
+
+    ``result_dtype`` / ``final_dtype`` / ``request_dtype``: the result (request) fields at their
+    offsets relative to ``result_base`` (``final_base``, ``request_base``) in a slot (a final
+    area); views with row stride ``slot_size`` (``final_size``) put every field in place.
+    """
+
+    schema: Schema
+    slot: StructCodec
+    final: StructCodec
+    result: StructCodec
+    request: StructCodec
+    slot_fields: dict[str, FieldIR]
+    result_dtype: np.dtype[Any]
+    result_base: int
+    final_dtype: np.dtype[Any]
+    final_base: int
+    request_dtype: np.dtype[Any]
+    request_base: int
+    final_seq_offset: int
+    seats: int
+    obs_size: int
+    act_size: int
+
+    @staticmethod
+    def of(schema: Schema) -> ShmLayout:
+        """The layout of ``schema``'s region (``ProtocolError`` for a schema without [env])."""
+        cached = _LAYOUTS.get(schema.fingerprint)
+        if cached is not None:
+            return cached
+        shm, env = schema.ir.shm, schema.ir.env
+        if shm is None or env is None:
+            raise ProtocolError(
+                f"schema {schema.name} has no [env] table: shm:// needs the region layout the "
+                "compiler derives from it"
+            )
+        result, request = schema[env.result], schema[env.request]
+        final = schema[shm.final]
+        result_dtype, result_base = _placed(result, shm.result_offsets)
+        final_dtype, final_base = _placed(result, shm.final_result_offsets)
+        request_dtype, request_base = _placed(request, shm.request_offsets)
+        observation = result.ir.role("observation")
+        mask = result.ir.role("action_mask")
+        layout = ShmLayout(
+            schema=schema,
+            slot=schema[shm.slot],
+            final=final,
+            result=result,
+            request=request,
+            slot_fields={f.name: f for f in schema[shm.slot].ir.fields},
+            result_dtype=result_dtype,
+            result_base=result_base,
+            final_dtype=final_dtype,
+            final_base=final_base,
+            request_dtype=request_dtype,
+            request_base=request_base,
+            final_seq_offset=final.ir.field("final_seq").offset,
+            seats=env.seats,
+            obs_size=observation.count if observation is not None else 0,
+            act_size=mask.count if mask is not None else 0,
+        )
+        _LAYOUTS[schema.fingerprint] = layout
+        return layout
+
+    @property
+    def slot_size(self) -> int:
+        return self.slot.size
+
+    @property
+    def final_size(self) -> int:
+        return self.final.size
+
+    @property
+    def error_text_max(self) -> int:
+        return self.slot_fields["error_text"].count
+
+    @property
+    def info_max(self) -> int:
+        return self.slot_fields["info"].count
+
+    def region_size(self, slots: int) -> int:
+        """The segment size: control block, ``slots`` slots, ``slots`` final-result areas."""
+        return CONTROL_SIZE + slots * (self.slot_size + self.final_size)
+
+    def finals_offset(self, slots: int) -> int:
+        """Where the first final-result area starts: right after the last slot."""
+        return CONTROL_SIZE + slots * self.slot_size
+
+    def slots_in(self, size: int, num_envs: int) -> tuple[int, bool] | None:
+        """(slots, has final areas) of a segment of ``size`` bytes serving ``num_envs`` envs:
+        size = control + k x (slot + final) with k >= num_envs, or control + num_envs slots (a
+        server without final areas). None: no such k."""
+        body, unit = size - CONTROL_SIZE, self.slot_size + self.final_size
+        if body >= 0 and body % unit == 0 and body // unit >= max(num_envs, 1):
+            return body // unit, True
+        if body == num_envs * self.slot_size:
+            return num_envs, False
+        return None
 
 
-CB = _offsets(pac_shm.ControlBlock.ir.fields)
-SLOT = _offsets(pac_shm.Slot.ir.fields)
-ERROR_TEXT_MAX = SLOT["error_text"].count
-INFO_MAX = SLOT["info"].count
+_LAYOUTS: dict[int, ShmLayout] = {}
+
+
+def _placed(codec: StructCodec, offsets: dict[str, int]) -> tuple[np.dtype[Any], int]:
+    """``codec``'s fields at ``offsets`` (relative to the smallest), and that smallest offset.
+    Where the struct is embedded whole, records span its size (their bytes are the codec's)."""
+    names = [f.name for f in codec.ir.fields]
+    base = min(offsets[name] for name in names)
+    formats = [codec.dtype[name] for name in names]
+    rel = [offsets[name] - base for name in names]
+    itemsize = max(o + np.dtype(f).itemsize for o, f in zip(rel, formats, strict=True))
+    if rel == [f.offset for f in codec.ir.fields]:  # the struct is embedded whole (derived)
+        itemsize = codec.size  # a record's bytes are the codec's, padding included
+    dtype = np.dtype({"names": names, "formats": formats, "offsets": rel, "itemsize": itemsize})
+    return dtype, base
 
 
 # -- wait policy ---------------------------------------------------------------------------------
@@ -185,21 +280,6 @@ def parse_url(url: str) -> ShmUrl:
     return ShmUrl(name, num_envs, policy)
 
 
-def slots_size(num_envs: int) -> int:
-    """Bytes of the control block and the N slots (Appendix B; a region without final areas)."""
-    return CONTROL_SIZE + num_envs * SLOT_SIZE
-
-
-def finals_offset(num_envs: int) -> int:
-    """Where env 0's final-result area starts: right after the last slot."""
-    return slots_size(num_envs)
-
-
-def region_size(num_envs: int) -> int:
-    """The segment size: control block, N slots, N final-result areas."""
-    return slots_size(num_envs) + num_envs * FINAL_SIZE
-
-
 def own_start_time() -> int:
     return native.proc_start_time(os.getpid())
 
@@ -208,29 +288,41 @@ def own_start_time() -> int:
 
 
 class Region:
-    """A mapped segment: the control block's words and the slots, as pointers and NumPy views."""
+    """A mapped segment: the control block's words and the slots, as pointers and NumPy views.
+
+    ``slots``: how many slots the owner lays out; None for an attaching client, which reads it
+    from the segment size (``num_slots`` 0 when the size fits no layout: validation says so).
+    """
 
     def __init__(
-        self, segment: str, fd: int, size: int, *, owner: bool, num_envs: int | None = None
+        self,
+        segment: str,
+        fd: int,
+        size: int,
+        layout: ShmLayout,
+        *,
+        owner: bool,
+        slots: int | None = None,
     ) -> None:
         self.segment = segment
         self.owner = owner
         self.size = size
+        self.layout = layout
         self.inode = os.fstat(fd).st_ino
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.control = pac_shm.ControlBlock.view(self.map)  # 0-d record
+        self.control = CONTROL.view(self.map)  # 0-d record
         self.words = np.ndarray((CONTROL_SIZE // 4,), dtype="<u4", buffer=self.map)
         self.base = native.address(self.map)
         self.state_word = native.word(self.map, CB["state"].offset)
         self.doorbell = native.word(self.map, CB["doorbell"].offset)
         self.client_pid_word = native.word(self.map, CB["client_pid"].offset)
-        if num_envs is None:  # an attaching client: the header says (validated against the size)
-            num_envs = int(self.control["num_envs"])
-            if slots_size(num_envs) > size:
-                num_envs = (size - CONTROL_SIZE) // SLOT_SIZE
-        self.num_envs = num_envs
-        self.has_finals = size >= region_size(num_envs)
-        self.slots = pac_shm.Slot.view(self.map, CONTROL_SIZE, count=self.num_envs)
+        has_finals = True
+        if slots is None:  # an attaching client: the size says (validated later)
+            found = layout.slots_in(size, int(self.control["num_envs"]))
+            slots, has_finals = found if found is not None else (0, False)
+        self.num_slots = slots
+        self.has_finals = has_finals
+        self.slots = layout.slot.view(self.map, CONTROL_SIZE, count=slots)
 
     # control block fields
     def get(self, field: str) -> int:
@@ -243,17 +335,39 @@ class Region:
     def state(self) -> int:
         return native.load_acquire(self.state_word)
 
-    def slot_word(self, index: int, field: str) -> Any:
-        return native.word(self.map, CONTROL_SIZE + index * SLOT_SIZE + SLOT[field].offset)
-
-    def strided(self, field: str, dtype: Any | None = None) -> np.ndarray:
-        """An (N, ...) view of one slot field across every slot (row stride = SLOT_SIZE)."""
-        f = SLOT[field]
-        elem = np.dtype(dtype) if dtype is not None else self.slots.dtype[field].base
-        shape: tuple[int, ...] = (self.num_envs,) if f.count == 1 else (self.num_envs, f.count)
-        strides: tuple[int, ...] = (SLOT_SIZE,) if f.count == 1 else (SLOT_SIZE, elem.itemsize)
+    def strided(self, field: str) -> np.ndarray:
+        """A (k, ...) view of one slot field across every slot (row stride = the slot size)."""
+        f = self.layout.slot_fields[field]
+        elem = self.slots.dtype[field].base
+        stride = self.layout.slot_size
+        k = self.num_slots
+        shape: tuple[int, ...] = (k,) if f.count == 1 else (k, f.count)
+        strides: tuple[int, ...] = (stride,) if f.count == 1 else (stride, elem.itemsize)
         return np.ndarray(
             shape, dtype=elem, buffer=self.map, offset=CONTROL_SIZE + f.offset, strides=strides
+        )
+
+    def results(self) -> np.ndarray:
+        """(k,) result records, one per slot, into the mapping."""
+        lay = self.layout
+        return self._rows(lay.result_dtype, CONTROL_SIZE + lay.result_base, lay.slot_size)
+
+    def requests(self) -> np.ndarray:
+        """(k,) request records, one per slot (the client writes them, the server reads)."""
+        lay = self.layout
+        return self._rows(lay.request_dtype, CONTROL_SIZE + lay.request_base, lay.slot_size)
+
+    def finals(self) -> tuple[np.ndarray, np.ndarray]:
+        """(k,) final_seq words and (k,) final-result records (the final areas)."""
+        lay = self.layout
+        base = lay.finals_offset(self.num_slots)
+        seqs = self._rows(np.dtype("<u4"), base + lay.final_seq_offset, lay.final_size)
+        return seqs, self._rows(lay.final_dtype, base + lay.final_base, lay.final_size)
+
+    def _rows(self, dtype: np.dtype[Any], offset: int, stride: int) -> np.ndarray:
+        """One ``dtype`` item per slot (or final area) at ``offset``, ``stride`` bytes apart."""
+        return np.ndarray(
+            (self.num_slots,), dtype=dtype, buffer=self.map, offset=offset, strides=(stride,)
         )
 
     def close(self) -> None:
@@ -274,6 +388,23 @@ def write_text(buf: np.ndarray, text: str) -> int:
     data = data.decode("utf-8", "ignore").encode("utf-8")
     buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
     return len(data)
+
+
+def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
+    ctx = native.new_ctx()
+    fields = region.layout.slot_fields
+    ctx.slots = region.base + CONTROL_SIZE
+    ctx.stride = region.layout.slot_size
+    ctx.n = region.num_slots
+    ctx.req_off = fields["sem_action_ready"].offset
+    ctx.resp_off = fields["sem_result_ready"].offset
+    ctx.status_off = fields["status"].offset
+    ctx.seqs = native.ffi.cast("uint32_t *", native.ffi.from_buffer(seqs, require_writable=True))
+    ctx.doorbell = region.doorbell
+    ctx.state = region.state_word
+    ctx.ready_state = RegionState.READY
+    policy.apply(ctx)
+    return ctx
 
 
 # -- inspection, stale detection, cleanup ------------------------------------------------------
@@ -321,7 +452,7 @@ def inspect_segment(path: str) -> RegionInfo:
     age = max(0.0, time.time() - st.st_mtime)
     if len(header) < CONTROL_SIZE:
         return RegionInfo(name, path, st.st_size, False, 0, 0, "EMPTY", 0, False, 0, age)
-    cb = pac_shm.ControlBlock.view(header)
+    cb = CONTROL.view(header)
     magic_ok = int(cb["magic"]) == MAGIC
     pid = int(cb["owner_pid"]) if magic_ok else 0
     start = int(cb["owner_start_time"]) if magic_ok else 0

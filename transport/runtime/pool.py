@@ -1,24 +1,10 @@
-"""Env groups: the N envs of one session, stepped in this process or in K worker processes.
+"""The worker-pool runner: a client's N envs in K worker processes (the second runner of
+``transport.runtime.core``; the first is ``LocalEnvs``).
 
-A *runner* owns a session's envs and writes their results into record views it was given
-(``records[i]``: a 0-d record with the STEP_RESP fields). Both runners share one interface,
-used by ``transport.server.Session`` (with ``workers=K``) and by the shm:// server:
-
-- ``reset(seeds) -> failures``: reset every env (env i with ``seeds[i]``).
-- ``step(actions, mode) -> (ended, failures)``: step every env, honouring the auto-reset mode
-  (docs/protocol.md "Auto-reset"): NEXT_STEP resets an env whose last result was done instead
-  of stepping it; SAME_STEP copies the final result to ``final_record(i)`` and resets at once
-  (``ended`` lists those envs, in index order).
-- ``restore(i, seed) -> (fate, ok)``: after env i raised, reset it, or recreate it from the
-  factory when the reset raises too.
-
-``failures`` are ``(env index, exception)`` pairs; the other envs did their step. The session
-turns them into one ERROR whose text starts with ``env {i}:`` (``EnvError.env_id``).
-
-``LocalEnvs`` runs the envs in the calling thread. ``WorkerPool`` splits them evenly over K
-worker processes (``multiprocessing`` spawn): env i is created, seeded and stepped in one worker
-for the pool's lifetime, so each env keeps its own RNG stream and a pool's results are byte for
-byte those of the in-process server. A step fans out and gathers through one shared mapping:
+``WorkerPool`` splits the envs evenly over K worker processes (``multiprocessing`` spawn): env i
+is created, seeded and stepped in one worker for the pool's lifetime, so each env keeps its own
+RNG stream and a pool's results are byte for byte those of the in-process server. A step fans
+out and gathers through one shared mapping:
 
 ```
  memfd (never named in /dev/shm; workers open /proc/<server pid>/fd/<fd>)
@@ -34,7 +20,8 @@ byte those of the in-process server. A step fans out and gathers through one sha
 The server writes actions, publishes every worker's ``cmd`` word (FUTEX_WAKE only if that worker
 sleeps), then waits on each ``done`` word (spin, then FUTEX_WAIT slices with a liveness check
 of the worker's pid: a dead worker is found within one slice, never a hang). A worker waits on
-its ``cmd`` word the same way, checking the server's pid: an orphaned worker exits. A worker
+its ``cmd`` word the same way, checking the server's pid: an orphaned worker exits. Each worker runs
+its envs with a ``LocalEnvs`` (the auto-reset rule is ``Runner.step_one``, once). A worker
 that died is replaced by a new process with fresh envs from the factory; its envs' failures
 name them (``env i: worker process k (pid P, envs a..b) died``) and ``restore`` resets the
 fresh envs: the next request works.
@@ -45,168 +32,34 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from transport import native
 from transport.codec import Schema, StructCodec
-from transport.errors import CodecError, TransportError
+from transport.errors import TransportError, WorkerDiedError
 from transport.protocol import AutoReset, ErrorCode, RequestError
-from transport.server import Env, Spaces
+from transport.runtime.core import (
+    FATE_FAILED,
+    FATE_RECREATED,
+    FATE_RESET,
+    Failures,
+    Runner,
+    describe,
+)
+from transport.runtime.env import Env, Spaces
+from transport.runtime.local import LocalEnvs
 
-FATE_RESET = "the env was reset"
-FATE_RECREATED = "the env was recreated"
-FATE_FAILED = "the env could not be reset: send a reset"
 _FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worker process"}
-
-Failures = list[tuple[int, Exception]]
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as one line: ``ValueError: text``."""
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
-
-
-def end_fields(codec: StructCodec) -> tuple[str, ...]:
-    """The result fields whose truth ends an episode (``StructIR.episode_end_fields``)."""
-    return tuple(f.name for f in codec.ir.episode_end_fields())
-
-
-class LocalEnvs:
-    """Envs stepped in the calling thread; results written in place into ``records``.
-
-    ``records[i]`` and ``finals[i]`` are 0-d records with the codec's field names (any offsets:
-    a packed buffer, or the slots of an shm region). ``base`` numbers the envs in error texts
-    (a worker's first env).
-    """
-
-    def __init__(
-        self,
-        envs: list[Env],
-        codec: StructCodec,
-        records: Sequence[np.ndarray],
-        finals: Sequence[np.ndarray] | None,
-        factory: Callable[[], Env] | None,
-        *,
-        base: int = 0,
-    ) -> None:
-        self.envs = envs
-        self.codec = codec
-        self.records = records
-        self.finals = finals
-        self.factory = factory
-        self.base = base
-        self.num_envs = len(envs)
-        self._ends = end_fields(codec)
-        self._scratch = bytearray(codec.size)
-        self._refresh()
-
-    def _refresh(self) -> None:
-        self._step_into = [getattr(env, "step_into", None) for env in self.envs]
-        self._reset_into = [getattr(env, "reset_into", None) for env in self.envs]
-
-    def spaces(self) -> Spaces:
-        return self.envs[0].spaces()
-
-    def final_record(self, index: int) -> np.ndarray:
-        assert self.finals is not None
-        return self.finals[index]
-
-    def is_done(self, index: int) -> bool:
-        record = self.records[index]
-        return any(record[name] for name in self._ends)
-
-    def write(self, index: int, output: Any) -> None:
-        if output is None:  # the env wrote the record in place (step_into / reset_into)
-            return
-        try:
-            self.codec.encode_into(
-                self._scratch, 0, output, validate=not isinstance(output, np.ndarray)
-            )
-        except CodecError as exc:
-            raise RequestError(
-                ErrorCode.ENV_ERROR, f"env {self.base + index}: returned bad values: {exc}"
-            ) from None
-        self.records[index][...] = self.codec.view(self._scratch)
-
-    def reset_one(self, index: int, seed: int | None) -> None:
-        reset_into = self._reset_into[index]
-        if reset_into is not None:
-            self.write(index, reset_into(seed, self.records[index]))
-        else:
-            self.write(index, self.envs[index].reset(seed))
-
-    def step_one(self, index: int, action: int, mode: AutoReset) -> bool:
-        """Step env ``index`` (or auto-reset it); True when SAME_STEP kept a final result."""
-        if mode == AutoReset.NEXT_STEP and self.is_done(index):
-            self.reset_one(index, None)  # the action of a done env is ignored
-            return False
-        step_into = self._step_into[index]
-        if step_into is not None:
-            self.write(index, step_into(action, self.records[index]))
-        else:
-            self.write(index, self.envs[index].step(action))
-        if mode == AutoReset.SAME_STEP and self.is_done(index):
-            self.final_record(index)[...] = self.records[index]
-            self.reset_one(index, None)
-            return True
-        return False
-
-    def reset(self, seeds: Sequence[int | None]) -> Failures:
-        failures: Failures = []
-        for i in range(self.num_envs):
-            try:
-                self.reset_one(i, seeds[i])
-            except Exception as exc:  # the other envs still reset
-                failures.append((i, exc))
-        return failures
-
-    def step(self, actions: Sequence[int], mode: AutoReset) -> tuple[list[int], Failures]:
-        ended: list[int] = []
-        failures: Failures = []
-        step_one = self.step_one
-        for i in range(self.num_envs):
-            try:
-                if step_one(i, actions[i], mode):
-                    ended.append(i)
-            except Exception as exc:  # the other envs still step
-                failures.append((i, exc))
-        return ended, failures
-
-    def restore(self, index: int, seed: int | None) -> tuple[str, bool]:
-        """Reset env ``index`` after it raised; if that raises too, recreate it."""
-        env = self.envs[index]
-        attempts: list[tuple[str, Callable[[], Env]]] = [(FATE_RESET, lambda: env)]
-        if self.factory is not None:
-            attempts.append((FATE_RECREATED, self.factory))
-        for fate, make in attempts:
-            try:
-                fresh = make()
-                self.envs[index] = fresh
-                self._refresh()
-                self.reset_one(index, seed)
-            except Exception:
-                continue
-            return fate, True
-        return FATE_FAILED, False
-
-    def close(self) -> None:
-        for env in self.envs:
-            close = getattr(env, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
 
 
 # -- worker processes ----------------------------------------------------------------------------
 
 READY, CLOSED = 1, 2
-OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE = 1, 2, 3, 4
+OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE = 1, 2, 3, 4, 5
 ENDED, FAILED = 1, 2
 BLOCK = 64
 CTL_DTYPE = np.dtype(
@@ -218,10 +71,6 @@ CTL_DTYPE = np.dtype(
     }
 )
 _W_CMD, _W_DONE, _W_OP, _W_ARG, _W_MODE, _W_OK = range(6)  # u32 words of a worker block
-
-
-class WorkerDiedError(TransportError):
-    """A worker process of a pool died: its envs lost their state (they are recreated)."""
 
 
 class _Layout:
@@ -291,6 +140,15 @@ def _write_error(ctl: np.ndarray, text: str) -> None:
     ctl["error_len"] = len(data)
 
 
+def _write_info(ctl: np.ndarray, info: dict[str, Any]) -> None:
+    """An env's OBSERVE info map, msgpack in the error_text area (``{}`` when it does not fit)."""
+    data = msgpack.packb(info)
+    if len(data) > ctl["error_text"].shape[-1]:
+        data = msgpack.packb({})
+    ctl["error_text"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    ctl["error_len"] = len(data)
+
+
 def _worker_main(
     fd_path: str,
     size: int,
@@ -314,9 +172,7 @@ def _worker_main(
     block, ctl = lay.blocks[k], lay.ctl
     try:
         envs = [factory() for _ in range(lo, hi)]
-        local = LocalEnvs(
-            envs, codec, lay.result_records[lo:hi], lay.final_records[lo:hi], factory, base=lo
-        )
+        local = LocalEnvs(envs, codec, lay.results[lo:hi], lay.finals[lo:hi], factory, base=lo)
         block[_W_OK] = 1
     except Exception as exc:
         _write_error(ctl[lo], describe(exc))
@@ -336,7 +192,7 @@ def _worker_main(
         last = rc
         op = int(block[_W_OP])
         if op == OP_CLOSE:
-            local.close()
+            local.close_envs()
             native.publish(lay.done[k], rc)
             return
         mine = ctl[lo:hi]
@@ -357,6 +213,10 @@ def _worker_main(
             seed = int(mine[i]["seed"]) if mine[i]["has_seed"] else None
             fate, ok = local.restore(i, seed)
             mine[i]["fate"] = {FATE_RESET: 1, FATE_RECREATED: 2}.get(fate, 0) if ok else 0
+        elif op == OP_OBSERVE:
+            infos, failures = local.observe()
+            for i, info in enumerate(infos):
+                _write_info(mine[i], info)
         for i, err in failures:
             mine[i]["flags"] |= FAILED
             if isinstance(err, RequestError):
@@ -367,12 +227,12 @@ def _worker_main(
         native.publish(lay.done[k], rc)
 
 
-class WorkerPool:
+class WorkerPool(Runner):
     """``num_envs`` envs in ``workers`` processes (env i in worker ``i * K // N``, evenly split).
 
     Results land in the pool's shared mapping and are copied (one assignment of N records) into
-    ``dest`` (an (N,) record array with the codec's field names), so the session reads them where
-    it always does. ``final_record(i)`` is env i's SAME_STEP final result, in the mapping.
+    ``dest`` (an (N,) record array with the codec's field names: the rows the runtime reads);
+    SAME_STEP final results are copied into ``finals``.
     """
 
     def __init__(
@@ -383,6 +243,7 @@ class WorkerPool:
         num_envs: int,
         workers: int,
         dest: np.ndarray,
+        finals: np.ndarray | None = None,
         *,
         spin: int = 2_000,
         start_timeout: float = 60.0,
@@ -391,13 +252,11 @@ class WorkerPool:
             raise ValueError("workers must be at least 1")
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
+        super().__init__(schema[result_struct], dest, finals, num_envs)
         self.factory = factory
         self.schema = schema
         self.result_struct = result_struct
-        self.codec = schema[result_struct]
-        self.num_envs = num_envs
         self.workers = min(workers, num_envs)
-        self.dest = dest
         self.spin = spin
         self.start_timeout = start_timeout
         self._ranges = _split(num_envs, self.workers)
@@ -544,7 +403,7 @@ class WorkerPool:
         dead = self._run(OP_RESET, range(self.workers))
         failures: Failures = []
         self._collect(failures, set(dead))
-        self.dest[...] = self.lay.results
+        self.results[: self.num_envs] = self.lay.results
         if dead:
             self._died(dead, failures)
         return failures
@@ -556,13 +415,47 @@ class WorkerPool:
         dead = self._run(OP_STEP, range(self.workers), mode=int(mode))
         failures: Failures = []
         ended = self._collect(failures, set(dead))
-        self.dest[...] = self.lay.results
+        self.results[: self.num_envs] = self.lay.results
+        for i in ended:
+            self.final_records[i][...] = self.lay.final_records[i]
         if dead:
             self._died(dead, failures)
         return ended, failures
 
-    def final_record(self, index: int) -> np.ndarray:
-        return self.lay.final_records[index]
+    def observe(self) -> tuple[list[dict[str, Any]], Failures]:
+        dead = self._run(OP_OBSERVE, range(self.workers))
+        failures: Failures = []
+        self._collect(failures, set(dead))
+        self.results[: self.num_envs] = self.lay.results
+        ctl = self.lay.ctl
+        infos: list[dict[str, Any]] = []
+        failed = {i for i, _ in failures}
+        for i in range(self.num_envs):
+            info: dict[str, Any] = {}
+            if i not in failed and self._owner[i] not in dead:
+                data = bytes(ctl[i]["error_text"][: int(ctl[i]["error_len"])])
+                info = dict(msgpack.unpackb(data)) if data else {}
+            infos.append(info)
+        if dead:
+            self._died(dead, failures)
+        return infos, failures
+
+    def reset_one(self, index: int, seed: int | None) -> None:
+        raise RequestError(
+            ErrorCode.BAD_BATCH, f"env {index}: a worker pool steps and resets every env together"
+        )
+
+    def step_env(self, index: int, action: int) -> None:
+        self.reset_one(index, None)
+
+    def step_one(self, index: int, action: int, mode: AutoReset) -> bool:
+        """A 1-env pool steps its env as a batch of one (one fan-out)."""
+        if self.num_envs != 1:
+            self.reset_one(index, None)
+        ended, failures = self.step([action], mode)
+        if failures:
+            raise failures[0][1]
+        return bool(ended)
 
     def restore(self, index: int, seed: int | None) -> tuple[str, bool]:
         ctl = self.lay.ctl[index]
@@ -576,7 +469,7 @@ class WorkerPool:
         if code and index in self._recreated:
             code = 3
             self._recreated.discard(index)
-        self.dest[index] = self.lay.results[index]
+        self.records[index][...] = self.lay.result_records[index]
         return (_FATES[code], True) if code else (FATE_FAILED, False)
 
     def close(self) -> None:
@@ -594,7 +487,8 @@ class WorkerPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=2.0)
-        self.dest = np.zeros(0)
+        self.results = np.zeros(0)
+        self.records, self.final_records = [], []
         self.lay = None  # type: ignore[assignment]
         try:
             self._map.close()
@@ -607,19 +501,3 @@ class WorkerPool:
             self.close()
         except Exception:
             pass
-
-
-class PoolEnvStub:
-    """Stands in the session's env list for an env living in a worker process."""
-
-    def __init__(self, pool: WorkerPool) -> None:
-        self._pool = pool
-
-    def spaces(self) -> Spaces:
-        return self._pool.spaces()
-
-    def reset(self, seed: int | None = None) -> Any:
-        raise TransportError("this env lives in a worker process: reset through the pool")
-
-    def step(self, action: int) -> Any:
-        raise TransportError("this env lives in a worker process: step through the pool")

@@ -11,6 +11,7 @@ import socket
 import time
 from typing import Any
 
+from transport.backends.base import BufferChannel
 from transport.errors import BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError
 from transport.protocol import (
     BODY_OFFSET,
@@ -20,7 +21,7 @@ from transport.protocol import (
     HEADER_SIZE,
     ErrorCode,
 )
-from transport.server import Session
+from transport.runtime.session import Session
 
 _PEER_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
@@ -143,13 +144,13 @@ class FramedSocket:
             pass
 
 
-class StreamChannel:
+class StreamChannel(BufferChannel):
     """The client side of a stream backend: numbered requests, each awaited with a deadline."""
 
     def __init__(self, framed: FramedSocket, timeout: float | None) -> None:
+        super().__init__()
         self.framed = framed
         self.timeout = timeout
-        self.info: dict[str, Any] = {}
         self._next_id = 1
 
     @property

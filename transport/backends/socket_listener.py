@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable
 
 from transport.protocol import DEFAULT_MAX_BODY
-from transport.server import Session
+from transport.runtime.core import EnvHost
+from transport.runtime.session import Session
 
-log = logging.getLogger("transport.listener")
+log = logging.getLogger("transport.backends.socket_listener")
 
 
 class SocketListener:
@@ -24,10 +24,8 @@ class SocketListener:
 
     url: str
 
-    def __init__(
-        self, sessions: Callable[[], Session], *, max_body: int = DEFAULT_MAX_BODY
-    ) -> None:
-        self.sessions = sessions
+    def __init__(self, host: EnvHost, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.host = host
         self.max_body = max_body
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
@@ -81,11 +79,14 @@ class SocketListener:
     def _serve(self, conn: socket.socket) -> None:
         try:
             try:
-                session = self.sessions()
+                session = Session(self.host)
             except Exception:
                 log.exception("cannot create a session for a new connection on %s", self.url)
                 return
-            self.serve_connection(conn, session)
+            try:
+                self.serve_connection(conn, session)
+            finally:
+                session.close()
         finally:
             with self._lock:
                 self._conns.discard(conn)

@@ -1,0 +1,70 @@
+"""A setup the server cannot serve fails when the server starts, with the reason, never as a
+"ready" server that resets every connection (issue 12, item 7)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import transport
+from transport.codec import Schema
+from transport.envs.echo import EchoEnv
+from transport.schema.compiler import compile_schema
+
+from .servers import ROOT, unique_unix_url
+
+TETRIS_TOML = Path(__file__).resolve().parents[1] / "schema" / "tetris.toml"
+
+
+def continuous_action_schema() -> Schema:
+    """A schema (no [env] table, which would refuse it at compile time) whose action is f32[2]."""
+    text = TETRIS_TOML.read_text()
+    text = text.replace(
+        '[structs.StepRequest]\nsize = 4\nfields = [{ name = "action", type = "i32"',
+        '[structs.StepRequest]\nsize = 8\nfields = [{ name = "action", type = "f32[2]"',
+    )
+    text = re.sub(r"\[env\].*?\n\n", "", text, flags=re.S)
+    return Schema(compile_schema(text, "continuous.toml"))
+
+
+def test_an_action_type_the_server_cannot_carry_fails_at_start() -> None:
+    with pytest.raises(transport.ProtocolError, match=r"cannot carry the action .*f32\[2\]"):
+        transport.Server(EchoEnv, unique_unix_url(), schema=continuous_action_schema())
+
+
+def test_a_factory_that_cannot_be_pickled_for_workers_fails_at_start() -> None:
+    with pytest.raises(ValueError, match="can be pickled") as info:
+        transport.Server(lambda: EchoEnv(), unique_unix_url(), num_envs=2, workers=2)
+    assert "lambda" in str(info.value)
+
+
+class Broken:
+    def __init__(self) -> None:
+        raise RuntimeError("no GPU here")
+
+
+def test_a_factory_that_cannot_make_an_env_fails_at_start() -> None:
+    url = unique_unix_url()
+    with pytest.raises(ValueError, match="making one failed: RuntimeError: no GPU here"):
+        transport.Server(Broken, url)
+    assert not Path(url.removeprefix("unix://")).exists()  # nothing was bound
+
+
+def test_serve_fails_before_ready_and_the_cli_exits_with_the_reason() -> None:
+    ready: list[str] = []
+    with pytest.raises(ValueError, match="no GPU here"):
+        transport.serve(Broken, unique_unix_url(), ready=ready.append)
+    assert ready == []
+    script = (
+        "import transport, tests.test_server_setup as t\n"
+        f"transport.serve(t.Broken, {unique_unix_url()!r}, ready=lambda u: print('ready', u))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "ready" not in done.stdout
+    assert "no GPU here" in done.stderr

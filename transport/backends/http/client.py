@@ -1,0 +1,307 @@
+"""The HTTP client channel: one keep-alive connection, one request at a time, buffers reused
+(cached request heads, parsed response heads cached by their bytes)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from transport.backends.base import BufferChannel
+from transport.backends.http.wire import (
+    _CACHE_LIMIT,
+    _DIGITS,
+    _PEER_GONE,
+    _RECV_CHUNK,
+    _STATUS_LINE,
+    _TOKEN,
+    _VALUE,
+    MAX_HEAD,
+    MAX_HEADERS,
+    Address,
+    parse_url,
+    routes,
+)
+from transport.backends.sockets import connect_with_retry
+from transport.codec import Schema
+from transport.errors import (
+    BadFrameError,
+    PeerGoneError,
+    ProtocolError,
+    TransportTimeoutError,
+)
+from transport.protocol import (
+    BODY_OFFSET,
+    DEFAULT_MAX_BODY,
+    ERROR_HEAD,
+    ErrorCode,
+    MessageIds,
+    encode_error,
+)
+
+
+@dataclass(frozen=True)
+class _ResponseHead:
+    status: int
+    msg_type: int | None
+    error: int | None
+    content_length: int
+    close: bool
+
+
+def parse_response_head(head: bytes) -> _ResponseHead:
+    """Strict parse of a status line + headers; raises ``ProtocolError``."""
+    lines = head.split(b"\r\n")
+    match = _STATUS_LINE.fullmatch(lines[0])
+    if match is None:
+        raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    minor, status = match.groups()
+    if len(lines) - 1 > MAX_HEADERS:
+        raise ProtocolError(f"response has more than {MAX_HEADERS} header lines")
+    content_length: int | None = None
+    msg_type: int | None = None
+    error: int | None = None
+    connection = b""
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or _TOKEN.fullmatch(name) is None or _VALUE.fullmatch(value) is None:
+            raise ProtocolError(f"malformed response header line {line[:80]!r}")
+        name = name.lower()
+        value = value.strip(b" \t")
+        if name == b"content-length":
+            if _DIGITS.fullmatch(value) is None:
+                raise ProtocolError(f"bad Content-Length {value[:40]!r} in the response")
+            if content_length is not None and content_length != int(value):
+                raise ProtocolError("conflicting Content-Length headers in the response")
+            content_length = int(value)
+        elif name == b"transfer-encoding":
+            raise ProtocolError("the server sent Transfer-Encoding; only Content-Length is read")
+        elif name == b"x-transport-msg-type":
+            if _DIGITS.fullmatch(value) is None or int(value) > 255:
+                raise ProtocolError(f"bad X-Transport-Msg-Type {value[:40]!r}")
+            msg_type = int(value)
+        elif name == b"x-transport-error":
+            if _DIGITS.fullmatch(value) is not None and int(value) <= 0xFFFF:
+                error = int(value)
+        elif name == b"connection":
+            connection = value.lower()
+    code = int(status)
+    if content_length is None:
+        if code < 200 or code in (204, 304):
+            content_length = 0
+        else:
+            raise ProtocolError(f"HTTP {code} response without Content-Length")
+    tokens = {t.strip() for t in connection.split(b",")}
+    close = b"close" in tokens or (minor == b"0" and b"keep-alive" not in tokens)
+    return _ResponseHead(code, msg_type, error, content_length, close)
+
+
+class HttpChannel(BufferChannel):
+    """The client side: one keep-alive connection, one request at a time, buffers reused."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        address: Address,
+        schema: Schema,
+        *,
+        timeout: float | None,
+        max_body: int,
+    ) -> None:
+        super().__init__()
+        self.sock: socket.socket | None = sock
+        self.timeout = timeout
+        self.max_body = max_body
+        self.ids = MessageIds.from_schema(schema.ir)
+        self._buffer = bytearray(BODY_OFFSET + (64 << 10))
+        self._view = memoryview(self._buffer)
+        self._generation = 0
+        self._head = bytearray(MAX_HEAD + _RECV_CHUNK)
+        self._head_view = memoryview(self._head)
+        self._gone = ""
+        fingerprint = f"{schema.fingerprint:016x}"
+        self._prefixes: dict[int, bytes] = {}
+        for method, msg_type in routes(schema.ir.messages).items():
+            self._prefixes[msg_type] = (
+                f"POST /v1/{method} HTTP/1.1\r\n"
+                f"Host: {address.netloc}\r\n"
+                f"X-Transport-Fingerprint: {fingerprint}\r\n"
+                "Content-Type: application/octet-stream\r\n"
+                "Content-Length: "
+            ).encode("ascii")
+        self._requests: dict[int, dict[int, bytes]] = {t: {} for t in self._prefixes}
+        self._responses: dict[bytes, _ResponseHead] = {}
+        self._timeout_dirty = False
+        sock.settimeout(timeout)
+
+    @property
+    def buffer(self) -> bytearray:
+        return self._buffer
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        sock = self.sock
+        if sock is None:
+            raise PeerGoneError(self._gone or "the channel is closed")
+        heads = self._requests.get(msg_type)
+        if heads is None:
+            raise BadFrameError(f"msg_type 0x{msg_type:02X} has no HTTP method")
+        length = memoryview(body).nbytes
+        head = heads.get(length)
+        if head is None:
+            head = self._prefixes[msg_type] + b"%d\r\n\r\n" % length
+            if len(heads) < _CACHE_LIMIT:
+                heads[length] = head
+        if self._timeout_dirty:
+            sock.settimeout(self.timeout)
+            self._timeout_dirty = False
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            sent = sock.sendmsg([head, body] if length else [head])
+            if sent < len(head) + length:  # a full socket buffer: finish with sendall
+                sock.sendall((head + bytes(body))[sent:])
+        except TimeoutError as exc:
+            self._abandon("a send timed out")
+            raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
+        except _PEER_GONE as exc:
+            self._abandon("the server closed the connection")
+            raise PeerGoneError(f"the server closed the connection ({exc.strerror})") from exc
+        except OSError as exc:
+            self._abandon("the connection failed")
+            raise PeerGoneError(f"the connection failed: {exc}") from exc
+        try:
+            return self._receive(sock, deadline)
+        except (TransportTimeoutError, PeerGoneError, ProtocolError) as exc:
+            self._abandon(f"the connection was abandoned after: {exc}")
+            raise
+
+    def _recv_into(
+        self, sock: socket.socket, view: memoryview, deadline: float | None, first: bool
+    ) -> int:
+        if not first and deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TransportTimeoutError(f"no complete response within {self.timeout} s")
+            sock.settimeout(remaining)
+            self._timeout_dirty = True
+        try:
+            n = sock.recv_into(view)
+        except TimeoutError as exc:
+            raise TransportTimeoutError(f"no complete response within {self.timeout} s") from exc
+        except _PEER_GONE as exc:
+            raise PeerGoneError(f"the server reset the connection ({exc.strerror})") from exc
+        except OSError as exc:
+            raise PeerGoneError(f"the connection failed: {exc}") from exc
+        if n == 0:
+            where = "in the middle of a response" if not first else "before answering"
+            raise PeerGoneError(f"the server closed the connection {where}")
+        return n
+
+    def _receive(self, sock: socket.socket, deadline: float | None) -> tuple[int, memoryview]:
+        view = self._head_view
+        have = 0
+        first = True
+        while True:  # skips interim 1xx responses
+            scanned = 0
+            while True:
+                end = self._head.find(b"\r\n\r\n", max(0, scanned - 3), have)
+                if end >= 0:
+                    break
+                if have >= MAX_HEAD:
+                    raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
+                scanned = have
+                have += self._recv_into(sock, view[have:], deadline, first)
+                first = False
+            if end > MAX_HEAD:
+                raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
+            raw = bytes(view[:end])
+            head = self._responses.get(raw)
+            if head is None:
+                head = parse_response_head(raw)
+                if len(self._responses) >= _CACHE_LIMIT:
+                    self._responses.clear()
+                self._responses[raw] = head
+            start = end + 4
+            if head.status >= 200:
+                break
+            rest = have - start
+            self._head[:rest] = bytes(view[start:have])
+            have = rest
+        length = head.content_length
+        if length > self.max_body:
+            raise BadFrameError(f"response Content-Length {length} exceeds {self.max_body}")
+        got = have - start
+        if got > length:
+            raise ProtocolError("the server sent bytes beyond the response body")
+        if BODY_OFFSET + length > len(self._buffer):
+            self._buffer = bytearray(max(BODY_OFFSET + length, 2 * len(self._buffer)))
+            self._view = memoryview(self._buffer)
+            self._generation += 1
+        target = self._view
+        target[BODY_OFFSET : BODY_OFFSET + got] = view[start:have]
+        stop = BODY_OFFSET + length
+        pos = BODY_OFFSET + got
+        while pos < stop:
+            pos += self._recv_into(sock, target[pos:stop], deadline, False)
+        body = target[BODY_OFFSET:stop]
+        if head.close:
+            self._abandon("the server closed the connection (Connection: close)")
+        if head.status == 200:
+            if head.msg_type is None:
+                raise ProtocolError("HTTP 200 response without X-Transport-Msg-Type")
+            return head.msg_type, body
+        if head.error is not None and _is_error_body(body):
+            return self.ids.ERROR, body
+        text = bytes(body[:200]).decode("utf-8", "replace")
+        return self.ids.ERROR, memoryview(
+            encode_error(ErrorCode.INTERNAL, f"HTTP {head.status} without an ERROR body: {text}")
+        )
+
+    def _abandon(self, reason: str) -> None:
+        if self.sock is not None:
+            self._gone = f"{reason}; open a new client"
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            self.sock = None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self._abandon("the channel is closed")
+        self._gone = "the channel is closed"
+
+
+def _is_error_body(body: memoryview) -> bool:
+    if body.nbytes < ERROR_HEAD.size:
+        return False
+    _, text_len = ERROR_HEAD.unpack_from(body, 0)
+    return bool(body.nbytes == ERROR_HEAD.size + text_len)
+
+
+def open_channel(
+    url: str,
+    *,
+    timeout: float | None,
+    max_body: int = DEFAULT_MAX_BODY,
+    schema: Schema | None = None,
+) -> HttpChannel:
+    """Connect, retrying with backoff while the server is not up yet, until the deadline."""
+    address = parse_url(url)
+    if schema is None:
+        from transport.client import default_schema
+
+        schema = default_schema()
+    sock = connect_with_retry(
+        lambda remaining: socket.create_connection((address.host, address.port), remaining),
+        address.netloc,
+        timeout,
+    )
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    channel = HttpChannel(sock, address, schema, timeout=timeout, max_body=max_body)
+    channel.url = url
+    return channel

@@ -1,0 +1,138 @@
+"""The HTTP mapping both ends share: routes (``/v1/<method>``), status codes, header grammar,
+URLs (docs/protocol.md "HTTP mapping")."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlsplit
+
+from transport.errors import (
+    ConnectError,
+)
+from transport.protocol import (
+    ErrorCode,
+)
+from transport.schema.ir import MessageIR
+
+MAX_HEAD = 16 << 10
+"""Largest request or response head (request/status line + headers) either side accepts."""
+MAX_HEADERS = 64
+_RECV_CHUNK = 64 << 10
+_CACHE_LIMIT = 64
+_LINGER = 1.0  # seconds a refused connection is drained before close (so the peer reads the 4xx)
+
+METHODS: dict[str, str] = {
+    "hello": "HELLO_REQ",
+    "reset": "RESET_REQ",
+    "reset_seed": "RESET_SEED_REQ",
+    "step": "STEP_REQ",
+    "step_multi": "STEP_MULTI_REQ",
+    "step_batch": "STEP_BATCH_REQ",
+    "health": "HEALTH_REQ",
+    "spaces": "SPACES_REQ",
+    "observe": "OBSERVE_REQ",
+}
+"""``/v1/<method>`` -> the request message it carries (routes of messages a schema lacks are
+not served)."""
+
+
+def routes(messages: Mapping[str, MessageIR]) -> dict[str, int]:
+    """``method`` -> msg_type of each route whose message the schema declares."""
+    return {method: messages[name].id for method, name in METHODS.items() if name in messages}
+
+
+STATUS_OF_ERROR: dict[int, int] = {
+    ErrorCode.BAD_FRAME: 400,
+    ErrorCode.UNKNOWN_MESSAGE: 404,
+    ErrorCode.BAD_BODY_SIZE: 400,
+    ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.HELLO_REQUIRED: 400,
+    ErrorCode.VERSION_MISMATCH: 409,
+    ErrorCode.FINGERPRINT_MISMATCH: 409,
+    ErrorCode.INVALID_ACTION: 422,
+    ErrorCode.MASKED_ACTION: 422,
+    ErrorCode.ENV_ERROR: 500,
+    ErrorCode.BAD_BATCH: 422,
+    ErrorCode.NOT_RESET: 422,
+    ErrorCode.INTERNAL: 500,
+}
+"""HTTP status of each ERROR code (a 405 for a non-POST request carries UNKNOWN_MESSAGE)."""
+
+_REASONS = {
+    100: "Continue",
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+}
+
+_PEER_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (/[\x21-\x7e]*) HTTP/1\.([01])")
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t\x20-\x7e\x80-\xff]*)?")
+_HEX16 = re.compile(rb"[0-9a-fA-F]{16}")
+_DIGITS = re.compile(rb"[0-9]{1,19}")
+
+
+# -- URLs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str  # as written in the URL (no brackets)
+    port: int
+    allow_remote: bool
+
+    @property
+    def netloc(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_url(url: str, *, listener: bool = False) -> Address:
+    """``http://host:port`` (a listener may ask for port 0 and ``?allow_remote=1``)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConnectError(f"{url!r} is not a valid http URL: {exc}") from exc
+    if parts.scheme.lower() != "http":
+        raise ConnectError(f"{url!r} is not an http:// URL")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise ConnectError(f"{url!r}: an http:// endpoint URL takes no path (use http://host:port)")
+    if port is None:
+        raise ConnectError(f"{url!r} names no port (expected http://host:port)")
+    if port == 0 and not listener:
+        raise ConnectError(f"{url!r}: cannot connect to port 0")
+    allow_remote = False
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key == "allow_remote" and listener:
+            allow_remote = value.lower() in ("1", "true", "yes", "")
+        else:
+            raise ConnectError(f"{url!r}: unknown URL parameter {key!r}")
+    return Address(parts.hostname or "", port, allow_remote)
+
+
+def _is_loopback(host: str) -> bool:
+    if not host:
+        return False  # "all interfaces"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos
+    )

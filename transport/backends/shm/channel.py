@@ -1,0 +1,499 @@
+"""The shm:// client: attach to a server's region, take its lease, and exchange requests
+through the slots (docs/shm.md). Results are NumPy views straight into the slots."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from transport import native
+from transport.backends.shm.region import (
+    CB,
+    CONTROL_SIZE,
+    LAYOUT_VERSION,
+    MAGIC,
+    Region,
+    RegionState,
+    ShmLayout,
+    ShmUrl,
+    SlotCommand,
+    WaitPolicy,
+    own_start_time,
+    parse_url,
+    wait_ctx,
+)
+from transport.client import DEFAULT_TIMEOUT
+from transport.codec import Schema, StructCodec
+from transport.errors import (
+    ConnectError,
+    FingerprintMismatchError,
+    PeerGoneError,
+    ProtocolError,
+    RegionMismatchError,
+    TransportError,
+    TransportTimeoutError,
+    VersionMismatchError,
+)
+from transport.protocol import (
+    AUTORESET_MASK,
+    DEFAULT_MAX_BODY,
+    AutoReset,
+    ErrorCode,
+    MessageIds,
+    decode_hello,
+    encode_error,
+    encode_hello,
+)
+from transport.runtime.core import body_codec
+
+log = logging.getLogger("transport.shm")
+U64 = (1 << 64) - 1
+_CLIENT_PID_WORD = CB["client_pid"].offset // 4
+
+
+class _Refused(Exception):
+    """A slot answered with an error status: becomes the ERROR body the client decodes."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+def open_channel(
+    url: str,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_body: int = DEFAULT_MAX_BODY,
+    schema: Schema | None = None,
+) -> ShmChannel:
+    """Attach to the region of ``url``, validate it against ``schema`` and take its lease."""
+    from transport.client import default_schema
+
+    return ShmChannel(url, schema if schema is not None else default_schema(), timeout=timeout)
+
+
+class ShmChannel:
+    """The ``Channel`` of ``shm://name``: requests become slot commands, results stay in the
+    slots. ``result_records`` are views into the region (``observation`` of an N-env step is an
+    (N, obs) view whose row stride is the slot size); SAME_STEP final results are views of the
+    final areas, valid until that env's next episode ends. One lease per region: attaching takes
+    it, ``close()`` says SHUTDOWN and gives it back.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: Schema,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        wait: WaitPolicy | str | None = None,
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self.info: dict[str, Any] = {}
+        self.shm: ShmUrl = parse_url(url)
+        self.layout = ShmLayout.of(schema)
+        self.policy = WaitPolicy.resolve(wait) if wait is not None else self.shm.wait
+        self.timeout = timeout
+        self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
+        self._closed = True
+        self._leased = False
+        self._same_step = False
+        ids = MessageIds.from_schema(schema.ir)
+        self.ids = ids
+        self._step_request = body_codec(schema, "STEP_REQ")
+        action = self._step_request.ir.role("action")
+        if action is None:
+            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
+        self._action_name = action.name
+        self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
+        self._body_requests: tuple[Any, list[tuple[np.ndarray, np.ndarray]]] | None = None
+        self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
+            ids.STEP_REQ: self._step,
+            ids.STEP_BATCH_REQ: self._step,
+            ids.RESET_REQ: self._reset,
+            ids.RESET_SEED_REQ: self._reset,
+            ids.HELLO_REQ: self._hello,
+            ids.HEALTH_REQ: self._health,
+            ids.SPACES_REQ: self._spaces,
+            ids.STEP_MULTI_REQ: self._step_multi,
+        }
+        observe = schema.ir.messages.get("OBSERVE_REQ")
+        if observe is not None:
+            self._observe_resp = schema.ir.messages["OBSERVE_RESP"].id
+            self._handlers[observe.id] = self._observe
+        self._multi = body_codec(schema, "STEP_MULTI_REQ")
+        self._empty = memoryview(b"")
+        self.region = self._open(10.0 if timeout is None else timeout)
+        try:
+            self._validate()
+            self._take_lease(10.0 if timeout is None else timeout)
+            self._setup()
+            self._closed = False
+        except BaseException:
+            self._closed = True
+            self._release()
+            raise
+
+    # -- attach ------------------------------------------------------------------------------
+
+    def _open(self, timeout: float) -> Region:
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        why = ""
+        while True:
+            try:
+                fd = native.shm_open(self.shm.segment)
+            except FileNotFoundError:
+                why = f"no region {self.shm.path}: is a server running on shm://{self.shm.name}?"
+            except PermissionError as exc:
+                raise ConnectError(f"cannot open {self.shm.path}: {exc.strerror}") from exc
+            else:
+                try:
+                    size = os.fstat(fd).st_size
+                    if size >= CONTROL_SIZE:
+                        region = Region(self.shm.segment, fd, size, self.layout, owner=False)
+                        state = region.state
+                        if state == RegionState.READY:
+                            return region
+                        region.close()
+                        why = f"{self.shm.path} is not ready (state {state})"
+                    else:
+                        why = f"{self.shm.path} has no control block yet ({size} bytes)"
+                finally:
+                    os.close(fd)
+            if time.monotonic() + delay > deadline:
+                raise ConnectError(why)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _validate(self) -> None:
+        region, url = self.region, f"shm://{self.shm.name}"
+        cb = region.get
+
+        def expect(field: str, expected: int, found: int, hexa: bool = False) -> None:
+            if expected != found:
+                fmt = (lambda v: f"0x{v:08X}") if hexa else str
+                raise RegionMismatchError(url, field, fmt(expected), fmt(found))
+
+        expect("magic", MAGIC, cb("magic"), hexa=True)
+        if cb("version") != LAYOUT_VERSION:
+            raise VersionMismatchError(
+                f"{url}: control block field version: expected layout version {LAYOUT_VERSION}, "
+                f"found {cb('version')} (server and client were built from different pac_shm "
+                "layouts)"
+            )
+        fingerprint = cb("fingerprint")
+        if fingerprint != self.schema.fingerprint:
+            raise FingerprintMismatchError(
+                f"{url}: control block field fingerprint: expected {self.schema.fingerprint:016x} "
+                f"(schema {self.schema.name}), found {fingerprint:016x}",
+                local=self.schema.fingerprint,
+                remote=fingerprint,
+            )
+        layout = self.layout
+        expect("slot_size", layout.slot_size, cb("slot_size"))
+        num_envs = cb("num_envs")
+        if self.shm.num_envs is not None:
+            expect("num_envs", self.shm.num_envs, num_envs)
+        if region.num_slots < max(num_envs, 1):  # the size fits no k >= num_envs
+            expect("region size", layout.region_size(num_envs), region.size)
+        expect("obs_size", layout.obs_size, cb("obs_size"))
+        expect("act_size", layout.act_size, cb("act_size"))
+        owner, start = cb("owner_pid"), cb("owner_start_time")
+        if not native.peer_alive(owner, start):
+            raise ConnectError(
+                f"{url} is stale: its server (pid {owner}) is gone; start a new server or run "
+                "`transport-serve --cleanup-shm`"
+            )
+        self.owner_pid = owner
+        self.owner_start = start
+        self.num_envs = num_envs
+
+    def _take_lease(self, timeout: float) -> None:
+        region = self.region
+        me = os.getpid()
+        deadline = time.monotonic() + timeout
+        while True:
+            if native.compare_exchange(region.client_pid_word, 0, me):
+                region.set("client_start_time", own_start_time())
+                self._leased = True
+                return
+            holder = region.get("client_pid")
+            holder_start = region.get("client_start_time")
+            if holder and native.peer_alive(holder, holder_start):
+                who = "this process" if holder == me else f"client pid {holder}"
+                raise ConnectError(
+                    f"shm://{self.shm.name} is in use by {who}: a region serves one client at a "
+                    "time (start another server for another client)"
+                )
+            if time.monotonic() >= deadline:
+                raise ConnectError(
+                    f"shm://{self.shm.name}: the lease of dead client pid {holder} was not "
+                    "reclaimed by the server in time"
+                )
+            time.sleep(0.01)
+
+    def _setup(self) -> None:
+        region, n = self.region, self.num_envs
+        self._seqs = np.ascontiguousarray(region.strided("sem_action_ready"), dtype=np.uint32)
+        self._seqs &= native.SEQ_MASK
+        self._ctx = wait_ctx(region, self.policy, self._seqs)
+        self._ctx.n = n  # requests go to the envs' slots (STEP_MULTI: to one slot per seat)
+        self._ctx.doorbell_seq = native.load_acquire(region.doorbell) & native.SEQ_MASK
+        self._ctx.peer_pid = self.owner_pid
+        self._ctx.peer_start = self.owner_start
+        self._commands = region.strided("command")
+        self._requests = region.requests()
+        self._actions = self._requests[self._action_name]
+        self._request_rows = self._requests[:n]
+        self._step_resp = self.ids.STEP_RESP if n == 1 else self.ids.STEP_BATCH_RESP
+        self._has_seed = region.strided("has_seed")
+        self._seeds = region.strided("seed")
+        self._status = region.strided("status")
+        self._error_len = region.strided("error_len")
+        self._error_text = region.strided("error_text")
+        self._info_len = region.strided("info_len")
+        self._info = region.strided("info")
+        self._last_cmd = -1
+        results = region.results()
+        self._single = results[0, ...]
+        self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
+        seats = self.layout.seats
+        if region.num_slots >= seats:
+            self._rows[seats] = results[:seats]
+        self._ended: list[tuple[int, np.ndarray]] = []
+        if region.has_finals:
+            final_seqs, finals = region.finals()
+            self._final_seqs = final_seqs[:n]
+            self._final_records = [finals[i, ...] for i in range(n)]
+        self._roundtrip = native.lib.tp_client_roundtrip
+        info_len = int(region.slots[0]["info_len"])
+        info: dict[str, Any] = {}
+        if 0 < info_len <= self.layout.info_max:
+            try:
+                info = dict(msgpack.unpackb(region.slots[0]["info"][:info_len].tobytes()))
+            except Exception:
+                info = {}
+        info["num_envs"] = n
+        self._server_info = info
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        """One request as slot commands; a refusal comes back as an ERROR body."""
+        if self._closed:
+            raise TransportError("the client is closed")
+        handler = self._handlers.get(msg_type)
+        if handler is None:
+            text = f"shm:// carries no message 0x{msg_type:02X}"
+            return self.ids.ERROR, memoryview(encode_error(ErrorCode.UNKNOWN_MESSAGE, text))
+        try:
+            return handler(body)
+        except _Refused as refused:
+            return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
+
+    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+        """The slots' request records: the client writes each env's request in its slot."""
+        if count != self.num_envs or codec.ir.name != self.layout.request.ir.name:
+            body = bytearray(codec.size * count)
+            return codec.view(body, count=count), body
+        return self._request_rows, self._request_rows
+
+    def result_records(
+        self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
+    ) -> np.ndarray:
+        if finals:
+            self._find_finals()
+        return self._rows[count]
+
+    def final_records(self) -> list[tuple[int, np.ndarray]]:
+        return self._ended
+
+    def _step(self, body: Any) -> tuple[int, memoryview]:
+        if body is self._request_rows:  # the client wrote the requests into the slots
+            self._exchange(SlotCommand.STEP)
+            return self._step_resp, self._empty
+        cached = self._body_requests
+        if cached is None or cached[0] is not body:  # the client reuses one request buffer
+            count = len(body) // self._step_request.size
+            if count != self.num_envs:
+                raise ValueError(f"expected {self.num_envs} requests, got {count}")
+            records = self._step_request.view(body, count=count)
+            slots = self._requests[:count]
+            pairs = [(slots[name], records[name]) for name in self._step_request.dtype.names or ()]
+            cached = self._body_requests = (body, pairs)
+        for slot_field, field in cached[1]:  # each request field into its slots (one copy each)
+            slot_field[...] = field
+        self._exchange(SlotCommand.STEP)
+        msg_type = self.ids.STEP_RESP if self.num_envs == 1 else self.ids.STEP_BATCH_RESP
+        return msg_type, self._empty
+
+    def _step_multi(self, body: Any) -> tuple[int, memoryview]:
+        """STEP_MULTI: seat k's action in slot k, STEP_MULTI in slots 0..seats-1."""
+        seats = self.layout.seats
+        if self.region.num_slots < seats:
+            raise _Refused(
+                ErrorCode.BAD_BATCH,
+                f"STEP_MULTI_REQ needs a {seats}-env server or one env with step_batch; this one "
+                f"has {self.num_envs} envs",
+            )
+        actions = self._multi.view(body)[self._multi.ir.fields[0].name]
+        self._actions[:seats] = actions
+        self._ctx.n = seats
+        try:
+            self._exchange(SlotCommand.STEP_MULTI)
+        finally:
+            self._ctx.n = self.num_envs
+        return self.ids.STEP_MULTI_RESP, self._empty
+
+    def _observe(self, body: Any) -> tuple[int, memoryview]:
+        """OBSERVE: the results are rewritten in the slots; each slot's info area holds its env's
+        info map. The body (as over streams: N results, then the msgpack array of the maps)
+        carries zeros where the results would be: the client reads the slots."""
+        self._exchange(SlotCommand.OBSERVE)
+        infos = []
+        for i in range(self.num_envs):
+            length = int(self._info_len[i])
+            data = self._info[i, :length].tobytes() if length else b""
+            infos.append(msgpack.unpackb(data) if data else {})
+        results_len = self.layout.result.size * self.num_envs
+        return self._observe_resp, memoryview(bytes(results_len) + msgpack.packb(infos))
+
+    def _find_finals(self) -> None:
+        """The server stamped final_seq = this request's sequence for each ended episode."""
+        ended = np.flatnonzero(self._final_seqs == self._seqs[: self.num_envs])
+        if ended.size:
+            records = self._final_records
+            self._ended = [(i, records[i]) for i in ended.tolist()]
+        elif self._ended:
+            self._ended = []
+
+    def _reset(self, body: Any) -> tuple[int, memoryview]:
+        if len(body):
+            seed = int(self._seed_codec.view(body)[self._seed_codec.ir.fields[0].name])
+            self._seeds[:] = [(seed + i) & U64 for i in range(self.num_envs)]
+            self._has_seed[:] = 1
+        else:
+            self._has_seed[:] = 0
+        self._exchange(SlotCommand.RESET)
+        return self.ids.RESET_RESP, self._empty
+
+    def _hello(self, body: Any) -> tuple[int, memoryview]:
+        """The handshake: the region was validated at attach; an auto-reset mode other than
+        DISABLED is asked with the HELLO slot command (the mode in ``action``)."""
+        hello = decode_hello(body)
+        mode = AutoReset(hello.flags & AUTORESET_MASK)
+        url = f"shm://{self.shm.name}"
+        if mode == AutoReset.SAME_STEP and not self.region.has_finals:
+            raise ConnectError(
+                f"{url}: the region has no final-result areas (a server without auto-reset "
+                "support): same_step needs them"
+            )
+        if mode != AutoReset.DISABLED:
+            self._actions[:] = int(mode)
+            try:
+                self._exchange(SlotCommand.HELLO)
+            except _Refused as refused:
+                raise ConnectError(
+                    f"{url}: the server refused auto-reset mode {mode.name.lower()}: {refused.text}"
+                ) from None
+        self._same_step = mode == AutoReset.SAME_STEP
+        reply = encode_hello(self.region.get("fingerprint"), self._server_info, flags=int(mode))
+        return self.ids.HELLO_RESP, memoryview(reply)
+
+    def _health(self, body: Any) -> tuple[int, memoryview]:
+        """The region is READY and its server alive (no round trip needed)."""
+        alive = self.region.state == RegionState.READY and native.peer_alive(
+            self.owner_pid, self.owner_start
+        )
+        return self.ids.HEALTH_RESP, memoryview(b"\x01" if alive else b"\x00")
+
+    def _spaces(self, body: Any) -> tuple[int, memoryview]:
+        codec = body_codec(self.schema, "SPACES_RESP")
+        first, second = (f.name for f in codec.ir.fields[:2])
+        values = {first: self.region.get("obs_size"), second: self.region.get("act_size")}
+        return self.ids.SPACES_RESP, memoryview(codec.encode(values))
+
+    def _exchange(self, command: int, timeout_ns: int | None = None) -> None:
+        if self._closed:
+            raise TransportError("the client is closed")
+        if command != self._last_cmd:
+            self._commands[:] = command
+            self._last_cmd = command
+        rc = self._roundtrip(self._ctx, self._timeout_ns if timeout_ns is None else timeout_ns)
+        if rc:
+            self._raise(rc)
+
+    def _raise(self, rc: int) -> None:
+        url = f"shm://{self.shm.name}"
+        if rc > 0:
+            i = rc - 1
+            length = min(int(self._error_len[i]), self.layout.error_text_max)
+            text = self._error_text[i, :length].tobytes().decode("utf-8", "replace")
+            raise _Refused(int(self._status[i]), text)
+        if rc == native.TIMEOUT:
+            raise TransportTimeoutError(f"{url}: no response within {self.timeout} s")
+        if rc == native.PEER_DEAD:
+            raise PeerGoneError(f"{url}: the server (pid {self.owner_pid}) died")
+        if rc == native.CLOSED:
+            raise PeerGoneError(f"{url}: the server closed the region")
+        raise TransportError(f"{url}: futex wait failed ({os.strerror(native.ffi.errno)})")
+
+    @property
+    def wait_stats(self) -> tuple[int, int]:
+        """(FUTEX_WAKE calls, FUTEX_WAIT calls) this client made: how often it slept."""
+        return int(self._ctx.wakes), int(self._ctx.sleeps)
+
+    def close(self) -> None:
+        """Say SHUTDOWN (the server drops this session's envs), release the lease, unmap."""
+        if self._closed:
+            return
+        if self.region.state == RegionState.READY and native.peer_alive(
+            self.owner_pid, self.owner_start
+        ):
+            try:
+                self._exchange(SlotCommand.SHUTDOWN, timeout_ns=int(1e9))
+            except TransportError:
+                pass
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        region = getattr(self, "region", None)
+        if region is None:
+            return
+        if self._leased:
+            region.set("client_start_time", 0)
+            native.compare_exchange(region.client_pid_word, os.getpid(), 0)
+            self._leased = False
+        self._ended = []
+        for name in (
+            "_single",
+            "_commands",
+            "_actions",
+            "_status",
+            "_final_seqs",
+            "_final_records",
+            "_body_requests",
+            "_request_rows",
+            "_requests",
+            "_rows",
+        ):
+            if hasattr(self, name):
+                delattr(self, name)
+        region.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass

@@ -1,0 +1,382 @@
+"""The shm:// server: creates the region and serves one client lease at a time (docs/shm.md).
+
+Each lease gets an ``EnvRuntime`` (``transport.runtime``) over record views of the slots: the
+envs write their results straight into the slots (zero copy) and SAME_STEP final results into
+the final areas. This module moves slot commands to the runtime and statuses back; every env
+rule is the runtime's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import msgpack
+import numpy as np
+
+from transport import native
+from transport.backends.shm.region import (
+    CB,
+    LAYOUT_VERSION,
+    MAGIC,
+    Region,
+    RegionState,
+    ShmLayout,
+    SlotCommand,
+    inspect_segment,
+    own_start_time,
+    parse_url,
+    wait_ctx,
+    write_text,
+)
+from transport.codec import Schema
+from transport.errors import ConnectError
+from transport.protocol import DEFAULT_MAX_BODY, ErrorCode, RequestError
+from transport.runtime.core import EnvHost, EnvRuntime, describe
+
+log = logging.getLogger("transport.shm")
+_CLIENT_PID_WORD = CB["client_pid"].offset // 4
+
+
+class _Lease:
+    """The client holding the region's lease and its envs' runtime."""
+
+    def __init__(self, runtime: EnvRuntime, client_pid: int) -> None:
+        self.runtime = runtime
+        self.client_pid = client_pid
+
+
+class Listener:
+    """Creates the region and serves it: one thread, one client lease at a time."""
+
+    def __init__(self, url: str, host: EnvHost, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.url = url
+        self.shm = parse_url(url)
+        self.host = host
+        self.schema: Schema = host.schema
+        n = self.shm.num_envs
+        if n is not None and n != host.num_envs:
+            if host.num_envs != 1 or host.factory is None:
+                raise ConnectError(
+                    f"{url} asks for {n} envs but the server was given num_envs={host.num_envs}"
+                )
+            host.num_envs = n  # the URL's num_envs wins over the default of 1
+        self.num_envs: int = host.num_envs
+        self.region: Region | None = None
+        self._closed = threading.Event()
+        self._stopped = threading.Event()
+        self._serving = False
+        self.lease: _Lease | None = None
+        self._spare: EnvRuntime | None = None
+
+    # -- creation ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the region (replacing a stale one, never a live one) and mark it READY."""
+        host, layout = self.host, ShmLayout.of(self.schema)
+        self.layout = layout
+        # one env: made now, it says whether it needs a slot per seat (step_batch); more envs
+        # are made once the region (checked against /dev/shm's room) exists
+        envs = host.create_envs() if self.num_envs == 1 else None
+        slots = host.rows(envs) if envs is not None else self.num_envs
+        size = layout.region_size(slots)
+        fd = self._create(size)
+        try:
+            region = Region(self.shm.segment, fd, size, layout, owner=True, slots=slots)
+        finally:
+            os.close(fd)
+        self.region = region
+        region.set("owner_pid", os.getpid())
+        region.set("owner_start_time", own_start_time())
+        try:
+            n = self.num_envs
+            self.results = region.results()
+            final_seqs, finals = region.finals()
+            self._final_seqs, self.finals = final_seqs[:n], finals[:n]
+            if envs is None:
+                envs = host.create_envs()
+            self._spare = host.runtime(envs, self.results, self.finals)
+            for field, value in (
+                ("magic", MAGIC),
+                ("version", LAYOUT_VERSION),
+                ("num_envs", n),
+                ("obs_size", layout.obs_size),
+                ("act_size", layout.act_size),
+                ("slot_size", layout.slot_size),
+                ("fingerprint", self.schema.fingerprint),
+            ):
+                region.set(field, value)
+            self._server_info = msgpack.packb({"env": host.env_name, "server": host.server_lang})
+            self._write_info(0, self._server_info)
+        except BaseException:
+            self._remove()
+            raise
+        self._seqs = np.zeros(slots, dtype=np.uint32)
+        self._pending = np.zeros(slots, dtype=np.uint8)
+        self._same_cmd = native.ffi.new("int32_t *")
+        self._pending_ptr = native.ffi.cast(
+            "uint8_t *", native.ffi.from_buffer(self._pending, require_writable=True)
+        )
+        self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
+        self._actions = region.requests()[host.action.name]
+        self._env_actions = self._actions[: self.num_envs]
+        self._has_seed = region.strided("has_seed")
+        self._slot_seeds = region.strided("seed")
+        self._commands = region.strided("command")
+        self._status = region.strided("status")
+        self._error_len = region.strided("error_len")
+        self._error_text = region.strided("error_text")
+        self._info_len = region.strided("info_len")
+        self._info = region.strided("info")
+        self._doorbell_at_start = native.load_acquire(region.doorbell) & native.SEQ_MASK
+        native.store_release(region.state_word, RegionState.READY)  # last: the region is ready
+
+    def _create(self, size: int) -> int:
+        url = f"shm://{self.shm.name}"
+        free = _free_shm_bytes()
+        if 0 <= free < size:  # refuse before posix_fallocate eats what is left of /dev/shm
+            raise ConnectError(_no_room(self.shm.path, size, self.num_envs, free, "no space"))
+        for _ in range(3):
+            try:
+                return native.shm_create(self.shm.segment, size)
+            except FileExistsError:
+                try:
+                    info = inspect_segment(self.shm.path)
+                except FileNotFoundError:
+                    continue
+                if not info.stale:
+                    who = f"pid {info.owner_pid}" if info.owner_pid else "a server starting up"
+                    raise ConnectError(
+                        f"{url} is in use by a live server ({who}); {self.shm.path} is not replaced"
+                    ) from None
+                log.warning("replacing stale region %s (owner pid %s)", info.path, info.owner_pid)
+                try:
+                    native.shm_unlink(self.shm.segment)
+                except FileNotFoundError:
+                    pass
+            except OSError as exc:
+                raise ConnectError(
+                    _no_room(self.shm.path, size, self.num_envs, _free_shm_bytes(), exc.strerror)
+                ) from exc
+        raise ConnectError(f"{url}: could not replace the stale region {self.shm.path}")
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        region = self.region
+        assert region is not None, "call start() first"
+        self._serving = True
+        wait = native.lib.tp_wait_change
+        ctx, doorbell = self._ctx, region.doorbell
+        idle_ns = int(max(self.shm.wait.futex_slice_ms, 1.0) * 1e6)
+        spin, idle = ctx.spin, False  # spin before each request; not once idle for a slice
+        last = self._doorbell_at_start  # read before READY: a ring right after it is seen
+        try:
+            while not self._closed.is_set():
+                rc = wait(ctx, doorbell, last, idle_ns)
+                if rc >= 0:
+                    last = rc
+                    if idle:
+                        ctx.spin, idle = spin, False
+                    self._serve_batch()
+                elif rc == native.TIMEOUT:
+                    ctx.spin, idle = 0, True  # idle: sleep in FUTEX_WAIT, never burn a core
+                    self._housekeeping()
+                elif rc == native.CLOSED:
+                    return
+                else:
+                    log.error(
+                        "futex wait failed on %s: %s", self.url, os.strerror(native.ffi.errno)
+                    )
+                    time.sleep(0.01)
+        finally:
+            self._stopped.set()
+
+    def _serve_batch(self) -> None:
+        region = self.region
+        assert region is not None
+        count = native.lib.tp_server_pending(
+            self._ctx, self._pending_ptr, self.layout.slot_fields["command"].offset, self._same_cmd
+        )
+        if count == 0:
+            return
+        pid = int(region.words[_CLIENT_PID_WORD])
+        lease = self.lease
+        if lease is None or lease.client_pid != pid:
+            lease = self._new_lease(pid) if pid else None
+        cmd = int(self._same_cmd[0])
+        status = 0
+        try:
+            if lease is None:
+                raise RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first")
+            runtime = lease.runtime
+            n = self.num_envs
+            if count == n and cmd == SlotCommand.STEP:
+                if n > 1:
+                    self._stamp(runtime.step(self._env_actions))
+                elif runtime.step_one(0, int(self._actions[0])):
+                    self._final_seqs[0] = self._seqs[0]
+            elif count == n and cmd == SlotCommand.RESET:
+                runtime.reset(self._seeds())
+            elif count == n and cmd == SlotCommand.HELLO:
+                runtime.set_autoreset(int(self._actions[0]))
+            elif count == n and cmd == SlotCommand.OBSERVE:
+                for i, info in enumerate(runtime.observe()):
+                    self._write_info(i, msgpack.packb(info))
+            elif cmd == SlotCommand.STEP_MULTI and count == runtime.seats and self._pending[0]:
+                self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
+            elif cmd == SlotCommand.SHUTDOWN:
+                self._drop_lease()
+            else:
+                self._mixed(runtime)
+                status = -1  # statuses written per slot
+        except RequestError as exc:
+            status = int(exc.code)
+            self._error(exc.text)
+        except Exception as exc:  # a bug must not take the server down (env errors: runtime)
+            status = int(ErrorCode.INTERNAL)
+            self._error(describe(exc))
+        native.lib.tp_server_publish(self._ctx, self._pending_ptr, status)
+
+    def _error(self, text: str) -> None:
+        for i in np.flatnonzero(self._pending):
+            self._error_len[i] = write_text(self._error_text[i], text)
+
+    def _new_runtime(self) -> EnvRuntime:
+        host = self.host
+        return host.runtime(host.create_envs(), self.results, self.finals)
+
+    def _new_lease(self, pid: int) -> _Lease:
+        runtime = self._spare if self._spare is not None else self._new_runtime()
+        self._spare = None
+        self.lease = _Lease(runtime, pid)
+        return self.lease
+
+    def _drop_lease(self) -> None:
+        """The client said SHUTDOWN or died: its envs go (a worker pool stops); slot 0's info
+        area says the server's info again (OBSERVE wrote env info there)."""
+        if self.lease is not None:
+            self.lease.runtime.close()
+        self.lease = None
+        self._write_info(0, self._server_info)
+
+    def _write_info(self, index: int, data: bytes) -> None:
+        """A msgpack map into slot ``index``'s info area (info_len 0 when it does not fit)."""
+        region = self.region
+        assert region is not None
+        slot = region.slots[index]
+        if len(data) > region.layout.info_max:
+            slot["info_len"] = 0
+            return
+        slot["info"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        slot["info_len"] = len(data)
+
+    def _step_one(self, runtime: EnvRuntime, i: int) -> list[int]:
+        return [i] if runtime.step_one(i, int(self._actions[i])) else []
+
+    def _stamp(self, ended: list[int]) -> None:
+        """Mark each final area written by this step: final_seq = the request's sequence
+        (stored before the response words are published: release)."""
+        for i in ended:
+            self._final_seqs[i] = self._seqs[i]
+
+    def _seeds(self) -> list[int | None]:
+        has_seed = self._has_seed.tolist()
+        seeds = self._slot_seeds.tolist()
+        return [seeds[i] if has_seed[i] else None for i in range(self.num_envs)]
+
+    def _mixed(self, runtime: EnvRuntime) -> None:
+        """Slots with different commands, or a subset: each answered on its own."""
+        for i in np.flatnonzero(self._pending).tolist():
+            code = 0
+            try:
+                cmd = int(self._commands[i])
+                if cmd == SlotCommand.SHUTDOWN:
+                    self._drop_lease()
+                elif cmd == SlotCommand.HELLO:
+                    runtime.set_autoreset(int(self._actions[i]))
+                elif cmd == SlotCommand.STEP:
+                    self._stamp(self._step_one(runtime, i))
+                elif cmd == SlotCommand.RESET:
+                    runtime.reset_one(i, int(self._slot_seeds[i]) if self._has_seed[i] else None)
+                else:
+                    raise RequestError(ErrorCode.UNKNOWN_MESSAGE, f"slot {i}: command {cmd}")
+            except RequestError as exc:
+                code = int(exc.code)
+                self._error_len[i] = write_text(self._error_text[i], exc.text)
+            except Exception as exc:
+                code = int(ErrorCode.INTERNAL)
+                self._error_len[i] = write_text(self._error_text[i], describe(exc))
+            self._status[i] = code
+
+    def _housekeeping(self) -> None:
+        """Idle: reclaim the lease of a dead client (its envs are dropped)."""
+        region = self.region
+        if region is None:
+            return
+        pid = int(region.words[_CLIENT_PID_WORD])
+        if pid and not native.peer_alive(pid, region.get("client_start_time")):
+            log.warning("%s: client pid %d is gone; reclaiming its lease", self.url, pid)
+            region.set("client_start_time", 0)
+            native.compare_exchange(region.client_pid_word, pid, 0)
+            if self.lease is not None and self.lease.client_pid == pid:
+                self._drop_lease()
+        if self._spare is None and self.lease is None:
+            self._spare = self._new_runtime()  # ready for the next client
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Mark the region CLOSED, wake every waiter, stop serving, unlink the segment."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        region = self.region
+        if region is None:
+            return
+        native.store_release(region.state_word, RegionState.CLOSED)
+        native.lib.tp_wake_all(self._ctx)
+        if self._serving:
+            self._stopped.wait(5.0)
+        self._remove()
+
+    def _remove(self) -> None:
+        region = self.region
+        if region is None:
+            return
+        try:
+            if os.stat(self.shm.path).st_ino == region.inode:
+                native.shm_unlink(self.shm.segment)
+        except FileNotFoundError:
+            pass
+        if self.lease is not None:
+            self.lease.runtime.close()
+        if self._spare is not None:
+            self._spare.close()
+        self.lease = self._spare = None
+        self.results = self.finals = np.zeros(0)
+        self._final_seqs = np.zeros(0, dtype=np.uint32)
+        for name in ("_actions", "_has_seed", "_slot_seeds", "_commands", "_status"):
+            if hasattr(self, name):
+                delattr(self, name)
+        self._error_len = self._error_text = np.zeros(0)
+        region.close()
+        self.region = None
+
+
+def _no_room(path: str, size: int, num_envs: int, free: int, why: str | None) -> str:
+    return (
+        f"cannot create {path} ({size} bytes for {num_envs} envs): {why}; /dev/shm has {free} "
+        "bytes free. Enlarge /dev/shm (docker run --shm-size=1g, or mount -o remount,size=2G "
+        "/dev/shm), remove stale regions (transport-serve --cleanup-shm) or serve fewer envs"
+    )
+
+
+def _free_shm_bytes() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return -1

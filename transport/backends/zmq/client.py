@@ -1,0 +1,303 @@
+"""The zmq client channel: a DEALER, requests matched to replies by msg_id, a socket monitor
+for dead peers."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
+
+from transport.backends.base import BufferChannel
+from transport.backends.zmq.curve import (
+    client_curve,
+)
+from transport.backends.zmq.wire import (
+    _DISCARD,
+    _MONITOR_EVENTS,
+    _SLICE_MS,
+    ZERO_COPY_THRESHOLD,
+    Address,
+    Context,
+    Sock,
+    _common_options,
+    _more,
+    log,
+    parse_url,
+)
+from transport.codec import Schema
+from transport.errors import (
+    BadFrameError,
+    ConnectError,
+    PeerGoneError,
+    TransportTimeoutError,
+)
+from transport.protocol import (
+    BODY_OFFSET,
+    DEFAULT_MAX_BODY,
+    HEADER,
+    HEADER_SIZE,
+)
+
+_client_context: Context | None = None
+_client_context_pid = 0
+_client_context_lock = threading.Lock()
+
+
+def client_context() -> Context:
+    """One ZeroMQ context for every client channel of this process (a fresh one after fork)."""
+    global _client_context, _client_context_pid
+    with _client_context_lock:
+        if _client_context is None or _client_context_pid != os.getpid():
+            _client_context = zmq.Context(io_threads=1)
+            _client_context_pid = os.getpid()
+        return _client_context
+
+
+def _describe_failure(event: int, value: int) -> str:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"the server refused this client's CURVE key (ZAP status {value})"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return "the ZMTP handshake failed (CURVE on one side only, or the wrong server key?)"
+    return "the ZMTP handshake failed (wrong server key, or not a ZeroMQ server?)"
+
+
+class ZmqChannel(BufferChannel):
+    """The client side: a DEALER whose replies are matched to requests by msg_id.
+
+    ``send_request`` and ``recv_response`` split ``request`` so callers can pipeline (send to
+    several servers, then wait); a reply whose msg_id is not the awaited one is discarded.
+    """
+
+    def __init__(
+        self,
+        address: Address,
+        *,
+        timeout: float | None,
+        max_body: int = DEFAULT_MAX_BODY,
+        context: Context | None = None,
+        capacity: int = 64 << 10,
+    ) -> None:
+        super().__init__()
+        self.address = address
+        self.timeout = timeout
+        self.max_body = max_body
+        self._buffer = bytearray(BODY_OFFSET + capacity)
+        self._view = memoryview(self._buffer)
+        self._generation = 0
+        self._header = bytearray(HEADER_SIZE)
+        self._next_id = 1
+        self._connected = False
+        self._lost = False  # a connection we had went away; reported once
+        self._failure = ""
+        self._tracker: zmq.MessageTracker | None = None
+        self._closed = False
+        curve = client_curve(address)
+        ctx = context or client_context()
+        sock: Sock = ctx.socket(zmq.DEALER)
+        try:
+            _common_options(sock, address, max_body)
+            sock.setsockopt(zmq.ROUTING_ID, b"T" + uuid.uuid4().bytes)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a request for a server not there
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            if curve is not None:
+                server_public, client_public, client_secret = curve
+                sock.curve_serverkey = server_public
+                sock.curve_publickey = client_public
+                sock.curve_secretkey = client_secret
+            self._monitor: Sock = sock.get_monitor_socket(_MONITOR_EVENTS)
+            sock.connect(address.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise ConnectError(f"cannot connect to {address.endpoint}: {exc}") from exc
+        sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
+        self._sock = sock
+
+    # -- Channel ---------------------------------------------------------------------------------
+
+    @property
+    def buffer(self) -> bytearray:
+        return self._buffer
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        msg_id = self.send_request(msg_type, body, deadline)
+        return self.recv_response(msg_id, deadline)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(0)
+        self._sock.close(0)
+
+    # -- pipelining ------------------------------------------------------------------------------
+
+    def send_request(self, msg_type: int, body: Any, deadline: float | None = None) -> int:
+        """Queue one request; returns its msg_id. Waits for a connection until the deadline."""
+        self._drain_monitor()
+        self._raise_if_lost()
+        msg_id = self._next_id
+        self._next_id = (msg_id + 1) & 0xFFFFFFFF or 1
+        view = memoryview(body)
+        HEADER.pack_into(self._header, 0, msg_type, msg_id, view.nbytes)
+        if self._tracker is not None and not self._tracker.done:
+            self._wait_tracker(deadline)
+        while True:
+            try:
+                self._sock.send(self._header, zmq.SNDMORE | zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                self._wait_monitor(deadline, "send")
+        if view.nbytes >= ZERO_COPY_THRESHOLD:
+            self._tracker = self._sock.send(view, copy=False, track=True)
+        else:
+            self._sock.send(view)
+        return msg_id
+
+    def recv_response(self, msg_id: int, deadline: float | None = None) -> tuple[int, memoryview]:
+        """The reply to ``msg_id``: (msg_type, body view valid until the next receive).
+
+        Receives block for at most ``_SLICE_MS`` (no zmq_poll on the hot path); between slices
+        the monitor is read (a disconnect is PeerGoneError) and the deadline checked.
+        """
+        while True:
+            try:
+                resp_type, resp_id, body_len = self._recv_frame()
+            except zmq.Again:
+                self._drain_monitor()
+                self._raise_if_lost()
+            else:
+                if resp_id == msg_id:
+                    return resp_type, self._view[BODY_OFFSET : BODY_OFFSET + body_len]
+                log.debug("discarded a stale reply (msg_id %d, awaiting %d)", resp_id, msg_id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TransportTimeoutError(
+                    f"no reply from {self.address.endpoint} within {self.timeout:.3g} s"
+                )
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _recv_frame(self) -> tuple[int, int, int]:
+        sock = self._sock
+        n = sock.recv_into(self._header)
+        if n != HEADER_SIZE or not _more(sock):
+            self._drain_parts()
+            raise BadFrameError(f"reply header part is {n} bytes, or has no body part")
+        msg_type, msg_id, body_len = HEADER.unpack_from(self._header, 0)
+        if body_len > self.max_body:
+            self._drain_parts()
+            error = BadFrameError(f"reply body_len {body_len} exceeds the maximum {self.max_body}")
+            error.msg_id = msg_id
+            raise error
+        self._ensure_capacity(body_len)
+        got = sock.recv_into(self._view[BODY_OFFSET : BODY_OFFSET + body_len])
+        if got != body_len or _more(sock):
+            self._drain_parts()
+            raise BadFrameError(f"reply body part is {got} bytes, its header says {body_len}")
+        return msg_type, msg_id, body_len
+
+    def _drain_parts(self) -> None:
+        while _more(self._sock):
+            self._sock.recv_into(_DISCARD)
+
+    def _ensure_capacity(self, body_len: int) -> None:
+        needed = BODY_OFFSET + body_len
+        if needed > len(self._buffer):
+            self._buffer = bytearray(max(needed, 2 * len(self._buffer)))
+            self._view = memoryview(self._buffer)
+            self._generation += 1
+
+    def _drain_monitor(self) -> None:
+        monitor = self._monitor
+        while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            event = recv_monitor_message(monitor)
+            kind = int(event["event"])
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected = True
+                self._failure = ""
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if self._connected:
+                    self._lost = True
+                self._connected = False
+            else:
+                self._failure = _describe_failure(kind, int(event["value"]))
+
+    def _raise_if_lost(self) -> None:
+        if self._lost:
+            self._lost = False
+            raise PeerGoneError(
+                f"the connection to {self.address.endpoint} was closed or its heartbeats stopped"
+            )
+
+    def _wait_monitor(self, deadline: float | None, what: str) -> None:
+        """Wait for a connection event (or 50 ms); raise when the deadline has passed."""
+        self._raise_if_lost()
+        if deadline is not None and time.monotonic() >= deadline:
+            if self._connected:
+                raise TransportTimeoutError(f"could not {what} to {self.address.endpoint} in time")
+            detail = f": {self._failure}" if self._failure else ""
+            raise PeerGoneError(f"no connection to {self.address.endpoint}{detail}")
+        if self._monitor.poll(50):
+            self._drain_monitor()
+
+    def _wait_tracker(self, deadline: float | None) -> None:
+        tracker = self._tracker
+        assert tracker is not None
+        while not tracker.done:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TransportTimeoutError("the previous large request is still being sent")
+            try:
+                tracker.wait(0.05 if remaining is None else min(0.05, remaining))
+            except zmq.NotDone:
+                pass
+
+    def wait_connected(self, deadline: float) -> None:
+        """Block until the ZMTP handshake with the server succeeds (ConnectError otherwise)."""
+        while not self._connected:
+            self._drain_monitor()
+            if self._connected:
+                return
+            if self._failure.startswith("the server refused"):
+                raise ConnectError(f"{self.address.endpoint}: {self._failure}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                detail = f"; last failure: {self._failure}" if self._failure else ""
+                raise ConnectError(
+                    f"nothing accepted a ZeroMQ connection on {self.address.endpoint}{detail}"
+                )
+            self._monitor.poll(max(1, int(min(remaining, 0.1) * 1000)))
+
+
+def open_channel(
+    url: str,
+    *,
+    timeout: float | None,
+    max_body: int = DEFAULT_MAX_BODY,
+    schema: Schema | None = None,
+) -> ZmqChannel:
+    """Connect a DEALER and wait (until the deadline) for the handshake with the server."""
+    address = parse_url(url)
+    channel = ZmqChannel(address, timeout=timeout, max_body=max_body)
+    channel.url = url
+    try:
+        channel.wait_connected(time.monotonic() + (timeout if timeout is not None else 10.0))
+    except BaseException:
+        channel.close()
+        raise
+    return channel

@@ -1,0 +1,151 @@
+"""zmq addresses and socket options both ends share (``zmq+ipc://path``, ``zmq+tcp://host:port``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl
+
+import zmq
+import zmq.auth
+
+from transport.errors import (
+    ConnectError,
+)
+from transport.protocol import (
+    HEADER_SIZE,
+)
+
+log = logging.getLogger("transport.zmq")
+
+ZERO_COPY_THRESHOLD = 1 << 20
+"""Bodies at least this large are sent with ``copy=False`` (libzmq reads the caller's buffer).
+
+Measured (docs/zmq.md): tracking a zero-copy send costs ~40 us, more than copying 160 KB, so
+below 1 MiB a copy into the zmq message is cheaper."""
+DEFAULT_HEARTBEAT = 1.0
+"""ZMTP heartbeat interval in seconds; a peer silent for 3 intervals is disconnected."""
+MAX_SESSIONS = 1024
+"""Sessions a server keeps (least recently used beyond this are dropped; ROUTER sees no closes)."""
+
+ENV_SERVER_SECRET = "TRANSPORT_ZMQ_SERVER_SECRET"
+ENV_SERVER_PUBLIC = "TRANSPORT_ZMQ_SERVER_PUBLIC"
+ENV_CLIENT_SECRET = "TRANSPORT_ZMQ_CLIENT_SECRET"
+ENV_CLIENTS_DIR = "TRANSPORT_ZMQ_CLIENTS_DIR"
+ENV_ALLOWED_CLIENTS = "TRANSPORT_ZMQ_ALLOWED_CLIENTS"
+
+_PARAMS = {"server_key", "client_key", "clients", "allow_insecure", "heartbeat"}
+_MONITOR_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_DISCARD = bytearray()
+_SLICE_MS = 20
+"""Blocking receives wait this long at most, then check the monitor and the deadline."""
+
+Context = zmq.Context[zmq.Socket[bytes]]
+Sock = zmq.Socket[bytes]
+
+
+# -- addresses ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Address:
+    """A parsed zmq URL: ``transport`` is "ipc" or "tcp"; ``port`` 0 asks for any free port."""
+
+    url: str
+    transport: str
+    path: str = ""
+    host: str = ""
+    port: int = 0
+    params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        if self.transport == "ipc":
+            return f"ipc://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port if self.port else '*'}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.transport == "ipc" or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def flag(self, name: str) -> bool:
+        return self.params.get(name, "0").lower() in ("1", "true", "yes")
+
+    def with_port(self, port: int) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = self.url.partition("?")[2]
+        return f"zmq+tcp://{host}:{port}" + (f"?{query}" if query else "")
+
+
+def parse_url(url: str) -> Address:
+    """``zmq+ipc:///path[?...]`` or ``zmq+tcp://host:port[?...]`` (empty host: 127.0.0.1)."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("zmq+ipc", "zmq+tcp"):
+        raise ConnectError(f"{url!r} is not a zmq+ipc:// or zmq+tcp:// URL")
+    location, _, query = rest.partition("?")
+    params: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in _PARAMS:
+            known = ", ".join(sorted(_PARAMS))
+            raise ConnectError(f"{url!r}: unknown query parameter {key!r} (known: {known})")
+        params[key] = value
+    if scheme == "zmq+ipc":
+        if not location:
+            raise ConnectError(f"{url!r} names no socket path (expected zmq+ipc:///path)")
+        if len(os.fsencode(location)) > 107:
+            raise ConnectError(f"ipc path {location!r} is longer than the 107 bytes Linux allows")
+        return Address(url, "ipc", path=location, params=params)
+    host, colon, port_text = location.rpartition(":")
+    if not colon:
+        raise ConnectError(f"{url!r} names no port (expected zmq+tcp://host:port)")
+    host = host.strip("[]") or "127.0.0.1"
+    if port_text in ("*", ""):
+        port = 0
+    else:
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ConnectError(f"{url!r}: port {port_text!r} is not a number") from None
+        if not 0 <= port <= 65535:
+            raise ConnectError(f"{url!r}: port {port} is out of range")
+    return Address(url, "tcp", host=host, port=port, params=params)
+
+
+def _more(sock: Sock) -> bool:
+    return bool(sock.getsockopt(zmq.RCVMORE))
+
+
+def _heartbeat_ms(address: Address) -> int:
+    text = address.params.get("heartbeat")
+    try:
+        seconds = DEFAULT_HEARTBEAT if text is None else float(text)
+    except ValueError:
+        raise ConnectError(f"heartbeat={text!r} is not a number of seconds") from None
+    return max(0, int(seconds * 1000))
+
+
+def _common_options(sock: Sock, address: Address, max_body: int) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max(max_body, HEADER_SIZE))
+    heartbeat = _heartbeat_ms(address)
+    if heartbeat:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * heartbeat)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, 3 * heartbeat)
+    if address.transport == "tcp" and ":" in address.host:
+        sock.setsockopt(zmq.IPV6, 1)

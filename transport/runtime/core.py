@@ -1,0 +1,582 @@
+"""Every env semantic, once: the rules all backends' servers follow (docs/protocol.md).
+
+- ``Runner``: where a client's envs run (``LocalEnvs`` in this process, ``WorkerPool`` in
+  worker processes) and the per-env auto-reset rule both share. A runner writes each env's
+  result in place into a record view it was given (a row of a response buffer, an shm slot).
+- ``EnvRuntime``: one client's envs as the protocol sees them: "reset first", episode ends,
+  action range and mask checks, seeds (env i gets seed + i; the server's first seed), the three
+  auto-reset modes, env-error recovery (reset, else recreate from the factory), ``step_batch``
+  seats, OBSERVE. Refusals are ``RequestError`` (one ERROR response); backends never check.
+- ``EnvHost``: what a server serves (the env or its factory, how many, where they run); makes
+  one ``EnvRuntime`` per client over the record views the backend hands it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from transport.codec import Schema, StructCodec
+from transport.errors import CodecError, ProtocolError
+from transport.protocol import AutoReset, ErrorCode, RequestError
+from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
+
+FATE_RESET = "the env was reset"
+FATE_RECREATED = "the env was recreated"
+FATE_FAILED = "the env could not be reset: send a reset"
+
+Failures = list[tuple[int, Exception]]
+"""(env index, exception) of each env that raised; the other envs did their step."""
+
+StepBatch = Callable[[np.ndarray], Sequence[StepOutput]]
+ACTION_CODES = {
+    "i8": "b",
+    "u8": "B",
+    "i16": "h",
+    "u16": "H",
+    "i32": "i",
+    "u32": "I",
+    "i64": "q",
+    "u64": "Q",
+}
+"""Action field types a server carries (one discrete action, an integer, per env) and their
+``struct`` format codes."""
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line: ``ValueError: text``."""
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def body_codec(schema: Schema, message: str) -> StructCodec:
+    """The codec of ``message``'s body struct (a schema without one cannot be served)."""
+    body = schema.ir.messages[message].body
+    if body is None:
+        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
+    return schema[body]
+
+
+def records_of(rows: np.ndarray) -> list[np.ndarray]:
+    """One 0-d record view per row of an (N,) record array (any row stride)."""
+    return [rows[i, ...] for i in range(rows.shape[0])]
+
+
+# -- runners -------------------------------------------------------------------------------------
+
+
+class Runner:
+    """Where a client's ``num_envs`` envs run; results land in ``results`` (an (R,) record array
+    with the codec's field names, R >= num_envs: the extra rows are step_batch seats).
+
+    A subclass provides the per-env operations; the auto-reset rule (``step_one``) and the loops
+    over envs are here, once. ``finals[i]`` receives env i's SAME_STEP final result.
+    """
+
+    def __init__(
+        self,
+        codec: StructCodec,
+        results: np.ndarray,
+        finals: np.ndarray | None,
+        num_envs: int,
+        *,
+        base: int = 0,
+    ) -> None:
+        self.codec = codec
+        self.results = results
+        self.records = records_of(results)
+        self.finals = finals
+        self.final_records = records_of(finals) if finals is not None else []
+        self.num_envs = num_envs
+        self.base = base  # numbers the envs in error texts (a worker's first env)
+        self._ends = tuple(f.name for f in codec.ir.episode_end_fields())
+
+    # -- what a runner provides ------------------------------------------------------------
+
+    def spaces(self) -> Spaces:
+        raise NotImplementedError
+
+    def reset_one(self, index: int, seed: int | None) -> None:
+        """Reset env ``index``; its result is in ``records[index]``."""
+        raise NotImplementedError
+
+    def step_env(self, index: int, action: int) -> None:
+        """Step env ``index`` once (no auto-reset); its result is in ``records[index]``."""
+        raise NotImplementedError
+
+    def restore(self, index: int, seed: int | None) -> tuple[str, bool]:
+        """After env ``index`` raised: reset it, else recreate it. (fate text, ok)."""
+        raise NotImplementedError
+
+    def observe_one(self, index: int) -> dict[str, Any]:
+        """Rewrite env ``index``'s result from ``env.observe()`` (if it has one); its info map."""
+        raise NotImplementedError
+
+    def step_batch(self) -> StepBatch | None:
+        """The env's ``step_batch`` (a 1-env runner in this process), else None."""
+        return None
+
+    def write(self, index: int, output: StepOutput | None) -> None:
+        """Put an env's output into row ``index`` (None: the env wrote it in place)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drop the envs (and stop what runs them)."""
+
+    # -- the rules every runner shares -----------------------------------------------------
+
+    def is_done(self, index: int) -> bool:
+        record = self.records[index]
+        return any(record[name] for name in self._ends)
+
+    def step_one(self, index: int, action: int, mode: AutoReset) -> bool:
+        """Step env ``index`` under the auto-reset ``mode``; True when a final result was kept.
+
+        NEXT_STEP: an env whose last result ended its episode is reset instead (the action is
+        ignored). SAME_STEP: the step that ends an episode keeps its result in ``finals[i]`` and
+        resets the env at once (the reset result is the step's result).
+        """
+        if mode == AutoReset.NEXT_STEP and self.is_done(index):
+            self.reset_one(index, None)
+            return False
+        self.step_env(index, action)
+        if mode == AutoReset.SAME_STEP and self.is_done(index):
+            self.final_records[index][...] = self.records[index]
+            self.reset_one(index, None)
+            return True
+        return False
+
+    def reset(self, seeds: Sequence[int | None]) -> Failures:
+        """Reset every env (env i with ``seeds[i]``); an env that raises does not stop the rest."""
+        failures: Failures = []
+        for i in range(self.num_envs):
+            try:
+                self.reset_one(i, seeds[i])
+            except Exception as exc:
+                failures.append((i, exc))
+        return failures
+
+    def step(
+        self, actions: Sequence[int] | np.ndarray, mode: AutoReset
+    ) -> tuple[list[int], Failures]:
+        """Step every env; (envs whose final result was kept, failures)."""
+        ended: list[int] = []
+        failures: Failures = []
+        step_one = self.step_one
+        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
+        for i in range(self.num_envs):
+            try:
+                if step_one(i, values[i], mode):
+                    ended.append(i)
+            except Exception as exc:  # the other envs still step
+                failures.append((i, exc))
+        return ended, failures
+
+    def observe(self) -> tuple[list[dict[str, Any]], Failures]:
+        """Every env's current result and info map (no step, no auto-reset)."""
+        infos: list[dict[str, Any]] = []
+        failures: Failures = []
+        for i in range(self.num_envs):
+            try:
+                infos.append(self.observe_one(i))
+            except Exception as exc:
+                infos.append({})
+                failures.append((i, exc))
+        return infos, failures
+
+
+# -- the runtime ---------------------------------------------------------------------------------
+
+
+class EnvRuntime:
+    """One client's envs under the protocol's rules (see the module docstring).
+
+    Every method raises ``RequestError`` for a refusal; env exceptions are recovered from here
+    (the env is reset or recreated) and answered as one ENV_ERROR naming each env that failed.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        seats: int,
+        first_seed: int | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
+        self.runner = runner
+        self.num_envs = runner.num_envs
+        self.seats = seats
+        self.first_seed = first_seed  # the seed of the first unseeded reset (env i: seed + i)
+        self._lock: contextlib.AbstractContextManager[Any] = lock or contextlib.nullcontext()
+        self.autoreset = AutoReset.DISABLED
+        self.spaces = runner.spaces()
+        codec, results = runner.codec, runner.results
+        mask = codec.ir.role("action_mask")
+        self.masks = results[mask.name] if mask else None  # (R, mask_len) view of the results
+        self.ends = [results[f.name] for f in codec.ir.episode_end_fields()]
+        self.was_reset = np.zeros(self.num_envs, dtype=bool)
+        self.all_reset = False
+        self._no_seeds: list[int | None] = [None] * self.num_envs
+
+    # -- state -------------------------------------------------------------------------------
+
+    def mark_reset(self, index: int) -> None:
+        self.was_reset[index] = True
+        self.all_reset = bool(self.was_reset.all())
+
+    def mark_lost(self, index: int) -> None:
+        """Env ``index`` has no valid state: every step is NOT_RESET until a reset succeeds."""
+        self.was_reset[index] = False
+        self.all_reset = False
+
+    def is_done(self, index: int) -> bool:
+        return any(end[index] for end in self.ends)
+
+    def done_mask(self) -> np.ndarray | None:
+        """(N,) bool: the envs whose episode ended (None when the result has no end fields)."""
+        if not self.ends:
+            return None
+        n = self.num_envs
+        done = self.ends[0][:n].astype(bool)
+        for end in self.ends[1:]:
+            done |= end[:n].astype(bool)
+        return done
+
+    def set_autoreset(self, mode: int) -> AutoReset:
+        """The client's auto-reset mode (HELLO flags, or the shm HELLO command)."""
+        try:
+            self.autoreset = AutoReset(mode)
+        except ValueError:
+            raise RequestError(ErrorCode.BAD_FRAME, f"unknown auto-reset mode {mode}") from None
+        return self.autoreset
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def check_action(self, index: int, action: int) -> None:
+        if not self.all_reset and not self.was_reset[index]:
+            raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
+        if self.is_done(index):
+            raise RequestError(ErrorCode.NOT_RESET, f"env {index}: episode is done; reset first")
+        act_n = self.spaces.act_n
+        if not 0 <= action < act_n:
+            raise RequestError(
+                ErrorCode.INVALID_ACTION, f"env {index}: action {action} is outside 0..{act_n - 1}"
+            )
+        masks = self.masks
+        if masks is not None and action < masks.shape[1] and not masks[index, action]:
+            raise RequestError(
+                ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
+            )
+
+    def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> None:
+        """The same checks for one action per env, vectorised; reports the first bad env.
+
+        ``skip_done``: envs whose episode is done are not checked (NEXT_STEP ignores their
+        action).
+        """
+        n = self.num_envs
+        bad = ~self.was_reset if not self.all_reset else None
+        done = self.done_mask()
+        if done is not None and not skip_done:
+            bad = done if bad is None else bad | done
+        bad_range = (actions < 0) | (actions >= self.spaces.act_n)
+        if self.masks is not None:
+            inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
+            masked = self.masks[np.arange(n), inside] == 0
+            bad_range = bad_range | masked
+        if skip_done and done is not None:
+            bad_range &= ~done
+        if (bad is not None and bad.any()) or bad_range.any():
+            first = bad_range if bad is None else bad | bad_range
+            index = int(np.argmax(first))
+            self.check_action(index, int(actions[index]))
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def reset(self, seeds: Sequence[int | None] | None = None) -> None:
+        """Reset every env (env i with ``seeds[i]``). Before any env was reset, an unseeded env
+        i gets the server's first seed + i."""
+        seeds = self._no_seeds if seeds is None else seeds
+        first = self.first_seed
+        if first is not None and not self.was_reset.any():
+            seeds = [first + i if s is None else s for i, s in enumerate(seeds)]
+        with self._lock:
+            failures = self.runner.reset(seeds)
+            failed = {i for i, _ in failures}
+            for i in range(self.num_envs):
+                if i not in failed:
+                    self.mark_reset(i)
+            if failures:
+                raise self._recover(failures, seeds)
+
+    def reset_seed(self, seed: int) -> None:
+        """Reset every env; env i gets ``seed + i``."""
+        self.reset([seed + i for i in range(self.num_envs)])
+
+    def reset_one(self, index: int, seed: int | None) -> None:
+        """Reset env ``index`` alone (an shm slot's RESET)."""
+        with self._lock:
+            try:
+                self.runner.reset_one(index, seed)
+            except Exception as exc:
+                seeds: list[int | None] = [None] * self.num_envs
+                seeds[index] = seed
+                raise self._recover_one(index, exc, seeds) from None
+            self.mark_reset(index)
+
+    def step_one(self, index: int, action: int) -> bool:
+        """Step env ``index`` alone; True when SAME_STEP kept its final result."""
+        mode = self.autoreset
+        if not (mode == AutoReset.NEXT_STEP and self.is_done(index)):
+            self.check_action(index, action)
+        with self._lock:
+            try:
+                return self.runner.step_one(index, action, mode)
+            except Exception as exc:
+                raise self._recover_one(index, exc, None) from None
+
+    def step(self, actions: np.ndarray) -> list[int]:
+        """Step every env (one action each); the envs whose SAME_STEP final result was kept."""
+        mode = self.autoreset
+        self.check_actions(actions, skip_done=mode == AutoReset.NEXT_STEP)
+        with self._lock:
+            ended, failures = self.runner.step(actions, mode)
+            if failures:
+                raise self._recover(failures, None)
+        return ended
+
+    def step_batch(self) -> StepBatch | None:
+        """The env's ``step_batch`` when STEP_MULTI steps seats of one env (else None)."""
+        if self.num_envs != 1:
+            return None
+        return self.runner.step_batch()
+
+    def check_multi(self) -> StepBatch | None:
+        """Refuse STEP_MULTI where it has no meaning; the env's ``step_batch`` if it steps seats."""
+        step_batch = self.step_batch()
+        if step_batch is None and self.num_envs != self.seats:
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                f"STEP_MULTI_REQ needs a {self.seats}-env server or one env with step_batch; "
+                f"this one has {self.num_envs} envs",
+            )
+        return step_batch
+
+    def step_multi(self, actions: np.ndarray) -> list[int]:
+        """STEP_MULTI: seats of one env with ``step_batch``, else one action per env of a
+        ``seats``-env server. Results are in rows 0..seats-1."""
+        step_batch = self.check_multi()
+        if step_batch is None:
+            return self.step(actions)
+        self._step_seats(step_batch, actions)
+        return []
+
+    def _step_seats(self, step_batch: StepBatch, actions: np.ndarray) -> None:
+        if self.autoreset != AutoReset.DISABLED:
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                "STEP_MULTI_REQ to an env with step_batch: the env's seats do not auto-reset "
+                "(connect with autoreset disabled)",
+            )
+        if not self.all_reset or self.is_done(0):
+            self.check_action(0, 0)  # NOT_RESET: before the first reset, or the game is over
+        act_n = self.spaces.act_n
+        bad = (actions < 0) | (actions >= act_n)
+        if bad.any():
+            seat = int(np.argmax(bad))
+            raise RequestError(
+                ErrorCode.INVALID_ACTION,
+                f"env 0: action {int(actions[seat])} of seat {seat} is outside 0..{act_n - 1}",
+            )
+        with self._lock:
+            try:
+                outputs = step_batch(actions)
+                if len(outputs) != len(actions):
+                    raise ValueError(
+                        f"step_batch returned {len(outputs)} results for {len(actions)} actions"
+                    )
+                for seat, output in enumerate(outputs):
+                    self.runner.write(seat, output)
+            except Exception as exc:
+                raise self._recover_one(0, exc, None) from None
+
+    def observe(self) -> list[dict[str, Any]]:
+        """OBSERVE: every env's current result (``observe()``, else its last result) in its row,
+        and its ``info()`` map. No auto-reset, no check of done."""
+        if not self.all_reset:
+            index = int(np.argmin(self.was_reset))
+            raise RequestError(ErrorCode.NOT_RESET, f"env {index}: observe before the first reset")
+        with self._lock:
+            infos, failures = self.runner.observe()
+            if failures:
+                raise self._recover(failures, None)
+        return infos
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def _recover_one(
+        self, index: int, exc: Exception, seeds: Sequence[int | None] | None
+    ) -> RequestError:
+        """``_recover`` for one env; a refusal that is not an env error passes unchanged."""
+        if isinstance(exc, RequestError) and exc.code != ErrorCode.ENV_ERROR:
+            return exc
+        return self._recover([(index, exc)], seeds)
+
+    def _recover(self, failures: Failures, seeds: Sequence[int | None] | None) -> RequestError:
+        """Reset (or recreate) each env that raised; the ENV_ERROR to answer.
+
+        The text starts with ``env {i}:`` (the first env that failed), so clients can name the
+        env (``EnvError.env_id``). The other envs of the request did step (or reset).
+        """
+        texts = []
+        for index, exc in failures:
+            if isinstance(exc, RequestError):
+                detail = exc.text.removeprefix(f"env {index}: ")
+            else:
+                detail = describe(exc)
+            fate, ok = self.runner.restore(index, None if seeds is None else seeds[index])
+            if ok:
+                self.mark_reset(index)
+            else:
+                self.mark_lost(index)
+            texts.append(f"env {index}: {detail} ({fate})")
+        return RequestError(ErrorCode.ENV_ERROR, "; ".join(texts))
+
+
+# -- what a server serves ------------------------------------------------------------------------
+
+
+class EnvHost:
+    """The envs a server serves: one ``EnvRuntime`` per client over record views it is given.
+
+    ``env_or_factory``: an env instance (one env, shared by every client under a lock) or a
+    zero-argument factory (each client gets ``num_envs`` fresh envs). ``workers`` > 0 runs each
+    client's envs in that many worker processes (``transport.runtime.pool``). A setup the
+    server cannot serve is refused here, when the server starts, with the reason.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        env_or_factory: Env | EnvFactory,
+        *,
+        num_envs: int = 1,
+        env_name: str = "",
+        server_lang: str = "python",
+        seed: int | None = None,
+        workers: int = 0,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError("num_envs must be at least 1")
+        if workers < 0:
+            raise ValueError("workers must be 0 (in-process) or more")
+        self.schema = schema
+        self.num_envs = num_envs
+        self.env_name = env_name
+        self.server_lang = server_lang
+        self.seed = seed
+        self.workers = workers  # > 0: each client's envs run in that many worker processes
+        self.result = body_codec(schema, "STEP_RESP")
+        self.step_request = body_codec(schema, "STEP_REQ")
+        action = self.step_request.ir.role("action")
+        if action is None:
+            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
+        if action.elem not in ACTION_CODES or action.count != 1:
+            raise ProtocolError(
+                f"this server cannot carry the action {self.step_request.ir.name}.{action.name}: "
+                f"{action.type} (it steps envs with one integer action each)"
+            )
+        self.action = action
+        multi = body_codec(schema, "STEP_MULTI_REQ")
+        self.seats = multi.ir.fields[0].count
+        if not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env):
+            if num_envs != 1:
+                raise ValueError("pass an env factory to serve more than one env")
+            if workers:
+                raise ValueError("pass an env factory to run envs in worker processes")
+            self._shared: Env | None = env_or_factory
+            self.factory: EnvFactory | None = None
+            self._lock: threading.Lock | None = threading.Lock()
+        else:
+            self._shared, self.factory, self._lock = None, env_or_factory, None
+            if workers:
+                try:
+                    pickle.dumps(env_or_factory)
+                except Exception as exc:
+                    raise ValueError(
+                        f"workers={workers} needs an env factory that can be pickled (it is sent "
+                        f"to each worker process): {describe(exc)}; use a module-level class or "
+                        "function, or functools.partial of one"
+                    ) from None
+
+    def check(self) -> None:
+        """Make one env and ask its spaces, now: a factory that cannot make an env fails when
+        the server starts, with the reason, not at every client's connection."""
+        try:
+            env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
+            env.spaces()
+        except Exception as exc:
+            raise ValueError(
+                f"cannot serve these envs: making one failed: {describe(exc)}"
+            ) from exc
+        close = getattr(env, "close", None) if self._shared is None else None
+        if close is not None:
+            close()
+
+    def create_envs(self) -> list[Env]:
+        """A new client's envs (none here when they live in worker processes)."""
+        if self.factory is not None and self.workers:
+            return []
+        if self.factory is not None:
+            return [self.factory() for _ in range(self.num_envs)]
+        assert self._shared is not None
+        return [self._shared]
+
+    def rows(self, envs: Sequence[Env]) -> int:
+        """Result rows a client needs: ``num_envs``, or the seats of one env with step_batch."""
+        if len(envs) == 1 and getattr(envs[0], "step_batch", None) is not None:
+            return max(self.num_envs, self.seats)
+        return self.num_envs
+
+    def runtime(
+        self, envs: list[Env], results: np.ndarray, finals: np.ndarray | None
+    ) -> EnvRuntime:
+        """An ``EnvRuntime`` for ``envs`` (from ``create_envs``) writing into ``results`` (an
+        (R,) record array, R = ``rows(envs)``) and SAME_STEP finals into ``finals`` ((N,))."""
+        runner: Runner
+        if self.workers:
+            from transport.runtime.pool import WorkerPool
+
+            assert self.factory is not None
+            runner = WorkerPool(
+                self.factory,
+                self.schema,
+                self.result.ir.name,
+                self.num_envs,
+                self.workers,
+                results,
+                finals,
+            )
+        else:
+            from transport.runtime.local import LocalEnvs
+
+            runner = LocalEnvs(envs, self.result, results, finals, self.factory)
+        return EnvRuntime(runner, seats=self.seats, first_seed=self.seed, lock=self._lock)
+
+
+def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, at: int) -> None:
+    """Encode an env's output at byte ``at`` of ``out`` (validated unless it is a record)."""
+    try:
+        codec.encode_into(out, at, output, validate=not isinstance(output, np.ndarray))
+    except CodecError as exc:
+        raise RequestError(
+            ErrorCode.ENV_ERROR, f"env {index}: returned bad values: {exc}"
+        ) from None

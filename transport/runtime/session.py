@@ -1,0 +1,253 @@
+"""The stream-protocol session: one client's conversation with a server, request by request.
+
+A stream backend's server (unix, http, zmq) accepts connections and moves frames; for each
+client it creates a ``Session`` and calls ``Session.handle(msg_type, body)``, which returns the
+response to send. The session checks HELLO and body sizes, decodes request bodies, calls the
+client's ``EnvRuntime`` (every env rule is there) and frames the response. Results are written
+by the runtime straight into the session's send buffer (rows of its records): no copy.
+"""
+
+from __future__ import annotations
+
+import struct
+import traceback
+import weakref
+from collections.abc import Callable
+
+import msgpack
+
+from transport.codec import Schema
+from transport.errors import FingerprintMismatchError, ProtocolError, VersionMismatchError
+from transport.protocol import (
+    AUTORESET_MASK,
+    BODY_OFFSET,
+    CLOSING_ERRORS,
+    FINAL_COUNT,
+    HEADER,
+    HEADER_OFFSET,
+    AutoReset,
+    ErrorCode,
+    MessageIds,
+    RequestError,
+    check_hello,
+    decode_hello,
+    encode_error,
+    encode_hello,
+)
+from transport.runtime.core import ACTION_CODES, EnvHost, body_codec
+
+
+class Session:
+    """One client of a stream server: HELLO, then requests answered in place.
+
+    Results are written into one preallocated send buffer: the header at HEADER_OFFSET and the
+    body at BODY_OFFSET, so a stream backend sends ``frame()`` in one call without copying. Other
+    bodies (ERROR, HELLO, health, spaces, OBSERVE's tail) never go there: the last result of
+    every env stays readable for the runtime's checks.
+    """
+
+    def __init__(self, host: EnvHost) -> None:
+        schema = host.schema
+        self.schema: Schema = schema
+        self.host = host
+        self.ids = MessageIds.from_schema(schema.ir)
+        self.result = host.result
+        self.step_request = host.step_request
+        self.multi_request = body_codec(schema, "STEP_MULTI_REQ")
+        self.reset_request = body_codec(schema, "RESET_SEED_REQ")
+        self.spaces_result = body_codec(schema, "SPACES_RESP")
+        self.action_name = host.action.name
+        self._action = struct.Struct("<" + ACTION_CODES[host.action.elem])
+        self._action_offset = host.action.offset
+        self.num_envs = n = host.num_envs
+        self.hello_done = False
+        self.closing = False
+        self.info = {"num_envs": n, "env": host.env_name, "server": host.server_lang}
+        envs = host.create_envs()
+        rows = max(host.rows(envs), self.multi_request.ir.fields[0].count)
+        size = self.result.size
+        # SAME_STEP auto-reset appends: u32 count, then per ended env (u32 index, final result)
+        self.buffer = bytearray(BODY_OFFSET + rows * size + 4 + n * (4 + size))
+        self._body = memoryview(self.buffer)[BODY_OFFSET:]
+        results = self.result.view(self.buffer, BODY_OFFSET, count=rows)
+        self._finals_buffer = bytearray(n * size)
+        finals = self.result.view(self._finals_buffer, 0, count=n)
+        self.runtime = host.runtime(envs, results, finals)
+        weakref.finalize(self, self.runtime.close)  # the session is dropped with its client
+        ids = self.ids
+        self._handlers: dict[int, Callable[[memoryview], tuple[int, int]]] = {
+            ids.RESET_REQ: self._reset,
+            ids.RESET_SEED_REQ: self._reset_seed,
+            ids.STEP_REQ: self._step,
+            ids.STEP_MULTI_REQ: self._step_multi,
+            ids.STEP_BATCH_REQ: self._step_batch,
+        }
+        self._other: dict[int, Callable[[memoryview], tuple[int, bytes]]] = {
+            ids.HEALTH_REQ: self._health,
+            ids.SPACES_REQ: self._spaces,
+        }
+        observe = schema.ir.messages.get("OBSERVE_REQ")
+        response = schema.ir.messages.get("OBSERVE_RESP")
+        if observe is not None and response is not None:
+            self._observe_resp = response.id
+            self._other[observe.id] = self._observe
+
+    def close(self) -> None:
+        """Stop the worker processes (if any) now instead of when the session is collected."""
+        self.runtime.close()
+
+    def handle(self, msg_type: int, body: memoryview) -> tuple[int, memoryview]:
+        """Answer one request: (response msg_type, response body).
+
+        Never raises for a bad request: refusals become ERROR responses, and ``closing`` is set
+        when the connection must be closed after sending it.
+        """
+        try:
+            handler = self._handlers.get(msg_type)
+            if handler is None:
+                if msg_type == self.ids.HELLO_REQ:
+                    return self._hello(body)
+                other = self._other.get(msg_type)
+                if other is None:
+                    raise RequestError(
+                        ErrorCode.UNKNOWN_MESSAGE, f"msg_type 0x{msg_type:02X} is not a request"
+                    )
+                if not self.hello_done:
+                    raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
+                resp_type, data = other(body)
+                return resp_type, memoryview(data)
+            if not self.hello_done:
+                raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
+            resp_type, length = handler(body)
+            return resp_type, self._body[:length]
+        except RequestError as exc:
+            return self.error(exc.code, exc.text)
+        except Exception as exc:  # a bug must not take the server down (env errors: runtime)
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            return self.error(ErrorCode.INTERNAL, detail)
+
+    def error(self, code: ErrorCode, text: str) -> tuple[int, memoryview]:
+        if code in CLOSING_ERRORS:
+            self.closing = True
+        return self.ids.ERROR, memoryview(encode_error(code, text))
+
+    def frame(self, msg_type: int, msg_id: int, body: memoryview) -> memoryview:
+        """Header + body as one contiguous view: in place for results, a new buffer otherwise."""
+        length = body.nbytes
+        if body.obj is self.buffer:
+            HEADER.pack_into(self.buffer, HEADER_OFFSET, msg_type, msg_id, length)
+            return memoryview(self.buffer)[HEADER_OFFSET : BODY_OFFSET + length]
+        return memoryview(HEADER.pack(msg_type, msg_id, length) + bytes(body))
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _hello(self, body: memoryview) -> tuple[int, memoryview]:
+        try:
+            hello = decode_hello(body)
+            check_hello(hello, self.schema.fingerprint, peer="client")
+        except FingerprintMismatchError as exc:
+            return self.error(ErrorCode.FINGERPRINT_MISMATCH, str(exc))
+        except VersionMismatchError as exc:
+            return self.error(ErrorCode.VERSION_MISMATCH, str(exc))
+        except ProtocolError as exc:
+            return self.error(ErrorCode.BAD_FRAME, str(exc))
+        try:
+            mode = AutoReset(hello.flags & AUTORESET_MASK)
+        except ValueError:
+            return self.error(
+                ErrorCode.BAD_FRAME, f"unknown auto-reset mode in flags {hello.flags}"
+            )
+        self.runtime.set_autoreset(mode)
+        self.hello_done = True
+        info = {**self.info, "autoreset": mode.name.lower()}
+        return self.ids.HELLO_RESP, memoryview(
+            encode_hello(self.schema.fingerprint, info, flags=int(mode))
+        )
+
+    def _expect_size(self, body: memoryview, size: int, what: str) -> None:
+        if body.nbytes != size:
+            raise RequestError(
+                ErrorCode.BAD_BODY_SIZE, f"{what} body is {body.nbytes} bytes, expected {size}"
+            )
+
+    def _reset(self, body: memoryview) -> tuple[int, int]:
+        self._expect_size(body, 0, "RESET_REQ")
+        self.runtime.reset()
+        return self.ids.RESET_RESP, self.num_envs * self.result.size
+
+    def _reset_seed(self, body: memoryview) -> tuple[int, int]:
+        self._expect_size(body, self.reset_request.size, "RESET_SEED_REQ")
+        seed_field = self.reset_request.ir.fields[0].name
+        self.runtime.reset_seed(int(self.reset_request.view(body)[seed_field]))
+        return self.ids.RESET_RESP, self.num_envs * self.result.size
+
+    def _step(self, body: memoryview) -> tuple[int, int]:
+        if self.num_envs != 1:
+            raise RequestError(
+                ErrorCode.BAD_BATCH, f"STEP_REQ needs a 1-env server; this one has {self.num_envs}"
+            )
+        self._expect_size(body, self.step_request.size, "STEP_REQ")
+        (action,) = self._action.unpack_from(body, self._action_offset)
+        ended = self.runtime.step_one(0, action)
+        return self.ids.STEP_RESP, self._results_length(1, [0] if ended else None)
+
+    def _step_multi(self, body: memoryview) -> tuple[int, int]:
+        multi = self.multi_request
+        runtime = self.runtime
+        runtime.check_multi()  # a BAD_BATCH refusal comes before the body size
+        self._expect_size(body, multi.size, "STEP_MULTI_REQ")
+        actions = multi.view(body)[multi.ir.fields[0].name]
+        ended = runtime.step_multi(actions)
+        return self.ids.STEP_MULTI_RESP, self._results_length(runtime.seats, ended)
+
+    def _step_batch(self, body: memoryview) -> tuple[int, int]:
+        size = self.step_request.size
+        if body.nbytes != self.num_envs * size:
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                f"STEP_BATCH_REQ carries {body.nbytes // size if size else 0} actions "
+                f"({body.nbytes} bytes); this server has {self.num_envs} envs",
+            )
+        actions = self.step_request.view(body, count=self.num_envs)[self.action_name]
+        ended = self.runtime.step(actions)
+        return self.ids.STEP_BATCH_RESP, self._results_length(self.num_envs, ended)
+
+    def _results_length(self, count: int, ended: list[int] | None) -> int:
+        """Body length of a step response; SAME_STEP adds the tail of final results."""
+        size = self.result.size
+        length = count * size
+        if self.runtime.autoreset != AutoReset.SAME_STEP:
+            return length
+        tail = BODY_OFFSET + length
+        FINAL_COUNT.pack_into(self.buffer, tail, len(ended) if ended else 0)
+        at = tail + 4
+        for index in ended or ():
+            FINAL_COUNT.pack_into(self.buffer, at, index)
+            self.buffer[at + 4 : at + 4 + size] = self._finals_buffer[
+                index * size : (index + 1) * size
+            ]
+            at += 4 + size
+        return at - BODY_OFFSET
+
+    def _health(self, body: memoryview) -> tuple[int, bytes]:
+        self._expect_size(body, 0, "HEALTH_REQ")
+        return self.ids.HEALTH_RESP, b"\x01"
+
+    def _spaces(self, body: memoryview) -> tuple[int, bytes]:
+        self._expect_size(body, 0, "SPACES_REQ")
+        codec = self.spaces_result
+        spaces = self.runtime.spaces
+        first, second = (f.name for f in codec.ir.fields[:2])
+        return self.ids.SPACES_RESP, codec.encode({first: spaces.obs_n, second: spaces.act_n})
+
+    def _observe(self, body: memoryview) -> tuple[int, bytes]:
+        """OBSERVE_RESP: the N current results, then a msgpack array of N info maps."""
+        self._expect_size(body, 0, "OBSERVE_REQ")
+        infos = self.runtime.observe()
+        try:
+            tail = msgpack.packb(infos)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(
+                ErrorCode.ENV_ERROR, f"env 0: info() returned a map msgpack cannot carry: {exc}"
+            ) from None
+        return self._observe_resp, bytes(self._body[: self.num_envs * self.result.size]) + tail
