@@ -38,7 +38,7 @@ from transport.errors import ConnectError, PeerGoneError, TransportError  # noqa
 from transport.multi import BatchError  # noqa: E402
 from transport.ray import EnvServers, EnvsLostError, KeyPair, launch  # noqa: E402
 from transport.ray.keys import client_url  # noqa: E402
-from transport.server import Spaces  # noqa: E402
+from transport.runtime.env import Spaces  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_TIMEOUT = 10.0

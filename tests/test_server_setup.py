@@ -13,7 +13,9 @@ import pytest
 import transport
 from transport.codec import Schema
 from transport.envs.echo import EchoEnv
+from transport.generated import tetris
 from transport.schema.compiler import compile_schema
+from transport.schema.ir import ir_from_json
 
 from .servers import ROOT, unique_unix_url
 
@@ -21,14 +23,21 @@ TETRIS_TOML = Path(__file__).resolve().parents[1] / "schema" / "tetris.toml"
 
 
 def continuous_action_schema() -> Schema:
-    """A schema (no [env] table, which would refuse it at compile time) whose action is f32[2]."""
-    text = TETRIS_TOML.read_text()
-    text = text.replace(
-        '[structs.StepRequest]\nsize = 4\nfields = [{ name = "action", type = "i32"',
-        '[structs.StepRequest]\nsize = 8\nfields = [{ name = "action", type = "f32[2]"',
-    )
-    text = re.sub(r"\[env\].*?\n\n", "", text, flags=re.S)
-    return Schema(compile_schema(text, "continuous.toml"))
+    """tetris with an f32[2] action: the compiler refuses it in an [env] table, so the IR is
+    edited after compiling (no fingerprint check): what a hand-made or foreign IR could hold."""
+    data = tetris.SCHEMA.ir.to_json()
+    data.pop("fingerprint")
+    request = data["structs"]["StepRequest"]
+    request["size"] = 8
+    request["fields"][0].update(type="f32[2]", size=8, count=2)
+    return Schema(ir_from_json(data))
+
+
+def test_a_schema_without_the_env_protocol_fails_at_start() -> None:
+    text = re.sub(r"\[env\].*?\n\n", "", TETRIS_TOML.read_text(), flags=re.S)
+    schema = Schema(compile_schema(text, "no_env.toml"))
+    with pytest.raises(transport.ProtocolError, match=r"schema tetris has no message .*\[env\]"):
+        transport.Server(EchoEnv, unique_unix_url(), schema=schema)
 
 
 def test_an_action_type_the_server_cannot_carry_fails_at_start() -> None:

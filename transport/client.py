@@ -17,12 +17,13 @@ import msgpack
 import numpy as np
 
 from transport.backends.base import Channel
-from transport.codec import Schema, StructCodec
+from transport.codec import Schema
 from transport.errors import ProtocolError, TransportError
 from transport.protocol import (
     AUTORESET_MASK,
     AutoReset,
     MessageIds,
+    body_codec,
     check_hello,
     decode_error,
     decode_hello,
@@ -84,8 +85,8 @@ class Client:
         self.finals: list[tuple[int, StepView]] = []
         """SAME_STEP auto-reset: (env index, owned final result) of each episode that ended in
         the last step; the step's own result holds the reset observation for those envs."""
-        self._result = _body_codec(schema, "STEP_RESP")
-        step_request = _body_codec(schema, "STEP_REQ")
+        self._result = body_codec(schema, "STEP_RESP")
+        step_request = body_codec(schema, "STEP_REQ")
         action = step_request.ir.role("action")
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
@@ -93,9 +94,9 @@ class Client:
         # the request records live where the channel wants them (shm: in the slots): no copy
         records, self._request = channel.request_area(step_request, self.num_envs)
         self._actions = records[action.name]
-        self._seed_codec = _body_codec(schema, "RESET_SEED_REQ")
+        self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
-        multi = _body_codec(schema, "STEP_MULTI_REQ")
+        multi = body_codec(schema, "STEP_MULTI_REQ")
         self._multi_request = bytearray(multi.size)
         self._multi_actions = multi.view(self._multi_request)[multi.ir.fields[0].name]
         self._views: dict[int | None, tuple[np.ndarray, StepView]] = {}
@@ -168,7 +169,7 @@ class Client:
         return view, [dict(info) if isinstance(info, dict) else {} for info in infos]
 
     def spaces(self) -> Spaces:
-        codec = _body_codec(self.schema, "SPACES_RESP")
+        codec = body_codec(self.schema, "SPACES_RESP")
         body = self._exchange(self.ids.SPACES_REQ, b"", self.ids.SPACES_RESP)
         values = codec.decode(body)
         first, second = (f.name for f in codec.ir.fields[:2])
@@ -219,13 +220,6 @@ class Client:
         if cached is None or cached[0] is not record:
             cached = self._final_views[index] = (record, StepView(record))
         return cached[1]
-
-
-def _body_codec(schema: Schema, message: str) -> StructCodec:
-    body = schema.ir.messages[message].body
-    if body is None:
-        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
-    return schema[body]
 
 
 def handshake(

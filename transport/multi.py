@@ -24,7 +24,7 @@ from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
-from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, decode_error
+from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, body_codec, decode_error
 from transport.runtime.env import Spaces
 
 
@@ -120,7 +120,7 @@ class _Part:
         self.env_ids = range(start, start + client.num_envs)
         ids = client.ids
         schema = client.schema
-        step_request = schema[_body(schema, "STEP_REQ")]
+        step_request = body_codec(schema, "STEP_REQ")
         action = step_request.ir.role("action")
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
@@ -131,16 +131,9 @@ class _Part:
             if self.num_envs == 1
             else (ids.STEP_BATCH_REQ, ids.STEP_BATCH_RESP)
         )
-        seed_codec = schema[_body(schema, "RESET_SEED_REQ")]
+        seed_codec = body_codec(schema, "RESET_SEED_REQ")
         self.seed_codec = seed_codec
         self.seed_body = bytearray(seed_codec.size)
-
-
-def _body(schema: Schema, message: str) -> str:
-    body = schema.ir.messages[message].body
-    if body is None:
-        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
-    return body
 
 
 class MultiClient:
@@ -161,7 +154,7 @@ class MultiClient:
             self.parts.append(_Part(client, start))
             start += client.num_envs
         self.num_envs = start
-        self._result = self.schema[_body(self.schema, "STEP_RESP")]
+        self._result = body_codec(self.schema, "STEP_RESP")
         self._out = bytearray(BODY_OFFSET + self.num_envs * self._result.size)
         rows = self._result.view(self._out, BODY_OFFSET, count=self.num_envs)
         self._view = StepView(rows)

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import msgpack
 
-from transport.codec import StructCodec
+from transport.codec import Schema, StructCodec
 from transport.errors import (
     BadFrameError,
     EnvError,
@@ -243,3 +243,17 @@ class RequestError(Exception):
         self.code = code
         self.text = text
         super().__init__(f"{code.name}: {text}")
+
+
+def body_codec(schema: Schema, message: str) -> StructCodec:
+    """The codec of ``message``'s body struct; a clear error when the schema does not speak the
+    env protocol (no ``[env]`` table: no messages) or the message has no body."""
+    found = schema.ir.messages.get(message)
+    if found is None:
+        raise ProtocolError(
+            f"schema {schema.name} has no message {message}: a schema served or connected to "
+            "needs an [env] table naming its result and request structs (docs/schema.md)"
+        )
+    if found.body is None:
+        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
+    return schema[found.body]

@@ -54,7 +54,7 @@ from transport.ray.launch import DEFAULT_TIMEOUT, EnvServers, RayLaunchError, co
 if TYPE_CHECKING:
     from transport.client import Client
     from transport.codec import Schema
-    from transport.server import Spaces
+    from transport.runtime.env import Spaces
 
 log = logging.getLogger("transport.ray")
 

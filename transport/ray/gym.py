@@ -16,8 +16,8 @@ from typing import Any, cast
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from transport.errors import AdapterError
 from transport.gym import (
-    AdapterError,
     Bounds,
     RemoteVectorEnv,
     autoreset_mode_of,

@@ -24,7 +24,7 @@ import numpy as np
 
 from transport.codec import Schema, StructCodec
 from transport.errors import CodecError, ProtocolError
-from transport.protocol import AutoReset, ErrorCode, RequestError
+from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
 
 FATE_RESET = "the env was reset"
@@ -52,14 +52,6 @@ ACTION_CODES = {
 def describe(exc: BaseException) -> str:
     """An exception as one line: ``ValueError: text``."""
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
-
-
-def body_codec(schema: Schema, message: str) -> StructCodec:
-    """The codec of ``message``'s body struct (a schema without one cannot be served)."""
-    body = schema.ir.messages[message].body
-    if body is None:
-        raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
-    return schema[body]
 
 
 def records_of(rows: np.ndarray) -> list[np.ndarray]:

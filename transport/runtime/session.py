@@ -29,12 +29,13 @@ from transport.protocol import (
     ErrorCode,
     MessageIds,
     RequestError,
+    body_codec,
     check_hello,
     decode_hello,
     encode_error,
     encode_hello,
 )
-from transport.runtime.core import ACTION_CODES, EnvHost, body_codec
+from transport.runtime.core import ACTION_CODES, EnvHost
 
 
 class Session:

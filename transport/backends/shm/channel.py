@@ -46,11 +46,11 @@ from transport.protocol import (
     AutoReset,
     ErrorCode,
     MessageIds,
+    body_codec,
     decode_hello,
     encode_error,
     encode_hello,
 )
-from transport.runtime.core import body_codec
 
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1
