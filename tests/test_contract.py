@@ -36,12 +36,12 @@ SHM_LAYOUT = (
     "the shm:// slot is pac_shm's (Appendix B): other result structs need the derived layout "
     "(issue 12, python and node engineers)"
 )
+SHM_MULTI = "ShmClient has no step_multi (SlotCommand STEP_MULTI 5 is issue 12 work)"
 GAPS: dict[tuple[str, ...], str] = {
     ("shm", "*", "tetris", "*"): SHM_LAYOUT,
     ("shm", "*", "mahjong_env", "*"): SHM_LAYOUT,
-    ("shm", "*", "pac_env", "step_multi"): (
-        "ShmClient has no STEP_MULTI (SlotCommand STEP_MULTI 5 is issue 12 work)"
-    ),
+    ("shm", "*", "pac_env", "step_multi"): SHM_MULTI,
+    ("shm", "*", "pac_env", "bad_batch"): SHM_MULTI,
 }
 """(scheme, server language, schema, check) -> why it fails today ("*" matches anything)."""
 

@@ -318,8 +318,72 @@ def check_bad_requests(ctx: CheckContext) -> None:
                 _expect_error_frame(
                     ids, msg_type, body, ErrorCode.BODY_TOO_LARGE, "a body over the maximum"
                 )
+        if scheme != "http":  # over HTTP a request with the fingerprint header is the HELLO
+            channel = _raw_channel(server, ctx.schema)
+            try:
+                msg_type, body = channel.request(ids.RESET_REQ, b"")
+                _expect_error_frame(ids, msg_type, body, ErrorCode.HELLO_REQUIRED, "no HELLO")
+            finally:
+                channel.close()
         bystander.step([0] * bystander.num_envs if bystander.num_envs > 1 else 0)
     _still_served(ctx, server, "after bad requests")
+
+
+@_check(per_schema=False)
+def check_bad_batch(ctx: CheckContext) -> None:
+    """The wrong number of actions is BAD_BATCH and the connection is kept: STEP_MULTI to a
+    1-env server whose env has no step_batch, STEP_REQ to an N-env server, a short batch."""
+    with ctx.connect(ctx.server(1)) as client:
+        client.reset(1)
+        try:
+            client.step_multi([0] * SEATS_ENVS)
+        except RemoteError as exc:
+            assert exc.code == ErrorCode.BAD_BATCH, f"STEP_MULTI to 1 env: {exc}"
+        else:
+            raise AssertionError("a 1-env server without step_batch answered STEP_MULTI")
+        client.step(0)
+    server = ctx.server(SEATS_ENVS)
+    if server.url.startswith("shm://"):
+        raise NotApplicable("shm:// requests always cover every slot (no frames to miscount)")
+    ids = MessageIds.from_schema(ctx.schema.ir)
+    size = ctx.schema[ctx.schema.ir.messages["STEP_REQ"].body or ""].size
+    with ctx.connect(server) as client:
+        client.reset(1)
+        msg_type, body = client.channel.request(ids.STEP_REQ, bytes(size))
+        _expect_error_frame(ids, msg_type, body, ErrorCode.BAD_BATCH, "STEP_REQ to 8 envs")
+        short = bytes(size * (SEATS_ENVS - 1))
+        msg_type, body = client.channel.request(ids.STEP_BATCH_REQ, short)
+        _expect_error_frame(ids, msg_type, body, ErrorCode.BAD_BATCH, "7 actions for 8 envs")
+        client.step([0] * SEATS_ENVS)
+
+
+@_check(per_schema=False)
+def check_sessions_are_independent(ctx: CheckContext) -> None:
+    """Two clients of one server have their own envs: interleaved requests, each client's
+    bytes as its own local envs'."""
+    server = ctx.server(SEATS_ENVS)
+    if server.url.startswith("shm://"):
+        raise NotApplicable("shm:// serves one client per region (the lease)")
+    rng = random.Random(6)
+    with ctx.connect(server) as first, ctx.connect(server, autoreset="next_step") as second:
+        models = [
+            ExpectedSession(ctx.schema, SEATS_ENVS, server_seed=SERVER_SEED),
+            ExpectedSession(
+                ctx.schema, SEATS_ENVS, server_seed=SERVER_SEED, autoreset=AutoReset.NEXT_STEP
+            ),
+        ]
+        clients = [first, second]
+        for k in (0, 1):
+            _expect_results(clients[k].reset(), models[k].reset(), f"client {k}: reset")
+        for step in range(6):
+            for k in (0, 1):
+                what = f"client {k}: step {step + 1}"
+                actions = _pick(models[k], rng)
+                if models[k].refusal(actions) is not None:
+                    _expect_results(clients[k].reset(), models[k].reset(), f"{what}: reset")
+                    continue
+                results, _, _ = models[k].step(actions)
+                _expect_results(_step(clients[k], actions), results, what)
 
 
 def _expect_error_frame(
