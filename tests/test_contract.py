@@ -8,20 +8,29 @@ each runs as a strict xfail, so a gap that closes fails the run until its entry 
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
+import transport
+import transport.testing
+from transport.codec import Schema
 from transport.testing import (
     Case,
     NotApplicable,
+    RunningServer,
+    ServerOptions,
     ServerPool,
     contract_cases,
     run_check,
     schema_named,
     serve_process_factory,
+    unique_url,
     unused_gaps,
 )
 from transport.testing.contract_env import ContractEnv
@@ -142,3 +151,114 @@ def test_python_and_node_contract_envs_write_identical_bytes() -> None:
             except Exception:
                 got = "error"
             assert got == node[name][k], f"{name}: operation {k} ({op} {arg}) differs"
+
+
+# -- the checks catch broken servers ---------------------------------------------------------
+
+
+class InProcessServers:
+    """A ServerFactory serving a given env class in this process (no signals: the dedicated
+    checks are not applicable), so a mutant env can be put behind a real server."""
+
+    def __init__(self, env_class: type[ContractEnv]) -> None:
+        self.env_class = env_class
+        self.servers: list[transport.Server] = []
+
+    def __call__(self, schema: Schema, num_envs: int, options: ServerOptions) -> RunningServer:
+        if options.dedicated:
+            raise NotApplicable("an in-process server cannot be signalled")
+        server = transport.Server(
+            functools.partial(self.env_class, schema),
+            unique_url("unix"),
+            schema=schema,
+            num_envs=num_envs,
+            env_name="contract",
+            seed=options.seed,
+            max_body=options.max_body,
+        ).start()
+        self.servers.append(server)
+        return InProcessServer(server)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+class InProcessServer:
+    def __init__(self, server: transport.Server) -> None:
+        self.server = server
+        self.url = server.bound_url
+        self.pid = os.getpid()
+
+    def wait(self, timeout: float) -> int:
+        raise NotApplicable("in process")
+
+    def stop(self) -> int:
+        self.server.close()
+        return 0
+
+    def kill(self) -> None:
+        self.server.close()
+
+    def leftovers(self) -> list[str]:
+        return []
+
+
+class IgnoresSeeds(ContractEnv):
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        return super().reset(None)
+
+
+class StepsTwice(ContractEnv):
+    def step(self, action: int) -> np.ndarray:
+        super().step(action)
+        return super().step(action)
+
+
+class NeverEnds(ContractEnv):
+    def episode_end(self) -> tuple[bool, bool]:
+        return False, False
+
+
+class MasksNothing(ContractEnv):
+    def _result(self) -> np.ndarray:
+        record = super()._result()
+        record["action_mask"] = 1
+        return record
+
+
+@pytest.mark.parametrize(
+    ("mutant", "check"),
+    [
+        (IgnoresSeeds, "reset_seeds"),
+        (StepsTwice, "step_one_env"),
+        (StepsTwice, "step_batch"),
+        (NeverEnds, "step_one_env"),
+        (NeverEnds, "autoreset_same_step"),
+        (NeverEnds, "autoreset_next_step"),
+        (MasksNothing, "refused_actions"),
+    ],
+)
+def test_a_check_fails_on_a_server_that_breaks_its_rule(
+    mutant: type[ContractEnv], check: str
+) -> None:
+    schema = schema_named("pac_env")
+    honest = InProcessServers(ContractEnv)
+    broken = InProcessServers(mutant)
+    try:
+        run_check(check, honest, schema)  # the same check passes on the honest env
+        with pytest.raises(AssertionError):
+            run_check(check, broken, schema)
+    finally:
+        honest.close()
+        broken.close()
+
+
+def test_public_names() -> None:
+    assert sorted(transport.testing.__all__) == sorted(
+        name
+        for name in dir(transport.testing)
+        if not name.startswith("_")
+        and name.isidentifier()
+        and name not in {"checks", "contract_env", "model", "parametrize", "servers"}
+    )

@@ -522,11 +522,13 @@ def _autoreset_trace(ctx: CheckContext, mode: AutoReset, steps: int = 14) -> Non
 
 @_check(per_schema=True)
 def check_refused_actions(ctx: CheckContext) -> None:
-    """Masked (act_n - 1), out-of-range (act_n, -1) actions: MASKED_ACTION / INVALID_ACTION
-    naming the env; a refused batch steps no env; the client stays usable."""
+    """A step before any reset is NOT_RESET; masked (act_n - 1) and out-of-range (act_n, -1)
+    actions are MASKED_ACTION / INVALID_ACTION naming the env; a refused batch steps no env;
+    the client stays usable."""
     server = ctx.server(SEATS_ENVS)
     with ctx.connect(server) as client:
         model = ExpectedSession(ctx.schema, client.num_envs, server_seed=None)
+        _expect_refused(client, [0] * client.num_envs, ErrorCode.NOT_RESET, "before a reset")
         _expect_results(client.reset(5), model.reset(5), "reset")
         act_n = model.act_n
         last = client.num_envs - 1
@@ -546,31 +548,34 @@ def check_refused_actions(ctx: CheckContext) -> None:
 
 @_check(per_schema=True)
 def check_env_error(ctx: CheckContext) -> None:
-    """An env that raises: EnvError with its env_id; that env is reset, the others stepped, and
-    the next request works (bytes as the local envs')."""
-    server = ctx.server(SEATS_ENVS)
+    """An env that raises: EnvError with its env_id, text ``env {i}: ... reset``; that env is
+    reset, the others stepped, and the next request works (bytes as the local envs'); on a
+    1-env and an N-env server."""
     rng = random.Random(3)
-    with ctx.connect(server) as client:
-        model = ExpectedSession(ctx.schema, client.num_envs, server_seed=None)
-        _expect_results(client.reset(9), model.reset(9), "reset")
-        poisoned = client.num_envs // 2
-        actions = _pick(model, rng)
-        actions[poisoned] = POISON_ACTION
-        assert model.refusal(actions) is None
-        _, _, failed = model.step(actions)
-        assert failed == [poisoned]
-        try:
-            _step(client, actions)
-        except EnvError as exc:
-            assert exc.env_id == poisoned, f"EnvError names env {exc.env_id}, not {poisoned}"
-        else:
-            raise AssertionError("a step whose env raised was answered")
-        actions = [0] * client.num_envs
-        refusal = model.refusal(actions)
-        if refusal is not None:  # an env that stepped with the poisoned one may have ended
-            _expect_results(client.reset(11), model.reset(11), "reset")
-        results, _, _ = model.step(actions)
-        _expect_results(_step(client, actions), results, "the step after the env error")
+    for num_envs in (1, SEATS_ENVS):
+        with ctx.connect(ctx.server(num_envs)) as client:
+            what = f"{num_envs} env(s)"
+            model = ExpectedSession(ctx.schema, num_envs, server_seed=None)
+            _expect_results(client.reset(9), model.reset(9), f"{what}: reset")
+            poisoned = num_envs // 2
+            actions = _pick(model, rng)
+            actions[poisoned] = POISON_ACTION
+            assert model.refusal(actions) is None
+            _, _, failed = model.step(actions)
+            assert failed == [poisoned]
+            try:
+                _step(client, actions)
+            except EnvError as exc:
+                assert exc.env_id == poisoned, f"{what}: EnvError names env {exc.env_id}"
+                assert exc.text.startswith(f"env {poisoned}: "), f"{what}: text {exc.text!r}"
+                assert "reset" in exc.text, f"{what}: the text does not say the env was reset"
+            else:
+                raise AssertionError(f"{what}: a step whose env raised was answered")
+            actions = [0] * num_envs
+            if model.refusal(actions) is not None:  # an env that stepped along may have ended
+                _expect_results(client.reset(11), model.reset(11), f"{what}: reset")
+            results, _, _ = model.step(actions)
+            _expect_results(_step(client, actions), results, f"{what}: the next step")
 
 
 @_check(per_schema=True)

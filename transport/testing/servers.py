@@ -262,6 +262,7 @@ class ServerPool:
         self.factory = factory
         self.shared: dict[tuple[int, int, ServerOptions], RunningServer] = {}
         self.dedicated: list[RunningServer] = []
+        self.died: list[str] = []
 
     def __call__(self, schema: Schema, num_envs: int, options: ServerOptions) -> RunningServer:
         if options.dedicated:
@@ -270,13 +271,20 @@ class ServerPool:
             return server
         key = (schema.fingerprint, num_envs, options)
         shared = self.shared.get(key)
-        if shared is None or not _alive(shared.pid):
+        if shared is not None and not _alive(shared.pid):  # it died: report it, start another
+            self.died.append(f"shared server {shared.url} died (pid {shared.pid})")
+            shared.kill()
+            shared = None
+        if shared is None:
             shared = self.shared[key] = self.factory(schema, num_envs, options)
         return shared
 
     def close(self) -> list[str]:
         """Stop every server; the problems seen (a non-zero exit, files left behind)."""
-        problems = []
+        problems = self.died
+        for server in self.shared.values():
+            if not _alive(server.pid):
+                problems.append(f"shared server {server.url} died (pid {server.pid})")
         for server in [*self.shared.values(), *self.dedicated]:
             if not _alive(server.pid):
                 server.kill()  # reaps it and removes what a killed server leaves
@@ -288,6 +296,7 @@ class ServerPool:
                 server.kill()
         self.shared.clear()
         self.dedicated.clear()
+        self.died = []
         return problems
 
     def __iter__(self) -> Iterator[RunningServer]:
