@@ -33,8 +33,7 @@ from transport.errors import (
     VersionMismatchError,
 )
 from transport.protocol import HELLO, PROTOCOL_VERSION, AutoReset, ErrorCode, MessageIds
-from transport.schema.ir import SchemaIR, StructIR
-from transport.testing.contract_env import POISON_ACTION, contract_spaces, result_codec
+from transport.testing.contract_env import POISON_ACTION, contract_spaces
 from transport.testing.model import ExpectedSession, field_differences
 from transport.testing.servers import (
     CONTRACT_MAX_BODY,
@@ -212,16 +211,16 @@ def _still_served(ctx: CheckContext, server: RunningServer, what: str) -> None:
 
 
 def _other_schema(schema: Schema) -> Schema:
-    """``schema`` with one result field renamed: another fingerprint, same sizes."""
+    """``schema`` with the HEALTH_RESP body's field renamed: another fingerprint, the same
+    sizes and the same result layout (every other part of the IR kept as it is)."""
     ir = schema.ir
-    result = result_codec(schema).ir
-    fields = list(result.fields)
-    fields[-1] = replace(fields[-1], name=fields[-1].name + "_other")
-    structs = dict(ir.structs)
-    structs[result.name] = StructIR(
-        result.name, result.size, result.align, result.layout, tuple(fields)
-    )
-    return Schema(SchemaIR(ir.name, ir.version, structs, ir.enums, ir.messages))
+    body = ir.messages["HEALTH_RESP"].body
+    if body is None:
+        raise NotApplicable(f"schema {schema.name}: HEALTH_RESP has no body to rename")
+    health = ir.structs[body]
+    fields = tuple(replace(f, name=f.name + "_other") for f in health.fields)
+    structs = {**ir.structs, body: replace(health, fields=fields)}
+    return Schema(replace(ir, structs=structs))
 
 
 # -- handshake -----------------------------------------------------------------------------

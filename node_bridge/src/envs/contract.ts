@@ -11,8 +11,16 @@
  */
 
 import type { AnyStructCodec, SchemaModule } from "../codec";
-import type { Env, Spaces } from "../env";
 import { type FieldJson, type SchemaJson, resolveField, SCALAR_SIZES } from "../ir";
+
+/**
+ * Observation length and number of discrete actions: the env interface's `Spaces`, declared
+ * here by shape so that this file does not depend on where the env interface lives.
+ */
+export interface Spaces {
+  readonly obsN: number;
+  readonly actN: number;
+}
 
 /** The 32-bit golden-ratio constant that spreads consecutive inputs before hashing. */
 export const GOLDEN = 0x9e3779b9;
@@ -100,8 +108,8 @@ export function contractSpaces(schema: SchemaModule): Spaces {
   return { obsN: obs?.count ?? 0, actN: mask?.count ?? DEFAULT_ACT_N };
 }
 
-/** The deterministic contract env for `schema`. */
-export class ContractEnv implements Env<unknown> {
+/** The deterministic contract env for `schema` (an `Env<unknown>` by shape). */
+export class ContractEnv {
   readonly schema: SchemaModule;
   readonly codec: AnyStructCodec;
   seed = 0n;
