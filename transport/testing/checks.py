@@ -621,7 +621,7 @@ def check_silent_server(ctx: CheckContext) -> None:
 @_check(per_schema=False)
 def check_dead_server(ctx: CheckContext) -> None:
     """A killed (SIGKILL) server: PeerGoneError (or ConnectError) in bounded time, then every
-    call fails the same way."""
+    call fails the same way, and a new client gets ConnectError (or PeerGoneError)."""
     server = ctx.server(1, dedicated=True)
     try:
         client = ctx.connect(server, timeout=DEAD_TIMEOUT)
@@ -638,6 +638,12 @@ def check_dead_server(ctx: CheckContext) -> None:
                     raise AssertionError(f"a killed server answered step {attempt + 1}")
         finally:
             client.close()
+        try:  # what it left behind (a socket file, a segment) is not mistaken for a server
+            _watchdog(WATCHDOG, lambda: ctx.connect(server, timeout=0.5), "a new connection")
+        except (ConnectError, PeerGoneError):
+            pass
+        else:
+            raise AssertionError("a new client connected to a killed server")
     finally:
         server.kill()
 
