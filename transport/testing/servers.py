@@ -153,8 +153,11 @@ class ServeProcess:
         if max_body is not None:
             command += ["--max-body", str(max_body)]
         self.requested_url = self.url = url
+        # stderr goes to a file, not a pipe: a long-lived server that logs would otherwise
+        # block once the pipe is full (nobody reads it after "ready")
+        self._stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, stdout=subprocess.PIPE, stderr=self._stderr, text=True
         )
         self.url = self._wait_ready(ready_timeout)
 
@@ -172,7 +175,8 @@ class ServeProcess:
         line = self.proc.stdout.readline().strip()
         if not line.startswith("ready "):
             self.proc.kill()
-            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self._stderr.seek(0)
+            err = self._stderr.read()
             self.kill()
             raise RuntimeError(f"the server failed to start: {line!r} {err.strip()}")
         return line.split(" ", 1)[1]
@@ -204,9 +208,9 @@ class ServeProcess:
         return [path for path in created_paths(self.url) if os.path.exists(path)]
 
     def _close_pipes(self) -> None:
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
 
 
 def serve_process_factory(
@@ -289,7 +293,12 @@ class ServerPool:
             if not _alive(server.pid):
                 server.kill()  # reaps it and removes what a killed server leaves
                 continue
-            status = server.stop()
+            try:
+                status = server.stop()
+            except TimeoutError as exc:  # one stuck server must not leave the others running
+                problems.append(f"server {server.url}: {exc}")
+                server.kill()
+                continue
             left = server.leftovers()
             if status != 0 or left:
                 problems.append(f"server {server.url}: exit status {status}, left {left}")
