@@ -12,6 +12,7 @@ ENVS: dict[str, str] = {
     "echo": "transport.envs.echo:EchoEnv",
     "pac": "transport.envs.pac:PacEnv",
     "mahjong": "transport.envs.mahjong:MahjongEnv",
+    "contract": "transport.testing.contract_env:ContractEnv",  # takes the schema: serve_cli
 }
 
 SCHEMAS: dict[str, str] = {

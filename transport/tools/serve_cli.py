@@ -179,6 +179,11 @@ def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], A
     """The env factory and schema for ``--env`` / ``--schema`` (the file wins)."""
     from transport import load_schema
 
+    if spec == "contract":  # the contract suite's env, for any schema (--schema FILE or NAME)
+        from transport.testing.contract_env import contract_factory, schema_named
+
+        schema = schema_named(schema_file or "pac_env")
+        return contract_factory(schema), schema
     if spec in ENVS:
         return env_factory(spec), load_schema(schema_file) if schema_file else env_schema(spec)
     module_name, _, attr = spec.rpartition(":")

@@ -8,6 +8,8 @@
  */
 
 import { ENVS } from "../envs";
+import { ContractEnv } from "../envs/contract";
+import { SCHEMAS } from "../generated";
 import { type Server, serve } from "../server";
 import { checkRoom, parseShmUrl } from "../shm/region";
 
@@ -32,6 +34,7 @@ Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad argumen
 interface Args {
   url: string;
   env: string;
+  schema: string | null;
   numEnvs: number;
   seed: bigint | null;
   maxBody: number | undefined;
@@ -44,6 +47,7 @@ class UsageError extends Error {}
 function parseArgs(argv: readonly string[]): Args | null {
   let url: string | undefined;
   let env = "echo";
+  let schema: string | null = null;
   let numEnvs: number | null = null;
   let seed: bigint | null = null;
   let maxBody: number | undefined;
@@ -64,9 +68,13 @@ function parseArgs(argv: readonly string[]): Args | null {
     switch (flag) {
       case "--env":
         env = value();
-        if (!Object.prototype.hasOwnProperty.call(ENVS, env)) {
+        if (env !== "contract" && !Object.prototype.hasOwnProperty.call(ENVS, env)) {
           throw new UsageError(`unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")})`);
         }
+        break;
+      case "--schema": // a built-in schema by name (the contract env serves any of them)
+        schema = value().replace(/^.*\//, "").replace(/\.toml$/, "");
+        if (SCHEMAS[schema] === undefined) throw new UsageError(`--schema: no built-in schema ${JSON.stringify(schema)}`);
         break;
       case "--num-envs":
         numEnvs = integer(value(), "--num-envs");
@@ -90,7 +98,7 @@ function parseArgs(argv: readonly string[]): Args | null {
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
+  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
 }
 
 async function main(argv: readonly string[]): Promise<number> {
@@ -113,7 +121,10 @@ async function main(argv: readonly string[]): Promise<number> {
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
       checkRoom(shm, args.numEnvs);
     }
-    server = await serve(ENVS[args.env] as () => never, args.url, {
+    const schema = SCHEMAS[args.schema ?? "pac_env"];
+    const factory = args.env === "contract" ? () => new ContractEnv(schema!) : (ENVS[args.env] as () => never);
+    server = await serve(factory, args.url, {
+      ...(args.schema !== null ? { schema: schema! } : {}),
       numEnvs: args.numEnvs,
       envName: args.env,
       seed: args.seed,

@@ -1,0 +1,264 @@
+"""The backend contract (transport.testing) over every scheme x server language x schema.
+
+Real server processes (``transport-serve URL --env contract --schema NAME``), shared by the
+checks of one (scheme, language, schema) and stopped when the run moves on; the checks that
+stop, kill or freeze a server get their own. GAPS below is the one table of declared gaps:
+each runs as a strict xfail, so a gap that closes fails the run until its entry is removed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import transport
+import transport.testing
+from transport.codec import Schema
+from transport.testing import (
+    Case,
+    NotApplicable,
+    RunningServer,
+    ServerOptions,
+    ServerPool,
+    contract_cases,
+    run_check,
+    schema_named,
+    serve_process_factory,
+    unique_url,
+    unused_gaps,
+)
+from transport.testing.contract_env import ContractEnv
+
+from .servers import ROOT, require_lang
+
+SCHEMES = ["unix", "http", "zmq+ipc", "zmq+tcp", "shm"]
+SCHEMAS = ["pac_env", "tetris", "mahjong_env"]
+TARGETS = [(scheme, lang) for scheme in SCHEMES for lang in ("python", "node")]
+
+SHM_LAYOUT = (
+    "the shm:// slot is pac_shm's (Appendix B): other result structs need the derived layout "
+    "(issue 12, python and node engineers)"
+)
+SHM_MULTI = "ShmClient has no step_multi (SlotCommand STEP_MULTI 5 is issue 12 work)"
+GAPS: dict[tuple[str, ...], str] = {
+    ("shm", "*", "tetris", "*"): SHM_LAYOUT,
+    ("shm", "*", "mahjong_env", "*"): SHM_LAYOUT,
+    ("shm", "*", "pac_env", "step_multi"): SHM_MULTI,
+    ("shm", "*", "pac_env", "bad_batch"): SHM_MULTI,
+}
+"""(scheme, server language, schema, check) -> why it fails today ("*" matches anything)."""
+
+CASES = contract_cases(TARGETS, SCHEMAS, GAPS)
+
+
+class Pools:
+    """One ServerPool per (target, schema) at a time: the cases arrive grouped, so the previous
+    group's servers are stopped (and checked for leftovers) when the next group starts."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, ...] | None = None
+        self.pool: ServerPool | None = None
+
+    def get(self, case: Case) -> ServerPool:
+        key = (*case.target, case.schema)
+        if key != self.key:
+            self.close()
+            self.key = key
+            self.pool = ServerPool(serve_process_factory(*case.target))
+        assert self.pool is not None
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            problems = self.pool.close()
+            self.pool = None
+            assert not problems, "; ".join(problems)
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Pools]:
+    holder = Pools()
+    yield holder
+    holder.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_contract(case: Case, pools: Pools) -> None:
+    require_lang(case.target[1])
+    try:
+        run_check(case.check, pools.get(case), schema_named(case.schema))
+    except NotApplicable as exc:
+        pytest.skip(f"not applicable: {exc}")
+
+
+def test_every_gap_names_a_cell() -> None:
+    assert unused_gaps(GAPS, CASES) == []
+
+
+NODE_TRACE = r"""
+const { ContractEnv } = require("./node_bridge/dist/envs/contract.js");
+const { SCHEMAS } = require("./node_bridge/dist/generated/index.js");
+const plan = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const out = {};
+for (const [name, ops] of Object.entries(plan)) {
+  const env = new ContractEnv(SCHEMAS[name]);
+  out[name] = ops.map(([op, arg]) => {
+    try {
+      const r = op === "reset" ? env.reset(arg === null ? undefined : BigInt(arg)) : env.step(arg);
+      return Buffer.from(env.codec.encode(r)).toString("hex");
+    } catch (error) {
+      return "error";
+    }
+  });
+}
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def test_python_and_node_contract_envs_write_identical_bytes() -> None:
+    require_lang("node")
+    ops: list[tuple[str, str | int | None]] = [("reset", "7")]
+    ops += [("step", a) for a in (0, 2, 1, 3, 5, 0, 0, 0, 0)]
+    ops += [("reset", None), ("step", 4), ("reset", str(2**64 - 1)), ("step", 0), ("step", 0)]
+    ops += [("reset", None)] + [("step", 0)] * 6 + [("reset", "0"), ("reset", None)]
+    plan = {name: ops for name in SCHEMAS}
+    done = subprocess.run(
+        ["node", "-e", NODE_TRACE],
+        input=json.dumps(plan),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    node = json.loads(done.stdout)
+    for name in SCHEMAS:
+        env = ContractEnv(schema_named(name))
+        for k, (op, arg) in enumerate(ops):
+            try:
+                if op == "reset":
+                    record = env.reset(None if arg is None else int(arg))
+                else:
+                    assert isinstance(arg, int)
+                    record = env.step(arg)
+                got = record.tobytes().hex()
+            except Exception:
+                got = "error"
+            assert got == node[name][k], f"{name}: operation {k} ({op} {arg}) differs"
+
+
+# -- the checks catch broken servers ---------------------------------------------------------
+
+
+class InProcessServers:
+    """A ServerFactory serving a given env class in this process (no signals: the dedicated
+    checks are not applicable), so a mutant env can be put behind a real server."""
+
+    def __init__(self, env_class: type[ContractEnv]) -> None:
+        self.env_class = env_class
+        self.servers: list[transport.Server] = []
+
+    def __call__(self, schema: Schema, num_envs: int, options: ServerOptions) -> RunningServer:
+        if options.dedicated:
+            raise NotApplicable("an in-process server cannot be signalled")
+        server = transport.Server(
+            functools.partial(self.env_class, schema),
+            unique_url("unix"),
+            schema=schema,
+            num_envs=num_envs,
+            env_name="contract",
+            seed=options.seed,
+            max_body=options.max_body,
+        ).start()
+        self.servers.append(server)
+        return InProcessServer(server)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+class InProcessServer:
+    def __init__(self, server: transport.Server) -> None:
+        self.server = server
+        self.url = server.bound_url
+        self.pid = os.getpid()
+
+    def wait(self, timeout: float) -> int:
+        raise NotApplicable("in process")
+
+    def stop(self) -> int:
+        self.server.close()
+        return 0
+
+    def kill(self) -> None:
+        self.server.close()
+
+    def leftovers(self) -> list[str]:
+        return []
+
+
+class IgnoresSeeds(ContractEnv):
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        return super().reset(None)
+
+
+class StepsTwice(ContractEnv):
+    def step(self, action: int) -> np.ndarray:
+        super().step(action)
+        return super().step(action)
+
+
+class NeverEnds(ContractEnv):
+    def episode_end(self) -> tuple[bool, bool]:
+        return False, False
+
+
+class MasksNothing(ContractEnv):
+    def _result(self) -> np.ndarray:
+        record = super()._result()
+        record["action_mask"] = 1
+        return record
+
+
+@pytest.mark.parametrize(
+    ("mutant", "check"),
+    [
+        (IgnoresSeeds, "reset_seeds"),
+        (StepsTwice, "step_one_env"),
+        (StepsTwice, "step_batch"),
+        (NeverEnds, "step_one_env"),
+        (NeverEnds, "autoreset_same_step"),
+        (NeverEnds, "autoreset_next_step"),
+        (MasksNothing, "refused_actions"),
+    ],
+)
+def test_a_check_fails_on_a_server_that_breaks_its_rule(
+    mutant: type[ContractEnv], check: str
+) -> None:
+    schema = schema_named("pac_env")
+    honest = InProcessServers(ContractEnv)
+    broken = InProcessServers(mutant)
+    try:
+        run_check(check, honest, schema)  # the same check passes on the honest env
+        with pytest.raises(AssertionError):
+            run_check(check, broken, schema)
+    finally:
+        honest.close()
+        broken.close()
+
+
+def test_public_names() -> None:
+    assert sorted(transport.testing.__all__) == sorted(
+        name
+        for name in dir(transport.testing)
+        if not name.startswith("_")
+        and name.isidentifier()
+        and name not in {"checks", "contract_env", "model", "parametrize", "servers"}
+    )
