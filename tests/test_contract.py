@@ -47,10 +47,10 @@ SHM_LAYOUT = (
 )
 SHM_MULTI = "ShmClient has no step_multi (SlotCommand STEP_MULTI 5 is issue 12 work)"
 GAPS: dict[tuple[str, ...], str] = {
-    ("shm", "*", "tetris", "*"): SHM_LAYOUT,
-    ("shm", "*", "mahjong_env", "*"): SHM_LAYOUT,
-    ("shm", "*", "pac_env", "step_multi"): SHM_MULTI,
-    ("shm", "*", "pac_env", "bad_batch"): SHM_MULTI,
+    ("shm", "node", "tetris", "*"): SHM_LAYOUT,
+    ("shm", "node", "mahjong_env", "*"): SHM_LAYOUT,
+    ("shm", "node", "pac_env", "step_multi"): SHM_MULTI,
+    ("shm", "node", "pac_env", "bad_batch"): SHM_MULTI,
 }
 """(scheme, server language, schema, check) -> why it fails today ("*" matches anything)."""
 

@@ -245,6 +245,28 @@ class RequestError(Exception):
         super().__init__(f"{code.name}: {text}")
 
 
+def accept_hello(body: Any, fingerprint: int) -> tuple[Hello, AutoReset]:
+    """A server's reading of a HELLO_REQ: the hello and the auto-reset mode it asks for, or the
+    ``RequestError`` to answer (BAD_FRAME, VERSION_MISMATCH, FINGERPRINT_MISMATCH). Every
+    server, and the shm channel that answers for its region, decides the same way."""
+    try:
+        hello = decode_hello(body)
+        check_hello(hello, fingerprint, peer="client")
+    except FingerprintMismatchError as exc:
+        raise RequestError(ErrorCode.FINGERPRINT_MISMATCH, str(exc)) from None
+    except VersionMismatchError as exc:
+        raise RequestError(ErrorCode.VERSION_MISMATCH, str(exc)) from None
+    except ProtocolError as exc:
+        raise RequestError(ErrorCode.BAD_FRAME, str(exc)) from None
+    try:
+        mode = AutoReset(hello.flags & AUTORESET_MASK)
+    except ValueError:
+        raise RequestError(
+            ErrorCode.BAD_FRAME, f"unknown auto-reset mode in flags {hello.flags}"
+        ) from None
+    return hello, mode
+
+
 def body_codec(schema: Schema, message: str) -> StructCodec:
     """The codec of ``message``'s body struct; a clear error when the schema does not speak the
     env protocol (no ``[env]`` table: no messages) or the message has no body."""

@@ -17,9 +17,7 @@ from collections.abc import Callable
 import msgpack
 
 from transport.codec import Schema
-from transport.errors import FingerprintMismatchError, ProtocolError, VersionMismatchError
 from transport.protocol import (
-    AUTORESET_MASK,
     BODY_OFFSET,
     CLOSING_ERRORS,
     FINAL_COUNT,
@@ -29,9 +27,8 @@ from transport.protocol import (
     ErrorCode,
     MessageIds,
     RequestError,
+    accept_hello,
     body_codec,
-    check_hello,
-    decode_hello,
     encode_error,
     encode_hello,
 )
@@ -144,20 +141,9 @@ class Session:
 
     def _hello(self, body: memoryview) -> tuple[int, memoryview]:
         try:
-            hello = decode_hello(body)
-            check_hello(hello, self.schema.fingerprint, peer="client")
-        except FingerprintMismatchError as exc:
-            return self.error(ErrorCode.FINGERPRINT_MISMATCH, str(exc))
-        except VersionMismatchError as exc:
-            return self.error(ErrorCode.VERSION_MISMATCH, str(exc))
-        except ProtocolError as exc:
-            return self.error(ErrorCode.BAD_FRAME, str(exc))
-        try:
-            mode = AutoReset(hello.flags & AUTORESET_MASK)
-        except ValueError:
-            return self.error(
-                ErrorCode.BAD_FRAME, f"unknown auto-reset mode in flags {hello.flags}"
-            )
+            _, mode = accept_hello(body, self.schema.fingerprint)
+        except RequestError as exc:
+            return self.error(exc.code, exc.text)
         self.runtime.set_autoreset(mode)
         self.hello_done = True
         info = {**self.info, "autoreset": mode.name.lower()}

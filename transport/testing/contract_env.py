@@ -38,12 +38,8 @@ import numpy as np
 
 from transport.codec import Schema, StructCodec
 from transport.errors import SchemaError
+from transport.runtime.env import Spaces
 from transport.schema.ir import SCALARS, SchemaIR, StructIR
-
-try:  # the env runtime of issue 12 (transport/runtime); before it lands, transport.server
-    from transport.runtime.env import Spaces  # type: ignore[import-not-found, unused-ignore]
-except ImportError:  # pragma: no cover - the lead drops this fallback after the merge
-    from transport.server import Spaces  # type: ignore[import-not-found, no-redef, unused-ignore]
 
 GOLDEN = 0x9E3779B9
 """The 32-bit golden-ratio constant that spreads consecutive inputs before hashing."""

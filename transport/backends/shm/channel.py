@@ -41,13 +41,13 @@ from transport.errors import (
     VersionMismatchError,
 )
 from transport.protocol import (
-    AUTORESET_MASK,
     DEFAULT_MAX_BODY,
     AutoReset,
     ErrorCode,
     MessageIds,
+    RequestError,
+    accept_hello,
     body_codec,
-    decode_hello,
     encode_error,
     encode_hello,
 )
@@ -389,8 +389,10 @@ class ShmChannel:
     def _hello(self, body: Any) -> tuple[int, memoryview]:
         """The handshake: the region was validated at attach; an auto-reset mode other than
         DISABLED is asked with the HELLO slot command (the mode in ``action``)."""
-        hello = decode_hello(body)
-        mode = AutoReset(hello.flags & AUTORESET_MASK)
+        try:  # answered as the region's server would (it speaks this side's protocol version)
+            _, mode = accept_hello(body, self.region.get("fingerprint"))
+        except RequestError as refused:
+            return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
         url = f"shm://{self.shm.name}"
         if mode == AutoReset.SAME_STEP and not self.region.has_finals:
             raise ConnectError(
