@@ -15,7 +15,7 @@
 
 import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
-import type { Spaces } from "./env";
+import type { Spaces } from "./runtime/env";
 import { ProtocolError, TransportError } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {

@@ -41,8 +41,7 @@ export {
   connect,
 } from "./client";
 export { type Server, type ServeOptions, serve } from "./server";
-export type { Env, EnvFactory, Spaces } from "./env";
-export type { EnvOrFactory } from "./session";
+export type { Env, EnvFactory, EnvOrFactory, Spaces } from "./runtime/env";
 export type { ConnectionStats } from "./stream";
 export {
   AutoReset,

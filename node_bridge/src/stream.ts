@@ -27,7 +27,7 @@ import {
   packHeader,
   readU32,
 } from "./protocol";
-import type { Session } from "./session";
+import type { Session } from "./runtime/session";
 
 /** Seconds a refused connection is drained before it is destroyed (the peer reads the ERROR). */
 const LINGER_MS = 1000;

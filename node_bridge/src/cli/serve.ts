@@ -9,7 +9,7 @@
 
 import { ENVS } from "../envs";
 import { type Server, serve } from "../server";
-import { checkRoom, parseShmUrl } from "../shm/region";
+import { checkRoom, parseShmUrl } from "../backends/shm/region";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 

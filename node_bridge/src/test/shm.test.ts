@@ -39,7 +39,7 @@ import {
   publishWord,
   regionSize,
   waitWord,
-} from "../shm/region";
+} from "../backends/shm/region";
 
 function uniqueName(): string {
   return `node-test-${randomBytes(6).toString("hex")}`;
@@ -291,8 +291,6 @@ if (!isMainThread) {
         assert.equal(moved.get(f.offset), off(SLOT, f.name), f.name);
       }
       assert.equal(moved.size, pac_env.StepResultCodec.size);
-      assert.equal(layout.maskAt, 2480);
-      assert.equal(layout.doneAt, 20);
       assert.ok(layout.copies.length <= 4, "adjacent fields are copied in one run");
     });
 

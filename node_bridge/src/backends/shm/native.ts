@@ -12,7 +12,7 @@
  * synchronous-capable and cheap (~0.5 us per FUTEX_WAKE including the system call).
  */
 
-import { ConnectError } from "../errors";
+import { ConnectError } from "../../errors";
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 type Fn = (...args: any[]) => any;

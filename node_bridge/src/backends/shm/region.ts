@@ -22,9 +22,9 @@
  */
 
 import { closeSync, fstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
-import { ConnectError } from "../errors";
-import * as pac_shm from "../generated/pac_shm";
-import type { FieldJson } from "../ir";
+import { ConnectError } from "../../errors";
+import * as pac_shm from "../../generated/pac_shm";
+import type { FieldJson } from "../../ir";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
 export const MAGIC = 0x50414354; // "PACT"
@@ -36,7 +36,8 @@ export const SLEEP_BIT = 0x80000000;
 /** Seconds a header-less segment may take to be initialised before it counts as stale. */
 export const STALE_CREATING_AFTER_S = 10;
 export const RegionState = pac_shm.RegionState;
-export const SlotCommand = pac_shm.SlotCommand;
+/** Slot commands (STEP, RESET, SHUTDOWN, HELLO, OBSERVE, STEP_MULTI; /work/helper-common.md). */
+export const SlotCommand = { ...pac_shm.SlotCommand, OBSERVE: 4, STEP_MULTI: 5 } as const;
 
 function fieldsOf(struct: string): Readonly<Record<string, FieldJson>> {
   const ir = pac_shm.IR.structs[struct];

@@ -1,0 +1,498 @@
+/**
+ * shm://name?num_envs=N: the Node server of the shared-memory + futex backend (docs/shm.md; the
+ * Python twin answers the same clients byte for byte). It moves slots: the env semantics
+ * (checks, seeds, auto-reset, finals, recovery, OBSERVE) are the env runtime's (runtime/core.ts),
+ * which this server hands the slots of its region as records.
+ *
+ * The region is created through koffi (shm_open O_EXCL 0600, posix_fallocate, mmap MAP_SHARED)
+ * and read and written through typed arrays over `koffi.view(address, size)`: an ArrayBuffer
+ * whose backing store *is* the mapping, so the client's writes are visible with no copy and
+ * the words are published with `Atomics` on an Int32Array over it. Waiting follows the C loop of
+ * tp_native.c: spin on Atomics.load (with a sched_yield every 256 loads), then FUTEX_WAIT slices.
+ *
+ * Event loop: the server waits synchronously (a futex slice of at most `slice_ms`, 50 ms by
+ * default, or a spin of at most the spin budget), and returns to the event loop after every idle
+ * slice and every ~20 ms of busy serving, so signals (SIGINT / SIGTERM close and unlink), timers
+ * and `close()` run within about one slice.
+ *
+ * Results: the runtime encodes each env's result (validated, canonical) into a per-env scratch
+ * record, and `written` copies its fields to the Slot offsets (the pac_shm Slot keeps Appendix
+ * B's offsets, which differ from the packed result's: one copy per env step, no allocation).
+ *
+ * Slot commands: STEP, RESET, SHUTDOWN, HELLO (the lease's auto-reset mode in `action`),
+ * OBSERVE (the results rewritten in place, each env's `info()` map in its slot's `info` area
+ * when it fits, else `info_len` 0). A request on every slot with one command is one runtime
+ * call; anything else is answered slot by slot.
+ */
+
+import { encode as msgpackEncode } from "@msgpack/msgpack";
+import type { AnyStructCodec, SchemaModule } from "../../codec";
+import { ConnectError, ProtocolError } from "../../errors";
+import type { FieldJson } from "../../ir";
+import { AutoReset, ErrorCode, RequestError } from "../../protocol";
+import { type EnvRuntime, type Records, bodyCodec, checkAutoreset, describeError } from "../../runtime/core";
+import type { EnvHost } from "../../runtime/host";
+import { type ConnectionStats, newStats } from "../../stream";
+import type { Listener, ListenOptions } from "../index";
+import {
+  CB,
+  CONTROL_SIZE,
+  ERROR_TEXT_MAX,
+  FINAL_SEQ_OFFSET,
+  FINAL_SIZE,
+  INFO_MAX,
+  LAYOUT_VERSION,
+  MAGIC,
+  RESULT_OFFSET,
+  Region,
+  RegionState,
+  SEQ_MASK,
+  SLOT,
+  SLOT_SIZE,
+  type ShmUrl,
+  SlotCommand,
+  WAIT_CLOSED,
+  WAIT_TIMEOUT,
+  finalsOffset,
+  futexWake,
+  off,
+  parseShmUrl,
+  peerAlive,
+  procStartTime,
+  publishWord,
+  waitWord,
+} from "./region";
+
+/** One run of bytes copied from the encoded result record to the slot. */
+interface Copy {
+  readonly from: number;
+  readonly to: number;
+  readonly size: number;
+}
+
+/** How the STEP_RESP struct lands in a slot: its codec and the copy plan. */
+export interface ResultLayout {
+  readonly codec: AnyStructCodec;
+  readonly copies: readonly Copy[];
+}
+
+/**
+ * Map every field of the schema's STEP_RESP struct to the Slot field of the same name; a field
+ * the Slot lacks, or one of another size, is an error naming it.
+ */
+export function resultLayout(schema: SchemaModule): ResultLayout {
+  const codec = bodyCodec(schema, "STEP_RESP");
+  const fields: readonly FieldJson[] = schema.ir.structs[codec.name]?.fields ?? [];
+  const runs: Copy[] = [];
+  for (const f of [...fields].sort((a, b) => a.offset - b.offset)) {
+    const slot = SLOT[f.name];
+    if (slot === undefined || slot.offset < RESULT_OFFSET) {
+      throw new ProtocolError(`shm:// cannot carry ${codec.name}.${f.name}: the pac_shm Slot has no such field`);
+    }
+    if (slot.size !== f.size || slot.count !== f.count) {
+      throw new ProtocolError(
+        `shm:// cannot carry ${codec.name}.${f.name}: ${f.type} in the schema, ${slot.type} in the pac_shm Slot`,
+      );
+    }
+    const last = runs[runs.length - 1];
+    if (last !== undefined && last.from + last.size === f.offset && last.to + last.size === slot.offset) {
+      runs[runs.length - 1] = { from: last.from, to: last.to, size: last.size + f.size };
+    } else {
+      runs.push({ from: f.offset, to: slot.offset, size: f.size });
+    }
+  }
+  return { codec, copies: runs };
+}
+
+/** UTF-8 `text` cut at a character boundary to at most `max` bytes. */
+export function utf8Cut(text: string, max: number): Buffer {
+  const data = Buffer.from(text, "utf8");
+  if (data.length <= max) return data;
+  let cut = max;
+  while (cut > 0 && ((data[cut] as number) & 0xc0) === 0x80) cut--;
+  return data.subarray(0, cut);
+}
+
+/**
+ * The runtime's records over the region: env i's result is encoded into scratch record i, then
+ * copied to slot i's result fields; SAME_STEP finals go to env i's final area, stamped with the
+ * request's sequence before the response word is published.
+ */
+class SlotRecords implements Records {
+  readonly bytes: Uint8Array;
+  readonly #region: Region;
+  readonly #copies: readonly Copy[];
+  readonly #size: number;
+  readonly #finalsAt: number;
+  readonly #seqs: Int32Array;
+
+  constructor(region: Region, layout: ResultLayout, numEnvs: number, seqs: Int32Array) {
+    this.#region = region;
+    this.#copies = layout.copies;
+    this.#size = layout.codec.size;
+    this.bytes = new Uint8Array(numEnvs * this.#size);
+    this.#finalsAt = finalsOffset(numEnvs);
+    this.#seqs = seqs;
+  }
+
+  at(index: number): number {
+    return index * this.#size;
+  }
+
+  written(index: number): void {
+    const bytes = this.#region.bytes;
+    const from = index * this.#size;
+    const base = CONTROL_SIZE + index * SLOT_SIZE;
+    const copies = this.#copies;
+    for (let k = 0; k < copies.length; k++) {
+      const c = copies[k] as Copy;
+      bytes.set(this.bytes.subarray(from + c.from, from + c.from + c.size), base + c.to);
+    }
+  }
+
+  keepFinal(index: number): void {
+    const region = this.#region;
+    const slot = CONTROL_SIZE + index * SLOT_SIZE;
+    const final = this.#finalsAt + index * FINAL_SIZE;
+    const copies = this.#copies;
+    for (let k = 0; k < copies.length; k++) {
+      const c = copies[k] as Copy;
+      region.bytes.copyWithin(final + c.to, slot + c.to, slot + c.to + c.size);
+    }
+    Atomics.store(region.words, (final + FINAL_SEQ_OFFSET) >> 2, this.#seqs[index] as number);
+  }
+}
+
+/** One lease holder's envs. */
+interface Lease {
+  clientPid: number;
+  readonly runtime: EnvRuntime;
+}
+
+/** The shm:// server: one region, one client lease at a time, one loop on the main thread. */
+export class ShmListener implements Listener {
+  readonly url: string;
+  readonly stats: ConnectionStats = newStats();
+  readonly shm: ShmUrl;
+  readonly numEnvs: number;
+  readonly region: Region;
+  /** FUTEX_WAIT calls the loop made while idle or waiting (how often it slept). */
+  sleeps = 0;
+  readonly #host: EnvHost;
+  readonly #records: SlotRecords;
+  readonly #pending: Uint8Array;
+  readonly #seqs: Int32Array;
+  readonly #doorbellAt: number;
+  readonly #clientPidWord: number;
+  readonly #clientStartAt: number;
+  readonly #actionWord: number;
+  readonly #seedOf = (index: number): bigint | null => this.#slotSeed(index);
+  #lease: Lease | null = null;
+  #spare: EnvRuntime | null = null;
+  #last = 0;
+  #idle = false;
+  #closed = false;
+  #stopped: Promise<void>;
+  #stop: () => void = () => undefined;
+
+  constructor(url: string, host: EnvHost) {
+    this.url = url;
+    this.shm = parseShmUrl(url);
+    this.#host = host;
+    const schema = host.schema;
+    const layout = resultLayout(schema);
+    const numEnvs = this.shm.numEnvs ?? host.numEnvs;
+    this.numEnvs = numEnvs;
+    const spare = host.runtime(numEnvs, url); // the first client's envs, made before READY
+    const obsN = SLOT["observation"]!.count;
+    const actN = SLOT["action_mask"]!.count;
+    if (spare.spaces.obsN !== obsN || spare.spaces.actN !== actN) {
+      spare.close();
+      throw new ConnectError(
+        `shm:// needs envs with ${obsN} observations and ${actN} actions (the pac_shm slot); ` +
+          `this env has ${spare.spaces.obsN} and ${spare.spaces.actN}`,
+      );
+    }
+    this.#pending = new Uint8Array(numEnvs);
+    this.#seqs = new Int32Array(numEnvs);
+    this.#doorbellAt = off(CB, "doorbell");
+    this.#clientPidWord = off(CB, "client_pid") >> 2;
+    this.#clientStartAt = off(CB, "client_start_time");
+    this.#actionWord = (CONTROL_SIZE + off(SLOT, "action")) >> 2;
+    this.#stopped = new Promise((resolve) => {
+      this.#stop = resolve;
+    });
+
+    let region: Region;
+    try {
+      region = Region.create(this.shm, numEnvs);
+    } catch (error) {
+      spare.close();
+      throw error;
+    }
+    this.region = region;
+    this.#records = new SlotRecords(region, layout, numEnvs, this.#seqs);
+    try {
+      const dv = region.dv;
+      dv.setUint32(off(CB, "owner_pid"), process.pid, true);
+      dv.setBigUint64(off(CB, "owner_start_time"), procStartTime(process.pid), true);
+      spare.runner.start?.(); // worker threads too, before a client asks
+      this.#spare = spare;
+      dv.setUint32(off(CB, "magic"), MAGIC, true);
+      dv.setUint32(off(CB, "version"), LAYOUT_VERSION, true);
+      dv.setUint32(off(CB, "num_envs"), numEnvs, true);
+      dv.setUint32(off(CB, "obs_size"), obsN, true);
+      dv.setUint32(off(CB, "act_size"), actN, true);
+      dv.setUint32(off(CB, "slot_size"), SLOT_SIZE, true);
+      dv.setBigUint64(off(CB, "fingerprint"), schema.fingerprint, true);
+      this.#writeInfo(0, { env: host.envName, server: host.serverLang });
+      this.#last = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK; // before READY
+      Atomics.store(region.words, region.cbWord("state"), RegionState.READY); // last: ready
+    } catch (error) {
+      spare.close();
+      region.unlinkIfOurs();
+      region.unmap();
+      throw error;
+    }
+    setImmediate(this.#tick);
+  }
+
+  /** Drop the lease's envs (and stop its worker threads). */
+  #dropLease(): void {
+    this.#lease?.runtime.close();
+    this.#lease = null;
+  }
+
+  // -- the loop ------------------------------------------------------------------------------------
+
+  /** Serve until idle for one slice or busy for ~20 ms, then give the event loop a turn. */
+  readonly #tick = (): void => {
+    if (this.#closed) return;
+    const region = this.region;
+    const policy = this.shm.wait;
+    const sliceNs = Math.max(1, policy.futexSliceMs) * 1e6;
+    const burstEnd = performance.now() + 20;
+    try {
+      for (;;) {
+        const rc = waitWord(region, this.#doorbellAt, this.#last, false, sliceNs, {
+          spin: this.#idle ? 0 : policy.spin, // an idle server sleeps at once
+          sliceMs: policy.futexSliceMs,
+        });
+        if (rc >= 0) {
+          this.#last = rc;
+          this.#idle = false;
+          this.#serveBatch();
+          if (performance.now() >= burstEnd) break;
+        } else if (rc === WAIT_TIMEOUT) {
+          this.sleeps++;
+          this.#idle = true;
+          this.#housekeeping();
+          break;
+        } else if (rc === WAIT_CLOSED) {
+          this.#stop();
+          return;
+        }
+      }
+    } catch (error) {
+      process.stderr.write(`transport: shm://${this.shm.name} server loop error: ${describeError(error)}\n`);
+    }
+    if (!this.#closed) setImmediate(this.#tick);
+  };
+
+  #serveBatch(): void {
+    const region = this.region;
+    const words = region.words;
+    const n = this.numEnvs;
+    const pending = this.#pending;
+    const seqs = this.#seqs;
+    const reqOff = off(SLOT, "sem_action_ready");
+    const respOff = off(SLOT, "sem_result_ready");
+    const cmdOff = off(SLOT, "command");
+    let count = 0;
+    let cmd = -2;
+    for (let i = 0; i < n; i++) {
+      const base = CONTROL_SIZE + i * SLOT_SIZE;
+      const req = Atomics.load(words, (base + reqOff) >> 2) & SEQ_MASK;
+      const resp = Atomics.load(words, (base + respOff) >> 2) & SEQ_MASK;
+      if (req !== resp) {
+        pending[i] = 1;
+        seqs[i] = req; // answer exactly this request, even if a newer one follows
+        count++;
+        const c = words[(base + cmdOff) >> 2] as number;
+        cmd = cmd === -2 ? c : cmd === c ? cmd : -1;
+      } else {
+        pending[i] = 0;
+      }
+    }
+    if (count === 0) return;
+    const pid = Atomics.load(words, this.#clientPidWord) >>> 0;
+    let lease = this.#lease;
+    if (lease === null || lease.clientPid !== pid) lease = pid ? this.#newLease(pid) : null;
+    let status = 0;
+    try {
+      if (lease === null) throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
+      const runtime = lease.runtime;
+      if (count === n && cmd === SlotCommand.STEP) {
+        this.#readActions(runtime, 0, n);
+        runtime.step(this.#records);
+      } else if (count === n && cmd === SlotCommand.RESET) {
+        runtime.reset(this.#records, this.#seedOf);
+      } else if (count === n && cmd === SlotCommand.HELLO) {
+        runtime.autoreset = this.#mode(0);
+      } else if (count === n && cmd === SlotCommand.OBSERVE) {
+        this.#observe(runtime);
+      } else if (cmd === SlotCommand.SHUTDOWN) {
+        this.#dropLease();
+      } else {
+        this.#mixed(runtime);
+        status = -1; // statuses written per slot
+      }
+    } catch (error) {
+      if (error instanceof RequestError) {
+        status = error.code;
+        this.#errorAll(error.text);
+      } else {
+        status = ErrorCode.INTERNAL; // a bug must not take the server down (env errors: the runtime)
+        this.#errorAll(describeError(error));
+      }
+    }
+    const statusOff = off(SLOT, "status");
+    const dv = region.dv;
+    for (let i = 0; i < n; i++) {
+      if (!pending[i]) continue;
+      const base = CONTROL_SIZE + i * SLOT_SIZE;
+      if (status >= 0) dv.setUint16(base + statusOff, status, true);
+      publishWord(region, base + respOff, seqs[i] as number); // results, status, then the word
+    }
+  }
+
+  #newLease(pid: number): Lease {
+    this.#dropLease();
+    const runtime = this.#spare ?? this.#host.runtime(this.numEnvs, this.url);
+    this.#spare = null;
+    this.#lease = { clientPid: pid, runtime };
+    this.stats.connections++;
+    return this.#lease;
+  }
+
+  /** Slot actions [from, to) into the runtime's action array. */
+  #readActions(runtime: EnvRuntime, from: number, to: number): void {
+    const words = this.region.words;
+    const stride = SLOT_SIZE >> 2;
+    const actions = runtime.actions;
+    for (let i = from; i < to; i++) actions[i] = words[this.#actionWord + i * stride] as number;
+  }
+
+  #slotSeed(index: number): bigint | null {
+    const region = this.region;
+    if (!region.bytes[region.slotAt(index, "has_seed")]) return null;
+    return region.dv.getBigUint64(region.slotAt(index, "seed"), true);
+  }
+
+  /** HELLO: the auto-reset mode in slot `index`'s `action` (docs/shm.md "Auto-reset"). */
+  #mode(index: number): AutoReset {
+    const mode = this.region.dv.getInt32(this.region.slotAt(index, "action"), true);
+    return checkAutoreset(mode, () => `unknown auto-reset mode ${mode}`);
+  }
+
+  /** OBSERVE: the results rewritten in place, each env's info map in its slot's info area. */
+  #observe(runtime: EnvRuntime): void {
+    const infos = runtime.observe(this.#records);
+    for (let i = 0; i < this.numEnvs; i++) this.#writeInfo(i, infos[i] ?? {});
+  }
+
+  /** A msgpack map in slot `index`'s info area (info_len 0 when it does not fit). */
+  #writeInfo(index: number, info: Record<string, unknown>): void {
+    const region = this.region;
+    const data = msgpackEncode(info);
+    const fits = data.byteLength <= INFO_MAX;
+    if (fits) region.bytes.set(data, region.slotAt(index, "info"));
+    region.dv.setUint16(region.slotAt(index, "info_len"), fits ? data.byteLength : 0, true);
+  }
+
+  /** Slots with different commands, or a subset: each answered on its own. */
+  #mixed(runtime: EnvRuntime): void {
+    const region = this.region;
+    const dv = region.dv;
+    for (let i = 0; i < this.numEnvs; i++) {
+      if (!this.#pending[i]) continue;
+      let code = 0;
+      try {
+        const cmd = dv.getUint32(region.slotAt(i, "command"), true);
+        if (cmd === SlotCommand.SHUTDOWN) {
+          this.#dropLease();
+        } else if (cmd === SlotCommand.HELLO) {
+          runtime.autoreset = this.#mode(i);
+        } else if (cmd === SlotCommand.STEP) {
+          this.#readActions(runtime, i, i + 1);
+          runtime.step(this.#records, i, i + 1);
+        } else if (cmd === SlotCommand.RESET) {
+          runtime.reset(this.#records, this.#seedOf, i, i + 1);
+        } else {
+          throw new RequestError(ErrorCode.UNKNOWN_MESSAGE, `slot ${i}: command ${cmd}`);
+        }
+      } catch (error) {
+        if (error instanceof RequestError) {
+          code = error.code;
+          this.#writeText(i, error.text);
+        } else {
+          code = ErrorCode.INTERNAL;
+          this.#writeText(i, describeError(error));
+        }
+      }
+      dv.setUint16(region.slotAt(i, "status"), code, true);
+    }
+  }
+
+  #writeText(index: number, text: string): void {
+    const region = this.region;
+    const data = utf8Cut(text, ERROR_TEXT_MAX);
+    region.bytes.set(data, region.slotAt(index, "error_text"));
+    region.dv.setUint16(region.slotAt(index, "error_len"), data.length, true);
+  }
+
+  #errorAll(text: string): void {
+    const pending = this.#pending;
+    for (let i = 0; i < this.numEnvs; i++) if (pending[i]) this.#writeText(i, text);
+  }
+
+  /** Idle: reclaim the lease of a dead client (its envs are dropped); keep spare envs ready. */
+  #housekeeping(): void {
+    const region = this.region;
+    const pid = Atomics.load(region.words, this.#clientPidWord) >>> 0;
+    if (pid && !peerAlive(pid, region.dv.getBigUint64(this.#clientStartAt, true))) {
+      process.stderr.write(`transport: shm://${this.shm.name}: client pid ${pid} is gone; reclaiming its lease\n`);
+      region.dv.setBigUint64(this.#clientStartAt, 0n, true);
+      Atomics.compareExchange(region.words, this.#clientPidWord, pid | 0, 0);
+      if (this.#lease !== null && this.#lease.clientPid === pid) this.#dropLease();
+    }
+    if (this.#spare === null && this.#lease === null) {
+      this.#spare = this.#host.runtime(this.numEnvs, this.url);
+      this.#spare.runner.start?.();
+    }
+  }
+
+  // -- shutdown ------------------------------------------------------------------------------------
+
+  /** Mark the region CLOSED, wake every waiter, stop serving, unlink the segment, unmap. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true; // the loop is not running now (one thread): it stops at its next turn
+    const region = this.region;
+    Atomics.store(region.words, region.cbWord("state"), RegionState.CLOSED);
+    futexWake(region, this.#doorbellAt);
+    const respOff = off(SLOT, "sem_result_ready");
+    for (let i = 0; i < this.numEnvs; i++) futexWake(region, CONTROL_SIZE + i * SLOT_SIZE + respOff);
+    region.unlinkIfOurs();
+    region.unmap();
+    this.#dropLease();
+    this.#spare?.close();
+    this.#spare = null;
+    this.#stop();
+    await this.#stopped;
+  }
+}
+
+export async function listen(url: string, host: EnvHost, _options: ListenOptions = {}): Promise<ShmListener> {
+  return new ShmListener(url, host);
+}
