@@ -35,7 +35,8 @@ import {
   readU32,
   toAutoReset,
 } from "./protocol";
-import type { Channel } from "./stream";
+import { decode as msgpackDecode } from "@msgpack/msgpack";
+import type { Channel, ChannelRecords, Final } from "./stream";
 
 export const DEFAULT_TIMEOUT_MS = 10_000;
 
@@ -60,11 +61,7 @@ export interface ResultOptions {
   readonly copy?: boolean;
 }
 
-/** A SAME_STEP final result: the env whose episode ended and its owned, decoded result. */
-export interface Final<T = pac_env.StepResult> {
-  readonly index: number;
-  readonly result: T;
-}
+export type { Final } from "./stream";
 
 function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
   const body = schema.messages[message]?.body;
@@ -209,8 +206,31 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   async close(): Promise<void> {
     if (!this.#closed) {
       this.#closed = true;
-      this.channel.close();
+      await this.channel.close();
     }
+  }
+
+  /**
+   * OBSERVE: every env's current result without stepping (one view per env when N > 1) and each
+   * env's info map. Needs a schema that declares OBSERVE_REQ / OBSERVE_RESP.
+   */
+  async observe(options: ResultOptions = {}): Promise<{ results: View | View[] | Value | Value[]; infos: Array<Record<string, unknown>> }> {
+    const request = this.schema.messages["OBSERVE_REQ"]?.id;
+    const response = this.schema.messages["OBSERVE_RESP"]?.id;
+    if (request === undefined || response === undefined) {
+      throw new ProtocolError(`schema ${this.schema.name} declares no OBSERVE_REQ / OBSERVE_RESP`);
+    }
+    const body = await this.#exchange(request, EMPTY, response);
+    const records = this.channel.records;
+    let infos: Array<Record<string, unknown>>;
+    if (records !== undefined) {
+      infos = records.infos();
+    } else {
+      const decoded = msgpackDecode(body.subarray(this.numEnvs * this.#resultSize));
+      if (!Array.isArray(decoded)) throw new ProtocolError("OBSERVE_RESP's tail is not a msgpack array");
+      infos = decoded as Array<Record<string, unknown>>;
+    }
+    return { results: this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true), infos };
   }
 
   async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {
@@ -221,6 +241,13 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     if (type === this.ids.ERROR) throw decodeError(resp);
     if (type !== expect) {
       throw new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`);
+    }
+    const records = channel.records;
+    if (records !== undefined) {
+      // results in the channel's records (shm slots): finals from its final areas
+      const stepped = expect === this.ids.STEP_RESP || expect === this.ids.STEP_BATCH_RESP;
+      this.finals = stepped && this.autoreset === AutoReset.SAME_STEP ? (records.finals() as Final<Value>[]) : NO_FINALS;
+      return resp;
     }
     const expected = this.#expected.get(expect);
     if (expected !== undefined && channel.bodyLength !== expected) {
@@ -257,6 +284,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   #results(count: number, copy: boolean): View | View[] | Value | Value[] {
+    const records = this.channel.records;
+    if (records !== undefined) return this.#recordResults(records, count, copy);
     const buffer = this.channel.buffer;
     const size = this.#resultSize;
     if (copy) {
@@ -280,7 +309,26 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   #batch: View[] | null = null;
+
+  /** Results a channel keeps outside its buffer (shm:// slots): views built once, reused. */
+  #recordResults(records: ChannelRecords, count: number, copy: boolean): View | View[] | Value | Value[] {
+    if (copy) {
+      if (count === 0) return records.decode(0) as Value;
+      const out: Value[] = [];
+      for (let i = 0; i < count; i++) out.push(records.decode(i) as Value);
+      return out;
+    }
+    if (this.#views.length < this.numEnvs) {
+      this.#views = [];
+      for (let i = 0; i < this.numEnvs; i++) this.#views.push(records.view(i) as View);
+    }
+    if (count === 0) return this.#views[0] as View;
+    if (this.#batch === null || this.#batch.length !== count) this.#batch = this.#views.slice(0, count);
+    return this.#batch;
+  }
 }
+
+const NO_FINALS: Final<never>[] = [];
 
 const EMPTY = Buffer.alloc(0);
 
@@ -308,7 +356,7 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   try {
     channel.info = await handshake(channel, schema, autoreset);
   } catch (error) {
-    channel.close();
+    await channel.close();
     throw error;
   }
   return new Client<View, Value>(channel, schema, url);

@@ -24,6 +24,7 @@ export {
   NonCanonicalError,
   PeerGoneError,
   ProtocolError,
+  RegionMismatchError,
   RemoteError,
   SchemaError,
   TransportError,

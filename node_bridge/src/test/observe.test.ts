@@ -13,6 +13,7 @@ import { decode as msgpackDecode } from "@msgpack/msgpack";
 import * as pac_env from "../generated/pac_env";
 import { ErrorCode, MESSAGE_IDS as IDS, encodeHello, parseError } from "../protocol";
 import type { Env, Spaces } from "../runtime/env";
+import { blankPacResult } from "../testing/fixtures";
 import { type Session, sessionFactory } from "../runtime/session";
 
 const RESULT = pac_env.StepResultCodec.size;
@@ -22,21 +23,7 @@ const OBSERVE_RESP = pac_env.SCHEMA.messages["OBSERVE_RESP"]!.id;
 /** Counts steps in observation[1]; `observe()` reports observation[2] = 99; `info()` its count. */
 class ObservedEnv implements Env<pac_env.StepResultInput> {
   steps = 0;
-  readonly #out = {
-    observation: new Float32Array(612),
-    action_mask: new Uint8Array(92).fill(1),
-    reward: 0,
-    done: 0,
-    rank: 0,
-    life: 0,
-    money: 0,
-    stage: 0,
-    board_size: 0,
-    level: 0,
-    synergy_count: 0,
-    items_held: 0,
-    actions_this_turn: 0,
-  };
+  readonly #out = blankPacResult();
 
   spaces(): Spaces {
     return { obsN: 612, actN: 92 };

@@ -1,5 +1,5 @@
 /**
- * The shm:// region code of the Node server (src/shm/, src/backends/shm.ts): URLs, liveness,
+ * The shm:// region code of the Node server (src/backends/shm/): URLs, liveness,
  * the koffi mapping (zero copy, both directions), creation rules (0600, stale replaced, live
  * never), futex waits, and a full round trip against a client in a worker thread that speaks
  * docs/shm.md's request order on its own mapping of the segment.
@@ -454,8 +454,12 @@ if (!isMainThread) {
       servers.delete(server);
     });
 
-    test("the Node library has no shm:// client", async () => {
-      await assert.rejects(openChannel("shm://x"), (e: unknown) => e instanceof ConnectError && e.message.includes("Python"));
+    test("a client of a region no server made fails clearly, in bounded time", async () => {
+      const name = uniqueName();
+      await assert.rejects(
+        openChannel(`shm://${name}`, { timeoutMs: 200 }),
+        (e: unknown) => e instanceof ConnectError && e.message.includes(`is a server running on shm://${name}`),
+      );
     });
   });
 }

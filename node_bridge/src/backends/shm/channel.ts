@@ -1,15 +1,485 @@
-/** The shm:// client channel (Client <-> a region's slots). */
+/**
+ * The shm:// client channel: the one `Client` (client.ts) over a region's slots, against a Python
+ * or a Node server (docs/shm.md "Attach", "Lease", "One request").
+ *
+ * `request(msgType, body)` turns a protocol request into a slot command on every slot (RESET with
+ * seed + i, STEP with each env's action, HELLO with the auto-reset mode, OBSERVE), publishes it
+ * (request words, then the doorbell) and waits for each slot's response word. Results are never
+ * copied: `records` hands the Client zero-copy views into the slots (the pac_shm Slot's result
+ * fields by name), SAME_STEP finals come from the final areas whose `final_seq` equals this
+ * request's sequence, and a slot status != 0 becomes an ERROR body decoded by the protocol's one
+ * error mapping. HELLO_RESP, SPACES_RESP and HEALTH_RESP are answered from the control block.
+ *
+ * Waiting: a short synchronous spin (the URL's wait policy), then FUTEX_WAIT slices on a libuv
+ * thread (the event loop keeps running); between slices the region's state and the server's
+ * liveness are checked, so a dead server is PeerGoneError within about one slice and a silent one
+ * TransportTimeoutError after `timeoutMs`.
+ */
 
-import { ConnectError } from "../../errors";
-import type { Channel } from "../../stream";
+import { decode as msgpackDecode } from "@msgpack/msgpack";
+import type { AnyStructCodec, SchemaModule } from "../../codec";
+import {
+  ConnectError,
+  FingerprintMismatchError,
+  PeerGoneError,
+  RegionMismatchError,
+  TransportError,
+  TransportTimeoutError,
+  VersionMismatchError,
+} from "../../errors";
+import * as pac_env from "../../generated/pac_env";
+import * as pac_shm from "../../generated/pac_shm";
+import {
+  AUTORESET_MASK,
+  AutoReset,
+  BODY_OFFSET,
+  ErrorCode,
+  type MessageIds,
+  decodeHello,
+  encodeError,
+  encodeHello,
+  messageIds,
+} from "../../protocol";
+import { bodyCodec, readActions, stepAction } from "../../runtime/core";
+import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../index";
-import { parseShmUrl } from "./region";
+import {
+  CB,
+  CONTROL_SIZE,
+  ERROR_TEXT_MAX,
+  FINAL_SEQ_OFFSET,
+  FINAL_SIZE,
+  INFO_MAX,
+  LAYOUT_VERSION,
+  MAGIC,
+  Region,
+  RegionState,
+  SEQ_MASK,
+  SLOT,
+  SLOT_SIZE,
+  type ShmUrl,
+  SlotCommand,
+  WAIT_CLOSED,
+  WAIT_PEER_DEAD,
+  WAIT_TIMEOUT,
+  finalsOffset,
+  off,
+  parseShmUrl,
+  peerAlive,
+  procStartTime,
+  publishWord,
+  regionSize,
+  slotsSize,
+  waitWordAsync,
+} from "./region";
 
-/** The Node side serves shm:// regions; the client is Python's (transport.connect). */
-export async function openChannel(url: string, _options: OpenOptions = {}): Promise<Channel> {
-  parseShmUrl(url);
-  throw new ConnectError(
-    `${url}: the Node library serves shm:// regions but has no shm:// client; connect from Python ` +
-      "(transport.connect) or use unix:// / http:// from Node",
-  );
+/** Zero-copy views of the results in the slots, and the finals of the last step. */
+class SlotResults implements ChannelRecords {
+  readonly #region: Region;
+  readonly #result: AnyStructCodec;
+  readonly #names: readonly string[];
+  readonly #views: unknown[];
+  readonly #seqs: Int32Array;
+  readonly #numEnvs: number;
+  readonly #hasFinals: boolean;
+
+  constructor(region: Region, schema: SchemaModule, numEnvs: number, seqs: Int32Array) {
+    this.#region = region;
+    this.#result = bodyCodec(schema, "STEP_RESP");
+    this.#names = (schema.ir.structs[this.#result.name]?.fields ?? []).map((f) => f.name);
+    for (const name of this.#names) {
+      const slot = SLOT[name];
+      const field = schema.ir.structs[this.#result.name]?.fields.find((f) => f.name === name);
+      if (slot === undefined || field === undefined || slot.size !== field.size || slot.count !== field.count) {
+        throw new ConnectError(`shm:// cannot carry ${this.#result.name}.${name}: the pac_shm Slot has no such field`);
+      }
+    }
+    this.#numEnvs = numEnvs;
+    this.#seqs = seqs;
+    this.#hasFinals = region.size >= regionSize(numEnvs);
+    this.#views = [];
+    for (let i = 0; i < numEnvs; i++) this.#views.push(pac_shm.SlotCodec.view(region.bytes, CONTROL_SIZE + i * SLOT_SIZE));
+  }
+
+  view(index: number): unknown {
+    return this.#views[index];
+  }
+
+  decode(index: number): unknown {
+    return this.#pick(pac_shm.SlotCodec.decode(this.#region.bytes, CONTROL_SIZE + index * SLOT_SIZE, false));
+  }
+
+  finals(): Final<unknown>[] {
+    if (!this.#hasFinals) return [];
+    const region = this.#region;
+    const at = finalsOffset(this.#numEnvs);
+    let out: Final<unknown>[] | null = null;
+    for (let i = 0; i < this.#numEnvs; i++) {
+      const final = at + i * FINAL_SIZE;
+      if ((Atomics.load(region.words, (final + FINAL_SEQ_OFFSET) >> 2) & SEQ_MASK) !== this.#seqs[i]) continue;
+      (out ??= []).push({ index: i, result: this.#pick(pac_shm.FinalAreaCodec.decode(region.bytes, final, false)) });
+    }
+    return out ?? NO_FINALS;
+  }
+
+  infos(): Array<Record<string, unknown>> {
+    const out: Array<Record<string, unknown>> = [];
+    for (let i = 0; i < this.#numEnvs; i++) out.push(readInfo(this.#region, i));
+    return out;
+  }
+
+  /** The result struct's fields of a decoded slot or final area. */
+  #pick(decoded: unknown): unknown {
+    const all = decoded as Record<string, unknown>;
+    const out: Record<string, unknown> = {};
+    for (const name of this.#names) out[name] = all[name];
+    return out;
+  }
+}
+
+const NO_FINALS: Final<unknown>[] = [];
+
+/** Slot `index`'s msgpack info map ({} when absent or unreadable). */
+function readInfo(region: Region, index: number): Record<string, unknown> {
+  const length = region.dv.getUint16(region.slotAt(index, "info_len"), true);
+  if (length === 0 || length > INFO_MAX) return {};
+  try {
+    const at = region.slotAt(index, "info");
+    const decoded = msgpackDecode(region.bytes.subarray(at, at + length));
+    return decoded !== null && typeof decoded === "object" && !Array.isArray(decoded) ? { ...(decoded as object) } : {};
+  } catch {
+    return {};
+  }
+}
+
+/** A Node client's attachment to one region: the lease, the sequences, the requests. */
+export class ShmChannel implements Channel {
+  info: Record<string, unknown> = {};
+  readonly buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
+  bodyLength = 0;
+  readonly generation = 0;
+  readonly records: SlotResults;
+  readonly url: string;
+  readonly shm: ShmUrl;
+  readonly region: Region;
+  readonly numEnvs: number;
+  readonly timeoutMs: number | null;
+  readonly ownerPid: number;
+  readonly ownerStart: bigint;
+
+  readonly #schema: SchemaModule;
+  readonly #ids: MessageIds;
+  readonly #seqs: Int32Array;
+  readonly #actions: Float64Array;
+  readonly #stepAction: ReturnType<typeof stepAction>;
+  readonly #spaces: AnyStructCodec;
+  readonly #reqOff = off(SLOT, "sem_action_ready");
+  readonly #respOff = off(SLOT, "sem_result_ready");
+  readonly #cmdWord = (CONTROL_SIZE + off(SLOT, "command")) >> 2;
+  readonly #actionWord = (CONTROL_SIZE + off(SLOT, "action")) >> 2;
+  readonly #statusOff = off(SLOT, "status");
+  #doorbell: number;
+  #leased = false;
+  #closed = false;
+  #busy = false;
+
+  private constructor(url: string, shm: ShmUrl, region: Region, schema: SchemaModule, timeoutMs: number | null) {
+    this.url = url;
+    this.shm = shm;
+    this.region = region;
+    this.#schema = schema;
+    this.#ids = messageIds(schema);
+    this.timeoutMs = timeoutMs;
+    const dv = region.dv;
+    this.numEnvs = dv.getUint32(off(CB, "num_envs"), true);
+    this.ownerPid = dv.getUint32(off(CB, "owner_pid"), true);
+    this.ownerStart = dv.getBigUint64(off(CB, "owner_start_time"), true);
+    this.#seqs = new Int32Array(this.numEnvs);
+    this.#actions = new Float64Array(this.numEnvs);
+    this.#stepAction = stepAction(schema);
+    this.#spaces = bodyCodec(schema, "SPACES_RESP");
+    this.records = new SlotResults(region, schema, this.numEnvs, this.#seqs);
+    this.#doorbell = Atomics.load(region.words, off(CB, "doorbell") >> 2) & SEQ_MASK;
+  }
+
+  /** Open, validate and lease `url`'s region (retried while it is missing or not READY). */
+  static async open(url: string, options: OpenOptions = {}): Promise<ShmChannel> {
+    const shm = parseShmUrl(url);
+    const schema = options.schema ?? pac_env.SCHEMA;
+    const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    const region = await attach(shm, timeoutMs ?? 10_000);
+    let channel: ShmChannel | null = null;
+    try {
+      validate(shm, region, schema);
+      channel = new ShmChannel(url, shm, region, schema, timeoutMs);
+      await channel.#takeLease(timeoutMs ?? 10_000);
+      for (let i = 0; i < channel.numEnvs; i++) {
+        channel.#seqs[i] = Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2) & SEQ_MASK;
+      }
+      channel.info = { ...readInfo(region, 0), num_envs: channel.numEnvs };
+      return channel;
+    } catch (error) {
+      if (channel !== null) channel.#release();
+      else region.unmap();
+      throw error;
+    }
+  }
+
+  async #takeLease(timeoutMs: number): Promise<void> {
+    const region = this.region;
+    const word = region.cbWord("client_pid");
+    const me = process.pid;
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      if (Atomics.compareExchange(region.words, word, 0, me) === 0) {
+        region.dv.setBigUint64(off(CB, "client_start_time"), procStartTime(me), true);
+        this.#leased = true;
+        return;
+      }
+      const holder = Atomics.load(region.words, word) >>> 0;
+      const holderStart = region.dv.getBigUint64(off(CB, "client_start_time"), true);
+      if (holder && peerAlive(holder, holderStart)) {
+        const who = holder === me ? "this process" : `client pid ${holder}`;
+        throw new ConnectError(
+          `shm://${this.shm.name} is in use by ${who}: a region serves one client at a time ` +
+            "(start another server for another client)",
+        );
+      }
+      if (Date.now() >= deadline) {
+        throw new ConnectError(`shm://${this.shm.name}: the lease of dead client pid ${holder} was not reclaimed by the server in time`);
+      }
+      await sleep(10);
+    }
+  }
+
+  /** Answer a protocol request through the slots (see the top of this file). */
+  async request(msgType: number, body: Uint8Array): Promise<number> {
+    if (this.#closed) throw new TransportError("the client is closed");
+    if (this.#busy) throw new TransportError("a request is already in flight on this client (await it first)");
+    this.#busy = true;
+    try {
+      return await this.#request(msgType, body);
+    } finally {
+      this.#busy = false;
+    }
+  }
+
+  async #request(msgType: number, body: Uint8Array): Promise<number> {
+    const ids = this.#ids;
+    const n = this.numEnvs;
+    switch (msgType) {
+      case ids.HELLO_REQ:
+        return this.#hello(body);
+      case ids.RESET_REQ:
+      case ids.RESET_SEED_REQ: {
+        const seed = msgType === ids.RESET_REQ ? null : Buffer.from(body.buffer, body.byteOffset, body.byteLength).readBigUInt64LE(0);
+        const dv = this.region.dv;
+        for (let i = 0; i < n; i++) {
+          this.region.bytes[this.region.slotAt(i, "has_seed")] = seed === null ? 0 : 1;
+          if (seed !== null) dv.setBigUint64(this.region.slotAt(i, "seed"), BigInt.asUintN(64, seed + BigInt(i)), true);
+        }
+        return (await this.#roundTrip(SlotCommand.RESET)) ?? ids.RESET_RESP;
+      }
+      case ids.STEP_REQ:
+      case ids.STEP_BATCH_REQ: {
+        const count = msgType === ids.STEP_REQ ? 1 : Math.floor(body.byteLength / this.#stepAction.size);
+        const { field, type, size } = this.#stepAction;
+        readActions(this.#actions, body, field.offset, size, Math.min(count, n), type);
+        const words = this.region.words;
+        const stride = SLOT_SIZE >> 2;
+        for (let i = 0; i < n; i++) words[this.#actionWord + i * stride] = this.#actions[i] as number;
+        return (await this.#roundTrip(SlotCommand.STEP)) ?? (msgType === ids.STEP_REQ ? ids.STEP_RESP : ids.STEP_BATCH_RESP);
+      }
+      case this.#schema.messages["OBSERVE_REQ"]?.id:
+        return (await this.#roundTrip(SlotCommand.OBSERVE)) ?? (this.#schema.messages["OBSERVE_RESP"]?.id as number);
+      case ids.HEALTH_REQ:
+        this.buffer[BODY_OFFSET] = this.#alive() ? 1 : 0;
+        this.bodyLength = 1;
+        return ids.HEALTH_RESP;
+      case ids.SPACES_REQ: {
+        const dv = this.region.dv;
+        const names = (this.#schema.ir.structs[this.#spaces.name]?.fields ?? []).map((f) => f.name);
+        const values = { [names[0] ?? "obs_n"]: dv.getUint32(off(CB, "obs_size"), true), [names[1] ?? "act_n"]: dv.getUint32(off(CB, "act_size"), true) };
+        this.#spaces.encodeInto(values, this.buffer, BODY_OFFSET);
+        this.bodyLength = this.#spaces.size;
+        return ids.SPACES_RESP;
+      }
+      default:
+        return this.#error(ErrorCode.UNKNOWN_MESSAGE, `shm:// cannot carry msg_type 0x${msgType.toString(16).padStart(2, "0")}`);
+    }
+  }
+
+  /** HELLO: the mode in every slot's action word (docs/shm.md "Auto-reset"); no round trip for disabled. */
+  async #hello(body: Uint8Array): Promise<number> {
+    const hello = decodeHello(body);
+    const mode = hello.flags & AUTORESET_MASK;
+    const url = `shm://${this.shm.name}`;
+    if (mode !== AutoReset.DISABLED) {
+      if (mode === AutoReset.SAME_STEP && this.region.size < regionSize(this.numEnvs)) {
+        throw new ConnectError(`${url}: the region has no final-result areas (a server without auto-reset support): same_step needs them`);
+      }
+      const words = this.region.words;
+      const stride = SLOT_SIZE >> 2;
+      for (let i = 0; i < this.numEnvs; i++) words[this.#actionWord + i * stride] = mode;
+      const type = await this.#roundTrip(SlotCommand.HELLO);
+      if (type !== null) {
+        const text = Buffer.from(this.buffer.subarray(BODY_OFFSET + 4, BODY_OFFSET + this.bodyLength)).toString("utf8");
+        throw new ConnectError(`${url}: the server refused auto-reset mode ${["disabled", "next_step", "same_step"][mode]}: ${text}`);
+      }
+    }
+    const info = { ...this.info };
+    delete info["autoreset"];
+    const out = encodeHello(this.#schema.fingerprint, info, mode);
+    this.buffer.set(out, BODY_OFFSET);
+    this.bodyLength = out.byteLength;
+    return this.#ids.HELLO_RESP;
+  }
+
+  /** The server is alive and the region READY (no round trip). */
+  #alive(): boolean {
+    return Atomics.load(this.region.words, this.region.cbWord("state")) === RegionState.READY && peerAlive(this.ownerPid, this.ownerStart);
+  }
+
+  /**
+   * One request on every slot: command, request words, the doorbell, then each slot's response.
+   * null when every slot answered status 0; else the ERROR msg_type (its body in `buffer`).
+   */
+  async #roundTrip(command: number, timeoutMs = this.timeoutMs): Promise<number | null> {
+    const region = this.region;
+    const words = region.words;
+    const n = this.numEnvs;
+    const stride = SLOT_SIZE >> 2;
+    for (let i = 0; i < n; i++) words[this.#cmdWord + i * stride] = command;
+    const seqs = this.#seqs;
+    for (let i = 0; i < n; i++) {
+      const seq = ((seqs[i] as number) + 1) & SEQ_MASK;
+      seqs[i] = seq;
+      Atomics.store(words, (CONTROL_SIZE + i * SLOT_SIZE + this.#reqOff) >> 2, seq);
+    }
+    this.#doorbell = (this.#doorbell + 1) & SEQ_MASK;
+    publishWord(region, off(CB, "doorbell"), this.#doorbell);
+    const timeoutNs = timeoutMs === null ? Number.MAX_SAFE_INTEGER : timeoutMs * 1e6;
+    const policy = this.shm.wait;
+    const wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
+    for (let i = 0; i < n; i++) {
+      const rc = await waitWordAsync(region, CONTROL_SIZE + i * SLOT_SIZE + this.#respOff, seqs[i] as number, timeoutNs, wait);
+      if (rc >= 0) continue;
+      const url = `shm://${this.shm.name}`;
+      if (rc === WAIT_TIMEOUT) throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
+      if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
+      if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
+      throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+    const dv = region.dv;
+    for (let i = 0; i < n; i++) {
+      const status = dv.getUint16(CONTROL_SIZE + i * SLOT_SIZE + this.#statusOff, true);
+      if (status === 0) continue;
+      const length = Math.min(dv.getUint16(region.slotAt(i, "error_len"), true), ERROR_TEXT_MAX);
+      const at = region.slotAt(i, "error_text");
+      return this.#error(status, Buffer.from(region.bytes.subarray(at, at + length)).toString("utf8"));
+    }
+    this.bodyLength = 0;
+    return null;
+  }
+
+  /** An ERROR body in `buffer` (the Client maps it to a typed error, as for every backend). */
+  #error(code: number, text: string): number {
+    const body = encodeError(code, text);
+    this.buffer.set(body.subarray(0, Math.min(body.byteLength, this.buffer.byteLength - BODY_OFFSET)), BODY_OFFSET);
+    this.bodyLength = Math.min(body.byteLength, this.buffer.byteLength - BODY_OFFSET);
+    return this.#ids.ERROR;
+  }
+
+  /** SHUTDOWN (the server drops this lease's envs; at most 1 s), release the lease, unmap. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    if (!this.#busy && this.#alive()) {
+      try {
+        await this.#roundTrip(SlotCommand.SHUTDOWN, 1000);
+      } catch {
+        // best effort: the lease is released either way
+      }
+    }
+    this.#release();
+  }
+
+  #release(): void {
+    const region = this.region;
+    if (this.#leased) {
+      region.dv.setBigUint64(off(CB, "client_start_time"), 0n, true);
+      Atomics.compareExchange(region.words, region.cbWord("client_pid"), process.pid, 0);
+      this.#leased = false;
+    }
+    region.unmap();
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** shm_open + mmap, retried until the timeout while the region is missing, header-less or not READY. */
+async function attach(shm: ShmUrl, timeoutMs: number): Promise<Region> {
+  const deadline = Date.now() + timeoutMs;
+  let delay = 2;
+  for (;;) {
+    let why: string;
+    try {
+      const region = Region.open(shm);
+      if (Atomics.load(region.words, region.cbWord("state")) === RegionState.READY) return region;
+      why = `${shm.path} is not ready (state ${Atomics.load(region.words, region.cbWord("state"))})`;
+      region.unmap();
+    } catch (error) {
+      why = (error as Error).message.startsWith("cannot open")
+        ? `no region ${shm.path}: is a server running on shm://${shm.name}?`
+        : (error as Error).message;
+    }
+    if (Date.now() + delay > deadline) throw new ConnectError(why);
+    await sleep(delay);
+    delay = Math.min(delay * 2, 100);
+  }
+}
+
+/** Each control-block field against what this client expects (transport's `_validate`). */
+function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
+  const dv = region.dv;
+  const u32 = (field: string): number => dv.getUint32(off(CB, field), true);
+  const name = `shm://${shm.name}`;
+  const expect = (field: string, expected: number, found: number, hex = false): void => {
+    if (expected === found) return;
+    const fmt = (v: number): string => (hex ? `0x${v.toString(16).toUpperCase().padStart(8, "0")}` : String(v));
+    throw new RegionMismatchError(name, field, fmt(expected), fmt(found));
+  };
+  expect("magic", MAGIC, u32("magic"), true);
+  if (u32("version") !== LAYOUT_VERSION) {
+    throw new VersionMismatchError(
+      `${name}: control block field version: expected layout version ${LAYOUT_VERSION}, found ${u32("version")} ` +
+        "(server and client were built from different pac_shm layouts)",
+    );
+  }
+  expect("slot_size", SLOT_SIZE, u32("slot_size"));
+  const fingerprint = dv.getBigUint64(off(CB, "fingerprint"), true);
+  if (fingerprint !== BigInt.asUintN(64, schema.fingerprint)) {
+    const hex = (v: bigint): string => BigInt.asUintN(64, v).toString(16).padStart(16, "0");
+    throw new FingerprintMismatchError(
+      `${name}: control block field fingerprint: expected ${hex(schema.fingerprint)} (schema ${schema.name}), found ${hex(fingerprint)}`,
+      schema.fingerprint,
+      fingerprint,
+    );
+  }
+  const numEnvs = u32("num_envs");
+  if (shm.numEnvs !== null) expect("num_envs", shm.numEnvs, numEnvs);
+  if (region.size !== slotsSize(numEnvs)) expect("region size", regionSize(numEnvs), region.size);
+  const fields = new Set((schema.ir.structs[bodyCodec(schema, "STEP_RESP").name]?.fields ?? []).map((f) => f.name));
+  if (fields.has("observation")) expect("obs_size", SLOT["observation"]!.count, u32("obs_size"));
+  if (fields.has("action_mask")) expect("act_size", SLOT["action_mask"]!.count, u32("act_size"));
+  const owner = u32("owner_pid");
+  if (!peerAlive(owner, dv.getBigUint64(off(CB, "owner_start_time"), true))) {
+    throw new ConnectError(`${name} is stale: its server (pid ${owner}) is gone; start a new server or run \`transport-serve --cleanup-shm\``);
+  }
+}
+
+export async function openChannel(url: string, options: OpenOptions = {}): Promise<ShmChannel> {
+  return ShmChannel.open(url, options);
 }

@@ -456,6 +456,65 @@ export interface WaitOptions {
   readonly peerStart?: bigint;
 }
 
+/** `sleepTurn`: the caller sleeps on the word (FUTEX_WAIT on `turn.value` for `turn.ms`). */
+const TURN_SLEEP = -100;
+
+/** The state of one wait's sleeping phase. */
+interface Turn {
+  /** The word value to FUTEX_WAIT on (the SLEEP bit set). */
+  value: number;
+  ms: number;
+  /** The peer's liveness is checked from the second slice on. */
+  checked: boolean;
+}
+
+/** The spin phase: the word's sequence once it is (or is not) `target`, -1 when the budget is spent. */
+function spinPhase(region: Region, index: number, target: number, wantEqual: boolean, spin: number, start: number, deadline: number): number {
+  const words = region.words;
+  const v = Atomics.load(words, index);
+  if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+  if (spin <= 0) return -1;
+  const spinUntil = start + (spin * SPIN_NS) / 1e6;
+  const nat = native();
+  for (let spins = 1; ; spins++) {
+    const w = Atomics.load(words, index);
+    if (((w & SEQ_MASK) === target) === wantEqual) return w & SEQ_MASK;
+    if ((spins & (YIELD_EVERY - 1)) === 0) {
+      nat.schedYield(); // a peer sharing this core runs now, not after the whole budget
+      const now = performance.now();
+      if (now >= spinUntil || now >= deadline) return -1;
+    }
+  }
+}
+
+/**
+ * One turn of the sleeping phase: the sequence (done), WAIT_CLOSED / WAIT_TIMEOUT /
+ * WAIT_PEER_DEAD, or TURN_SLEEP after setting the SLEEP bit (CAS: no lost wake-up).
+ */
+function sleepTurn(region: Region, index: number, target: number, wantEqual: boolean, deadline: number, options: WaitOptions, turn: Turn): number {
+  const words = region.words;
+  const stateIndex = region.cbWord("state");
+  for (;;) {
+    let v = Atomics.load(words, index);
+    if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+    if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
+    const now = performance.now();
+    if (now >= deadline) return WAIT_TIMEOUT;
+    if (turn.checked && options.peerPid && !peerAlive(options.peerPid, options.peerStart ?? 0n)) return WAIT_PEER_DEAD;
+    turn.checked = true;
+    if (!(v & SLEEP_BIT)) {
+      const sleeping = v | SLEEP_BIT;
+      if (Atomics.compareExchange(words, index, v, sleeping) !== v) continue; // moved: look again
+      v = sleeping;
+    }
+    turn.value = v;
+    turn.ms = Math.max(0, Math.min(Math.max(1, options.sliceMs), deadline - now));
+    return TURN_SLEEP;
+  }
+}
+
+const SYNC_TURN: Turn = { value: 0, ms: 0, checked: false };
+
 /**
  * The wait loop of docs/shm.md (tp_native.c `wait_loop`), in JS: spin on Atomics.load
  * (sched_yield every 256 loads), then FUTEX_WAIT slices with the state and liveness checks.
@@ -471,42 +530,40 @@ export function waitWord(
   timeoutNs: number,
   options: WaitOptions,
 ): number {
-  const words = region.words;
   const index = offset >> 2;
-  const stateIndex = region.cbWord("state");
-  let v = Atomics.load(words, index);
-  if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
   const start = performance.now();
   const deadline = start + timeoutNs / 1e6;
-  if (options.spin > 0) {
-    const spinUntil = start + (options.spin * SPIN_NS) / 1e6;
-    const nat = native();
-    for (let spins = 1; ; spins++) {
-      v = Atomics.load(words, index);
-      if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
-      if ((spins & (YIELD_EVERY - 1)) === 0) {
-        nat.schedYield(); // a peer sharing this core runs now, not after the whole budget
-        const now = performance.now();
-        if (now >= spinUntil || now >= deadline) break;
-      }
-    }
-  }
-  let checked = false;
-  const sliceMs = Math.max(1, options.sliceMs);
+  const spun = spinPhase(region, index, target, wantEqual, options.spin, start, deadline);
+  if (spun >= 0) return spun;
+  const turn = SYNC_TURN;
+  turn.checked = false;
   for (;;) {
-    v = Atomics.load(words, index);
-    if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
-    if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
-    const now = performance.now();
-    if (now >= deadline) return WAIT_TIMEOUT;
-    if (checked && options.peerPid && !peerAlive(options.peerPid, options.peerStart ?? 0n)) return WAIT_PEER_DEAD;
-    checked = true;
-    if (!(v & SLEEP_BIT)) {
-      const sleeping = v | SLEEP_BIT;
-      if (Atomics.compareExchange(words, index, v, sleeping) !== v) continue; // moved: look again
-      v = sleeping;
-    }
-    const ms = Math.min(sliceMs, deadline - now);
-    futexWait(region, offset, v, Math.max(0, ms) * 1e6);
+    const rc = sleepTurn(region, index, target, wantEqual, deadline, options, turn);
+    if (rc !== TURN_SLEEP) return rc;
+    futexWait(region, offset, turn.value, turn.ms * 1e6);
+  }
+}
+
+/**
+ * The client's wait for a response word to reach `target`: the same loop as `waitWord`, but its
+ * FUTEX_WAIT slices run on a libuv thread (koffi async), so the event loop keeps running (a
+ * server on this thread can answer). The spin phase stays synchronous and short (the spin budget).
+ */
+export async function waitWordAsync(region: Region, offset: number, target: number, timeoutNs: number, options: WaitOptions): Promise<number> {
+  const index = offset >> 2;
+  const start = performance.now();
+  const deadline = start + timeoutNs / 1e6;
+  const spun = spinPhase(region, index, target, true, options.spin, start, deadline);
+  if (spun >= 0) return spun;
+  const turn: Turn = { value: 0, ms: 0, checked: false };
+  const timespec = { tv_sec: 0, tv_nsec: 0 };
+  const nat = native();
+  for (;;) {
+    const rc = sleepTurn(region, index, target, true, deadline, options, turn);
+    if (rc !== TURN_SLEEP) return rc;
+    const ns = turn.ms * 1e6;
+    timespec.tv_sec = Math.floor(ns / 1e9);
+    timespec.tv_nsec = Math.floor(ns % 1e9);
+    await nat.futexWaitAsync(region.addressOf(offset), turn.value, timespec);
   }
 }
