@@ -158,7 +158,12 @@ def test_bad_batch_is_422_and_kept() -> None:
 
 
 def test_wrong_fingerprint_names_both(server: api.Server) -> None:
-    text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+    text = (
+        (ROOT / "schema" / "pac_env.toml")
+        .read_text()
+        .replace('"rank"', '"rank_other"')
+        .replace('shm = "pac_shm"', "")
+    )
     other = Schema(compile_schema(text))
     assert other.fingerprint != pac_env.SCHEMA.fingerprint
     with pytest.raises(FingerprintMismatchError) as info:

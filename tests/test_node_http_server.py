@@ -144,7 +144,12 @@ def test_batched_server_step_batch() -> None:
 
 
 def test_wrong_fingerprint_is_409_naming_both(server: ServerProcess) -> None:
-    text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+    text = (
+        (ROOT / "schema" / "pac_env.toml")
+        .read_text()
+        .replace('"rank"', '"rank_other"')
+        .replace('shm = "pac_shm"', "")
+    )
     other = Schema(compile_schema(text))
     with pytest.raises(FingerprintMismatchError) as info:
         api.connect(server.url, schema=other, timeout=TIMEOUT)

@@ -238,7 +238,12 @@ def test_env_error_and_envs_without_step_into() -> None:
 
 
 def test_wrong_fingerprint_names_both(server1: ServerProcess) -> None:
-    text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+    text = (
+        (ROOT / "schema" / "pac_env.toml")
+        .read_text()
+        .replace('"rank"', '"rank_other"')
+        .replace('shm = "pac_shm"', "")
+    )
     other = Schema(compile_schema(text))
     with pytest.raises(FingerprintMismatchError) as info:
         api.connect(server1.url, schema=other, timeout=5)

@@ -283,7 +283,12 @@ def test_gym_vector_env_over_node_shm_next_step() -> None:
 
 def test_wrong_fingerprint_and_num_envs_are_clear_errors() -> None:
     with node_server(unique_shm_url(4), env="echo", num_envs=4) as proc:
-        text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+        text = (
+            (ROOT / "schema" / "pac_env.toml")
+            .read_text()
+            .replace('"rank"', '"rank_other"')
+            .replace('shm = "pac_shm"', "")
+        )
         other = Schema(compile_schema(text))
         with pytest.raises(FingerprintMismatchError) as info:
             api.connect(proc.url, schema=other, timeout=5)

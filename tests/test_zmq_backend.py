@@ -288,7 +288,12 @@ def test_out_of_range_action_is_a_remote_error_and_client_stays_usable(
 
 
 def test_wrong_fingerprint_names_both(server: ServerProcess) -> None:
-    text = (ROOT / "schema" / "pac_env.toml").read_text().replace('"rank"', '"rank_other"')
+    text = (
+        (ROOT / "schema" / "pac_env.toml")
+        .read_text()
+        .replace('"rank"', '"rank_other"')
+        .replace('shm = "pac_shm"', "")
+    )
     other = Schema(compile_schema(text))
     with pytest.raises(FingerprintMismatchError) as info:
         api.connect(server.url, schema=other, timeout=5)

@@ -73,9 +73,22 @@ function compareCodePoints(a: string, b: string): number {
   return left.length - right.length;
 }
 
-/** The part of a schema IR that the fingerprint covers: structs, enums and messages. */
-export function layoutOf(ir: { structs: unknown; enums: unknown; messages: unknown }): JsonValue {
-  return { structs: ir.structs, enums: ir.enums, messages: ir.messages } as JsonValue;
+/** The IR parts a fingerprint covers; `env` and `shm` exist for env schemas only. */
+export interface LayoutParts {
+  structs: unknown;
+  enums: unknown;
+  messages: unknown;
+  env?: unknown;
+  shm?: unknown;
+}
+
+/**
+ * The part of a schema IR that the fingerprint covers: structs, enums and messages, plus `env`
+ * and `shm` when present (absent keys are left out, as Python's `SchemaIR.layout_json`).
+ */
+export function layoutOf(ir: LayoutParts): JsonValue {
+  const { structs, enums, messages, env, shm } = ir;
+  return { structs, enums, messages, env, shm } as JsonValue;
 }
 
 /** The 64-bit fingerprint of a layout: SHA-256 of its canonical JSON, first 8 bytes, big-endian. */
@@ -90,7 +103,7 @@ export function fingerprintHex(fingerprint: bigint): string {
 }
 
 /** Recompute a schema's fingerprint from its embedded IR (never trust a copied constant). */
-export function computeFingerprint(ir: { structs: unknown; enums: unknown; messages: unknown }): {
+export function computeFingerprint(ir: LayoutParts): {
   value: bigint;
   hex: string;
 } {

@@ -68,6 +68,37 @@ export interface MessageJson {
   readonly batch?: boolean;
 }
 
+/** The env protocol of a schema (its `[env]` table). Python: `EnvIR`. */
+export interface EnvJson {
+  /** The STEP_RESP / RESET_RESP body struct. */
+  readonly result: string;
+  /** The STEP_REQ body struct (its "action" role field). */
+  readonly request: string;
+  /** The STEP_MULTI_REQ body struct (declared, or derived: the action type [seats]). */
+  readonly multi_request: string;
+  /** The STEP_MULTI_RESP body struct (declared, or derived: the result [seats]). */
+  readonly multi_result: string;
+  /** Seats of a STEP_MULTI. */
+  readonly seats: number;
+}
+
+/**
+ * The shared-memory layout of an env schema. Python: `ShmIR`. Region = control struct, then k
+ * slot structs, then k final structs; the flat maps give each request / result field's byte
+ * offset in a slot and each result field's offset in a final area.
+ */
+export interface ShmJson {
+  /** "derived", or the name of an explicit layout profile schema ("pac_shm"). */
+  readonly profile: string;
+  /** Struct names in `structs`: ShmControl, ShmSlot, ShmFinal. */
+  readonly control: string;
+  readonly slot: string;
+  readonly final: string;
+  readonly request_offsets: Readonly<Record<string, number>>;
+  readonly result_offsets: Readonly<Record<string, number>>;
+  readonly final_result_offsets: Readonly<Record<string, number>>;
+}
+
 export interface SchemaJson {
   readonly name: string;
   readonly version: number;
@@ -75,6 +106,10 @@ export interface SchemaJson {
   readonly structs: Readonly<Record<string, StructJson>>;
   readonly enums: Readonly<Record<string, EnumJson>>;
   readonly messages: Readonly<Record<string, MessageJson>>;
+  /** Present when the schema has an `[env]` table. */
+  readonly env?: EnvJson;
+  /** Present for env schemas: the shm region's layout. */
+  readonly shm?: ShmJson;
 }
 
 /** What a field's element is, resolved against the schema (mirrors Python's FieldIR.kind). */

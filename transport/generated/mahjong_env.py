@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': '1aa0bf8cdfbd31c2',
+ 'fingerprint': 'b507262ce530893e',
  'structs': {'ResetRequest': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
@@ -250,7 +250,151 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                           'type': 'i32',
                                           'offset': 4,
                                           'size': 4,
-                                          'count': 1}]}},
+                                          'count': 1}]},
+             'ShmControl': {'size': 64,
+                            'align': 8,
+                            'layout': 'natural',
+                            'fields': [{'name': 'magic',
+                                        'type': 'u32',
+                                        'offset': 0,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'version',
+                                        'type': 'u32',
+                                        'offset': 4,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'num_envs',
+                                        'type': 'u32',
+                                        'offset': 8,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'obs_size',
+                                        'type': 'u32',
+                                        'offset': 12,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'act_size',
+                                        'type': 'u32',
+                                        'offset': 16,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'slot_size',
+                                        'type': 'u32',
+                                        'offset': 20,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'fingerprint',
+                                        'type': 'u64',
+                                        'offset': 24,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'owner_pid',
+                                        'type': 'u32',
+                                        'offset': 32,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'state',
+                                        'type': 'RegionState',
+                                        'offset': 36,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'owner_start_time',
+                                        'type': 'u64',
+                                        'offset': 40,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'client_start_time',
+                                        'type': 'u64',
+                                        'offset': 48,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'doorbell',
+                                        'type': 'u32',
+                                        'offset': 56,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'client_pid',
+                                        'type': 'u32',
+                                        'offset': 60,
+                                        'size': 4,
+                                        'count': 1}]},
+             'ShmSlot': {'size': 2752,
+                         'align': 8,
+                         'layout': 'natural',
+                         'fields': [{'name': 'sem_action_ready',
+                                     'type': 'u32',
+                                     'offset': 0,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'sem_result_ready',
+                                     'type': 'u32',
+                                     'offset': 4,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'command',
+                                     'type': 'SlotCommand',
+                                     'offset': 8,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'status',
+                                     'type': 'u16',
+                                     'offset': 12,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'u8',
+                                     'offset': 14,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 16,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'error_len',
+                                     'type': 'u16',
+                                     'offset': 24,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'info_len',
+                                     'type': 'u16',
+                                     'offset': 26,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'request',
+                                     'type': 'ActionRequest',
+                                     'offset': 64,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'result',
+                                     'type': 'AgentStep',
+                                     'offset': 128,
+                                     'size': 1336,
+                                     'count': 1},
+                                    {'name': 'error_text',
+                                     'type': 'u8[1024]',
+                                     'offset': 1472,
+                                     'size': 1024,
+                                     'count': 1024},
+                                    {'name': 'info',
+                                     'type': 'u8[256]',
+                                     'offset': 2496,
+                                     'size': 256,
+                                     'count': 256}]},
+             'ShmFinal': {'size': 1408,
+                          'align': 8,
+                          'layout': 'natural',
+                          'fields': [{'name': 'final_seq',
+                                      'type': 'u32',
+                                      'offset': 0,
+                                      'size': 4,
+                                      'count': 1},
+                                     {'name': 'result',
+                                      'type': 'AgentStep',
+                                      'offset': 64,
+                                      'size': 1336,
+                                      'count': 1}]}},
  'enums': {'Agent': {'type': 'u8',
                      'values': {'PLAYER_0': 0, 'PLAYER_1': 1, 'PLAYER_2': 2, 'PLAYER_3': 3}},
            'Wind': {'type': 'u8', 'values': {'EAST': 0, 'SOUTH': 1, 'WEST': 2, 'NORTH': 3}},
@@ -259,7 +403,17 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                    'CHI': 0,
                                    'PONG': 1,
                                    'KONG': 2,
-                                   'CONCEALED_KONG': 3}}},
+                                   'CONCEALED_KONG': 3}},
+           'AutoReset': {'type': 'u16',
+                         'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
+           'SlotCommand': {'type': 'u32',
+                           'values': {'STEP': 0,
+                                      'RESET': 1,
+                                      'SHUTDOWN': 2,
+                                      'HELLO': 3,
+                                      'OBSERVE': 4,
+                                      'STEP_MULTI': 5}},
+           'RegionState': {'type': 'u32', 'values': {'CREATING': 0, 'READY': 1, 'CLOSED': 2}}},
  'messages': {'RESET_REQ': {'id': 1, 'body': None},
               'RESET_RESP': {'id': 2, 'body': 'AgentStep', 'batch': True},
               'STEP_REQ': {'id': 3, 'body': 'ActionRequest'},
@@ -276,10 +430,52 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
               'RESET_SEED_REQ': {'id': 16, 'body': 'SeedRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'ActionRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'AgentStep', 'batch': True},
-              'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}}}
+              'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}},
+ 'env': {'result': 'AgentStep',
+         'request': 'ActionRequest',
+         'multi_request': 'StepMultiRequest',
+         'multi_result': 'StepMultiResult',
+         'seats': 8},
+ 'shm': {'profile': 'derived',
+         'control': 'ShmControl',
+         'slot': 'ShmSlot',
+         'final': 'ShmFinal',
+         'request_offsets': {'agent': 64, 'action': 66},
+         'result_offsets': {'agent': 128,
+                            'terminated': 129,
+                            'truncated': 130,
+                            'seat_wind': 131,
+                            'reward': 132,
+                            'observation': 136,
+                            'action_mask': 1296,
+                            'prevailing_wind': 1400,
+                            'tiles_remaining': 1402,
+                            'turn': 1404,
+                            'melds': 1408,
+                            'score': 1432,
+                            'episode_id': 1440,
+                            'hand_value': 1448,
+                            'last_discard': 1456,
+                            'dealer_streak': 1460},
+         'final_result_offsets': {'agent': 64,
+                                  'terminated': 65,
+                                  'truncated': 66,
+                                  'seat_wind': 67,
+                                  'reward': 68,
+                                  'observation': 72,
+                                  'action_mask': 1232,
+                                  'prevailing_wind': 1336,
+                                  'tiles_remaining': 1338,
+                                  'turn': 1340,
+                                  'melds': 1344,
+                                  'score': 1368,
+                                  'episode_id': 1376,
+                                  'hand_value': 1384,
+                                  'last_discard': 1392,
+                                  'dealer_streak': 1396}}}
 
-FINGERPRINT: Final = 0x1aa0bf8cdfbd31c2
-FINGERPRINT_HEX: Final = "1aa0bf8cdfbd31c2"
+FINGERPRINT: Final = 0xb507262ce530893e
+FINGERPRINT_HEX: Final = "b507262ce530893e"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -333,6 +529,33 @@ class MeldKind(IntEnum):
     CONCEALED_KONG = 3
 
 
+class AutoReset(IntEnum):
+    """Enum over u16."""
+
+    DISABLED = 0
+    NEXT_STEP = 1
+    SAME_STEP = 2
+
+
+class SlotCommand(IntEnum):
+    """Enum over u32."""
+
+    STEP = 0
+    RESET = 1
+    SHUTDOWN = 2
+    HELLO = 3
+    OBSERVE = 4
+    STEP_MULTI = 5
+
+
+class RegionState(IntEnum):
+    """Enum over u32."""
+
+    CREATING = 0
+    READY = 1
+    CLOSED = 2
+
+
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 ActionRequest: Final[StructCodec] = SCHEMA["ActionRequest"]
 Meld: Final[StructCodec] = SCHEMA["Meld"]
@@ -345,6 +568,9 @@ StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
+ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
+ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
+ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
     "ResetRequest": 16,
@@ -359,4 +585,138 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "StepMultiResult": 10688,
     "HealthResult": 1,
     "SpacesResult": 8,
+    "ShmControl": 64,
+    "ShmSlot": 2752,
+    "ShmFinal": 1408,
+}
+
+
+# shm region of schema mahjong_env (derived layout): k slots, k >= num_envs
+#
+#   0                 64 + i*2752              64 + k*2752 + i*1408
+#   +-----------------+------------------+-----+----------------------+-----+
+#   | ShmControl (64) | ShmSlot i (2752) | ... | ShmFinal i (1408)    | ... |
+#   +-----------------+------------------+-----+----------------------+-----+
+#   region size = 64 + k * (2752 + 1408) bytes
+#
+# ShmControl (64 bytes)
+#   offset    size  part        field
+#        0       4  control     magic
+#        4       4  control     version
+#        8       4  control     num_envs
+#       12       4  control     obs_size
+#       16       4  control     act_size
+#       20       4  control     slot_size
+#       24       8  control     fingerprint
+#       32       4  control     owner_pid
+#       36       4  control     state
+#       40       8  control     owner_start_time
+#       48       8  control     client_start_time
+#       56       4  control     doorbell
+#       60       4  control     client_pid
+#
+# ShmSlot (2752 bytes)
+#   offset    size  part        field
+#        0       4  control     sem_action_ready
+#        4       4  control     sem_result_ready
+#        8       4  control     command
+#       12       2  control     status
+#       14       1  control     has_seed
+#       15       1  (padding)
+#       16       8  control     seed
+#       24       2  control     error_len
+#       26       2  control     info_len
+#       28      36  (padding)
+#       64       1  request     agent
+#       65       1  (padding)
+#       66       2  request     action
+#       68      60  (padding)
+#      128       1  result      agent
+#      129       1  result      terminated
+#      130       1  result      truncated
+#      131       1  result      seat_wind
+#      132       4  result      reward
+#      136    1160  result      observation
+#     1296     104  result      action_mask
+#     1400       1  result      prevailing_wind
+#     1401       1  (padding)
+#     1402       2  result      tiles_remaining
+#     1404       4  result      turn
+#     1408      24  result      melds
+#     1432       8  result      score
+#     1440       8  result      episode_id
+#     1448       8  result      hand_value
+#     1456       2  result      last_discard
+#     1458       2  (padding)
+#     1460       4  result      dealer_streak
+#     1464       8  (padding)
+#     1472    1024  error text  error_text
+#     2496     256  info        info
+#
+# ShmFinal (1408 bytes)
+#   offset    size  part        field
+#        0       4  control     final_seq
+#        4      60  (padding)
+#       64       1  result      agent
+#       65       1  result      terminated
+#       66       1  result      truncated
+#       67       1  result      seat_wind
+#       68       4  result      reward
+#       72    1160  result      observation
+#     1232     104  result      action_mask
+#     1336       1  result      prevailing_wind
+#     1337       1  (padding)
+#     1338       2  result      tiles_remaining
+#     1340       4  result      turn
+#     1344      24  result      melds
+#     1368       8  result      score
+#     1376       8  result      episode_id
+#     1384       8  result      hand_value
+#     1392       2  result      last_discard
+#     1394       2  (padding)
+#     1396       4  result      dealer_streak
+#     1400       8  (padding)
+SHM_PROFILE: Final = "derived"
+SHM_CONTROL_SIZE: Final = 64
+SHM_SLOT_SIZE: Final = 2752
+SHM_FINAL_SIZE: Final = 1408
+SHM_REQUEST_OFFSETS: Final[dict[str, int]] = {
+    "agent": 64,
+    "action": 66,
+}
+SHM_RESULT_OFFSETS: Final[dict[str, int]] = {
+    "agent": 128,
+    "terminated": 129,
+    "truncated": 130,
+    "seat_wind": 131,
+    "reward": 132,
+    "observation": 136,
+    "action_mask": 1296,
+    "prevailing_wind": 1400,
+    "tiles_remaining": 1402,
+    "turn": 1404,
+    "melds": 1408,
+    "score": 1432,
+    "episode_id": 1440,
+    "hand_value": 1448,
+    "last_discard": 1456,
+    "dealer_streak": 1460,
+}
+SHM_FINAL_RESULT_OFFSETS: Final[dict[str, int]] = {
+    "agent": 64,
+    "terminated": 65,
+    "truncated": 66,
+    "seat_wind": 67,
+    "reward": 68,
+    "observation": 72,
+    "action_mask": 1232,
+    "prevailing_wind": 1336,
+    "tiles_remaining": 1338,
+    "turn": 1340,
+    "melds": 1344,
+    "score": 1368,
+    "episode_id": 1376,
+    "hand_value": 1384,
+    "last_discard": 1392,
+    "dealer_streak": 1396,
 }

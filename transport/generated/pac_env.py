@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_env',
  'version': 1,
- 'fingerprint': 'd0d04558561addca',
+ 'fingerprint': '7c7566de54ad66cb',
  'structs': {'FrameHeader': {'size': 9,
                              'align': 1,
                              'layout': 'packed',
@@ -188,8 +188,290 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                        'type': 'u16',
                                        'offset': 2,
                                        'size': 2,
-                                       'count': 1}]}},
- 'enums': {},
+                                       'count': 1}]},
+             'ShmControl': {'size': 64,
+                            'align': 8,
+                            'layout': 'natural',
+                            'fields': [{'name': 'magic',
+                                        'type': 'u32',
+                                        'offset': 0,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'version',
+                                        'type': 'u32',
+                                        'offset': 4,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'num_envs',
+                                        'type': 'u32',
+                                        'offset': 8,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'obs_size',
+                                        'type': 'u32',
+                                        'offset': 12,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'act_size',
+                                        'type': 'u32',
+                                        'offset': 16,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'slot_size',
+                                        'type': 'u32',
+                                        'offset': 20,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'fingerprint',
+                                        'type': 'u64',
+                                        'offset': 24,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'owner_pid',
+                                        'type': 'u32',
+                                        'offset': 32,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'state',
+                                        'type': 'RegionState',
+                                        'offset': 36,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'owner_start_time',
+                                        'type': 'u64',
+                                        'offset': 40,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'client_start_time',
+                                        'type': 'u64',
+                                        'offset': 48,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'doorbell',
+                                        'type': 'u32',
+                                        'offset': 56,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'client_pid',
+                                        'type': 'u32',
+                                        'offset': 60,
+                                        'size': 4,
+                                        'count': 1}]},
+             'ShmSlot': {'size': 5120,
+                         'align': 8,
+                         'layout': 'natural',
+                         'fields': [{'name': 'sem_action_ready',
+                                     'type': 'u32',
+                                     'offset': 0,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'sem_result_ready',
+                                     'type': 'u32',
+                                     'offset': 4,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'command',
+                                     'type': 'SlotCommand',
+                                     'offset': 8,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'action',
+                                     'type': 'i32',
+                                     'offset': 12,
+                                     'size': 4,
+                                     'count': 1,
+                                     'role': 'action'},
+                                    {'name': 'reward',
+                                     'type': 'f32',
+                                     'offset': 16,
+                                     'size': 4,
+                                     'count': 1,
+                                     'role': 'reward'},
+                                    {'name': 'done',
+                                     'type': 'u8',
+                                     'offset': 20,
+                                     'size': 1,
+                                     'count': 1,
+                                     'role': 'done'},
+                                    {'name': 'rank',
+                                     'type': 'u8',
+                                     'offset': 21,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'life',
+                                     'type': 'u16',
+                                     'offset': 22,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'money',
+                                     'type': 'u16',
+                                     'offset': 24,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'stage',
+                                     'type': 'u16',
+                                     'offset': 26,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'board_size',
+                                     'type': 'u8',
+                                     'offset': 28,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'level',
+                                     'type': 'u8',
+                                     'offset': 29,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'synergy_count',
+                                     'type': 'u8',
+                                     'offset': 30,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'items_held',
+                                     'type': 'u8',
+                                     'offset': 31,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'observation',
+                                     'type': 'f32[612]',
+                                     'offset': 32,
+                                     'size': 2448,
+                                     'count': 612,
+                                     'role': 'observation'},
+                                    {'name': 'action_mask',
+                                     'type': 'u8[92]',
+                                     'offset': 2480,
+                                     'size': 92,
+                                     'count': 92,
+                                     'role': 'action_mask'},
+                                    {'name': 'actions_this_turn',
+                                     'type': 'u8',
+                                     'offset': 2572,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'u8',
+                                     'offset': 2573,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'status',
+                                     'type': 'u16',
+                                     'offset': 2574,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 2576,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'error_len',
+                                     'type': 'u16',
+                                     'offset': 2584,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'info_len',
+                                     'type': 'u16',
+                                     'offset': 2586,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'error_text',
+                                     'type': 'u8[1024]',
+                                     'offset': 2592,
+                                     'size': 1024,
+                                     'count': 1024},
+                                    {'name': 'info',
+                                     'type': 'u8[256]',
+                                     'offset': 3616,
+                                     'size': 256,
+                                     'count': 256}]},
+             'ShmFinal': {'size': 2576,
+                          'align': 4,
+                          'layout': 'natural',
+                          'fields': [{'name': 'final_seq',
+                                      'type': 'u32',
+                                      'offset': 0,
+                                      'size': 4,
+                                      'count': 1},
+                                     {'name': 'reward',
+                                      'type': 'f32',
+                                      'offset': 16,
+                                      'size': 4,
+                                      'count': 1,
+                                      'role': 'reward'},
+                                     {'name': 'done',
+                                      'type': 'u8',
+                                      'offset': 20,
+                                      'size': 1,
+                                      'count': 1,
+                                      'role': 'done'},
+                                     {'name': 'rank',
+                                      'type': 'u8',
+                                      'offset': 21,
+                                      'size': 1,
+                                      'count': 1},
+                                     {'name': 'life',
+                                      'type': 'u16',
+                                      'offset': 22,
+                                      'size': 2,
+                                      'count': 1},
+                                     {'name': 'money',
+                                      'type': 'u16',
+                                      'offset': 24,
+                                      'size': 2,
+                                      'count': 1},
+                                     {'name': 'stage',
+                                      'type': 'u16',
+                                      'offset': 26,
+                                      'size': 2,
+                                      'count': 1},
+                                     {'name': 'board_size',
+                                      'type': 'u8',
+                                      'offset': 28,
+                                      'size': 1,
+                                      'count': 1},
+                                     {'name': 'level',
+                                      'type': 'u8',
+                                      'offset': 29,
+                                      'size': 1,
+                                      'count': 1},
+                                     {'name': 'synergy_count',
+                                      'type': 'u8',
+                                      'offset': 30,
+                                      'size': 1,
+                                      'count': 1},
+                                     {'name': 'items_held',
+                                      'type': 'u8',
+                                      'offset': 31,
+                                      'size': 1,
+                                      'count': 1},
+                                     {'name': 'observation',
+                                      'type': 'f32[612]',
+                                      'offset': 32,
+                                      'size': 2448,
+                                      'count': 612,
+                                      'role': 'observation'},
+                                     {'name': 'action_mask',
+                                      'type': 'u8[92]',
+                                      'offset': 2480,
+                                      'size': 92,
+                                      'count': 92,
+                                      'role': 'action_mask'},
+                                     {'name': 'actions_this_turn',
+                                      'type': 'u8',
+                                      'offset': 2572,
+                                      'size': 1,
+                                      'count': 1}]}},
+ 'enums': {'AutoReset': {'type': 'u16',
+                         'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
+           'SlotCommand': {'type': 'u32',
+                           'values': {'STEP': 0,
+                                      'RESET': 1,
+                                      'SHUTDOWN': 2,
+                                      'HELLO': 3,
+                                      'OBSERVE': 4,
+                                      'STEP_MULTI': 5}},
+           'RegionState': {'type': 'u32', 'values': {'CREATING': 0, 'READY': 1, 'CLOSED': 2}}},
  'messages': {'RESET_REQ': {'id': 1, 'body': None},
               'RESET_RESP': {'id': 2, 'body': 'StepResult', 'batch': True},
               'STEP_REQ': {'id': 3, 'body': 'StepRequest'},
@@ -207,10 +489,46 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}}}
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+ 'env': {'result': 'StepResult',
+         'request': 'StepRequest',
+         'multi_request': 'StepMultiRequest',
+         'multi_result': 'StepMultiResult',
+         'seats': 8},
+ 'shm': {'profile': 'pac_shm',
+         'control': 'ShmControl',
+         'slot': 'ShmSlot',
+         'final': 'ShmFinal',
+         'request_offsets': {'action': 12},
+         'result_offsets': {'observation': 32,
+                            'action_mask': 2480,
+                            'reward': 16,
+                            'done': 20,
+                            'rank': 21,
+                            'life': 22,
+                            'money': 24,
+                            'stage': 26,
+                            'board_size': 28,
+                            'level': 29,
+                            'synergy_count': 30,
+                            'items_held': 31,
+                            'actions_this_turn': 2572},
+         'final_result_offsets': {'observation': 32,
+                                  'action_mask': 2480,
+                                  'reward': 16,
+                                  'done': 20,
+                                  'rank': 21,
+                                  'life': 22,
+                                  'money': 24,
+                                  'stage': 26,
+                                  'board_size': 28,
+                                  'level': 29,
+                                  'synergy_count': 30,
+                                  'items_held': 31,
+                                  'actions_this_turn': 2572}}}
 
-FINGERPRINT: Final = 0xd0d04558561addca
-FINGERPRINT_HEX: Final = "d0d04558561addca"
+FINGERPRINT: Final = 0x7c7566de54ad66cb
+FINGERPRINT_HEX: Final = "7c7566de54ad66cb"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -237,6 +555,33 @@ class MsgType(IntEnum):
     STEP_BATCH_RESP = 0x12
 
 
+class AutoReset(IntEnum):
+    """Enum over u16."""
+
+    DISABLED = 0
+    NEXT_STEP = 1
+    SAME_STEP = 2
+
+
+class SlotCommand(IntEnum):
+    """Enum over u32."""
+
+    STEP = 0
+    RESET = 1
+    SHUTDOWN = 2
+    HELLO = 3
+    OBSERVE = 4
+    STEP_MULTI = 5
+
+
+class RegionState(IntEnum):
+    """Enum over u32."""
+
+    CREATING = 0
+    READY = 1
+    CLOSED = 2
+
+
 FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
 StepResult: Final[StructCodec] = SCHEMA["StepResult"]
 StepRequest: Final[StructCodec] = SCHEMA["StepRequest"]
@@ -247,6 +592,9 @@ SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 Hello: Final[StructCodec] = SCHEMA["Hello"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
+ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
+ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
+ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
     "FrameHeader": 9,
@@ -259,4 +607,117 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "Hello": 12,
     "ResetRequest": 8,
     "ErrorHead": 4,
+    "ShmControl": 64,
+    "ShmSlot": 5120,
+    "ShmFinal": 2576,
+}
+
+
+# shm region of schema pac_env (profile pac_shm layout): k slots, k >= num_envs
+#
+#   0                 64 + i*5120              64 + k*5120 + i*2576
+#   +-----------------+------------------+-----+----------------------+-----+
+#   | ShmControl (64) | ShmSlot i (5120) | ... | ShmFinal i (2576)    | ... |
+#   +-----------------+------------------+-----+----------------------+-----+
+#   region size = 64 + k * (5120 + 2576) bytes
+#
+# ShmControl (64 bytes)
+#   offset    size  part        field
+#        0       4  control     magic
+#        4       4  control     version
+#        8       4  control     num_envs
+#       12       4  control     obs_size
+#       16       4  control     act_size
+#       20       4  control     slot_size
+#       24       8  control     fingerprint
+#       32       4  control     owner_pid
+#       36       4  control     state
+#       40       8  control     owner_start_time
+#       48       8  control     client_start_time
+#       56       4  control     doorbell
+#       60       4  control     client_pid
+#
+# ShmSlot (5120 bytes)
+#   offset    size  part        field
+#        0       4  control     sem_action_ready
+#        4       4  control     sem_result_ready
+#        8       4  control     command
+#       12       4  request     action
+#       16       4  result      reward
+#       20       1  result      done
+#       21       1  result      rank
+#       22       2  result      life
+#       24       2  result      money
+#       26       2  result      stage
+#       28       1  result      board_size
+#       29       1  result      level
+#       30       1  result      synergy_count
+#       31       1  result      items_held
+#       32    2448  result      observation
+#     2480      92  result      action_mask
+#     2572       1  result      actions_this_turn
+#     2573       1  control     has_seed
+#     2574       2  control     status
+#     2576       8  control     seed
+#     2584       2  control     error_len
+#     2586       2  control     info_len
+#     2588       4  (padding)
+#     2592    1024  error text  error_text
+#     3616     256  info        info
+#     3872    1248  (padding)
+#
+# ShmFinal (2576 bytes)
+#   offset    size  part        field
+#        0       4  control     final_seq
+#        4      12  (padding)
+#       16       4  result      reward
+#       20       1  result      done
+#       21       1  result      rank
+#       22       2  result      life
+#       24       2  result      money
+#       26       2  result      stage
+#       28       1  result      board_size
+#       29       1  result      level
+#       30       1  result      synergy_count
+#       31       1  result      items_held
+#       32    2448  result      observation
+#     2480      92  result      action_mask
+#     2572       1  result      actions_this_turn
+#     2573       3  (padding)
+SHM_PROFILE: Final = "pac_shm"
+SHM_CONTROL_SIZE: Final = 64
+SHM_SLOT_SIZE: Final = 5120
+SHM_FINAL_SIZE: Final = 2576
+SHM_REQUEST_OFFSETS: Final[dict[str, int]] = {
+    "action": 12,
+}
+SHM_RESULT_OFFSETS: Final[dict[str, int]] = {
+    "observation": 32,
+    "action_mask": 2480,
+    "reward": 16,
+    "done": 20,
+    "rank": 21,
+    "life": 22,
+    "money": 24,
+    "stage": 26,
+    "board_size": 28,
+    "level": 29,
+    "synergy_count": 30,
+    "items_held": 31,
+    "actions_this_turn": 2572,
+}
+SHM_FINAL_RESULT_OFFSETS: Final[dict[str, int]] = {
+    "observation": 32,
+    "action_mask": 2480,
+    "reward": 16,
+    "done": 20,
+    "rank": 21,
+    "life": 22,
+    "money": 24,
+    "stage": 26,
+    "board_size": 28,
+    "level": 29,
+    "synergy_count": 30,
+    "items_held": 31,
+    "actions_this_turn": 2572,
 }

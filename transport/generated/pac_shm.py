@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_shm',
  'version': 1,
- 'fingerprint': '9b3ed67029d40307',
+ 'fingerprint': '27313cd2e3fd1984',
  'structs': {'ControlBlock': {'size': 64,
                               'align': 8,
                               'layout': 'natural',
@@ -288,11 +288,16 @@ IR: Final[dict[str, Any]] = {'name': 'pac_shm',
                                        'count': 1}]}},
  'enums': {'RegionState': {'type': 'u32', 'values': {'CREATING': 0, 'READY': 1, 'CLOSED': 2}},
            'SlotCommand': {'type': 'u32',
-                           'values': {'STEP': 0, 'RESET': 1, 'SHUTDOWN': 2, 'HELLO': 3}}},
+                           'values': {'STEP': 0,
+                                      'RESET': 1,
+                                      'SHUTDOWN': 2,
+                                      'HELLO': 3,
+                                      'OBSERVE': 4,
+                                      'STEP_MULTI': 5}}},
  'messages': {}}
 
-FINGERPRINT: Final = 0x9b3ed67029d40307
-FINGERPRINT_HEX: Final = "9b3ed67029d40307"
+FINGERPRINT: Final = 0x27313cd2e3fd1984
+FINGERPRINT_HEX: Final = "27313cd2e3fd1984"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -311,6 +316,8 @@ class SlotCommand(IntEnum):
     RESET = 1
     SHUTDOWN = 2
     HELLO = 3
+    OBSERVE = 4
+    STEP_MULTI = 5
 
 
 ControlBlock: Final[StructCodec] = SCHEMA["ControlBlock"]

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'tetris',
  'version': 1,
- 'fingerprint': 'b12fe7c749256192',
+ 'fingerprint': '19c2da80a1b3b886',
  'structs': {'StepResult': {'size': 912,
                             'align': 4,
                             'layout': 'natural',
@@ -151,8 +151,161 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                        'type': 'u16',
                                        'offset': 2,
                                        'size': 2,
-                                       'count': 1}]}},
- 'enums': {},
+                                       'count': 1}]},
+             'ShmControl': {'size': 64,
+                            'align': 8,
+                            'layout': 'natural',
+                            'fields': [{'name': 'magic',
+                                        'type': 'u32',
+                                        'offset': 0,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'version',
+                                        'type': 'u32',
+                                        'offset': 4,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'num_envs',
+                                        'type': 'u32',
+                                        'offset': 8,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'obs_size',
+                                        'type': 'u32',
+                                        'offset': 12,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'act_size',
+                                        'type': 'u32',
+                                        'offset': 16,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'slot_size',
+                                        'type': 'u32',
+                                        'offset': 20,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'fingerprint',
+                                        'type': 'u64',
+                                        'offset': 24,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'owner_pid',
+                                        'type': 'u32',
+                                        'offset': 32,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'state',
+                                        'type': 'RegionState',
+                                        'offset': 36,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'owner_start_time',
+                                        'type': 'u64',
+                                        'offset': 40,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'client_start_time',
+                                        'type': 'u64',
+                                        'offset': 48,
+                                        'size': 8,
+                                        'count': 1},
+                                       {'name': 'doorbell',
+                                        'type': 'u32',
+                                        'offset': 56,
+                                        'size': 4,
+                                        'count': 1},
+                                       {'name': 'client_pid',
+                                        'type': 'u32',
+                                        'offset': 60,
+                                        'size': 4,
+                                        'count': 1}]},
+             'ShmSlot': {'size': 2368,
+                         'align': 8,
+                         'layout': 'natural',
+                         'fields': [{'name': 'sem_action_ready',
+                                     'type': 'u32',
+                                     'offset': 0,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'sem_result_ready',
+                                     'type': 'u32',
+                                     'offset': 4,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'command',
+                                     'type': 'SlotCommand',
+                                     'offset': 8,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'status',
+                                     'type': 'u16',
+                                     'offset': 12,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'u8',
+                                     'offset': 14,
+                                     'size': 1,
+                                     'count': 1},
+                                    {'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 16,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'error_len',
+                                     'type': 'u16',
+                                     'offset': 24,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'info_len',
+                                     'type': 'u16',
+                                     'offset': 26,
+                                     'size': 2,
+                                     'count': 1},
+                                    {'name': 'request',
+                                     'type': 'StepRequest',
+                                     'offset': 64,
+                                     'size': 4,
+                                     'count': 1},
+                                    {'name': 'result',
+                                     'type': 'StepResult',
+                                     'offset': 128,
+                                     'size': 912,
+                                     'count': 1},
+                                    {'name': 'error_text',
+                                     'type': 'u8[1024]',
+                                     'offset': 1088,
+                                     'size': 1024,
+                                     'count': 1024},
+                                    {'name': 'info',
+                                     'type': 'u8[256]',
+                                     'offset': 2112,
+                                     'size': 256,
+                                     'count': 256}]},
+             'ShmFinal': {'size': 1024,
+                          'align': 4,
+                          'layout': 'natural',
+                          'fields': [{'name': 'final_seq',
+                                      'type': 'u32',
+                                      'offset': 0,
+                                      'size': 4,
+                                      'count': 1},
+                                     {'name': 'result',
+                                      'type': 'StepResult',
+                                      'offset': 64,
+                                      'size': 912,
+                                      'count': 1}]}},
+ 'enums': {'AutoReset': {'type': 'u16',
+                         'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
+           'SlotCommand': {'type': 'u32',
+                           'values': {'STEP': 0,
+                                      'RESET': 1,
+                                      'SHUTDOWN': 2,
+                                      'HELLO': 3,
+                                      'OBSERVE': 4,
+                                      'STEP_MULTI': 5}},
+           'RegionState': {'type': 'u32', 'values': {'CREATING': 0, 'READY': 1, 'CLOSED': 2}}},
  'messages': {'RESET_REQ': {'id': 1, 'body': None},
               'RESET_RESP': {'id': 2, 'body': 'StepResult', 'batch': True},
               'STEP_REQ': {'id': 3, 'body': 'StepRequest'},
@@ -168,10 +321,38 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}}}
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+ 'env': {'result': 'StepResult',
+         'request': 'StepRequest',
+         'multi_request': 'StepMultiRequest',
+         'multi_result': 'StepMultiResult',
+         'seats': 8},
+ 'shm': {'profile': 'derived',
+         'control': 'ShmControl',
+         'slot': 'ShmSlot',
+         'final': 'ShmFinal',
+         'request_offsets': {'action': 64},
+         'result_offsets': {'observation': 128,
+                            'action_mask': 984,
+                            'reward': 1024,
+                            'done': 1028,
+                            'truncated': 1029,
+                            'lines': 1030,
+                            'piece': 1031,
+                            'total_lines': 1032,
+                            'pieces': 1036},
+         'final_result_offsets': {'observation': 64,
+                                  'action_mask': 920,
+                                  'reward': 960,
+                                  'done': 964,
+                                  'truncated': 965,
+                                  'lines': 966,
+                                  'piece': 967,
+                                  'total_lines': 968,
+                                  'pieces': 972}}}
 
-FINGERPRINT: Final = 0xb12fe7c749256192
-FINGERPRINT_HEX: Final = "b12fe7c749256192"
+FINGERPRINT: Final = 0x19c2da80a1b3b886
+FINGERPRINT_HEX: Final = "19c2da80a1b3b886"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -196,6 +377,33 @@ class MsgType(IntEnum):
     STEP_BATCH_RESP = 0x12
 
 
+class AutoReset(IntEnum):
+    """Enum over u16."""
+
+    DISABLED = 0
+    NEXT_STEP = 1
+    SAME_STEP = 2
+
+
+class SlotCommand(IntEnum):
+    """Enum over u32."""
+
+    STEP = 0
+    RESET = 1
+    SHUTDOWN = 2
+    HELLO = 3
+    OBSERVE = 4
+    STEP_MULTI = 5
+
+
+class RegionState(IntEnum):
+    """Enum over u32."""
+
+    CREATING = 0
+    READY = 1
+    CLOSED = 2
+
+
 StepResult: Final[StructCodec] = SCHEMA["StepResult"]
 StepRequest: Final[StructCodec] = SCHEMA["StepRequest"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
@@ -205,6 +413,9 @@ SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 Hello: Final[StructCodec] = SCHEMA["Hello"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
+ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
+ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
+ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
     "StepResult": 912,
@@ -216,4 +427,103 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "Hello": 12,
     "ResetRequest": 8,
     "ErrorHead": 4,
+    "ShmControl": 64,
+    "ShmSlot": 2368,
+    "ShmFinal": 1024,
+}
+
+
+# shm region of schema tetris (derived layout): k slots, k >= num_envs
+#
+#   0                 64 + i*2368              64 + k*2368 + i*1024
+#   +-----------------+------------------+-----+----------------------+-----+
+#   | ShmControl (64) | ShmSlot i (2368) | ... | ShmFinal i (1024)    | ... |
+#   +-----------------+------------------+-----+----------------------+-----+
+#   region size = 64 + k * (2368 + 1024) bytes
+#
+# ShmControl (64 bytes)
+#   offset    size  part        field
+#        0       4  control     magic
+#        4       4  control     version
+#        8       4  control     num_envs
+#       12       4  control     obs_size
+#       16       4  control     act_size
+#       20       4  control     slot_size
+#       24       8  control     fingerprint
+#       32       4  control     owner_pid
+#       36       4  control     state
+#       40       8  control     owner_start_time
+#       48       8  control     client_start_time
+#       56       4  control     doorbell
+#       60       4  control     client_pid
+#
+# ShmSlot (2368 bytes)
+#   offset    size  part        field
+#        0       4  control     sem_action_ready
+#        4       4  control     sem_result_ready
+#        8       4  control     command
+#       12       2  control     status
+#       14       1  control     has_seed
+#       15       1  (padding)
+#       16       8  control     seed
+#       24       2  control     error_len
+#       26       2  control     info_len
+#       28      36  (padding)
+#       64       4  request     action
+#       68      60  (padding)
+#      128     856  result      observation
+#      984      40  result      action_mask
+#     1024       4  result      reward
+#     1028       1  result      done
+#     1029       1  result      truncated
+#     1030       1  result      lines
+#     1031       1  result      piece
+#     1032       4  result      total_lines
+#     1036       4  result      pieces
+#     1040      48  (padding)
+#     1088    1024  error text  error_text
+#     2112     256  info        info
+#
+# ShmFinal (1024 bytes)
+#   offset    size  part        field
+#        0       4  control     final_seq
+#        4      60  (padding)
+#       64     856  result      observation
+#      920      40  result      action_mask
+#      960       4  result      reward
+#      964       1  result      done
+#      965       1  result      truncated
+#      966       1  result      lines
+#      967       1  result      piece
+#      968       4  result      total_lines
+#      972       4  result      pieces
+#      976      48  (padding)
+SHM_PROFILE: Final = "derived"
+SHM_CONTROL_SIZE: Final = 64
+SHM_SLOT_SIZE: Final = 2368
+SHM_FINAL_SIZE: Final = 1024
+SHM_REQUEST_OFFSETS: Final[dict[str, int]] = {
+    "action": 64,
+}
+SHM_RESULT_OFFSETS: Final[dict[str, int]] = {
+    "observation": 128,
+    "action_mask": 984,
+    "reward": 1024,
+    "done": 1028,
+    "truncated": 1029,
+    "lines": 1030,
+    "piece": 1031,
+    "total_lines": 1032,
+    "pieces": 1036,
+}
+SHM_FINAL_RESULT_OFFSETS: Final[dict[str, int]] = {
+    "observation": 64,
+    "action_mask": 920,
+    "reward": 960,
+    "done": 964,
+    "truncated": 965,
+    "lines": 966,
+    "piece": 967,
+    "total_lines": 968,
+    "pieces": 972,
 }

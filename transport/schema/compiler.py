@@ -17,9 +17,11 @@ from transport.schema.ir import (
     ROLES,
     SCALARS,
     EnumIR,
+    EnvIR,
     FieldIR,
     MessageIR,
     SchemaIR,
+    ShmIR,
     StructIR,
 )
 
@@ -34,7 +36,38 @@ _STRUCT_KEYS = {"layout", "size", "fields", "doc"}
 _FIELD_KEYS = {"name", "type", "offset", "role", "doc"}
 _ENUM_KEYS = {"type", "values", "doc"}
 _MESSAGE_KEYS = {"id", "body", "tail", "batch", "doc"}
-_TOP_KEYS = {"schema", "structs", "enums", "messages"}
+_ENV_KEYS = {"result", "request", "seats", "shm"}
+_PROFILE_KEYS = {"control", "slot", "final"}
+_TOP_KEYS = {"schema", "structs", "enums", "messages", "env", "shm_profile"}
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+"""The project's schema folder: the protocol envelope and the shm layout profiles live here."""
+ENVELOPE_FILE = SCHEMA_DIR / "protocol.toml"
+"""The protocol envelope merged into every env schema (docs/schema.md, "The env protocol")."""
+
+CACHE_LINE = 64
+"""Alignment of the parts of a derived shm slot (and of slot and final-area sizes)."""
+ENV_DEFAULTS = {"result": "StepResult", "request": "StepRequest", "seats": 8}
+MULTI_REQUEST, MULTI_RESULT = "StepMultiRequest", "StepMultiResult"
+SHM_CONTROL, SHM_SLOT, SHM_FINAL = "ShmControl", "ShmSlot", "ShmFinal"
+_ACTION_TYPES = ("u8", "u16", "u32", "i8", "i16", "i32")
+_SLOT_WORDS: tuple[tuple[str, str], ...] = (
+    ("sem_action_ready", "u32"),
+    ("sem_result_ready", "u32"),
+    ("command", "SlotCommand"),
+    ("status", "u16"),
+    ("has_seed", "u8"),
+    ("seed", "u64"),
+    ("error_len", "u16"),
+    ("info_len", "u16"),
+)
+"""The control words of every slot, in the order of a derived slot's first cache line."""
+ERROR_TEXT_SIZE, INFO_SIZE = 1024, 256
+_SLOT_TEXT: tuple[tuple[str, str], ...] = (
+    ("error_text", f"u8[{ERROR_TEXT_SIZE}]"),
+    ("info", f"u8[{INFO_SIZE}]"),
+)
+"""The text areas after a derived slot's result: the error text and the server's info map."""
 
 
 def load_schema(path: str | Path) -> SchemaIR:
@@ -86,18 +119,244 @@ class _Compiler:
             raise self.error(f"[schema] layout must be one of {', '.join(_LAYOUTS)}")
         self.default_layout = layout
 
+        raw_env = self.doc.get("env")
+        envelope = _envelope() if raw_env is not None else None
+
         for enum_name, body in self._table(self.doc.get("enums", {}), "[enums]").items():
             self.enums[enum_name] = self._enum(enum_name, body)
         self.raw_structs = self._table(self.doc.get("structs", {}), "[structs]")
+        if envelope is not None:
+            self._merge_envelope(*envelope)
         for struct_name in self.raw_structs:
             if struct_name in self.enums:
                 raise self.error("name is used by an enum too", struct=struct_name)
             self._struct(struct_name)
         if not self.structs:
             raise self.error("the schema declares no structs")
+        self._check_profile_table()
+        env: EnvIR | None = None
+        shm: ShmIR | None = None
+        if envelope is not None:
+            env, shm = self._env(raw_env)
         messages = self._messages(self._table(self.doc.get("messages", {}), "[messages]"))
-        ordered = {n: self.structs[n] for n in self.raw_structs}
-        return SchemaIR(name, version, ordered, self.enums, messages, source=self.file)
+        ordered = {n: self.structs[n] for n in self.raw_structs}  # declared, merged, derived
+        return SchemaIR(
+            name, version, ordered, self.enums, messages, source=self.file, env=env, shm=shm
+        )
+
+    # -- the env protocol ---------------------------------------------------------------------
+
+    def _merge_envelope(self, raw: dict[str, Any], envelope: SchemaIR) -> None:
+        """Add the envelope's enums and structs to this schema; a user may not redeclare them."""
+        where = f"the protocol envelope ({ENVELOPE_FILE.name})"
+        for name, enum in envelope.enums.items():
+            if name in self.enums:
+                raise self.error(f"enum {name} is declared by {where}: remove it from this schema")
+            self.enums[name] = enum
+        for name, struct in envelope.structs.items():
+            if name in self.raw_structs:
+                raise self.error(f"declared by {where}: remove it from this schema", struct=name)
+            body = dict(raw["structs"][name])
+            body["layout"] = struct.layout  # the envelope's default layout, not this schema's
+            self.raw_structs[name] = body
+
+    def _env(self, raw: Any) -> tuple[EnvIR, ShmIR]:
+        """Check the [env] table, derive the multi-seat structs and the shm layout."""
+        table = self._table(raw, "[env]")
+        if (k := _unknown_key(table, _ENV_KEYS)) is not None:
+            raise self.error(f"unknown key {k!r} in [env]")
+        for reserved in (SHM_SLOT, SHM_FINAL):
+            if reserved in self.structs:
+                raise self.error(
+                    "is reserved for the shm layout the compiler derives", struct=reserved
+                )
+        names: dict[str, str] = {}
+        for key in ("result", "request"):
+            value = table.get(key, ENV_DEFAULTS[key])
+            if not isinstance(value, str) or value not in self.structs:
+                raise self.error(f"[env] {key} = {value!r} is not a struct of this schema")
+            names[key] = value
+        seats = table.get("seats", ENV_DEFAULTS["seats"])
+        if not isinstance(seats, int) or isinstance(seats, bool) or not 1 <= seats <= 1024:
+            raise self.error(f"[env] seats must be an integer 1..1024, not {seats!r}")
+        result, request = self.structs[names["result"]], self.structs[names["request"]]
+        if result.name == request.name:
+            raise self.error("[env] result and request must be different structs")
+        action = request.role("action")
+        if action is None:
+            raise self.error(
+                'the [env] request struct needs a field with role "action"', struct=request.name
+            )
+        scalar = self.enums[action.elem].type if action.kind == "enum" else action.elem
+        if action.is_array or scalar not in _ACTION_TYPES:
+            raise self.error(
+                f"the action must be one 8-32 bit integer ({', '.join(_ACTION_TYPES)}), "
+                f"not {action.type}",
+                request.name,
+                action.name,
+            )
+        multi_request = self._multi(
+            MULTI_REQUEST, "actions", f"{action.elem}[{seats}]", "action", seats
+        )
+        multi_result = self._multi(MULTI_RESULT, "results", f"{result.name}[{seats}]", None, seats)
+        env = EnvIR(result.name, request.name, multi_request, multi_result, seats)
+
+        profile = table.get("shm")
+        control = self.structs[SHM_CONTROL]
+        if profile is None:
+            shm = self._derived_shm(request, result)
+        elif isinstance(profile, str) and _NAME.match(profile):
+            shm = self._profile_shm(profile, request, result, control)
+        else:
+            raise self.error(f"[env] shm must name a layout profile schema, not {profile!r}")
+        return env, shm
+
+    def _multi(self, name: str, field: str, type_str: str, role: str | None, seats: int) -> str:
+        """A multi-seat struct: checked when the schema declares it, else derived."""
+        if name not in self.structs:
+            fields: dict[str, Any] = {"name": field, "type": type_str}
+            if role is not None:
+                fields["role"] = role
+            self.raw_structs[name] = {"fields": [fields]}
+            self._struct(name)
+            return name
+        declared = self.structs[name]
+        if len(declared.fields) != 1 or declared.fields[0].type != type_str:
+            found = ", ".join(f"{f.name}: {f.type}" for f in declared.fields)
+            raise self.error(
+                f"must have one field of type {type_str} ([env] seats = {seats}), not {found}",
+                struct=name,
+            )
+        if role is not None and declared.fields[0].role != role:
+            raise self.error(f"needs role {role!r}", name, declared.fields[0].name)
+        return name
+
+    def _derived_shm(self, request: StructIR, result: StructIR) -> ShmIR:
+        """The derived layout: control words in the first cache line, then the request, the
+        result and the text areas, each at a cache-line boundary."""
+        words = [{"name": n, "type": t} for n, t in _SLOT_WORDS]
+        request_at = CACHE_LINE
+        result_at = _round_up(request_at + request.size, CACHE_LINE)
+        text_at = _round_up(result_at + result.size, CACHE_LINE)
+        texts: list[dict[str, Any]] = [{"name": n, "type": t} for n, t in _SLOT_TEXT]
+        texts[0]["offset"] = text_at
+        text_end = text_at + ERROR_TEXT_SIZE + INFO_SIZE
+        self.raw_structs[SHM_SLOT] = {
+            "layout": "natural",
+            "size": _round_up(text_end, CACHE_LINE),
+            "fields": [
+                *words,
+                {"name": "request", "type": request.name, "offset": request_at},
+                {"name": "result", "type": result.name, "offset": result_at},
+                *texts,
+            ],
+        }
+        final_result_at = CACHE_LINE
+        self.raw_structs[SHM_FINAL] = {
+            "layout": "natural",
+            "size": _round_up(final_result_at + result.size, CACHE_LINE),
+            "fields": [
+                {"name": "final_seq", "type": "u32"},
+                {"name": "result", "type": result.name, "offset": final_result_at},
+            ],
+        }
+        self._struct(SHM_SLOT)
+        self._struct(SHM_FINAL)
+        return ShmIR(
+            "derived",
+            SHM_CONTROL,
+            SHM_SLOT,
+            SHM_FINAL,
+            {f.name: request_at + f.offset for f in request.fields},
+            {f.name: result_at + f.offset for f in result.fields},
+            {f.name: final_result_at + f.offset for f in result.fields},
+        )
+
+    def _profile_shm(
+        self, profile: str, request: StructIR, result: StructIR, control: StructIR
+    ) -> ShmIR:
+        """An explicit layout profile (a schema file beside this one with a [shm_profile]
+        table): its structs become ShmControl/ShmSlot/ShmFinal, the request and result fields
+        are found in its slot (and final area) by name and type."""
+        where = f"[env] shm = {profile!r}"
+        candidates = [_schema_dir(self.file) / f"{profile}.toml", SCHEMA_DIR / f"{profile}.toml"]
+        path = next((c for c in candidates if c.is_file()), None)
+        if path is None:
+            raise self.error(f"{where}: no layout profile {candidates[0]}")
+        pdoc, pir = _compile_file(path)
+        names = pdoc.get("shm_profile")
+        if not isinstance(names, dict):
+            raise self.error(f"{where}: {path} has no [shm_profile] table")
+        p_control = pir.structs[names["control"]]
+        p_slot = pir.structs[names["slot"]]
+        p_final = pir.structs[names["final"]]
+        if p_control.to_json() != control.to_json():
+            raise self.error(
+                f"{where}: its control block {p_control.name} differs from the envelope's "
+                f"{SHM_CONTROL} (field names, types and offsets must be the same)"
+            )
+        self._check_slot_words(where, p_slot)
+        if not p_final.fields or (p_final.fields[0].name, p_final.fields[0].type) != (
+            "final_seq",
+            "u32",
+        ):
+            raise self.error(f"{where}: the final area must start with final_seq: u32")
+        request_offsets = self._carried(where, p_slot, request)
+        result_offsets = self._carried(where, p_slot, result)
+        final_offsets = self._carried(where, p_final, result)
+        for name, p_struct in ((SHM_SLOT, p_slot), (SHM_FINAL, p_final)):
+            self.raw_structs[name] = _raw_struct(p_struct)
+            self._struct(name)
+        return ShmIR(
+            profile,
+            SHM_CONTROL,
+            SHM_SLOT,
+            SHM_FINAL,
+            request_offsets,
+            result_offsets,
+            final_offsets,
+        )
+
+    def _check_slot_words(self, where: str, slot: StructIR) -> None:
+        by_name = {f.name: f for f in slot.fields}
+        for name, type_str in (*_SLOT_WORDS, *_SLOT_TEXT):
+            f = by_name.get(name)
+            want = type_str.split("[")[0]
+            if f is None or f.elem != want or f.is_array != ("[" in type_str):
+                raise self.error(
+                    f"{where}: its slot {slot.name} needs a field {name} of type {type_str}"
+                )
+
+    def _carried(self, where: str, host: StructIR, struct: StructIR) -> dict[str, int]:
+        """Offsets in ``host`` of every field of ``struct`` (same name, same type)."""
+        by_name = {f.name: f for f in host.fields}
+        out: dict[str, int] = {}
+        for f in struct.fields:
+            found = by_name.get(f.name)
+            if found is None:
+                raise self.error(
+                    f"{where}: its {host.name} has no field {f.name}", struct.name, f.name
+                )
+            if found.type != f.type or found.kind != f.kind:
+                raise self.error(
+                    f"{where}: {f.type} here, {found.type} in its {host.name}",
+                    struct.name,
+                    f.name,
+                )
+            out[f.name] = found.offset
+        return out
+
+    def _check_profile_table(self) -> None:
+        """``[shm_profile]`` marks a schema as a layout profile: it names its three structs."""
+        table = self.doc.get("shm_profile")
+        if table is None:
+            return
+        table = self._table(table, "[shm_profile]")
+        for key in sorted(_PROFILE_KEYS):
+            if table.get(key) not in self.structs:
+                raise self.error(f"[shm_profile] {key} must name a struct of this schema")
+        if (k := _unknown_key(table, _PROFILE_KEYS)) is not None:
+            raise self.error(f"unknown key {k!r} in [shm_profile]")
 
     def _table(self, value: Any, what: str) -> dict[str, Any]:
         if value is None:
@@ -304,6 +563,44 @@ class _Compiler:
                 raise self.error(f"{where}: a batch message needs a body struct and no tail")
             out[name] = MessageIR(name, mid, struct, tail, batch)
         return out
+
+
+def _compile_file(path: Path) -> tuple[dict[str, Any], SchemaIR]:
+    """A schema file's TOML document and its IR."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SchemaError(f"invalid TOML: {exc}", file=str(path)) from exc
+    return doc, _Compiler(doc, str(path)).run()
+
+
+def _envelope() -> tuple[dict[str, Any], SchemaIR]:
+    """The protocol envelope: its TOML document and its IR."""
+    if not ENVELOPE_FILE.is_file():
+        raise SchemaError(f"the protocol envelope {ENVELOPE_FILE} is missing")
+    doc, ir = _compile_file(ENVELOPE_FILE)
+    if "env" in doc:
+        raise SchemaError("the protocol envelope cannot have an [env] table", file=ir.source)
+    return doc, ir
+
+
+def _schema_dir(file: str) -> Path:
+    """Where layout profiles are looked up first: beside the schema file (then the project's
+    schema folder)."""
+    path = Path(file)
+    return path.parent if path.is_file() else SCHEMA_DIR
+
+
+def _raw_struct(struct: StructIR) -> dict[str, Any]:
+    """A compiled struct as a [structs] table again, every offset and the size pinned."""
+    fields: list[dict[str, Any]] = []
+    for f in struct.fields:
+        raw: dict[str, Any] = {"name": f.name, "type": f.type, "offset": f.offset}
+        if f.role is not None:
+            raw["role"] = f.role
+        fields.append(raw)
+    return {"layout": struct.layout, "size": struct.size, "fields": fields}
 
 
 def _unknown_key(table: dict[str, Any], allowed: set[str]) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pprint
 
+from transport.schema.diagram import shm_diagram
 from transport.schema.ir import SchemaIR
 
 
@@ -54,7 +55,29 @@ def emit_python(ir: SchemaIR) -> str:
     lines.append("STRUCT_SIZES: Final[dict[str, int]] = {")
     lines += [f'    "{s.name}": {s.size},' for s in ir.structs.values()]
     lines.append("}")
+    lines += _shm_lines(ir)
     return "\n".join(lines) + "\n"
+
+
+def _shm_lines(ir: SchemaIR) -> list[str]:
+    """The shm region's diagram and flat offsets (the same numbers as ``IR["shm"]``)."""
+    shm = ir.shm
+    if shm is None:
+        return []
+    lines = ["", ""]
+    lines += [f"# {line}".rstrip() for line in shm_diagram(ir)]
+    sizes = {"CONTROL": shm.control, "SLOT": shm.slot, "FINAL": shm.final}
+    lines.append(f'SHM_PROFILE: Final = "{shm.profile}"')
+    lines += [f"SHM_{key}_SIZE: Final = {ir.structs[name].size}" for key, name in sizes.items()]
+    for key, offsets in (
+        ("REQUEST", shm.request_offsets),
+        ("RESULT", shm.result_offsets),
+        ("FINAL_RESULT", shm.final_result_offsets),
+    ):
+        lines.append(f"SHM_{key}_OFFSETS: Final[dict[str, int]] = {{")
+        lines += [f'    "{name}": {offset},' for name, offset in offsets.items()]
+        lines.append("}")
+    return lines
 
 
 def emit_python_package_init() -> str:

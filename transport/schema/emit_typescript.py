@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import PurePath
 
+from transport.schema.diagram import shm_diagram
 from transport.schema.ir import SCALARS, FieldIR, SchemaIR, StructIR
 
 __all__ = ["emit_typescript", "emit_typescript_index"]
@@ -50,7 +51,9 @@ _TYPED_ARRAY = {
 _BIG = ("u64", "i64")
 
 # Names every generated module defines itself; a struct or enum may not take them.
-_MODULE_NAMES = frozenset({"rt", "IR", "FINGERPRINT", "FINGERPRINT_HEX", "MessageId", "SCHEMA"})
+_MODULE_NAMES = frozenset(
+    {"rt", "IR", "FINGERPRINT", "FINGERPRINT_HEX", "MessageId", "SCHEMA", "SHM_LAYOUT"}
+)
 _TS_RESERVED = frozenset(
     "break case catch class const continue debugger default delete do else enum export extends "
     "false finally for function if import in instanceof new null return super switch this throw "
@@ -74,6 +77,7 @@ def emit_typescript(ir: SchemaIR) -> str:
         _emit_message_ids(ir),
         *(_emit_struct(ir, struct) for struct in ir.structs.values()),
         _emit_schema(ir),
+        *_emit_shm(ir),
     ]
     return "\n".join(parts)
 
@@ -140,11 +144,13 @@ def _emit_constants(ir: SchemaIR) -> str:
 def _emit_enum(ir: SchemaIR, name: str) -> str:
     enum = ir.enums[name]
     members = "".join(f"{_INDENT}{key}: {value},\n" for key, value in enum.values.items())
+    used = any(f.elem == name for s in ir.structs.values() for f in s.fields)
+    values = f"const {name}Values = rt.enumValueSet({name});\n" if used else ""
     return (
         f"/** Enum {name} (stored as {enum.type}). */\n"
         f"export const {name} = {{\n{members}}} as const;\n"
         f"export type {name} = (typeof {name})[keyof typeof {name}];\n"
-        f"const {name}Values = rt.enumValueSet({name});\n"
+        f"{values}"
     )
 
 
@@ -164,6 +170,31 @@ def _emit_schema(ir: SchemaIR) -> str:
         f"export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {{\n"
         f"{entries}}});\n"
     )
+
+
+def _emit_shm(ir: SchemaIR) -> list[str]:
+    """The shm region's diagram and flat offsets (the same numbers as ``IR.shm``)."""
+    shm = ir.shm
+    if shm is None:
+        return []
+    diagram = "".join(f"// {line}".rstrip() + "\n" for line in shm_diagram(ir))
+
+    def mapping(offsets: dict[str, int]) -> str:
+        body = "".join(f"{_INDENT * 2}{name}: {offset},\n" for name, offset in offsets.items())
+        return f"{{\n{body}{_INDENT}}}"
+
+    return [
+        diagram
+        + "export const SHM_LAYOUT = {\n"
+        + f'{_INDENT}profile: "{shm.profile}",\n'
+        + f"{_INDENT}controlSize: {ir.structs[shm.control].size},\n"
+        + f"{_INDENT}slotSize: {ir.structs[shm.slot].size},\n"
+        + f"{_INDENT}finalSize: {ir.structs[shm.final].size},\n"
+        + f"{_INDENT}requestOffsets: {mapping(shm.request_offsets)},\n"
+        + f"{_INDENT}resultOffsets: {mapping(shm.result_offsets)},\n"
+        + f"{_INDENT}finalResultOffsets: {mapping(shm.final_result_offsets)},\n"
+        + "} as const;\n"
+    ]
 
 
 # -- one struct ----------------------------------------------------------------------------------

@@ -144,6 +144,77 @@ class MessageIR:
 
 
 @dataclass(frozen=True)
+class EnvIR:
+    """The env protocol of a schema (its ``[env]`` table): which structs the env messages carry."""
+
+    result: str  # STEP_RESP / RESET_RESP body struct
+    request: str  # STEP_REQ body struct (has the "action" role field)
+    multi_request: str  # STEP_MULTI_REQ body: declared, or derived (action type [seats])
+    multi_result: str  # STEP_MULTI_RESP body: declared, or derived (result [seats])
+    seats: int  # seats of a STEP_MULTI
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "result": self.result,
+            "request": self.request,
+            "multi_request": self.multi_request,
+            "multi_result": self.multi_result,
+            "seats": self.seats,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> EnvIR:
+        return EnvIR(
+            data["result"],
+            data["request"],
+            data["multi_request"],
+            data["multi_result"],
+            data["seats"],
+        )
+
+
+@dataclass(frozen=True)
+class ShmIR:
+    """The shared-memory layout of an env schema: region = control, k slots, k final areas.
+
+    ``control``, ``slot`` and ``final`` name structs of the schema (ShmControl, ShmSlot,
+    ShmFinal); the offset maps give each request / result field's byte offset in a slot and each
+    result field's offset in a final area, whatever the profile ("derived" or a named one).
+    """
+
+    profile: str  # "derived", or the name of an explicit layout profile schema ("pac_shm")
+    control: str
+    slot: str
+    final: str
+    request_offsets: dict[str, int]
+    result_offsets: dict[str, int]
+    final_result_offsets: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "control": self.control,
+            "slot": self.slot,
+            "final": self.final,
+            "request_offsets": dict(self.request_offsets),
+            "result_offsets": dict(self.result_offsets),
+            "final_result_offsets": dict(self.final_result_offsets),
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> ShmIR:
+        return ShmIR(
+            data["profile"],
+            data["control"],
+            data["slot"],
+            data["final"],
+            dict(data["request_offsets"]),
+            dict(data["result_offsets"]),
+            dict(data["final_result_offsets"]),
+        )
+
+
+@dataclass(frozen=True)
 class SchemaIR:
     name: str
     version: int
@@ -151,14 +222,21 @@ class SchemaIR:
     enums: dict[str, EnumIR]
     messages: dict[str, MessageIR]
     source: str = field(default="", compare=False)
+    env: EnvIR | None = None  # the [env] table; None for a schema without one
+    shm: ShmIR | None = None  # the shared-memory layout of an env schema
 
     def layout_json(self) -> dict[str, Any]:
-        """The part of the IR the fingerprint covers."""
-        return {
+        """The part of the IR the fingerprint covers (``env`` and ``shm`` only when present)."""
+        out: dict[str, Any] = {
             "structs": {n: s.to_json() for n, s in self.structs.items()},
             "enums": {n: e.to_json() for n, e in self.enums.items()},
             "messages": {n: m.to_json() for n, m in self.messages.items()},
         }
+        if self.env is not None:
+            out["env"] = self.env.to_json()
+        if self.shm is not None:
+            out["shm"] = self.shm.to_json()
+        return out
 
     @property
     def fingerprint(self) -> int:
@@ -235,7 +313,9 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
         name: MessageIR(name, body["id"], body["body"], body.get("tail"), body.get("batch", False))
         for name, body in data["messages"].items()
     }
-    ir = SchemaIR(data["name"], data["version"], structs, enums, messages)
+    env = EnvIR.from_json(data["env"]) if "env" in data else None
+    shm = ShmIR.from_json(data["shm"]) if "shm" in data else None
+    ir = SchemaIR(data["name"], data["version"], structs, enums, messages, env=env, shm=shm)
     if "fingerprint" in data and data["fingerprint"] != ir.fingerprint_hex:
         raise ValueError(
             f"IR of {ir.name} has fingerprint {data['fingerprint']} but hashes to "

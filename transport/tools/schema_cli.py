@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transport.errors import SchemaError
 from transport.schema import SchemaIR, load_schema
+from transport.schema.diagram import shm_diagram
 from transport.schema.emit_python import emit_python, emit_python_package_init
 from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
 from transport.tools import quiet_on_broken_pipe
@@ -106,6 +107,15 @@ def _inspect(file: Path, as_json: bool) -> int:
         for m in ir.messages.values():
             tail = f" + {m.tail} tail" if m.tail else ""
             print(f"  0x{m.id:02X} {m.name:<18} {m.body or '(empty)'}{tail}")
+    if ir.env is not None:
+        env = ir.env
+        print(
+            f"\nenv: result {env.result}, request {env.request}, {env.seats} seats "
+            f"(multi: {env.multi_request}, {env.multi_result})"
+        )
+    if ir.shm is not None:
+        print()
+        print("\n".join(shm_diagram(ir)))
     return 0
 
 

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "mahjong_env",
   "version": 1,
-  "fingerprint": "1aa0bf8cdfbd31c2",
+  "fingerprint": "b507262ce530893e",
   "structs": {
     "ResetRequest": {
       "size": 16,
@@ -373,6 +373,216 @@ export const IR: SchemaJson = {
           "count": 1
         }
       ]
+    },
+    "ShmControl": {
+      "size": 64,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "magic",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "version",
+          "type": "u32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "num_envs",
+          "type": "u32",
+          "offset": 8,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "obs_size",
+          "type": "u32",
+          "offset": 12,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "act_size",
+          "type": "u32",
+          "offset": 16,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "slot_size",
+          "type": "u32",
+          "offset": 20,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "fingerprint",
+          "type": "u64",
+          "offset": 24,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "owner_pid",
+          "type": "u32",
+          "offset": 32,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "state",
+          "type": "RegionState",
+          "offset": 36,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "owner_start_time",
+          "type": "u64",
+          "offset": 40,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "client_start_time",
+          "type": "u64",
+          "offset": 48,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "doorbell",
+          "type": "u32",
+          "offset": 56,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "client_pid",
+          "type": "u32",
+          "offset": 60,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
+    "ShmSlot": {
+      "size": 2752,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "sem_action_ready",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "sem_result_ready",
+          "type": "u32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "command",
+          "type": "SlotCommand",
+          "offset": 8,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "status",
+          "type": "u16",
+          "offset": 12,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "u8",
+          "offset": 14,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 16,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "error_len",
+          "type": "u16",
+          "offset": 24,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "info_len",
+          "type": "u16",
+          "offset": 26,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "request",
+          "type": "ActionRequest",
+          "offset": 64,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "result",
+          "type": "AgentStep",
+          "offset": 128,
+          "size": 1336,
+          "count": 1
+        },
+        {
+          "name": "error_text",
+          "type": "u8[1024]",
+          "offset": 1472,
+          "size": 1024,
+          "count": 1024
+        },
+        {
+          "name": "info",
+          "type": "u8[256]",
+          "offset": 2496,
+          "size": 256,
+          "count": 256
+        }
+      ]
+    },
+    "ShmFinal": {
+      "size": 1408,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "final_seq",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "result",
+          "type": "AgentStep",
+          "offset": 64,
+          "size": 1336,
+          "count": 1
+        }
+      ]
     }
   },
   "enums": {
@@ -402,6 +612,33 @@ export const IR: SchemaJson = {
         "PONG": 1,
         "KONG": 2,
         "CONCEALED_KONG": 3
+      }
+    },
+    "AutoReset": {
+      "type": "u16",
+      "values": {
+        "DISABLED": 0,
+        "NEXT_STEP": 1,
+        "SAME_STEP": 2
+      }
+    },
+    "SlotCommand": {
+      "type": "u32",
+      "values": {
+        "STEP": 0,
+        "RESET": 1,
+        "SHUTDOWN": 2,
+        "HELLO": 3,
+        "OBSERVE": 4,
+        "STEP_MULTI": 5
+      }
+    },
+    "RegionState": {
+      "type": "u32",
+      "values": {
+        "CREATING": 0,
+        "READY": 1,
+        "CLOSED": 2
       }
     }
   },
@@ -480,12 +717,65 @@ export const IR: SchemaJson = {
       "id": 32,
       "body": "ScoreUpdate"
     }
+  },
+  "env": {
+    "result": "AgentStep",
+    "request": "ActionRequest",
+    "multi_request": "StepMultiRequest",
+    "multi_result": "StepMultiResult",
+    "seats": 8
+  },
+  "shm": {
+    "profile": "derived",
+    "control": "ShmControl",
+    "slot": "ShmSlot",
+    "final": "ShmFinal",
+    "request_offsets": {
+      "agent": 64,
+      "action": 66
+    },
+    "result_offsets": {
+      "agent": 128,
+      "terminated": 129,
+      "truncated": 130,
+      "seat_wind": 131,
+      "reward": 132,
+      "observation": 136,
+      "action_mask": 1296,
+      "prevailing_wind": 1400,
+      "tiles_remaining": 1402,
+      "turn": 1404,
+      "melds": 1408,
+      "score": 1432,
+      "episode_id": 1440,
+      "hand_value": 1448,
+      "last_discard": 1456,
+      "dealer_streak": 1460
+    },
+    "final_result_offsets": {
+      "agent": 64,
+      "terminated": 65,
+      "truncated": 66,
+      "seat_wind": 67,
+      "reward": 68,
+      "observation": 72,
+      "action_mask": 1232,
+      "prevailing_wind": 1336,
+      "tiles_remaining": 1338,
+      "turn": 1340,
+      "melds": 1344,
+      "score": 1368,
+      "episode_id": 1376,
+      "hand_value": 1384,
+      "last_discard": 1392,
+      "dealer_streak": 1396
+    }
   }
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "1aa0bf8cdfbd31c2";
-export const FINGERPRINT = 0x1aa0bf8cdfbd31c2n;
+export const FINGERPRINT_HEX = "b507262ce530893e";
+export const FINGERPRINT = 0xb507262ce530893en;
 
 /** Enum Agent (stored as u8). */
 export const Agent = {
@@ -517,6 +807,35 @@ export const MeldKind = {
 } as const;
 export type MeldKind = (typeof MeldKind)[keyof typeof MeldKind];
 const MeldKindValues = rt.enumValueSet(MeldKind);
+
+/** Enum AutoReset (stored as u16). */
+export const AutoReset = {
+  DISABLED: 0,
+  NEXT_STEP: 1,
+  SAME_STEP: 2,
+} as const;
+export type AutoReset = (typeof AutoReset)[keyof typeof AutoReset];
+
+/** Enum SlotCommand (stored as u32). */
+export const SlotCommand = {
+  STEP: 0,
+  RESET: 1,
+  SHUTDOWN: 2,
+  HELLO: 3,
+  OBSERVE: 4,
+  STEP_MULTI: 5,
+} as const;
+export type SlotCommand = (typeof SlotCommand)[keyof typeof SlotCommand];
+const SlotCommandValues = rt.enumValueSet(SlotCommand);
+
+/** Enum RegionState (stored as u32). */
+export const RegionState = {
+  CREATING: 0,
+  READY: 1,
+  CLOSED: 2,
+} as const;
+export type RegionState = (typeof RegionState)[keyof typeof RegionState];
+const RegionStateValues = rt.enumValueSet(RegionState);
 
 /** Message type ids (the frame header's msg_type), by message name. */
 export const MessageId = {
@@ -1579,6 +1898,455 @@ const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, Space
 
 export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
 
+// -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
+
+/** ShmControl as `decode` returns it. */
+export interface ShmControl {
+  /** u32 at offset 0 (4 bytes). */
+  magic: number;
+  /** u32 at offset 4 (4 bytes). */
+  version: number;
+  /** u32 at offset 8 (4 bytes). */
+  num_envs: number;
+  /** u32 at offset 12 (4 bytes). */
+  obs_size: number;
+  /** u32 at offset 16 (4 bytes). */
+  act_size: number;
+  /** u32 at offset 20 (4 bytes). */
+  slot_size: number;
+  /** u64 at offset 24 (8 bytes). */
+  fingerprint: bigint;
+  /** u32 at offset 32 (4 bytes). */
+  owner_pid: number;
+  /** RegionState at offset 36 (4 bytes). */
+  state: number;
+  /** u64 at offset 40 (8 bytes). */
+  owner_start_time: bigint;
+  /** u64 at offset 48 (8 bytes). */
+  client_start_time: bigint;
+  /** u32 at offset 56 (4 bytes). */
+  doorbell: number;
+  /** u32 at offset 60 (4 bytes). */
+  client_pid: number;
+}
+
+/** What `ShmControlCodec.encode` accepts (validated at run time). */
+export interface ShmControlInput {
+  /** u32 at offset 0 (4 bytes). */
+  magic: number;
+  /** u32 at offset 4 (4 bytes). */
+  version: number;
+  /** u32 at offset 8 (4 bytes). */
+  num_envs: number;
+  /** u32 at offset 12 (4 bytes). */
+  obs_size: number;
+  /** u32 at offset 16 (4 bytes). */
+  act_size: number;
+  /** u32 at offset 20 (4 bytes). */
+  slot_size: number;
+  /** u64 at offset 24 (8 bytes). */
+  fingerprint: bigint | number;
+  /** u32 at offset 32 (4 bytes). */
+  owner_pid: number;
+  /** RegionState at offset 36 (4 bytes). */
+  state: number;
+  /** u64 at offset 40 (8 bytes). */
+  owner_start_time: bigint | number;
+  /** u64 at offset 48 (8 bytes). */
+  client_start_time: bigint | number;
+  /** u32 at offset 56 (4 bytes). */
+  doorbell: number;
+  /** u32 at offset 60 (4 bytes). */
+  client_pid: number;
+}
+
+/**
+ * Zero-copy view of a ShmControl in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ShmControlView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get magic(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get version(): number {
+    return this.#dv.getUint32(this.#at + 4, true);
+  }
+
+  get num_envs(): number {
+    return this.#dv.getUint32(this.#at + 8, true);
+  }
+
+  get obs_size(): number {
+    return this.#dv.getUint32(this.#at + 12, true);
+  }
+
+  get act_size(): number {
+    return this.#dv.getUint32(this.#at + 16, true);
+  }
+
+  get slot_size(): number {
+    return this.#dv.getUint32(this.#at + 20, true);
+  }
+
+  get fingerprint(): bigint {
+    return this.#dv.getBigUint64(this.#at + 24, true);
+  }
+
+  get owner_pid(): number {
+    return this.#dv.getUint32(this.#at + 32, true);
+  }
+
+  get state(): number {
+    return this.#dv.getUint32(this.#at + 36, true);
+  }
+
+  get owner_start_time(): bigint {
+    return this.#dv.getBigUint64(this.#at + 40, true);
+  }
+
+  get client_start_time(): bigint {
+    return this.#dv.getBigUint64(this.#at + 48, true);
+  }
+
+  get doorbell(): number {
+    return this.#dv.getUint32(this.#at + 56, true);
+  }
+
+  get client_pid(): number {
+    return this.#dv.getUint32(this.#at + 60, true);
+  }
+}
+
+const ShmControlFields = rt.nameSet(["magic", "version", "num_envs", "obs_size", "act_size", "slot_size", "fingerprint", "owner_pid", "state", "owner_start_time", "client_start_time", "doorbell", "client_pid"]);
+
+const ShmControlLayout: rt.StructLayout<ShmControl, ShmControlInput, ShmControlView> = {
+  name: "ShmControl",
+  size: 64,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "magic", path), "u32", path, "magic");
+    rt.checkInteger(rt.fieldValue(fields, "version", path), "u32", path, "version");
+    rt.checkInteger(rt.fieldValue(fields, "num_envs", path), "u32", path, "num_envs");
+    rt.checkInteger(rt.fieldValue(fields, "obs_size", path), "u32", path, "obs_size");
+    rt.checkInteger(rt.fieldValue(fields, "act_size", path), "u32", path, "act_size");
+    rt.checkInteger(rt.fieldValue(fields, "slot_size", path), "u32", path, "slot_size");
+    rt.checkInteger(rt.fieldValue(fields, "fingerprint", path), "u64", path, "fingerprint");
+    rt.checkInteger(rt.fieldValue(fields, "owner_pid", path), "u32", path, "owner_pid");
+    rt.checkEnum(rt.fieldValue(fields, "state", path), RegionStateValues, "RegionState", path, "state");
+    rt.checkInteger(rt.fieldValue(fields, "owner_start_time", path), "u64", path, "owner_start_time");
+    rt.checkInteger(rt.fieldValue(fields, "client_start_time", path), "u64", path, "client_start_time");
+    rt.checkInteger(rt.fieldValue(fields, "doorbell", path), "u32", path, "doorbell");
+    rt.checkInteger(rt.fieldValue(fields, "client_pid", path), "u32", path, "client_pid");
+    rt.rejectUnknownFields(fields, ShmControlFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ShmControlInput): void {
+    dv.setUint32(at, rt.toNumber(value.magic), true);
+    dv.setUint32(at + 4, rt.toNumber(value.version), true);
+    dv.setUint32(at + 8, rt.toNumber(value.num_envs), true);
+    dv.setUint32(at + 12, rt.toNumber(value.obs_size), true);
+    dv.setUint32(at + 16, rt.toNumber(value.act_size), true);
+    dv.setUint32(at + 20, rt.toNumber(value.slot_size), true);
+    dv.setBigUint64(at + 24, rt.toBigInt(value.fingerprint), true);
+    dv.setUint32(at + 32, rt.toNumber(value.owner_pid), true);
+    dv.setUint32(at + 36, rt.toNumber(value.state), true);
+    dv.setBigUint64(at + 40, rt.toBigInt(value.owner_start_time), true);
+    dv.setBigUint64(at + 48, rt.toBigInt(value.client_start_time), true);
+    dv.setUint32(at + 56, rt.toNumber(value.doorbell), true);
+    dv.setUint32(at + 60, rt.toNumber(value.client_pid), true);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkEnumStored(dv, at + 36, "u32", RegionStateValues, "RegionState", path, "state");
+  },
+  readAt(dv: DataView, at: number): ShmControl {
+    return {
+      magic: dv.getUint32(at, true),
+      version: dv.getUint32(at + 4, true),
+      num_envs: dv.getUint32(at + 8, true),
+      obs_size: dv.getUint32(at + 12, true),
+      act_size: dv.getUint32(at + 16, true),
+      slot_size: dv.getUint32(at + 20, true),
+      fingerprint: dv.getBigUint64(at + 24, true),
+      owner_pid: dv.getUint32(at + 32, true),
+      state: dv.getUint32(at + 36, true),
+      owner_start_time: dv.getBigUint64(at + 40, true),
+      client_start_time: dv.getBigUint64(at + 48, true),
+      doorbell: dv.getUint32(at + 56, true),
+      client_pid: dv.getUint32(at + 60, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ShmControlView {
+    return new ShmControlView(dv, at);
+  },
+};
+
+export const ShmControlCodec: rt.StructCodec<ShmControl, ShmControlInput, ShmControlView> = rt.defineStruct(ShmControlLayout);
+
+// -- ShmSlot: 2752 bytes, natural layout, align 8 -------------------------------------------------
+
+/** ShmSlot as `decode` returns it. */
+export interface ShmSlot {
+  /** u32 at offset 0 (4 bytes). */
+  sem_action_ready: number;
+  /** u32 at offset 4 (4 bytes). */
+  sem_result_ready: number;
+  /** SlotCommand at offset 8 (4 bytes). */
+  command: number;
+  /** u16 at offset 12 (2 bytes). */
+  status: number;
+  /** u8 at offset 14 (1 byte). */
+  has_seed: number;
+  /** u64 at offset 16 (8 bytes). */
+  seed: bigint;
+  /** u16 at offset 24 (2 bytes). */
+  error_len: number;
+  /** u16 at offset 26 (2 bytes). */
+  info_len: number;
+  /** ActionRequest at offset 64 (4 bytes). */
+  request: ActionRequest;
+  /** AgentStep at offset 128 (1336 bytes). */
+  result: AgentStep;
+  /** u8[1024] at offset 1472 (1024 bytes). */
+  error_text: Uint8Array;
+  /** u8[256] at offset 2496 (256 bytes). */
+  info: Uint8Array;
+}
+
+/** What `ShmSlotCodec.encode` accepts (validated at run time). */
+export interface ShmSlotInput {
+  /** u32 at offset 0 (4 bytes). */
+  sem_action_ready: number;
+  /** u32 at offset 4 (4 bytes). */
+  sem_result_ready: number;
+  /** SlotCommand at offset 8 (4 bytes). */
+  command: number;
+  /** u16 at offset 12 (2 bytes). */
+  status: number;
+  /** u8 at offset 14 (1 byte). */
+  has_seed: number;
+  /** u64 at offset 16 (8 bytes). */
+  seed: bigint | number;
+  /** u16 at offset 24 (2 bytes). */
+  error_len: number;
+  /** u16 at offset 26 (2 bytes). */
+  info_len: number;
+  /** ActionRequest at offset 64 (4 bytes). */
+  request: ActionRequestInput;
+  /** AgentStep at offset 128 (1336 bytes). */
+  result: AgentStepInput;
+  /** u8[1024] at offset 1472 (1024 bytes). */
+  error_text: ArrayLike<number>;
+  /** u8[256] at offset 2496 (256 bytes). */
+  info: ArrayLike<number>;
+}
+
+/**
+ * Zero-copy view of a ShmSlot in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ShmSlotView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get sem_action_ready(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get sem_result_ready(): number {
+    return this.#dv.getUint32(this.#at + 4, true);
+  }
+
+  get command(): number {
+    return this.#dv.getUint32(this.#at + 8, true);
+  }
+
+  get status(): number {
+    return this.#dv.getUint16(this.#at + 12, true);
+  }
+
+  get has_seed(): number {
+    return this.#dv.getUint8(this.#at + 14);
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at + 16, true);
+  }
+
+  get error_len(): number {
+    return this.#dv.getUint16(this.#at + 24, true);
+  }
+
+  get info_len(): number {
+    return this.#dv.getUint16(this.#at + 26, true);
+  }
+
+  get request(): ActionRequestView {
+    return ActionRequestLayout.viewAt(this.#dv, this.#at + 64);
+  }
+
+  get result(): AgentStepView {
+    return AgentStepLayout.viewAt(this.#dv, this.#at + 128);
+  }
+
+  get error_text(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 1472, "u8", 1024);
+  }
+
+  get info(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 2496, "u8", 256);
+  }
+}
+
+const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "status", "has_seed", "seed", "error_len", "info_len", "request", "result", "error_text", "info"]);
+
+const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
+  name: "ShmSlot",
+  size: 2752,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "sem_action_ready", path), "u32", path, "sem_action_ready");
+    rt.checkInteger(rt.fieldValue(fields, "sem_result_ready", path), "u32", path, "sem_result_ready");
+    rt.checkEnum(rt.fieldValue(fields, "command", path), SlotCommandValues, "SlotCommand", path, "command");
+    rt.checkInteger(rt.fieldValue(fields, "status", path), "u16", path, "status");
+    rt.checkInteger(rt.fieldValue(fields, "has_seed", path), "u8", path, "has_seed");
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
+    rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    ActionRequestLayout.validateAt(rt.fieldValue(fields, "request", path), `${path}request.`);
+    AgentStepLayout.validateAt(rt.fieldValue(fields, "result", path), `${path}result.`);
+    rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
+    rt.checkIntegerArray(rt.fieldValue(fields, "info", path), "u8", 256, path, "info");
+    rt.rejectUnknownFields(fields, ShmSlotFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ShmSlotInput): void {
+    dv.setUint32(at, rt.toNumber(value.sem_action_ready), true);
+    dv.setUint32(at + 4, rt.toNumber(value.sem_result_ready), true);
+    dv.setUint32(at + 8, rt.toNumber(value.command), true);
+    dv.setUint16(at + 12, rt.toNumber(value.status), true);
+    dv.setUint8(at + 14, rt.toNumber(value.has_seed));
+    dv.setBigUint64(at + 16, rt.toBigInt(value.seed), true);
+    dv.setUint16(at + 24, rt.toNumber(value.error_len), true);
+    dv.setUint16(at + 26, rt.toNumber(value.info_len), true);
+    ActionRequestLayout.writeAt(dv, at + 64, value.request);
+    AgentStepLayout.writeAt(dv, at + 128, value.result);
+    rt.writeArray(dv, at + 1472, "u8", value.error_text, 1024);
+    rt.writeArray(dv, at + 2496, "u8", value.info, 256);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkEnumStored(dv, at + 8, "u32", SlotCommandValues, "SlotCommand", path, "command");
+    ActionRequestLayout.checkAt(dv, at + 64, `${path}request.`);
+    AgentStepLayout.checkAt(dv, at + 128, `${path}result.`);
+  },
+  readAt(dv: DataView, at: number): ShmSlot {
+    return {
+      sem_action_ready: dv.getUint32(at, true),
+      sem_result_ready: dv.getUint32(at + 4, true),
+      command: dv.getUint32(at + 8, true),
+      status: dv.getUint16(at + 12, true),
+      has_seed: dv.getUint8(at + 14),
+      seed: dv.getBigUint64(at + 16, true),
+      error_len: dv.getUint16(at + 24, true),
+      info_len: dv.getUint16(at + 26, true),
+      request: ActionRequestLayout.readAt(dv, at + 64),
+      result: AgentStepLayout.readAt(dv, at + 128),
+      error_text: rt.readArray(dv, at + 1472, "u8", 1024),
+      info: rt.readArray(dv, at + 2496, "u8", 256),
+    };
+  },
+  viewAt(dv: DataView, at: number): ShmSlotView {
+    return new ShmSlotView(dv, at);
+  },
+};
+
+export const ShmSlotCodec: rt.StructCodec<ShmSlot, ShmSlotInput, ShmSlotView> = rt.defineStruct(ShmSlotLayout);
+
+// -- ShmFinal: 1408 bytes, natural layout, align 8 ------------------------------------------------
+
+/** ShmFinal as `decode` returns it. */
+export interface ShmFinal {
+  /** u32 at offset 0 (4 bytes). */
+  final_seq: number;
+  /** AgentStep at offset 64 (1336 bytes). */
+  result: AgentStep;
+}
+
+/** What `ShmFinalCodec.encode` accepts (validated at run time). */
+export interface ShmFinalInput {
+  /** u32 at offset 0 (4 bytes). */
+  final_seq: number;
+  /** AgentStep at offset 64 (1336 bytes). */
+  result: AgentStepInput;
+}
+
+/**
+ * Zero-copy view of a ShmFinal in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ShmFinalView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get final_seq(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get result(): AgentStepView {
+    return AgentStepLayout.viewAt(this.#dv, this.#at + 64);
+  }
+}
+
+const ShmFinalFields = rt.nameSet(["final_seq", "result"]);
+
+const ShmFinalLayout: rt.StructLayout<ShmFinal, ShmFinalInput, ShmFinalView> = {
+  name: "ShmFinal",
+  size: 1408,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "final_seq", path), "u32", path, "final_seq");
+    AgentStepLayout.validateAt(rt.fieldValue(fields, "result", path), `${path}result.`);
+    rt.rejectUnknownFields(fields, ShmFinalFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ShmFinalInput): void {
+    dv.setUint32(at, rt.toNumber(value.final_seq), true);
+    AgentStepLayout.writeAt(dv, at + 64, value.result);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    AgentStepLayout.checkAt(dv, at + 64, `${path}result.`);
+  },
+  readAt(dv: DataView, at: number): ShmFinal {
+    return {
+      final_seq: dv.getUint32(at, true),
+      result: AgentStepLayout.readAt(dv, at + 64),
+    };
+  },
+  viewAt(dv: DataView, at: number): ShmFinalView {
+    return new ShmFinalView(dv, at);
+  },
+};
+
+export const ShmFinalCodec: rt.StructCodec<ShmFinal, ShmFinalInput, ShmFinalView> = rt.defineStruct(ShmFinalLayout);
+
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   ResetRequest: ResetRequestCodec,
@@ -1593,4 +2361,139 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   StepMultiResult: StepMultiResultCodec,
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
+  ShmControl: ShmControlCodec,
+  ShmSlot: ShmSlotCodec,
+  ShmFinal: ShmFinalCodec,
 });
+
+// shm region of schema mahjong_env (derived layout): k slots, k >= num_envs
+//
+//   0                 64 + i*2752              64 + k*2752 + i*1408
+//   +-----------------+------------------+-----+----------------------+-----+
+//   | ShmControl (64) | ShmSlot i (2752) | ... | ShmFinal i (1408)    | ... |
+//   +-----------------+------------------+-----+----------------------+-----+
+//   region size = 64 + k * (2752 + 1408) bytes
+//
+// ShmControl (64 bytes)
+//   offset    size  part        field
+//        0       4  control     magic
+//        4       4  control     version
+//        8       4  control     num_envs
+//       12       4  control     obs_size
+//       16       4  control     act_size
+//       20       4  control     slot_size
+//       24       8  control     fingerprint
+//       32       4  control     owner_pid
+//       36       4  control     state
+//       40       8  control     owner_start_time
+//       48       8  control     client_start_time
+//       56       4  control     doorbell
+//       60       4  control     client_pid
+//
+// ShmSlot (2752 bytes)
+//   offset    size  part        field
+//        0       4  control     sem_action_ready
+//        4       4  control     sem_result_ready
+//        8       4  control     command
+//       12       2  control     status
+//       14       1  control     has_seed
+//       15       1  (padding)
+//       16       8  control     seed
+//       24       2  control     error_len
+//       26       2  control     info_len
+//       28      36  (padding)
+//       64       1  request     agent
+//       65       1  (padding)
+//       66       2  request     action
+//       68      60  (padding)
+//      128       1  result      agent
+//      129       1  result      terminated
+//      130       1  result      truncated
+//      131       1  result      seat_wind
+//      132       4  result      reward
+//      136    1160  result      observation
+//     1296     104  result      action_mask
+//     1400       1  result      prevailing_wind
+//     1401       1  (padding)
+//     1402       2  result      tiles_remaining
+//     1404       4  result      turn
+//     1408      24  result      melds
+//     1432       8  result      score
+//     1440       8  result      episode_id
+//     1448       8  result      hand_value
+//     1456       2  result      last_discard
+//     1458       2  (padding)
+//     1460       4  result      dealer_streak
+//     1464       8  (padding)
+//     1472    1024  error text  error_text
+//     2496     256  info        info
+//
+// ShmFinal (1408 bytes)
+//   offset    size  part        field
+//        0       4  control     final_seq
+//        4      60  (padding)
+//       64       1  result      agent
+//       65       1  result      terminated
+//       66       1  result      truncated
+//       67       1  result      seat_wind
+//       68       4  result      reward
+//       72    1160  result      observation
+//     1232     104  result      action_mask
+//     1336       1  result      prevailing_wind
+//     1337       1  (padding)
+//     1338       2  result      tiles_remaining
+//     1340       4  result      turn
+//     1344      24  result      melds
+//     1368       8  result      score
+//     1376       8  result      episode_id
+//     1384       8  result      hand_value
+//     1392       2  result      last_discard
+//     1394       2  (padding)
+//     1396       4  result      dealer_streak
+//     1400       8  (padding)
+export const SHM_LAYOUT = {
+  profile: "derived",
+  controlSize: 64,
+  slotSize: 2752,
+  finalSize: 1408,
+  requestOffsets: {
+    agent: 64,
+    action: 66,
+  },
+  resultOffsets: {
+    agent: 128,
+    terminated: 129,
+    truncated: 130,
+    seat_wind: 131,
+    reward: 132,
+    observation: 136,
+    action_mask: 1296,
+    prevailing_wind: 1400,
+    tiles_remaining: 1402,
+    turn: 1404,
+    melds: 1408,
+    score: 1432,
+    episode_id: 1440,
+    hand_value: 1448,
+    last_discard: 1456,
+    dealer_streak: 1460,
+  },
+  finalResultOffsets: {
+    agent: 64,
+    terminated: 65,
+    truncated: 66,
+    seat_wind: 67,
+    reward: 68,
+    observation: 72,
+    action_mask: 1232,
+    prevailing_wind: 1336,
+    tiles_remaining: 1338,
+    turn: 1340,
+    melds: 1344,
+    score: 1368,
+    episode_id: 1376,
+    hand_value: 1384,
+    last_discard: 1392,
+    dealer_streak: 1396,
+  },
+} as const;

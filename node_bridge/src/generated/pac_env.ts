@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_env",
   "version": 1,
-  "fingerprint": "d0d04558561addca",
+  "fingerprint": "7c7566de54ad66cb",
   "structs": {
     "FrameHeader": {
       "size": 9,
@@ -281,9 +281,424 @@ export const IR: SchemaJson = {
           "count": 1
         }
       ]
+    },
+    "ShmControl": {
+      "size": 64,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "magic",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "version",
+          "type": "u32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "num_envs",
+          "type": "u32",
+          "offset": 8,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "obs_size",
+          "type": "u32",
+          "offset": 12,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "act_size",
+          "type": "u32",
+          "offset": 16,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "slot_size",
+          "type": "u32",
+          "offset": 20,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "fingerprint",
+          "type": "u64",
+          "offset": 24,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "owner_pid",
+          "type": "u32",
+          "offset": 32,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "state",
+          "type": "RegionState",
+          "offset": 36,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "owner_start_time",
+          "type": "u64",
+          "offset": 40,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "client_start_time",
+          "type": "u64",
+          "offset": 48,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "doorbell",
+          "type": "u32",
+          "offset": 56,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "client_pid",
+          "type": "u32",
+          "offset": 60,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
+    "ShmSlot": {
+      "size": 5120,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "sem_action_ready",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "sem_result_ready",
+          "type": "u32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "command",
+          "type": "SlotCommand",
+          "offset": 8,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "action",
+          "type": "i32",
+          "offset": 12,
+          "size": 4,
+          "count": 1,
+          "role": "action"
+        },
+        {
+          "name": "reward",
+          "type": "f32",
+          "offset": 16,
+          "size": 4,
+          "count": 1,
+          "role": "reward"
+        },
+        {
+          "name": "done",
+          "type": "u8",
+          "offset": 20,
+          "size": 1,
+          "count": 1,
+          "role": "done"
+        },
+        {
+          "name": "rank",
+          "type": "u8",
+          "offset": 21,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "life",
+          "type": "u16",
+          "offset": 22,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "money",
+          "type": "u16",
+          "offset": 24,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "stage",
+          "type": "u16",
+          "offset": 26,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "board_size",
+          "type": "u8",
+          "offset": 28,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "level",
+          "type": "u8",
+          "offset": 29,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "synergy_count",
+          "type": "u8",
+          "offset": 30,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "items_held",
+          "type": "u8",
+          "offset": 31,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "observation",
+          "type": "f32[612]",
+          "offset": 32,
+          "size": 2448,
+          "count": 612,
+          "role": "observation"
+        },
+        {
+          "name": "action_mask",
+          "type": "u8[92]",
+          "offset": 2480,
+          "size": 92,
+          "count": 92,
+          "role": "action_mask"
+        },
+        {
+          "name": "actions_this_turn",
+          "type": "u8",
+          "offset": 2572,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "u8",
+          "offset": 2573,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "status",
+          "type": "u16",
+          "offset": 2574,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 2576,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "error_len",
+          "type": "u16",
+          "offset": 2584,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "info_len",
+          "type": "u16",
+          "offset": 2586,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "error_text",
+          "type": "u8[1024]",
+          "offset": 2592,
+          "size": 1024,
+          "count": 1024
+        },
+        {
+          "name": "info",
+          "type": "u8[256]",
+          "offset": 3616,
+          "size": 256,
+          "count": 256
+        }
+      ]
+    },
+    "ShmFinal": {
+      "size": 2576,
+      "align": 4,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "final_seq",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "reward",
+          "type": "f32",
+          "offset": 16,
+          "size": 4,
+          "count": 1,
+          "role": "reward"
+        },
+        {
+          "name": "done",
+          "type": "u8",
+          "offset": 20,
+          "size": 1,
+          "count": 1,
+          "role": "done"
+        },
+        {
+          "name": "rank",
+          "type": "u8",
+          "offset": 21,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "life",
+          "type": "u16",
+          "offset": 22,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "money",
+          "type": "u16",
+          "offset": 24,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "stage",
+          "type": "u16",
+          "offset": 26,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "board_size",
+          "type": "u8",
+          "offset": 28,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "level",
+          "type": "u8",
+          "offset": 29,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "synergy_count",
+          "type": "u8",
+          "offset": 30,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "items_held",
+          "type": "u8",
+          "offset": 31,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "observation",
+          "type": "f32[612]",
+          "offset": 32,
+          "size": 2448,
+          "count": 612,
+          "role": "observation"
+        },
+        {
+          "name": "action_mask",
+          "type": "u8[92]",
+          "offset": 2480,
+          "size": 92,
+          "count": 92,
+          "role": "action_mask"
+        },
+        {
+          "name": "actions_this_turn",
+          "type": "u8",
+          "offset": 2572,
+          "size": 1,
+          "count": 1
+        }
+      ]
     }
   },
-  "enums": {},
+  "enums": {
+    "AutoReset": {
+      "type": "u16",
+      "values": {
+        "DISABLED": 0,
+        "NEXT_STEP": 1,
+        "SAME_STEP": 2
+      }
+    },
+    "SlotCommand": {
+      "type": "u32",
+      "values": {
+        "STEP": 0,
+        "RESET": 1,
+        "SHUTDOWN": 2,
+        "HELLO": 3,
+        "OBSERVE": 4,
+        "STEP_MULTI": 5
+      }
+    },
+    "RegionState": {
+      "type": "u32",
+      "values": {
+        "CREATING": 0,
+        "READY": 1,
+        "CLOSED": 2
+      }
+    }
+  },
   "messages": {
     "RESET_REQ": {
       "id": 1,
@@ -364,12 +779,87 @@ export const IR: SchemaJson = {
       "body": "StepResult",
       "batch": true
     }
+  },
+  "env": {
+    "result": "StepResult",
+    "request": "StepRequest",
+    "multi_request": "StepMultiRequest",
+    "multi_result": "StepMultiResult",
+    "seats": 8
+  },
+  "shm": {
+    "profile": "pac_shm",
+    "control": "ShmControl",
+    "slot": "ShmSlot",
+    "final": "ShmFinal",
+    "request_offsets": {
+      "action": 12
+    },
+    "result_offsets": {
+      "observation": 32,
+      "action_mask": 2480,
+      "reward": 16,
+      "done": 20,
+      "rank": 21,
+      "life": 22,
+      "money": 24,
+      "stage": 26,
+      "board_size": 28,
+      "level": 29,
+      "synergy_count": 30,
+      "items_held": 31,
+      "actions_this_turn": 2572
+    },
+    "final_result_offsets": {
+      "observation": 32,
+      "action_mask": 2480,
+      "reward": 16,
+      "done": 20,
+      "rank": 21,
+      "life": 22,
+      "money": 24,
+      "stage": 26,
+      "board_size": 28,
+      "level": 29,
+      "synergy_count": 30,
+      "items_held": 31,
+      "actions_this_turn": 2572
+    }
   }
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "d0d04558561addca";
-export const FINGERPRINT = 0xd0d04558561addcan;
+export const FINGERPRINT_HEX = "7c7566de54ad66cb";
+export const FINGERPRINT = 0x7c7566de54ad66cbn;
+
+/** Enum AutoReset (stored as u16). */
+export const AutoReset = {
+  DISABLED: 0,
+  NEXT_STEP: 1,
+  SAME_STEP: 2,
+} as const;
+export type AutoReset = (typeof AutoReset)[keyof typeof AutoReset];
+
+/** Enum SlotCommand (stored as u32). */
+export const SlotCommand = {
+  STEP: 0,
+  RESET: 1,
+  SHUTDOWN: 2,
+  HELLO: 3,
+  OBSERVE: 4,
+  STEP_MULTI: 5,
+} as const;
+export type SlotCommand = (typeof SlotCommand)[keyof typeof SlotCommand];
+const SlotCommandValues = rt.enumValueSet(SlotCommand);
+
+/** Enum RegionState (stored as u32). */
+export const RegionState = {
+  CREATING: 0,
+  READY: 1,
+  CLOSED: 2,
+} as const;
+export type RegionState = (typeof RegionState)[keyof typeof RegionState];
+const RegionStateValues = rt.enumValueSet(RegionState);
 
 /** Message type ids (the frame header's msg_type), by message name. */
 export const MessageId = {
@@ -1203,6 +1693,720 @@ const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView>
 
 export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
 
+// -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
+
+/** ShmControl as `decode` returns it. */
+export interface ShmControl {
+  /** u32 at offset 0 (4 bytes). */
+  magic: number;
+  /** u32 at offset 4 (4 bytes). */
+  version: number;
+  /** u32 at offset 8 (4 bytes). */
+  num_envs: number;
+  /** u32 at offset 12 (4 bytes). */
+  obs_size: number;
+  /** u32 at offset 16 (4 bytes). */
+  act_size: number;
+  /** u32 at offset 20 (4 bytes). */
+  slot_size: number;
+  /** u64 at offset 24 (8 bytes). */
+  fingerprint: bigint;
+  /** u32 at offset 32 (4 bytes). */
+  owner_pid: number;
+  /** RegionState at offset 36 (4 bytes). */
+  state: number;
+  /** u64 at offset 40 (8 bytes). */
+  owner_start_time: bigint;
+  /** u64 at offset 48 (8 bytes). */
+  client_start_time: bigint;
+  /** u32 at offset 56 (4 bytes). */
+  doorbell: number;
+  /** u32 at offset 60 (4 bytes). */
+  client_pid: number;
+}
+
+/** What `ShmControlCodec.encode` accepts (validated at run time). */
+export interface ShmControlInput {
+  /** u32 at offset 0 (4 bytes). */
+  magic: number;
+  /** u32 at offset 4 (4 bytes). */
+  version: number;
+  /** u32 at offset 8 (4 bytes). */
+  num_envs: number;
+  /** u32 at offset 12 (4 bytes). */
+  obs_size: number;
+  /** u32 at offset 16 (4 bytes). */
+  act_size: number;
+  /** u32 at offset 20 (4 bytes). */
+  slot_size: number;
+  /** u64 at offset 24 (8 bytes). */
+  fingerprint: bigint | number;
+  /** u32 at offset 32 (4 bytes). */
+  owner_pid: number;
+  /** RegionState at offset 36 (4 bytes). */
+  state: number;
+  /** u64 at offset 40 (8 bytes). */
+  owner_start_time: bigint | number;
+  /** u64 at offset 48 (8 bytes). */
+  client_start_time: bigint | number;
+  /** u32 at offset 56 (4 bytes). */
+  doorbell: number;
+  /** u32 at offset 60 (4 bytes). */
+  client_pid: number;
+}
+
+/**
+ * Zero-copy view of a ShmControl in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ShmControlView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get magic(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get version(): number {
+    return this.#dv.getUint32(this.#at + 4, true);
+  }
+
+  get num_envs(): number {
+    return this.#dv.getUint32(this.#at + 8, true);
+  }
+
+  get obs_size(): number {
+    return this.#dv.getUint32(this.#at + 12, true);
+  }
+
+  get act_size(): number {
+    return this.#dv.getUint32(this.#at + 16, true);
+  }
+
+  get slot_size(): number {
+    return this.#dv.getUint32(this.#at + 20, true);
+  }
+
+  get fingerprint(): bigint {
+    return this.#dv.getBigUint64(this.#at + 24, true);
+  }
+
+  get owner_pid(): number {
+    return this.#dv.getUint32(this.#at + 32, true);
+  }
+
+  get state(): number {
+    return this.#dv.getUint32(this.#at + 36, true);
+  }
+
+  get owner_start_time(): bigint {
+    return this.#dv.getBigUint64(this.#at + 40, true);
+  }
+
+  get client_start_time(): bigint {
+    return this.#dv.getBigUint64(this.#at + 48, true);
+  }
+
+  get doorbell(): number {
+    return this.#dv.getUint32(this.#at + 56, true);
+  }
+
+  get client_pid(): number {
+    return this.#dv.getUint32(this.#at + 60, true);
+  }
+}
+
+const ShmControlFields = rt.nameSet(["magic", "version", "num_envs", "obs_size", "act_size", "slot_size", "fingerprint", "owner_pid", "state", "owner_start_time", "client_start_time", "doorbell", "client_pid"]);
+
+const ShmControlLayout: rt.StructLayout<ShmControl, ShmControlInput, ShmControlView> = {
+  name: "ShmControl",
+  size: 64,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "magic", path), "u32", path, "magic");
+    rt.checkInteger(rt.fieldValue(fields, "version", path), "u32", path, "version");
+    rt.checkInteger(rt.fieldValue(fields, "num_envs", path), "u32", path, "num_envs");
+    rt.checkInteger(rt.fieldValue(fields, "obs_size", path), "u32", path, "obs_size");
+    rt.checkInteger(rt.fieldValue(fields, "act_size", path), "u32", path, "act_size");
+    rt.checkInteger(rt.fieldValue(fields, "slot_size", path), "u32", path, "slot_size");
+    rt.checkInteger(rt.fieldValue(fields, "fingerprint", path), "u64", path, "fingerprint");
+    rt.checkInteger(rt.fieldValue(fields, "owner_pid", path), "u32", path, "owner_pid");
+    rt.checkEnum(rt.fieldValue(fields, "state", path), RegionStateValues, "RegionState", path, "state");
+    rt.checkInteger(rt.fieldValue(fields, "owner_start_time", path), "u64", path, "owner_start_time");
+    rt.checkInteger(rt.fieldValue(fields, "client_start_time", path), "u64", path, "client_start_time");
+    rt.checkInteger(rt.fieldValue(fields, "doorbell", path), "u32", path, "doorbell");
+    rt.checkInteger(rt.fieldValue(fields, "client_pid", path), "u32", path, "client_pid");
+    rt.rejectUnknownFields(fields, ShmControlFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ShmControlInput): void {
+    dv.setUint32(at, rt.toNumber(value.magic), true);
+    dv.setUint32(at + 4, rt.toNumber(value.version), true);
+    dv.setUint32(at + 8, rt.toNumber(value.num_envs), true);
+    dv.setUint32(at + 12, rt.toNumber(value.obs_size), true);
+    dv.setUint32(at + 16, rt.toNumber(value.act_size), true);
+    dv.setUint32(at + 20, rt.toNumber(value.slot_size), true);
+    dv.setBigUint64(at + 24, rt.toBigInt(value.fingerprint), true);
+    dv.setUint32(at + 32, rt.toNumber(value.owner_pid), true);
+    dv.setUint32(at + 36, rt.toNumber(value.state), true);
+    dv.setBigUint64(at + 40, rt.toBigInt(value.owner_start_time), true);
+    dv.setBigUint64(at + 48, rt.toBigInt(value.client_start_time), true);
+    dv.setUint32(at + 56, rt.toNumber(value.doorbell), true);
+    dv.setUint32(at + 60, rt.toNumber(value.client_pid), true);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkEnumStored(dv, at + 36, "u32", RegionStateValues, "RegionState", path, "state");
+  },
+  readAt(dv: DataView, at: number): ShmControl {
+    return {
+      magic: dv.getUint32(at, true),
+      version: dv.getUint32(at + 4, true),
+      num_envs: dv.getUint32(at + 8, true),
+      obs_size: dv.getUint32(at + 12, true),
+      act_size: dv.getUint32(at + 16, true),
+      slot_size: dv.getUint32(at + 20, true),
+      fingerprint: dv.getBigUint64(at + 24, true),
+      owner_pid: dv.getUint32(at + 32, true),
+      state: dv.getUint32(at + 36, true),
+      owner_start_time: dv.getBigUint64(at + 40, true),
+      client_start_time: dv.getBigUint64(at + 48, true),
+      doorbell: dv.getUint32(at + 56, true),
+      client_pid: dv.getUint32(at + 60, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ShmControlView {
+    return new ShmControlView(dv, at);
+  },
+};
+
+export const ShmControlCodec: rt.StructCodec<ShmControl, ShmControlInput, ShmControlView> = rt.defineStruct(ShmControlLayout);
+
+// -- ShmSlot: 5120 bytes, natural layout, align 8 -------------------------------------------------
+
+/** ShmSlot as `decode` returns it. */
+export interface ShmSlot {
+  /** u32 at offset 0 (4 bytes). */
+  sem_action_ready: number;
+  /** u32 at offset 4 (4 bytes). */
+  sem_result_ready: number;
+  /** SlotCommand at offset 8 (4 bytes). */
+  command: number;
+  /** i32 at offset 12 (4 bytes, role action). */
+  action: number;
+  /** f32 at offset 16 (4 bytes, role reward). */
+  reward: number;
+  /** u8 at offset 20 (1 byte, role done). */
+  done: number;
+  /** u8 at offset 21 (1 byte). */
+  rank: number;
+  /** u16 at offset 22 (2 bytes). */
+  life: number;
+  /** u16 at offset 24 (2 bytes). */
+  money: number;
+  /** u16 at offset 26 (2 bytes). */
+  stage: number;
+  /** u8 at offset 28 (1 byte). */
+  board_size: number;
+  /** u8 at offset 29 (1 byte). */
+  level: number;
+  /** u8 at offset 30 (1 byte). */
+  synergy_count: number;
+  /** u8 at offset 31 (1 byte). */
+  items_held: number;
+  /** f32[612] at offset 32 (2448 bytes, role observation). */
+  observation: Float32Array;
+  /** u8[92] at offset 2480 (92 bytes, role action_mask). */
+  action_mask: Uint8Array;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+  /** u8 at offset 2573 (1 byte). */
+  has_seed: number;
+  /** u16 at offset 2574 (2 bytes). */
+  status: number;
+  /** u64 at offset 2576 (8 bytes). */
+  seed: bigint;
+  /** u16 at offset 2584 (2 bytes). */
+  error_len: number;
+  /** u16 at offset 2586 (2 bytes). */
+  info_len: number;
+  /** u8[1024] at offset 2592 (1024 bytes). */
+  error_text: Uint8Array;
+  /** u8[256] at offset 3616 (256 bytes). */
+  info: Uint8Array;
+}
+
+/** What `ShmSlotCodec.encode` accepts (validated at run time). */
+export interface ShmSlotInput {
+  /** u32 at offset 0 (4 bytes). */
+  sem_action_ready: number;
+  /** u32 at offset 4 (4 bytes). */
+  sem_result_ready: number;
+  /** SlotCommand at offset 8 (4 bytes). */
+  command: number;
+  /** i32 at offset 12 (4 bytes, role action). */
+  action: number;
+  /** f32 at offset 16 (4 bytes, role reward). */
+  reward: number;
+  /** u8 at offset 20 (1 byte, role done). */
+  done: number;
+  /** u8 at offset 21 (1 byte). */
+  rank: number;
+  /** u16 at offset 22 (2 bytes). */
+  life: number;
+  /** u16 at offset 24 (2 bytes). */
+  money: number;
+  /** u16 at offset 26 (2 bytes). */
+  stage: number;
+  /** u8 at offset 28 (1 byte). */
+  board_size: number;
+  /** u8 at offset 29 (1 byte). */
+  level: number;
+  /** u8 at offset 30 (1 byte). */
+  synergy_count: number;
+  /** u8 at offset 31 (1 byte). */
+  items_held: number;
+  /** f32[612] at offset 32 (2448 bytes, role observation). */
+  observation: ArrayLike<number>;
+  /** u8[92] at offset 2480 (92 bytes, role action_mask). */
+  action_mask: ArrayLike<number>;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+  /** u8 at offset 2573 (1 byte). */
+  has_seed: number;
+  /** u16 at offset 2574 (2 bytes). */
+  status: number;
+  /** u64 at offset 2576 (8 bytes). */
+  seed: bigint | number;
+  /** u16 at offset 2584 (2 bytes). */
+  error_len: number;
+  /** u16 at offset 2586 (2 bytes). */
+  info_len: number;
+  /** u8[1024] at offset 2592 (1024 bytes). */
+  error_text: ArrayLike<number>;
+  /** u8[256] at offset 3616 (256 bytes). */
+  info: ArrayLike<number>;
+}
+
+/**
+ * Zero-copy view of a ShmSlot in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ShmSlotView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get sem_action_ready(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get sem_result_ready(): number {
+    return this.#dv.getUint32(this.#at + 4, true);
+  }
+
+  get command(): number {
+    return this.#dv.getUint32(this.#at + 8, true);
+  }
+
+  get action(): number {
+    return this.#dv.getInt32(this.#at + 12, true);
+  }
+
+  get reward(): number {
+    return this.#dv.getFloat32(this.#at + 16, true);
+  }
+
+  get done(): number {
+    return this.#dv.getUint8(this.#at + 20);
+  }
+
+  get rank(): number {
+    return this.#dv.getUint8(this.#at + 21);
+  }
+
+  get life(): number {
+    return this.#dv.getUint16(this.#at + 22, true);
+  }
+
+  get money(): number {
+    return this.#dv.getUint16(this.#at + 24, true);
+  }
+
+  get stage(): number {
+    return this.#dv.getUint16(this.#at + 26, true);
+  }
+
+  get board_size(): number {
+    return this.#dv.getUint8(this.#at + 28);
+  }
+
+  get level(): number {
+    return this.#dv.getUint8(this.#at + 29);
+  }
+
+  get synergy_count(): number {
+    return this.#dv.getUint8(this.#at + 30);
+  }
+
+  get items_held(): number {
+    return this.#dv.getUint8(this.#at + 31);
+  }
+
+  get observation(): Float32Array {
+    return rt.viewArray(this.#dv, this.#at + 32, "f32", 612);
+  }
+
+  get action_mask(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 2480, "u8", 92);
+  }
+
+  get actions_this_turn(): number {
+    return this.#dv.getUint8(this.#at + 2572);
+  }
+
+  get has_seed(): number {
+    return this.#dv.getUint8(this.#at + 2573);
+  }
+
+  get status(): number {
+    return this.#dv.getUint16(this.#at + 2574, true);
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at + 2576, true);
+  }
+
+  get error_len(): number {
+    return this.#dv.getUint16(this.#at + 2584, true);
+  }
+
+  get info_len(): number {
+    return this.#dv.getUint16(this.#at + 2586, true);
+  }
+
+  get error_text(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 2592, "u8", 1024);
+  }
+
+  get info(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 3616, "u8", 256);
+  }
+}
+
+const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn", "has_seed", "status", "seed", "error_len", "info_len", "error_text", "info"]);
+
+const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
+  name: "ShmSlot",
+  size: 5120,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "sem_action_ready", path), "u32", path, "sem_action_ready");
+    rt.checkInteger(rt.fieldValue(fields, "sem_result_ready", path), "u32", path, "sem_result_ready");
+    rt.checkEnum(rt.fieldValue(fields, "command", path), SlotCommandValues, "SlotCommand", path, "command");
+    rt.checkInteger(rt.fieldValue(fields, "action", path), "i32", path, "action");
+    rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
+    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
+    rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
+    rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
+    rt.checkInteger(rt.fieldValue(fields, "stage", path), "u16", path, "stage");
+    rt.checkInteger(rt.fieldValue(fields, "board_size", path), "u8", path, "board_size");
+    rt.checkInteger(rt.fieldValue(fields, "level", path), "u8", path, "level");
+    rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
+    rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
+    rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
+    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
+    rt.checkInteger(rt.fieldValue(fields, "has_seed", path), "u8", path, "has_seed");
+    rt.checkInteger(rt.fieldValue(fields, "status", path), "u16", path, "status");
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
+    rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
+    rt.checkIntegerArray(rt.fieldValue(fields, "info", path), "u8", 256, path, "info");
+    rt.rejectUnknownFields(fields, ShmSlotFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ShmSlotInput): void {
+    dv.setUint32(at, rt.toNumber(value.sem_action_ready), true);
+    dv.setUint32(at + 4, rt.toNumber(value.sem_result_ready), true);
+    dv.setUint32(at + 8, rt.toNumber(value.command), true);
+    dv.setInt32(at + 12, rt.toNumber(value.action), true);
+    rt.setF32(dv, at + 16, value.reward);
+    dv.setUint8(at + 20, rt.toNumber(value.done));
+    dv.setUint8(at + 21, rt.toNumber(value.rank));
+    dv.setUint16(at + 22, rt.toNumber(value.life), true);
+    dv.setUint16(at + 24, rt.toNumber(value.money), true);
+    dv.setUint16(at + 26, rt.toNumber(value.stage), true);
+    dv.setUint8(at + 28, rt.toNumber(value.board_size));
+    dv.setUint8(at + 29, rt.toNumber(value.level));
+    dv.setUint8(at + 30, rt.toNumber(value.synergy_count));
+    dv.setUint8(at + 31, rt.toNumber(value.items_held));
+    rt.writeArray(dv, at + 32, "f32", value.observation, 612);
+    rt.writeArray(dv, at + 2480, "u8", value.action_mask, 92);
+    dv.setUint8(at + 2572, rt.toNumber(value.actions_this_turn));
+    dv.setUint8(at + 2573, rt.toNumber(value.has_seed));
+    dv.setUint16(at + 2574, rt.toNumber(value.status), true);
+    dv.setBigUint64(at + 2576, rt.toBigInt(value.seed), true);
+    dv.setUint16(at + 2584, rt.toNumber(value.error_len), true);
+    dv.setUint16(at + 2586, rt.toNumber(value.info_len), true);
+    rt.writeArray(dv, at + 2592, "u8", value.error_text, 1024);
+    rt.writeArray(dv, at + 3616, "u8", value.info, 256);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkEnumStored(dv, at + 8, "u32", SlotCommandValues, "SlotCommand", path, "command");
+    rt.checkFloatBits(dv, at + 16, "f32", path, "reward");
+    rt.checkFloatsBits(dv, at + 32, "f32", 612, path, "observation");
+  },
+  readAt(dv: DataView, at: number): ShmSlot {
+    return {
+      sem_action_ready: dv.getUint32(at, true),
+      sem_result_ready: dv.getUint32(at + 4, true),
+      command: dv.getUint32(at + 8, true),
+      action: dv.getInt32(at + 12, true),
+      reward: dv.getFloat32(at + 16, true),
+      done: dv.getUint8(at + 20),
+      rank: dv.getUint8(at + 21),
+      life: dv.getUint16(at + 22, true),
+      money: dv.getUint16(at + 24, true),
+      stage: dv.getUint16(at + 26, true),
+      board_size: dv.getUint8(at + 28),
+      level: dv.getUint8(at + 29),
+      synergy_count: dv.getUint8(at + 30),
+      items_held: dv.getUint8(at + 31),
+      observation: rt.readArray(dv, at + 32, "f32", 612),
+      action_mask: rt.readArray(dv, at + 2480, "u8", 92),
+      actions_this_turn: dv.getUint8(at + 2572),
+      has_seed: dv.getUint8(at + 2573),
+      status: dv.getUint16(at + 2574, true),
+      seed: dv.getBigUint64(at + 2576, true),
+      error_len: dv.getUint16(at + 2584, true),
+      info_len: dv.getUint16(at + 2586, true),
+      error_text: rt.readArray(dv, at + 2592, "u8", 1024),
+      info: rt.readArray(dv, at + 3616, "u8", 256),
+    };
+  },
+  viewAt(dv: DataView, at: number): ShmSlotView {
+    return new ShmSlotView(dv, at);
+  },
+};
+
+export const ShmSlotCodec: rt.StructCodec<ShmSlot, ShmSlotInput, ShmSlotView> = rt.defineStruct(ShmSlotLayout);
+
+// -- ShmFinal: 2576 bytes, natural layout, align 4 ------------------------------------------------
+
+/** ShmFinal as `decode` returns it. */
+export interface ShmFinal {
+  /** u32 at offset 0 (4 bytes). */
+  final_seq: number;
+  /** f32 at offset 16 (4 bytes, role reward). */
+  reward: number;
+  /** u8 at offset 20 (1 byte, role done). */
+  done: number;
+  /** u8 at offset 21 (1 byte). */
+  rank: number;
+  /** u16 at offset 22 (2 bytes). */
+  life: number;
+  /** u16 at offset 24 (2 bytes). */
+  money: number;
+  /** u16 at offset 26 (2 bytes). */
+  stage: number;
+  /** u8 at offset 28 (1 byte). */
+  board_size: number;
+  /** u8 at offset 29 (1 byte). */
+  level: number;
+  /** u8 at offset 30 (1 byte). */
+  synergy_count: number;
+  /** u8 at offset 31 (1 byte). */
+  items_held: number;
+  /** f32[612] at offset 32 (2448 bytes, role observation). */
+  observation: Float32Array;
+  /** u8[92] at offset 2480 (92 bytes, role action_mask). */
+  action_mask: Uint8Array;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+}
+
+/** What `ShmFinalCodec.encode` accepts (validated at run time). */
+export interface ShmFinalInput {
+  /** u32 at offset 0 (4 bytes). */
+  final_seq: number;
+  /** f32 at offset 16 (4 bytes, role reward). */
+  reward: number;
+  /** u8 at offset 20 (1 byte, role done). */
+  done: number;
+  /** u8 at offset 21 (1 byte). */
+  rank: number;
+  /** u16 at offset 22 (2 bytes). */
+  life: number;
+  /** u16 at offset 24 (2 bytes). */
+  money: number;
+  /** u16 at offset 26 (2 bytes). */
+  stage: number;
+  /** u8 at offset 28 (1 byte). */
+  board_size: number;
+  /** u8 at offset 29 (1 byte). */
+  level: number;
+  /** u8 at offset 30 (1 byte). */
+  synergy_count: number;
+  /** u8 at offset 31 (1 byte). */
+  items_held: number;
+  /** f32[612] at offset 32 (2448 bytes, role observation). */
+  observation: ArrayLike<number>;
+  /** u8[92] at offset 2480 (92 bytes, role action_mask). */
+  action_mask: ArrayLike<number>;
+  /** u8 at offset 2572 (1 byte). */
+  actions_this_turn: number;
+}
+
+/**
+ * Zero-copy view of a ShmFinal in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ShmFinalView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get final_seq(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+
+  get reward(): number {
+    return this.#dv.getFloat32(this.#at + 16, true);
+  }
+
+  get done(): number {
+    return this.#dv.getUint8(this.#at + 20);
+  }
+
+  get rank(): number {
+    return this.#dv.getUint8(this.#at + 21);
+  }
+
+  get life(): number {
+    return this.#dv.getUint16(this.#at + 22, true);
+  }
+
+  get money(): number {
+    return this.#dv.getUint16(this.#at + 24, true);
+  }
+
+  get stage(): number {
+    return this.#dv.getUint16(this.#at + 26, true);
+  }
+
+  get board_size(): number {
+    return this.#dv.getUint8(this.#at + 28);
+  }
+
+  get level(): number {
+    return this.#dv.getUint8(this.#at + 29);
+  }
+
+  get synergy_count(): number {
+    return this.#dv.getUint8(this.#at + 30);
+  }
+
+  get items_held(): number {
+    return this.#dv.getUint8(this.#at + 31);
+  }
+
+  get observation(): Float32Array {
+    return rt.viewArray(this.#dv, this.#at + 32, "f32", 612);
+  }
+
+  get action_mask(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 2480, "u8", 92);
+  }
+
+  get actions_this_turn(): number {
+    return this.#dv.getUint8(this.#at + 2572);
+  }
+}
+
+const ShmFinalFields = rt.nameSet(["final_seq", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn"]);
+
+const ShmFinalLayout: rt.StructLayout<ShmFinal, ShmFinalInput, ShmFinalView> = {
+  name: "ShmFinal",
+  size: 2576,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "final_seq", path), "u32", path, "final_seq");
+    rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
+    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
+    rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
+    rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
+    rt.checkInteger(rt.fieldValue(fields, "stage", path), "u16", path, "stage");
+    rt.checkInteger(rt.fieldValue(fields, "board_size", path), "u8", path, "board_size");
+    rt.checkInteger(rt.fieldValue(fields, "level", path), "u8", path, "level");
+    rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
+    rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
+    rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
+    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
+    rt.rejectUnknownFields(fields, ShmFinalFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ShmFinalInput): void {
+    dv.setUint32(at, rt.toNumber(value.final_seq), true);
+    rt.setF32(dv, at + 16, value.reward);
+    dv.setUint8(at + 20, rt.toNumber(value.done));
+    dv.setUint8(at + 21, rt.toNumber(value.rank));
+    dv.setUint16(at + 22, rt.toNumber(value.life), true);
+    dv.setUint16(at + 24, rt.toNumber(value.money), true);
+    dv.setUint16(at + 26, rt.toNumber(value.stage), true);
+    dv.setUint8(at + 28, rt.toNumber(value.board_size));
+    dv.setUint8(at + 29, rt.toNumber(value.level));
+    dv.setUint8(at + 30, rt.toNumber(value.synergy_count));
+    dv.setUint8(at + 31, rt.toNumber(value.items_held));
+    rt.writeArray(dv, at + 32, "f32", value.observation, 612);
+    rt.writeArray(dv, at + 2480, "u8", value.action_mask, 92);
+    dv.setUint8(at + 2572, rt.toNumber(value.actions_this_turn));
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkFloatBits(dv, at + 16, "f32", path, "reward");
+    rt.checkFloatsBits(dv, at + 32, "f32", 612, path, "observation");
+  },
+  readAt(dv: DataView, at: number): ShmFinal {
+    return {
+      final_seq: dv.getUint32(at, true),
+      reward: dv.getFloat32(at + 16, true),
+      done: dv.getUint8(at + 20),
+      rank: dv.getUint8(at + 21),
+      life: dv.getUint16(at + 22, true),
+      money: dv.getUint16(at + 24, true),
+      stage: dv.getUint16(at + 26, true),
+      board_size: dv.getUint8(at + 28),
+      level: dv.getUint8(at + 29),
+      synergy_count: dv.getUint8(at + 30),
+      items_held: dv.getUint8(at + 31),
+      observation: rt.readArray(dv, at + 32, "f32", 612),
+      action_mask: rt.readArray(dv, at + 2480, "u8", 92),
+      actions_this_turn: dv.getUint8(at + 2572),
+    };
+  },
+  viewAt(dv: DataView, at: number): ShmFinalView {
+    return new ShmFinalView(dv, at);
+  },
+};
+
+export const ShmFinalCodec: rt.StructCodec<ShmFinal, ShmFinalInput, ShmFinalView> = rt.defineStruct(ShmFinalLayout);
+
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   FrameHeader: FrameHeaderCodec,
@@ -1215,4 +2419,118 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   Hello: HelloCodec,
   ResetRequest: ResetRequestCodec,
   ErrorHead: ErrorHeadCodec,
+  ShmControl: ShmControlCodec,
+  ShmSlot: ShmSlotCodec,
+  ShmFinal: ShmFinalCodec,
 });
+
+// shm region of schema pac_env (profile pac_shm layout): k slots, k >= num_envs
+//
+//   0                 64 + i*5120              64 + k*5120 + i*2576
+//   +-----------------+------------------+-----+----------------------+-----+
+//   | ShmControl (64) | ShmSlot i (5120) | ... | ShmFinal i (2576)    | ... |
+//   +-----------------+------------------+-----+----------------------+-----+
+//   region size = 64 + k * (5120 + 2576) bytes
+//
+// ShmControl (64 bytes)
+//   offset    size  part        field
+//        0       4  control     magic
+//        4       4  control     version
+//        8       4  control     num_envs
+//       12       4  control     obs_size
+//       16       4  control     act_size
+//       20       4  control     slot_size
+//       24       8  control     fingerprint
+//       32       4  control     owner_pid
+//       36       4  control     state
+//       40       8  control     owner_start_time
+//       48       8  control     client_start_time
+//       56       4  control     doorbell
+//       60       4  control     client_pid
+//
+// ShmSlot (5120 bytes)
+//   offset    size  part        field
+//        0       4  control     sem_action_ready
+//        4       4  control     sem_result_ready
+//        8       4  control     command
+//       12       4  request     action
+//       16       4  result      reward
+//       20       1  result      done
+//       21       1  result      rank
+//       22       2  result      life
+//       24       2  result      money
+//       26       2  result      stage
+//       28       1  result      board_size
+//       29       1  result      level
+//       30       1  result      synergy_count
+//       31       1  result      items_held
+//       32    2448  result      observation
+//     2480      92  result      action_mask
+//     2572       1  result      actions_this_turn
+//     2573       1  control     has_seed
+//     2574       2  control     status
+//     2576       8  control     seed
+//     2584       2  control     error_len
+//     2586       2  control     info_len
+//     2588       4  (padding)
+//     2592    1024  error text  error_text
+//     3616     256  info        info
+//     3872    1248  (padding)
+//
+// ShmFinal (2576 bytes)
+//   offset    size  part        field
+//        0       4  control     final_seq
+//        4      12  (padding)
+//       16       4  result      reward
+//       20       1  result      done
+//       21       1  result      rank
+//       22       2  result      life
+//       24       2  result      money
+//       26       2  result      stage
+//       28       1  result      board_size
+//       29       1  result      level
+//       30       1  result      synergy_count
+//       31       1  result      items_held
+//       32    2448  result      observation
+//     2480      92  result      action_mask
+//     2572       1  result      actions_this_turn
+//     2573       3  (padding)
+export const SHM_LAYOUT = {
+  profile: "pac_shm",
+  controlSize: 64,
+  slotSize: 5120,
+  finalSize: 2576,
+  requestOffsets: {
+    action: 12,
+  },
+  resultOffsets: {
+    observation: 32,
+    action_mask: 2480,
+    reward: 16,
+    done: 20,
+    rank: 21,
+    life: 22,
+    money: 24,
+    stage: 26,
+    board_size: 28,
+    level: 29,
+    synergy_count: 30,
+    items_held: 31,
+    actions_this_turn: 2572,
+  },
+  finalResultOffsets: {
+    observation: 32,
+    action_mask: 2480,
+    reward: 16,
+    done: 20,
+    rank: 21,
+    life: 22,
+    money: 24,
+    stage: 26,
+    board_size: 28,
+    level: 29,
+    synergy_count: 30,
+    items_held: 31,
+    actions_this_turn: 2572,
+  },
+} as const;

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_shm",
   "version": 1,
-  "fingerprint": "9b3ed67029d40307",
+  "fingerprint": "27313cd2e3fd1984",
   "structs": {
     "ControlBlock": {
       "size": 64,
@@ -413,7 +413,9 @@ export const IR: SchemaJson = {
         "STEP": 0,
         "RESET": 1,
         "SHUTDOWN": 2,
-        "HELLO": 3
+        "HELLO": 3,
+        "OBSERVE": 4,
+        "STEP_MULTI": 5
       }
     }
   },
@@ -421,8 +423,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "9b3ed67029d40307";
-export const FINGERPRINT = 0x9b3ed67029d40307n;
+export const FINGERPRINT_HEX = "27313cd2e3fd1984";
+export const FINGERPRINT = 0x27313cd2e3fd1984n;
 
 /** Enum RegionState (stored as u32). */
 export const RegionState = {
@@ -439,6 +441,8 @@ export const SlotCommand = {
   RESET: 1,
   SHUTDOWN: 2,
   HELLO: 3,
+  OBSERVE: 4,
+  STEP_MULTI: 5,
 } as const;
 export type SlotCommand = (typeof SlotCommand)[keyof typeof SlotCommand];
 const SlotCommandValues = rt.enumValueSet(SlotCommand);

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
 import { dataViewOf } from "../codec";
-import { mahjong_env, pac_env, pac_shm } from "../generated";
+import { mahjong_env, pac_env, pac_shm, tetris } from "../generated";
 import type { SchemaJson } from "../ir";
 import { stepResult } from "../testing/fixtures";
 
@@ -86,5 +86,92 @@ describe("mahjong_env (natural alignment)", () => {
   test("ScoreUpdate ends in two padding bytes", () => {
     assert.equal(mahjong_env.ScoreUpdateCodec.size, 32);
     assert.equal(offsets(mahjong_env.IR, "ScoreUpdate")["fan"], 26);
+  });
+});
+
+describe("shm layouts in the env schemas (IR.shm, SHM_LAYOUT)", () => {
+  const CONTROL = {
+    magic: 0,
+    version: 4,
+    num_envs: 8,
+    obs_size: 12,
+    act_size: 16,
+    slot_size: 20,
+    fingerprint: 24,
+    owner_pid: 32,
+    state: 36,
+    owner_start_time: 40,
+    client_start_time: 48,
+    doorbell: 56,
+    client_pid: 60,
+  };
+
+  test("pac_env's pac_shm profile is Appendix B: slot 5120, action 12, observation 32", () => {
+    const shm = pac_env.IR.shm;
+    assert.ok(shm !== undefined && pac_env.IR.env !== undefined);
+    assert.equal(shm.profile, "pac_shm");
+    assert.equal(pac_env.SCHEMA.ir.shm, shm);
+    assert.deepEqual(offsets(pac_env.IR, shm.control), CONTROL);
+    assert.equal(pac_env.ShmSlotCodec.size, 5120);
+    assert.equal(pac_env.ShmFinalCodec.size, 2576);
+    assert.deepEqual(shm.request_offsets, { action: 12 });
+    const result = shm.result_offsets;
+    assert.equal(result["reward"], 16);
+    assert.equal(result["done"], 20);
+    assert.equal(result["items_held"], 31);
+    assert.equal(result["observation"], 32);
+    assert.equal(result["action_mask"], 2480);
+    assert.deepEqual(shm.final_result_offsets, result);
+    assert.deepEqual(pac_env.SHM_LAYOUT.resultOffsets, result);
+    assert.equal(pac_env.SHM_LAYOUT.slotSize, 5120);
+    // the profile's Slot, copied: the same offsets as pac_shm.toml's
+    assert.deepEqual(offsets(pac_env.IR, shm.slot), offsets(pac_shm.IR, "Slot"));
+  });
+
+  test("tetris derives a cache-line aligned layout; every offset is in IR.shm", () => {
+    const shm = tetris.IR.shm;
+    assert.ok(shm !== undefined);
+    assert.equal(shm.profile, "derived");
+    assert.deepEqual(offsets(tetris.IR, shm.control), CONTROL);
+    const slot = offsets(tetris.IR, shm.slot);
+    assert.equal(slot["sem_action_ready"], 0);
+    assert.equal(slot["sem_result_ready"], 4);
+    assert.equal(slot["command"], 8);
+    assert.equal(slot["request"], 64);
+    assert.equal(slot["result"], 128);
+    assert.equal(tetris.ShmSlotCodec.size % 64, 0);
+    assert.deepEqual(shm.request_offsets, { action: 64 });
+    assert.equal(shm.result_offsets["observation"], 128);
+    assert.equal(shm.final_result_offsets["observation"], 64);
+    // a result written through the codec lands at the flat offsets
+    const buf = new Uint8Array(tetris.ShmSlotCodec.size);
+    const dv = dataViewOf(buf);
+    const obs = new Float32Array(214).map((_, i) => i);
+    tetris.StepResultCodec.encodeInto(
+      {
+        observation: obs,
+        action_mask: new Uint8Array(40).fill(1),
+        reward: 3,
+        done: 0,
+        truncated: 0,
+        lines: 2,
+        piece: 4,
+        total_lines: 9,
+        pieces: 17,
+      },
+      buf,
+      slot["result"],
+    );
+    assert.equal(dv.getFloat32((shm.result_offsets["observation"] as number) + 4 * 5, true), 5);
+    assert.equal(dv.getFloat32(shm.result_offsets["reward"] as number, true), 3);
+    assert.equal(dv.getUint32(shm.result_offsets["pieces"] as number, true), 17);
+    assert.equal(tetris.SHM_LAYOUT.finalSize, tetris.ShmFinalCodec.size);
+  });
+
+  test("mahjong_env's derived slot keeps the request's padding byte", () => {
+    const shm = mahjong_env.IR.shm;
+    assert.ok(shm !== undefined);
+    assert.deepEqual(shm.request_offsets, { agent: 64, action: 66 });
+    assert.equal(shm.result_offsets["agent"], 128);
   });
 });
