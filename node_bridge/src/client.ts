@@ -36,6 +36,7 @@ import {
   toAutoReset,
 } from "./protocol";
 import { decode as msgpackDecode } from "@msgpack/msgpack";
+import { type ActionType, actionTypeOf, writeAction } from "./runtime/core";
 import type { Channel, ChannelRecords, Final } from "./stream";
 
 export const DEFAULT_TIMEOUT_MS = 10_000;
@@ -117,11 +118,13 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly #resultSize: number;
   readonly #request: Buffer;
   readonly #actionAt: number;
+  readonly #actionType: ActionType;
   readonly #stepSize: number;
   readonly #seed: Buffer;
   readonly #seedAt: number;
   readonly #spaces: AnyStructCodec;
   readonly #expected: ReadonlyMap<number, number>;
+  readonly #multi: { readonly codec: AnyStructCodec; readonly field: string; readonly seats: number; readonly body: Buffer };
   #views: View[] = [];
   #viewsGeneration = -1;
   #closed = false;
@@ -141,13 +144,19 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     const action = schema.ir.structs[step.name]?.fields.find((f) => f.role === "action");
     if (action === undefined) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
     this.#actionAt = action.offset;
+    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action");
     this.#stepSize = step.size;
     this.#request = Buffer.alloc(step.size * this.numEnvs);
     const seed = bodyCodec(schema, "RESET_SEED_REQ");
     this.#seed = Buffer.alloc(seed.size);
     this.#seedAt = schema.ir.structs[seed.name]?.fields[0]?.offset ?? 0;
     this.#spaces = bodyCodec(schema, "SPACES_RESP");
+    const multi = bodyCodec(schema, "STEP_MULTI_REQ");
+    const multiField = schema.ir.structs[multi.name]?.fields[0];
+    if (multiField === undefined) throw new ProtocolError("the STEP_MULTI_REQ body struct has no field");
+    this.#multi = { codec: multi, field: multiField.name, seats: multiField.count, body: Buffer.alloc(multi.size) };
     this.#expected = new Map([
+      [this.ids.STEP_MULTI_RESP, this.#resultSize * multiField.count],
       [this.ids.RESET_RESP, this.#resultSize * this.numEnvs],
       [this.ids.STEP_RESP, this.#resultSize],
       [this.ids.STEP_BATCH_RESP, this.#resultSize * this.numEnvs],
@@ -176,7 +185,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       if (this.numEnvs !== 1) {
         throw new TransportError(`this server has ${this.numEnvs} envs: pass one action per env`);
       }
-      request.writeInt32LE(actions | 0, this.#actionAt);
+      writeAction(request, this.#actionAt, actions | 0, this.#actionType);
       await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
       return this.#results(0, options.copy === true);
     }
@@ -184,10 +193,23 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       throw new TransportError(`expected ${this.numEnvs} actions, got ${actions.length}`);
     }
     for (let i = 0; i < actions.length; i++) {
-      request.writeInt32LE((actions[i] as number) | 0, i * this.#stepSize + this.#actionAt);
+      writeAction(request, i * this.#stepSize + this.#actionAt, (actions[i] as number) | 0, this.#actionType);
     }
     await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
     return this.#results(this.numEnvs, options.copy === true);
+  }
+
+  /**
+   * STEP_MULTI: one action per seat of a multi-player game (seed 000's self-play: 8 seats), one
+   * result view per seat. The server steps a 1-env game's `stepBatch` once (or, with as many envs
+   * as seats, each env once).
+   */
+  async stepMulti(actions: ArrayLike<number>, options: ResultOptions = {}): Promise<View[] | Value[]> {
+    const multi = this.#multi;
+    if (actions.length !== multi.seats) throw new TransportError(`expected ${multi.seats} seat actions, got ${actions.length}`);
+    multi.codec.encodeInto({ [multi.field]: Array.from(actions) }, multi.body, 0);
+    await this.#exchange(this.ids.STEP_MULTI_REQ, multi.body, this.ids.STEP_MULTI_RESP);
+    return this.#results(multi.seats, options.copy === true) as View[] | Value[];
   }
 
   /** Observation length and number of actions. */
@@ -318,9 +340,9 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       for (let i = 0; i < count; i++) out.push(records.decode(i) as Value);
       return out;
     }
-    if (this.#views.length < this.numEnvs) {
+    if (this.#views.length < Math.max(count, 1)) {
       this.#views = [];
-      for (let i = 0; i < this.numEnvs; i++) this.#views.push(records.view(i) as View);
+      for (let i = 0; i < records.count; i++) this.#views.push(records.view(i) as View);
     }
     if (count === 0) return this.#views[0] as View;
     if (this.#batch === null || this.#batch.length !== count) this.#batch = this.#views.slice(0, count);

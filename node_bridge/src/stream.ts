@@ -302,6 +302,8 @@ export interface Final<T = unknown> {
  * through this instead of the response body.
  */
 export interface ChannelRecords {
+  /** Records there are (k >= N: an shm region may have seat slots for STEP_MULTI). */
+  readonly count: number;
   /** A zero-copy view of env `index`'s result of the last response (the same object every time). */
   view(index: number): unknown;
   /** Env `index`'s result decoded into owned values. */

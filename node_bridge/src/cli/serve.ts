@@ -9,7 +9,8 @@
 
 import { ENVS } from "../envs";
 import { type Server, serve } from "../server";
-import { checkRoom, parseShmUrl } from "../backends/shm/region";
+import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
+import * as pac_env from "../generated/pac_env";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 
@@ -111,7 +112,7 @@ async function main(argv: readonly string[]): Promise<number> {
       // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
       const shm = parseShmUrl(args.url);
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
-      checkRoom(shm, args.numEnvs);
+      checkRoom(shm, ShmLayout.of(pac_env.SCHEMA), args.numEnvs);
     }
     server = await serve(ENVS[args.env] as () => never, args.url, {
       numEnvs: args.numEnvs,

@@ -145,7 +145,7 @@ export function actionTypeOf(schema: SchemaModule, field: FieldJson, what: strin
   return found;
 }
 
-/** Read `count` integer actions at `buf[at + i * stride]` into `into` (no allocation). */
+/** Read `count` integer actions at `buf[at + i * stride]` into `into[first + i]` (no allocation). */
 export function readActions(
   into: Float64Array,
   buf: Uint8Array,
@@ -153,6 +153,7 @@ export function readActions(
   stride: number,
   count: number,
   type: ActionType,
+  first = 0,
 ): void {
   for (let i = 0; i < count; i++) {
     const p = at + i * stride;
@@ -171,8 +172,13 @@ export function readActions(
       value = buf[p] as number;
       if (type.signed) value = (value << 24) >> 24;
     }
-    into[i] = value;
+    into[first + i] = value;
   }
+}
+
+/** Write one integer action at `buf[at]` (the shm client's request field). */
+export function writeAction(buf: Uint8Array, at: number, value: number, type: ActionType): void {
+  for (let b = 0; b < type.size; b++) buf[at + b] = (value >>> (8 * b)) & 0xff;
 }
 
 /** The struct of a message's body; a clear error when the schema lacks it. */
@@ -244,7 +250,9 @@ export class EnvRuntime {
   readonly firstSeed: bigint | null;
   /** The auto-reset mode (HELLO; disabled until then). */
   autoreset: AutoReset = AutoReset.DISABLED;
-  /** The request's actions (length max(N, SEATS)): a backend reads them here, then calls step. */
+  /** Seats of a STEP_MULTI (the schema's `[env] seats`, seed 000: 8). */
+  readonly seats: number;
+  /** The request's actions (length max(N, seats)): a backend reads them here, then calls step. */
   readonly actions: Float64Array;
 
   readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
@@ -283,7 +291,8 @@ export class EnvRuntime {
     this.#ops = new Uint8Array(n);
     this.#failed = new Uint8Array(n);
     this.#seeds = new Array<bigint | null>(n).fill(null);
-    this.actions = new Float64Array(Math.max(n, SEATS));
+    this.seats = schema.ir.env?.seats ?? SEATS;
+    this.actions = new Float64Array(Math.max(n, this.seats));
   }
 
   /** Has env 0 a `stepBatch` this runtime can drive (a 1-env runtime in this thread)? */
@@ -379,7 +388,7 @@ export class EnvRuntime {
    * STEP_MULTI to a 1-env runtime whose env has `stepBatch`: one action per seat
    * (`actions[0..seats)`), the seat results in records 0..seats-1. The seats do not auto-reset.
    */
-  stepSeats(out: Records, seats = SEATS): void {
+  stepSeats(out: Records, seats = this.seats): void {
     const stepSeats = this.numEnvs === 1 ? this.runner.stepSeats : null;
     if (stepSeats === null) throw new TransportError("this runtime's env has no stepBatch");
     if (this.autoreset !== AutoReset.DISABLED) {

@@ -40,7 +40,6 @@ import {
   type ActionType,
   type EnvRuntime,
   type Records,
-  SEATS,
   actionTypeOf,
   bodyCodec,
   checkAutoreset,
@@ -121,7 +120,7 @@ export class Session implements Records {
     // results (8 at least: STEP_MULTI), then the SAME_STEP tail: u32 k, k x (u32 index, result)
     const size = this.#resultSize;
     this.buffer = Buffer.alloc(
-      BODY_OFFSET + Math.max(this.numEnvs, SEATS) * size + FINAL_COUNT_SIZE + this.numEnvs * (FINAL_COUNT_SIZE + size) + 1024,
+      BODY_OFFSET + Math.max(this.numEnvs, runtime.seats) * size + FINAL_COUNT_SIZE + this.numEnvs * (FINAL_COUNT_SIZE + size) + 1024,
     );
   }
 
@@ -322,19 +321,20 @@ export class Session implements Records {
 
   #stepMulti(buf: Uint8Array, offset: number, length: number): number {
     const seats = this.runtime.hasSeats;
-    if (this.numEnvs !== SEATS && !seats) {
+    const count = this.runtime.seats;
+    if (this.numEnvs !== count && !seats) {
       throw new RequestError(
         ErrorCode.BAD_BATCH,
         `STEP_MULTI_REQ needs an 8-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
       );
     }
     this.#expectSize(length, this.#multiSize, "STEP_MULTI_REQ");
-    readActions(this.runtime.actions, buf, offset + this.#multiAt, this.#multi.size, SEATS, this.#multi);
+    readActions(this.runtime.actions, buf, offset + this.#multiAt, this.#multi.size, count, this.#multi);
     if (seats) {
-      this.runtime.stepSeats(this, SEATS);
-      this.bodyLength = SEATS * this.#resultSize;
+      this.runtime.stepSeats(this, count);
+      this.bodyLength = count * this.#resultSize;
     } else {
-      this.#stepAll(SEATS);
+      this.#stepAll(count);
     }
     return this.ids.STEP_MULTI_RESP;
   }

@@ -7,9 +7,7 @@
  */
 
 import assert from "node:assert/strict";
-import { type ChildProcessWithoutNullStreams, spawn, spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, describe, test } from "node:test";
@@ -21,66 +19,12 @@ import * as pac_env from "../generated/pac_env";
 import { type Client, ConnectError, PeerGoneError, RemoteError, connect } from "../index";
 import { ErrorCode } from "../protocol";
 import { POISON } from "../testing/faulty";
-
-const ROOT = resolve(__dirname, "..", "..", "..");
-const SERVE_JS = resolve(__dirname, "..", "cli", "serve.js");
-const PYTHON = process.env.PYTHON ?? (existsSync(join(ROOT, ".venv/bin/python")) ? join(ROOT, ".venv/bin/python") : "python3");
-const HAVE_PYTHON = spawnSync(PYTHON, ["-c", "import transport.tools.serve_cli"], { cwd: ROOT }).status === 0;
+import { HAVE_PYTHON, ServerProcess } from "../testing/servers";
 
 const FAULTY = resolve(__dirname, "..", "testing", "faulty.js");
 
 function shmUrl(numEnvs: number): string {
   return `shm://node-client-${randomBytes(5).toString("hex")}?num_envs=${numEnvs}`;
-}
-
-/** A server process; resolves once it printed `ready URL`. */
-class ServerProcess {
-  readonly proc: ChildProcessWithoutNullStreams;
-  url = "";
-
-  private constructor(command: string, args: string[]) {
-    this.proc = spawn(command, args, { cwd: ROOT, stdio: ["pipe", "pipe", "pipe"] });
-  }
-
-  static async start(lang: "node" | "python" | "faulty", url: string, ...args: string[]): Promise<ServerProcess> {
-    const server =
-      lang === "node"
-        ? new ServerProcess(process.execPath, [SERVE_JS, url, ...args])
-        : lang === "python"
-          ? new ServerProcess(PYTHON, ["-m", "transport.tools.serve_cli", url, "--lang", "python", ...args])
-          : new ServerProcess(process.execPath, [
-              "-e",
-              `require(${JSON.stringify(resolve(__dirname, "..", "index.js"))}).serve(` +
-                `require(${JSON.stringify(FAULTY)}).makeFaulty, ${JSON.stringify(url)}, { numEnvs: 3 })` +
-                ".then((s) => { process.stdout.write('ready ' + s.url + '\\n'); });",
-            ]);
-    server.url = await new Promise<string>((ok, fail) => {
-      let out = "";
-      let err = "";
-      const timer = setTimeout(() => fail(new Error(`no ready line in 20 s: ${err}`)), 20_000);
-      server.proc.stderr.on("data", (chunk: Buffer) => (err += chunk.toString()));
-      server.proc.stdout.on("data", (chunk: Buffer) => {
-        out += chunk.toString();
-        if (!out.includes("\n")) return;
-        clearTimeout(timer);
-        const line = out.split("\n")[0] as string;
-        if (line.startsWith("ready ")) ok(line.slice(6).trim());
-        else fail(new Error(`server failed to start: ${line} ${err}`));
-      });
-      server.proc.once("exit", (code) => {
-        clearTimeout(timer);
-        fail(new Error(`server exited with ${code}: ${err}`));
-      });
-    });
-    return server;
-  }
-
-  async stop(signal: NodeJS.Signals = "SIGTERM"): Promise<void> {
-    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
-    const exited = new Promise<void>((ok) => this.proc.once("exit", () => ok()));
-    this.proc.kill(signal);
-    await exited;
-  }
 }
 
 const servers: ServerProcess[] = [];
@@ -89,7 +33,8 @@ after(async () => {
 });
 
 async function started(lang: "node" | "python" | "faulty", url: string, ...args: string[]): Promise<ServerProcess> {
-  const server = await ServerProcess.start(lang, url, ...args);
+  const what = lang === "faulty" ? { module: FAULTY, factory: "makeFaulty", numEnvs: 3 } : lang;
+  const server = await ServerProcess.start(what, url, ...args);
   servers.push(server);
   return server;
 }

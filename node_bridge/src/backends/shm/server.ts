@@ -15,45 +15,50 @@
  * slice and every ~20 ms of busy serving, so signals (SIGINT / SIGTERM close and unlink), timers
  * and `close()` run within about one slice.
  *
- * Results: the runtime encodes each env's result (validated, canonical) into a per-env scratch
- * record, and `written` copies its fields to the Slot offsets (the pac_shm Slot keeps Appendix
- * B's offsets, which differ from the packed result's: one copy per env step, no allocation).
+ * Results: the layout is the schema's (region.ts `ShmLayout`). Where the slot holds the result
+ * struct whole (every derived layout) the runtime encodes each env's result straight into its
+ * slot (zero copy); the pac_shm profile spreads the fields at Appendix B's offsets, so there the
+ * runtime encodes into a scratch record that `written` copies field runs from (one copy per env
+ * step, no allocation). A region whose env has `stepBatch` has max(num_envs, seats) slots:
+ * STEP_MULTI carries one seat action in each of slots 0..seats-1.
  *
  * Slot commands: STEP, RESET, SHUTDOWN, HELLO (the lease's auto-reset mode in `action`),
  * OBSERVE (the results rewritten in place, each env's `info()` map in its slot's `info` area
- * when it fits, else `info_len` 0). A request on every slot with one command is one runtime
- * call; anything else is answered slot by slot.
+ * when it fits, else `info_len` 0), STEP_MULTI (slots 0..seats-1). A request on every env slot
+ * with one command is one runtime call; anything else is answered slot by slot.
  */
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
-import { ConnectError, ProtocolError } from "../../errors";
 import type { FieldJson } from "../../ir";
-import { AutoReset, ErrorCode, RequestError } from "../../protocol";
-import { type EnvRuntime, type Records, bodyCodec, checkAutoreset, describeError } from "../../runtime/core";
+import { ProtocolError } from "../../errors";
+import { type AutoReset, ErrorCode, RequestError } from "../../protocol";
+import {
+  type ActionType,
+  type EnvRuntime,
+  type Records,
+  bodyCodec,
+  checkAutoreset,
+  describeError,
+  readActions,
+  stepAction,
+} from "../../runtime/core";
 import type { EnvHost } from "../../runtime/host";
 import { type ConnectionStats, newStats } from "../../stream";
 import type { Listener, ListenOptions } from "../index";
 import {
   CB,
-  CONTROL_SIZE,
-  ERROR_TEXT_MAX,
-  FINAL_SEQ_OFFSET,
-  FINAL_SIZE,
-  INFO_MAX,
   LAYOUT_VERSION,
   MAGIC,
-  RESULT_OFFSET,
   Region,
   RegionState,
   SEQ_MASK,
-  SLOT,
-  SLOT_SIZE,
+  type ShmLayout,
+  ShmLayout as Layouts,
   type ShmUrl,
   SlotCommand,
   WAIT_CLOSED,
   WAIT_TIMEOUT,
-  finalsOffset,
   futexWake,
   off,
   parseShmUrl,
@@ -70,38 +75,62 @@ interface Copy {
   readonly size: number;
 }
 
-/** How the STEP_RESP struct lands in a slot: its codec and the copy plan. */
+/** How the STEP_RESP struct lands in a slot and in a final area. */
 export interface ResultLayout {
   readonly codec: AnyStructCodec;
+  /** Runs from the packed result record to the slot's result fields. */
   readonly copies: readonly Copy[];
+  /** Runs from the slot's result fields to the final area's. */
+  readonly finalCopies: readonly Copy[];
+  /** Slot offset of the whole packed result when the slot holds it as is (zero copy), else -1. */
+  readonly inPlace: number;
+}
+
+/** Add a run, merged with the previous one when both sides continue it. */
+function addRun(runs: Copy[], from: number, to: number, size: number): void {
+  const last = runs[runs.length - 1];
+  if (last !== undefined && last.from + last.size === from && last.to + last.size === to) {
+    runs[runs.length - 1] = { from: last.from, to: last.to, size: last.size + size };
+  } else {
+    runs.push({ from, to, size });
+  }
 }
 
 /**
- * Map every field of the schema's STEP_RESP struct to the Slot field of the same name; a field
- * the Slot lacks, or one of another size, is an error naming it.
+ * The slot offset where the packed result lies whole (every field displaced by the same amount,
+ * no other slot field inside it: the derived layouts), or -1 (the pac_shm profile).
  */
-export function resultLayout(schema: SchemaModule): ResultLayout {
-  const codec = bodyCodec(schema, "STEP_RESP");
-  const fields: readonly FieldJson[] = schema.ir.structs[codec.name]?.fields ?? [];
-  const runs: Copy[] = [];
-  for (const f of [...fields].sort((a, b) => a.offset - b.offset)) {
-    const slot = SLOT[f.name];
-    if (slot === undefined || slot.offset < RESULT_OFFSET) {
-      throw new ProtocolError(`shm:// cannot carry ${codec.name}.${f.name}: the pac_shm Slot has no such field`);
-    }
-    if (slot.size !== f.size || slot.count !== f.count) {
-      throw new ProtocolError(
-        `shm:// cannot carry ${codec.name}.${f.name}: ${f.type} in the schema, ${slot.type} in the pac_shm Slot`,
-      );
-    }
-    const last = runs[runs.length - 1];
-    if (last !== undefined && last.from + last.size === f.offset && last.to + last.size === slot.offset) {
-      runs[runs.length - 1] = { from: last.from, to: last.to, size: last.size + f.size };
-    } else {
-      runs.push({ from: f.offset, to: slot.offset, size: f.size });
-    }
+function wholeAt(layout: ShmLayout, fields: readonly FieldJson[], copies: readonly Copy[], size: number): number {
+  const first = copies[0];
+  if (first === undefined) return -1;
+  const shift = first.to - first.from;
+  if (shift < 0 || copies.some((c) => c.to - c.from !== shift)) return -1;
+  const names = new Set(fields.map((f) => f.name));
+  for (const [name, f] of Object.entries(layout.slot)) {
+    const inside = f.offset < shift + size && f.offset + f.size > shift;
+    const isResult = (f.offset === shift && f.size === size) || (names.has(name) && layout.ir.result_offsets[name] === f.offset);
+    if (inside && !isResult) return -1;
   }
-  return { codec, copies: runs };
+  return shift;
+}
+
+/** The copy plans of the schema's result struct over its shm layout (IR `shm` offset maps). */
+export function resultLayout(schema: SchemaModule): ResultLayout {
+  const layout = Layouts.of(schema);
+  const codec = bodyCodec(schema, "STEP_RESP");
+  const fields = [...(schema.ir.structs[codec.name]?.fields ?? [])].sort((a, b) => a.offset - b.offset);
+  const copies: Copy[] = [];
+  const finalCopies: Copy[] = [];
+  for (const f of fields) {
+    const at = layout.ir.result_offsets[f.name];
+    const finalAt = layout.ir.final_result_offsets[f.name];
+    if (at === undefined || finalAt === undefined) {
+      throw new ProtocolError(`shm:// cannot carry ${codec.name}.${f.name}: the ${layout.ir.profile} layout has no offset for it`);
+    }
+    addRun(copies, f.offset, at, f.size);
+    addRun(finalCopies, at, finalAt, f.size);
+  }
+  return { codec, copies, finalCopies, inPlace: wholeAt(layout, fields, copies, codec.size) };
 }
 
 /** UTF-8 `text` cut at a character boundary to at most `max` bytes. */
@@ -114,36 +143,41 @@ export function utf8Cut(text: string, max: number): Buffer {
 }
 
 /**
- * The runtime's records over the region: env i's result is encoded into scratch record i, then
- * copied to slot i's result fields; SAME_STEP finals go to env i's final area, stamped with the
- * request's sequence before the response word is published.
+ * The runtime's records over the region: env i's result goes straight into slot i when the
+ * slot holds the result whole, else into scratch record i whose fields `written` copies to the
+ * slot; SAME_STEP finals go to final area i, stamped with the request's sequence before the
+ * response word is published.
  */
 class SlotRecords implements Records {
   readonly bytes: Uint8Array;
   readonly #region: Region;
-  readonly #copies: readonly Copy[];
+  readonly #layout: ShmLayout;
+  readonly #plan: ResultLayout;
   readonly #size: number;
   readonly #finalsAt: number;
   readonly #seqs: Int32Array;
 
-  constructor(region: Region, layout: ResultLayout, numEnvs: number, seqs: Int32Array) {
+  constructor(region: Region, plan: ResultLayout, seqs: Int32Array) {
     this.#region = region;
-    this.#copies = layout.copies;
-    this.#size = layout.codec.size;
-    this.bytes = new Uint8Array(numEnvs * this.#size);
-    this.#finalsAt = finalsOffset(numEnvs);
+    this.#layout = region.layout;
+    this.#plan = plan;
+    this.#size = plan.codec.size;
+    this.bytes = plan.inPlace >= 0 ? region.bytes : new Uint8Array(region.numSlots * this.#size);
+    this.#finalsAt = region.layout.finalsOffset(region.numSlots);
     this.#seqs = seqs;
   }
 
   at(index: number): number {
-    return index * this.#size;
+    const inPlace = this.#plan.inPlace;
+    return inPlace >= 0 ? this.#layout.slotBase(index) + inPlace : index * this.#size;
   }
 
   written(index: number): void {
+    if (this.#plan.inPlace >= 0) return; // encoded in the slot itself
     const bytes = this.#region.bytes;
     const from = index * this.#size;
-    const base = CONTROL_SIZE + index * SLOT_SIZE;
-    const copies = this.#copies;
+    const base = this.#layout.slotBase(index);
+    const copies = this.#plan.copies;
     for (let k = 0; k < copies.length; k++) {
       const c = copies[k] as Copy;
       bytes.set(this.bytes.subarray(from + c.from, from + c.from + c.size), base + c.to);
@@ -152,16 +186,18 @@ class SlotRecords implements Records {
 
   keepFinal(index: number): void {
     const region = this.#region;
-    const slot = CONTROL_SIZE + index * SLOT_SIZE;
-    const final = this.#finalsAt + index * FINAL_SIZE;
-    const copies = this.#copies;
+    const slot = this.#layout.slotBase(index);
+    const final = this.#finalsAt + index * this.#layout.finalSize;
+    const copies = this.#plan.finalCopies;
     for (let k = 0; k < copies.length; k++) {
       const c = copies[k] as Copy;
-      region.bytes.copyWithin(final + c.to, slot + c.to, slot + c.to + c.size);
+      region.bytes.copyWithin(final + c.to, slot + c.from, slot + c.from + c.size);
     }
-    Atomics.store(region.words, (final + FINAL_SEQ_OFFSET) >> 2, this.#seqs[index] as number);
+    Atomics.store(region.words, (final + this.#layout.finalSeqAt) >> 2, this.#seqs[index] as number);
   }
 }
+
+const MODE = new Float64Array(1);
 
 /** One lease holder's envs. */
 interface Lease {
@@ -175,7 +211,10 @@ export class ShmListener implements Listener {
   readonly stats: ConnectionStats = newStats();
   readonly shm: ShmUrl;
   readonly numEnvs: number;
+  /** Slots in the region: max(num_envs, seats) when the env has stepBatch, else num_envs. */
+  readonly numSlots: number;
   readonly region: Region;
+  readonly layout: ShmLayout;
   /** FUTEX_WAIT calls the loop made while idle or waiting (how often it slept). */
   sleeps = 0;
   readonly #host: EnvHost;
@@ -185,7 +224,9 @@ export class ShmListener implements Listener {
   readonly #doorbellAt: number;
   readonly #clientPidWord: number;
   readonly #clientStartAt: number;
-  readonly #actionWord: number;
+  readonly #actionAt: number;
+  readonly #actionType: ActionType;
+  readonly #seats: number;
   readonly #seedOf = (index: number): bigint | null => this.#slotSeed(index);
   #lease: Lease | null = null;
   #spare: EnvRuntime | null = null;
@@ -200,38 +241,37 @@ export class ShmListener implements Listener {
     this.shm = parseShmUrl(url);
     this.#host = host;
     const schema = host.schema;
-    const layout = resultLayout(schema);
+    const layout = Layouts.of(schema);
+    this.layout = layout;
+    const plan = resultLayout(schema);
+    const action = stepAction(schema);
+    const actionAt = layout.ir.request_offsets[action.field.name];
+    if (actionAt === undefined) throw new ProtocolError(`the shm layout has no offset for the action field ${action.field.name}`);
+    this.#actionAt = actionAt;
+    this.#actionType = action.type;
     const numEnvs = this.shm.numEnvs ?? host.numEnvs;
     this.numEnvs = numEnvs;
     const spare = host.runtime(numEnvs, url); // the first client's envs, made before READY
-    const obsN = SLOT["observation"]!.count;
-    const actN = SLOT["action_mask"]!.count;
-    if (spare.spaces.obsN !== obsN || spare.spaces.actN !== actN) {
-      spare.close();
-      throw new ConnectError(
-        `shm:// needs envs with ${obsN} observations and ${actN} actions (the pac_shm slot); ` +
-          `this env has ${spare.spaces.obsN} and ${spare.spaces.actN}`,
-      );
-    }
-    this.#pending = new Uint8Array(numEnvs);
-    this.#seqs = new Int32Array(numEnvs);
+    this.#seats = spare.hasSeats ? spare.seats : 0;
+    this.numSlots = Math.max(numEnvs, this.#seats);
+    this.#pending = new Uint8Array(this.numSlots);
+    this.#seqs = new Int32Array(this.numSlots);
     this.#doorbellAt = off(CB, "doorbell");
     this.#clientPidWord = off(CB, "client_pid") >> 2;
     this.#clientStartAt = off(CB, "client_start_time");
-    this.#actionWord = (CONTROL_SIZE + off(SLOT, "action")) >> 2;
     this.#stopped = new Promise((resolve) => {
       this.#stop = resolve;
     });
 
     let region: Region;
     try {
-      region = Region.create(this.shm, numEnvs);
+      region = Region.create(this.shm, layout, this.numSlots);
     } catch (error) {
       spare.close();
       throw error;
     }
     this.region = region;
-    this.#records = new SlotRecords(region, layout, numEnvs, this.#seqs);
+    this.#records = new SlotRecords(region, plan, this.#seqs);
     try {
       const dv = region.dv;
       dv.setUint32(off(CB, "owner_pid"), process.pid, true);
@@ -241,9 +281,9 @@ export class ShmListener implements Listener {
       dv.setUint32(off(CB, "magic"), MAGIC, true);
       dv.setUint32(off(CB, "version"), LAYOUT_VERSION, true);
       dv.setUint32(off(CB, "num_envs"), numEnvs, true);
-      dv.setUint32(off(CB, "obs_size"), obsN, true);
-      dv.setUint32(off(CB, "act_size"), actN, true);
-      dv.setUint32(off(CB, "slot_size"), SLOT_SIZE, true);
+      dv.setUint32(off(CB, "obs_size"), layout.obsSize, true);
+      dv.setUint32(off(CB, "act_size"), layout.actSize, true);
+      dv.setUint32(off(CB, "slot_size"), layout.slotSize, true);
       dv.setBigUint64(off(CB, "fingerprint"), schema.fingerprint, true);
       this.#writeInfo(0, { env: host.envName, server: host.serverLang });
       this.#last = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK; // before READY
@@ -302,22 +342,26 @@ export class ShmListener implements Listener {
   #serveBatch(): void {
     const region = this.region;
     const words = region.words;
+    const layout = this.layout;
+    const k = this.numSlots;
     const n = this.numEnvs;
     const pending = this.#pending;
     const seqs = this.#seqs;
-    const reqOff = off(SLOT, "sem_action_ready");
-    const respOff = off(SLOT, "sem_result_ready");
-    const cmdOff = off(SLOT, "command");
+    const reqOff = off(layout.slot, "sem_action_ready");
+    const respOff = off(layout.slot, "sem_result_ready");
+    const cmdOff = off(layout.slot, "command");
     let count = 0;
+    let below = 0; // pending slots among 0..n-1
     let cmd = -2;
-    for (let i = 0; i < n; i++) {
-      const base = CONTROL_SIZE + i * SLOT_SIZE;
+    for (let i = 0; i < k; i++) {
+      const base = layout.slotBase(i);
       const req = Atomics.load(words, (base + reqOff) >> 2) & SEQ_MASK;
       const resp = Atomics.load(words, (base + respOff) >> 2) & SEQ_MASK;
       if (req !== resp) {
         pending[i] = 1;
         seqs[i] = req; // answer exactly this request, even if a newer one follows
         count++;
+        if (i < n) below++;
         const c = words[(base + cmdOff) >> 2] as number;
         cmd = cmd === -2 ? c : cmd === c ? cmd : -1;
       } else {
@@ -328,18 +372,21 @@ export class ShmListener implements Listener {
     const pid = Atomics.load(words, this.#clientPidWord) >>> 0;
     let lease = this.#lease;
     if (lease === null || lease.clientPid !== pid) lease = pid ? this.#newLease(pid) : null;
+    const all = count === n && below === n;
     let status = 0;
     try {
       if (lease === null) throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
       const runtime = lease.runtime;
-      if (count === n && cmd === SlotCommand.STEP) {
+      if (cmd === SlotCommand.STEP_MULTI) {
+        this.#stepMulti(runtime, count);
+      } else if (all && cmd === SlotCommand.STEP) {
         this.#readActions(runtime, 0, n);
         runtime.step(this.#records);
-      } else if (count === n && cmd === SlotCommand.RESET) {
+      } else if (all && cmd === SlotCommand.RESET) {
         runtime.reset(this.#records, this.#seedOf);
-      } else if (count === n && cmd === SlotCommand.HELLO) {
+      } else if (all && cmd === SlotCommand.HELLO) {
         runtime.autoreset = this.#mode(0);
-      } else if (count === n && cmd === SlotCommand.OBSERVE) {
+      } else if (all && cmd === SlotCommand.OBSERVE) {
         this.#observe(runtime);
       } else if (cmd === SlotCommand.SHUTDOWN) {
         this.#dropLease();
@@ -356,13 +403,39 @@ export class ShmListener implements Listener {
         this.#errorAll(describeError(error));
       }
     }
-    const statusOff = off(SLOT, "status");
+    const statusOff = off(layout.slot, "status");
     const dv = region.dv;
-    for (let i = 0; i < n; i++) {
+    for (let i = 0; i < k; i++) {
       if (!pending[i]) continue;
-      const base = CONTROL_SIZE + i * SLOT_SIZE;
+      const base = layout.slotBase(i);
       if (status >= 0) dv.setUint16(base + statusOff, status, true);
       publishWord(region, base + respOff, seqs[i] as number); // results, status, then the word
+    }
+  }
+
+  /**
+   * STEP_MULTI on slots 0..seats-1: one seat action each, one `stepBatch` call (a 1-env server
+   * whose env has it), or one step of each env of a seats-env server.
+   */
+  #stepMulti(runtime: EnvRuntime, count: number): void {
+    const seats = runtime.seats;
+    const pending = this.#pending;
+    let exact = count === seats;
+    for (let i = 0; i < seats && exact; i++) if (!pending[i]) exact = false;
+    if (!exact) {
+      throw new RequestError(ErrorCode.BAD_BATCH, `STEP_MULTI needs slots 0..${seats - 1} and no others (${count} slots asked)`);
+    }
+    if (runtime.hasSeats) {
+      this.#readActions(runtime, 0, seats);
+      runtime.stepSeats(this.#records, seats);
+    } else if (this.numEnvs === seats) {
+      this.#readActions(runtime, 0, seats);
+      runtime.step(this.#records);
+    } else {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        `STEP_MULTI needs a ${seats}-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
+      );
     }
   }
 
@@ -377,10 +450,8 @@ export class ShmListener implements Listener {
 
   /** Slot actions [from, to) into the runtime's action array. */
   #readActions(runtime: EnvRuntime, from: number, to: number): void {
-    const words = this.region.words;
-    const stride = SLOT_SIZE >> 2;
-    const actions = runtime.actions;
-    for (let i = from; i < to; i++) actions[i] = words[this.#actionWord + i * stride] as number;
+    const layout = this.layout;
+    readActions(runtime.actions, this.region.bytes, layout.slotBase(from) + this.#actionAt, layout.slotSize, to - from, this.#actionType, from);
   }
 
   #slotSeed(index: number): bigint | null {
@@ -391,7 +462,9 @@ export class ShmListener implements Listener {
 
   /** HELLO: the auto-reset mode in slot `index`'s `action` (docs/shm.md "Auto-reset"). */
   #mode(index: number): AutoReset {
-    const mode = this.region.dv.getInt32(this.region.slotAt(index, "action"), true);
+    const into = MODE;
+    readActions(into, this.region.bytes, this.layout.slotBase(index) + this.#actionAt, 0, 1, this.#actionType);
+    const mode = into[0] as number;
     return checkAutoreset(mode, () => `unknown auto-reset mode ${mode}`);
   }
 
@@ -405,7 +478,7 @@ export class ShmListener implements Listener {
   #writeInfo(index: number, info: Record<string, unknown>): void {
     const region = this.region;
     const data = msgpackEncode(info);
-    const fits = data.byteLength <= INFO_MAX;
+    const fits = data.byteLength <= this.layout.infoMax;
     if (fits) region.bytes.set(data, region.slotAt(index, "info"));
     region.dv.setUint16(region.slotAt(index, "info_len"), fits ? data.byteLength : 0, true);
   }
@@ -414,7 +487,7 @@ export class ShmListener implements Listener {
   #mixed(runtime: EnvRuntime): void {
     const region = this.region;
     const dv = region.dv;
-    for (let i = 0; i < this.numEnvs; i++) {
+    for (let i = 0; i < this.numSlots; i++) {
       if (!this.#pending[i]) continue;
       let code = 0;
       try {
@@ -423,6 +496,8 @@ export class ShmListener implements Listener {
           this.#dropLease();
         } else if (cmd === SlotCommand.HELLO) {
           runtime.autoreset = this.#mode(i);
+        } else if (i >= this.numEnvs) {
+          throw new RequestError(ErrorCode.BAD_BATCH, `slot ${i} is a seat slot (STEP_MULTI only); this server has ${this.numEnvs} envs`);
         } else if (cmd === SlotCommand.STEP) {
           this.#readActions(runtime, i, i + 1);
           runtime.step(this.#records, i, i + 1);
@@ -446,14 +521,14 @@ export class ShmListener implements Listener {
 
   #writeText(index: number, text: string): void {
     const region = this.region;
-    const data = utf8Cut(text, ERROR_TEXT_MAX);
+    const data = utf8Cut(text, this.layout.errorTextMax);
     region.bytes.set(data, region.slotAt(index, "error_text"));
     region.dv.setUint16(region.slotAt(index, "error_len"), data.length, true);
   }
 
   #errorAll(text: string): void {
     const pending = this.#pending;
-    for (let i = 0; i < this.numEnvs; i++) if (pending[i]) this.#writeText(i, text);
+    for (let i = 0; i < this.numSlots; i++) if (pending[i]) this.#writeText(i, text);
   }
 
   /** Idle: reclaim the lease of a dead client (its envs are dropped); keep spare envs ready. */
@@ -481,8 +556,8 @@ export class ShmListener implements Listener {
     const region = this.region;
     Atomics.store(region.words, region.cbWord("state"), RegionState.CLOSED);
     futexWake(region, this.#doorbellAt);
-    const respOff = off(SLOT, "sem_result_ready");
-    for (let i = 0; i < this.numEnvs; i++) futexWake(region, CONTROL_SIZE + i * SLOT_SIZE + respOff);
+    const respOff = off(this.layout.slot, "sem_result_ready");
+    for (let i = 0; i < this.numSlots; i++) futexWake(region, this.layout.slotBase(i) + respOff);
     region.unlinkIfOurs();
     region.unmap();
     this.#dropLease();
