@@ -7,10 +7,14 @@
  * failure prints `transport-serve: error: <message>` on stderr and exits 1 (2 for bad arguments).
  */
 
-import { ENVS } from "../envs";
-import { type Server, serve } from "../server";
+import { resolve } from "node:path";
 import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
+import type { SchemaModule } from "../codec";
+import { ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
+import type { EnvFactory } from "../runtime/env";
+import type { WorkerEnvSpec } from "../runtime/pool";
+import { type Server, serve } from "../server";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 
@@ -21,7 +25,9 @@ port that was bound).
   URL            unix:///path.sock, http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
                  zmq+ipc:///path, zmq+tcp://127.0.0.1:PORT (docs/zmq.md: CURVE, allow_insecure)
                  or shm://name?num_envs=N (region /dev/shm/transport-name; docs/shm.md)
-  --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo)
+  --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo),
+                 or MODULE:FACTORY, a JS module (path) exporting an env factory or class
+  --schema PATH  a generated schema module (exports SCHEMA) the env speaks (default pac_env)
   --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs)
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
@@ -33,6 +39,7 @@ Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad argumen
 interface Args {
   url: string;
   env: string;
+  schema: string | null;
   numEnvs: number;
   seed: bigint | null;
   maxBody: number | undefined;
@@ -45,6 +52,7 @@ class UsageError extends Error {}
 function parseArgs(argv: readonly string[]): Args | null {
   let url: string | undefined;
   let env = "echo";
+  let schema: string | null = null;
   let numEnvs: number | null = null;
   let seed: bigint | null = null;
   let maxBody: number | undefined;
@@ -65,9 +73,14 @@ function parseArgs(argv: readonly string[]): Args | null {
     switch (flag) {
       case "--env":
         env = value();
-        if (!Object.prototype.hasOwnProperty.call(ENVS, env)) {
-          throw new UsageError(`unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")})`);
+        if (!Object.prototype.hasOwnProperty.call(ENVS, env) && !env.includes(":")) {
+          throw new UsageError(
+            `unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")}, or MODULE:FACTORY)`,
+          );
         }
+        break;
+      case "--schema":
+        schema = value();
         break;
       case "--num-envs":
         numEnvs = integer(value(), "--num-envs");
@@ -91,7 +104,30 @@ function parseArgs(argv: readonly string[]): Args | null {
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
+  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
+}
+
+/** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
+function loadEnv(spec: string): { factory: EnvFactory<unknown>; envName: string; workerEnv: WorkerEnvSpec | null } {
+  const known = ENVS[spec];
+  if (known !== undefined && Object.prototype.hasOwnProperty.call(ENVS, spec)) {
+    return { factory: known as EnvFactory<unknown>, envName: spec, workerEnv: null };
+  }
+  const cut = spec.lastIndexOf(":");
+  const module = resolve(spec.slice(0, cut));
+  const exportName = spec.slice(cut + 1);
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const factory = (require(module) as Record<string, unknown>)[exportName];
+  if (typeof factory !== "function") throw new Error(`${module} exports no env factory or class ${JSON.stringify(exportName)}`);
+  return { factory: factory as EnvFactory<unknown>, envName: exportName, workerEnv: { module, exportName } };
+}
+
+/** A generated schema module's SCHEMA (`--schema path`). */
+function loadSchema(path: string): SchemaModule {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const schema = (require(resolve(path)) as { SCHEMA?: SchemaModule }).SCHEMA;
+  if (schema === undefined) throw new Error(`${path} exports no SCHEMA (a module transport-schema compile generated)`);
+  return schema;
 }
 
 async function main(argv: readonly string[]): Promise<number> {
@@ -108,15 +144,21 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   let server: Server;
   try {
+    const { factory, envName, workerEnv } = loadEnv(args.env);
+    const schema = args.schema === null ? pac_env.SCHEMA : loadSchema(args.schema);
     if (args.url.toLowerCase().startsWith("shm://")) {
       // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
       const shm = parseShmUrl(args.url);
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
-      checkRoom(shm, ShmLayout.of(pac_env.SCHEMA), args.numEnvs);
+      checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
     }
-    server = await serve(ENVS[args.env] as () => never, args.url, {
+    server = await serve(factory, args.url, {
       numEnvs: args.numEnvs,
-      envName: args.env,
+      envName,
+      schema,
+      ...(workerEnv !== null || args.schema !== null
+        ? { workerEnv: { ...(workerEnv ?? {}), ...(args.schema !== null ? { schemaModule: resolve(args.schema) } : {}) } }
+        : {}),
       seed: args.seed,
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
       ...(args.workers ? { workers: args.workers } : {}),
