@@ -384,6 +384,30 @@ export class EnvRuntime {
     if (failures !== null) throw this.#recover(failures, out, false);
   }
 
+  /** Refuse a STEP_MULTI this runtime cannot take: it needs `seats` envs or one env with stepBatch. */
+  checkMulti(): void {
+    if (this.numEnvs !== this.seats && !this.hasSeats) {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        `STEP_MULTI_REQ needs an ${this.seats}-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
+      );
+    }
+  }
+
+  /**
+   * STEP_MULTI with `actions[0..seats)`: one `stepBatch` call (true: the seat results are in
+   * records 0..seats-1, no auto-reset) or a step of each of `seats` envs (false: as `step`).
+   */
+  stepMulti(out: Records): boolean {
+    this.checkMulti();
+    if (this.hasSeats) {
+      this.stepSeats(out, this.seats);
+      return true;
+    }
+    this.step(out);
+    return false;
+  }
+
   /**
    * STEP_MULTI to a 1-env runtime whose env has `stepBatch`: one action per seat
    * (`actions[0..seats)`), the seat results in records 0..seats-1. The seats do not auto-reset.

@@ -8,7 +8,7 @@ import type { SchemaModule } from "../codec";
 import { ConnectError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { EnvRuntime, bodyCodec } from "./core";
-import { type Env, type EnvOrFactory, isEnv, makerOf } from "./env";
+import { type Env, type EnvOrFactory, type Spaces, isEnv, makerOf } from "./env";
 import { LocalRunner } from "./local";
 import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
 
@@ -51,6 +51,8 @@ export class EnvHost {
   readonly #validate: boolean;
   readonly #workers: number;
   readonly #workerEnv: WorkerEnvSpec;
+  /** The spaces of the pool's envs (asked once of an env made here). */
+  #poolSpaces: Spaces | null = null;
 
   constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
     const numEnvs = options.numEnvs ?? 1;
@@ -105,7 +107,7 @@ export class EnvHost {
       return new EnvRuntime(this.schema, new LocalRunner([this.#shared as AnyEnv], codec, null, this.#validate), options);
     }
     if (this.#workers > 0) {
-      const spaces = factory().spaces(); // the envs live in the pool's threads
+      const spaces = (this.#poolSpaces ??= factory().spaces()); // the envs live in the pool's threads
       const spec = this.#workerEnv;
       const workers = this.#workers;
       return new EnvRuntime(this.schema, new PoolRunner(numEnvs, spaces, () => new WorkerPool(spec, numEnvs, workers)), options);

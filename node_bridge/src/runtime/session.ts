@@ -301,6 +301,11 @@ export class Session implements Records {
   #stepAll(count: number): void {
     this.#finals = 0;
     this.runtime.step(this);
+    this.#stepLength(count);
+  }
+
+  /** The body length of `count` step results; SAME_STEP adds the tail of finals. */
+  #stepLength(count: number): void {
     let length = count * this.#resultSize;
     if (this.autoreset === AutoReset.SAME_STEP) {
       writeU32(this.buffer, BODY_OFFSET + length, this.#finals);
@@ -320,22 +325,13 @@ export class Session implements Records {
   }
 
   #stepMulti(buf: Uint8Array, offset: number, length: number): number {
-    const seats = this.runtime.hasSeats;
-    const count = this.runtime.seats;
-    if (this.numEnvs !== count && !seats) {
-      throw new RequestError(
-        ErrorCode.BAD_BATCH,
-        `STEP_MULTI_REQ needs an 8-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
-      );
-    }
+    const runtime = this.runtime;
+    runtime.checkMulti();
     this.#expectSize(length, this.#multiSize, "STEP_MULTI_REQ");
-    readActions(this.runtime.actions, buf, offset + this.#multiAt, this.#multi.size, count, this.#multi);
-    if (seats) {
-      this.runtime.stepSeats(this, count);
-      this.bodyLength = count * this.#resultSize;
-    } else {
-      this.#stepAll(count);
-    }
+    readActions(runtime.actions, buf, offset + this.#multiAt, this.#multi.size, runtime.seats, this.#multi);
+    this.#finals = 0;
+    if (runtime.stepMulti(this)) this.bodyLength = runtime.seats * this.#resultSize;
+    else this.#stepLength(runtime.seats);
     return this.ids.STEP_MULTI_RESP;
   }
 

@@ -54,6 +54,7 @@ import {
   ShmLayout,
   type ShmUrl,
   SlotCommand,
+  type WaitOptions,
   WAIT_CLOSED,
   WAIT_PEER_DEAD,
   WAIT_TIMEOUT,
@@ -193,6 +194,7 @@ export class ShmChannel implements Channel {
   readonly #respOff: number;
   readonly #cmdOff: number;
   readonly #statusOff: number;
+  readonly #wait: WaitOptions;
   #doorbell: number;
   #leased = false;
   #closed = false;
@@ -228,6 +230,8 @@ export class ShmChannel implements Channel {
     this.#statusOff = off(layout.slot, "status");
     this.records = new SlotResults(region, schema, this.numEnvs, this.#seqs);
     this.#doorbell = Atomics.load(region.words, off(CB, "doorbell") >> 2) & SEQ_MASK;
+    const policy = shm.wait;
+    this.#wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
   }
 
   /** Open, validate and lease `url`'s region (retried while it is missing or not READY). */
@@ -400,8 +404,7 @@ export class ShmChannel implements Channel {
     this.#doorbell = (this.#doorbell + 1) & SEQ_MASK;
     publishWord(region, off(CB, "doorbell"), this.#doorbell);
     const timeoutNs = timeoutMs === null ? Number.MAX_SAFE_INTEGER : timeoutMs * 1e6;
-    const policy = this.shm.wait;
-    const wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
+    const wait = this.#wait;
     for (let i = 0; i < count; i++) {
       const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, wait);
       if (rc >= 0) continue;

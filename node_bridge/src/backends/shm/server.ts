@@ -156,6 +156,8 @@ class SlotRecords implements Records {
   readonly #size: number;
   readonly #finalsAt: number;
   readonly #seqs: Int32Array;
+  /** Per record, the scratch views of its copy runs (made once: `written` allocates nothing). */
+  readonly #runs: ReadonlyArray<readonly Uint8Array[]>;
 
   constructor(region: Region, plan: ResultLayout, seqs: Int32Array) {
     this.#region = region;
@@ -165,6 +167,12 @@ class SlotRecords implements Records {
     this.bytes = plan.inPlace >= 0 ? region.bytes : new Uint8Array(region.numSlots * this.#size);
     this.#finalsAt = region.layout.finalsOffset(region.numSlots);
     this.#seqs = seqs;
+    const runs: Uint8Array[][] = [];
+    for (let i = 0; plan.inPlace < 0 && i < region.numSlots; i++) {
+      const from = i * this.#size;
+      runs.push(plan.copies.map((c) => this.bytes.subarray(from + c.from, from + c.from + c.size)));
+    }
+    this.#runs = runs;
   }
 
   at(index: number): number {
@@ -175,13 +183,10 @@ class SlotRecords implements Records {
   written(index: number): void {
     if (this.#plan.inPlace >= 0) return; // encoded in the slot itself
     const bytes = this.#region.bytes;
-    const from = index * this.#size;
     const base = this.#layout.slotBase(index);
     const copies = this.#plan.copies;
-    for (let k = 0; k < copies.length; k++) {
-      const c = copies[k] as Copy;
-      bytes.set(this.bytes.subarray(from + c.from, from + c.from + c.size), base + c.to);
-    }
+    const runs = this.#runs[index] as readonly Uint8Array[];
+    for (let k = 0; k < copies.length; k++) bytes.set(runs[k] as Uint8Array, base + (copies[k] as Copy).to);
   }
 
   keepFinal(index: number): void {
@@ -413,10 +418,7 @@ export class ShmListener implements Listener {
     }
   }
 
-  /**
-   * STEP_MULTI on slots 0..seats-1: one seat action each, one `stepBatch` call (a 1-env server
-   * whose env has it), or one step of each env of a seats-env server.
-   */
+  /** STEP_MULTI on slots 0..seats-1 (one seat action each) and no others: the runtime's. */
   #stepMulti(runtime: EnvRuntime, count: number): void {
     const seats = runtime.seats;
     const pending = this.#pending;
@@ -425,18 +427,9 @@ export class ShmListener implements Listener {
     if (!exact) {
       throw new RequestError(ErrorCode.BAD_BATCH, `STEP_MULTI needs slots 0..${seats - 1} and no others (${count} slots asked)`);
     }
-    if (runtime.hasSeats) {
-      this.#readActions(runtime, 0, seats);
-      runtime.stepSeats(this.#records, seats);
-    } else if (this.numEnvs === seats) {
-      this.#readActions(runtime, 0, seats);
-      runtime.step(this.#records);
-    } else {
-      throw new RequestError(
-        ErrorCode.BAD_BATCH,
-        `STEP_MULTI needs a ${seats}-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
-      );
-    }
+    runtime.checkMulti();
+    this.#readActions(runtime, 0, seats);
+    runtime.stepMulti(this.#records);
   }
 
   #newLease(pid: number): Lease {
