@@ -149,6 +149,67 @@ def test_the_node_testee_conforms(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, out
 
 
+USER_SCHEMA = """
+[schema]
+name = "my_env"
+layout = "natural"
+
+[enums.Phase]
+type = "i16"
+values = { START = -1, RUN = 0, END = 7 }
+
+[structs.Cell]
+fields = [{ name = "kind", type = "Phase" }, { name = "heat", type = "f64" }]
+
+[structs.StepResult]
+fields = [
+  { name = "observation", type = "f32[3,4]",  role = "observation" },
+  { name = "cells",       type = "Cell[3]" },
+  { name = "reward",      type = "f32",       role = "reward" },
+  { name = "done",        type = "bool",      role = "done" },
+  { name = "tick",        type = "u64" },
+  { name = "mask",        type = "bool[2,3]", role = "action_mask" },
+]
+
+[structs.StepRequest]
+fields = [{ name = "action", type = "i16", role = "action" }]
+
+[env]
+seats = 3
+"""
+
+
+@pytest.mark.skipif(
+    not node_testee(ROOT).exists() or shutil.which("node") is None,
+    reason="the Node testee is not built (cd node_bridge && npm ci && npm run build) or no node",
+)
+def test_a_users_schema_is_checked_in_both_languages_without_a_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "my_env.toml"
+    path.write_text(USER_SCHEMA)
+    code = main(["--count", "60", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "golden         none in" in out and "(skipped)" in out
+    assert "my_env       python->node" in out and "my_env       invalid" in out
+
+
+@pytest.mark.skipif(
+    not node_testee(ROOT).exists() or shutil.which("node") is None,
+    reason="the Node testee is not built (cd node_bridge && npm ci && npm run build) or no node",
+)
+def test_codecs_loaded_from_the_ir_at_run_time_conform(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    testee = f"node {shlex.quote(str(node_testee(ROOT)))} --runtime"
+    code = main(["--testee", testee, "--count", "40"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for schema in SCHEMAS:
+        assert load_schema(schema).name in out
+
+
 STRUCTS = [(path, name) for path in SCHEMAS for name in load_schema(path).structs]
 
 

@@ -192,9 +192,11 @@ class StructCodec:
         got = self._getter(values)
         if len(self._names) == 1:
             got = (got,)
-        out = []
+        out: list[Any] = []
         for (f, sub), value in zip(self._nested, got, strict=True):
-            if sub is None:
+            if f.shape is not None:  # flat (row-major) or nested: NumPy assigns this shape
+                out.append(np.reshape(np.asarray(value), f.shape))
+            elif sub is None:
                 out.append(value)
             elif f.is_array:
                 out.append([sub().as_tuple(v) for v in value])
@@ -236,9 +238,11 @@ class StructCodec:
             if not bad.any():
                 continue
             index = tuple(int(i) for i in np.argwhere(bad)[0]) if bad.ndim else ()
-            where = _element_offset(leaf, index)
+            found = int(values[index]) if index else int(values)
+            flat = _flat_index(leaf, index)
+            where = _element_offset(leaf, flat)
             if first is None or where < first[0]:
-                first = (where, _strict_error(self.name, leaf, index, values))
+                first = (where, _strict_error(self.name, leaf, flat, found))
         if first is not None:
             raise first[1]
 
@@ -316,7 +320,7 @@ def _raw_dtype(schema: SchemaIR, struct: StructIR) -> np.dtype[Any]:
 
 
 def _build_dtype(struct: StructIR, element: Callable[[FieldIR], Any]) -> np.dtype[Any]:
-    formats = [(element(f), (f.count,)) if f.is_array else element(f) for f in struct.fields]
+    formats = [(element(f), f.dims) if f.is_array else element(f) for f in struct.fields]
     return np.dtype(
         {
             "names": [f.name for f in struct.fields],
@@ -372,6 +376,16 @@ def _leaves(schema: SchemaIR, struct: StructIR) -> list[_Leaf]:
     return out
 
 
+def _flat_index(leaf: _Leaf, index: tuple[int, ...]) -> tuple[int, ...]:
+    """``index`` with a multi-dimensional leaf's own indices collapsed to one row-major index
+    (paths name an element by its flat index: ``observation[17]``, as in TypeScript)."""
+    shape = leaf.field.shape
+    if shape is None or len(index) < len(shape):
+        return index
+    cut = len(index) - len(shape)
+    return (*index[:cut], int(np.ravel_multi_index(index[cut:], shape)))
+
+
 def _element_offset(leaf: _Leaf, index: tuple[int, ...]) -> int:
     offset = sum(leaf.base_offset)
     for i, stride in zip(index, leaf.strides, strict=True):
@@ -387,9 +401,8 @@ def _path_text(leaf: _Leaf, index: tuple[int, ...]) -> str:
     return ".".join(parts)
 
 
-def _strict_error(struct: str, leaf: _Leaf, index: tuple[int, ...], values: Any) -> CodecError:
+def _strict_error(struct: str, leaf: _Leaf, index: tuple[int, ...], found: int) -> CodecError:
     field = _path_text(leaf, index)
-    found = int(values[index]) if index else int(values)
     if leaf.field.kind == "bool":
         return InvalidBoolError(f"bool byte is {found}, not 0 or 1", struct=struct, field=field)
     if leaf.field.kind == "enum":
@@ -452,12 +465,17 @@ def _validator(codecs: Schema, f: FieldIR) -> Callable[[Any, str], None]:
 
 
 def _sequence(value: Any, f: FieldIR, path: str) -> Sequence[Any] | np.ndarray:
+    """An array field's value as one flat sequence of ``count`` elements. A multi-dimensional
+    field takes its shape (an array or nested lists) or the flat row-major elements."""
     if isinstance(value, np.ndarray):
+        if f.shape is not None and value.shape == f.shape:
+            return value.reshape(-1)
         if value.ndim != 1:
-            raise ArrayLengthError(f"expected a 1-D array of {f.count}", field=path)
+            raise ArrayLengthError(f"expected {_array_text(f)}", field=path)
         seq: Sequence[Any] | np.ndarray = value
     elif isinstance(value, list | tuple):
-        seq = value
+        nested = f.shape is not None and bool(value) and isinstance(value[0], list | tuple)
+        seq = _flatten(value, f, path) if nested else value
     else:
         raise ValueTypeError(
             f"expected an array of {f.count}, not {type(value).__name__}", field=path
@@ -465,6 +483,31 @@ def _sequence(value: Any, f: FieldIR, path: str) -> Sequence[Any] | np.ndarray:
     if len(seq) != f.count:
         raise ArrayLengthError(f"expected {f.count} elements, got {len(seq)}", field=path)
     return seq
+
+
+def _array_text(f: FieldIR) -> str:
+    if f.shape is None:
+        return f"a 1-D array of {f.count}"
+    return f"an array of shape {f.shape} (or {f.count} elements, row-major)"
+
+
+def _flatten(value: Sequence[Any], f: FieldIR, path: str) -> list[Any]:
+    """Nested lists of exactly ``f.shape`` -> their elements, row-major."""
+    assert f.shape is not None
+    shape = f.shape
+    out: list[Any] = []
+
+    def walk(item: Any, depth: int) -> None:
+        if depth == len(shape):
+            out.append(item)
+            return
+        if not isinstance(item, list | tuple | np.ndarray) or len(item) != shape[depth]:
+            raise ArrayLengthError(f"expected {_array_text(f)}", field=path)
+        for sub in item:
+            walk(sub, depth + 1)
+
+    walk(value, 0)
+    return out
 
 
 def _check_numeric_array(f: FieldIR, arr: np.ndarray, path: str) -> None:

@@ -1,9 +1,12 @@
 """The protocol layer shared by every backend: frame header, HELLO handshake, ERROR messages.
 
-The wire format is specified in docs/protocol.md (seed 000 Appendix A plus HELLO and ERROR).
-Backends move frames; this module says what the bytes mean. The message ids come from the
-schema's ``[messages]`` table, looked up by name, so any schema that declares these messages
-can ride the same client and server.
+The wire format is specified in docs/protocol.md (seed 000 Appendix A plus HELLO and ERROR) and
+declared once in ``schema/protocol.toml``, the protocol envelope: every constant here (error
+codes, which close the connection, HTTP statuses and routes, auto-reset modes, message ids, the
+header, HELLO and ERROR head layouts) comes from its generated module
+``transport.generated.protocol``. Backends move frames; this module says what the bytes mean.
+The message ids are read from a schema's ``[messages]`` by name (every env schema has the
+envelope's), so any such schema can ride the same client and server.
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
+from transport.codec import StructCodec
 from transport.errors import (
     BadFrameError,
     EnvError,
@@ -24,12 +27,43 @@ from transport.errors import (
     RemoteError,
     VersionMismatchError,
 )
+from transport.generated import protocol as envelope
+from transport.generated.protocol import AutoReset as AutoReset
+from transport.generated.protocol import ErrorCode as ErrorCode
+from transport.generated.protocol import RegionState as RegionState
+from transport.generated.protocol import SlotCommand as SlotCommand
 from transport.schema.ir import SchemaIR
 
 PROTOCOL_VERSION = 0x0100
 """major << 8 | minor; peers with different majors refuse each other."""
 
-HEADER = struct.Struct("<BII")
+_STRUCT_CHARS = {
+    "u8": "B",
+    "u16": "H",
+    "u32": "I",
+    "u64": "Q",
+    "i8": "b",
+    "i16": "h",
+    "i32": "i",
+    "i64": "q",
+}
+
+
+def packed_struct(codec: StructCodec) -> struct.Struct:
+    """A ``struct.Struct`` for a packed envelope struct of scalar integers, from its IR (the
+    fast path for headers; the offsets are checked, never assumed)."""
+    fmt, end = "<", 0
+    for f in codec.ir.fields:
+        if f.offset != end or f.is_array or f.elem not in _STRUCT_CHARS:
+            raise TypeError(f"{codec.name}.{f.name} is not a packed integer field at byte {end}")
+        fmt += _STRUCT_CHARS[f.elem]
+        end += f.size
+    if end != codec.size:
+        raise TypeError(f"{codec.name} has {codec.size - end} bytes of trailing padding")
+    return struct.Struct(fmt)
+
+
+HEADER = packed_struct(envelope.FrameHeader)  # "<BII"
 HEADER_SIZE = HEADER.size  # 9
 BODY_OFFSET = 16
 """Receive buffers hold the header at 7..15 so that bodies start 16-byte aligned (zero-copy
@@ -37,58 +71,31 @@ float32 views need aligned data; torch.from_numpy refuses misaligned arrays)."""
 HEADER_OFFSET = BODY_OFFSET - HEADER_SIZE
 DEFAULT_MAX_BODY = 64 << 20
 
-HELLO = struct.Struct("<HHQ")
-ERROR_HEAD = struct.Struct("<HH")
+HELLO = packed_struct(envelope.Hello)  # "<HHQ"
+ERROR_HEAD = packed_struct(envelope.ErrorHead)  # "<HH"
 MAX_ERROR_TEXT = 0xFFFF
 
-
-class AutoReset(IntEnum):
-    """Who resets an env whose episode ended: HELLO_REQ flags bits 0-1, echoed by HELLO_RESP.
-
-    DISABLED: the client sends a reset (a step on a done env is NOT_RESET).
-    NEXT_STEP: the next step of a done env ignores its action and resets it (gymnasium 1.x).
-    SAME_STEP: the step that ends an episode resets the env at once; the response carries the
-    reset result in place and the final result in a tail (SB3 VecEnv).
-    """
-
-    DISABLED = 0
-    NEXT_STEP = 1
-    SAME_STEP = 2
-
+# AutoReset (imported above): who resets an env whose episode ended: HELLO_REQ flags bits 0-1,
+# echoed by HELLO_RESP. DISABLED: the client sends a reset (a step on a done env is NOT_RESET).
+# NEXT_STEP: the next step of a done env ignores its action and resets it (gymnasium 1.x).
+# SAME_STEP: the step that ends an episode resets the env at once; the response carries the
+# reset result in place and the final result in a tail (SB3 VecEnv).
+# ErrorCode (imported above): the ERROR message codes (docs/protocol.md).
+# SlotCommand, RegionState (imported above): a shm slot's command word and a region's state word
+# (docs/shm.md).
 
 AUTORESET_MASK = 0x3
 FINAL_COUNT = struct.Struct("<I")
 """SAME_STEP tail after the N results: u32 k, then k x (u32 env index, result struct)."""
 
-
-class ErrorCode(IntEnum):
-    """ERROR message codes (docs/protocol.md)."""
-
-    BAD_FRAME = 1
-    UNKNOWN_MESSAGE = 2
-    BAD_BODY_SIZE = 3
-    BODY_TOO_LARGE = 4
-    HELLO_REQUIRED = 5
-    VERSION_MISMATCH = 6
-    FINGERPRINT_MISMATCH = 7
-    INVALID_ACTION = 8
-    MASKED_ACTION = 9
-    ENV_ERROR = 10
-    BAD_BATCH = 11
-    NOT_RESET = 12
-    INTERNAL = 13
-
-
-CLOSING_ERRORS = frozenset(
-    {
-        ErrorCode.BAD_FRAME,
-        ErrorCode.UNKNOWN_MESSAGE,
-        ErrorCode.BODY_TOO_LARGE,
-        ErrorCode.VERSION_MISMATCH,
-        ErrorCode.FINGERPRINT_MISMATCH,
-    }
-)
+CLOSING_ERRORS: Final[frozenset[int]] = envelope.CLOSING_ERRORS
 """After these the server closes the connection: the stream or the peer cannot be trusted."""
+
+HTTP_STATUS: Final[dict[int, int]] = envelope.HTTP_STATUS
+"""The HTTP status of each ERROR code (a 405 for a non-POST request carries UNKNOWN_MESSAGE)."""
+
+HTTP_ROUTES: Final[dict[str, str]] = envelope.HTTP_ROUTES
+"""``POST /v1/<method>`` -> the name of the request message it carries."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ class MessageIds:
     RESET_SEED_REQ: int
     STEP_BATCH_REQ: int
     STEP_BATCH_RESP: int
+    OBSERVE_REQ: int
+    OBSERVE_RESP: int
 
     @classmethod
     def from_schema(cls, schema: SchemaIR) -> MessageIds:
@@ -121,6 +130,10 @@ class MessageIds:
                 f"schema {schema.name} lacks the protocol messages {', '.join(missing)}"
             )
         return cls(**{name: schema.messages[name].id for name in names})
+
+
+MESSAGE_IDS: Final = MessageIds.from_schema(envelope.SCHEMA.ir)
+"""The envelope's message ids: the same in every env schema."""
 
 
 @dataclass(frozen=True)
@@ -189,14 +202,22 @@ def encode_error(code: int, text: str) -> bytes:
 
 
 def decode_error(body: Any) -> RemoteError | ProtocolError:
-    """The typed error an ERROR body stands for (mismatches keep their own types)."""
+    """The typed error an ERROR body stands for (``error_from_code`` of its code and text)."""
     data = bytes(body)
     if len(data) < ERROR_HEAD.size:
         return BadFrameError(f"ERROR body is {len(data)} bytes, shorter than its head")
     code, text_len = ERROR_HEAD.unpack_from(data, 0)
     if len(data) != ERROR_HEAD.size + text_len:
-        return BadFrameError(f"ERROR body is {len(data)} bytes, its head says {4 + text_len}")
-    text = data[ERROR_HEAD.size :].decode("utf-8", "replace")
+        return BadFrameError(
+            f"ERROR body is {len(data)} bytes, its head says {ERROR_HEAD.size + text_len}"
+        )
+    return error_from_code(code, data[ERROR_HEAD.size :].decode("utf-8", "replace"))
+
+
+def error_from_code(code: int, text: str) -> RemoteError | ProtocolError:
+    """The typed error of a protocol error code and its text: the one mapping every client uses
+    (a stream ERROR body, an HTTP refusal, a shm slot's status and error text). Mismatches keep
+    their own types; ENV_ERROR names the env (``env {i}:``)."""
     if code == ErrorCode.FINGERPRINT_MISMATCH:
         return FingerprintMismatchError(f"server refused the session: {text}")
     if code == ErrorCode.VERSION_MISMATCH:

@@ -19,6 +19,7 @@ import {
   ArrayLengthError,
   BufferSizeError,
   CodecError,
+  SchemaError,
   InvalidBoolError,
   InvalidEnumError,
   MissingFieldError,
@@ -27,7 +28,17 @@ import {
   ValueRangeError,
   ValueTypeError,
 } from "./errors";
-import type { FloatType, IntegerType, MessageJson, NumericType, SchemaJson } from "./ir";
+import { computeFingerprint } from "./fingerprint";
+import {
+  type FloatType,
+  type IntegerType,
+  type MessageJson,
+  type NumericType,
+  type SchemaJson,
+  type StructJson,
+  fieldDims,
+  resolveField,
+} from "./ir";
 
 // -- public types --------------------------------------------------------------------------------
 
@@ -283,6 +294,42 @@ export function checkArray(
     throw new ArrayLengthError(`expected ${count} elements, got ${value.length}`, path + name);
   }
   return value;
+}
+
+/** Nested arrays of a multi-dimensional field, row-major (`[[1, 2], [3, 4]]` for a [2,2]). */
+export type NestedArray<T> = ArrayLike<T> | ArrayLike<NestedArray<T>>;
+
+/**
+ * A multi-dimensional array field's value as its flat row-major elements: nested arrays of
+ * exactly `shape` are flattened (a new array); anything else (a flat array or typed array of
+ * `count` elements, or a wrong value for `checkArray` to refuse) is returned as it is, so a flat
+ * typed array costs nothing. Python accepts the same two forms.
+ */
+export function flatArray<T>(
+  value: NestedArray<T> | unknown,
+  shape: readonly number[],
+  path: string,
+  name: string,
+): ArrayLike<T> {
+  if (!Array.isArray(value) || value.length !== shape[0] || !isArrayValue(value[0])) {
+    return value as ArrayLike<T>;
+  }
+  const out: T[] = [];
+  const walk = (item: unknown, depth: number): void => {
+    if (depth === shape.length) {
+      out.push(item as T);
+      return;
+    }
+    if (!isArrayValue(item) || item.length !== shape[depth]) {
+      throw new ArrayLengthError(
+        `expected an array of shape [${shape.join(", ")}] (or its elements, row-major)`,
+        path + name,
+      );
+    }
+    for (let i = 0; i < item.length; i++) walk(item[i], depth + 1);
+  };
+  walk(value, 0);
+  return out;
 }
 
 // -- scalar value checks -------------------------------------------------------------------------
@@ -802,4 +849,226 @@ export function viewStructArray<TView>(
   const out = new Array<TView>(count);
   for (let i = 0; i < count; i++) out[i] = layout.viewAt(dv, at + i * layout.size);
   return out;
+}
+
+// -- run-time schemas: codecs built from a compiled IR, no build step -----------------------------
+
+type AnyLayout = StructLayout<unknown, unknown, unknown>;
+type Fields = Readonly<Record<string, unknown>>;
+
+/** One field of a run-time layout: what the generated code writes out, as data. */
+interface FieldPlan {
+  readonly name: string;
+  readonly offset: number;
+  readonly count: number;
+  readonly isArray: boolean;
+  readonly shape: readonly number[] | null;
+  readonly kind: "int" | "float" | "bool" | "enum" | "struct";
+  /** The stored scalar type (int, float, enum); "u8" for bool and struct. */
+  readonly scalar: NumericType;
+  readonly enumName: string;
+  readonly enumValues: ReadonlySet<number>;
+  readonly sub: () => AnyLayout;
+}
+
+/**
+ * Codecs for a schema from its compiled IR (`transport-schema inspect --json`, or `IR` of a
+ * generated module) at run time: the same `SchemaModule` as a generated module, with the same
+ * checks, errors, canonical bytes and views, for plain JavaScript without a build step. The IR's
+ * fingerprint is recomputed first (a `SchemaError` when it does not match). Generated modules
+ * stay the fast path (straight-line code, typed values).
+ */
+export function loadSchema(ir: SchemaJson): SchemaModule {
+  const computed = computeFingerprint(ir);
+  if (computed.hex !== ir.fingerprint) {
+    throw new SchemaError(
+      `IR of ${ir.name} has fingerprint ${ir.fingerprint} but hashes to ${computed.hex}`,
+    );
+  }
+  const layouts = new Map<string, AnyLayout>();
+  const layoutOf = (name: string): AnyLayout => {
+    const layout = layouts.get(name);
+    if (layout === undefined) throw new SchemaError(`schema ${ir.name} has no struct ${name}`);
+    return layout;
+  };
+  for (const [name, struct] of Object.entries(ir.structs)) {
+    layouts.set(name, runtimeLayout(ir, name, struct, layoutOf));
+  }
+  const structs: Record<string, AnyStructCodec> = {};
+  for (const [name, layout] of layouts) structs[name] = defineStruct(layout);
+  return defineSchema(ir, computed.value, structs);
+}
+
+function fieldPlans(
+  ir: SchemaJson,
+  struct: StructJson,
+  layoutOf: (name: string) => AnyLayout,
+): FieldPlan[] {
+  return struct.fields.map((field) => {
+    const { element, isArray } = resolveField(ir, field);
+    const dims = fieldDims(field);
+    const base = {
+      name: field.name,
+      offset: field.offset,
+      count: field.count,
+      isArray,
+      shape: dims.length > 1 ? dims : null,
+      enumName: "",
+      enumValues: new Set<number>(),
+      sub: (): AnyLayout => {
+        throw new SchemaError(`${field.name} is not a struct field`);
+      },
+    };
+    switch (element.kind) {
+      case "int":
+      case "float":
+        return { ...base, kind: element.kind, scalar: element.type };
+      case "bool":
+        return { ...base, kind: "bool", scalar: "u8" };
+      case "enum":
+        return {
+          ...base,
+          kind: "enum",
+          scalar: element.type,
+          enumName: element.name,
+          enumValues: new Set(element.values),
+        };
+      case "struct":
+        return { ...base, kind: "struct", scalar: "u8", sub: () => layoutOf(element.name) };
+    }
+  });
+}
+
+function runtimeLayout(
+  ir: SchemaJson,
+  name: string,
+  struct: StructJson,
+  layoutOf: (name: string) => AnyLayout,
+): AnyLayout {
+  const plans = fieldPlans(ir, struct, layoutOf);
+  const byOffset = [...plans].sort((a, b) => a.offset - b.offset);
+  const names = nameSet(plans.map((f) => f.name));
+  const flat = (f: FieldPlan, value: unknown, path: string): unknown =>
+    f.shape === null ? value : flatArray(value, f.shape, path, f.name);
+
+  const validateField = (f: FieldPlan, value: unknown, path: string): void => {
+    const v = flat(f, value, path);
+    switch (f.kind) {
+      case "struct":
+        if (f.isArray) checkStructArray(f.sub(), v, f.count, path, f.name);
+        else f.sub().validateAt(v, `${path}${f.name}.`);
+        return;
+      case "bool":
+        if (f.isArray) checkBoolArray(v, f.count, path, f.name);
+        else checkBool(v, path, f.name);
+        return;
+      case "enum":
+        if (f.isArray) checkEnumArray(v, f.enumValues, f.enumName, f.count, path, f.name);
+        else checkEnum(v, f.enumValues, f.enumName, path, f.name);
+        return;
+      case "float":
+        if (f.isArray) checkFloatArray(v, f.scalar as FloatType, f.count, path, f.name);
+        else checkFloat(v, f.scalar as FloatType, path, f.name);
+        return;
+      case "int":
+        if (f.isArray) checkIntegerArray(v, f.scalar as IntegerType, f.count, path, f.name);
+        else checkInteger(v, f.scalar as IntegerType, path, f.name);
+    }
+  };
+
+  const writeField = (f: FieldPlan, dv: DataView, at: number, value: unknown): void => {
+    const v = flat(f, value, "");
+    if (f.kind === "struct") {
+      if (f.isArray) writeStructArray(f.sub(), dv, at, v as ArrayLike<unknown>, f.count);
+      else f.sub().writeAt(dv, at, v);
+    } else if (f.kind === "bool") {
+      if (f.isArray) writeBoolArray(dv, at, v as ArrayLike<boolean>, f.count);
+      else dv.setUint8(at, v ? 1 : 0);
+    } else if (f.isArray) {
+      writeArray(dv, at, f.scalar, v as ArrayLike<number | bigint>, f.count);
+    } else {
+      ELEMENT_WRITERS[f.scalar](dv, at, v as number | bigint);
+    }
+  };
+
+  const checkField = (f: FieldPlan, dv: DataView, at: number, path: string): void => {
+    if (f.kind === "struct") {
+      if (f.isArray) checkStructsStored(f.sub(), dv, at, f.count, path, f.name);
+      else f.sub().checkAt(dv, at, `${path}${f.name}.`);
+    } else if (f.kind === "bool") {
+      if (f.isArray) checkBoolBytes(dv, at, f.count, path, f.name);
+      else checkBoolByte(dv, at, path, f.name);
+    } else if (f.kind === "enum") {
+      const type = f.scalar as IntegerType;
+      if (f.isArray) {
+        checkEnumsStored(dv, at, type, f.enumValues, f.enumName, f.count, path, f.name);
+      } else checkEnumStored(dv, at, type, f.enumValues, f.enumName, path, f.name);
+    } else if (f.kind === "float") {
+      if (f.isArray) checkFloatsBits(dv, at, f.scalar as FloatType, f.count, path, f.name);
+      else checkFloatBits(dv, at, f.scalar as FloatType, path, f.name);
+    }
+  };
+
+  const readField = (f: FieldPlan, dv: DataView, at: number, view: boolean): unknown => {
+    if (f.kind === "struct") {
+      if (f.isArray) {
+        return view
+          ? viewStructArray(f.sub(), dv, at, f.count)
+          : readStructArray(f.sub(), dv, at, f.count);
+      }
+      return view ? f.sub().viewAt(dv, at) : f.sub().readAt(dv, at);
+    }
+    if (f.kind === "bool") {
+      if (f.isArray) return view ? viewBoolBytes(dv, at, f.count) : readBoolArray(dv, at, f.count);
+      return dv.getUint8(at) !== 0;
+    }
+    if (f.isArray) {
+      return view ? viewArray(dv, at, f.scalar, f.count) : readArray(dv, at, f.scalar, f.count);
+    }
+    return ELEMENT_READERS[f.scalar](dv, at);
+  };
+
+  /** The zero-copy view: one getter per field on the prototype, as the generated classes. */
+  class RuntimeView {
+    readonly dv: DataView;
+    readonly at: number;
+
+    constructor(dv: DataView, at: number) {
+      this.dv = dv;
+      this.at = at;
+    }
+  }
+  for (const f of plans) {
+    Object.defineProperty(RuntimeView.prototype, f.name, {
+      get(this: RuntimeView): unknown {
+        return readField(f, this.dv, this.at + f.offset, true);
+      },
+      enumerable: true,
+    });
+  }
+
+  return {
+    name,
+    size: struct.size,
+    validateAt(value: unknown, path: string): void {
+      const fields: Fields = asFields(value, path);
+      for (const f of plans) validateField(f, fieldValue(fields, f.name, path), path);
+      rejectUnknownFields(fields, names, path);
+    },
+    writeAt(dv: DataView, at: number, value: unknown): void {
+      const fields = value as Fields;
+      for (const f of plans) writeField(f, dv, at + f.offset, fields[f.name]);
+    },
+    checkAt(dv: DataView, at: number, path: string): void {
+      for (const f of byOffset) checkField(f, dv, at + f.offset, path);
+    },
+    readAt(dv: DataView, at: number): unknown {
+      const out: Record<string, unknown> = {};
+      for (const f of plans) out[f.name] = readField(f, dv, at + f.offset, false);
+      return out;
+    },
+    viewAt(dv: DataView, at: number): unknown {
+      return new RuntimeView(dv, at);
+    },
+  };
 }

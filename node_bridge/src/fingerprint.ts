@@ -73,22 +73,28 @@ function compareCodePoints(a: string, b: string): number {
   return left.length - right.length;
 }
 
-/** The IR parts a fingerprint covers; `env` and `shm` exist for env schemas only. */
+/**
+ * The IR parts a fingerprint covers; `env` and `shm` exist for env schemas only, `errors` and
+ * `http` for the protocol envelope only.
+ */
 export interface LayoutParts {
   structs: unknown;
   enums: unknown;
   messages: unknown;
   env?: unknown;
   shm?: unknown;
+  errors?: unknown;
+  http?: unknown;
 }
 
 /**
- * The part of a schema IR that the fingerprint covers: structs, enums and messages, plus `env`
- * and `shm` when present (absent keys are left out, as Python's `SchemaIR.layout_json`).
+ * The part of a schema IR that the fingerprint covers: structs, enums and messages, plus `env`,
+ * `shm`, `errors` and `http` when present (absent keys are left out, as Python's
+ * `SchemaIR.layout_json`).
  */
 export function layoutOf(ir: LayoutParts): JsonValue {
-  const { structs, enums, messages, env, shm } = ir;
-  return { structs, enums, messages, env, shm } as JsonValue;
+  const { structs, enums, messages, env, shm, errors, http } = ir;
+  return { structs, enums, messages, env, shm, errors, http } as JsonValue;
 }
 
 /** The 64-bit fingerprint of a layout: SHA-256 of its canonical JSON, first 8 bytes, big-endian. */

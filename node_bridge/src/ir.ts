@@ -25,14 +25,22 @@ export const SCALAR_SIZES: Readonly<Record<ScalarType, number>> = {
 
 export interface FieldJson {
   readonly name: string;
-  /** As written, normalised: "f32", "f32[612]", "StepResult[8]", "Command". */
+  /** As written, normalised: "f32", "f32[612]", "f32[2,5,5]", "StepResult[8]", "Command". */
   readonly type: string;
   readonly offset: number;
   /** Total bytes of the field (element size * count). */
   readonly size: number;
-  /** Element count; 1 for a non-array field. */
+  /** Element count (the product of a multi-dimensional shape); 1 for a non-array field. */
   readonly count: number;
   readonly role?: string;
+  /** Dimensions of a multi-dimensional array ("f32[2,5,5]": [2, 5, 5]), row-major. */
+  readonly shape?: readonly number[];
+}
+
+/** A field's dimensions: its `shape`, `[count]` for a 1-D array, `[]` for a scalar. */
+export function fieldDims(field: FieldJson): readonly number[] {
+  if (field.shape !== undefined) return field.shape;
+  return field.type.includes("[") ? [field.count] : [];
 }
 
 export interface StructJson {
@@ -110,6 +118,16 @@ export interface SchemaJson {
   readonly env?: EnvJson;
   /** Present for env schemas: the shm region's layout. */
   readonly shm?: ShmJson;
+  /** The protocol envelope only: per ErrorCode name, its HTTP status and whether it closes. */
+  readonly errors?: Readonly<Record<string, ErrorSpecJson>>;
+  /** The protocol envelope only: `POST /v1/<method>` -> the request message name. */
+  readonly http?: Readonly<Record<string, string>>;
+}
+
+/** How one ErrorCode travels (the envelope's `[errors]`). Python: `ErrorSpecIR`. */
+export interface ErrorSpecJson {
+  readonly http: number;
+  readonly closes: boolean;
 }
 
 /** What a field's element is, resolved against the schema (mirrors Python's FieldIR.kind). */

@@ -1,10 +1,13 @@
 /**
  * The protocol layer shared by every backend: frame header, HELLO handshake, ERROR messages.
  *
- * The wire format is docs/protocol.md (seed 000 Appendix A plus HELLO and ERROR); this module
- * mirrors transport/protocol.py function for function. Message ids are read from a schema's
- * `[messages]` by name (`messageIds(schema)`), so any schema that declares these messages can
- * ride the same client and server.
+ * The wire format is docs/protocol.md (seed 000 Appendix A plus HELLO and ERROR), declared once
+ * in `schema/protocol.toml` (the protocol envelope): every constant here (error codes, which
+ * close the connection, HTTP statuses and routes, auto-reset modes, message ids, the header,
+ * HELLO and ERROR head sizes) comes from its generated module `./generated/protocol`. This
+ * module mirrors transport/protocol.py function for function. Message ids are read from a
+ * schema's `[messages]` by name (`messageIds(schema)`; every env schema has the envelope's), so
+ * any such schema can ride the same client and server.
  */
 
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
@@ -16,12 +19,13 @@ import {
   RemoteError,
   VersionMismatchError,
 } from "./errors";
-import * as pac_env from "./generated/pac_env";
+import * as envelope from "./generated/protocol";
 
 /** major << 8 | minor; peers with different majors refuse each other. */
 export const PROTOCOL_VERSION = 0x0100;
 
-export const HEADER_SIZE = 9;
+/** Bytes of the frame header (`FrameHeader`: u8 msg_type 0, u32 msg_id 1, u32 body_len 5). */
+export const HEADER_SIZE = envelope.FrameHeaderCodec.size;
 /**
  * Buffers hold the header at 7..15 so that bodies start 16-byte aligned (zero-copy Float32Array
  * views need aligned data), as on the Python side.
@@ -30,8 +34,8 @@ export const BODY_OFFSET = 16;
 export const HEADER_OFFSET = BODY_OFFSET - HEADER_SIZE;
 export const DEFAULT_MAX_BODY = 64 << 20;
 
-export const HELLO_SIZE = 12;
-export const ERROR_HEAD_SIZE = 4;
+export const HELLO_SIZE = envelope.HelloCodec.size;
+export const ERROR_HEAD_SIZE = envelope.ErrorHeadCodec.size;
 export const MAX_ERROR_TEXT = 0xffff;
 
 /**
@@ -43,12 +47,8 @@ export const MAX_ERROR_TEXT = 0xffff;
  * SAME_STEP: the step that ends an episode resets the env at once; the response carries the
  * reset result in place and the final result in a tail (SB3 VecEnv).
  */
-export const AutoReset = {
-  DISABLED: 0,
-  NEXT_STEP: 1,
-  SAME_STEP: 2,
-} as const;
-export type AutoReset = (typeof AutoReset)[keyof typeof AutoReset];
+export const AutoReset = envelope.AutoReset;
+export type AutoReset = envelope.AutoReset;
 export type AutoResetName = "disabled" | "next_step" | "same_step";
 
 /** The HELLO flags bits that carry the auto-reset mode. */
@@ -76,22 +76,16 @@ export function toAutoReset(mode: AutoReset | AutoResetName | string | number): 
 }
 
 /** ERROR message codes (docs/protocol.md). */
-export const ErrorCode = {
-  BAD_FRAME: 1,
-  UNKNOWN_MESSAGE: 2,
-  BAD_BODY_SIZE: 3,
-  BODY_TOO_LARGE: 4,
-  HELLO_REQUIRED: 5,
-  VERSION_MISMATCH: 6,
-  FINGERPRINT_MISMATCH: 7,
-  INVALID_ACTION: 8,
-  MASKED_ACTION: 9,
-  ENV_ERROR: 10,
-  BAD_BATCH: 11,
-  NOT_RESET: 12,
-  INTERNAL: 13,
-} as const;
-export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
+export const ErrorCode = envelope.ErrorCode;
+export type ErrorCode = envelope.ErrorCode;
+
+/** A shm slot's command word (docs/shm.md): STEP 0 .. STEP_MULTI 5. */
+export const SlotCommand = envelope.SlotCommand;
+export type SlotCommand = envelope.SlotCommand;
+
+/** A shm region's state word: CREATING 0, READY 1 (written last), CLOSED 2. */
+export const RegionState = envelope.RegionState;
+export type RegionState = envelope.RegionState;
 
 const ERROR_NAMES: ReadonlyMap<number, string> = new Map(
   Object.entries(ErrorCode).map(([name, code]) => [code, name]),
@@ -102,36 +96,28 @@ export function errorName(code: number): string {
   return ERROR_NAMES.get(code) ?? "UNKNOWN";
 }
 
-/** After these the server closes the connection: the stream or the peer cannot be trusted. */
-export const CLOSING_ERRORS: ReadonlySet<number> = new Set<number>([
-  ErrorCode.BAD_FRAME,
-  ErrorCode.UNKNOWN_MESSAGE,
-  ErrorCode.BODY_TOO_LARGE,
-  ErrorCode.VERSION_MISMATCH,
-  ErrorCode.FINGERPRINT_MISMATCH,
-]);
+type ErrorName = keyof typeof envelope.ERRORS;
+type ErrorSpec = { readonly http: number; readonly closes: boolean };
+const ERROR_SPECS = Object.entries(envelope.ERRORS) as [ErrorName, ErrorSpec][];
 
-const MESSAGE_NAMES = [
-  "RESET_REQ",
-  "RESET_RESP",
-  "STEP_REQ",
-  "STEP_RESP",
-  "STEP_MULTI_REQ",
-  "STEP_MULTI_RESP",
-  "HEALTH_REQ",
-  "HEALTH_RESP",
-  "SPACES_REQ",
-  "SPACES_RESP",
-  "HELLO_REQ",
-  "HELLO_RESP",
-  "ERROR",
-  "RESET_SEED_REQ",
-  "STEP_BATCH_REQ",
-  "STEP_BATCH_RESP",
-] as const;
+/** After these the server closes the connection: the stream or the peer cannot be trusted. */
+export const CLOSING_ERRORS: ReadonlySet<number> = new Set<number>(
+  ERROR_SPECS.filter(([, spec]) => spec.closes).map(([name]) => ErrorCode[name]),
+);
+
+/** The HTTP status of each ERROR code (a 405 for a non-POST request carries UNKNOWN_MESSAGE). */
+export const HTTP_STATUS: Readonly<Record<number, number>> = Object.fromEntries(
+  ERROR_SPECS.map(([name, spec]) => [ErrorCode[name], spec.http]),
+);
+
+/** `POST /v1/<method>` -> the name of the request message it carries. */
+export const HTTP_ROUTES: Readonly<Record<string, string>> = envelope.HTTP_ROUTES;
+
+type MessageName = keyof typeof envelope.MessageId;
+const MESSAGE_NAMES = Object.keys(envelope.MessageId) as MessageName[];
 
 /** The message ids this protocol uses, by name (Python's `MessageIds`). */
-export type MessageIds = { readonly [K in (typeof MESSAGE_NAMES)[number]]: number };
+export type MessageIds = { readonly [K in MessageName]: number };
 
 /** The protocol's message ids read from a schema's `[messages]` by name. */
 export function messageIds(schema: SchemaModule): MessageIds {
@@ -146,8 +132,8 @@ export function messageIds(schema: SchemaModule): MessageIds {
   return Object.freeze(ids) as MessageIds;
 }
 
-/** The reference schema's ids (pac_env), from the generated module. */
-export const MESSAGE_IDS: MessageIds = messageIds(pac_env.SCHEMA);
+/** The envelope's message ids: the same in every env schema. */
+export const MESSAGE_IDS: MessageIds = messageIds(envelope.SCHEMA);
 
 /** A decoded HELLO_REQ / HELLO_RESP: version, flags, fingerprint and the server's info. */
 export interface Hello {
@@ -302,7 +288,7 @@ export function parseError(body: Uint8Array): { code: number; text: string } | n
   return { code, text };
 }
 
-/** The typed error an ERROR body stands for (mismatches keep their own types). */
+/** The typed error an ERROR body stands for (`errorFromCode` of its code and text). */
 export function decodeError(body: Uint8Array): RemoteError | ProtocolError {
   if (body.byteLength < ERROR_HEAD_SIZE) {
     return new BadFrameError(`ERROR body is ${body.byteLength} bytes, shorter than its head`);
@@ -314,7 +300,15 @@ export function decodeError(body: Uint8Array): RemoteError | ProtocolError {
       `ERROR body is ${body.byteLength} bytes, its head says ${ERROR_HEAD_SIZE + textLen}`,
     );
   }
-  const { code, text } = parsed;
+  return errorFromCode(parsed.code, parsed.text);
+}
+
+/**
+ * The typed error of a protocol error code and its text: the one mapping every client uses (a
+ * stream ERROR body, an HTTP refusal, a shm slot's status and error text). Mismatches keep their
+ * own types. Python: `error_from_code` (which also gives ENV_ERROR its own `EnvError` type).
+ */
+export function errorFromCode(code: number, text: string): RemoteError | ProtocolError {
   if (code === ErrorCode.FINGERPRINT_MISMATCH) {
     return new FingerprintMismatchError(`server refused the session: ${text}`);
   }

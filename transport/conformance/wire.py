@@ -2,8 +2,9 @@
 
 Frames are a ``u32`` little-endian length followed by that many bytes of msgpack encoding one
 map. Values travel as msgpack: integers as integers (64-bit values included), floats as float64
-(so ``-0.0``, infinities and NaN survive), bools as booleans, arrays as arrays, structs as maps,
-enums as integers, byte strings as ``bin``.
+(so ``-0.0``, infinities and NaN survive), bools as booleans, arrays as arrays (a
+multi-dimensional array as its flat row-major elements, as TypeScript holds it), structs as
+maps, enums as integers, byte strings as ``bin``.
 
 ``to_wire`` turns codec values (NumPy arrays, NumPy scalars) into plain Python values that
 msgpack writes exactly as the protocol wants; ``from_wire`` undoes what JavaScript cannot tell
@@ -140,10 +141,27 @@ def _array_to_wire(f: FieldIR, item: Any) -> Any:
     if isinstance(item, np.ndarray):
         if f.kind == "float" and item.dtype.kind in "iub":
             item = item.astype(np.float64)
-        return item.tolist()
+        return item.reshape(-1).tolist() if f.shape is not None else item.tolist()
     if isinstance(item, list | tuple):
-        return [_leaf_to_wire(f, v) for v in item]
+        return [_leaf_to_wire(f, v) for v in _flat(f, item)]
     return item
+
+
+def _flat(f: FieldIR, items: Any) -> Any:
+    """A multi-dimensional field's nested lists (or array) -> flat row-major elements."""
+    if f.shape is None:
+        return items
+    if isinstance(items, np.ndarray):
+        return items.reshape(-1)
+    out: list[Any] = []
+    stack = [items]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list | tuple | np.ndarray):
+            stack.extend(reversed(list(item)))
+        else:
+            out.append(item)
+    return out
 
 
 def _leaf_from_wire(f: FieldIR, value: Any) -> Any:
@@ -243,6 +261,7 @@ def _elements_differ(f: FieldIR, a: Any, b: Any) -> bool:
 def _clean_array(f: FieldIR, items: Any) -> np.ndarray | None:
     """``items`` as a 1-D NumPy array when every element has the field's kind, else None
     (the caller then compares element by element and reports the odd one)."""
+    items = _flat(f, items)
     if isinstance(items, np.ndarray):
         kinds = {"float": "f", "bool": "b"}.get(f.kind, "iu")
         return items if items.ndim == 1 and items.dtype.kind in kinds else None
@@ -350,8 +369,9 @@ def first_difference(
         quick = _array_difference(f, x, y)
         if quick is None:
             continue
-        xs = x.tolist() if isinstance(x, np.ndarray) else x
-        ys = y.tolist() if isinstance(y, np.ndarray) else y
+        xs, ys = _flat(f, x), _flat(f, y)
+        xs = xs.tolist() if isinstance(xs, np.ndarray) else xs
+        ys = ys.tolist() if isinstance(ys, np.ndarray) else ys
         if quick is not False:
             i = int(quick)
             return (f"{path}[{i}]", _describe(xs[i]), _describe(ys[i]))

@@ -12,8 +12,8 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': 'b507262ce530893e',
- 'structs': {'ResetRequest': {'size': 16,
+ 'fingerprint': '0a41d074a5df8a73',
+ 'structs': {'ResetOptions': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
                               'fields': [{'name': 'seed',
@@ -174,6 +174,24 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                          'offset': 26,
                                          'size': 4,
                                          'count': 4}]},
+             'FrameHeader': {'size': 9,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'msg_type',
+                                         'type': 'u8',
+                                         'offset': 0,
+                                         'size': 1,
+                                         'count': 1},
+                                        {'name': 'msg_id',
+                                         'type': 'u32',
+                                         'offset': 1,
+                                         'size': 4,
+                                         'count': 1},
+                                        {'name': 'body_len',
+                                         'type': 'u32',
+                                         'offset': 5,
+                                         'size': 4,
+                                         'count': 1}]},
              'Hello': {'size': 12,
                        'align': 1,
                        'layout': 'packed',
@@ -193,8 +211,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                    'size': 8,
                                    'count': 1}]},
              'ErrorHead': {'size': 4,
-                           'align': 2,
-                           'layout': 'natural',
+                           'align': 1,
+                           'layout': 'packed',
                            'fields': [{'name': 'code',
                                        'type': 'u16',
                                        'offset': 0,
@@ -205,42 +223,17 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                        'offset': 2,
                                        'size': 2,
                                        'count': 1}]},
-             'SeedRequest': {'size': 8,
-                             'align': 8,
-                             'layout': 'natural',
-                             'fields': [{'name': 'seed',
-                                         'type': 'u64',
-                                         'offset': 0,
-                                         'size': 8,
-                                         'count': 1}]},
-             'StepMultiRequest': {'size': 16,
-                                  'align': 2,
-                                  'layout': 'natural',
-                                  'fields': [{'name': 'actions',
-                                              'type': 'u16[8]',
-                                              'offset': 0,
-                                              'size': 16,
-                                              'count': 8,
-                                              'role': 'action'}]},
-             'StepMultiResult': {'size': 10688,
-                                 'align': 8,
-                                 'layout': 'natural',
-                                 'fields': [{'name': 'results',
-                                             'type': 'AgentStep[8]',
-                                             'offset': 0,
-                                             'size': 10688,
-                                             'count': 8}]},
              'HealthResult': {'size': 1,
                               'align': 1,
-                              'layout': 'natural',
+                              'layout': 'packed',
                               'fields': [{'name': 'initialized',
                                           'type': 'u8',
                                           'offset': 0,
                                           'size': 1,
                                           'count': 1}]},
              'SpacesResult': {'size': 8,
-                              'align': 4,
-                              'layout': 'natural',
+                              'align': 1,
+                              'layout': 'packed',
                               'fields': [{'name': 'obs_n',
                                           'type': 'i32',
                                           'offset': 0,
@@ -250,6 +243,14 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                           'type': 'i32',
                                           'offset': 4,
                                           'size': 4,
+                                          'count': 1}]},
+             'ResetRequest': {'size': 8,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'seed',
+                                          'type': 'u64',
+                                          'offset': 0,
+                                          'size': 8,
                                           'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
@@ -319,6 +320,23 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                         'offset': 60,
                                         'size': 4,
                                         'count': 1}]},
+             'StepMultiRequest': {'size': 16,
+                                  'align': 2,
+                                  'layout': 'natural',
+                                  'fields': [{'name': 'actions',
+                                              'type': 'u16[8]',
+                                              'offset': 0,
+                                              'size': 16,
+                                              'count': 8,
+                                              'role': 'action'}]},
+             'StepMultiResult': {'size': 10688,
+                                 'align': 8,
+                                 'layout': 'natural',
+                                 'fields': [{'name': 'results',
+                                             'type': 'AgentStep[8]',
+                                             'offset': 0,
+                                             'size': 10688,
+                                             'count': 8}]},
              'ShmSlot': {'size': 2752,
                          'align': 8,
                          'layout': 'natural',
@@ -404,6 +422,20 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                    'PONG': 1,
                                    'KONG': 2,
                                    'CONCEALED_KONG': 3}},
+           'ErrorCode': {'type': 'u16',
+                         'values': {'BAD_FRAME': 1,
+                                    'UNKNOWN_MESSAGE': 2,
+                                    'BAD_BODY_SIZE': 3,
+                                    'BODY_TOO_LARGE': 4,
+                                    'HELLO_REQUIRED': 5,
+                                    'VERSION_MISMATCH': 6,
+                                    'FINGERPRINT_MISMATCH': 7,
+                                    'INVALID_ACTION': 8,
+                                    'MASKED_ACTION': 9,
+                                    'ENV_ERROR': 10,
+                                    'BAD_BATCH': 11,
+                                    'NOT_RESET': 12,
+                                    'INTERNAL': 13}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -420,6 +452,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
               'STEP_RESP': {'id': 4, 'body': 'AgentStep'},
               'STEP_MULTI_REQ': {'id': 5, 'body': 'StepMultiRequest'},
               'STEP_MULTI_RESP': {'id': 6, 'body': 'StepMultiResult'},
+              'OBSERVE_REQ': {'id': 7, 'body': None},
+              'OBSERVE_RESP': {'id': 8, 'body': 'AgentStep', 'tail': 'msgpack', 'batch': True},
               'HEALTH_REQ': {'id': 9, 'body': None},
               'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
               'SPACES_REQ': {'id': 11, 'body': None},
@@ -427,7 +461,7 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
               'HELLO_REQ': {'id': 13, 'body': 'Hello', 'tail': 'msgpack'},
               'HELLO_RESP': {'id': 14, 'body': 'Hello', 'tail': 'msgpack'},
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
-              'RESET_SEED_REQ': {'id': 16, 'body': 'SeedRequest'},
+              'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'ActionRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'AgentStep', 'batch': True},
               'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}},
@@ -474,8 +508,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                   'last_discard': 1392,
                                   'dealer_streak': 1396}}}
 
-FINGERPRINT: Final = 0xb507262ce530893e
-FINGERPRINT_HEX: Final = "b507262ce530893e"
+FINGERPRINT: Final = 0x0a41d074a5df8a73
+FINGERPRINT_HEX: Final = "0a41d074a5df8a73"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -488,6 +522,8 @@ class MsgType(IntEnum):
     STEP_RESP = 0x04
     STEP_MULTI_REQ = 0x05
     STEP_MULTI_RESP = 0x06
+    OBSERVE_REQ = 0x07
+    OBSERVE_RESP = 0x08
     HEALTH_REQ = 0x09
     HEALTH_RESP = 0x0A
     SPACES_REQ = 0x0B
@@ -529,6 +565,24 @@ class MeldKind(IntEnum):
     CONCEALED_KONG = 3
 
 
+class ErrorCode(IntEnum):
+    """Enum over u16."""
+
+    BAD_FRAME = 1
+    UNKNOWN_MESSAGE = 2
+    BAD_BODY_SIZE = 3
+    BODY_TOO_LARGE = 4
+    HELLO_REQUIRED = 5
+    VERSION_MISMATCH = 6
+    FINGERPRINT_MISMATCH = 7
+    INVALID_ACTION = 8
+    MASKED_ACTION = 9
+    ENV_ERROR = 10
+    BAD_BATCH = 11
+    NOT_RESET = 12
+    INTERNAL = 13
+
+
 class AutoReset(IntEnum):
     """Enum over u16."""
 
@@ -556,36 +610,38 @@ class RegionState(IntEnum):
     CLOSED = 2
 
 
-ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+ResetOptions: Final[StructCodec] = SCHEMA["ResetOptions"]
 ActionRequest: Final[StructCodec] = SCHEMA["ActionRequest"]
 Meld: Final[StructCodec] = SCHEMA["Meld"]
 AgentStep: Final[StructCodec] = SCHEMA["AgentStep"]
 ScoreUpdate: Final[StructCodec] = SCHEMA["ScoreUpdate"]
+FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
 Hello: Final[StructCodec] = SCHEMA["Hello"]
 ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
-SeedRequest: Final[StructCodec] = SCHEMA["SeedRequest"]
-StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
-StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
+ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
+StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
+StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
 ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
 ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
-    "ResetRequest": 16,
+    "ResetOptions": 16,
     "ActionRequest": 4,
     "Meld": 6,
     "AgentStep": 1336,
     "ScoreUpdate": 32,
+    "FrameHeader": 9,
     "Hello": 12,
     "ErrorHead": 4,
-    "SeedRequest": 8,
-    "StepMultiRequest": 16,
-    "StepMultiResult": 10688,
     "HealthResult": 1,
     "SpacesResult": 8,
+    "ResetRequest": 8,
     "ShmControl": 64,
+    "StepMultiRequest": 16,
+    "StepMultiResult": 10688,
     "ShmSlot": 2752,
     "ShmFinal": 1408,
 }

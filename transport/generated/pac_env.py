@@ -12,26 +12,8 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_env',
  'version': 1,
- 'fingerprint': '7c7566de54ad66cb',
- 'structs': {'FrameHeader': {'size': 9,
-                             'align': 1,
-                             'layout': 'packed',
-                             'fields': [{'name': 'msg_type',
-                                         'type': 'u8',
-                                         'offset': 0,
-                                         'size': 1,
-                                         'count': 1},
-                                        {'name': 'msg_id',
-                                         'type': 'u32',
-                                         'offset': 1,
-                                         'size': 4,
-                                         'count': 1},
-                                        {'name': 'body_len',
-                                         'type': 'u32',
-                                         'offset': 5,
-                                         'size': 4,
-                                         'count': 1}]},
-             'StepResult': {'size': 2557,
+ 'fingerprint': 'd40a842309ae9547',
+ 'structs': {'StepResult': {'size': 2557,
                             'align': 1,
                             'layout': 'packed',
                             'fields': [{'name': 'observation',
@@ -112,23 +94,55 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                          'size': 4,
                                          'count': 1,
                                          'role': 'action'}]},
-             'StepMultiRequest': {'size': 32,
-                                  'align': 1,
-                                  'layout': 'packed',
-                                  'fields': [{'name': 'actions',
-                                              'type': 'i32[8]',
-                                              'offset': 0,
-                                              'size': 32,
-                                              'count': 8,
-                                              'role': 'action'}]},
-             'StepMultiResult': {'size': 20456,
-                                 'align': 1,
-                                 'layout': 'packed',
-                                 'fields': [{'name': 'results',
-                                             'type': 'StepResult[8]',
-                                             'offset': 0,
-                                             'size': 20456,
-                                             'count': 8}]},
+             'FrameHeader': {'size': 9,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'msg_type',
+                                         'type': 'u8',
+                                         'offset': 0,
+                                         'size': 1,
+                                         'count': 1},
+                                        {'name': 'msg_id',
+                                         'type': 'u32',
+                                         'offset': 1,
+                                         'size': 4,
+                                         'count': 1},
+                                        {'name': 'body_len',
+                                         'type': 'u32',
+                                         'offset': 5,
+                                         'size': 4,
+                                         'count': 1}]},
+             'Hello': {'size': 12,
+                       'align': 1,
+                       'layout': 'packed',
+                       'fields': [{'name': 'protocol_version',
+                                   'type': 'u16',
+                                   'offset': 0,
+                                   'size': 2,
+                                   'count': 1},
+                                  {'name': 'flags',
+                                   'type': 'u16',
+                                   'offset': 2,
+                                   'size': 2,
+                                   'count': 1},
+                                  {'name': 'fingerprint',
+                                   'type': 'u64',
+                                   'offset': 4,
+                                   'size': 8,
+                                   'count': 1}]},
+             'ErrorHead': {'size': 4,
+                           'align': 1,
+                           'layout': 'packed',
+                           'fields': [{'name': 'code',
+                                       'type': 'u16',
+                                       'offset': 0,
+                                       'size': 2,
+                                       'count': 1},
+                                      {'name': 'text_len',
+                                       'type': 'u16',
+                                       'offset': 2,
+                                       'size': 2,
+                                       'count': 1}]},
              'HealthResult': {'size': 1,
                               'align': 1,
                               'layout': 'packed',
@@ -150,24 +164,6 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                           'offset': 4,
                                           'size': 4,
                                           'count': 1}]},
-             'Hello': {'size': 12,
-                       'align': 1,
-                       'layout': 'packed',
-                       'fields': [{'name': 'protocol_version',
-                                   'type': 'u16',
-                                   'offset': 0,
-                                   'size': 2,
-                                   'count': 1},
-                                  {'name': 'flags',
-                                   'type': 'u16',
-                                   'offset': 2,
-                                   'size': 2,
-                                   'count': 1},
-                                  {'name': 'fingerprint',
-                                   'type': 'u64',
-                                   'offset': 4,
-                                   'size': 8,
-                                   'count': 1}]},
              'ResetRequest': {'size': 8,
                               'align': 1,
                               'layout': 'packed',
@@ -176,19 +172,6 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
-             'ErrorHead': {'size': 4,
-                           'align': 1,
-                           'layout': 'packed',
-                           'fields': [{'name': 'code',
-                                       'type': 'u16',
-                                       'offset': 0,
-                                       'size': 2,
-                                       'count': 1},
-                                      {'name': 'text_len',
-                                       'type': 'u16',
-                                       'offset': 2,
-                                       'size': 2,
-                                       'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -257,6 +240,23 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                         'offset': 60,
                                         'size': 4,
                                         'count': 1}]},
+             'StepMultiRequest': {'size': 32,
+                                  'align': 1,
+                                  'layout': 'packed',
+                                  'fields': [{'name': 'actions',
+                                              'type': 'i32[8]',
+                                              'offset': 0,
+                                              'size': 32,
+                                              'count': 8,
+                                              'role': 'action'}]},
+             'StepMultiResult': {'size': 20456,
+                                 'align': 1,
+                                 'layout': 'packed',
+                                 'fields': [{'name': 'results',
+                                             'type': 'StepResult[8]',
+                                             'offset': 0,
+                                             'size': 20456,
+                                             'count': 8}]},
              'ShmSlot': {'size': 5120,
                          'align': 8,
                          'layout': 'natural',
@@ -462,7 +462,21 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                       'offset': 2572,
                                       'size': 1,
                                       'count': 1}]}},
- 'enums': {'AutoReset': {'type': 'u16',
+ 'enums': {'ErrorCode': {'type': 'u16',
+                         'values': {'BAD_FRAME': 1,
+                                    'UNKNOWN_MESSAGE': 2,
+                                    'BAD_BODY_SIZE': 3,
+                                    'BODY_TOO_LARGE': 4,
+                                    'HELLO_REQUIRED': 5,
+                                    'VERSION_MISMATCH': 6,
+                                    'FINGERPRINT_MISMATCH': 7,
+                                    'INVALID_ACTION': 8,
+                                    'MASKED_ACTION': 9,
+                                    'ENV_ERROR': 10,
+                                    'BAD_BATCH': 11,
+                                    'NOT_RESET': 12,
+                                    'INTERNAL': 13}},
+           'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
                            'values': {'STEP': 0,
@@ -479,7 +493,7 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
               'STEP_MULTI_REQ': {'id': 5, 'body': 'StepMultiRequest'},
               'STEP_MULTI_RESP': {'id': 6, 'body': 'StepMultiResult'},
               'OBSERVE_REQ': {'id': 7, 'body': None},
-              'OBSERVE_RESP': {'id': 8, 'body': 'StepResult', 'tail': 'msgpack'},
+              'OBSERVE_RESP': {'id': 8, 'body': 'StepResult', 'tail': 'msgpack', 'batch': True},
               'HEALTH_REQ': {'id': 9, 'body': None},
               'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
               'SPACES_REQ': {'id': 11, 'body': None},
@@ -527,8 +541,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                   'items_held': 31,
                                   'actions_this_turn': 2572}}}
 
-FINGERPRINT: Final = 0x7c7566de54ad66cb
-FINGERPRINT_HEX: Final = "7c7566de54ad66cb"
+FINGERPRINT: Final = 0xd40a842309ae9547
+FINGERPRINT_HEX: Final = "d40a842309ae9547"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -553,6 +567,24 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+
+
+class ErrorCode(IntEnum):
+    """Enum over u16."""
+
+    BAD_FRAME = 1
+    UNKNOWN_MESSAGE = 2
+    BAD_BODY_SIZE = 3
+    BODY_TOO_LARGE = 4
+    HELLO_REQUIRED = 5
+    VERSION_MISMATCH = 6
+    FINGERPRINT_MISMATCH = 7
+    INVALID_ACTION = 8
+    MASKED_ACTION = 9
+    ENV_ERROR = 10
+    BAD_BATCH = 11
+    NOT_RESET = 12
+    INTERNAL = 13
 
 
 class AutoReset(IntEnum):
@@ -582,32 +614,32 @@ class RegionState(IntEnum):
     CLOSED = 2
 
 
-FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
 StepResult: Final[StructCodec] = SCHEMA["StepResult"]
 StepRequest: Final[StructCodec] = SCHEMA["StepRequest"]
-StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
-StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
+FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
+Hello: Final[StructCodec] = SCHEMA["Hello"]
+ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
-Hello: Final[StructCodec] = SCHEMA["Hello"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
-ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
+StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
+StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
 ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
 ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
-    "FrameHeader": 9,
     "StepResult": 2557,
     "StepRequest": 4,
-    "StepMultiRequest": 32,
-    "StepMultiResult": 20456,
+    "FrameHeader": 9,
+    "Hello": 12,
+    "ErrorHead": 4,
     "HealthResult": 1,
     "SpacesResult": 8,
-    "Hello": 12,
     "ResetRequest": 8,
-    "ErrorHead": 4,
     "ShmControl": 64,
+    "StepMultiRequest": 32,
+    "StepMultiResult": 20456,
     "ShmSlot": 5120,
     "ShmFinal": 2576,
 }

@@ -12,8 +12,86 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'protocol',
  'version': 1,
- 'fingerprint': '6928807ed9f86fb2',
- 'structs': {'ShmControl': {'size': 64,
+ 'fingerprint': 'd412fcb30d78f601',
+ 'structs': {'FrameHeader': {'size': 9,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'msg_type',
+                                         'type': 'u8',
+                                         'offset': 0,
+                                         'size': 1,
+                                         'count': 1},
+                                        {'name': 'msg_id',
+                                         'type': 'u32',
+                                         'offset': 1,
+                                         'size': 4,
+                                         'count': 1},
+                                        {'name': 'body_len',
+                                         'type': 'u32',
+                                         'offset': 5,
+                                         'size': 4,
+                                         'count': 1}]},
+             'Hello': {'size': 12,
+                       'align': 1,
+                       'layout': 'packed',
+                       'fields': [{'name': 'protocol_version',
+                                   'type': 'u16',
+                                   'offset': 0,
+                                   'size': 2,
+                                   'count': 1},
+                                  {'name': 'flags',
+                                   'type': 'u16',
+                                   'offset': 2,
+                                   'size': 2,
+                                   'count': 1},
+                                  {'name': 'fingerprint',
+                                   'type': 'u64',
+                                   'offset': 4,
+                                   'size': 8,
+                                   'count': 1}]},
+             'ErrorHead': {'size': 4,
+                           'align': 1,
+                           'layout': 'packed',
+                           'fields': [{'name': 'code',
+                                       'type': 'u16',
+                                       'offset': 0,
+                                       'size': 2,
+                                       'count': 1},
+                                      {'name': 'text_len',
+                                       'type': 'u16',
+                                       'offset': 2,
+                                       'size': 2,
+                                       'count': 1}]},
+             'HealthResult': {'size': 1,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'initialized',
+                                          'type': 'u8',
+                                          'offset': 0,
+                                          'size': 1,
+                                          'count': 1}]},
+             'SpacesResult': {'size': 8,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'obs_n',
+                                          'type': 'i32',
+                                          'offset': 0,
+                                          'size': 4,
+                                          'count': 1},
+                                         {'name': 'act_n',
+                                          'type': 'i32',
+                                          'offset': 4,
+                                          'size': 4,
+                                          'count': 1}]},
+             'ResetRequest': {'size': 8,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'seed',
+                                          'type': 'u64',
+                                          'offset': 0,
+                                          'size': 8,
+                                          'count': 1}]},
+             'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
                             'fields': [{'name': 'magic',
@@ -81,7 +159,21 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
                                         'offset': 60,
                                         'size': 4,
                                         'count': 1}]}},
- 'enums': {'AutoReset': {'type': 'u16',
+ 'enums': {'ErrorCode': {'type': 'u16',
+                         'values': {'BAD_FRAME': 1,
+                                    'UNKNOWN_MESSAGE': 2,
+                                    'BAD_BODY_SIZE': 3,
+                                    'BODY_TOO_LARGE': 4,
+                                    'HELLO_REQUIRED': 5,
+                                    'VERSION_MISMATCH': 6,
+                                    'FINGERPRINT_MISMATCH': 7,
+                                    'INVALID_ACTION': 8,
+                                    'MASKED_ACTION': 9,
+                                    'ENV_ERROR': 10,
+                                    'BAD_BATCH': 11,
+                                    'NOT_RESET': 12,
+                                    'INTERNAL': 13}},
+           'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
                            'values': {'STEP': 0,
@@ -91,11 +183,91 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
                                       'OBSERVE': 4,
                                       'STEP_MULTI': 5}},
            'RegionState': {'type': 'u32', 'values': {'CREATING': 0, 'READY': 1, 'CLOSED': 2}}},
- 'messages': {}}
+ 'messages': {'RESET_REQ': {'id': 1, 'body': None},
+              'RESET_RESP': {'id': 2, 'body': '$result', 'batch': True},
+              'STEP_REQ': {'id': 3, 'body': '$request'},
+              'STEP_RESP': {'id': 4, 'body': '$result'},
+              'STEP_MULTI_REQ': {'id': 5, 'body': '$multi_request'},
+              'STEP_MULTI_RESP': {'id': 6, 'body': '$multi_result'},
+              'OBSERVE_REQ': {'id': 7, 'body': None},
+              'OBSERVE_RESP': {'id': 8, 'body': '$result', 'tail': 'msgpack', 'batch': True},
+              'HEALTH_REQ': {'id': 9, 'body': None},
+              'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
+              'SPACES_REQ': {'id': 11, 'body': None},
+              'SPACES_RESP': {'id': 12, 'body': 'SpacesResult'},
+              'HELLO_REQ': {'id': 13, 'body': 'Hello', 'tail': 'msgpack'},
+              'HELLO_RESP': {'id': 14, 'body': 'Hello', 'tail': 'msgpack'},
+              'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
+              'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
+              'STEP_BATCH_REQ': {'id': 17, 'body': '$request', 'batch': True},
+              'STEP_BATCH_RESP': {'id': 18, 'body': '$result', 'batch': True}},
+ 'errors': {'BAD_FRAME': {'http': 400, 'closes': True},
+            'UNKNOWN_MESSAGE': {'http': 404, 'closes': True},
+            'BAD_BODY_SIZE': {'http': 400, 'closes': False},
+            'BODY_TOO_LARGE': {'http': 413, 'closes': True},
+            'HELLO_REQUIRED': {'http': 400, 'closes': False},
+            'VERSION_MISMATCH': {'http': 409, 'closes': True},
+            'FINGERPRINT_MISMATCH': {'http': 409, 'closes': True},
+            'INVALID_ACTION': {'http': 422, 'closes': False},
+            'MASKED_ACTION': {'http': 422, 'closes': False},
+            'ENV_ERROR': {'http': 500, 'closes': False},
+            'BAD_BATCH': {'http': 422, 'closes': False},
+            'NOT_RESET': {'http': 422, 'closes': False},
+            'INTERNAL': {'http': 500, 'closes': False}},
+ 'http': {'hello': 'HELLO_REQ',
+          'reset': 'RESET_REQ',
+          'reset_seed': 'RESET_SEED_REQ',
+          'step': 'STEP_REQ',
+          'step_multi': 'STEP_MULTI_REQ',
+          'step_batch': 'STEP_BATCH_REQ',
+          'observe': 'OBSERVE_REQ',
+          'health': 'HEALTH_REQ',
+          'spaces': 'SPACES_REQ'}}
 
-FINGERPRINT: Final = 0x6928807ed9f86fb2
-FINGERPRINT_HEX: Final = "6928807ed9f86fb2"
+FINGERPRINT: Final = 0xd412fcb30d78f601
+FINGERPRINT_HEX: Final = "d412fcb30d78f601"
 SCHEMA: Final = Schema(ir_from_json(IR))
+
+
+class MsgType(IntEnum):
+    """Message ids (the frame's msg_type)."""
+
+    RESET_REQ = 0x01
+    RESET_RESP = 0x02
+    STEP_REQ = 0x03
+    STEP_RESP = 0x04
+    STEP_MULTI_REQ = 0x05
+    STEP_MULTI_RESP = 0x06
+    OBSERVE_REQ = 0x07
+    OBSERVE_RESP = 0x08
+    HEALTH_REQ = 0x09
+    HEALTH_RESP = 0x0A
+    SPACES_REQ = 0x0B
+    SPACES_RESP = 0x0C
+    HELLO_REQ = 0x0D
+    HELLO_RESP = 0x0E
+    ERROR = 0x0F
+    RESET_SEED_REQ = 0x10
+    STEP_BATCH_REQ = 0x11
+    STEP_BATCH_RESP = 0x12
+
+
+class ErrorCode(IntEnum):
+    """Enum over u16."""
+
+    BAD_FRAME = 1
+    UNKNOWN_MESSAGE = 2
+    BAD_BODY_SIZE = 3
+    BODY_TOO_LARGE = 4
+    HELLO_REQUIRED = 5
+    VERSION_MISMATCH = 6
+    FINGERPRINT_MISMATCH = 7
+    INVALID_ACTION = 8
+    MASKED_ACTION = 9
+    ENV_ERROR = 10
+    BAD_BATCH = 11
+    NOT_RESET = 12
+    INTERNAL = 13
 
 
 class AutoReset(IntEnum):
@@ -125,8 +297,60 @@ class RegionState(IntEnum):
     CLOSED = 2
 
 
+# [errors]: the HTTP status of each ERROR code
+HTTP_STATUS: Final[dict[int, int]] = {
+    ErrorCode.BAD_FRAME: 400,
+    ErrorCode.UNKNOWN_MESSAGE: 404,
+    ErrorCode.BAD_BODY_SIZE: 400,
+    ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.HELLO_REQUIRED: 400,
+    ErrorCode.VERSION_MISMATCH: 409,
+    ErrorCode.FINGERPRINT_MISMATCH: 409,
+    ErrorCode.INVALID_ACTION: 422,
+    ErrorCode.MASKED_ACTION: 422,
+    ErrorCode.ENV_ERROR: 500,
+    ErrorCode.BAD_BATCH: 422,
+    ErrorCode.NOT_RESET: 422,
+    ErrorCode.INTERNAL: 500,
+}
+# [errors]: after these the server closes the connection
+CLOSING_ERRORS: Final[frozenset[int]] = frozenset(
+    {
+        ErrorCode.BAD_FRAME,
+        ErrorCode.UNKNOWN_MESSAGE,
+        ErrorCode.BODY_TOO_LARGE,
+        ErrorCode.VERSION_MISMATCH,
+        ErrorCode.FINGERPRINT_MISMATCH,
+    }
+)
+
+# [http]: POST /v1/<method> -> the request message it carries
+HTTP_ROUTES: Final[dict[str, str]] = {
+    "hello": "HELLO_REQ",
+    "reset": "RESET_REQ",
+    "reset_seed": "RESET_SEED_REQ",
+    "step": "STEP_REQ",
+    "step_multi": "STEP_MULTI_REQ",
+    "step_batch": "STEP_BATCH_REQ",
+    "observe": "OBSERVE_REQ",
+    "health": "HEALTH_REQ",
+    "spaces": "SPACES_REQ",
+}
+
+FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
+Hello: Final[StructCodec] = SCHEMA["Hello"]
+ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
+HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
+SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
+ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
+    "FrameHeader": 9,
+    "Hello": 12,
+    "ErrorHead": 4,
+    "HealthResult": 1,
+    "SpacesResult": 8,
+    "ResetRequest": 8,
     "ShmControl": 64,
 }

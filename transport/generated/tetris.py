@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'tetris',
  'version': 1,
- 'fingerprint': '19c2da80a1b3b886',
+ 'fingerprint': 'e84df11c3006284c',
  'structs': {'StepResult': {'size': 912,
                             'align': 4,
                             'layout': 'natural',
@@ -75,44 +75,24 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                          'size': 4,
                                          'count': 1,
                                          'role': 'action'}]},
-             'StepMultiRequest': {'size': 32,
-                                  'align': 4,
-                                  'layout': 'natural',
-                                  'fields': [{'name': 'actions',
-                                              'type': 'i32[8]',
-                                              'offset': 0,
-                                              'size': 32,
-                                              'count': 8,
-                                              'role': 'action'}]},
-             'StepMultiResult': {'size': 7296,
-                                 'align': 4,
-                                 'layout': 'natural',
-                                 'fields': [{'name': 'results',
-                                             'type': 'StepResult[8]',
-                                             'offset': 0,
-                                             'size': 7296,
-                                             'count': 8}]},
-             'HealthResult': {'size': 1,
-                              'align': 1,
-                              'layout': 'natural',
-                              'fields': [{'name': 'initialized',
-                                          'type': 'u8',
-                                          'offset': 0,
-                                          'size': 1,
-                                          'count': 1}]},
-             'SpacesResult': {'size': 8,
-                              'align': 4,
-                              'layout': 'natural',
-                              'fields': [{'name': 'obs_n',
-                                          'type': 'i32',
-                                          'offset': 0,
-                                          'size': 4,
-                                          'count': 1},
-                                         {'name': 'act_n',
-                                          'type': 'i32',
-                                          'offset': 4,
-                                          'size': 4,
-                                          'count': 1}]},
+             'FrameHeader': {'size': 9,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'msg_type',
+                                         'type': 'u8',
+                                         'offset': 0,
+                                         'size': 1,
+                                         'count': 1},
+                                        {'name': 'msg_id',
+                                         'type': 'u32',
+                                         'offset': 1,
+                                         'size': 4,
+                                         'count': 1},
+                                        {'name': 'body_len',
+                                         'type': 'u32',
+                                         'offset': 5,
+                                         'size': 4,
+                                         'count': 1}]},
              'Hello': {'size': 12,
                        'align': 1,
                        'layout': 'packed',
@@ -131,17 +111,9 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                    'offset': 4,
                                    'size': 8,
                                    'count': 1}]},
-             'ResetRequest': {'size': 8,
-                              'align': 8,
-                              'layout': 'natural',
-                              'fields': [{'name': 'seed',
-                                          'type': 'u64',
-                                          'offset': 0,
-                                          'size': 8,
-                                          'count': 1}]},
              'ErrorHead': {'size': 4,
-                           'align': 2,
-                           'layout': 'natural',
+                           'align': 1,
+                           'layout': 'packed',
                            'fields': [{'name': 'code',
                                        'type': 'u16',
                                        'offset': 0,
@@ -152,6 +124,35 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                        'offset': 2,
                                        'size': 2,
                                        'count': 1}]},
+             'HealthResult': {'size': 1,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'initialized',
+                                          'type': 'u8',
+                                          'offset': 0,
+                                          'size': 1,
+                                          'count': 1}]},
+             'SpacesResult': {'size': 8,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'obs_n',
+                                          'type': 'i32',
+                                          'offset': 0,
+                                          'size': 4,
+                                          'count': 1},
+                                         {'name': 'act_n',
+                                          'type': 'i32',
+                                          'offset': 4,
+                                          'size': 4,
+                                          'count': 1}]},
+             'ResetRequest': {'size': 8,
+                              'align': 1,
+                              'layout': 'packed',
+                              'fields': [{'name': 'seed',
+                                          'type': 'u64',
+                                          'offset': 0,
+                                          'size': 8,
+                                          'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -220,6 +221,23 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                         'offset': 60,
                                         'size': 4,
                                         'count': 1}]},
+             'StepMultiRequest': {'size': 32,
+                                  'align': 4,
+                                  'layout': 'natural',
+                                  'fields': [{'name': 'actions',
+                                              'type': 'i32[8]',
+                                              'offset': 0,
+                                              'size': 32,
+                                              'count': 8,
+                                              'role': 'action'}]},
+             'StepMultiResult': {'size': 7296,
+                                 'align': 4,
+                                 'layout': 'natural',
+                                 'fields': [{'name': 'results',
+                                             'type': 'StepResult[8]',
+                                             'offset': 0,
+                                             'size': 7296,
+                                             'count': 8}]},
              'ShmSlot': {'size': 2368,
                          'align': 8,
                          'layout': 'natural',
@@ -296,7 +314,21 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                       'offset': 64,
                                       'size': 912,
                                       'count': 1}]}},
- 'enums': {'AutoReset': {'type': 'u16',
+ 'enums': {'ErrorCode': {'type': 'u16',
+                         'values': {'BAD_FRAME': 1,
+                                    'UNKNOWN_MESSAGE': 2,
+                                    'BAD_BODY_SIZE': 3,
+                                    'BODY_TOO_LARGE': 4,
+                                    'HELLO_REQUIRED': 5,
+                                    'VERSION_MISMATCH': 6,
+                                    'FINGERPRINT_MISMATCH': 7,
+                                    'INVALID_ACTION': 8,
+                                    'MASKED_ACTION': 9,
+                                    'ENV_ERROR': 10,
+                                    'BAD_BATCH': 11,
+                                    'NOT_RESET': 12,
+                                    'INTERNAL': 13}},
+           'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
                            'values': {'STEP': 0,
@@ -312,6 +344,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
               'STEP_RESP': {'id': 4, 'body': 'StepResult'},
               'STEP_MULTI_REQ': {'id': 5, 'body': 'StepMultiRequest'},
               'STEP_MULTI_RESP': {'id': 6, 'body': 'StepMultiResult'},
+              'OBSERVE_REQ': {'id': 7, 'body': None},
+              'OBSERVE_RESP': {'id': 8, 'body': 'StepResult', 'tail': 'msgpack', 'batch': True},
               'HEALTH_REQ': {'id': 9, 'body': None},
               'HEALTH_RESP': {'id': 10, 'body': 'HealthResult'},
               'SPACES_REQ': {'id': 11, 'body': None},
@@ -351,8 +385,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                   'total_lines': 968,
                                   'pieces': 972}}}
 
-FINGERPRINT: Final = 0x19c2da80a1b3b886
-FINGERPRINT_HEX: Final = "19c2da80a1b3b886"
+FINGERPRINT: Final = 0xe84df11c3006284c
+FINGERPRINT_HEX: Final = "e84df11c3006284c"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -365,6 +399,8 @@ class MsgType(IntEnum):
     STEP_RESP = 0x04
     STEP_MULTI_REQ = 0x05
     STEP_MULTI_RESP = 0x06
+    OBSERVE_REQ = 0x07
+    OBSERVE_RESP = 0x08
     HEALTH_REQ = 0x09
     HEALTH_RESP = 0x0A
     SPACES_REQ = 0x0B
@@ -375,6 +411,24 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+
+
+class ErrorCode(IntEnum):
+    """Enum over u16."""
+
+    BAD_FRAME = 1
+    UNKNOWN_MESSAGE = 2
+    BAD_BODY_SIZE = 3
+    BODY_TOO_LARGE = 4
+    HELLO_REQUIRED = 5
+    VERSION_MISMATCH = 6
+    FINGERPRINT_MISMATCH = 7
+    INVALID_ACTION = 8
+    MASKED_ACTION = 9
+    ENV_ERROR = 10
+    BAD_BATCH = 11
+    NOT_RESET = 12
+    INTERNAL = 13
 
 
 class AutoReset(IntEnum):
@@ -406,28 +460,30 @@ class RegionState(IntEnum):
 
 StepResult: Final[StructCodec] = SCHEMA["StepResult"]
 StepRequest: Final[StructCodec] = SCHEMA["StepRequest"]
-StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
-StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
+FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
+Hello: Final[StructCodec] = SCHEMA["Hello"]
+ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
-Hello: Final[StructCodec] = SCHEMA["Hello"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
-ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
+StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
+StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
 ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
 ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
     "StepResult": 912,
     "StepRequest": 4,
-    "StepMultiRequest": 32,
-    "StepMultiResult": 7296,
+    "FrameHeader": 9,
+    "Hello": 12,
+    "ErrorHead": 4,
     "HealthResult": 1,
     "SpacesResult": 8,
-    "Hello": 12,
     "ResetRequest": 8,
-    "ErrorHead": 4,
     "ShmControl": 64,
+    "StepMultiRequest": 32,
+    "StepMultiResult": 7296,
     "ShmSlot": 2368,
     "ShmFinal": 1024,
 }

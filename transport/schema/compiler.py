@@ -6,6 +6,7 @@ field. The file format is documented in ``docs/schema.md``.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -18,15 +19,18 @@ from transport.schema.ir import (
     SCALARS,
     EnumIR,
     EnvIR,
+    ErrorSpecIR,
     FieldIR,
     MessageIR,
     SchemaIR,
     ShmIR,
     StructIR,
+    ir_from_json,
 )
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+)\s*\])?\s*$")
+_TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
+"""A type: ``f32``, ``f32[612]``, or a multi-dimensional ``f32[2,5,5]`` (row-major)."""
 _LAYOUTS = ("packed", "natural")
 _TAILS = ("msgpack", "utf8")
 _JS_SAFE = 2**53 - 1
@@ -38,7 +42,11 @@ _ENUM_KEYS = {"type", "values", "doc"}
 _MESSAGE_KEYS = {"id", "body", "tail", "batch", "doc"}
 _ENV_KEYS = {"result", "request", "seats", "shm"}
 _PROFILE_KEYS = {"control", "slot", "final"}
-_TOP_KEYS = {"schema", "structs", "enums", "messages", "env", "shm_profile"}
+_ERROR_KEYS = {"http", "closes"}
+_TOP_KEYS = {"schema", "structs", "enums", "messages", "env", "shm_profile", "errors", "http"}
+PLACEHOLDERS = ("$result", "$request", "$multi_request", "$multi_result")
+"""Message bodies the envelope leaves to each env schema: its [env] structs."""
+_METHOD = re.compile(r"^[a-z][a-z0-9_]*$")
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
 """The project's schema folder: the protocol envelope and the shm layout profiles live here."""
@@ -136,12 +144,36 @@ class _Compiler:
         self._check_profile_table()
         env: EnvIR | None = None
         shm: ShmIR | None = None
+        is_envelope = "errors" in self.doc
+        raw_messages = self._table(self.doc.get("messages", {}), "[messages]")
+        bodies: dict[str, str] = {}
         if envelope is not None:
+            if is_envelope or "http" in self.doc:
+                raise self.error("[errors] and [http] belong to the protocol envelope only")
             env, shm = self._env(raw_env)
-        messages = self._messages(self._table(self.doc.get("messages", {}), "[messages]"))
+            bodies = {
+                "$result": env.result,
+                "$request": env.request,
+                "$multi_request": env.multi_request,
+                "$multi_result": env.multi_result,
+            }
+            raw_messages = self._merge_envelope_messages(envelope[0], raw_messages)
+        messages = self._messages(raw_messages, bodies, placeholders=is_envelope)
+        errors, http = self._envelope_tables(messages) if is_envelope else (None, None)
+        if not is_envelope and "http" in self.doc:
+            raise self.error("[http] needs an [errors] table: both belong to the protocol envelope")
         ordered = {n: self.structs[n] for n in self.raw_structs}  # declared, merged, derived
         return SchemaIR(
-            name, version, ordered, self.enums, messages, source=self.file, env=env, shm=shm
+            name,
+            version,
+            ordered,
+            self.enums,
+            messages,
+            source=self.file,
+            env=env,
+            shm=shm,
+            errors=errors,
+            http=http,
         )
 
     # -- the env protocol ---------------------------------------------------------------------
@@ -159,6 +191,59 @@ class _Compiler:
             body = dict(raw["structs"][name])
             body["layout"] = struct.layout  # the envelope's default layout, not this schema's
             self.raw_structs[name] = body
+
+    def _merge_envelope_messages(
+        self, envelope: dict[str, Any], own: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The envelope's messages, then this schema's own (new names and ids only)."""
+        merged: dict[str, Any] = dict(self._table(envelope.get("messages", {}), "[messages]"))
+        ids = {body["id"]: name for name, body in merged.items()}
+        for name, body in own.items():
+            if name in merged:
+                raise self.error(
+                    f"message {name}: declared by the protocol envelope ({ENVELOPE_FILE.name}): "
+                    "remove it from this schema"
+                )
+            mid = body.get("id") if isinstance(body, dict) else None
+            if mid in ids:
+                raise self.error(
+                    f"message {name}: id {mid:#04x} is used by the envelope's {ids[mid]}"
+                )
+            merged[name] = body
+        return merged
+
+    def _envelope_tables(
+        self, messages: dict[str, MessageIR]
+    ) -> tuple[dict[str, ErrorSpecIR], dict[str, str]]:
+        """The envelope's [errors] (one entry per ErrorCode) and [http] (method -> request)."""
+        codes = self.enums.get("ErrorCode")
+        if codes is None:
+            raise self.error("[errors] needs an enum ErrorCode")
+        table = self._table(self.doc.get("errors"), "[errors]")
+        errors: dict[str, ErrorSpecIR] = {}
+        for code in codes.values:
+            spec = table.get(code)
+            where = f"[errors] {code}"
+            if not isinstance(spec, dict):
+                raise self.error(f"{where}: every ErrorCode needs {{ http = STATUS }}")
+            if (k := _unknown_key(spec, _ERROR_KEYS)) is not None:
+                raise self.error(f"{where}: unknown key {k!r}")
+            status, closes = spec.get("http"), spec.get("closes", False)
+            if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
+                raise self.error(f"{where}: http must be an HTTP status 100..599")
+            if not isinstance(closes, bool):
+                raise self.error(f"{where}: closes must be true or false")
+            errors[code] = ErrorSpecIR(code, status, closes)
+        if (k := _unknown_key(table, set(codes.values))) is not None:
+            raise self.error(f"[errors] {k}: not a value of enum ErrorCode")
+        http: dict[str, str] = {}
+        for method, message in self._table(self.doc.get("http", {}), "[http]").items():
+            if not _METHOD.match(method):
+                raise self.error(f"[http] {method}: a method is lower_case")
+            if message not in messages:
+                raise self.error(f"[http] {method}: {message!r} is not a message of this schema")
+            http[method] = message
+        return errors, http
 
     def _env(self, raw: Any) -> tuple[EnvIR, ShmIR]:
         """Check the [env] table, derive the multi-seat structs and the shm layout."""
@@ -430,7 +515,7 @@ class _Compiler:
             if fname in names:
                 raise self.error("duplicate field name", name, fname)
             names.add(fname)
-            elem, kind, elem_size, elem_align, count, is_array, type_str = self._field_type(
+            elem, kind, elem_size, elem_align, count, is_array, type_str, shape = self._field_type(
                 name, fname, raw.get("type")
             )
             field_align = 1 if layout == "packed" else elem_align
@@ -477,6 +562,7 @@ class _Compiler:
                     is_array,
                     elem_size,
                     role,
+                    shape,
                 )
             )
             end = offset + size
@@ -507,7 +593,7 @@ class _Compiler:
 
     def _field_type(
         self, struct: str, fname: str, raw: Any
-    ) -> tuple[str, str, int, int, int, bool, str]:
+    ) -> tuple[str, str, int, int, int, bool, str, tuple[int, ...] | None]:
         if not isinstance(raw, str):
             raise self.error('type must be a string such as "f32" or "f32[612]"', struct, fname)
         match = _TYPE.match(raw)
@@ -515,9 +601,12 @@ class _Compiler:
             raise self.error(f"cannot parse type {raw!r}", struct, fname)
         elem, count_text = match.group(1), match.group(2)
         is_array = count_text is not None
-        count = int(count_text) if is_array else 1
-        if count < 1:
-            raise self.error(f"array count must be at least 1, not {count}", struct, fname)
+        dims = [int(d) for d in count_text.split(",")] if count_text is not None else [1]
+        for d in dims:
+            if d < 1:
+                raise self.error(f"array count must be at least 1, not {d}", struct, fname)
+        count = math.prod(dims)
+        shape = tuple(dims) if len(dims) > 1 else None
         if elem in SCALARS:
             size = SCALARS[elem]
             kind = "bool" if elem == "bool" else "float" if elem[0] == "f" else "int"
@@ -526,14 +615,24 @@ class _Compiler:
             size = SCALARS[self.enums[elem].type]
             kind, elem_align = "enum", size
         elif elem in self.raw_structs:
+            if shape is not None:
+                raise self.error(
+                    f"{raw!r}: an array of structs has one dimension (nest a struct for more)",
+                    struct,
+                    fname,
+                )
             sub = self._struct(elem)
             size, kind, elem_align = sub.size, "struct", sub.align
         else:
             raise self.error(f"unknown type {elem!r}", struct, fname)
-        type_str = f"{elem}[{count}]" if is_array else elem
-        return elem, kind, size, elem_align, count, is_array, type_str
+        type_str = f"{elem}[{','.join(map(str, dims))}]" if is_array else elem
+        return elem, kind, size, elem_align, count, is_array, type_str, shape
 
-    def _messages(self, raw: dict[str, Any]) -> dict[str, MessageIR]:
+    def _messages(
+        self, raw: dict[str, Any], bodies: dict[str, str], *, placeholders: bool
+    ) -> dict[str, MessageIR]:
+        """``bodies`` replaces the envelope's placeholder bodies ("$result", ...); with
+        ``placeholders`` (compiling the envelope itself) they are kept as written."""
         out: dict[str, MessageIR] = {}
         ids: dict[int, str] = {}
         for name, body in raw.items():
@@ -551,7 +650,10 @@ class _Compiler:
                 raise self.error(f"{where}: id {mid:#04x} is already used by {ids[mid]}")
             ids[mid] = name
             struct = body.get("body")
-            if struct is not None and struct not in self.structs:
+            if isinstance(struct, str):
+                struct = bodies.get(struct, struct)
+            is_placeholder = placeholders and struct in PLACEHOLDERS
+            if struct is not None and struct not in self.structs and not is_placeholder:
                 raise self.error(f"{where}: body {struct!r} is not a struct of this schema")
             tail = body.get("tail")
             if tail not in (None, *_TAILS):
@@ -559,8 +661,8 @@ class _Compiler:
             batch = body.get("batch", False)
             if not isinstance(batch, bool):
                 raise self.error(f"{where}: batch must be true or false")
-            if batch and (struct is None or tail is not None):
-                raise self.error(f"{where}: a batch message needs a body struct and no tail")
+            if batch and struct is None:
+                raise self.error(f"{where}: a batch message needs a body struct")
             out[name] = MessageIR(name, mid, struct, tail, batch)
         return out
 
@@ -576,9 +678,17 @@ def _compile_file(path: Path) -> tuple[dict[str, Any], SchemaIR]:
 
 
 def _envelope() -> tuple[dict[str, Any], SchemaIR]:
-    """The protocol envelope: its TOML document and its IR."""
+    """The protocol envelope: its TOML document and its IR. Without the project's schema folder
+    (an installed package) the IR embedded in ``transport.generated.protocol`` stands in."""
     if not ENVELOPE_FILE.is_file():
-        raise SchemaError(f"the protocol envelope {ENVELOPE_FILE} is missing")
+        from transport.generated import protocol  # generated from ENVELOPE_FILE
+
+        ir = ir_from_json(protocol.IR)
+        doc: dict[str, Any] = {
+            "structs": {n: _raw_struct(s) for n, s in ir.structs.items()},
+            "messages": {n: m.to_json() for n, m in ir.messages.items()},
+        }
+        return doc, ir
     doc, ir = _compile_file(ENVELOPE_FILE)
     if "env" in doc:
         raise SchemaError("the protocol envelope cannot have an [env] table", file=ir.source)

@@ -48,6 +48,7 @@ def emit_python(ir: SchemaIR) -> str:
         lines += ["", f"class {enum.name}(IntEnum):", f'    """Enum over {enum.type}."""', ""]
         lines += [f"    {name} = {value}" for name, value in enum.values.items()]
         lines.append("")
+    lines += _envelope_lines(ir)
     lines.append("")
     for struct in ir.structs.values():
         lines.append(f'{struct.name}: Final[StructCodec] = SCHEMA["{struct.name}"]')
@@ -57,6 +58,30 @@ def emit_python(ir: SchemaIR) -> str:
     lines.append("}")
     lines += _shm_lines(ir)
     return "\n".join(lines) + "\n"
+
+
+def _envelope_lines(ir: SchemaIR) -> list[str]:
+    """The protocol envelope's [errors] and [http] tables as constants (only it has them)."""
+    lines: list[str] = []
+    if ir.errors is not None:
+        lines += [
+            "",
+            "# [errors]: the HTTP status of each ERROR code",
+            "HTTP_STATUS: Final[dict[int, int]] = {",
+        ]
+        lines += [f"    ErrorCode.{name}: {e.http}," for name, e in ir.errors.items()]
+        lines.append("}")
+        lines.append("# [errors]: after these the server closes the connection")
+        lines.append("CLOSING_ERRORS: Final[frozenset[int]] = frozenset(")
+        lines.append("    {")
+        lines += [f"        ErrorCode.{n}," for n, e in ir.errors.items() if e.closes]
+        lines += ["    }", ")"]
+    if ir.http is not None:
+        lines += ["", "# [http]: POST /v1/<method> -> the request message it carries"]
+        lines.append("HTTP_ROUTES: Final[dict[str, str]] = {")
+        lines += [f'    "{method}": "{message}",' for method, message in ir.http.items()]
+        lines.append("}")
+    return lines
 
 
 def _shm_lines(ir: SchemaIR) -> list[str]:

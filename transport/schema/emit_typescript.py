@@ -52,7 +52,17 @@ _BIG = ("u64", "i64")
 
 # Names every generated module defines itself; a struct or enum may not take them.
 _MODULE_NAMES = frozenset(
-    {"rt", "IR", "FINGERPRINT", "FINGERPRINT_HEX", "MessageId", "SCHEMA", "SHM_LAYOUT"}
+    {
+        "rt",
+        "IR",
+        "FINGERPRINT",
+        "FINGERPRINT_HEX",
+        "MessageId",
+        "SCHEMA",
+        "SHM_LAYOUT",
+        "ERRORS",
+        "HTTP_ROUTES",
+    }
 )
 _TS_RESERVED = frozenset(
     "break case catch class const continue debugger default delete do else enum export extends "
@@ -75,6 +85,7 @@ def emit_typescript(ir: SchemaIR) -> str:
         _emit_constants(ir),
         *(_emit_enum(ir, name) for name in ir.enums),
         _emit_message_ids(ir),
+        *_emit_envelope(ir),
         *(_emit_struct(ir, struct) for struct in ir.structs.values()),
         _emit_schema(ir),
         *_emit_shm(ir),
@@ -118,7 +129,7 @@ def _check_names(ir: SchemaIR) -> None:
             raise ValueError(f"schema {ir.name}: {name!r} cannot be a TypeScript type name")
         taken.add(name)
     for struct in ir.structs.values():
-        for suffix in ("Input", "View", "Codec", "Layout", "Fields"):
+        for suffix in ("Input", "View", "Codec", "Layout", "Fields", "Shapes"):
             if struct.name + suffix in taken:
                 raise ValueError(
                     f"schema {ir.name}: {struct.name + suffix!r} clashes with the generated "
@@ -172,6 +183,27 @@ def _emit_schema(ir: SchemaIR) -> str:
     )
 
 
+def _emit_envelope(ir: SchemaIR) -> list[str]:
+    """The protocol envelope's [errors] and [http] tables as constants (only it has them)."""
+    out: list[str] = []
+    if ir.errors is not None:
+        body = "".join(
+            f"{_INDENT}{name}: {{ http: {e.http}, closes: {'true' if e.closes else 'false'} }},\n"
+            for name, e in ir.errors.items()
+        )
+        out.append(
+            "/** [errors]: per ErrorCode, its HTTP status and whether the connection closes. */\n"
+            f"export const ERRORS = {{\n{body}}} as const;\n"
+        )
+    if ir.http is not None:
+        body = "".join(f'{_INDENT}{m}: "{msg}",\n' for m, msg in ir.http.items())
+        out.append(
+            "/** [http]: POST /v1/<method> -> the request message it carries. */\n"
+            f"export const HTTP_ROUTES = {{\n{body}}} as const;\n"
+        )
+    return out
+
+
 def _emit_shm(ir: SchemaIR) -> list[str]:
     """The shm region's diagram and flat offsets (the same numbers as ``IR.shm``)."""
     shm = ir.shm
@@ -211,6 +243,7 @@ def _emit_struct(ir: SchemaIR, struct: StructIR) -> str:
             _emit_interface(ir, struct, output=True),
             _emit_interface(ir, struct, output=False),
             _emit_view_class(ir, struct),
+            *_emit_shapes(struct),
             f"const {name}Fields = rt.nameSet([{field_names}]);",
             "",
             f"const {name}Layout: rt.StructLayout<{types}> = {{",
@@ -231,6 +264,27 @@ def _emit_struct(ir: SchemaIR, struct: StructIR) -> str:
     )
 
 
+def _emit_shapes(struct: StructIR) -> list[str]:
+    """``<Struct>Shapes``: the shape of each multi-dimensional field (views and decoded values
+    are flat, row-major)."""
+    shaped = [f for f in struct.fields if f.shape is not None]
+    if not shaped:
+        return []
+    body = "".join(f"{_INDENT}{f.name}: [{', '.join(map(str, f.dims))}],\n" for f in shaped)
+    return [
+        f"/** Shapes of {struct.name}'s multi-dimensional fields (row-major; values are flat). */",
+        f"export const {struct.name}Shapes = {{\n{body}}} as const;",
+        "",
+    ]
+
+
+def _flat_value(struct: StructIR, f: FieldIR, value: str, path: str) -> str:
+    """``value``, or for a multi-dimensional field its flat elements (``rt.flatArray``)."""
+    if f.shape is None:
+        return value
+    return f'rt.flatArray({value}, {struct.name}Shapes.{f.name}, {path}, "{f.name}")'
+
+
 def _rule(title: str) -> str:
     head = f"// -- {title} "
     return head + "-" * max(3, 100 - len(head))
@@ -239,7 +293,8 @@ def _rule(title: str) -> str:
 def _field_doc(f: FieldIR) -> str:
     role = f", role {f.role}" if f.role else ""
     unit = "byte" if f.size == 1 else "bytes"
-    return f"{_INDENT}/** {f.type} at offset {f.offset} ({f.size} {unit}{role}). */\n"
+    flat = f", flat row-major: {f.count} elements" if f.shape is not None else ""
+    return f"{_INDENT}/** {f.type} at offset {f.offset} ({f.size} {unit}{role}{flat}). */\n"
 
 
 def _emit_interface(ir: SchemaIR, struct: StructIR, *, output: bool) -> str:
@@ -261,15 +316,19 @@ def _value_type(ir: SchemaIR, f: FieldIR, output: bool) -> str:
         if not f.is_array:
             return element
         return f"{element}[]" if output else f"ArrayLike<{element}>"
+    nested = not output and f.shape is not None
     if f.kind == "bool":
         if not f.is_array:
             return "boolean"
+        if nested:
+            return "rt.NestedArray<boolean>"
         return "boolean[]" if output else "ArrayLike<boolean>"
     scalar = _scalar_of(ir, f)
     if f.is_array:
         if output:
             return _TYPED_ARRAY[scalar]
-        return "ArrayLike<bigint | number>" if scalar in _BIG else "ArrayLike<number>"
+        element = "bigint | number" if scalar in _BIG else "number"
+        return f"rt.NestedArray<{element}>" if nested else f"ArrayLike<{element}>"
     if scalar in _BIG:
         return "bigint" if output else "bigint | number"
     return "number"
@@ -301,14 +360,14 @@ def _emit_validate(ir: SchemaIR, struct: StructIR) -> str:
         f"{_INDENT * 2}const fields = rt.asFields(value, path);",
     ]
     for f in struct.fields:
-        lines.append(_INDENT * 2 + _validate_field(ir, f) + ";")
+        lines.append(_INDENT * 2 + _validate_field(ir, struct, f) + ";")
     lines.append(f"{_INDENT * 2}rt.rejectUnknownFields(fields, {struct.name}Fields, path);")
     lines.append(f"{_INDENT}}},")
     return "\n".join(lines)
 
 
-def _validate_field(ir: SchemaIR, f: FieldIR) -> str:
-    value = f'rt.fieldValue(fields, "{f.name}", path)'
+def _validate_field(ir: SchemaIR, struct: StructIR, f: FieldIR) -> str:
+    value = _flat_value(struct, f, f'rt.fieldValue(fields, "{f.name}", path)', "path")
     where = f'path, "{f.name}"'
     if f.kind == "struct":
         if f.is_array:
@@ -335,13 +394,13 @@ def _validate_field(ir: SchemaIR, f: FieldIR) -> str:
 def _emit_write(ir: SchemaIR, struct: StructIR) -> str:
     lines = [f"{_INDENT}writeAt(dv: DataView, at: number, value: {struct.name}Input): void {{"]
     for f in struct.fields:
-        lines.append(_INDENT * 2 + _write_field(ir, f) + ";")
+        lines.append(_INDENT * 2 + _write_field(ir, struct, f) + ";")
     lines.append(f"{_INDENT}}},")
     return "\n".join(lines)
 
 
-def _write_field(ir: SchemaIR, f: FieldIR) -> str:
-    at, value = _at("at", f.offset), f"value.{f.name}"
+def _write_field(ir: SchemaIR, struct: StructIR, f: FieldIR) -> str:
+    at, value = _at("at", f.offset), _flat_value(struct, f, f"value.{f.name}", '""')
     if f.kind == "struct":
         if f.is_array:
             return f"rt.writeStructArray({f.elem}Layout, dv, {at}, {value}, {f.count})"

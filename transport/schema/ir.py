@@ -56,15 +56,23 @@ class FieldIR:
     """One field: its element type, element count and where it sits in its struct."""
 
     name: str
-    type: str  # as written, normalised: "f32", "f32[612]", "StepResult[8]", "Command"
+    type: str  # as written, normalised: "f32", "f32[612]", "f32[2,5,5]", "StepResult[8]", "Command"
     elem: str  # element type: a scalar name, an enum name or a struct name
     kind: str  # "int" | "float" | "bool" | "enum" | "struct"
     offset: int
     size: int  # total bytes of the field (elem_size * count)
-    count: int  # element count; 1 for a non-array field
+    count: int  # element count (the product of a multi-dimensional shape); 1 for a scalar
     is_array: bool
     elem_size: int
     role: str | None = None
+    shape: tuple[int, ...] | None = None  # dimensions of a multi-dimensional array, row-major
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The array's dimensions: ``shape``, ``(count,)`` for a 1-D array, ``()`` for a scalar."""
+        if self.shape is not None:
+            return self.shape
+        return (self.count,) if self.is_array else ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -76,6 +84,8 @@ class FieldIR:
         }
         if self.role is not None:
             out["role"] = self.role
+        if self.shape is not None:
+            out["shape"] = list(self.shape)
         return out
 
 
@@ -141,6 +151,19 @@ class MessageIR:
         if self.batch:
             out["batch"] = True
         return out
+
+
+@dataclass(frozen=True)
+class ErrorSpecIR:
+    """How one ErrorCode travels (the envelope's ``[errors]`` table): its HTTP status and whether
+    the server closes the connection after sending it."""
+
+    name: str  # an ErrorCode member
+    http: int
+    closes: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"http": self.http, "closes": self.closes}
 
 
 @dataclass(frozen=True)
@@ -224,6 +247,8 @@ class SchemaIR:
     source: str = field(default="", compare=False)
     env: EnvIR | None = None  # the [env] table; None for a schema without one
     shm: ShmIR | None = None  # the shared-memory layout of an env schema
+    errors: dict[str, ErrorSpecIR] | None = None  # the protocol envelope's [errors] table
+    http: dict[str, str] | None = None  # the envelope's [http] table: method -> request message
 
     def layout_json(self) -> dict[str, Any]:
         """The part of the IR the fingerprint covers (``env`` and ``shm`` only when present)."""
@@ -236,6 +261,10 @@ class SchemaIR:
             out["env"] = self.env.to_json()
         if self.shm is not None:
             out["shm"] = self.shm.to_json()
+        if self.errors is not None:
+            out["errors"] = {n: e.to_json() for n, e in self.errors.items()}
+        if self.http is not None:
+            out["http"] = dict(self.http)
         return out
 
     @property
@@ -306,6 +335,7 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
                     is_array,
                     elem_size,
                     f.get("role"),
+                    tuple(f["shape"]) if "shape" in f else None,
                 )
             )
         structs[name] = StructIR(name, body["size"], body["align"], body["layout"], tuple(fields))
@@ -315,7 +345,23 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
     }
     env = EnvIR.from_json(data["env"]) if "env" in data else None
     shm = ShmIR.from_json(data["shm"]) if "shm" in data else None
-    ir = SchemaIR(data["name"], data["version"], structs, enums, messages, env=env, shm=shm)
+    errors = (
+        {n: ErrorSpecIR(n, e["http"], e["closes"]) for n, e in data["errors"].items()}
+        if "errors" in data
+        else None
+    )
+    http = dict(data["http"]) if "http" in data else None
+    ir = SchemaIR(
+        data["name"],
+        data["version"],
+        structs,
+        enums,
+        messages,
+        env=env,
+        shm=shm,
+        errors=errors,
+        http=http,
+    )
     if "fingerprint" in data and data["fingerprint"] != ir.fingerprint_hex:
         raise ValueError(
             f"IR of {ir.name} has fingerprint {data['fingerprint']} but hashes to "

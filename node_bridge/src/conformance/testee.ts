@@ -5,15 +5,20 @@
  * stdout, in order, until stdin closes or `{"op": "exit"}`. Every JavaScript number goes out as a
  * msgpack float64 and every bigint as a 64-bit integer, so -0, infinities and NaN survive.
  *
- *   node node_bridge/dist/conformance/testee.js
+ *   node node_bridge/dist/conformance/testee.js              generated codecs (+ loaded IRs)
+ *   node node_bridge/dist/conformance/testee.js --runtime    every schema built by loadSchema
+ *
+ * `{"op": "load", "ir": "<IR JSON text>"}` adds a schema the testee was not built with: its codecs
+ * come from `loadSchema` (codec.ts) at run time, the way a user's plain-JavaScript env would.
  */
 
 import { Decoder, Encoder } from "@msgpack/msgpack";
 import fc from "fast-check";
 
-import type { AnyStructCodec, SchemaModule } from "../codec";
-import { CodecError } from "../errors";
+import { type AnyStructCodec, type SchemaModule, loadSchema } from "../codec";
+import { CodecError, TransportError } from "../errors";
 import { computeFingerprint } from "../fingerprint";
+import type { SchemaJson } from "../ir";
 import { SCHEMAS } from "../generated";
 import { structArbitrary } from "./arbitraries";
 import { FrameReader, frame } from "./frames";
@@ -49,9 +54,20 @@ function own<T>(record: Readonly<Record<string, T>>, key: unknown): T | undefine
     : undefined;
 }
 
+/** `--runtime`: serve every generated schema through `loadSchema(IR)` instead of its module. */
+const RUNTIME_ONLY = process.argv.includes("--runtime");
+
+/** The schemas served: the generated ones (or their run-time twins), then every loaded IR. */
+const served: Record<string, SchemaModule> = Object.fromEntries(
+  Object.entries(SCHEMAS).map(([name, schema]) => [
+    name,
+    RUNTIME_ONLY ? loadSchema(schema.ir) : schema,
+  ]),
+);
+
 function schemaOf(request: Request): SchemaModule {
   const name = request["schema"];
-  const schema = own(SCHEMAS, name);
+  const schema = own(served, name);
   if (schema === undefined) throw new BadRequest(`unknown schema ${String(name)}`);
   return schema;
 }
@@ -98,7 +114,22 @@ function seedOf(value: unknown): number {
 function handle(request: Request): Response {
   switch (request["op"]) {
     case "hello":
-      return { ok: true, lang: "node", schemas: Object.keys(SCHEMAS).sort() };
+      return { ok: true, lang: "node", schemas: Object.keys(served).sort(), load: true };
+    case "load": {
+      const text = request["ir"];
+      if (typeof text !== "string") throw new BadRequest("ir must be the IR as JSON text");
+      let schema: SchemaModule;
+      try {
+        schema = loadSchema(JSON.parse(text) as SchemaJson);
+      } catch (error) {
+        if (error instanceof SyntaxError || error instanceof TransportError) {
+          throw new BadRequest(`cannot load the IR: ${error.message}`);
+        }
+        throw error;
+      }
+      served[schema.name] = schema;
+      return { ok: true, schema: schema.name };
+    }
     case "fingerprint": {
       const schema = schemaOf(request);
       return {

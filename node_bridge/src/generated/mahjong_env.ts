@@ -8,9 +8,9 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "mahjong_env",
   "version": 1,
-  "fingerprint": "b507262ce530893e",
+  "fingerprint": "0a41d074a5df8a73",
   "structs": {
-    "ResetRequest": {
+    "ResetOptions": {
       "size": 16,
       "align": 8,
       "layout": "natural",
@@ -247,6 +247,34 @@ export const IR: SchemaJson = {
         }
       ]
     },
+    "FrameHeader": {
+      "size": 9,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "msg_type",
+          "type": "u8",
+          "offset": 0,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "msg_id",
+          "type": "u32",
+          "offset": 1,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "body_len",
+          "type": "u32",
+          "offset": 5,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
     "Hello": {
       "size": 12,
       "align": 1,
@@ -277,8 +305,8 @@ export const IR: SchemaJson = {
     },
     "ErrorHead": {
       "size": 4,
-      "align": 2,
-      "layout": "natural",
+      "align": 1,
+      "layout": "packed",
       "fields": [
         {
           "name": "code",
@@ -296,53 +324,10 @@ export const IR: SchemaJson = {
         }
       ]
     },
-    "SeedRequest": {
-      "size": 8,
-      "align": 8,
-      "layout": "natural",
-      "fields": [
-        {
-          "name": "seed",
-          "type": "u64",
-          "offset": 0,
-          "size": 8,
-          "count": 1
-        }
-      ]
-    },
-    "StepMultiRequest": {
-      "size": 16,
-      "align": 2,
-      "layout": "natural",
-      "fields": [
-        {
-          "name": "actions",
-          "type": "u16[8]",
-          "offset": 0,
-          "size": 16,
-          "count": 8,
-          "role": "action"
-        }
-      ]
-    },
-    "StepMultiResult": {
-      "size": 10688,
-      "align": 8,
-      "layout": "natural",
-      "fields": [
-        {
-          "name": "results",
-          "type": "AgentStep[8]",
-          "offset": 0,
-          "size": 10688,
-          "count": 8
-        }
-      ]
-    },
     "HealthResult": {
       "size": 1,
       "align": 1,
-      "layout": "natural",
+      "layout": "packed",
       "fields": [
         {
           "name": "initialized",
@@ -355,8 +340,8 @@ export const IR: SchemaJson = {
     },
     "SpacesResult": {
       "size": 8,
-      "align": 4,
-      "layout": "natural",
+      "align": 1,
+      "layout": "packed",
       "fields": [
         {
           "name": "obs_n",
@@ -370,6 +355,20 @@ export const IR: SchemaJson = {
           "type": "i32",
           "offset": 4,
           "size": 4,
+          "count": 1
+        }
+      ]
+    },
+    "ResetRequest": {
+      "size": 8,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
           "count": 1
         }
       ]
@@ -469,6 +468,35 @@ export const IR: SchemaJson = {
           "offset": 60,
           "size": 4,
           "count": 1
+        }
+      ]
+    },
+    "StepMultiRequest": {
+      "size": 16,
+      "align": 2,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "actions",
+          "type": "u16[8]",
+          "offset": 0,
+          "size": 16,
+          "count": 8,
+          "role": "action"
+        }
+      ]
+    },
+    "StepMultiResult": {
+      "size": 10688,
+      "align": 8,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "results",
+          "type": "AgentStep[8]",
+          "offset": 0,
+          "size": 10688,
+          "count": 8
         }
       ]
     },
@@ -614,6 +642,24 @@ export const IR: SchemaJson = {
         "CONCEALED_KONG": 3
       }
     },
+    "ErrorCode": {
+      "type": "u16",
+      "values": {
+        "BAD_FRAME": 1,
+        "UNKNOWN_MESSAGE": 2,
+        "BAD_BODY_SIZE": 3,
+        "BODY_TOO_LARGE": 4,
+        "HELLO_REQUIRED": 5,
+        "VERSION_MISMATCH": 6,
+        "FINGERPRINT_MISMATCH": 7,
+        "INVALID_ACTION": 8,
+        "MASKED_ACTION": 9,
+        "ENV_ERROR": 10,
+        "BAD_BATCH": 11,
+        "NOT_RESET": 12,
+        "INTERNAL": 13
+      }
+    },
     "AutoReset": {
       "type": "u16",
       "values": {
@@ -668,6 +714,16 @@ export const IR: SchemaJson = {
       "id": 6,
       "body": "StepMultiResult"
     },
+    "OBSERVE_REQ": {
+      "id": 7,
+      "body": null
+    },
+    "OBSERVE_RESP": {
+      "id": 8,
+      "body": "AgentStep",
+      "tail": "msgpack",
+      "batch": true
+    },
     "HEALTH_REQ": {
       "id": 9,
       "body": null
@@ -701,7 +757,7 @@ export const IR: SchemaJson = {
     },
     "RESET_SEED_REQ": {
       "id": 16,
-      "body": "SeedRequest"
+      "body": "ResetRequest"
     },
     "STEP_BATCH_REQ": {
       "id": 17,
@@ -774,8 +830,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "b507262ce530893e";
-export const FINGERPRINT = 0xb507262ce530893en;
+export const FINGERPRINT_HEX = "0a41d074a5df8a73";
+export const FINGERPRINT = 0x0a41d074a5df8a73n;
 
 /** Enum Agent (stored as u8). */
 export const Agent = {
@@ -807,6 +863,24 @@ export const MeldKind = {
 } as const;
 export type MeldKind = (typeof MeldKind)[keyof typeof MeldKind];
 const MeldKindValues = rt.enumValueSet(MeldKind);
+
+/** Enum ErrorCode (stored as u16). */
+export const ErrorCode = {
+  BAD_FRAME: 1,
+  UNKNOWN_MESSAGE: 2,
+  BAD_BODY_SIZE: 3,
+  BODY_TOO_LARGE: 4,
+  HELLO_REQUIRED: 5,
+  VERSION_MISMATCH: 6,
+  FINGERPRINT_MISMATCH: 7,
+  INVALID_ACTION: 8,
+  MASKED_ACTION: 9,
+  ENV_ERROR: 10,
+  BAD_BATCH: 11,
+  NOT_RESET: 12,
+  INTERNAL: 13,
+} as const;
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
 /** Enum AutoReset (stored as u16). */
 export const AutoReset = {
@@ -845,6 +919,8 @@ export const MessageId = {
   STEP_RESP: 4,
   STEP_MULTI_REQ: 5,
   STEP_MULTI_RESP: 6,
+  OBSERVE_REQ: 7,
+  OBSERVE_RESP: 8,
   HEALTH_REQ: 9,
   HEALTH_RESP: 10,
   SPACES_REQ: 11,
@@ -859,18 +935,18 @@ export const MessageId = {
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
-// -- ResetRequest: 16 bytes, natural layout, align 8 ----------------------------------------------
+// -- ResetOptions: 16 bytes, natural layout, align 8 ----------------------------------------------
 
-/** ResetRequest as `decode` returns it. */
-export interface ResetRequest {
+/** ResetOptions as `decode` returns it. */
+export interface ResetOptions {
   /** u64 at offset 0 (8 bytes). */
   seed: bigint;
   /** u32 at offset 8 (4 bytes). */
   options: number;
 }
 
-/** What `ResetRequestCodec.encode` accepts (validated at run time). */
-export interface ResetRequestInput {
+/** What `ResetOptionsCodec.encode` accepts (validated at run time). */
+export interface ResetOptionsInput {
   /** u64 at offset 0 (8 bytes). */
   seed: bigint | number;
   /** u32 at offset 8 (4 bytes). */
@@ -878,11 +954,11 @@ export interface ResetRequestInput {
 }
 
 /**
- * Zero-copy view of a ResetRequest in a buffer: scalars are read on every access; numeric
+ * Zero-copy view of a ResetOptions in a buffer: scalars are read on every access; numeric
  * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
  * rt.viewArray); bool arrays are their raw bytes.
  */
-export class ResetRequestView {
+export class ResetOptionsView {
   readonly #dv: DataView;
   readonly #at: number;
 
@@ -900,36 +976,36 @@ export class ResetRequestView {
   }
 }
 
-const ResetRequestFields = rt.nameSet(["seed", "options"]);
+const ResetOptionsFields = rt.nameSet(["seed", "options"]);
 
-const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, ResetRequestView> = {
-  name: "ResetRequest",
+const ResetOptionsLayout: rt.StructLayout<ResetOptions, ResetOptionsInput, ResetOptionsView> = {
+  name: "ResetOptions",
   size: 16,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
     rt.checkInteger(rt.fieldValue(fields, "options", path), "u32", path, "options");
-    rt.rejectUnknownFields(fields, ResetRequestFields, path);
+    rt.rejectUnknownFields(fields, ResetOptionsFields, path);
   },
-  writeAt(dv: DataView, at: number, value: ResetRequestInput): void {
+  writeAt(dv: DataView, at: number, value: ResetOptionsInput): void {
     dv.setBigUint64(at, rt.toBigInt(value.seed), true);
     dv.setUint32(at + 8, rt.toNumber(value.options), true);
   },
   checkAt(): void {
     // no bools, enums or floats to check
   },
-  readAt(dv: DataView, at: number): ResetRequest {
+  readAt(dv: DataView, at: number): ResetOptions {
     return {
       seed: dv.getBigUint64(at, true),
       options: dv.getUint32(at + 8, true),
     };
   },
-  viewAt(dv: DataView, at: number): ResetRequestView {
-    return new ResetRequestView(dv, at);
+  viewAt(dv: DataView, at: number): ResetOptionsView {
+    return new ResetOptionsView(dv, at);
   },
 };
 
-export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
+export const ResetOptionsCodec: rt.StructCodec<ResetOptions, ResetOptionsInput, ResetOptionsView> = rt.defineStruct(ResetOptionsLayout);
 
 // -- ActionRequest: 4 bytes, natural layout, align 2 ----------------------------------------------
 
@@ -1427,6 +1503,89 @@ const ScoreUpdateLayout: rt.StructLayout<ScoreUpdate, ScoreUpdateInput, ScoreUpd
 
 export const ScoreUpdateCodec: rt.StructCodec<ScoreUpdate, ScoreUpdateInput, ScoreUpdateView> = rt.defineStruct(ScoreUpdateLayout);
 
+// -- FrameHeader: 9 bytes, packed layout, align 1 -------------------------------------------------
+
+/** FrameHeader as `decode` returns it. */
+export interface FrameHeader {
+  /** u8 at offset 0 (1 byte). */
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
+}
+
+/** What `FrameHeaderCodec.encode` accepts (validated at run time). */
+export interface FrameHeaderInput {
+  /** u8 at offset 0 (1 byte). */
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
+}
+
+/**
+ * Zero-copy view of a FrameHeader in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class FrameHeaderView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get msg_type(): number {
+    return this.#dv.getUint8(this.#at);
+  }
+
+  get msg_id(): number {
+    return this.#dv.getUint32(this.#at + 1, true);
+  }
+
+  get body_len(): number {
+    return this.#dv.getUint32(this.#at + 5, true);
+  }
+}
+
+const FrameHeaderFields = rt.nameSet(["msg_type", "msg_id", "body_len"]);
+
+const FrameHeaderLayout: rt.StructLayout<FrameHeader, FrameHeaderInput, FrameHeaderView> = {
+  name: "FrameHeader",
+  size: 9,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "msg_type", path), "u8", path, "msg_type");
+    rt.checkInteger(rt.fieldValue(fields, "msg_id", path), "u32", path, "msg_id");
+    rt.checkInteger(rt.fieldValue(fields, "body_len", path), "u32", path, "body_len");
+    rt.rejectUnknownFields(fields, FrameHeaderFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: FrameHeaderInput): void {
+    dv.setUint8(at, rt.toNumber(value.msg_type));
+    dv.setUint32(at + 1, rt.toNumber(value.msg_id), true);
+    dv.setUint32(at + 5, rt.toNumber(value.body_len), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): FrameHeader {
+    return {
+      msg_type: dv.getUint8(at),
+      msg_id: dv.getUint32(at + 1, true),
+      body_len: dv.getUint32(at + 5, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): FrameHeaderView {
+    return new FrameHeaderView(dv, at);
+  },
+};
+
+export const FrameHeaderCodec: rt.StructCodec<FrameHeader, FrameHeaderInput, FrameHeaderView> = rt.defineStruct(FrameHeaderLayout);
+
 // -- Hello: 12 bytes, packed layout, align 1 ------------------------------------------------------
 
 /** Hello as `decode` returns it. */
@@ -1510,7 +1669,7 @@ const HelloLayout: rt.StructLayout<Hello, HelloInput, HelloView> = {
 
 export const HelloCodec: rt.StructCodec<Hello, HelloInput, HelloView> = rt.defineStruct(HelloLayout);
 
-// -- ErrorHead: 4 bytes, natural layout, align 2 --------------------------------------------------
+// -- ErrorHead: 4 bytes, packed layout, align 1 ---------------------------------------------------
 
 /** ErrorHead as `decode` returns it. */
 export interface ErrorHead {
@@ -1582,190 +1741,7 @@ const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView>
 
 export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
 
-// -- SeedRequest: 8 bytes, natural layout, align 8 ------------------------------------------------
-
-/** SeedRequest as `decode` returns it. */
-export interface SeedRequest {
-  /** u64 at offset 0 (8 bytes). */
-  seed: bigint;
-}
-
-/** What `SeedRequestCodec.encode` accepts (validated at run time). */
-export interface SeedRequestInput {
-  /** u64 at offset 0 (8 bytes). */
-  seed: bigint | number;
-}
-
-/**
- * Zero-copy view of a SeedRequest in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class SeedRequestView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get seed(): bigint {
-    return this.#dv.getBigUint64(this.#at, true);
-  }
-}
-
-const SeedRequestFields = rt.nameSet(["seed"]);
-
-const SeedRequestLayout: rt.StructLayout<SeedRequest, SeedRequestInput, SeedRequestView> = {
-  name: "SeedRequest",
-  size: 8,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
-    rt.rejectUnknownFields(fields, SeedRequestFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: SeedRequestInput): void {
-    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): SeedRequest {
-    return {
-      seed: dv.getBigUint64(at, true),
-    };
-  },
-  viewAt(dv: DataView, at: number): SeedRequestView {
-    return new SeedRequestView(dv, at);
-  },
-};
-
-export const SeedRequestCodec: rt.StructCodec<SeedRequest, SeedRequestInput, SeedRequestView> = rt.defineStruct(SeedRequestLayout);
-
-// -- StepMultiRequest: 16 bytes, natural layout, align 2 ------------------------------------------
-
-/** StepMultiRequest as `decode` returns it. */
-export interface StepMultiRequest {
-  /** u16[8] at offset 0 (16 bytes, role action). */
-  actions: Uint16Array;
-}
-
-/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
-export interface StepMultiRequestInput {
-  /** u16[8] at offset 0 (16 bytes, role action). */
-  actions: ArrayLike<number>;
-}
-
-/**
- * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class StepMultiRequestView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get actions(): Uint16Array {
-    return rt.viewArray(this.#dv, this.#at, "u16", 8);
-  }
-}
-
-const StepMultiRequestFields = rt.nameSet(["actions"]);
-
-const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
-  name: "StepMultiRequest",
-  size: 16,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "u16", 8, path, "actions");
-    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
-    rt.writeArray(dv, at, "u16", value.actions, 8);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): StepMultiRequest {
-    return {
-      actions: rt.readArray(dv, at, "u16", 8),
-    };
-  },
-  viewAt(dv: DataView, at: number): StepMultiRequestView {
-    return new StepMultiRequestView(dv, at);
-  },
-};
-
-export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
-
-// -- StepMultiResult: 10688 bytes, natural layout, align 8 ----------------------------------------
-
-/** StepMultiResult as `decode` returns it. */
-export interface StepMultiResult {
-  /** AgentStep[8] at offset 0 (10688 bytes). */
-  results: AgentStep[];
-}
-
-/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
-export interface StepMultiResultInput {
-  /** AgentStep[8] at offset 0 (10688 bytes). */
-  results: ArrayLike<AgentStepInput>;
-}
-
-/**
- * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class StepMultiResultView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get results(): AgentStepView[] {
-    return rt.viewStructArray(AgentStepLayout, this.#dv, this.#at, 8);
-  }
-}
-
-const StepMultiResultFields = rt.nameSet(["results"]);
-
-const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
-  name: "StepMultiResult",
-  size: 10688,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkStructArray(AgentStepLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
-    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
-    rt.writeStructArray(AgentStepLayout, dv, at, value.results, 8);
-  },
-  checkAt(dv: DataView, at: number, path: string): void {
-    rt.checkStructsStored(AgentStepLayout, dv, at, 8, path, "results");
-  },
-  readAt(dv: DataView, at: number): StepMultiResult {
-    return {
-      results: rt.readStructArray(AgentStepLayout, dv, at, 8),
-    };
-  },
-  viewAt(dv: DataView, at: number): StepMultiResultView {
-    return new StepMultiResultView(dv, at);
-  },
-};
-
-export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
-
-// -- HealthResult: 1 bytes, natural layout, align 1 -----------------------------------------------
+// -- HealthResult: 1 bytes, packed layout, align 1 ------------------------------------------------
 
 /** HealthResult as `decode` returns it. */
 export interface HealthResult {
@@ -1826,7 +1802,7 @@ const HealthResultLayout: rt.StructLayout<HealthResult, HealthResultInput, Healt
 
 export const HealthResultCodec: rt.StructCodec<HealthResult, HealthResultInput, HealthResultView> = rt.defineStruct(HealthResultLayout);
 
-// -- SpacesResult: 8 bytes, natural layout, align 4 -----------------------------------------------
+// -- SpacesResult: 8 bytes, packed layout, align 1 ------------------------------------------------
 
 /** SpacesResult as `decode` returns it. */
 export interface SpacesResult {
@@ -1897,6 +1873,67 @@ const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, Space
 };
 
 export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
+
+// -- ResetRequest: 8 bytes, packed layout, align 1 ------------------------------------------------
+
+/** ResetRequest as `decode` returns it. */
+export interface ResetRequest {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+}
+
+/** What `ResetRequestCodec.encode` accepts (validated at run time). */
+export interface ResetRequestInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+}
+
+/**
+ * Zero-copy view of a ResetRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ResetRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+}
+
+const ResetRequestFields = rt.nameSet(["seed"]);
+
+const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, ResetRequestView> = {
+  name: "ResetRequest",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.rejectUnknownFields(fields, ResetRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ResetRequestInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): ResetRequest {
+    return {
+      seed: dv.getBigUint64(at, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ResetRequestView {
+    return new ResetRequestView(dv, at);
+  },
+};
+
+export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
 
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
@@ -2090,6 +2127,128 @@ const ShmControlLayout: rt.StructLayout<ShmControl, ShmControlInput, ShmControlV
 };
 
 export const ShmControlCodec: rt.StructCodec<ShmControl, ShmControlInput, ShmControlView> = rt.defineStruct(ShmControlLayout);
+
+// -- StepMultiRequest: 16 bytes, natural layout, align 2 ------------------------------------------
+
+/** StepMultiRequest as `decode` returns it. */
+export interface StepMultiRequest {
+  /** u16[8] at offset 0 (16 bytes, role action). */
+  actions: Uint16Array;
+}
+
+/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
+export interface StepMultiRequestInput {
+  /** u16[8] at offset 0 (16 bytes, role action). */
+  actions: ArrayLike<number>;
+}
+
+/**
+ * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get actions(): Uint16Array {
+    return rt.viewArray(this.#dv, this.#at, "u16", 8);
+  }
+}
+
+const StepMultiRequestFields = rt.nameSet(["actions"]);
+
+const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
+  name: "StepMultiRequest",
+  size: 16,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "u16", 8, path, "actions");
+    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
+    rt.writeArray(dv, at, "u16", value.actions, 8);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): StepMultiRequest {
+    return {
+      actions: rt.readArray(dv, at, "u16", 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiRequestView {
+    return new StepMultiRequestView(dv, at);
+  },
+};
+
+export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
+
+// -- StepMultiResult: 10688 bytes, natural layout, align 8 ----------------------------------------
+
+/** StepMultiResult as `decode` returns it. */
+export interface StepMultiResult {
+  /** AgentStep[8] at offset 0 (10688 bytes). */
+  results: AgentStep[];
+}
+
+/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
+export interface StepMultiResultInput {
+  /** AgentStep[8] at offset 0 (10688 bytes). */
+  results: ArrayLike<AgentStepInput>;
+}
+
+/**
+ * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get results(): AgentStepView[] {
+    return rt.viewStructArray(AgentStepLayout, this.#dv, this.#at, 8);
+  }
+}
+
+const StepMultiResultFields = rt.nameSet(["results"]);
+
+const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
+  name: "StepMultiResult",
+  size: 10688,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkStructArray(AgentStepLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
+    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
+    rt.writeStructArray(AgentStepLayout, dv, at, value.results, 8);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkStructsStored(AgentStepLayout, dv, at, 8, path, "results");
+  },
+  readAt(dv: DataView, at: number): StepMultiResult {
+    return {
+      results: rt.readStructArray(AgentStepLayout, dv, at, 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiResultView {
+    return new StepMultiResultView(dv, at);
+  },
+};
+
+export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
 
 // -- ShmSlot: 2752 bytes, natural layout, align 8 -------------------------------------------------
 
@@ -2349,19 +2508,20 @@ export const ShmFinalCodec: rt.StructCodec<ShmFinal, ShmFinalInput, ShmFinalView
 
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
-  ResetRequest: ResetRequestCodec,
+  ResetOptions: ResetOptionsCodec,
   ActionRequest: ActionRequestCodec,
   Meld: MeldCodec,
   AgentStep: AgentStepCodec,
   ScoreUpdate: ScoreUpdateCodec,
+  FrameHeader: FrameHeaderCodec,
   Hello: HelloCodec,
   ErrorHead: ErrorHeadCodec,
-  SeedRequest: SeedRequestCodec,
-  StepMultiRequest: StepMultiRequestCodec,
-  StepMultiResult: StepMultiResultCodec,
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
+  ResetRequest: ResetRequestCodec,
   ShmControl: ShmControlCodec,
+  StepMultiRequest: StepMultiRequestCodec,
+  StepMultiResult: StepMultiResultCodec,
   ShmSlot: ShmSlotCodec,
   ShmFinal: ShmFinalCodec,
 });

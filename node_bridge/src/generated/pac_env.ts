@@ -8,36 +8,8 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_env",
   "version": 1,
-  "fingerprint": "7c7566de54ad66cb",
+  "fingerprint": "d40a842309ae9547",
   "structs": {
-    "FrameHeader": {
-      "size": 9,
-      "align": 1,
-      "layout": "packed",
-      "fields": [
-        {
-          "name": "msg_type",
-          "type": "u8",
-          "offset": 0,
-          "size": 1,
-          "count": 1
-        },
-        {
-          "name": "msg_id",
-          "type": "u32",
-          "offset": 1,
-          "size": 4,
-          "count": 1
-        },
-        {
-          "name": "body_len",
-          "type": "u32",
-          "offset": 5,
-          "size": 4,
-          "count": 1
-        }
-      ]
-    },
     "StepResult": {
       "size": 2557,
       "align": 1,
@@ -155,32 +127,80 @@ export const IR: SchemaJson = {
         }
       ]
     },
-    "StepMultiRequest": {
-      "size": 32,
+    "FrameHeader": {
+      "size": 9,
       "align": 1,
       "layout": "packed",
       "fields": [
         {
-          "name": "actions",
-          "type": "i32[8]",
+          "name": "msg_type",
+          "type": "u8",
           "offset": 0,
-          "size": 32,
-          "count": 8,
-          "role": "action"
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "msg_id",
+          "type": "u32",
+          "offset": 1,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "body_len",
+          "type": "u32",
+          "offset": 5,
+          "size": 4,
+          "count": 1
         }
       ]
     },
-    "StepMultiResult": {
-      "size": 20456,
+    "Hello": {
+      "size": 12,
       "align": 1,
       "layout": "packed",
       "fields": [
         {
-          "name": "results",
-          "type": "StepResult[8]",
+          "name": "protocol_version",
+          "type": "u16",
           "offset": 0,
-          "size": 20456,
-          "count": 8
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "flags",
+          "type": "u16",
+          "offset": 2,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "fingerprint",
+          "type": "u64",
+          "offset": 4,
+          "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "ErrorHead": {
+      "size": 4,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "code",
+          "type": "u16",
+          "offset": 0,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "text_len",
+          "type": "u16",
+          "offset": 2,
+          "size": 2,
+          "count": 1
         }
       ]
     },
@@ -219,34 +239,6 @@ export const IR: SchemaJson = {
         }
       ]
     },
-    "Hello": {
-      "size": 12,
-      "align": 1,
-      "layout": "packed",
-      "fields": [
-        {
-          "name": "protocol_version",
-          "type": "u16",
-          "offset": 0,
-          "size": 2,
-          "count": 1
-        },
-        {
-          "name": "flags",
-          "type": "u16",
-          "offset": 2,
-          "size": 2,
-          "count": 1
-        },
-        {
-          "name": "fingerprint",
-          "type": "u64",
-          "offset": 4,
-          "size": 8,
-          "count": 1
-        }
-      ]
-    },
     "ResetRequest": {
       "size": 8,
       "align": 1,
@@ -257,27 +249,6 @@ export const IR: SchemaJson = {
           "type": "u64",
           "offset": 0,
           "size": 8,
-          "count": 1
-        }
-      ]
-    },
-    "ErrorHead": {
-      "size": 4,
-      "align": 1,
-      "layout": "packed",
-      "fields": [
-        {
-          "name": "code",
-          "type": "u16",
-          "offset": 0,
-          "size": 2,
-          "count": 1
-        },
-        {
-          "name": "text_len",
-          "type": "u16",
-          "offset": 2,
-          "size": 2,
           "count": 1
         }
       ]
@@ -377,6 +348,35 @@ export const IR: SchemaJson = {
           "offset": 60,
           "size": 4,
           "count": 1
+        }
+      ]
+    },
+    "StepMultiRequest": {
+      "size": 32,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "actions",
+          "type": "i32[8]",
+          "offset": 0,
+          "size": 32,
+          "count": 8,
+          "role": "action"
+        }
+      ]
+    },
+    "StepMultiResult": {
+      "size": 20456,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "results",
+          "type": "StepResult[8]",
+          "offset": 0,
+          "size": 20456,
+          "count": 8
         }
       ]
     },
@@ -671,6 +671,24 @@ export const IR: SchemaJson = {
     }
   },
   "enums": {
+    "ErrorCode": {
+      "type": "u16",
+      "values": {
+        "BAD_FRAME": 1,
+        "UNKNOWN_MESSAGE": 2,
+        "BAD_BODY_SIZE": 3,
+        "BODY_TOO_LARGE": 4,
+        "HELLO_REQUIRED": 5,
+        "VERSION_MISMATCH": 6,
+        "FINGERPRINT_MISMATCH": 7,
+        "INVALID_ACTION": 8,
+        "MASKED_ACTION": 9,
+        "ENV_ERROR": 10,
+        "BAD_BATCH": 11,
+        "NOT_RESET": 12,
+        "INTERNAL": 13
+      }
+    },
     "AutoReset": {
       "type": "u16",
       "values": {
@@ -732,7 +750,8 @@ export const IR: SchemaJson = {
     "OBSERVE_RESP": {
       "id": 8,
       "body": "StepResult",
-      "tail": "msgpack"
+      "tail": "msgpack",
+      "batch": true
     },
     "HEALTH_REQ": {
       "id": 9,
@@ -829,8 +848,26 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "7c7566de54ad66cb";
-export const FINGERPRINT = 0x7c7566de54ad66cbn;
+export const FINGERPRINT_HEX = "d40a842309ae9547";
+export const FINGERPRINT = 0xd40a842309ae9547n;
+
+/** Enum ErrorCode (stored as u16). */
+export const ErrorCode = {
+  BAD_FRAME: 1,
+  UNKNOWN_MESSAGE: 2,
+  BAD_BODY_SIZE: 3,
+  BODY_TOO_LARGE: 4,
+  HELLO_REQUIRED: 5,
+  VERSION_MISMATCH: 6,
+  FINGERPRINT_MISMATCH: 7,
+  INVALID_ACTION: 8,
+  MASKED_ACTION: 9,
+  ENV_ERROR: 10,
+  BAD_BATCH: 11,
+  NOT_RESET: 12,
+  INTERNAL: 13,
+} as const;
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
 /** Enum AutoReset (stored as u16). */
 export const AutoReset = {
@@ -883,89 +920,6 @@ export const MessageId = {
   STEP_BATCH_RESP: 18,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
-
-// -- FrameHeader: 9 bytes, packed layout, align 1 -------------------------------------------------
-
-/** FrameHeader as `decode` returns it. */
-export interface FrameHeader {
-  /** u8 at offset 0 (1 byte). */
-  msg_type: number;
-  /** u32 at offset 1 (4 bytes). */
-  msg_id: number;
-  /** u32 at offset 5 (4 bytes). */
-  body_len: number;
-}
-
-/** What `FrameHeaderCodec.encode` accepts (validated at run time). */
-export interface FrameHeaderInput {
-  /** u8 at offset 0 (1 byte). */
-  msg_type: number;
-  /** u32 at offset 1 (4 bytes). */
-  msg_id: number;
-  /** u32 at offset 5 (4 bytes). */
-  body_len: number;
-}
-
-/**
- * Zero-copy view of a FrameHeader in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class FrameHeaderView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get msg_type(): number {
-    return this.#dv.getUint8(this.#at);
-  }
-
-  get msg_id(): number {
-    return this.#dv.getUint32(this.#at + 1, true);
-  }
-
-  get body_len(): number {
-    return this.#dv.getUint32(this.#at + 5, true);
-  }
-}
-
-const FrameHeaderFields = rt.nameSet(["msg_type", "msg_id", "body_len"]);
-
-const FrameHeaderLayout: rt.StructLayout<FrameHeader, FrameHeaderInput, FrameHeaderView> = {
-  name: "FrameHeader",
-  size: 9,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "msg_type", path), "u8", path, "msg_type");
-    rt.checkInteger(rt.fieldValue(fields, "msg_id", path), "u32", path, "msg_id");
-    rt.checkInteger(rt.fieldValue(fields, "body_len", path), "u32", path, "body_len");
-    rt.rejectUnknownFields(fields, FrameHeaderFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: FrameHeaderInput): void {
-    dv.setUint8(at, rt.toNumber(value.msg_type));
-    dv.setUint32(at + 1, rt.toNumber(value.msg_id), true);
-    dv.setUint32(at + 5, rt.toNumber(value.body_len), true);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): FrameHeader {
-    return {
-      msg_type: dv.getUint8(at),
-      msg_id: dv.getUint32(at + 1, true),
-      body_len: dv.getUint32(at + 5, true),
-    };
-  },
-  viewAt(dv: DataView, at: number): FrameHeaderView {
-    return new FrameHeaderView(dv, at);
-  },
-};
-
-export const FrameHeaderCodec: rt.StructCodec<FrameHeader, FrameHeaderInput, FrameHeaderView> = rt.defineStruct(FrameHeaderLayout);
 
 // -- StepResult: 2557 bytes, packed layout, align 1 -----------------------------------------------
 
@@ -1222,26 +1176,34 @@ const StepRequestLayout: rt.StructLayout<StepRequest, StepRequestInput, StepRequ
 
 export const StepRequestCodec: rt.StructCodec<StepRequest, StepRequestInput, StepRequestView> = rt.defineStruct(StepRequestLayout);
 
-// -- StepMultiRequest: 32 bytes, packed layout, align 1 -------------------------------------------
+// -- FrameHeader: 9 bytes, packed layout, align 1 -------------------------------------------------
 
-/** StepMultiRequest as `decode` returns it. */
-export interface StepMultiRequest {
-  /** i32[8] at offset 0 (32 bytes, role action). */
-  actions: Int32Array;
+/** FrameHeader as `decode` returns it. */
+export interface FrameHeader {
+  /** u8 at offset 0 (1 byte). */
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
 }
 
-/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
-export interface StepMultiRequestInput {
-  /** i32[8] at offset 0 (32 bytes, role action). */
-  actions: ArrayLike<number>;
+/** What `FrameHeaderCodec.encode` accepts (validated at run time). */
+export interface FrameHeaderInput {
+  /** u8 at offset 0 (1 byte). */
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
 }
 
 /**
- * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
+ * Zero-copy view of a FrameHeader in a buffer: scalars are read on every access; numeric
  * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
  * rt.viewArray); bool arrays are their raw bytes.
  */
-export class StepMultiRequestView {
+export class FrameHeaderView {
   readonly #dv: DataView;
   readonly #at: number;
 
@@ -1250,59 +1212,81 @@ export class StepMultiRequestView {
     this.#at = at;
   }
 
-  get actions(): Int32Array {
-    return rt.viewArray(this.#dv, this.#at, "i32", 8);
+  get msg_type(): number {
+    return this.#dv.getUint8(this.#at);
+  }
+
+  get msg_id(): number {
+    return this.#dv.getUint32(this.#at + 1, true);
+  }
+
+  get body_len(): number {
+    return this.#dv.getUint32(this.#at + 5, true);
   }
 }
 
-const StepMultiRequestFields = rt.nameSet(["actions"]);
+const FrameHeaderFields = rt.nameSet(["msg_type", "msg_id", "body_len"]);
 
-const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
-  name: "StepMultiRequest",
-  size: 32,
+const FrameHeaderLayout: rt.StructLayout<FrameHeader, FrameHeaderInput, FrameHeaderView> = {
+  name: "FrameHeader",
+  size: 9,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
-    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "i32", 8, path, "actions");
-    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
+    rt.checkInteger(rt.fieldValue(fields, "msg_type", path), "u8", path, "msg_type");
+    rt.checkInteger(rt.fieldValue(fields, "msg_id", path), "u32", path, "msg_id");
+    rt.checkInteger(rt.fieldValue(fields, "body_len", path), "u32", path, "body_len");
+    rt.rejectUnknownFields(fields, FrameHeaderFields, path);
   },
-  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
-    rt.writeArray(dv, at, "i32", value.actions, 8);
+  writeAt(dv: DataView, at: number, value: FrameHeaderInput): void {
+    dv.setUint8(at, rt.toNumber(value.msg_type));
+    dv.setUint32(at + 1, rt.toNumber(value.msg_id), true);
+    dv.setUint32(at + 5, rt.toNumber(value.body_len), true);
   },
   checkAt(): void {
     // no bools, enums or floats to check
   },
-  readAt(dv: DataView, at: number): StepMultiRequest {
+  readAt(dv: DataView, at: number): FrameHeader {
     return {
-      actions: rt.readArray(dv, at, "i32", 8),
+      msg_type: dv.getUint8(at),
+      msg_id: dv.getUint32(at + 1, true),
+      body_len: dv.getUint32(at + 5, true),
     };
   },
-  viewAt(dv: DataView, at: number): StepMultiRequestView {
-    return new StepMultiRequestView(dv, at);
+  viewAt(dv: DataView, at: number): FrameHeaderView {
+    return new FrameHeaderView(dv, at);
   },
 };
 
-export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
+export const FrameHeaderCodec: rt.StructCodec<FrameHeader, FrameHeaderInput, FrameHeaderView> = rt.defineStruct(FrameHeaderLayout);
 
-// -- StepMultiResult: 20456 bytes, packed layout, align 1 -----------------------------------------
+// -- Hello: 12 bytes, packed layout, align 1 ------------------------------------------------------
 
-/** StepMultiResult as `decode` returns it. */
-export interface StepMultiResult {
-  /** StepResult[8] at offset 0 (20456 bytes). */
-  results: StepResult[];
+/** Hello as `decode` returns it. */
+export interface Hello {
+  /** u16 at offset 0 (2 bytes). */
+  protocol_version: number;
+  /** u16 at offset 2 (2 bytes). */
+  flags: number;
+  /** u64 at offset 4 (8 bytes). */
+  fingerprint: bigint;
 }
 
-/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
-export interface StepMultiResultInput {
-  /** StepResult[8] at offset 0 (20456 bytes). */
-  results: ArrayLike<StepResultInput>;
+/** What `HelloCodec.encode` accepts (validated at run time). */
+export interface HelloInput {
+  /** u16 at offset 0 (2 bytes). */
+  protocol_version: number;
+  /** u16 at offset 2 (2 bytes). */
+  flags: number;
+  /** u64 at offset 4 (8 bytes). */
+  fingerprint: bigint | number;
 }
 
 /**
- * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
+ * Zero-copy view of a Hello in a buffer: scalars are read on every access; numeric
  * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
  * rt.viewArray); bool arrays are their raw bytes.
  */
-export class StepMultiResultView {
+export class HelloView {
   readonly #dv: DataView;
   readonly #at: number;
 
@@ -1311,38 +1295,124 @@ export class StepMultiResultView {
     this.#at = at;
   }
 
-  get results(): StepResultView[] {
-    return rt.viewStructArray(StepResultLayout, this.#dv, this.#at, 8);
+  get protocol_version(): number {
+    return this.#dv.getUint16(this.#at, true);
+  }
+
+  get flags(): number {
+    return this.#dv.getUint16(this.#at + 2, true);
+  }
+
+  get fingerprint(): bigint {
+    return this.#dv.getBigUint64(this.#at + 4, true);
   }
 }
 
-const StepMultiResultFields = rt.nameSet(["results"]);
+const HelloFields = rt.nameSet(["protocol_version", "flags", "fingerprint"]);
 
-const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
-  name: "StepMultiResult",
-  size: 20456,
+const HelloLayout: rt.StructLayout<Hello, HelloInput, HelloView> = {
+  name: "Hello",
+  size: 12,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
-    rt.checkStructArray(StepResultLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
-    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
+    rt.checkInteger(rt.fieldValue(fields, "protocol_version", path), "u16", path, "protocol_version");
+    rt.checkInteger(rt.fieldValue(fields, "flags", path), "u16", path, "flags");
+    rt.checkInteger(rt.fieldValue(fields, "fingerprint", path), "u64", path, "fingerprint");
+    rt.rejectUnknownFields(fields, HelloFields, path);
   },
-  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
-    rt.writeStructArray(StepResultLayout, dv, at, value.results, 8);
+  writeAt(dv: DataView, at: number, value: HelloInput): void {
+    dv.setUint16(at, rt.toNumber(value.protocol_version), true);
+    dv.setUint16(at + 2, rt.toNumber(value.flags), true);
+    dv.setBigUint64(at + 4, rt.toBigInt(value.fingerprint), true);
   },
-  checkAt(dv: DataView, at: number, path: string): void {
-    rt.checkStructsStored(StepResultLayout, dv, at, 8, path, "results");
+  checkAt(): void {
+    // no bools, enums or floats to check
   },
-  readAt(dv: DataView, at: number): StepMultiResult {
+  readAt(dv: DataView, at: number): Hello {
     return {
-      results: rt.readStructArray(StepResultLayout, dv, at, 8),
+      protocol_version: dv.getUint16(at, true),
+      flags: dv.getUint16(at + 2, true),
+      fingerprint: dv.getBigUint64(at + 4, true),
     };
   },
-  viewAt(dv: DataView, at: number): StepMultiResultView {
-    return new StepMultiResultView(dv, at);
+  viewAt(dv: DataView, at: number): HelloView {
+    return new HelloView(dv, at);
   },
 };
 
-export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
+export const HelloCodec: rt.StructCodec<Hello, HelloInput, HelloView> = rt.defineStruct(HelloLayout);
+
+// -- ErrorHead: 4 bytes, packed layout, align 1 ---------------------------------------------------
+
+/** ErrorHead as `decode` returns it. */
+export interface ErrorHead {
+  /** u16 at offset 0 (2 bytes). */
+  code: number;
+  /** u16 at offset 2 (2 bytes). */
+  text_len: number;
+}
+
+/** What `ErrorHeadCodec.encode` accepts (validated at run time). */
+export interface ErrorHeadInput {
+  /** u16 at offset 0 (2 bytes). */
+  code: number;
+  /** u16 at offset 2 (2 bytes). */
+  text_len: number;
+}
+
+/**
+ * Zero-copy view of a ErrorHead in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ErrorHeadView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get code(): number {
+    return this.#dv.getUint16(this.#at, true);
+  }
+
+  get text_len(): number {
+    return this.#dv.getUint16(this.#at + 2, true);
+  }
+}
+
+const ErrorHeadFields = rt.nameSet(["code", "text_len"]);
+
+const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView> = {
+  name: "ErrorHead",
+  size: 4,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "code", path), "u16", path, "code");
+    rt.checkInteger(rt.fieldValue(fields, "text_len", path), "u16", path, "text_len");
+    rt.rejectUnknownFields(fields, ErrorHeadFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ErrorHeadInput): void {
+    dv.setUint16(at, rt.toNumber(value.code), true);
+    dv.setUint16(at + 2, rt.toNumber(value.text_len), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): ErrorHead {
+    return {
+      code: dv.getUint16(at, true),
+      text_len: dv.getUint16(at + 2, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ErrorHeadView {
+    return new ErrorHeadView(dv, at);
+  },
+};
+
+export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
 
 // -- HealthResult: 1 bytes, packed layout, align 1 ------------------------------------------------
 
@@ -1477,89 +1547,6 @@ const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, Space
 
 export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
 
-// -- Hello: 12 bytes, packed layout, align 1 ------------------------------------------------------
-
-/** Hello as `decode` returns it. */
-export interface Hello {
-  /** u16 at offset 0 (2 bytes). */
-  protocol_version: number;
-  /** u16 at offset 2 (2 bytes). */
-  flags: number;
-  /** u64 at offset 4 (8 bytes). */
-  fingerprint: bigint;
-}
-
-/** What `HelloCodec.encode` accepts (validated at run time). */
-export interface HelloInput {
-  /** u16 at offset 0 (2 bytes). */
-  protocol_version: number;
-  /** u16 at offset 2 (2 bytes). */
-  flags: number;
-  /** u64 at offset 4 (8 bytes). */
-  fingerprint: bigint | number;
-}
-
-/**
- * Zero-copy view of a Hello in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class HelloView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get protocol_version(): number {
-    return this.#dv.getUint16(this.#at, true);
-  }
-
-  get flags(): number {
-    return this.#dv.getUint16(this.#at + 2, true);
-  }
-
-  get fingerprint(): bigint {
-    return this.#dv.getBigUint64(this.#at + 4, true);
-  }
-}
-
-const HelloFields = rt.nameSet(["protocol_version", "flags", "fingerprint"]);
-
-const HelloLayout: rt.StructLayout<Hello, HelloInput, HelloView> = {
-  name: "Hello",
-  size: 12,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "protocol_version", path), "u16", path, "protocol_version");
-    rt.checkInteger(rt.fieldValue(fields, "flags", path), "u16", path, "flags");
-    rt.checkInteger(rt.fieldValue(fields, "fingerprint", path), "u64", path, "fingerprint");
-    rt.rejectUnknownFields(fields, HelloFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: HelloInput): void {
-    dv.setUint16(at, rt.toNumber(value.protocol_version), true);
-    dv.setUint16(at + 2, rt.toNumber(value.flags), true);
-    dv.setBigUint64(at + 4, rt.toBigInt(value.fingerprint), true);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): Hello {
-    return {
-      protocol_version: dv.getUint16(at, true),
-      flags: dv.getUint16(at + 2, true),
-      fingerprint: dv.getBigUint64(at + 4, true),
-    };
-  },
-  viewAt(dv: DataView, at: number): HelloView {
-    return new HelloView(dv, at);
-  },
-};
-
-export const HelloCodec: rt.StructCodec<Hello, HelloInput, HelloView> = rt.defineStruct(HelloLayout);
-
 // -- ResetRequest: 8 bytes, packed layout, align 1 ------------------------------------------------
 
 /** ResetRequest as `decode` returns it. */
@@ -1620,78 +1607,6 @@ const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, Reset
 };
 
 export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
-
-// -- ErrorHead: 4 bytes, packed layout, align 1 ---------------------------------------------------
-
-/** ErrorHead as `decode` returns it. */
-export interface ErrorHead {
-  /** u16 at offset 0 (2 bytes). */
-  code: number;
-  /** u16 at offset 2 (2 bytes). */
-  text_len: number;
-}
-
-/** What `ErrorHeadCodec.encode` accepts (validated at run time). */
-export interface ErrorHeadInput {
-  /** u16 at offset 0 (2 bytes). */
-  code: number;
-  /** u16 at offset 2 (2 bytes). */
-  text_len: number;
-}
-
-/**
- * Zero-copy view of a ErrorHead in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class ErrorHeadView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get code(): number {
-    return this.#dv.getUint16(this.#at, true);
-  }
-
-  get text_len(): number {
-    return this.#dv.getUint16(this.#at + 2, true);
-  }
-}
-
-const ErrorHeadFields = rt.nameSet(["code", "text_len"]);
-
-const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView> = {
-  name: "ErrorHead",
-  size: 4,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "code", path), "u16", path, "code");
-    rt.checkInteger(rt.fieldValue(fields, "text_len", path), "u16", path, "text_len");
-    rt.rejectUnknownFields(fields, ErrorHeadFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: ErrorHeadInput): void {
-    dv.setUint16(at, rt.toNumber(value.code), true);
-    dv.setUint16(at + 2, rt.toNumber(value.text_len), true);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): ErrorHead {
-    return {
-      code: dv.getUint16(at, true),
-      text_len: dv.getUint16(at + 2, true),
-    };
-  },
-  viewAt(dv: DataView, at: number): ErrorHeadView {
-    return new ErrorHeadView(dv, at);
-  },
-};
-
-export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
 
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
@@ -1885,6 +1800,128 @@ const ShmControlLayout: rt.StructLayout<ShmControl, ShmControlInput, ShmControlV
 };
 
 export const ShmControlCodec: rt.StructCodec<ShmControl, ShmControlInput, ShmControlView> = rt.defineStruct(ShmControlLayout);
+
+// -- StepMultiRequest: 32 bytes, packed layout, align 1 -------------------------------------------
+
+/** StepMultiRequest as `decode` returns it. */
+export interface StepMultiRequest {
+  /** i32[8] at offset 0 (32 bytes, role action). */
+  actions: Int32Array;
+}
+
+/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
+export interface StepMultiRequestInput {
+  /** i32[8] at offset 0 (32 bytes, role action). */
+  actions: ArrayLike<number>;
+}
+
+/**
+ * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get actions(): Int32Array {
+    return rt.viewArray(this.#dv, this.#at, "i32", 8);
+  }
+}
+
+const StepMultiRequestFields = rt.nameSet(["actions"]);
+
+const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
+  name: "StepMultiRequest",
+  size: 32,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "i32", 8, path, "actions");
+    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
+    rt.writeArray(dv, at, "i32", value.actions, 8);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): StepMultiRequest {
+    return {
+      actions: rt.readArray(dv, at, "i32", 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiRequestView {
+    return new StepMultiRequestView(dv, at);
+  },
+};
+
+export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
+
+// -- StepMultiResult: 20456 bytes, packed layout, align 1 -----------------------------------------
+
+/** StepMultiResult as `decode` returns it. */
+export interface StepMultiResult {
+  /** StepResult[8] at offset 0 (20456 bytes). */
+  results: StepResult[];
+}
+
+/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
+export interface StepMultiResultInput {
+  /** StepResult[8] at offset 0 (20456 bytes). */
+  results: ArrayLike<StepResultInput>;
+}
+
+/**
+ * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get results(): StepResultView[] {
+    return rt.viewStructArray(StepResultLayout, this.#dv, this.#at, 8);
+  }
+}
+
+const StepMultiResultFields = rt.nameSet(["results"]);
+
+const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
+  name: "StepMultiResult",
+  size: 20456,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkStructArray(StepResultLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
+    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
+    rt.writeStructArray(StepResultLayout, dv, at, value.results, 8);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkStructsStored(StepResultLayout, dv, at, 8, path, "results");
+  },
+  readAt(dv: DataView, at: number): StepMultiResult {
+    return {
+      results: rt.readStructArray(StepResultLayout, dv, at, 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiResultView {
+    return new StepMultiResultView(dv, at);
+  },
+};
+
+export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
 
 // -- ShmSlot: 5120 bytes, natural layout, align 8 -------------------------------------------------
 
@@ -2409,17 +2446,17 @@ export const ShmFinalCodec: rt.StructCodec<ShmFinal, ShmFinalInput, ShmFinalView
 
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
-  FrameHeader: FrameHeaderCodec,
   StepResult: StepResultCodec,
   StepRequest: StepRequestCodec,
-  StepMultiRequest: StepMultiRequestCodec,
-  StepMultiResult: StepMultiResultCodec,
+  FrameHeader: FrameHeaderCodec,
+  Hello: HelloCodec,
+  ErrorHead: ErrorHeadCodec,
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
-  Hello: HelloCodec,
   ResetRequest: ResetRequestCodec,
-  ErrorHead: ErrorHeadCodec,
   ShmControl: ShmControlCodec,
+  StepMultiRequest: StepMultiRequestCodec,
+  StepMultiResult: StepMultiResultCodec,
   ShmSlot: ShmSlotCodec,
   ShmFinal: ShmFinalCodec,
 });

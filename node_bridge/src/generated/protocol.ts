@@ -8,8 +8,134 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "protocol",
   "version": 1,
-  "fingerprint": "6928807ed9f86fb2",
+  "fingerprint": "d412fcb30d78f601",
   "structs": {
+    "FrameHeader": {
+      "size": 9,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "msg_type",
+          "type": "u8",
+          "offset": 0,
+          "size": 1,
+          "count": 1
+        },
+        {
+          "name": "msg_id",
+          "type": "u32",
+          "offset": 1,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "body_len",
+          "type": "u32",
+          "offset": 5,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
+    "Hello": {
+      "size": 12,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "protocol_version",
+          "type": "u16",
+          "offset": 0,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "flags",
+          "type": "u16",
+          "offset": 2,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "fingerprint",
+          "type": "u64",
+          "offset": 4,
+          "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "ErrorHead": {
+      "size": 4,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "code",
+          "type": "u16",
+          "offset": 0,
+          "size": 2,
+          "count": 1
+        },
+        {
+          "name": "text_len",
+          "type": "u16",
+          "offset": 2,
+          "size": 2,
+          "count": 1
+        }
+      ]
+    },
+    "HealthResult": {
+      "size": 1,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "initialized",
+          "type": "u8",
+          "offset": 0,
+          "size": 1,
+          "count": 1
+        }
+      ]
+    },
+    "SpacesResult": {
+      "size": 8,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "obs_n",
+          "type": "i32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "act_n",
+          "type": "i32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
+    "ResetRequest": {
+      "size": 8,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
+          "count": 1
+        }
+      ]
+    },
     "ShmControl": {
       "size": 64,
       "align": 8,
@@ -110,6 +236,24 @@ export const IR: SchemaJson = {
     }
   },
   "enums": {
+    "ErrorCode": {
+      "type": "u16",
+      "values": {
+        "BAD_FRAME": 1,
+        "UNKNOWN_MESSAGE": 2,
+        "BAD_BODY_SIZE": 3,
+        "BODY_TOO_LARGE": 4,
+        "HELLO_REQUIRED": 5,
+        "VERSION_MISMATCH": 6,
+        "FINGERPRINT_MISMATCH": 7,
+        "INVALID_ACTION": 8,
+        "MASKED_ACTION": 9,
+        "ENV_ERROR": 10,
+        "BAD_BATCH": 11,
+        "NOT_RESET": 12,
+        "INTERNAL": 13
+      }
+    },
     "AutoReset": {
       "type": "u16",
       "values": {
@@ -138,12 +282,176 @@ export const IR: SchemaJson = {
       }
     }
   },
-  "messages": {}
+  "messages": {
+    "RESET_REQ": {
+      "id": 1,
+      "body": null
+    },
+    "RESET_RESP": {
+      "id": 2,
+      "body": "$result",
+      "batch": true
+    },
+    "STEP_REQ": {
+      "id": 3,
+      "body": "$request"
+    },
+    "STEP_RESP": {
+      "id": 4,
+      "body": "$result"
+    },
+    "STEP_MULTI_REQ": {
+      "id": 5,
+      "body": "$multi_request"
+    },
+    "STEP_MULTI_RESP": {
+      "id": 6,
+      "body": "$multi_result"
+    },
+    "OBSERVE_REQ": {
+      "id": 7,
+      "body": null
+    },
+    "OBSERVE_RESP": {
+      "id": 8,
+      "body": "$result",
+      "tail": "msgpack",
+      "batch": true
+    },
+    "HEALTH_REQ": {
+      "id": 9,
+      "body": null
+    },
+    "HEALTH_RESP": {
+      "id": 10,
+      "body": "HealthResult"
+    },
+    "SPACES_REQ": {
+      "id": 11,
+      "body": null
+    },
+    "SPACES_RESP": {
+      "id": 12,
+      "body": "SpacesResult"
+    },
+    "HELLO_REQ": {
+      "id": 13,
+      "body": "Hello",
+      "tail": "msgpack"
+    },
+    "HELLO_RESP": {
+      "id": 14,
+      "body": "Hello",
+      "tail": "msgpack"
+    },
+    "ERROR": {
+      "id": 15,
+      "body": "ErrorHead",
+      "tail": "utf8"
+    },
+    "RESET_SEED_REQ": {
+      "id": 16,
+      "body": "ResetRequest"
+    },
+    "STEP_BATCH_REQ": {
+      "id": 17,
+      "body": "$request",
+      "batch": true
+    },
+    "STEP_BATCH_RESP": {
+      "id": 18,
+      "body": "$result",
+      "batch": true
+    }
+  },
+  "errors": {
+    "BAD_FRAME": {
+      "http": 400,
+      "closes": true
+    },
+    "UNKNOWN_MESSAGE": {
+      "http": 404,
+      "closes": true
+    },
+    "BAD_BODY_SIZE": {
+      "http": 400,
+      "closes": false
+    },
+    "BODY_TOO_LARGE": {
+      "http": 413,
+      "closes": true
+    },
+    "HELLO_REQUIRED": {
+      "http": 400,
+      "closes": false
+    },
+    "VERSION_MISMATCH": {
+      "http": 409,
+      "closes": true
+    },
+    "FINGERPRINT_MISMATCH": {
+      "http": 409,
+      "closes": true
+    },
+    "INVALID_ACTION": {
+      "http": 422,
+      "closes": false
+    },
+    "MASKED_ACTION": {
+      "http": 422,
+      "closes": false
+    },
+    "ENV_ERROR": {
+      "http": 500,
+      "closes": false
+    },
+    "BAD_BATCH": {
+      "http": 422,
+      "closes": false
+    },
+    "NOT_RESET": {
+      "http": 422,
+      "closes": false
+    },
+    "INTERNAL": {
+      "http": 500,
+      "closes": false
+    }
+  },
+  "http": {
+    "hello": "HELLO_REQ",
+    "reset": "RESET_REQ",
+    "reset_seed": "RESET_SEED_REQ",
+    "step": "STEP_REQ",
+    "step_multi": "STEP_MULTI_REQ",
+    "step_batch": "STEP_BATCH_REQ",
+    "observe": "OBSERVE_REQ",
+    "health": "HEALTH_REQ",
+    "spaces": "SPACES_REQ"
+  }
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "6928807ed9f86fb2";
-export const FINGERPRINT = 0x6928807ed9f86fb2n;
+export const FINGERPRINT_HEX = "d412fcb30d78f601";
+export const FINGERPRINT = 0xd412fcb30d78f601n;
+
+/** Enum ErrorCode (stored as u16). */
+export const ErrorCode = {
+  BAD_FRAME: 1,
+  UNKNOWN_MESSAGE: 2,
+  BAD_BODY_SIZE: 3,
+  BODY_TOO_LARGE: 4,
+  HELLO_REQUIRED: 5,
+  VERSION_MISMATCH: 6,
+  FINGERPRINT_MISMATCH: 7,
+  INVALID_ACTION: 8,
+  MASKED_ACTION: 9,
+  ENV_ERROR: 10,
+  BAD_BATCH: 11,
+  NOT_RESET: 12,
+  INTERNAL: 13,
+} as const;
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
 /** Enum AutoReset (stored as u16). */
 export const AutoReset = {
@@ -175,8 +483,488 @@ const RegionStateValues = rt.enumValueSet(RegionState);
 
 /** Message type ids (the frame header's msg_type), by message name. */
 export const MessageId = {
+  RESET_REQ: 1,
+  RESET_RESP: 2,
+  STEP_REQ: 3,
+  STEP_RESP: 4,
+  STEP_MULTI_REQ: 5,
+  STEP_MULTI_RESP: 6,
+  OBSERVE_REQ: 7,
+  OBSERVE_RESP: 8,
+  HEALTH_REQ: 9,
+  HEALTH_RESP: 10,
+  SPACES_REQ: 11,
+  SPACES_RESP: 12,
+  HELLO_REQ: 13,
+  HELLO_RESP: 14,
+  ERROR: 15,
+  RESET_SEED_REQ: 16,
+  STEP_BATCH_REQ: 17,
+  STEP_BATCH_RESP: 18,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
+
+/** [errors]: per ErrorCode, its HTTP status and whether the connection closes. */
+export const ERRORS = {
+  BAD_FRAME: { http: 400, closes: true },
+  UNKNOWN_MESSAGE: { http: 404, closes: true },
+  BAD_BODY_SIZE: { http: 400, closes: false },
+  BODY_TOO_LARGE: { http: 413, closes: true },
+  HELLO_REQUIRED: { http: 400, closes: false },
+  VERSION_MISMATCH: { http: 409, closes: true },
+  FINGERPRINT_MISMATCH: { http: 409, closes: true },
+  INVALID_ACTION: { http: 422, closes: false },
+  MASKED_ACTION: { http: 422, closes: false },
+  ENV_ERROR: { http: 500, closes: false },
+  BAD_BATCH: { http: 422, closes: false },
+  NOT_RESET: { http: 422, closes: false },
+  INTERNAL: { http: 500, closes: false },
+} as const;
+
+/** [http]: POST /v1/<method> -> the request message it carries. */
+export const HTTP_ROUTES = {
+  hello: "HELLO_REQ",
+  reset: "RESET_REQ",
+  reset_seed: "RESET_SEED_REQ",
+  step: "STEP_REQ",
+  step_multi: "STEP_MULTI_REQ",
+  step_batch: "STEP_BATCH_REQ",
+  observe: "OBSERVE_REQ",
+  health: "HEALTH_REQ",
+  spaces: "SPACES_REQ",
+} as const;
+
+// -- FrameHeader: 9 bytes, packed layout, align 1 -------------------------------------------------
+
+/** FrameHeader as `decode` returns it. */
+export interface FrameHeader {
+  /** u8 at offset 0 (1 byte). */
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
+}
+
+/** What `FrameHeaderCodec.encode` accepts (validated at run time). */
+export interface FrameHeaderInput {
+  /** u8 at offset 0 (1 byte). */
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
+}
+
+/**
+ * Zero-copy view of a FrameHeader in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class FrameHeaderView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get msg_type(): number {
+    return this.#dv.getUint8(this.#at);
+  }
+
+  get msg_id(): number {
+    return this.#dv.getUint32(this.#at + 1, true);
+  }
+
+  get body_len(): number {
+    return this.#dv.getUint32(this.#at + 5, true);
+  }
+}
+
+const FrameHeaderFields = rt.nameSet(["msg_type", "msg_id", "body_len"]);
+
+const FrameHeaderLayout: rt.StructLayout<FrameHeader, FrameHeaderInput, FrameHeaderView> = {
+  name: "FrameHeader",
+  size: 9,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "msg_type", path), "u8", path, "msg_type");
+    rt.checkInteger(rt.fieldValue(fields, "msg_id", path), "u32", path, "msg_id");
+    rt.checkInteger(rt.fieldValue(fields, "body_len", path), "u32", path, "body_len");
+    rt.rejectUnknownFields(fields, FrameHeaderFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: FrameHeaderInput): void {
+    dv.setUint8(at, rt.toNumber(value.msg_type));
+    dv.setUint32(at + 1, rt.toNumber(value.msg_id), true);
+    dv.setUint32(at + 5, rt.toNumber(value.body_len), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): FrameHeader {
+    return {
+      msg_type: dv.getUint8(at),
+      msg_id: dv.getUint32(at + 1, true),
+      body_len: dv.getUint32(at + 5, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): FrameHeaderView {
+    return new FrameHeaderView(dv, at);
+  },
+};
+
+export const FrameHeaderCodec: rt.StructCodec<FrameHeader, FrameHeaderInput, FrameHeaderView> = rt.defineStruct(FrameHeaderLayout);
+
+// -- Hello: 12 bytes, packed layout, align 1 ------------------------------------------------------
+
+/** Hello as `decode` returns it. */
+export interface Hello {
+  /** u16 at offset 0 (2 bytes). */
+  protocol_version: number;
+  /** u16 at offset 2 (2 bytes). */
+  flags: number;
+  /** u64 at offset 4 (8 bytes). */
+  fingerprint: bigint;
+}
+
+/** What `HelloCodec.encode` accepts (validated at run time). */
+export interface HelloInput {
+  /** u16 at offset 0 (2 bytes). */
+  protocol_version: number;
+  /** u16 at offset 2 (2 bytes). */
+  flags: number;
+  /** u64 at offset 4 (8 bytes). */
+  fingerprint: bigint | number;
+}
+
+/**
+ * Zero-copy view of a Hello in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class HelloView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get protocol_version(): number {
+    return this.#dv.getUint16(this.#at, true);
+  }
+
+  get flags(): number {
+    return this.#dv.getUint16(this.#at + 2, true);
+  }
+
+  get fingerprint(): bigint {
+    return this.#dv.getBigUint64(this.#at + 4, true);
+  }
+}
+
+const HelloFields = rt.nameSet(["protocol_version", "flags", "fingerprint"]);
+
+const HelloLayout: rt.StructLayout<Hello, HelloInput, HelloView> = {
+  name: "Hello",
+  size: 12,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "protocol_version", path), "u16", path, "protocol_version");
+    rt.checkInteger(rt.fieldValue(fields, "flags", path), "u16", path, "flags");
+    rt.checkInteger(rt.fieldValue(fields, "fingerprint", path), "u64", path, "fingerprint");
+    rt.rejectUnknownFields(fields, HelloFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: HelloInput): void {
+    dv.setUint16(at, rt.toNumber(value.protocol_version), true);
+    dv.setUint16(at + 2, rt.toNumber(value.flags), true);
+    dv.setBigUint64(at + 4, rt.toBigInt(value.fingerprint), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): Hello {
+    return {
+      protocol_version: dv.getUint16(at, true),
+      flags: dv.getUint16(at + 2, true),
+      fingerprint: dv.getBigUint64(at + 4, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): HelloView {
+    return new HelloView(dv, at);
+  },
+};
+
+export const HelloCodec: rt.StructCodec<Hello, HelloInput, HelloView> = rt.defineStruct(HelloLayout);
+
+// -- ErrorHead: 4 bytes, packed layout, align 1 ---------------------------------------------------
+
+/** ErrorHead as `decode` returns it. */
+export interface ErrorHead {
+  /** u16 at offset 0 (2 bytes). */
+  code: number;
+  /** u16 at offset 2 (2 bytes). */
+  text_len: number;
+}
+
+/** What `ErrorHeadCodec.encode` accepts (validated at run time). */
+export interface ErrorHeadInput {
+  /** u16 at offset 0 (2 bytes). */
+  code: number;
+  /** u16 at offset 2 (2 bytes). */
+  text_len: number;
+}
+
+/**
+ * Zero-copy view of a ErrorHead in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ErrorHeadView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get code(): number {
+    return this.#dv.getUint16(this.#at, true);
+  }
+
+  get text_len(): number {
+    return this.#dv.getUint16(this.#at + 2, true);
+  }
+}
+
+const ErrorHeadFields = rt.nameSet(["code", "text_len"]);
+
+const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView> = {
+  name: "ErrorHead",
+  size: 4,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "code", path), "u16", path, "code");
+    rt.checkInteger(rt.fieldValue(fields, "text_len", path), "u16", path, "text_len");
+    rt.rejectUnknownFields(fields, ErrorHeadFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ErrorHeadInput): void {
+    dv.setUint16(at, rt.toNumber(value.code), true);
+    dv.setUint16(at + 2, rt.toNumber(value.text_len), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): ErrorHead {
+    return {
+      code: dv.getUint16(at, true),
+      text_len: dv.getUint16(at + 2, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ErrorHeadView {
+    return new ErrorHeadView(dv, at);
+  },
+};
+
+export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
+
+// -- HealthResult: 1 bytes, packed layout, align 1 ------------------------------------------------
+
+/** HealthResult as `decode` returns it. */
+export interface HealthResult {
+  /** u8 at offset 0 (1 byte). */
+  initialized: number;
+}
+
+/** What `HealthResultCodec.encode` accepts (validated at run time). */
+export interface HealthResultInput {
+  /** u8 at offset 0 (1 byte). */
+  initialized: number;
+}
+
+/**
+ * Zero-copy view of a HealthResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class HealthResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get initialized(): number {
+    return this.#dv.getUint8(this.#at);
+  }
+}
+
+const HealthResultFields = rt.nameSet(["initialized"]);
+
+const HealthResultLayout: rt.StructLayout<HealthResult, HealthResultInput, HealthResultView> = {
+  name: "HealthResult",
+  size: 1,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "initialized", path), "u8", path, "initialized");
+    rt.rejectUnknownFields(fields, HealthResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: HealthResultInput): void {
+    dv.setUint8(at, rt.toNumber(value.initialized));
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): HealthResult {
+    return {
+      initialized: dv.getUint8(at),
+    };
+  },
+  viewAt(dv: DataView, at: number): HealthResultView {
+    return new HealthResultView(dv, at);
+  },
+};
+
+export const HealthResultCodec: rt.StructCodec<HealthResult, HealthResultInput, HealthResultView> = rt.defineStruct(HealthResultLayout);
+
+// -- SpacesResult: 8 bytes, packed layout, align 1 ------------------------------------------------
+
+/** SpacesResult as `decode` returns it. */
+export interface SpacesResult {
+  /** i32 at offset 0 (4 bytes). */
+  obs_n: number;
+  /** i32 at offset 4 (4 bytes). */
+  act_n: number;
+}
+
+/** What `SpacesResultCodec.encode` accepts (validated at run time). */
+export interface SpacesResultInput {
+  /** i32 at offset 0 (4 bytes). */
+  obs_n: number;
+  /** i32 at offset 4 (4 bytes). */
+  act_n: number;
+}
+
+/**
+ * Zero-copy view of a SpacesResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class SpacesResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get obs_n(): number {
+    return this.#dv.getInt32(this.#at, true);
+  }
+
+  get act_n(): number {
+    return this.#dv.getInt32(this.#at + 4, true);
+  }
+}
+
+const SpacesResultFields = rt.nameSet(["obs_n", "act_n"]);
+
+const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, SpacesResultView> = {
+  name: "SpacesResult",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "obs_n", path), "i32", path, "obs_n");
+    rt.checkInteger(rt.fieldValue(fields, "act_n", path), "i32", path, "act_n");
+    rt.rejectUnknownFields(fields, SpacesResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: SpacesResultInput): void {
+    dv.setInt32(at, rt.toNumber(value.obs_n), true);
+    dv.setInt32(at + 4, rt.toNumber(value.act_n), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): SpacesResult {
+    return {
+      obs_n: dv.getInt32(at, true),
+      act_n: dv.getInt32(at + 4, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): SpacesResultView {
+    return new SpacesResultView(dv, at);
+  },
+};
+
+export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
+
+// -- ResetRequest: 8 bytes, packed layout, align 1 ------------------------------------------------
+
+/** ResetRequest as `decode` returns it. */
+export interface ResetRequest {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+}
+
+/** What `ResetRequestCodec.encode` accepts (validated at run time). */
+export interface ResetRequestInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+}
+
+/**
+ * Zero-copy view of a ResetRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ResetRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+}
+
+const ResetRequestFields = rt.nameSet(["seed"]);
+
+const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, ResetRequestView> = {
+  name: "ResetRequest",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.rejectUnknownFields(fields, ResetRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ResetRequestInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): ResetRequest {
+    return {
+      seed: dv.getBigUint64(at, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ResetRequestView {
+    return new ResetRequestView(dv, at);
+  },
+};
+
+export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
 
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
@@ -373,5 +1161,11 @@ export const ShmControlCodec: rt.StructCodec<ShmControl, ShmControlInput, ShmCon
 
 /** The schema for dynamic use: IR, fingerprint, codecs by struct name, messages. */
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
+  FrameHeader: FrameHeaderCodec,
+  Hello: HelloCodec,
+  ErrorHead: ErrorHeadCodec,
+  HealthResult: HealthResultCodec,
+  SpacesResult: SpacesResultCodec,
+  ResetRequest: ResetRequestCodec,
   ShmControl: ShmControlCodec,
 });

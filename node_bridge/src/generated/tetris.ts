@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "tetris",
   "version": 1,
-  "fingerprint": "19c2da80a1b3b886",
+  "fingerprint": "e84df11c3006284c",
   "structs": {
     "StepResult": {
       "size": 912,
@@ -100,65 +100,29 @@ export const IR: SchemaJson = {
         }
       ]
     },
-    "StepMultiRequest": {
-      "size": 32,
-      "align": 4,
-      "layout": "natural",
-      "fields": [
-        {
-          "name": "actions",
-          "type": "i32[8]",
-          "offset": 0,
-          "size": 32,
-          "count": 8,
-          "role": "action"
-        }
-      ]
-    },
-    "StepMultiResult": {
-      "size": 7296,
-      "align": 4,
-      "layout": "natural",
-      "fields": [
-        {
-          "name": "results",
-          "type": "StepResult[8]",
-          "offset": 0,
-          "size": 7296,
-          "count": 8
-        }
-      ]
-    },
-    "HealthResult": {
-      "size": 1,
+    "FrameHeader": {
+      "size": 9,
       "align": 1,
-      "layout": "natural",
+      "layout": "packed",
       "fields": [
         {
-          "name": "initialized",
+          "name": "msg_type",
           "type": "u8",
           "offset": 0,
           "size": 1,
           "count": 1
-        }
-      ]
-    },
-    "SpacesResult": {
-      "size": 8,
-      "align": 4,
-      "layout": "natural",
-      "fields": [
+        },
         {
-          "name": "obs_n",
-          "type": "i32",
-          "offset": 0,
+          "name": "msg_id",
+          "type": "u32",
+          "offset": 1,
           "size": 4,
           "count": 1
         },
         {
-          "name": "act_n",
-          "type": "i32",
-          "offset": 4,
+          "name": "body_len",
+          "type": "u32",
+          "offset": 5,
           "size": 4,
           "count": 1
         }
@@ -192,24 +156,10 @@ export const IR: SchemaJson = {
         }
       ]
     },
-    "ResetRequest": {
-      "size": 8,
-      "align": 8,
-      "layout": "natural",
-      "fields": [
-        {
-          "name": "seed",
-          "type": "u64",
-          "offset": 0,
-          "size": 8,
-          "count": 1
-        }
-      ]
-    },
     "ErrorHead": {
       "size": 4,
-      "align": 2,
-      "layout": "natural",
+      "align": 1,
+      "layout": "packed",
       "fields": [
         {
           "name": "code",
@@ -223,6 +173,55 @@ export const IR: SchemaJson = {
           "type": "u16",
           "offset": 2,
           "size": 2,
+          "count": 1
+        }
+      ]
+    },
+    "HealthResult": {
+      "size": 1,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "initialized",
+          "type": "u8",
+          "offset": 0,
+          "size": 1,
+          "count": 1
+        }
+      ]
+    },
+    "SpacesResult": {
+      "size": 8,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "obs_n",
+          "type": "i32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        },
+        {
+          "name": "act_n",
+          "type": "i32",
+          "offset": 4,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
+    "ResetRequest": {
+      "size": 8,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
           "count": 1
         }
       ]
@@ -322,6 +321,35 @@ export const IR: SchemaJson = {
           "offset": 60,
           "size": 4,
           "count": 1
+        }
+      ]
+    },
+    "StepMultiRequest": {
+      "size": 32,
+      "align": 4,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "actions",
+          "type": "i32[8]",
+          "offset": 0,
+          "size": 32,
+          "count": 8,
+          "role": "action"
+        }
+      ]
+    },
+    "StepMultiResult": {
+      "size": 7296,
+      "align": 4,
+      "layout": "natural",
+      "fields": [
+        {
+          "name": "results",
+          "type": "StepResult[8]",
+          "offset": 0,
+          "size": 7296,
+          "count": 8
         }
       ]
     },
@@ -439,6 +467,24 @@ export const IR: SchemaJson = {
     }
   },
   "enums": {
+    "ErrorCode": {
+      "type": "u16",
+      "values": {
+        "BAD_FRAME": 1,
+        "UNKNOWN_MESSAGE": 2,
+        "BAD_BODY_SIZE": 3,
+        "BODY_TOO_LARGE": 4,
+        "HELLO_REQUIRED": 5,
+        "VERSION_MISMATCH": 6,
+        "FINGERPRINT_MISMATCH": 7,
+        "INVALID_ACTION": 8,
+        "MASKED_ACTION": 9,
+        "ENV_ERROR": 10,
+        "BAD_BATCH": 11,
+        "NOT_RESET": 12,
+        "INTERNAL": 13
+      }
+    },
     "AutoReset": {
       "type": "u16",
       "values": {
@@ -492,6 +538,16 @@ export const IR: SchemaJson = {
     "STEP_MULTI_RESP": {
       "id": 6,
       "body": "StepMultiResult"
+    },
+    "OBSERVE_REQ": {
+      "id": 7,
+      "body": null
+    },
+    "OBSERVE_RESP": {
+      "id": 8,
+      "body": "StepResult",
+      "tail": "msgpack",
+      "batch": true
     },
     "HEALTH_REQ": {
       "id": 9,
@@ -580,8 +636,26 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "19c2da80a1b3b886";
-export const FINGERPRINT = 0x19c2da80a1b3b886n;
+export const FINGERPRINT_HEX = "e84df11c3006284c";
+export const FINGERPRINT = 0xe84df11c3006284cn;
+
+/** Enum ErrorCode (stored as u16). */
+export const ErrorCode = {
+  BAD_FRAME: 1,
+  UNKNOWN_MESSAGE: 2,
+  BAD_BODY_SIZE: 3,
+  BODY_TOO_LARGE: 4,
+  HELLO_REQUIRED: 5,
+  VERSION_MISMATCH: 6,
+  FINGERPRINT_MISMATCH: 7,
+  INVALID_ACTION: 8,
+  MASKED_ACTION: 9,
+  ENV_ERROR: 10,
+  BAD_BATCH: 11,
+  NOT_RESET: 12,
+  INTERNAL: 13,
+} as const;
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
 /** Enum AutoReset (stored as u16). */
 export const AutoReset = {
@@ -620,6 +694,8 @@ export const MessageId = {
   STEP_RESP: 4,
   STEP_MULTI_REQ: 5,
   STEP_MULTI_RESP: 6,
+  OBSERVE_REQ: 7,
+  OBSERVE_RESP: 8,
   HEALTH_REQ: 9,
   HEALTH_RESP: 10,
   SPACES_REQ: 11,
@@ -844,148 +920,34 @@ const StepRequestLayout: rt.StructLayout<StepRequest, StepRequestInput, StepRequ
 
 export const StepRequestCodec: rt.StructCodec<StepRequest, StepRequestInput, StepRequestView> = rt.defineStruct(StepRequestLayout);
 
-// -- StepMultiRequest: 32 bytes, natural layout, align 4 ------------------------------------------
+// -- FrameHeader: 9 bytes, packed layout, align 1 -------------------------------------------------
 
-/** StepMultiRequest as `decode` returns it. */
-export interface StepMultiRequest {
-  /** i32[8] at offset 0 (32 bytes, role action). */
-  actions: Int32Array;
-}
-
-/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
-export interface StepMultiRequestInput {
-  /** i32[8] at offset 0 (32 bytes, role action). */
-  actions: ArrayLike<number>;
-}
-
-/**
- * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class StepMultiRequestView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get actions(): Int32Array {
-    return rt.viewArray(this.#dv, this.#at, "i32", 8);
-  }
-}
-
-const StepMultiRequestFields = rt.nameSet(["actions"]);
-
-const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
-  name: "StepMultiRequest",
-  size: 32,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "i32", 8, path, "actions");
-    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
-    rt.writeArray(dv, at, "i32", value.actions, 8);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): StepMultiRequest {
-    return {
-      actions: rt.readArray(dv, at, "i32", 8),
-    };
-  },
-  viewAt(dv: DataView, at: number): StepMultiRequestView {
-    return new StepMultiRequestView(dv, at);
-  },
-};
-
-export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
-
-// -- StepMultiResult: 7296 bytes, natural layout, align 4 -----------------------------------------
-
-/** StepMultiResult as `decode` returns it. */
-export interface StepMultiResult {
-  /** StepResult[8] at offset 0 (7296 bytes). */
-  results: StepResult[];
-}
-
-/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
-export interface StepMultiResultInput {
-  /** StepResult[8] at offset 0 (7296 bytes). */
-  results: ArrayLike<StepResultInput>;
-}
-
-/**
- * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class StepMultiResultView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get results(): StepResultView[] {
-    return rt.viewStructArray(StepResultLayout, this.#dv, this.#at, 8);
-  }
-}
-
-const StepMultiResultFields = rt.nameSet(["results"]);
-
-const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
-  name: "StepMultiResult",
-  size: 7296,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkStructArray(StepResultLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
-    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
-    rt.writeStructArray(StepResultLayout, dv, at, value.results, 8);
-  },
-  checkAt(dv: DataView, at: number, path: string): void {
-    rt.checkStructsStored(StepResultLayout, dv, at, 8, path, "results");
-  },
-  readAt(dv: DataView, at: number): StepMultiResult {
-    return {
-      results: rt.readStructArray(StepResultLayout, dv, at, 8),
-    };
-  },
-  viewAt(dv: DataView, at: number): StepMultiResultView {
-    return new StepMultiResultView(dv, at);
-  },
-};
-
-export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
-
-// -- HealthResult: 1 bytes, natural layout, align 1 -----------------------------------------------
-
-/** HealthResult as `decode` returns it. */
-export interface HealthResult {
+/** FrameHeader as `decode` returns it. */
+export interface FrameHeader {
   /** u8 at offset 0 (1 byte). */
-  initialized: number;
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
 }
 
-/** What `HealthResultCodec.encode` accepts (validated at run time). */
-export interface HealthResultInput {
+/** What `FrameHeaderCodec.encode` accepts (validated at run time). */
+export interface FrameHeaderInput {
   /** u8 at offset 0 (1 byte). */
-  initialized: number;
+  msg_type: number;
+  /** u32 at offset 1 (4 bytes). */
+  msg_id: number;
+  /** u32 at offset 5 (4 bytes). */
+  body_len: number;
 }
 
 /**
- * Zero-copy view of a HealthResult in a buffer: scalars are read on every access; numeric
+ * Zero-copy view of a FrameHeader in a buffer: scalars are read on every access; numeric
  * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
  * rt.viewArray); bool arrays are their raw bytes.
  */
-export class HealthResultView {
+export class FrameHeaderView {
   readonly #dv: DataView;
   readonly #at: number;
 
@@ -994,110 +956,52 @@ export class HealthResultView {
     this.#at = at;
   }
 
-  get initialized(): number {
+  get msg_type(): number {
     return this.#dv.getUint8(this.#at);
   }
+
+  get msg_id(): number {
+    return this.#dv.getUint32(this.#at + 1, true);
+  }
+
+  get body_len(): number {
+    return this.#dv.getUint32(this.#at + 5, true);
+  }
 }
 
-const HealthResultFields = rt.nameSet(["initialized"]);
+const FrameHeaderFields = rt.nameSet(["msg_type", "msg_id", "body_len"]);
 
-const HealthResultLayout: rt.StructLayout<HealthResult, HealthResultInput, HealthResultView> = {
-  name: "HealthResult",
-  size: 1,
+const FrameHeaderLayout: rt.StructLayout<FrameHeader, FrameHeaderInput, FrameHeaderView> = {
+  name: "FrameHeader",
+  size: 9,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "initialized", path), "u8", path, "initialized");
-    rt.rejectUnknownFields(fields, HealthResultFields, path);
+    rt.checkInteger(rt.fieldValue(fields, "msg_type", path), "u8", path, "msg_type");
+    rt.checkInteger(rt.fieldValue(fields, "msg_id", path), "u32", path, "msg_id");
+    rt.checkInteger(rt.fieldValue(fields, "body_len", path), "u32", path, "body_len");
+    rt.rejectUnknownFields(fields, FrameHeaderFields, path);
   },
-  writeAt(dv: DataView, at: number, value: HealthResultInput): void {
-    dv.setUint8(at, rt.toNumber(value.initialized));
+  writeAt(dv: DataView, at: number, value: FrameHeaderInput): void {
+    dv.setUint8(at, rt.toNumber(value.msg_type));
+    dv.setUint32(at + 1, rt.toNumber(value.msg_id), true);
+    dv.setUint32(at + 5, rt.toNumber(value.body_len), true);
   },
   checkAt(): void {
     // no bools, enums or floats to check
   },
-  readAt(dv: DataView, at: number): HealthResult {
+  readAt(dv: DataView, at: number): FrameHeader {
     return {
-      initialized: dv.getUint8(at),
+      msg_type: dv.getUint8(at),
+      msg_id: dv.getUint32(at + 1, true),
+      body_len: dv.getUint32(at + 5, true),
     };
   },
-  viewAt(dv: DataView, at: number): HealthResultView {
-    return new HealthResultView(dv, at);
+  viewAt(dv: DataView, at: number): FrameHeaderView {
+    return new FrameHeaderView(dv, at);
   },
 };
 
-export const HealthResultCodec: rt.StructCodec<HealthResult, HealthResultInput, HealthResultView> = rt.defineStruct(HealthResultLayout);
-
-// -- SpacesResult: 8 bytes, natural layout, align 4 -----------------------------------------------
-
-/** SpacesResult as `decode` returns it. */
-export interface SpacesResult {
-  /** i32 at offset 0 (4 bytes). */
-  obs_n: number;
-  /** i32 at offset 4 (4 bytes). */
-  act_n: number;
-}
-
-/** What `SpacesResultCodec.encode` accepts (validated at run time). */
-export interface SpacesResultInput {
-  /** i32 at offset 0 (4 bytes). */
-  obs_n: number;
-  /** i32 at offset 4 (4 bytes). */
-  act_n: number;
-}
-
-/**
- * Zero-copy view of a SpacesResult in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class SpacesResultView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get obs_n(): number {
-    return this.#dv.getInt32(this.#at, true);
-  }
-
-  get act_n(): number {
-    return this.#dv.getInt32(this.#at + 4, true);
-  }
-}
-
-const SpacesResultFields = rt.nameSet(["obs_n", "act_n"]);
-
-const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, SpacesResultView> = {
-  name: "SpacesResult",
-  size: 8,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "obs_n", path), "i32", path, "obs_n");
-    rt.checkInteger(rt.fieldValue(fields, "act_n", path), "i32", path, "act_n");
-    rt.rejectUnknownFields(fields, SpacesResultFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: SpacesResultInput): void {
-    dv.setInt32(at, rt.toNumber(value.obs_n), true);
-    dv.setInt32(at + 4, rt.toNumber(value.act_n), true);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): SpacesResult {
-    return {
-      obs_n: dv.getInt32(at, true),
-      act_n: dv.getInt32(at + 4, true),
-    };
-  },
-  viewAt(dv: DataView, at: number): SpacesResultView {
-    return new SpacesResultView(dv, at);
-  },
-};
-
-export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
+export const FrameHeaderCodec: rt.StructCodec<FrameHeader, FrameHeaderInput, FrameHeaderView> = rt.defineStruct(FrameHeaderLayout);
 
 // -- Hello: 12 bytes, packed layout, align 1 ------------------------------------------------------
 
@@ -1182,68 +1086,7 @@ const HelloLayout: rt.StructLayout<Hello, HelloInput, HelloView> = {
 
 export const HelloCodec: rt.StructCodec<Hello, HelloInput, HelloView> = rt.defineStruct(HelloLayout);
 
-// -- ResetRequest: 8 bytes, natural layout, align 8 -----------------------------------------------
-
-/** ResetRequest as `decode` returns it. */
-export interface ResetRequest {
-  /** u64 at offset 0 (8 bytes). */
-  seed: bigint;
-}
-
-/** What `ResetRequestCodec.encode` accepts (validated at run time). */
-export interface ResetRequestInput {
-  /** u64 at offset 0 (8 bytes). */
-  seed: bigint | number;
-}
-
-/**
- * Zero-copy view of a ResetRequest in a buffer: scalars are read on every access; numeric
- * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
- * rt.viewArray); bool arrays are their raw bytes.
- */
-export class ResetRequestView {
-  readonly #dv: DataView;
-  readonly #at: number;
-
-  constructor(dv: DataView, at: number) {
-    this.#dv = dv;
-    this.#at = at;
-  }
-
-  get seed(): bigint {
-    return this.#dv.getBigUint64(this.#at, true);
-  }
-}
-
-const ResetRequestFields = rt.nameSet(["seed"]);
-
-const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, ResetRequestView> = {
-  name: "ResetRequest",
-  size: 8,
-  validateAt(value: unknown, path: string): void {
-    const fields = rt.asFields(value, path);
-    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
-    rt.rejectUnknownFields(fields, ResetRequestFields, path);
-  },
-  writeAt(dv: DataView, at: number, value: ResetRequestInput): void {
-    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
-  },
-  checkAt(): void {
-    // no bools, enums or floats to check
-  },
-  readAt(dv: DataView, at: number): ResetRequest {
-    return {
-      seed: dv.getBigUint64(at, true),
-    };
-  },
-  viewAt(dv: DataView, at: number): ResetRequestView {
-    return new ResetRequestView(dv, at);
-  },
-};
-
-export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
-
-// -- ErrorHead: 4 bytes, natural layout, align 2 --------------------------------------------------
+// -- ErrorHead: 4 bytes, packed layout, align 1 ---------------------------------------------------
 
 /** ErrorHead as `decode` returns it. */
 export interface ErrorHead {
@@ -1314,6 +1157,200 @@ const ErrorHeadLayout: rt.StructLayout<ErrorHead, ErrorHeadInput, ErrorHeadView>
 };
 
 export const ErrorHeadCodec: rt.StructCodec<ErrorHead, ErrorHeadInput, ErrorHeadView> = rt.defineStruct(ErrorHeadLayout);
+
+// -- HealthResult: 1 bytes, packed layout, align 1 ------------------------------------------------
+
+/** HealthResult as `decode` returns it. */
+export interface HealthResult {
+  /** u8 at offset 0 (1 byte). */
+  initialized: number;
+}
+
+/** What `HealthResultCodec.encode` accepts (validated at run time). */
+export interface HealthResultInput {
+  /** u8 at offset 0 (1 byte). */
+  initialized: number;
+}
+
+/**
+ * Zero-copy view of a HealthResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class HealthResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get initialized(): number {
+    return this.#dv.getUint8(this.#at);
+  }
+}
+
+const HealthResultFields = rt.nameSet(["initialized"]);
+
+const HealthResultLayout: rt.StructLayout<HealthResult, HealthResultInput, HealthResultView> = {
+  name: "HealthResult",
+  size: 1,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "initialized", path), "u8", path, "initialized");
+    rt.rejectUnknownFields(fields, HealthResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: HealthResultInput): void {
+    dv.setUint8(at, rt.toNumber(value.initialized));
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): HealthResult {
+    return {
+      initialized: dv.getUint8(at),
+    };
+  },
+  viewAt(dv: DataView, at: number): HealthResultView {
+    return new HealthResultView(dv, at);
+  },
+};
+
+export const HealthResultCodec: rt.StructCodec<HealthResult, HealthResultInput, HealthResultView> = rt.defineStruct(HealthResultLayout);
+
+// -- SpacesResult: 8 bytes, packed layout, align 1 ------------------------------------------------
+
+/** SpacesResult as `decode` returns it. */
+export interface SpacesResult {
+  /** i32 at offset 0 (4 bytes). */
+  obs_n: number;
+  /** i32 at offset 4 (4 bytes). */
+  act_n: number;
+}
+
+/** What `SpacesResultCodec.encode` accepts (validated at run time). */
+export interface SpacesResultInput {
+  /** i32 at offset 0 (4 bytes). */
+  obs_n: number;
+  /** i32 at offset 4 (4 bytes). */
+  act_n: number;
+}
+
+/**
+ * Zero-copy view of a SpacesResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class SpacesResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get obs_n(): number {
+    return this.#dv.getInt32(this.#at, true);
+  }
+
+  get act_n(): number {
+    return this.#dv.getInt32(this.#at + 4, true);
+  }
+}
+
+const SpacesResultFields = rt.nameSet(["obs_n", "act_n"]);
+
+const SpacesResultLayout: rt.StructLayout<SpacesResult, SpacesResultInput, SpacesResultView> = {
+  name: "SpacesResult",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "obs_n", path), "i32", path, "obs_n");
+    rt.checkInteger(rt.fieldValue(fields, "act_n", path), "i32", path, "act_n");
+    rt.rejectUnknownFields(fields, SpacesResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: SpacesResultInput): void {
+    dv.setInt32(at, rt.toNumber(value.obs_n), true);
+    dv.setInt32(at + 4, rt.toNumber(value.act_n), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): SpacesResult {
+    return {
+      obs_n: dv.getInt32(at, true),
+      act_n: dv.getInt32(at + 4, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): SpacesResultView {
+    return new SpacesResultView(dv, at);
+  },
+};
+
+export const SpacesResultCodec: rt.StructCodec<SpacesResult, SpacesResultInput, SpacesResultView> = rt.defineStruct(SpacesResultLayout);
+
+// -- ResetRequest: 8 bytes, packed layout, align 1 ------------------------------------------------
+
+/** ResetRequest as `decode` returns it. */
+export interface ResetRequest {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+}
+
+/** What `ResetRequestCodec.encode` accepts (validated at run time). */
+export interface ResetRequestInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+}
+
+/**
+ * Zero-copy view of a ResetRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class ResetRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+}
+
+const ResetRequestFields = rt.nameSet(["seed"]);
+
+const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, ResetRequestView> = {
+  name: "ResetRequest",
+  size: 8,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.rejectUnknownFields(fields, ResetRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: ResetRequestInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): ResetRequest {
+    return {
+      seed: dv.getBigUint64(at, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): ResetRequestView {
+    return new ResetRequestView(dv, at);
+  },
+};
+
+export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
 
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
@@ -1507,6 +1544,128 @@ const ShmControlLayout: rt.StructLayout<ShmControl, ShmControlInput, ShmControlV
 };
 
 export const ShmControlCodec: rt.StructCodec<ShmControl, ShmControlInput, ShmControlView> = rt.defineStruct(ShmControlLayout);
+
+// -- StepMultiRequest: 32 bytes, natural layout, align 4 ------------------------------------------
+
+/** StepMultiRequest as `decode` returns it. */
+export interface StepMultiRequest {
+  /** i32[8] at offset 0 (32 bytes, role action). */
+  actions: Int32Array;
+}
+
+/** What `StepMultiRequestCodec.encode` accepts (validated at run time). */
+export interface StepMultiRequestInput {
+  /** i32[8] at offset 0 (32 bytes, role action). */
+  actions: ArrayLike<number>;
+}
+
+/**
+ * Zero-copy view of a StepMultiRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get actions(): Int32Array {
+    return rt.viewArray(this.#dv, this.#at, "i32", 8);
+  }
+}
+
+const StepMultiRequestFields = rt.nameSet(["actions"]);
+
+const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = {
+  name: "StepMultiRequest",
+  size: 32,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkIntegerArray(rt.fieldValue(fields, "actions", path), "i32", 8, path, "actions");
+    rt.rejectUnknownFields(fields, StepMultiRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiRequestInput): void {
+    rt.writeArray(dv, at, "i32", value.actions, 8);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): StepMultiRequest {
+    return {
+      actions: rt.readArray(dv, at, "i32", 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiRequestView {
+    return new StepMultiRequestView(dv, at);
+  },
+};
+
+export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
+
+// -- StepMultiResult: 7296 bytes, natural layout, align 4 -----------------------------------------
+
+/** StepMultiResult as `decode` returns it. */
+export interface StepMultiResult {
+  /** StepResult[8] at offset 0 (7296 bytes). */
+  results: StepResult[];
+}
+
+/** What `StepMultiResultCodec.encode` accepts (validated at run time). */
+export interface StepMultiResultInput {
+  /** StepResult[8] at offset 0 (7296 bytes). */
+  results: ArrayLike<StepResultInput>;
+}
+
+/**
+ * Zero-copy view of a StepMultiResult in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class StepMultiResultView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get results(): StepResultView[] {
+    return rt.viewStructArray(StepResultLayout, this.#dv, this.#at, 8);
+  }
+}
+
+const StepMultiResultFields = rt.nameSet(["results"]);
+
+const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
+  name: "StepMultiResult",
+  size: 7296,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkStructArray(StepResultLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
+    rt.rejectUnknownFields(fields, StepMultiResultFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: StepMultiResultInput): void {
+    rt.writeStructArray(StepResultLayout, dv, at, value.results, 8);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkStructsStored(StepResultLayout, dv, at, 8, path, "results");
+  },
+  readAt(dv: DataView, at: number): StepMultiResult {
+    return {
+      results: rt.readStructArray(StepResultLayout, dv, at, 8),
+    };
+  },
+  viewAt(dv: DataView, at: number): StepMultiResultView {
+    return new StepMultiResultView(dv, at);
+  },
+};
+
+export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
 
 // -- ShmSlot: 2368 bytes, natural layout, align 8 -------------------------------------------------
 
@@ -1767,14 +1926,15 @@ export const ShmFinalCodec: rt.StructCodec<ShmFinal, ShmFinalInput, ShmFinalView
 export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   StepResult: StepResultCodec,
   StepRequest: StepRequestCodec,
-  StepMultiRequest: StepMultiRequestCodec,
-  StepMultiResult: StepMultiResultCodec,
+  FrameHeader: FrameHeaderCodec,
+  Hello: HelloCodec,
+  ErrorHead: ErrorHeadCodec,
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
-  Hello: HelloCodec,
   ResetRequest: ResetRequestCodec,
-  ErrorHead: ErrorHeadCodec,
   ShmControl: ShmControlCodec,
+  StepMultiRequest: StepMultiRequestCodec,
+  StepMultiResult: StepMultiResultCodec,
   ShmSlot: ShmSlotCodec,
   ShmFinal: ShmFinalCodec,
 });

@@ -3,9 +3,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { dataViewOf } from "../codec";
-import { CodecError, ValueRangeError } from "../errors";
-import { mahjong_env, pac_env, pac_shm } from "../generated";
+import { dataViewOf, loadSchema } from "../codec";
+import { ArrayLengthError, CodecError, SchemaError, ValueRangeError } from "../errors";
+import { gridworld, mahjong_env, pac_env, pac_shm } from "../generated";
 import { codecErrorOf, hex, stepResult } from "../testing/fixtures";
 
 const { StepResultCodec, StepMultiResultCodec, HelloCodec } = pac_env;
@@ -286,3 +286,105 @@ describe("strict decode errors", () => {
     );
   });
 });
+
+describe("multi-dimensional arrays (gridworld f32[2,5,5])", () => {
+  const { StepResultCodec: Grid, StepResultShapes } = gridworld;
+
+  type Observation = gridworld.StepResultInput["observation"];
+
+  function grid(observation: Observation): gridworld.StepResultInput {
+    return {
+      observation,
+      reward: -0.5,
+      terminated: false,
+      truncated: true,
+      action_mask: [true, false, true, true],
+      walls: Array.from({ length: 5 }, (_, r) => Array.from({ length: 5 }, (_, c) => r === c)),
+      visits: new Uint16Array(25).map((_, i) => i),
+      position: [1, 4],
+    };
+  }
+
+  const flat = new Float32Array(50).map((_, i) => i);
+  const nested = Array.from({ length: 2 }, (_, l) =>
+    Array.from({ length: 5 }, (_, r) => Array.from({ length: 5 }, (_, c) => l * 25 + r * 5 + c)),
+  );
+
+  test("the generated module exposes the shapes; the IR keeps them", () => {
+    assert.deepEqual(StepResultShapes.observation, [2, 5, 5]);
+    assert.deepEqual(StepResultShapes.visits, [5, 5]);
+    const field = gridworld.IR.structs["StepResult"]?.fields.find((f) => f.name === "observation");
+    assert.deepEqual(field?.shape, [2, 5, 5]);
+    assert.equal(field?.count, 50);
+  });
+
+  test("nested and flat (row-major) values encode to the same bytes; views are flat", () => {
+    const a = Grid.encode(grid(flat));
+    const b = Grid.encode(grid(nested));
+    assert.deepEqual(a, b);
+    const view = Grid.view(a);
+    assert.ok(view.observation instanceof Float32Array);
+    assert.equal(view.observation.length, 50);
+    assert.equal(view.observation[25 + 2 * 5 + 3], 38);
+    const decoded = Grid.decode(a);
+    assert.equal(decoded.visits[24], 24);
+    assert.equal(decoded.walls[6], true);
+  });
+
+  test("a wrong shape or element names the field or the flat element", () => {
+    const wrong = [[[0, 0, 0, 0, 0]]];
+    assert.throws(() => Grid.encode(grid(wrong)), (e: unknown) => {
+      assert.ok(e instanceof ArrayLengthError);
+      assert.equal(e.field, "observation");
+      return true;
+    });
+    const visits = Array.from({ length: 5 }, () => [0, 0, 0, 0, 0]);
+    (visits[4] as number[])[2] = 70000;
+    const big = { ...grid(flat), visits };
+    assert.throws(() => Grid.encode(big), (e: unknown) => {
+      assert.ok(e instanceof ValueRangeError);
+      assert.equal(e.field, "visits[22]");
+      return true;
+    });
+  });
+});
+
+describe("loadSchema: codecs from a compiled IR at run time", () => {
+  test("the same bytes, values, views and errors as the generated module", () => {
+    const runtime = loadSchema(pac_env.IR);
+    assert.equal(runtime.fingerprint, pac_env.FINGERPRINT);
+    assert.deepEqual(Object.keys(runtime.structs), Object.keys(pac_env.SCHEMA.structs));
+    const codec = runtime.structs["StepResult"];
+    assert.ok(codec !== undefined);
+    const bytes = codec.encode(stepResult());
+    assert.deepEqual(bytes, StepResultCodec.encode(stepResult()));
+    assert.deepEqual(codec.decode(bytes), StepResultCodec.decode(bytes));
+    const view = codec.view(bytes) as { reward: number; observation: Float32Array };
+    assert.equal(view.reward, StepResultCodec.view(bytes).reward);
+    assert.equal(view.observation.length, 612);
+    const bad = { ...stepResult(), life: 70000 };
+    assert.throws(() => codec.encode(bad), (e: unknown) => {
+      assert.ok(e instanceof ValueRangeError);
+      assert.equal(e.field, "life");
+      return true;
+    });
+  });
+
+  test("nested structs, enums and multi-dimensional arrays", () => {
+    const runtime = loadSchema(mahjong_env.IR);
+    const codec = runtime.structs["AgentStep"];
+    assert.ok(codec !== undefined);
+    assert.deepEqual(codec.encode(agentStep()), AgentStepCodec.encode(agentStep()));
+    const grid = loadSchema(gridworld.IR).structs["StepResult"];
+    assert.equal(grid?.size, gridworld.StepResultCodec.size);
+  });
+
+  test("an IR that does not hash to its fingerprint is refused", () => {
+    const tampered = { ...copyOfPacIr(), fingerprint: "0000000000000000" };
+    assert.throws(() => loadSchema(tampered), SchemaError);
+  });
+});
+
+function copyOfPacIr(): typeof pac_env.IR {
+  return JSON.parse(JSON.stringify(pac_env.IR)) as typeof pac_env.IR;
+}
