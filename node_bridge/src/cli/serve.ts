@@ -9,11 +9,10 @@
 
 import { resolve } from "node:path";
 import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
-import type { SchemaModule } from "../codec";
 import { ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
-import type { WorkerEnvSpec } from "../runtime/pool";
+import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { type Server, serve } from "../server";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
@@ -27,7 +26,8 @@ port that was bound).
                  or shm://name?num_envs=N (region /dev/shm/transport-name; docs/shm.md)
   --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo),
                  or MODULE:FACTORY, a JS module (path) exporting an env factory or class
-  --schema PATH  a generated schema module (exports SCHEMA) the env speaks (default pac_env)
+  --schema PATH  the schema the env speaks: a compiled IR (.json, transport-schema inspect
+                 --json) or a generated module exporting SCHEMA (default pac_env)
   --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs)
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
@@ -122,14 +122,6 @@ function loadEnv(spec: string): { factory: EnvFactory<unknown>; envName: string;
   return { factory: factory as EnvFactory<unknown>, envName: exportName, workerEnv: { module, exportName } };
 }
 
-/** A generated schema module's SCHEMA (`--schema path`). */
-function loadSchema(path: string): SchemaModule {
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const schema = (require(resolve(path)) as { SCHEMA?: SchemaModule }).SCHEMA;
-  if (schema === undefined) throw new Error(`${path} exports no SCHEMA (a module transport-schema compile generated)`);
-  return schema;
-}
-
 async function main(argv: readonly string[]): Promise<number> {
   let args: Args | null;
   try {
@@ -145,7 +137,7 @@ async function main(argv: readonly string[]): Promise<number> {
   let server: Server;
   try {
     const { factory, envName, workerEnv } = loadEnv(args.env);
-    const schema = args.schema === null ? pac_env.SCHEMA : loadSchema(args.schema);
+    const schema = args.schema === null ? pac_env.SCHEMA : schemaFromPath(resolve(args.schema));
     if (args.url.toLowerCase().startsWith("shm://")) {
       // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
       const shm = parseShmUrl(args.url);

@@ -28,7 +28,9 @@
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import * as path from "node:path";
 import { Worker } from "node:worker_threads";
-import type { SchemaModule } from "../codec";
+import { readFileSync } from "node:fs";
+import { type SchemaModule, loadSchema as loadSchemaIr } from "../codec";
+import type { SchemaJson } from "../ir";
 import { TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { ErrorCode, RequestError } from "../protocol";
@@ -163,9 +165,19 @@ class Layout {
 }
 
 function loadSchema(spec: WorkerEnvSpec): SchemaModule {
-  if (spec.schemaModule === undefined) return pac_env.SCHEMA;
+  return spec.schemaModule === undefined ? pac_env.SCHEMA : schemaFromPath(spec.schemaModule);
+}
+
+/**
+ * A schema from a path: a compiled IR (`.json`, `transport-schema inspect --json`: built at run
+ * time, no build step) or a generated module's `SCHEMA`.
+ */
+export function schemaFromPath(path: string): SchemaModule {
+  if (path.endsWith(".json")) return loadSchemaIr(JSON.parse(readFileSync(path, "utf8")) as SchemaJson);
   // eslint-disable-next-line @typescript-eslint/no-require-imports
-  return (require(spec.schemaModule) as { SCHEMA: SchemaModule }).SCHEMA;
+  const schema = (require(path) as { SCHEMA?: SchemaModule }).SCHEMA;
+  if (schema === undefined) throw new TransportError(`${path} exports no SCHEMA (a module transport-schema compile generated)`);
+  return schema;
 }
 
 /** The env factory a spec names: `module`'s `exportName` export, or `envName` in `ENVS`. */

@@ -15,6 +15,8 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, test } from "node:test";
 
+import * as pac_env from "../generated/pac_env";
+
 const BRIDGE = resolve(__dirname, "..", "..");
 const NPM = process.platform === "win32" ? "npm.cmd" : "npm";
 const work = mkdtempSync(join(tmpdir(), "transport-package-"));
@@ -126,12 +128,14 @@ describe("node_bridge as an npm package", () => {
     ]);
   });
 
-  test("its bin serves a user's module: transport-serve-node URL --env ./env.js:CountingEnv", (t) => {
+  test("its bin serves a user's module: transport-serve-node URL --env ./env.js:CountingEnv --schema pac.json", (t) => {
     if (installed) return t.skip("not installed");
+    // the schema as a compiled IR read at run time (no build step): pac_env's, dumped as JSON
+    writeFileSync(join(project, "pac.json"), JSON.stringify(pac_env.IR));
     const url = `unix://${join(tmpdir(), `transport-package-${randomBytes(5).toString("hex")}.sock`)}`;
     const script =
       `const { spawn } = require("child_process");` +
-      `const p = spawn("node_modules/.bin/transport-serve-node", [${JSON.stringify(url)}, "--env", "./env.js:CountingEnv"]);` +
+      `const p = spawn("node_modules/.bin/transport-serve-node", [${JSON.stringify(url)}, "--env", "./env.js:CountingEnv", "--schema", "pac.json"]);` +
       `p.stdout.once("data", async (d) => { const { connect } = require("@transport/node-bridge");` +
       ` const c = await connect(String(d).trim().slice(6)); await c.reset(); const r = await c.step(9);` +
       ` console.log(r.observation[0], c.serverInfo.env); await c.close(); p.kill("SIGTERM"); });` +

@@ -1,7 +1,7 @@
 /**
- * shm:// for every schema (Node server and Node client, separate processes): tetris and mahjong
- * run over their derived layouts (results encoded in place, views into the slots) with the same
- * traces as over unix://, SAME_STEP finals included; STEP_MULTI of a one-env `stepBatch` game on
+ * shm:// for every schema (Node server and Node client, separate processes): tetris, mahjong and
+ * gridworld (the newcomer schema: multi-dimensional arrays, an f64) run over their derived
+ * layouts (results encoded in place, views into the slots) with the same traces as over unix://, SAME_STEP finals included; STEP_MULTI of a one-env `stepBatch` game on
  * shm:// (a region with 8 slots) answers like the stream backends.
  */
 
@@ -15,6 +15,7 @@ import { after, describe, test } from "node:test";
 import { ShmChannel } from "../backends/shm/channel";
 import { ShmLayout, parseShmUrl } from "../backends/shm/region";
 import type { SchemaModule } from "../codec";
+import * as gridworld from "../generated/gridworld";
 import * as mahjong_env from "../generated/mahjong_env";
 import * as pac_env from "../generated/pac_env";
 import * as tetris from "../generated/tetris";
@@ -50,6 +51,7 @@ interface Case {
 const CASES: Record<string, Case> = {
   tetris: { schema: tetris.SCHEMA, module: "tetris", factory: "makeTetris", mode: "next_step" },
   mahjong: { schema: mahjong_env.SCHEMA, module: "mahjong_env", factory: "makeMahjongTable", mode: "same_step" },
+  gridworld: { schema: gridworld.SCHEMA, module: "gridworld", factory: "makeGridWorld", mode: "same_step" },
 };
 
 /** A legal action of a result: the `turn`-th legal one (mask as bytes or booleans). */

@@ -1,10 +1,12 @@
 /**
  * Small envs on the project's other schemas, for tests that serve them from a server process
  * (`require("dist/testing/envs.js")`): a mahjong table whose episodes are truncated after a few
- * turns, a seeded tetris, and a pac self-play game with `stepBatch` (8 seats, one env).
+ * turns, a seeded tetris, a pac self-play game with `stepBatch` (8 seats, one env) and a seeded
+ * gridworld (the newcomer schema).
  */
 
 import { TetrisEnv } from "../examples/tetris";
+import type * as gridworld from "../generated/gridworld";
 import * as mahjong_env from "../generated/mahjong_env";
 import type * as pac_env from "../generated/pac_env";
 import type { Env, Spaces } from "../runtime/env";
@@ -108,4 +110,84 @@ class SelfPlay implements Env<pac_env.StepResultInput> {
 
 export function makeSelfPlay(): Env<pac_env.StepResultInput> {
   return new SelfPlay();
+}
+
+/**
+ * A seeded 5 x 5 gridworld on the gridworld schema (the newcomer schema: f32[2,5,5], f64,
+ * bool[5,5], u16[5,5], i8[2]): the agent walks towards a goal around seeded walls; terminated
+ * at the goal, truncated after 30 steps.
+ */
+class GridWorld implements Env<gridworld.StepResultInput> {
+  #rng = 1;
+  #steps = 0;
+  readonly #at = Int8Array.of(0, 0);
+  readonly #goal = Int8Array.of(4, 4);
+  readonly #out = {
+    observation: new Float32Array(50),
+    reward: 0,
+    terminated: false,
+    truncated: false,
+    action_mask: [true, true, true, true],
+    walls: new Array<boolean>(25).fill(false),
+    visits: new Uint16Array(25),
+    position: new Int8Array(2),
+  };
+
+  spaces(): Spaces {
+    return { obsN: 50, actN: 4 };
+  }
+
+  reset(seed?: bigint): gridworld.StepResultInput {
+    if (seed !== undefined) this.#rng = Number(BigInt.asUintN(32, seed)) | 1;
+    this.#steps = 0;
+    const out = this.#out;
+    out.walls.fill(false);
+    out.visits.fill(0);
+    for (let k = 0; k < 4; k++) out.walls[1 + (this.#next() % 23)] = true; // never the corners
+    this.#at.set([0, 0]);
+    this.#goal.set([4, 4]);
+    return this.#result(0, false);
+  }
+
+  step(action: number): gridworld.StepResultInput {
+    const [dr, dc] = [
+      [-1, 0],
+      [0, 1],
+      [1, 0],
+      [0, -1],
+    ][action] as [number, number];
+    const r = (this.#at[0] as number) + dr;
+    const c = (this.#at[1] as number) + dc;
+    if (r >= 0 && r < 5 && c >= 0 && c < 5 && !this.#out.walls[r * 5 + c]) this.#at.set([r, c]);
+    this.#steps++;
+    const goal = this.#at[0] === this.#goal[0] && this.#at[1] === this.#goal[1];
+    return this.#result(goal ? 1 : -0.01 * (this.#next() % 7), goal);
+  }
+
+  #next(): number {
+    let x = this.#rng;
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    this.#rng = x >>> 0;
+    return this.#rng;
+  }
+
+  #result(reward: number, goal: boolean): gridworld.StepResultInput {
+    const out = this.#out;
+    const cell = (this.#at[0] as number) * 5 + (this.#at[1] as number);
+    out.visits[cell] = (out.visits[cell] as number) + 1;
+    out.observation.fill(0);
+    out.observation[cell] = 1;
+    out.observation[25 + (this.#goal[0] as number) * 5 + (this.#goal[1] as number)] = 1;
+    out.reward = reward;
+    out.terminated = goal;
+    out.truncated = !goal && this.#steps >= 30;
+    out.position.set(this.#at);
+    return out as unknown as gridworld.StepResultInput;
+  }
+}
+
+export function makeGridWorld(): Env<gridworld.StepResultInput> {
+  return new GridWorld();
 }
