@@ -6,11 +6,15 @@
  */
 
 import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, test } from "node:test";
 
 import { decode as msgpackDecode } from "@msgpack/msgpack";
 
 import * as pac_env from "../generated/pac_env";
+import { connect, serve } from "../index";
 import { ErrorCode, MESSAGE_IDS as IDS, encodeHello, parseError } from "../protocol";
 import type { Env, Spaces } from "../runtime/env";
 import { blankPacResult } from "../testing/fixtures";
@@ -128,5 +132,26 @@ describe("OBSERVE of an env without observe()", () => {
     assert.equal(seen.type, OBSERVE_RESP);
     assert.deepEqual(Buffer.from(session.body().subarray(0, 2 * RESULT)), last);
     assert.deepEqual(seen.infos, [{}, {}]);
+  });
+});
+
+describe("Client.observe over unix://", () => {
+  test("the results and the info maps from a Node server", async () => {
+    const url = `unix://${join(tmpdir(), `transport-observe-${randomBytes(5).toString("hex")}.sock`)}`;
+    const server = await serve(makeObserved, url, { numEnvs: 2 });
+    const client = await connect(server.url);
+    try {
+      await client.reset();
+      await client.step([0, 0]);
+      const { results, infos } = await client.observe({ copy: true });
+      assert.deepEqual((results as pac_env.StepResult[]).map((r) => [r.observation[1], r.observation[2]]), [
+        [1, 99],
+        [1, 99],
+      ]);
+      assert.deepEqual(infos, [{ steps: 1 }, { steps: 1 }]);
+    } finally {
+      await client.close();
+      await server.close();
+    }
   });
 });
