@@ -15,7 +15,7 @@
 
 import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
-import type { Spaces } from "./env";
+import type { Spaces } from "./runtime/env";
 import { ProtocolError, TransportError } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
@@ -35,7 +35,9 @@ import {
   readU32,
   toAutoReset,
 } from "./protocol";
-import type { Channel } from "./stream";
+import { decode as msgpackDecode } from "@msgpack/msgpack";
+import { type ActionType, actionTypeOf, writeAction } from "./runtime/core";
+import type { Channel, ChannelRecords, Final } from "./stream";
 
 export const DEFAULT_TIMEOUT_MS = 10_000;
 
@@ -60,11 +62,7 @@ export interface ResultOptions {
   readonly copy?: boolean;
 }
 
-/** A SAME_STEP final result: the env whose episode ended and its owned, decoded result. */
-export interface Final<T = pac_env.StepResult> {
-  readonly index: number;
-  readonly result: T;
-}
+export type { Final } from "./stream";
 
 function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
   const body = schema.messages[message]?.body;
@@ -120,11 +118,13 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly #resultSize: number;
   readonly #request: Buffer;
   readonly #actionAt: number;
+  readonly #actionType: ActionType;
   readonly #stepSize: number;
   readonly #seed: Buffer;
   readonly #seedAt: number;
   readonly #spaces: AnyStructCodec;
   readonly #expected: ReadonlyMap<number, number>;
+  readonly #multi: { readonly codec: AnyStructCodec; readonly field: string; readonly seats: number; readonly body: Buffer };
   #views: View[] = [];
   #viewsGeneration = -1;
   #closed = false;
@@ -144,13 +144,19 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     const action = schema.ir.structs[step.name]?.fields.find((f) => f.role === "action");
     if (action === undefined) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
     this.#actionAt = action.offset;
+    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action");
     this.#stepSize = step.size;
     this.#request = Buffer.alloc(step.size * this.numEnvs);
     const seed = bodyCodec(schema, "RESET_SEED_REQ");
     this.#seed = Buffer.alloc(seed.size);
     this.#seedAt = schema.ir.structs[seed.name]?.fields[0]?.offset ?? 0;
     this.#spaces = bodyCodec(schema, "SPACES_RESP");
+    const multi = bodyCodec(schema, "STEP_MULTI_REQ");
+    const multiField = schema.ir.structs[multi.name]?.fields[0];
+    if (multiField === undefined) throw new ProtocolError("the STEP_MULTI_REQ body struct has no field");
+    this.#multi = { codec: multi, field: multiField.name, seats: multiField.count, body: Buffer.alloc(multi.size) };
     this.#expected = new Map([
+      [this.ids.STEP_MULTI_RESP, this.#resultSize * multiField.count],
       [this.ids.RESET_RESP, this.#resultSize * this.numEnvs],
       [this.ids.STEP_RESP, this.#resultSize],
       [this.ids.STEP_BATCH_RESP, this.#resultSize * this.numEnvs],
@@ -179,7 +185,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       if (this.numEnvs !== 1) {
         throw new TransportError(`this server has ${this.numEnvs} envs: pass one action per env`);
       }
-      request.writeInt32LE(actions | 0, this.#actionAt);
+      writeAction(request, this.#actionAt, actions | 0, this.#actionType);
       await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
       return this.#results(0, options.copy === true);
     }
@@ -187,10 +193,23 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       throw new TransportError(`expected ${this.numEnvs} actions, got ${actions.length}`);
     }
     for (let i = 0; i < actions.length; i++) {
-      request.writeInt32LE((actions[i] as number) | 0, i * this.#stepSize + this.#actionAt);
+      writeAction(request, i * this.#stepSize + this.#actionAt, (actions[i] as number) | 0, this.#actionType);
     }
     await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
     return this.#results(this.numEnvs, options.copy === true);
+  }
+
+  /**
+   * STEP_MULTI: one action per seat of a multi-player game (seed 000's self-play: 8 seats), one
+   * result view per seat. The server steps a 1-env game's `stepBatch` once (or, with as many envs
+   * as seats, each env once).
+   */
+  async stepMulti(actions: ArrayLike<number>, options: ResultOptions = {}): Promise<View[] | Value[]> {
+    const multi = this.#multi;
+    if (actions.length !== multi.seats) throw new TransportError(`expected ${multi.seats} seat actions, got ${actions.length}`);
+    multi.codec.encodeInto({ [multi.field]: Array.from(actions) }, multi.body, 0);
+    await this.#exchange(this.ids.STEP_MULTI_REQ, multi.body, this.ids.STEP_MULTI_RESP);
+    return this.#results(multi.seats, options.copy === true) as View[] | Value[];
   }
 
   /** Observation length and number of actions. */
@@ -209,8 +228,31 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   async close(): Promise<void> {
     if (!this.#closed) {
       this.#closed = true;
-      this.channel.close();
+      await this.channel.close();
     }
+  }
+
+  /**
+   * OBSERVE: every env's current result without stepping (one view per env when N > 1) and each
+   * env's info map. Needs a schema that declares OBSERVE_REQ / OBSERVE_RESP.
+   */
+  async observe(options: ResultOptions = {}): Promise<{ results: View | View[] | Value | Value[]; infos: Array<Record<string, unknown>> }> {
+    const request = this.schema.messages["OBSERVE_REQ"]?.id;
+    const response = this.schema.messages["OBSERVE_RESP"]?.id;
+    if (request === undefined || response === undefined) {
+      throw new ProtocolError(`schema ${this.schema.name} declares no OBSERVE_REQ / OBSERVE_RESP`);
+    }
+    const body = await this.#exchange(request, EMPTY, response);
+    const records = this.channel.records;
+    let infos: Array<Record<string, unknown>>;
+    if (records !== undefined) {
+      infos = records.infos();
+    } else {
+      const decoded = msgpackDecode(body.subarray(this.numEnvs * this.#resultSize));
+      if (!Array.isArray(decoded)) throw new ProtocolError("OBSERVE_RESP's tail is not a msgpack array");
+      infos = decoded as Array<Record<string, unknown>>;
+    }
+    return { results: this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true), infos };
   }
 
   async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {
@@ -221,6 +263,13 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     if (type === this.ids.ERROR) throw decodeError(resp);
     if (type !== expect) {
       throw new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`);
+    }
+    const records = channel.records;
+    if (records !== undefined) {
+      // results in the channel's records (shm slots): finals from its final areas
+      const stepped = expect === this.ids.STEP_RESP || expect === this.ids.STEP_BATCH_RESP;
+      this.finals = stepped && this.autoreset === AutoReset.SAME_STEP ? (records.finals() as Final<Value>[]) : NO_FINALS;
+      return resp;
     }
     const expected = this.#expected.get(expect);
     if (expected !== undefined && channel.bodyLength !== expected) {
@@ -257,6 +306,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   #results(count: number, copy: boolean): View | View[] | Value | Value[] {
+    const records = this.channel.records;
+    if (records !== undefined) return this.#recordResults(records, count, copy);
     const buffer = this.channel.buffer;
     const size = this.#resultSize;
     if (copy) {
@@ -280,7 +331,26 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   #batch: View[] | null = null;
+
+  /** Results a channel keeps outside its buffer (shm:// slots): views built once, reused. */
+  #recordResults(records: ChannelRecords, count: number, copy: boolean): View | View[] | Value | Value[] {
+    if (copy) {
+      if (count === 0) return records.decode(0) as Value;
+      const out: Value[] = [];
+      for (let i = 0; i < count; i++) out.push(records.decode(i) as Value);
+      return out;
+    }
+    if (this.#views.length < Math.max(count, 1)) {
+      this.#views = [];
+      for (let i = 0; i < records.count; i++) this.#views.push(records.view(i) as View);
+    }
+    if (count === 0) return this.#views[0] as View;
+    if (this.#batch === null || this.#batch.length !== count) this.#batch = this.#views.slice(0, count);
+    return this.#batch;
+  }
 }
+
+const NO_FINALS: Final<never>[] = [];
 
 const EMPTY = Buffer.alloc(0);
 
@@ -308,7 +378,7 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   try {
     channel.info = await handshake(channel, schema, autoreset);
   } catch (error) {
-    channel.close();
+    await channel.close();
     throw error;
   }
   return new Client<View, Value>(channel, schema, url);

@@ -144,6 +144,20 @@ export class FingerprintMismatchError extends ProtocolError {
   }
 }
 
+/** A control-block field of an shm:// region differs from what this side expects. */
+export class RegionMismatchError extends ProtocolError {
+  readonly field: string;
+  readonly expected: string;
+  readonly found: string;
+
+  constructor(url: string, field: string, expected: string, found: string) {
+    super(`${url}: control block field ${field}: expected ${expected}, found ${found}`);
+    this.field = field;
+    this.expected = expected;
+    this.found = found;
+  }
+}
+
 /**
  * The peer answered ERROR: `code` is the protocol error code, `codeName` its name
  * (`INVALID_ACTION`; Python's `RemoteError.name`; `name` stays the class name as for every

@@ -8,7 +8,7 @@
  *   const step = pac_env.StepResultCodec.view(bytes, 0); // step.observation: Float32Array
  */
 
-export type { AnyStructCodec, SchemaModule, StructCodec } from "./codec";
+export { type AnyStructCodec, type SchemaModule, type StructCodec, loadSchema } from "./codec";
 export {
   ArrayLengthError,
   BadFrameError,
@@ -24,6 +24,7 @@ export {
   NonCanonicalError,
   PeerGoneError,
   ProtocolError,
+  RegionMismatchError,
   RemoteError,
   SchemaError,
   TransportError,
@@ -34,15 +35,14 @@ export {
   VersionMismatchError,
 } from "./errors";
 export {
-  type Client,
+  Client,
   type ConnectOptions,
   type Final,
   type ResultOptions,
   connect,
 } from "./client";
 export { type Server, type ServeOptions, serve } from "./server";
-export type { Env, EnvFactory, Spaces } from "./env";
-export type { EnvOrFactory } from "./session";
+export type { Env, EnvFactory, EnvOrFactory, Spaces } from "./runtime/env";
 export type { ConnectionStats } from "./stream";
 export {
   AutoReset,
@@ -57,4 +57,4 @@ export {
 } from "./protocol";
 export { canonicalJson, computeFingerprint, fingerprintHex, fingerprintOf } from "./fingerprint";
 export type { EnumJson, FieldJson, MessageJson, SchemaJson, StructJson } from "./ir";
-export { SCHEMAS, mahjong_env, pac_env, pac_shm, tetris } from "./generated";
+export { SCHEMAS, gridworld, mahjong_env, pac_env, pac_shm, protocol, tetris } from "./generated";

@@ -13,9 +13,10 @@
 import { backendFor, type Listener } from "./backends";
 import type { SchemaModule } from "./codec";
 import { DEFAULT_MAX_BODY } from "./protocol";
-import { type EnvOrFactory, sessionFactory } from "./session";
+import type { EnvOrFactory } from "./runtime/env";
+import { EnvHost } from "./runtime/host";
+import type { WorkerEnvSpec } from "./runtime/pool";
 import type { ConnectionStats } from "./stream";
-import { WorkerPool, type WorkerEnvSpec } from "./workers";
 
 export interface ServeOptions {
   /** Envs per connection (N); needs a factory when above 1. Default 1. */
@@ -31,7 +32,7 @@ export interface ServeOptions {
   /**
    * Schema (default: the reference pac_env): any generated module that declares the protocol
    * messages by name, with an integer `action` role in the STEP_REQ body and the result struct
-   * as the STEP_RESP body (see session.ts).
+   * as the STEP_RESP body (runtime/core.ts).
    */
   readonly schema?: SchemaModule;
   /**
@@ -40,7 +41,7 @@ export interface ServeOptions {
    */
   readonly validate?: boolean;
   /**
-   * Step each connection's envs in this many worker_threads (workers.ts; default 0: in this
+   * Step each connection's envs in this many worker_threads (runtime/pool.ts; default 0: in this
    * thread). The threads build their envs from `workerEnv` (default: `envName` in `ENVS`).
    */
   readonly workers?: number;
@@ -68,21 +69,21 @@ export async function serve(
   url: string,
   options: ServeOptions = {},
 ): Promise<Server> {
-  const sessions = sessionFactory(envOrFactory, {
+  const host = new EnvHost(envOrFactory, {
     numEnvs: options.numEnvs ?? 1,
     envName: options.envName ?? "",
     seed: options.seed ?? null,
     serverLang: "node",
     ...(options.schema ? { schema: options.schema } : {}),
     ...(options.validate !== undefined ? { validate: options.validate } : {}),
-    ...(options.workers ? { pool: poolMaker(options) } : {}),
+    ...(options.workers ? { workers: options.workers } : {}),
+    ...(options.workerEnv ? { workerEnv: options.workerEnv } : {}),
   });
-  sessions(); // fail now, not on the first connection, when the env or factory is broken
   const backend = await backendFor(url);
-  const listener: Listener = await backend.listen(url, sessions, {
+  if (!url.toLowerCase().startsWith("shm://")) host.runtime().close(); // fail now, not on the first connection
+  const listener: Listener = await backend.listen(url, host, {
     maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
     allowRemote: options.allowRemote ?? false,
-    ...(options.schema ? { schema: options.schema } : {}),
   });
   const server: Server = {
     url: listener.url,
@@ -122,15 +123,4 @@ function watchSignals(): void {
     handlers.set(signal, onSignal);
     process.on(signal, onSignal);
   }
-}
-
-function poolMaker(options: ServeOptions): () => WorkerPool {
-  const workers = options.workers ?? 0;
-  const numEnvs = options.numEnvs ?? 1;
-  const spec: WorkerEnvSpec = {
-    envName: options.envName ?? "",
-    ...(options.validate !== undefined ? { validate: options.validate } : {}),
-    ...options.workerEnv,
-  };
-  return () => new WorkerPool(spec, numEnvs, workers);
 }

@@ -27,7 +27,7 @@ import {
   packHeader,
   readU32,
 } from "./protocol";
-import type { Session } from "./session";
+import type { Session } from "./runtime/session";
 
 /** Seconds a refused connection is drained before it is destroyed (the peer reads the ERROR). */
 const LINGER_MS = 1000;
@@ -291,6 +291,29 @@ export interface ChannelOptions {
   readonly maxBody?: number;
 }
 
+/** A SAME_STEP final result: the env whose episode ended and its owned, decoded result. */
+export interface Final<T = unknown> {
+  readonly index: number;
+  readonly result: T;
+}
+
+/**
+ * Results that live outside the channel's receive buffer (shm:// slots): the Client reads them
+ * through this instead of the response body.
+ */
+export interface ChannelRecords {
+  /** Records there are (k >= N: an shm region may have seat slots for STEP_MULTI). */
+  readonly count: number;
+  /** A zero-copy view of env `index`'s result of the last response (the same object every time). */
+  view(index: number): unknown;
+  /** Env `index`'s result decoded into owned values. */
+  decode(index: number): unknown;
+  /** SAME_STEP: the envs whose episode the last step ended, with their owned final results. */
+  finals(): Final<unknown>[];
+  /** OBSERVE: each env's info map. */
+  infos(): Array<Record<string, unknown>>;
+}
+
 /** What a backend gives the client: one request/response exchange at a time. */
 export interface Channel {
   /** The server's HELLO info (set by the handshake). */
@@ -300,9 +323,11 @@ export interface Channel {
   readonly bodyLength: number;
   /** Changes when `buffer` is replaced (views of the old one must be rebuilt). */
   readonly generation: number;
+  /** Where results live when not in the response body (shm://); absent for stream backends. */
+  readonly records?: ChannelRecords;
   /** Send a request; resolves to the response's msg_type (its body: `buffer`, `bodyLength`). */
   request(msgType: number, body: Uint8Array): Promise<number>;
-  close(): void;
+  close(): void | Promise<void>;
 }
 
 /** A response body as a Buffer view of the channel's receive buffer (valid until the next call). */

@@ -1,14 +1,15 @@
 /**
- * Backend registry: one module per URL scheme, loaded on first use (transport/backends).
+ * Backend registry: one module (a file or a folder) per URL scheme, loaded on first use.
  *
- * A backend module provides `listen(url, sessions, options) -> Listener` (server side) and
+ * A backend provides `listen(url, host, options) -> Listener` (server side: it moves bytes
+ * between its peers and the env runtime that `host` makes per client) and
  * `openChannel(url, options) -> Channel` (client side). Adding a backend is adding a module
- * and one line to `BACKENDS` (modules are required on first use).
+ * and one line to `BACKENDS`.
  */
 
 import type { SchemaModule } from "../codec";
 import { ConnectError } from "../errors";
-import type { Session } from "../session";
+import type { EnvHost } from "../runtime/host";
 import type { Channel, ChannelOptions, ConnectionStats } from "../stream";
 
 /** Server-side options every backend understands. */
@@ -17,8 +18,6 @@ export interface ListenOptions {
   readonly maxBody?: number;
   /** http: bind a non-loopback address (the protocol has no authentication). */
   readonly allowRemote?: boolean;
-  /** The schema the sessions speak (http needs it before the first session exists). */
-  readonly schema?: SchemaModule;
 }
 
 /** A listening server endpoint. */
@@ -36,7 +35,7 @@ export interface OpenOptions extends ChannelOptions {
 }
 
 export interface Backend {
-  listen(url: string, sessions: () => Session, options?: ListenOptions): Promise<Listener>;
+  listen(url: string, host: EnvHost, options?: ListenOptions): Promise<Listener>;
   openChannel(url: string, options?: OpenOptions): Promise<Channel>;
 }
 

@@ -10,7 +10,8 @@
 import { chmodSync, lstatSync, statSync, unlinkSync } from "node:fs";
 import * as net from "node:net";
 import { ConnectError } from "../errors";
-import type { Session } from "../session";
+import type { EnvHost } from "../runtime/host";
+import { type Session, sessionsOf } from "../runtime/session";
 import { type ChannelOptions, type ConnectionStats, StreamChannel, newStats, serveConnection } from "../stream";
 import { DEFAULT_MAX_BODY } from "../protocol";
 import type { Listener, ListenOptions } from "./index";
@@ -133,9 +134,10 @@ export class UnixListener implements Listener {
 /** Bind and listen; refuses a path a live server holds, replaces a stale one. */
 export async function listen(
   url: string,
-  sessions: () => Session,
+  host: EnvHost,
   options: ListenOptions = {},
 ): Promise<UnixListener> {
+  const sessions = sessionsOf(host);
   const path = socketPath(url);
   const maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
   let stat: ReturnType<typeof lstatSync> | undefined;

@@ -7,11 +7,15 @@
  * failure prints `transport-serve: error: <message>` on stderr and exits 1 (2 for bad arguments).
  */
 
+import { basename, join, resolve } from "node:path";
+import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
 import { ENVS } from "../envs";
+import * as pac_env from "../generated/pac_env";
+import type { EnvFactory } from "../runtime/env";
+import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
 import { type Server, serve } from "../server";
-import { checkRoom, parseShmUrl } from "../shm/region";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 
@@ -22,7 +26,13 @@ port that was bound).
   URL            unix:///path.sock, http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
                  zmq+ipc:///path, zmq+tcp://127.0.0.1:PORT (docs/zmq.md: CURVE, allow_insecure)
                  or shm://name?num_envs=N (region /dev/shm/transport-name; docs/shm.md)
-  --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo)
+  --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo), contract
+                 (the backend contract suite's env: any --schema), or MODULE:FACTORY, a JS
+                 module (path) exporting an env factory or class
+  --schema S     the schema the env speaks (default pac_env): a built-in schema by name
+                 (${Object.keys(SCHEMAS).sort().join(", ")}; schema/NAME.toml names it too), a
+                 compiled IR (.json, transport-schema inspect --json) or a generated module
+                 exporting SCHEMA
   --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs)
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
@@ -68,13 +78,14 @@ function parseArgs(argv: readonly string[]): Args | null {
     switch (flag) {
       case "--env":
         env = value();
-        if (env !== "contract" && !Object.prototype.hasOwnProperty.call(ENVS, env)) {
-          throw new UsageError(`unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")})`);
+        if (!Object.prototype.hasOwnProperty.call(ENVS, env) && env !== "contract" && !env.includes(":")) {
+          throw new UsageError(
+            `unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")}, contract, or MODULE:FACTORY)`,
+          );
         }
         break;
-      case "--schema": // a built-in schema by name (the contract env serves any of them)
-        schema = value().replace(/^.*\//, "").replace(/\.toml$/, "");
-        if (SCHEMAS[schema] === undefined) throw new UsageError(`--schema: no built-in schema ${JSON.stringify(schema)}`);
+      case "--schema":
+        schema = value();
         break;
       case "--num-envs":
         numEnvs = integer(value(), "--num-envs");
@@ -101,6 +112,34 @@ function parseArgs(argv: readonly string[]): Args | null {
   return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
 }
 
+/** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
+function loadEnv(spec: string): { factory: EnvFactory<unknown>; envName: string; workerEnv: WorkerEnvSpec | null } {
+  const known = ENVS[spec];
+  if (known !== undefined && Object.prototype.hasOwnProperty.call(ENVS, spec)) {
+    return { factory: known as EnvFactory<unknown>, envName: spec, workerEnv: null };
+  }
+  const cut = spec.lastIndexOf(":");
+  const module = resolve(spec.slice(0, cut));
+  const exportName = spec.slice(cut + 1);
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const factory = (require(module) as Record<string, unknown>)[exportName];
+  if (typeof factory !== "function") throw new Error(`${module} exports no env factory or class ${JSON.stringify(exportName)}`);
+  return { factory: factory as EnvFactory<unknown>, envName: exportName, workerEnv: { module, exportName } };
+}
+
+/**
+ * Where `--schema` points: a built-in schema by name (or a path whose file name names one, as
+ * the Python CLI passes schema/NAME.toml) is its generated module; anything else is a path to an
+ * IR (.json) or a generated module. Worker threads load the same path.
+ */
+function schemaLocation(spec: string): string {
+  const name = basename(spec).replace(/\.(toml|js)$/, "");
+  if (!spec.endsWith(".json") && Object.prototype.hasOwnProperty.call(SCHEMAS, name)) {
+    return join(__dirname, "..", "generated", name);
+  }
+  return resolve(spec);
+}
+
 async function main(argv: readonly string[]): Promise<number> {
   let args: Args | null;
   try {
@@ -115,18 +154,25 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   let server: Server;
   try {
+    const schemaPath = args.schema === null ? null : schemaLocation(args.schema);
+    const schema = schemaPath === null ? pac_env.SCHEMA : schemaFromPath(schemaPath);
+    const { factory, envName, workerEnv } =
+      args.env === "contract"
+        ? { factory: () => new ContractEnv(schema), envName: "contract", workerEnv: null }
+        : loadEnv(args.env);
     if (args.url.toLowerCase().startsWith("shm://")) {
       // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
       const shm = parseShmUrl(args.url);
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
-      checkRoom(shm, args.numEnvs);
+      checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
     }
-    const schema = SCHEMAS[args.schema ?? "pac_env"];
-    const factory = args.env === "contract" ? () => new ContractEnv(schema!) : (ENVS[args.env] as () => never);
     server = await serve(factory, args.url, {
-      ...(args.schema !== null ? { schema: schema! } : {}),
       numEnvs: args.numEnvs,
-      envName: args.env,
+      envName,
+      schema,
+      ...(workerEnv !== null || schemaPath !== null
+        ? { workerEnv: { ...(workerEnv ?? {}), ...(schemaPath !== null ? { schemaModule: schemaPath } : {}) } }
+        : {}),
       seed: args.seed,
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
       ...(args.workers ? { workers: args.workers } : {}),

@@ -7,7 +7,7 @@
  * Python echo env (transport/envs/echo.py) and returns one preallocated result object.
  */
 
-import type { Env, Spaces } from "../env";
+import type { Env, Spaces } from "../runtime/env";
 import type { StepResultInput } from "../generated/pac_env";
 
 const OBS_N = 612;

@@ -3,14 +3,15 @@
  * the same names as the Python registry (transport/envs/__init__.py).
  */
 
-import type { EnvFactory } from "../env";
+import type { StepResultInput } from "../generated/pac_env";
+import type { EnvFactory } from "../runtime/env";
 import { EchoEnv } from "./echo";
 import { PacEnv } from "./pac";
 
 export { EchoEnv } from "./echo";
 export { PacEnv } from "./pac";
 
-export const ENVS: Record<string, EnvFactory> = {
+export const ENVS: Record<string, EnvFactory<StepResultInput>> = {
   echo: () => new EchoEnv(),
   pac: () => new PacEnv(),
 };

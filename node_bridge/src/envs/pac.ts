@@ -36,7 +36,7 @@
  * Integer arithmetic stays in int32 (`| 0`, `Math.imul`, `>>> 0`), so no -0 or rounding appears.
  */
 
-import type { Env, Spaces } from "../env";
+import type { Env, Spaces } from "../runtime/env";
 import type { StepResultInput } from "../generated/pac_env";
 
 export const OBS_N = 612;

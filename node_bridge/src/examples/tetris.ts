@@ -21,7 +21,7 @@
  * its typed arrays: a step allocates nothing.
  */
 
-import type { Env, Spaces } from "../env";
+import type { Env, Spaces } from "../runtime/env";
 import type { StepResultInput } from "../generated/tetris";
 
 export const ROWS = 20;

@@ -7,10 +7,10 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import type { Env, Spaces } from "../env";
+import type { Env, Spaces } from "../runtime/env";
 import * as mahjong_env from "../generated/mahjong_env";
 import { AutoReset, BODY_OFFSET, MESSAGE_IDS as IDS, encodeHello, parseError } from "../protocol";
-import { sessionFactory } from "../session";
+import { sessionFactory } from "../runtime/session";
 
 const LIMIT = 2; // steps before the time limit truncates the episode
 const RESULT = mahjong_env.AgentStepCodec.size;

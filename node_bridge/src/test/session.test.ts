@@ -12,7 +12,7 @@ import { after, describe, test } from "node:test";
 
 import { decode as msgpackDecode } from "@msgpack/msgpack";
 
-import type { Env, Spaces } from "../env";
+import type { Env, Spaces } from "../runtime/env";
 import { RemoteError, connect, serve, type Server } from "../index";
 import * as pac_env from "../generated/pac_env";
 import {
@@ -24,7 +24,7 @@ import {
   parseError,
   readU32,
 } from "../protocol";
-import { Session, sessionFactory } from "../session";
+import { Session, sessionFactory } from "../runtime/session";
 
 const OBS_N = 612;
 const ACT_N = 92;

@@ -9,12 +9,12 @@ import assert from "node:assert/strict";
 import { isMainThread } from "node:worker_threads";
 import { describe, test } from "node:test";
 
-import type { Env, Spaces } from "../env";
+import type { Env, Spaces } from "../runtime/env";
 import { ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
 import { AutoReset, BODY_OFFSET, ErrorCode, MESSAGE_IDS as IDS, encodeHello, parseError } from "../protocol";
-import { Session, sessionFactory } from "../session";
-import { WorkerPool, split } from "../workers";
+import { Session, sessionFactory } from "../runtime/session";
+import { WorkerPool, split } from "../runtime/pool";
 
 const OBS_N = 612;
 const ACT_N = 92;
@@ -109,7 +109,7 @@ function pacSessions(numEnvs: number, workers: number): [Session, Session] {
   const pooled = sessionFactory(ENVS["pac"]!, {
     numEnvs,
     envName: "pac",
-    pool: () => new WorkerPool({ envName: "pac" }, numEnvs, workers),
+    workers,
   })();
   return [inProcess, pooled];
 }
@@ -118,7 +118,8 @@ function faultySessions(numEnvs: number, workers: number, mode: AutoReset): [Ses
   const inProcess = sessionFactory(makeFaulty, { numEnvs })();
   const pooled = sessionFactory(makeFaulty, {
     numEnvs,
-    pool: () => new WorkerPool({ module: __filename, exportName: "makeFaulty" }, numEnvs, workers),
+    workers,
+    workerEnv: { module: __filename, exportName: "makeFaulty" },
   })();
   hello(inProcess, mode);
   hello(pooled, mode);

@@ -21,6 +21,26 @@ export function stepResult(): pac_env.StepResultInput {
   };
 }
 
+/** An all-zero pac StepResult (mask all legal) that test envs mutate in place. */
+// eslint-disable-next-line @typescript-eslint/explicit-function-return-type
+export function blankPacResult() {
+  return {
+    observation: new Float32Array(612),
+    action_mask: new Uint8Array(92).fill(1),
+    reward: 0,
+    done: 0,
+    rank: 0,
+    life: 0,
+    money: 0,
+    stage: 0,
+    board_size: 0,
+    level: 0,
+    synergy_count: 0,
+    items_held: 0,
+    actions_this_turn: 0,
+  };
+}
+
 /** Run `work` and return the CodecError it throws as { code, field }. */
 export function codecErrorOf(work: () => unknown): { code: string; field: string } {
   try {

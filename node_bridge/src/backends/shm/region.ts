@@ -1,33 +1,27 @@
 /**
- * The shm:// region (seed 000 Appendix B; schema/pac_shm.toml; the protocol is docs/shm.md and
- * the Python twin is transport/shm.py). Layout, from the generated pac_shm IR:
+ * The shm:// region (docs/shm.md; the Python twin is transport/backends/shm/region.py). Every
+ * offset comes from the schema's IR `shm` section (the compiler's output): `ShmLayout.of(schema)`
+ * reads the control block (`ShmControl`, the same 64 bytes in every layout), the slot
+ * (`ShmSlot`: named control words, the request and result fields at `request_offsets` /
+ * `result_offsets`), and the final area (`ShmFinal`: `final_seq`, the result at
+ * `final_result_offsets`). pac_env's profile is seed 000 Appendix B byte for byte; other schemas
+ * get the derived cache-line layout. The generated module carries the diagram (`SHM_LAYOUT`).
  *
- *     offset 0            64              64 + 5120        64 + i * 5120   F = 64 + N * 5120
- *     +-------------------+---------------+----------------+----  ...  ----+----------+--- ...
- *     | ControlBlock (64) | Slot env 0    | Slot env 1     | ...           | Final 0  | Final i
- *     +-------------------+---------------+----------------+----  ...  ----+----------+--- ...
- *     one 5120-byte Slot per env, then one 2576-byte final-result area per env (at F + i * 2576:
- *     u32 final_seq, then SAME_STEP's final StepResult at the Slot's offsets 16..2572)
- *
- *     ControlBlock: 0 magic u32 "PACT" | 4 version | 8 num_envs | 12 obs_size | 16 act_size
- *       20 slot_size | 24 fingerprint u64 | 32 owner_pid | 36 state (CREATING 0, READY 1,
- *       CLOSED 2; written last) | 40 owner_start_time u64 | 48 client_start_time u64
- *       56 doorbell (futex) | 60 client_pid (lease, CAS)
- *     Slot: 0 sem_action_ready (request seq, futex) | 4 sem_result_ready (response seq, futex)
- *       8 command | 12 action i32 | 16..2573 the StepResult fields | 2573 has_seed u8
- *       2574 status u16 | 2576 seed u64 | 2584 error_len u16 | 2586 info_len u16
- *       2592 error_text u8[1024] | 3616 info u8[256] (slot 0) | padding to 5120
+ *     region = ShmControl, then k x ShmSlot, then k x ShmFinal     (k >= num_envs)
  *
  * Futex words carry a 31-bit sequence; bit 31 (SLEEP) means "a waiter may sleep on this word".
  */
 
 import { closeSync, fstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
-import { ConnectError } from "../errors";
-import * as pac_shm from "../generated/pac_shm";
-import type { FieldJson } from "../ir";
+import type { SchemaModule } from "../../codec";
+import { ConnectError, ProtocolError } from "../../errors";
+import * as pac_shm from "../../generated/pac_shm";
+import * as protocol from "../../generated/protocol";
+import type { FieldJson, ShmJson } from "../../ir";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
 export const MAGIC = 0x50414354; // "PACT"
+/** The region protocol's version (control block `version`); layouts differ by fingerprint. */
 export const LAYOUT_VERSION: number = pac_shm.IR.version;
 export const PREFIX = "transport-";
 export const SHM_DIR = "/dev/shm";
@@ -35,52 +29,101 @@ export const SEQ_MASK = 0x7fffffff;
 export const SLEEP_BIT = 0x80000000;
 /** Seconds a header-less segment may take to be initialised before it counts as stale. */
 export const STALE_CREATING_AFTER_S = 10;
-export const RegionState = pac_shm.RegionState;
-export const SlotCommand = pac_shm.SlotCommand;
+export const RegionState = protocol.RegionState;
+export const SlotCommand = protocol.SlotCommand;
 
-function fieldsOf(struct: string): Readonly<Record<string, FieldJson>> {
-  const ir = pac_shm.IR.structs[struct];
-  if (ir === undefined) throw new Error(`pac_shm has no struct ${struct}`);
+function fieldsOf(schema: { readonly ir: { readonly structs: Readonly<Record<string, { readonly fields: readonly FieldJson[] }>> } }, struct: string): Readonly<Record<string, FieldJson>> {
+  const ir = schema.ir.structs[struct];
+  if (ir === undefined) throw new ProtocolError(`the schema has no struct ${struct}`);
   const out: Record<string, FieldJson> = {};
   for (const f of ir.fields) out[f.name] = f;
   return out;
 }
 
-/** ControlBlock fields by name (offset, size, count, type). */
-export const CB = fieldsOf("ControlBlock");
-/** Slot fields by name. */
-export const SLOT = fieldsOf("Slot");
-export const CONTROL_SIZE: number = pac_shm.IR.structs["ControlBlock"]!.size; // 64
-export const SLOT_SIZE: number = pac_shm.IR.structs["Slot"]!.size; // 5120
-/** Slot byte where the StepResult fields begin (reward). */
-export const RESULT_OFFSET: number = SLOT["reward"]!.offset; // 16
-export const ERROR_TEXT_MAX: number = SLOT["error_text"]!.count;
-export const INFO_MAX: number = SLOT["info"]!.count;
+/** ShmControl fields by name: the same offsets in every layout (the protocol's envelope). */
+export const CB = fieldsOf(protocol.SCHEMA, "ShmControl");
+export const CONTROL_SIZE: number = protocol.SCHEMA.ir.structs["ShmControl"]!.size; // 64
 
 export function off(fields: Readonly<Record<string, FieldJson>>, name: string): number {
   const f = fields[name];
-  if (f === undefined) throw new Error(`pac_shm has no field ${name}`);
+  if (f === undefined) throw new ProtocolError(`the shm layout has no field ${name}`);
   return f.offset;
 }
 
-/** One env's final-result area (FinalArea, 2576 bytes): u32 final_seq, the StepResult. */
-export const FINAL_SIZE: number = pac_shm.IR.structs["FinalArea"]!.size;
-/** Offset of `final_seq` in a final area (the StepResult fields keep their Slot offsets). */
-export const FINAL_SEQ_OFFSET: number = off(fieldsOf("FinalArea"), "final_seq");
+/** A schema's region layout, from its IR `shm` section. */
+export class ShmLayout {
+  readonly schema: SchemaModule;
+  readonly ir: ShmJson;
+  readonly slotSize: number;
+  readonly finalSize: number;
+  /** ShmSlot fields by name (control words, request and result fields, error_text, info). */
+  readonly slot: Readonly<Record<string, FieldJson>>;
+  readonly finalSeqAt: number;
+  readonly errorTextMax: number;
+  readonly infoMax: number;
+  /** The control block's obs_size / act_size: element counts of the observation and action_mask roles. */
+  readonly obsSize: number;
+  readonly actSize: number;
 
-/** Bytes of the control block and the N slots (a region without final areas). */
-export function slotsSize(numEnvs: number): number {
-  return CONTROL_SIZE + numEnvs * SLOT_SIZE;
-}
+  private constructor(schema: SchemaModule, ir: ShmJson) {
+    this.schema = schema;
+    this.ir = ir;
+    const structs = schema.ir.structs;
+    this.slotSize = structs[ir.slot]!.size;
+    this.finalSize = structs[ir.final]!.size;
+    this.slot = fieldsOf(schema, ir.slot);
+    this.finalSeqAt = off(fieldsOf(schema, ir.final), "final_seq");
+    this.errorTextMax = this.slot["error_text"]!.count;
+    this.infoMax = this.slot["info"]!.count;
+    const resultName = schema.ir.env?.result ?? schema.messages["STEP_RESP"]?.body ?? "";
+    const fields = structs[resultName]?.fields ?? [];
+    this.obsSize = fields.find((f) => f.role === "observation")?.count ?? 0;
+    this.actSize = fields.find((f) => f.role === "action_mask")?.count ?? 0;
+  }
 
-/** Where env 0's final-result area starts: right after the last slot. */
-export function finalsOffset(numEnvs: number): number {
-  return slotsSize(numEnvs);
-}
+  static #cache = new WeakMap<SchemaModule, ShmLayout>();
 
-/** The segment size (transport/shm.py `region_size`): control block, N slots, N final areas. */
-export function regionSize(numEnvs: number): number {
-  return slotsSize(numEnvs) + numEnvs * FINAL_SIZE;
+  /** The layout of `schema`; a schema without an `[env]` table cannot ride shm://. */
+  static of(schema: SchemaModule): ShmLayout {
+    let layout = ShmLayout.#cache.get(schema);
+    if (layout === undefined) {
+      const ir = schema.ir.shm;
+      if (ir === undefined) {
+        throw new ProtocolError(`schema ${schema.name} has no shm layout (declare an [env] table: docs/schema.md)`);
+      }
+      layout = new ShmLayout(schema, ir);
+      ShmLayout.#cache.set(schema, layout);
+    }
+    return layout;
+  }
+
+  /** Byte offset of slot `index`. */
+  slotBase(index: number): number {
+    return CONTROL_SIZE + index * this.slotSize;
+  }
+
+  /** Bytes of the control block and `k` slots (a region without final areas). */
+  slotsSize(k: number): number {
+    return CONTROL_SIZE + k * this.slotSize;
+  }
+
+  /** Where final area 0 starts: right after the last of `k` slots. */
+  finalsOffset(k: number): number {
+    return this.slotsSize(k);
+  }
+
+  /** The segment size: control block, k slots, k final areas. */
+  regionSize(k: number): number {
+    return this.slotsSize(k) + k * this.finalSize;
+  }
+
+  /** The slot count of a segment of `size` bytes (null when no count fits). */
+  slotsIn(size: number): number | null {
+    const k = (size - CONTROL_SIZE) / (this.slotSize + this.finalSize);
+    if (Number.isInteger(k) && k >= 1) return k;
+    const bare = (size - CONTROL_SIZE) / this.slotSize; // a server without final areas
+    return Number.isInteger(bare) && bare >= 1 ? bare : null;
+  }
 }
 
 // -- wait policy and URLs ------------------------------------------------------------------------
@@ -203,11 +246,11 @@ export function noRoomMessage(path: string, size: number, numEnvs: number, free:
   );
 }
 
-/** Refuse before anything is created when /dev/shm cannot hold `numEnvs` slots. */
-export function checkRoom(shm: ShmUrl, numEnvs: number): void {
-  const size = regionSize(numEnvs);
+/** Refuse before anything is created when /dev/shm cannot hold `numSlots` slots of `layout`. */
+export function checkRoom(shm: ShmUrl, layout: ShmLayout, numSlots: number): void {
+  const size = layout.regionSize(numSlots);
   const free = freeShmBytes();
-  if (free >= 0 && free < size) throw new ConnectError(noRoomMessage(shm.path, size, numEnvs, free, "no space"));
+  if (free >= 0 && free < size) throw new ConnectError(noRoomMessage(shm.path, size, numSlots, free, "no space"));
 }
 
 // -- inspection of an existing segment -----------------------------------------------------------
@@ -259,8 +302,10 @@ export function inspectSegment(path: string): SegmentInfo {
  */
 export class Region {
   readonly shm: ShmUrl;
+  readonly layout: ShmLayout;
   readonly size: number;
-  readonly numEnvs: number;
+  /** Slots (and final areas) in the region: k >= num_envs. */
+  readonly numSlots: number;
   readonly inode: number;
   readonly address: bigint;
   /** The mapping's address as a Number (user-space addresses fit in 53 bits). */
@@ -271,11 +316,12 @@ export class Region {
   readonly words: Int32Array;
   #mapped = true;
 
-  private constructor(shm: ShmUrl, fd: number, size: number, numEnvs: number) {
+  private constructor(shm: ShmUrl, layout: ShmLayout, fd: number, size: number, numSlots: number) {
     const nat = native();
     this.shm = shm;
+    this.layout = layout;
     this.size = size;
-    this.numEnvs = numEnvs;
+    this.numSlots = numSlots;
     this.inode = fstatSync(fd).ino;
     const address = nat.mmap(fd, size);
     if (address < 0n) {
@@ -294,11 +340,12 @@ export class Region {
    * posix_fallocate (a full /dev/shm is an error here naming what is needed and what is free,
    * never a SIGBUS later) and map it. A stale segment (dead owner) is replaced; a live one never.
    */
-  static create(shm: ShmUrl, numEnvs: number): Region {
+  static create(shm: ShmUrl, layout: ShmLayout, numSlots: number): Region {
     const nat = native();
-    const size = regionSize(numEnvs);
+    const size = layout.regionSize(numSlots);
+    const numEnvs = numSlots;
     const url = `shm://${shm.name}`;
-    checkRoom(shm, numEnvs);
+    checkRoom(shm, layout, numSlots);
     for (let attempt = 0; attempt < 3; attempt++) {
       const fd = nat.shmOpen(shm.segment, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600);
       if (fd < 0) {
@@ -326,7 +373,7 @@ export class Region {
         if (nat.fchmod(fd, 0o600) !== 0) throw new ConnectError(`fchmod ${shm.path}: ${nat.strerror(nat.errno())}`);
         const err = nat.posixFallocate(fd, 0, size);
         if (err !== 0) throw new ConnectError(noRoomMessage(shm.path, size, numEnvs, freeShmBytes(), nat.strerror(err)));
-        return new Region(shm, fd, size, numEnvs);
+        return new Region(shm, layout, fd, size, numSlots);
       } catch (error) {
         nat.shmUnlink(shm.segment);
         throw error;
@@ -337,8 +384,8 @@ export class Region {
     throw new ConnectError(`${url}: could not replace the stale region ${shm.path}`);
   }
 
-  /** Map an existing segment (tests and tools; the Python client is the real client). */
-  static open(shm: ShmUrl): Region {
+  /** Map an existing segment of `layout` (the client; tests). */
+  static open(shm: ShmUrl, layout: ShmLayout): Region {
     const nat = native();
     const fd = nat.shmOpen(shm.segment, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) throw new ConnectError(`cannot open ${shm.path}: ${nat.strerror(nat.errno())}`);
@@ -347,11 +394,7 @@ export class Region {
       if (size < CONTROL_SIZE) throw new ConnectError(`${shm.path} has no control block yet (${size} bytes)`);
       const header = Buffer.alloc(CONTROL_SIZE);
       readSync(fd, header, 0, CONTROL_SIZE, 0);
-      let numEnvs = header.readUInt32LE(off(CB, "num_envs"));
-      if (header.readUInt32LE(off(CB, "magic")) !== MAGIC || (size !== regionSize(numEnvs) && size !== slotsSize(numEnvs))) {
-        numEnvs = Math.floor((size - CONTROL_SIZE) / (SLOT_SIZE + FINAL_SIZE)); // no header yet
-      }
-      return new Region(shm, fd, size, numEnvs);
+      return new Region(shm, layout, fd, size, layout.slotsIn(size) ?? 0);
     } finally {
       nat.close(fd);
     }
@@ -368,17 +411,17 @@ export class Region {
 
   /** Byte offset of a slot field. */
   slotAt(index: number, field: string): number {
-    return CONTROL_SIZE + index * SLOT_SIZE + off(SLOT, field);
+    return this.layout.slotBase(index) + off(this.layout.slot, field);
   }
 
   /** Has the N final-result areas after the slots (a region of `regionSize(numEnvs)` bytes). */
   get hasFinals(): boolean {
-    return this.size >= regionSize(this.numEnvs);
+    return this.size >= this.layout.regionSize(this.numSlots);
   }
 
   /** Byte offset of env `index`'s final-result area (its `final_seq` word). */
   finalAt(index: number): number {
-    return finalsOffset(this.numEnvs) + index * FINAL_SIZE;
+    return this.layout.finalsOffset(this.numSlots) + index * this.layout.finalSize;
   }
 
   /** The futex address of the 32-bit word at byte `offset`. */
@@ -455,6 +498,65 @@ export interface WaitOptions {
   readonly peerStart?: bigint;
 }
 
+/** `sleepTurn`: the caller sleeps on the word (FUTEX_WAIT on `turn.value` for `turn.ms`). */
+const TURN_SLEEP = -100;
+
+/** The state of one wait's sleeping phase. */
+interface Turn {
+  /** The word value to FUTEX_WAIT on (the SLEEP bit set). */
+  value: number;
+  ms: number;
+  /** The peer's liveness is checked from the second slice on. */
+  checked: boolean;
+}
+
+/** The spin phase: the word's sequence once it is (or is not) `target`, -1 when the budget is spent. */
+function spinPhase(region: Region, index: number, target: number, wantEqual: boolean, spin: number, start: number, deadline: number): number {
+  const words = region.words;
+  const v = Atomics.load(words, index);
+  if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+  if (spin <= 0) return -1;
+  const spinUntil = start + (spin * SPIN_NS) / 1e6;
+  const nat = native();
+  for (let spins = 1; ; spins++) {
+    const w = Atomics.load(words, index);
+    if (((w & SEQ_MASK) === target) === wantEqual) return w & SEQ_MASK;
+    if ((spins & (YIELD_EVERY - 1)) === 0) {
+      nat.schedYield(); // a peer sharing this core runs now, not after the whole budget
+      const now = performance.now();
+      if (now >= spinUntil || now >= deadline) return -1;
+    }
+  }
+}
+
+/**
+ * One turn of the sleeping phase: the sequence (done), WAIT_CLOSED / WAIT_TIMEOUT /
+ * WAIT_PEER_DEAD, or TURN_SLEEP after setting the SLEEP bit (CAS: no lost wake-up).
+ */
+function sleepTurn(region: Region, index: number, target: number, wantEqual: boolean, deadline: number, options: WaitOptions, turn: Turn): number {
+  const words = region.words;
+  const stateIndex = region.cbWord("state");
+  for (;;) {
+    let v = Atomics.load(words, index);
+    if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
+    if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
+    const now = performance.now();
+    if (now >= deadline) return WAIT_TIMEOUT;
+    if (turn.checked && options.peerPid && !peerAlive(options.peerPid, options.peerStart ?? 0n)) return WAIT_PEER_DEAD;
+    turn.checked = true;
+    if (!(v & SLEEP_BIT)) {
+      const sleeping = v | SLEEP_BIT;
+      if (Atomics.compareExchange(words, index, v, sleeping) !== v) continue; // moved: look again
+      v = sleeping;
+    }
+    turn.value = v;
+    turn.ms = Math.max(0, Math.min(Math.max(1, options.sliceMs), deadline - now));
+    return TURN_SLEEP;
+  }
+}
+
+const SYNC_TURN: Turn = { value: 0, ms: 0, checked: false };
+
 /**
  * The wait loop of docs/shm.md (tp_native.c `wait_loop`), in JS: spin on Atomics.load
  * (sched_yield every 256 loads), then FUTEX_WAIT slices with the state and liveness checks.
@@ -470,42 +572,40 @@ export function waitWord(
   timeoutNs: number,
   options: WaitOptions,
 ): number {
-  const words = region.words;
   const index = offset >> 2;
-  const stateIndex = region.cbWord("state");
-  let v = Atomics.load(words, index);
-  if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
   const start = performance.now();
   const deadline = start + timeoutNs / 1e6;
-  if (options.spin > 0) {
-    const spinUntil = start + (options.spin * SPIN_NS) / 1e6;
-    const nat = native();
-    for (let spins = 1; ; spins++) {
-      v = Atomics.load(words, index);
-      if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
-      if ((spins & (YIELD_EVERY - 1)) === 0) {
-        nat.schedYield(); // a peer sharing this core runs now, not after the whole budget
-        const now = performance.now();
-        if (now >= spinUntil || now >= deadline) break;
-      }
-    }
-  }
-  let checked = false;
-  const sliceMs = Math.max(1, options.sliceMs);
+  const spun = spinPhase(region, index, target, wantEqual, options.spin, start, deadline);
+  if (spun >= 0) return spun;
+  const turn = SYNC_TURN;
+  turn.checked = false;
   for (;;) {
-    v = Atomics.load(words, index);
-    if (((v & SEQ_MASK) === target) === wantEqual) return v & SEQ_MASK;
-    if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
-    const now = performance.now();
-    if (now >= deadline) return WAIT_TIMEOUT;
-    if (checked && options.peerPid && !peerAlive(options.peerPid, options.peerStart ?? 0n)) return WAIT_PEER_DEAD;
-    checked = true;
-    if (!(v & SLEEP_BIT)) {
-      const sleeping = v | SLEEP_BIT;
-      if (Atomics.compareExchange(words, index, v, sleeping) !== v) continue; // moved: look again
-      v = sleeping;
-    }
-    const ms = Math.min(sliceMs, deadline - now);
-    futexWait(region, offset, v, Math.max(0, ms) * 1e6);
+    const rc = sleepTurn(region, index, target, wantEqual, deadline, options, turn);
+    if (rc !== TURN_SLEEP) return rc;
+    futexWait(region, offset, turn.value, turn.ms * 1e6);
+  }
+}
+
+/**
+ * The client's wait for a response word to reach `target`: the same loop as `waitWord`, but its
+ * FUTEX_WAIT slices run on a libuv thread (koffi async), so the event loop keeps running (a
+ * server on this thread can answer). The spin phase stays synchronous and short (the spin budget).
+ */
+export async function waitWordAsync(region: Region, offset: number, target: number, timeoutNs: number, options: WaitOptions): Promise<number> {
+  const index = offset >> 2;
+  const start = performance.now();
+  const deadline = start + timeoutNs / 1e6;
+  const spun = spinPhase(region, index, target, true, options.spin, start, deadline);
+  if (spun >= 0) return spun;
+  const turn: Turn = { value: 0, ms: 0, checked: false };
+  const timespec = { tv_sec: 0, tv_nsec: 0 };
+  const nat = native();
+  for (;;) {
+    const rc = sleepTurn(region, index, target, true, deadline, options, turn);
+    if (rc !== TURN_SLEEP) return rc;
+    const ns = turn.ms * 1e6;
+    timespec.tv_sec = Math.floor(ns / 1e9);
+    timespec.tv_nsec = Math.floor(ns % 1e9);
+    await nat.futexWaitAsync(region.addressOf(offset), turn.value, timespec);
   }
 }

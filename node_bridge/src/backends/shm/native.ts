@@ -12,7 +12,7 @@
  * synchronous-capable and cheap (~0.5 us per FUTEX_WAKE including the system call).
  */
 
-import { ConnectError } from "../errors";
+import { ConnectError } from "../../errors";
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 type Fn = (...args: any[]) => any;
@@ -52,6 +52,11 @@ export interface Native {
   view(address: bigint, length: number): ArrayBuffer;
   /** raw syscall(SYS_futex, ...): -1 and errno() on failure. */
   futex(address: number, op: number, value: number, timeout: { tv_sec: number; tv_nsec: number } | null): number;
+  /**
+   * FUTEX_WAIT on a libuv pool thread (koffi's async call): the calling thread's event loop keeps
+   * running while it sleeps (a client whose server may share its thread).
+   */
+  futexWaitAsync(address: number, value: number, timeout: { tv_sec: number; tv_nsec: number }): Promise<number>;
   schedYield(): number;
   errno(): number;
   strerror(errno: number): string;
@@ -97,7 +102,7 @@ export function native(): Native {
     koffi.pointer(timespec),
     "uintptr_t",
     "uint32_t",
-  ]) as Fn;
+  ]) as Fn & { async: Fn };
   const schedYield = fn(libc, "int sched_yield()");
   const strerror = fn(libc, "const char *strerror(int errnum)");
   loaded = {
@@ -115,6 +120,13 @@ export function native(): Native {
     munmap: (address, length) => munmap(address, length) as number,
     view: (address, length) => koffi.view(address, length) as ArrayBuffer,
     futex: (address, op, value, timeout) => Number(syscall(sysFutex, address, op, value >>> 0, timeout, 0, 0)),
+    futexWaitAsync: (address, value, timeout) =>
+      new Promise<number>((resolve, reject) => {
+        syscall.async(sysFutex, address, FUTEX_WAIT, value >>> 0, timeout, 0, 0, (error: unknown, rc: unknown) => {
+          if (error) reject(error instanceof Error ? error : new Error(String(error)));
+          else resolve(Number(rc));
+        });
+      }),
     schedYield: () => schedYield() as number,
     errno: () => koffi.errno() as number,
     strerror: (errno) => String(strerror(errno)),

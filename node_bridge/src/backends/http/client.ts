@@ -1,0 +1,251 @@
+/**
+ * The http:// client channel: one keep-alive connection, one request at a time.
+ */
+
+import * as http from "node:http";
+import * as net from "node:net";
+import type { SchemaModule } from "../../codec";
+import {
+  BadFrameError,
+  ConnectError,
+  PeerGoneError,
+  ProtocolError,
+  TransportError,
+  TransportTimeoutError,
+} from "../../errors";
+import * as pac_env from "../../generated/pac_env";
+import { BODY_OFFSET, DEFAULT_MAX_BODY, ErrorCode, type MessageIds, encodeError, fingerprintHex16, messageIds, parseError } from "../../protocol";
+import { type Channel } from "../../stream";
+import type { OpenOptions } from "../index";
+import { Address, METHODS, netloc, parseUrl } from "./wire";
+
+// -- client --------------------------------------------------------------------------------------
+
+export function connectOnce(host: string, port: number, timeoutMs: number): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const socket = net.createConnection({ host, port, noDelay: true });
+    const timer = setTimeout(() => {
+      socket.destroy();
+      const error = new Error("connect timed out") as NodeJS.ErrnoException;
+      error.code = "ETIMEDOUT";
+      reject(error);
+    }, Math.max(1, timeoutMs));
+    socket.once("connect", () => {
+      clearTimeout(timer);
+      socket.removeAllListeners("error");
+      resolve(socket);
+    });
+    socket.once("error", (error) => {
+      clearTimeout(timer);
+      socket.destroy();
+      reject(error);
+    });
+  });
+}
+
+/** The client side: one keep-alive connection, one request at a time, the buffer reused. */
+export class HttpChannel implements Channel {
+  info: Record<string, unknown> = {};
+  buffer: Buffer = Buffer.alloc(BODY_OFFSET + (64 << 10));
+  bodyLength = 0;
+  generation = 0;
+  readonly timeoutMs: number | null;
+  readonly maxBody: number;
+  readonly #agent: http.Agent;
+  readonly #address: Address;
+  readonly #ids: MessageIds;
+  readonly #paths = new Map<number, string>();
+  readonly #headers = new Map<string, http.OutgoingHttpHeaders>();
+  readonly #fingerprint: string;
+  #gone = "";
+  #busy = false;
+  #socket: net.Socket | null;
+
+  constructor(socket: net.Socket, address: Address, schema: SchemaModule, options: OpenOptions) {
+    this.#socket = socket;
+    this.#address = address;
+    this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    this.maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
+    this.#ids = messageIds(schema);
+    this.#fingerprint = fingerprintHex16(schema.fingerprint);
+    for (const [method, name] of Object.entries(METHODS)) {
+      this.#paths.set((this.#ids as unknown as Record<string, number>)[name] as number, `/v1/${method}`);
+    }
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1, maxFreeSockets: 1 });
+    // the agent's only connection is the one we opened: no silent reconnect
+    (agent as unknown as { createConnection: unknown }).createConnection = (
+      _options: unknown,
+      callback: (error: Error | null, socket?: net.Socket) => void,
+    ): net.Socket | undefined => {
+      const first = this.#socket;
+      if (first !== null && !first.destroyed) {
+        this.#socket = null;
+        return first;
+      }
+      callback(new PeerGoneError(this.#gone || "the server closed the connection; open a new client"));
+      return undefined;
+    };
+    this.#agent = agent;
+    socket.on("close", () => {
+      if (!this.#gone && !this.#busy) this.#gone = "the server closed the connection; open a new client";
+    });
+  }
+
+  request(msgType: number, body: Uint8Array): Promise<number> {
+    if (this.#gone) return Promise.reject(new PeerGoneError(this.#gone));
+    if (this.#busy) {
+      return Promise.reject(new TransportError("a request is already in flight on this client (await it first)"));
+    }
+    const path = this.#paths.get(msgType);
+    if (path === undefined) {
+      return Promise.reject(new BadFrameError(`msg_type 0x${msgType.toString(16).padStart(2, "0")} has no HTTP method`));
+    }
+    const length = body.byteLength;
+    const key = `${path} ${length}`;
+    let headers = this.#headers.get(key);
+    if (headers === undefined) {
+      headers = {
+        Host: netloc(this.#address),
+        "X-Transport-Fingerprint": this.#fingerprint,
+        "Content-Type": "application/octet-stream",
+        "Content-Length": String(length),
+      };
+      if (this.#headers.size > 64) this.#headers.clear();
+      this.#headers.set(key, headers);
+    }
+    this.#busy = true;
+    return new Promise<number>((resolve, reject) => {
+      let settled = false;
+      let timer: NodeJS.Timeout | null = null;
+      const fail = (error: Error, abandon: boolean): void => {
+        if (settled) return;
+        settled = true;
+        this.#busy = false;
+        if (timer !== null) clearTimeout(timer);
+        if (abandon) this.#abandon(`the connection was abandoned after: ${error.message}`);
+        reject(error);
+      };
+      const req = http.request({
+        agent: this.#agent,
+        method: "POST",
+        host: this.#address.host,
+        port: this.#address.port,
+        path,
+        headers,
+      });
+      if (this.timeoutMs !== null) {
+        timer = setTimeout(() => {
+          fail(new TransportTimeoutError(`no complete response within ${this.timeoutMs} ms`), true);
+          req.destroy();
+        }, this.timeoutMs);
+      }
+      req.on("error", (error: NodeJS.ErrnoException) => {
+        if (error instanceof PeerGoneError) fail(error, true);
+        else fail(new PeerGoneError(`the server closed the connection (${error.code ?? error.message})`), true);
+      });
+      req.on("response", (res: http.IncomingMessage) => {
+        const status = res.statusCode ?? 0;
+        const declared = Number(res.headers["content-length"]);
+        if (!Number.isInteger(declared)) {
+          fail(new ProtocolError(`HTTP ${status} response without Content-Length`), true);
+          req.destroy();
+          return;
+        }
+        if (declared > this.maxBody) {
+          fail(new BadFrameError(`response Content-Length ${declared} exceeds ${this.maxBody}`), true);
+          req.destroy();
+          return;
+        }
+        if (BODY_OFFSET + declared > this.buffer.byteLength) {
+          this.buffer = Buffer.alloc(Math.max(BODY_OFFSET + declared, 2 * this.buffer.byteLength));
+          this.generation += 1;
+        }
+        let got = 0;
+        res.on("data", (chunk: Buffer) => {
+          if (got + chunk.byteLength > declared) {
+            fail(new ProtocolError("the server sent bytes beyond the response body"), true);
+            req.destroy();
+            return;
+          }
+          chunk.copy(this.buffer, BODY_OFFSET + got);
+          got += chunk.byteLength;
+        });
+        res.on("aborted", () => fail(new PeerGoneError("the server closed the connection in the middle of a response"), true));
+        res.on("error", () => fail(new PeerGoneError("the server closed the connection in the middle of a response"), true));
+        res.on("end", () => {
+          if (settled) return;
+          if (got !== declared) {
+            fail(new PeerGoneError("the server closed the connection in the middle of a response"), true);
+            return;
+          }
+          if ((res.headers.connection ?? "").toLowerCase().includes("close")) {
+            this.#abandon("the server closed the connection (Connection: close)");
+          }
+          this.bodyLength = got;
+          let type: number;
+          if (status === 200) {
+            const header = res.headers["x-transport-msg-type"];
+            if (typeof header !== "string" || !/^[0-9]{1,3}$/.test(header) || Number(header) > 255) {
+              fail(new ProtocolError("HTTP 200 response without a valid X-Transport-Msg-Type"), true);
+              return;
+            }
+            type = Number(header);
+          } else {
+            type = this.#ids.ERROR;
+            const view = this.buffer.subarray(BODY_OFFSET, BODY_OFFSET + got);
+            if (res.headers["x-transport-error"] === undefined || parseError(view) === null) {
+              const text = view.subarray(0, 200).toString("utf8");
+              const error = encodeError(ErrorCode.INTERNAL, `HTTP ${status} without an ERROR body: ${text}`);
+              error.copy(this.buffer, BODY_OFFSET);
+              this.bodyLength = error.byteLength;
+            }
+          }
+          settled = true;
+          this.#busy = false;
+          if (timer !== null) clearTimeout(timer);
+          resolve(type);
+        });
+      });
+      if (length) req.end(body);
+      else req.end();
+    });
+  }
+
+  #abandon(reason: string): void {
+    if (!this.#gone) this.#gone = `${reason}; open a new client`;
+    this.#agent.destroy();
+    this.#socket?.destroy();
+    this.#socket = null;
+  }
+
+  close(): void {
+    this.#abandon("the channel is closed");
+    this.#gone = "the channel is closed";
+  }
+}
+
+/** Connect, retrying with backoff while the server is not up yet, until the deadline. */
+export async function openChannel(url: string, options: OpenOptions = {}): Promise<HttpChannel> {
+  const address = parseUrl(url);
+  const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+  const deadline = Date.now() + (timeoutMs ?? 10_000);
+  let delay = 5;
+  for (;;) {
+    try {
+      const socket = await connectOnce(address.host, address.port, deadline - Date.now());
+      return new HttpChannel(socket, address, options.schema ?? pac_env.SCHEMA, options);
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code ?? "";
+      if (code === "ECONNREFUSED") {
+        if (Date.now() + delay > deadline) {
+          throw new ConnectError(`nothing accepts connections on ${netloc(address)} (${code})`);
+        }
+        await new Promise((resolve) => setTimeout(resolve, delay));
+        delay = Math.min(delay * 2, 200);
+        continue;
+      }
+      if (code === "ETIMEDOUT") throw new ConnectError(`connecting to ${netloc(address)} timed out`);
+      throw new ConnectError(`cannot connect to ${netloc(address)}: ${code || (error as Error).message}`);
+    }
+  }
+}

@@ -1,0 +1,426 @@
+/**
+ * The http:// server: one `Session` per keep-alive TCP connection (see index.ts).
+ */
+
+import * as http from "node:http";
+import * as net from "node:net";
+import type { AnyStructCodec, SchemaModule } from "../../codec";
+import { ConnectError } from "../../errors";
+import { DEFAULT_MAX_BODY, ErrorCode, type MessageIds, decodeHello, encodeError, encodeHello, errorName, fingerprintHex16, messageIds, parseError } from "../../protocol";
+import type { EnvHost } from "../../runtime/host";
+import { type Session, sessionsOf } from "../../runtime/session";
+import { type ConnectionStats, linger, newStats } from "../../stream";
+import type { Listener, ListenOptions } from "../index";
+import { HEX16, MAX_HEAD, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseUrl } from "./wire";
+
+// -- server --------------------------------------------------------------------------------------
+
+export type Json = Record<string, unknown>;
+
+/** Per-connection state: the session and the bookkeeping of the response buffer. */
+export interface Connection {
+  readonly session: Session;
+  /** Responses ended whose bytes may still reference the session's buffer. */
+  inflight: number;
+}
+
+export const CONNECTION = Symbol("transport.http.connection");
+export type TaggedSocket = net.Socket & { [CONNECTION]?: Connection };
+
+export class HttpServer {
+  readonly schema: SchemaModule;
+  readonly ids: MessageIds;
+  readonly maxBody: number;
+  readonly fingerprint: string;
+  readonly helloBody: Buffer;
+  readonly msgTypes: ReadonlyMap<string, number>;
+  readonly names: ReadonlyMap<number, string>;
+  readonly sessions: () => Session;
+  readonly stats: ConnectionStats;
+  readonly #replies = new Map<number, http.OutgoingHttpHeaders>();
+
+  constructor(sessions: () => Session, schema: SchemaModule, maxBody: number, stats: ConnectionStats) {
+    this.sessions = sessions;
+    this.schema = schema;
+    this.ids = messageIds(schema);
+    this.maxBody = maxBody;
+    this.stats = stats;
+    this.fingerprint = fingerprintHex16(schema.fingerprint);
+    this.helloBody = encodeHello(schema.fingerprint);
+    const types = new Map<string, number>();
+    for (const [method, name] of Object.entries(METHODS)) {
+      types.set(method, (this.ids as unknown as Record<string, number>)[name] as number);
+    }
+    this.msgTypes = types;
+    this.names = new Map(Object.entries(schema.messages).map(([name, m]) => [m.id, name]));
+  }
+
+  onConnection(socket: TaggedSocket): void {
+    this.stats.connections += 1;
+    socket.setNoDelay(true);
+    try {
+      socket[CONNECTION] = { session: this.sessions(), inflight: 0 };
+    } catch (error) {
+      process.emitWarning(`cannot create a session for a new http connection: ${String(error)}`);
+      socket.destroy();
+    }
+  }
+
+  onClientError(error: NodeJS.ErrnoException, socket: net.Socket): void {
+    const code = error.code ?? "";
+    if (code === "ECONNRESET" || !socket.writable || socket.destroyed) {
+      socket.destroy();
+      return;
+    }
+    const raw = (error as { rawPacket?: Buffer }).rawPacket;
+    const preview = raw ? JSON.stringify(raw.subarray(0, 80).toString("latin1")) : "";
+    let text: string;
+    if (code === "HPE_HEADER_OVERFLOW") text = `request head is larger than ${MAX_HEAD} bytes`;
+    else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" || code === "HPE_INVALID_TRANSFER_ENCODING") {
+      text = "Transfer-Encoding is not supported: send Content-Length";
+    } else text = `not an HTTP/1.x request (${code || error.message}): ${preview}`;
+    const body = encodeError(ErrorCode.BAD_FRAME, text);
+    const head =
+      "HTTP/1.1 400 Bad Request\r\nContent-Type: application/octet-stream\r\n" +
+      `X-Transport-Error: ${ErrorCode.BAD_FRAME}\r\nContent-Length: ${body.byteLength}\r\n` +
+      "Connection: close\r\n\r\n";
+    socket.write(head);
+    socket.write(body);
+    linger(socket);
+  }
+
+  /** A request head arrived: refuse what can be refused from the head, else read the body. */
+  onRequest(req: http.IncomingMessage, res: http.ServerResponse, expectContinue = false): void {
+    const socket = req.socket as TaggedSocket;
+    const conn = socket[CONNECTION];
+    const accept = (req.headers.accept ?? "").toLowerCase().includes("application/json");
+    if (conn === undefined) {
+      socket.destroy();
+      return;
+    }
+    if (req.headers["transfer-encoding"] !== undefined) {
+      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
+        "Transfer-Encoding is not supported: send Content-Length", true, accept);
+      return;
+    }
+    const length = Number(req.headers["content-length"] ?? "0");
+    if (length > this.maxBody) {
+      this.#refuse(res, conn, 413, ErrorCode.BODY_TOO_LARGE,
+        `Content-Length ${length} exceeds the maximum ${this.maxBody}`, true, accept);
+      return;
+    }
+    if (expectContinue) res.writeContinue();
+    if (length === 0) {
+      this.#answer(req, res, conn, accept, EMPTY, 0, 0);
+      return;
+    }
+    let first: Buffer | null = null;
+    let parts: Buffer[] | null = null;
+    let got = 0;
+    req.on("data", (chunk: Buffer) => {
+      got += chunk.byteLength;
+      if (first === null) first = chunk;
+      else (parts ??= [first]).push(chunk);
+    });
+    req.on("end", () => {
+      if (res.headersSent || socket.destroyed) return;
+      if (got !== length || first === null) {
+        this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, "the request body is shorter than its Content-Length", true, accept);
+        return;
+      }
+      const body = parts === null ? (first as Buffer) : Buffer.concat(parts, got);
+      this.#answer(req, res, conn, accept, body, 0, got);
+    });
+  }
+
+  #answer(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    conn: Connection,
+    accept: boolean,
+    bodyBuf: Buffer,
+    bodyAt: number,
+    bodyLen: number,
+  ): void {
+    const session = conn.session;
+    if (req.method !== "POST") {
+      this.#refuse(res, conn, 405, ErrorCode.UNKNOWN_MESSAGE,
+        `method ${req.method ?? ""} is not allowed: use POST /v1/<method>`, false, accept, { Allow: "POST" });
+      return;
+    }
+    const url = req.url ?? "";
+    const query = url.indexOf("?");
+    const path = query < 0 ? url : url.slice(0, query);
+    const method = path.startsWith("/v1/") ? path.slice(4) : null;
+    const msgType = method === null ? undefined : this.msgTypes.get(method);
+    if (msgType === undefined || method === null) {
+      const list = Object.keys(METHODS).map((m) => `/v1/${m}`).join(", ");
+      this.#refuse(res, conn, 404, ErrorCode.UNKNOWN_MESSAGE, `no such endpoint; methods: ${list}`, false, accept);
+      return;
+    }
+    const ids = this.ids;
+    const isHello = msgType === ids.HELLO_REQ;
+    const header = req.headers["x-transport-fingerprint"];
+    const fingerprint = typeof header === "string" ? header.trim().toLowerCase() : undefined;
+    if (fingerprint === undefined) {
+      if (!isHello) {
+        this.#refuse(res, conn, 400, ErrorCode.HELLO_REQUIRED,
+          "X-Transport-Fingerprint: <16 hex digits> is required on every request", false, accept);
+        return;
+      }
+    } else if (!HEX16.test(fingerprint)) {
+      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
+        `X-Transport-Fingerprint ${JSON.stringify(fingerprint.slice(0, 40))} is not 16 hex digits`, false, accept);
+      return;
+    } else if (fingerprint !== this.fingerprint) {
+      this.#refuse(res, conn, 409, ErrorCode.FINGERPRINT_MISMATCH,
+        `schema fingerprint mismatch: client has ${fingerprint}, this side has ${this.fingerprint}`, true, accept);
+      return;
+    }
+    let body = bodyBuf;
+    let at = bodyAt;
+    let length = bodyLen;
+    if ((req.headers["content-type"] ?? "").toLowerCase().startsWith("application/json")) {
+      try {
+        body = this.#encodeJsonBody(method, body.subarray(at, at + length));
+      } catch (error) {
+        const text = error instanceof Error ? error.message : String(error);
+        this.#refuse(res, conn, 400, ErrorCode.BAD_BODY_SIZE, `JSON body for /v1/${method}: ${text}`, false, accept);
+        return;
+      }
+      at = 0;
+      length = body.byteLength;
+    }
+    if (conn.inflight > 0) {
+      // a previous response (pipelining) may still hold the session's buffer
+      session.detachBuffer();
+      this.stats.detached += 1;
+    }
+    if (isHello && fingerprint !== undefined && length === 0) {
+      body = this.helloBody; // curl: the header says it
+      at = 0;
+      length = body.byteLength;
+    }
+    if (!isHello && !session.helloDone) {
+      // the header stands for the HELLO
+      const type = session.handle(ids.HELLO_REQ, this.helloBody, 0, this.helloBody.byteLength);
+      if (type === ids.ERROR) {
+        this.#replyError(res, conn, accept);
+        return;
+      }
+    }
+    const type = session.handle(msgType, body, at, length);
+    if (type === ids.ERROR) {
+      this.#replyError(res, conn, accept);
+      return;
+    }
+    const close = session.closing;
+    if (accept) {
+      const data = this.#renderJson(type, session.body());
+      this.#send(res, conn, 200, { "Content-Type": "application/json", "X-Transport-Msg-Type": String(type) }, data, close);
+      return;
+    }
+    const bodyOut = session.body();
+    let headers = close ? undefined : this.#replies.get(type * 0x10000000 + bodyOut.byteLength);
+    if (headers === undefined) {
+      headers = {
+        "Content-Type": "application/octet-stream",
+        "X-Transport-Msg-Type": String(type),
+        "Content-Length": String(bodyOut.byteLength),
+      };
+      if (!close) {
+        if (this.#replies.size > 64) this.#replies.clear();
+        this.#replies.set(type * 0x10000000 + bodyOut.byteLength, headers);
+      }
+    }
+    this.#send(res, conn, 200, headers, bodyOut, close, true);
+  }
+
+  #replyError(res: http.ServerResponse, conn: Connection, accept: boolean): void {
+    const session = conn.session;
+    const body = Buffer.from(session.body()); // small; the session buffer is reused next request
+    const code = body.byteLength >= 2 ? body.readUInt16LE(0) : ErrorCode.INTERNAL;
+    this.#sendError(res, conn, STATUS_OF_ERROR[code] ?? 500, code, body, session.closing, accept, {});
+  }
+
+  #refuse(
+    res: http.ServerResponse,
+    conn: Connection,
+    status: number,
+    code: ErrorCode,
+    text: string,
+    close: boolean,
+    accept: boolean,
+    extra: http.OutgoingHttpHeaders = {},
+  ): void {
+    this.#sendError(res, conn, status, code, encodeError(code, text), close, accept, extra);
+  }
+
+  #sendError(
+    res: http.ServerResponse,
+    conn: Connection,
+    status: number,
+    code: number,
+    body: Buffer,
+    close: boolean,
+    accept: boolean,
+    extra: http.OutgoingHttpHeaders,
+  ): void {
+    const data = accept ? this.#renderJson(this.ids.ERROR, body) : body;
+    const headers: http.OutgoingHttpHeaders = {
+      "Content-Type": accept ? "application/json" : "application/octet-stream",
+      ...extra,
+      "X-Transport-Error": String(code),
+    };
+    this.#send(res, conn, status, headers, data, close);
+  }
+
+  #send(
+    res: http.ServerResponse,
+    conn: Connection,
+    status: number,
+    headers: http.OutgoingHttpHeaders,
+    body: Buffer,
+    close: boolean,
+    shared = false,
+  ): void {
+    if (close) {
+      const socket = res.socket;
+      if (socket !== null) {
+        // after the answer: half-close and drain, so the peer reads it instead of a reset
+        (socket as unknown as { destroySoon: () => void }).destroySoon = () => linger(socket);
+      }
+      res.shouldKeepAlive = false;
+      headers = { ...headers, Connection: "close", "Content-Length": String(body.byteLength) };
+    } else if (headers["Content-Length"] === undefined) {
+      headers = { ...headers, "Content-Length": String(body.byteLength) };
+    }
+    res.writeHead(status, REASONS[status] ?? "Error", headers);
+    if (shared) {
+      conn.inflight += 1;
+      res.once("finish", () => {
+        conn.inflight -= 1;
+      });
+      res.once("close", () => {
+        if (!res.writableFinished) conn.inflight = Math.max(0, conn.inflight - 1);
+      });
+    }
+    res.end(body);
+  }
+
+  #encodeJsonBody(method: string, raw: Buffer): Buffer {
+    const text = raw.toString("utf8").trim();
+    if (!text) return EMPTY; // no body is no body, whatever its declared type
+    const value: unknown = JSON.parse(text);
+    const message = this.schema.messages[METHODS[method] as string];
+    if (message === undefined || message.body === null) {
+      const empty =
+        value === null ||
+        (Array.isArray(value) && value.length === 0) ||
+        (typeof value === "object" && value !== null && Object.keys(value).length === 0);
+      if (!empty) throw new Error(`/v1/${method} takes no body`);
+      return EMPTY;
+    }
+    const codec = this.schema.structs[message.body] as AnyStructCodec;
+    const items: unknown[] = Array.isArray(value) ? value : [value];
+    if (!items.every((item) => item !== null && typeof item === "object" && !Array.isArray(item))) {
+      throw new Error(`expected a JSON object (or a list of them) of ${codec.name} fields`);
+    }
+    return Buffer.concat(items.map((item) => codec.encode(item)));
+  }
+
+  #renderJson(type: number, body: Uint8Array): Buffer {
+    const name = this.names.get(type) ?? `0x${type.toString(16).toUpperCase().padStart(2, "0")}`;
+    let out: Json = { message: name, msg_type: type };
+    if (type === this.ids.ERROR) {
+      const parsed = parseError(body) ?? { code: ErrorCode.INTERNAL, text: "" };
+      out = { error: parsed.code, name: errorName(parsed.code), text: parsed.text };
+    } else if (type === this.ids.HELLO_RESP) {
+      const hello = decodeHello(body);
+      out.protocol_version = `${hello.version >> 8}.${hello.version & 255}`;
+      out.fingerprint = fingerprintHex16(hello.fingerprint);
+      out.info = hello.info;
+    } else {
+      const message = this.schema.messages[name];
+      if (message !== undefined && message.body !== null) {
+        const codec = this.schema.structs[message.body] as AnyStructCodec;
+        const count = codec.size ? Math.floor(body.byteLength / codec.size) : 0;
+        const records: unknown[] = [];
+        for (let i = 0; i < count; i++) records.push(codec.decode(body, i * codec.size, false));
+        if (count === 1) out.result = records[0];
+        else out.results = records;
+      }
+    }
+    return Buffer.from(`${JSON.stringify(jsonable(out))}\n`, "utf8");
+  }
+}
+
+export const EMPTY = Buffer.alloc(0);
+
+/** A listening HTTP server: one Session per TCP connection. */
+export class HttpListener implements Listener {
+  url: string;
+  readonly stats: ConnectionStats;
+  readonly server: http.Server;
+  #closed: Promise<void> | null = null;
+
+  constructor(url: string, server: http.Server, stats: ConnectionStats) {
+    this.url = url;
+    this.server = server;
+    this.stats = stats;
+  }
+
+  /** Stop accepting and drop every connection. */
+  close(): Promise<void> {
+    if (this.#closed) return this.#closed;
+    this.#closed = new Promise<void>((resolve) => {
+      this.server.close(() => resolve());
+      this.server.closeAllConnections();
+    });
+    return this.#closed;
+  }
+}
+
+/** Bind and listen; with port 0, `url` carries the real port. */
+export async function listen(
+  url: string,
+  host: EnvHost,
+  options: ListenOptions = {},
+): Promise<HttpListener> {
+  const address = parseUrl(url, true);
+  if (!(options.allowRemote || address.allowRemote) && !(await isLoopback(address.host))) {
+    throw new ConnectError(
+      `refusing to bind ${address.host || "all interfaces"}: http:// binds loopback only by ` +
+        "default (the protocol has no authentication); pass allowRemote: true or add " +
+        "?allow_remote=1 to the URL to serve other machines",
+    );
+  }
+  const stats = newStats();
+  const handler = new HttpServer(sessionsOf(host), host.schema, options.maxBody ?? DEFAULT_MAX_BODY, stats);
+  const server = http.createServer({
+    keepAlive: true,
+    noDelay: true,
+    requestTimeout: 0,
+    headersTimeout: 0,
+    maxHeaderSize: MAX_HEAD,
+  });
+  server.keepAliveTimeout = 0;
+  server.on("connection", (socket: net.Socket) => handler.onConnection(socket));
+  server.on("request", (req, res) => handler.onRequest(req, res));
+  server.on("checkContinue", (req, res) => handler.onRequest(req, res, true));
+  server.on("clientError", (error, socket) => handler.onClientError(error, socket as net.Socket));
+  await new Promise<void>((resolve, reject) => {
+    const onError = (error: NodeJS.ErrnoException): void => {
+      reject(new ConnectError(`cannot bind ${url}: ${error.code ?? error.message}`));
+    };
+    server.once("error", onError);
+    const host = address.host || undefined;
+    server.listen({ port: address.port, host }, () => {
+      server.removeListener("error", onError);
+      resolve();
+    });
+  });
+  server.on("error", (error) => process.emitWarning(`http listener ${url}: ${String(error)}`));
+  const bound = server.address() as net.AddressInfo;
+  return new HttpListener(`http://${netloc({ ...address, port: bound.port })}`, server, stats);
+}

@@ -1,0 +1,148 @@
+/**
+ * http:// wire details shared by the server and the client: the `/v1/<method>` table,
+ * the HTTP status of each error code, URLs (loopback checks) and the JSON rendering for curl.
+ */
+
+import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
+import { ConnectError } from "../../errors";
+import { ErrorCode } from "../../protocol";
+
+
+/** `/v1/<method>` -> the request message it carries. */
+export const METHODS: Readonly<Record<string, string>> = {
+  hello: "HELLO_REQ",
+  reset: "RESET_REQ",
+  reset_seed: "RESET_SEED_REQ",
+  step: "STEP_REQ",
+  step_multi: "STEP_MULTI_REQ",
+  step_batch: "STEP_BATCH_REQ",
+  health: "HEALTH_REQ",
+  spaces: "SPACES_REQ",
+};
+
+/** HTTP status of each ERROR code (a 405 for a non-POST request carries UNKNOWN_MESSAGE). */
+export const STATUS_OF_ERROR: Readonly<Record<number, number>> = {
+  [ErrorCode.BAD_FRAME]: 400,
+  [ErrorCode.UNKNOWN_MESSAGE]: 404,
+  [ErrorCode.BAD_BODY_SIZE]: 400,
+  [ErrorCode.BODY_TOO_LARGE]: 413,
+  [ErrorCode.HELLO_REQUIRED]: 400,
+  [ErrorCode.VERSION_MISMATCH]: 409,
+  [ErrorCode.FINGERPRINT_MISMATCH]: 409,
+  [ErrorCode.INVALID_ACTION]: 422,
+  [ErrorCode.MASKED_ACTION]: 422,
+  [ErrorCode.ENV_ERROR]: 500,
+  [ErrorCode.BAD_BATCH]: 422,
+  [ErrorCode.NOT_RESET]: 422,
+  [ErrorCode.INTERNAL]: 500,
+};
+
+export const REASONS: Readonly<Record<number, string>> = {
+  200: "OK",
+  400: "Bad Request",
+  404: "Not Found",
+  405: "Method Not Allowed",
+  409: "Conflict",
+  413: "Content Too Large",
+  422: "Unprocessable Content",
+  500: "Internal Server Error",
+};
+
+/** Largest request head (request line + headers) the server accepts, as on the Python side. */
+export const MAX_HEAD = 16 << 10;
+export const HEX16 = /^[0-9a-f]{16}$/;
+
+// -- URLs ----------------------------------------------------------------------------------------
+
+export interface Address {
+  /** As written in the URL (no brackets). */
+  readonly host: string;
+  readonly port: number;
+  readonly allowRemote: boolean;
+}
+
+export function netloc(address: Address): string {
+  const host = address.host.includes(":") ? `[${address.host}]` : address.host;
+  return `${host}:${address.port}`;
+}
+
+export const URL_PATTERN = /^http:\/\/(\[[^\]/]*\]|[^/:?#[\]]*)(?::([0-9]*))?(\/)?(?:\?([^#]*))?$/i;
+
+/** `http://host:port` (a listener may ask for port 0 and `?allow_remote=1`). */
+export function parseUrl(url: string, listener = false): Address {
+  if (!/^http:\/\//i.test(url)) throw new ConnectError(`${JSON.stringify(url)} is not an http:// URL`);
+  const match = URL_PATTERN.exec(url);
+  if (match === null) {
+    throw new ConnectError(
+      `${JSON.stringify(url)}: an http:// endpoint URL takes no path (use http://host:port)`,
+    );
+  }
+  let host = match[1] ?? "";
+  if (host.startsWith("[")) host = host.slice(1, -1);
+  const portText = match[2];
+  if (portText === undefined || portText === "") {
+    throw new ConnectError(`${JSON.stringify(url)} names no port (expected http://host:port)`);
+  }
+  const port = Number(portText);
+  if (!Number.isInteger(port) || port > 65535) {
+    throw new ConnectError(`${JSON.stringify(url)} is not a valid http URL: port out of range`);
+  }
+  if (port === 0 && !listener) throw new ConnectError(`${JSON.stringify(url)}: cannot connect to port 0`);
+  let allowRemote = false;
+  for (const [key, value] of new URLSearchParams(match[4] ?? "")) {
+    if (key === "allow_remote" && listener) {
+      allowRemote = ["1", "true", "yes", ""].includes(value.toLowerCase());
+    } else {
+      throw new ConnectError(`${JSON.stringify(url)}: unknown URL parameter ${JSON.stringify(key)}`);
+    }
+  }
+  return { host, port, allowRemote };
+}
+
+export function isLoopbackIp(ip: string): boolean {
+  const plain = ip.split("%")[0] as string;
+  if (isIP(plain) === 4) return plain.startsWith("127.");
+  if (isIP(plain) === 6) {
+    const lower = plain.toLowerCase();
+    if (lower === "::1" || lower === "0:0:0:0:0:0:0:1") return true;
+    const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/.exec(lower);
+    return mapped !== null && (mapped[1] as string).startsWith("127.");
+  }
+  return false;
+}
+
+export async function isLoopback(host: string): Promise<boolean> {
+  if (!host) return false; // "all interfaces"
+  if (isIP(host.split("%")[0] as string)) return isLoopbackIp(host);
+  try {
+    const infos = await lookup(host, { all: true });
+    return infos.length > 0 && infos.every((info) => isLoopbackIp(info.address));
+  } catch {
+    return false;
+  }
+}
+
+// -- JSON (curl) ---------------------------------------------------------------------------------
+
+export function jsonable(value: unknown): unknown {
+  if (typeof value === "number") {
+    if (Number.isNaN(value)) return "nan";
+    if (value === Infinity) return "inf";
+    if (value === -Infinity) return "-inf";
+    return value;
+  }
+  if (typeof value === "bigint") {
+    return Number.isSafeInteger(Number(value)) ? Number(value) : value.toString();
+  }
+  if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+    return Array.from(value as unknown as ArrayLike<number | bigint>, jsonable);
+  }
+  if (Array.isArray(value)) return value.map(jsonable);
+  if (value !== null && typeof value === "object") {
+    const out: Record<string, unknown> = {};
+    for (const [key, item] of Object.entries(value)) out[key] = jsonable(item);
+    return out;
+  }
+  return value;
+}

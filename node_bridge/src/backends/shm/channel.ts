@@ -1,0 +1,533 @@
+/**
+ * The shm:// client channel: the one `Client` (client.ts) over a region's slots, against a Python
+ * or a Node server (docs/shm.md "Attach", "Lease", "One request").
+ *
+ * `request(msgType, body)` turns a protocol request into a slot command on every slot (RESET with
+ * seed + i, STEP with each env's action, HELLO with the auto-reset mode, OBSERVE), publishes it
+ * (request words, then the doorbell) and waits for each slot's response word. Results are never
+ * copied: `records` hands the Client zero-copy views into the slots (the result struct's view
+ * where the slot holds it whole, else the slot struct's, whose fields carry the result's names),
+ * the layout being the schema's (IR `shm`); STEP_MULTI writes one seat action in each of slots
+ * 0..seats-1 (a region with seat slots). SAME_STEP finals come from the final areas whose `final_seq` equals this
+ * request's sequence, and a slot status != 0 becomes an ERROR body decoded by the protocol's one
+ * error mapping. HELLO_RESP, SPACES_RESP and HEALTH_RESP are answered from the control block.
+ *
+ * Waiting: a short synchronous spin (the URL's wait policy), then FUTEX_WAIT slices on a libuv
+ * thread (the event loop keeps running); between slices the region's state and the server's
+ * liveness are checked, so a dead server is PeerGoneError within about one slice and a silent one
+ * TransportTimeoutError after `timeoutMs`.
+ */
+
+import { decode as msgpackDecode } from "@msgpack/msgpack";
+import type { AnyStructCodec, SchemaModule } from "../../codec";
+import {
+  ConnectError,
+  FingerprintMismatchError,
+  PeerGoneError,
+  RegionMismatchError,
+  TransportError,
+  TransportTimeoutError,
+  VersionMismatchError,
+} from "../../errors";
+import * as pac_env from "../../generated/pac_env";
+import {
+  AUTORESET_MASK,
+  AutoReset,
+  BODY_OFFSET,
+  ErrorCode,
+  type MessageIds,
+  decodeHello,
+  encodeError,
+  encodeHello,
+  messageIds,
+} from "../../protocol";
+import { type ActionType, actionTypeOf, bodyCodec, readActions, stepAction, writeAction } from "../../runtime/core";
+import type { Channel, ChannelRecords, Final } from "../../stream";
+import type { OpenOptions } from "../index";
+import {
+  CB,
+  LAYOUT_VERSION,
+  MAGIC,
+  Region,
+  RegionState,
+  SEQ_MASK,
+  ShmLayout,
+  type ShmUrl,
+  SlotCommand,
+  type WaitOptions,
+  WAIT_CLOSED,
+  WAIT_PEER_DEAD,
+  WAIT_TIMEOUT,
+  off,
+  parseShmUrl,
+  peerAlive,
+  procStartTime,
+  publishWord,
+  waitWordAsync,
+} from "./region";
+import { resultLayout } from "./server";
+
+/** Zero-copy views of the results in the slots, and the finals of the last step. */
+class SlotResults implements ChannelRecords {
+  readonly count: number;
+  readonly #region: Region;
+  readonly #layout: ShmLayout;
+  readonly #result: AnyStructCodec;
+  readonly #slot: AnyStructCodec;
+  readonly #final: AnyStructCodec;
+  readonly #inPlace: number;
+  /** Final-area offset of the whole packed result (derived layouts), or -1 (decode by names). */
+  readonly #finalAt: number;
+  readonly #names: readonly string[];
+  readonly #views: unknown[];
+  readonly #seqs: Int32Array;
+  readonly #numEnvs: number;
+  readonly #hasFinals: boolean;
+
+  constructor(region: Region, schema: SchemaModule, numEnvs: number, seqs: Int32Array) {
+    const layout = region.layout;
+    this.#region = region;
+    this.#layout = layout;
+    const plan = resultLayout(schema); // every result field has its slot and final offsets
+    this.#result = plan.codec;
+    this.#inPlace = plan.inPlace;
+    this.#slot = schema.structs[layout.ir.slot] as AnyStructCodec;
+    this.#final = schema.structs[layout.ir.final] as AnyStructCodec;
+    const fields = schema.ir.structs[this.#result.name]?.fields ?? [];
+    this.#names = fields.map((f) => f.name);
+    const shifts = new Set(fields.map((f) => (layout.ir.final_result_offsets[f.name] ?? -1) - f.offset));
+    this.#finalAt = plan.inPlace >= 0 && shifts.size === 1 ? ([...shifts][0] as number) : -1;
+    this.#numEnvs = numEnvs;
+    this.#seqs = seqs;
+    this.count = region.numSlots;
+    this.#hasFinals = region.hasFinals;
+    this.#views = [];
+    for (let i = 0; i < this.count; i++) {
+      const base = layout.slotBase(i);
+      this.#views.push(this.#inPlace >= 0 ? this.#result.view(region.bytes, base + this.#inPlace) : this.#slot.view(region.bytes, base));
+    }
+  }
+
+  view(index: number): unknown {
+    return this.#views[index];
+  }
+
+  decode(index: number): unknown {
+    const base = this.#layout.slotBase(index);
+    if (this.#inPlace >= 0) return this.#result.decode(this.#region.bytes, base + this.#inPlace, false);
+    return this.#pick(this.#slot.decode(this.#region.bytes, base, false));
+  }
+
+  finals(): Final<unknown>[] {
+    if (!this.#hasFinals) return NO_FINALS;
+    const region = this.#region;
+    const layout = this.#layout;
+    const at = layout.finalsOffset(region.numSlots);
+    let out: Final<unknown>[] | null = null;
+    for (let i = 0; i < this.#numEnvs; i++) {
+      const final = at + i * layout.finalSize;
+      if ((Atomics.load(region.words, (final + layout.finalSeqAt) >> 2) & SEQ_MASK) !== this.#seqs[i]) continue;
+      const result =
+        this.#finalAt >= 0
+          ? this.#result.decode(region.bytes, final + this.#finalAt, false)
+          : this.#pick(this.#final.decode(region.bytes, final, false));
+      (out ??= []).push({ index: i, result });
+    }
+    return out ?? NO_FINALS;
+  }
+
+  infos(): Array<Record<string, unknown>> {
+    const out: Array<Record<string, unknown>> = [];
+    for (let i = 0; i < this.#numEnvs; i++) out.push(readInfo(this.#region, i));
+    return out;
+  }
+
+  /** The result struct's fields of a decoded slot or final area. */
+  #pick(decoded: unknown): unknown {
+    const all = decoded as Record<string, unknown>;
+    const out: Record<string, unknown> = {};
+    for (const name of this.#names) out[name] = all[name];
+    return out;
+  }
+}
+
+const NO_FINALS: Final<unknown>[] = [];
+
+/** Slot `index`'s msgpack info map ({} when absent or unreadable). */
+function readInfo(region: Region, index: number): Record<string, unknown> {
+  const length = region.dv.getUint16(region.slotAt(index, "info_len"), true);
+  if (length === 0 || length > region.layout.infoMax) return {};
+  try {
+    const at = region.slotAt(index, "info");
+    const decoded = msgpackDecode(region.bytes.subarray(at, at + length));
+    return decoded !== null && typeof decoded === "object" && !Array.isArray(decoded) ? { ...(decoded as object) } : {};
+  } catch {
+    return {};
+  }
+}
+
+/** A Node client's attachment to one region: the lease, the sequences, the requests. */
+export class ShmChannel implements Channel {
+  info: Record<string, unknown> = {};
+  readonly buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
+  bodyLength = 0;
+  readonly generation = 0;
+  readonly records: SlotResults;
+  readonly url: string;
+  readonly shm: ShmUrl;
+  readonly region: Region;
+  readonly layout: ShmLayout;
+  readonly numEnvs: number;
+  readonly timeoutMs: number | null;
+  readonly ownerPid: number;
+  readonly ownerStart: bigint;
+
+  readonly #schema: SchemaModule;
+  readonly #ids: MessageIds;
+  readonly #seqs: Int32Array;
+  readonly #actions: Float64Array;
+  readonly #stepAction: ReturnType<typeof stepAction>;
+  readonly #actionAt: number;
+  readonly #multi: { readonly at: number; readonly type: ActionType; readonly seats: number };
+  readonly #spaces: AnyStructCodec;
+  readonly #reqOff: number;
+  readonly #respOff: number;
+  readonly #cmdOff: number;
+  readonly #statusOff: number;
+  readonly #wait: WaitOptions;
+  #doorbell: number;
+  #leased = false;
+  #closed = false;
+  #busy = false;
+
+  private constructor(url: string, shm: ShmUrl, region: Region, schema: SchemaModule, timeoutMs: number | null) {
+    this.url = url;
+    this.shm = shm;
+    this.region = region;
+    const layout = region.layout;
+    this.layout = layout;
+    this.#schema = schema;
+    this.#ids = messageIds(schema);
+    this.timeoutMs = timeoutMs;
+    const dv = region.dv;
+    this.numEnvs = dv.getUint32(off(CB, "num_envs"), true);
+    this.ownerPid = dv.getUint32(off(CB, "owner_pid"), true);
+    this.ownerStart = dv.getBigUint64(off(CB, "owner_start_time"), true);
+    this.#seqs = new Int32Array(region.numSlots);
+    this.#stepAction = stepAction(schema);
+    const actionAt = layout.ir.request_offsets[this.#stepAction.field.name];
+    if (actionAt === undefined) throw new ConnectError(`${url}: the shm layout has no offset for ${this.#stepAction.field.name}`);
+    this.#actionAt = actionAt;
+    const multi = bodyCodec(schema, "STEP_MULTI_REQ");
+    const multiField = schema.ir.structs[multi.name]?.fields[0];
+    if (multiField === undefined) throw new ConnectError(`${url}: STEP_MULTI_REQ's body has no field`);
+    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ"), seats: multiField.count };
+    this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats));
+    this.#spaces = bodyCodec(schema, "SPACES_RESP");
+    this.#reqOff = off(layout.slot, "sem_action_ready");
+    this.#respOff = off(layout.slot, "sem_result_ready");
+    this.#cmdOff = off(layout.slot, "command");
+    this.#statusOff = off(layout.slot, "status");
+    this.records = new SlotResults(region, schema, this.numEnvs, this.#seqs);
+    this.#doorbell = Atomics.load(region.words, off(CB, "doorbell") >> 2) & SEQ_MASK;
+    const policy = shm.wait;
+    this.#wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
+  }
+
+  /** Open, validate and lease `url`'s region (retried while it is missing or not READY). */
+  static async open(url: string, options: OpenOptions = {}): Promise<ShmChannel> {
+    const shm = parseShmUrl(url);
+    const schema = options.schema ?? pac_env.SCHEMA;
+    const layout = ShmLayout.of(schema);
+    const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    const region = await attach(shm, layout, timeoutMs ?? 10_000);
+    let channel: ShmChannel | null = null;
+    try {
+      validate(shm, region, schema);
+      channel = new ShmChannel(url, shm, region, schema, timeoutMs);
+      await channel.#takeLease(timeoutMs ?? 10_000);
+      for (let i = 0; i < region.numSlots; i++) {
+        channel.#seqs[i] = Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2) & SEQ_MASK;
+      }
+      channel.info = { ...readInfo(region, 0), num_envs: channel.numEnvs };
+      return channel;
+    } catch (error) {
+      if (channel !== null) channel.#release();
+      else region.unmap();
+      throw error;
+    }
+  }
+
+  async #takeLease(timeoutMs: number): Promise<void> {
+    const region = this.region;
+    const word = region.cbWord("client_pid");
+    const me = process.pid;
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      if (Atomics.compareExchange(region.words, word, 0, me) === 0) {
+        region.dv.setBigUint64(off(CB, "client_start_time"), procStartTime(me), true);
+        this.#leased = true;
+        return;
+      }
+      const holder = Atomics.load(region.words, word) >>> 0;
+      const holderStart = region.dv.getBigUint64(off(CB, "client_start_time"), true);
+      if (holder && peerAlive(holder, holderStart)) {
+        const who = holder === me ? "this process" : `client pid ${holder}`;
+        throw new ConnectError(
+          `shm://${this.shm.name} is in use by ${who}: a region serves one client at a time ` +
+            "(start another server for another client)",
+        );
+      }
+      if (Date.now() >= deadline) {
+        throw new ConnectError(`shm://${this.shm.name}: the lease of dead client pid ${holder} was not reclaimed by the server in time`);
+      }
+      await sleep(10);
+    }
+  }
+
+  /** Answer a protocol request through the slots (see the top of this file). */
+  async request(msgType: number, body: Uint8Array): Promise<number> {
+    if (this.#closed) throw new TransportError("the client is closed");
+    if (this.#busy) throw new TransportError("a request is already in flight on this client (await it first)");
+    this.#busy = true;
+    try {
+      return await this.#request(msgType, body);
+    } finally {
+      this.#busy = false;
+    }
+  }
+
+  async #request(msgType: number, body: Uint8Array): Promise<number> {
+    const ids = this.#ids;
+    const n = this.numEnvs;
+    switch (msgType) {
+      case ids.HELLO_REQ:
+        return this.#hello(body);
+      case ids.RESET_REQ:
+      case ids.RESET_SEED_REQ: {
+        const seed = msgType === ids.RESET_REQ ? null : Buffer.from(body.buffer, body.byteOffset, body.byteLength).readBigUInt64LE(0);
+        const region = this.region;
+        for (let i = 0; i < n; i++) {
+          region.bytes[region.slotAt(i, "has_seed")] = seed === null ? 0 : 1;
+          if (seed !== null) region.dv.setBigUint64(region.slotAt(i, "seed"), BigInt.asUintN(64, seed + BigInt(i)), true);
+        }
+        return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
+      }
+      case ids.STEP_REQ:
+      case ids.STEP_BATCH_REQ: {
+        const count = msgType === ids.STEP_REQ ? 1 : Math.floor(body.byteLength / this.#stepAction.size);
+        const { field, type, size } = this.#stepAction;
+        readActions(this.#actions, body, field.offset, size, Math.min(count, n), type);
+        this.#writeActions(n, type);
+        return (await this.#roundTrip(SlotCommand.STEP, n)) ?? (msgType === ids.STEP_REQ ? ids.STEP_RESP : ids.STEP_BATCH_RESP);
+      }
+      case ids.STEP_MULTI_REQ: {
+        const { at, type, seats } = this.#multi;
+        if (this.region.numSlots < seats) {
+          return this.#error(ErrorCode.BAD_BATCH, `STEP_MULTI needs ${seats} slots; this region has ${this.region.numSlots}`);
+        }
+        readActions(this.#actions, body, at, type.size, seats, type);
+        this.#writeActions(seats, this.#stepAction.type);
+        return (await this.#roundTrip(SlotCommand.STEP_MULTI, seats)) ?? ids.STEP_MULTI_RESP;
+      }
+      case this.#schema.messages["OBSERVE_REQ"]?.id:
+        return (await this.#roundTrip(SlotCommand.OBSERVE, n)) ?? (this.#schema.messages["OBSERVE_RESP"]?.id as number);
+      case ids.HEALTH_REQ:
+        this.buffer[BODY_OFFSET] = this.#alive() ? 1 : 0;
+        this.bodyLength = 1;
+        return ids.HEALTH_RESP;
+      case ids.SPACES_REQ: {
+        const dv = this.region.dv;
+        const names = (this.#schema.ir.structs[this.#spaces.name]?.fields ?? []).map((f) => f.name);
+        const values = { [names[0] ?? "obs_n"]: dv.getUint32(off(CB, "obs_size"), true), [names[1] ?? "act_n"]: dv.getUint32(off(CB, "act_size"), true) };
+        this.#spaces.encodeInto(values, this.buffer, BODY_OFFSET);
+        this.bodyLength = this.#spaces.size;
+        return ids.SPACES_RESP;
+      }
+      default:
+        return this.#error(ErrorCode.UNKNOWN_MESSAGE, `shm:// cannot carry msg_type 0x${msgType.toString(16).padStart(2, "0")}`);
+    }
+  }
+
+  /** `#actions[0..count)` into the request field of slots 0..count-1. */
+  #writeActions(count: number, type: ActionType): void {
+    const bytes = this.region.bytes;
+    const layout = this.layout;
+    for (let i = 0; i < count; i++) writeAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions[i] as number, type);
+  }
+
+  /** HELLO: the mode in every slot's action word (docs/shm.md "Auto-reset"); no round trip for disabled. */
+  async #hello(body: Uint8Array): Promise<number> {
+    const hello = decodeHello(body);
+    const mode = hello.flags & AUTORESET_MASK;
+    const url = `shm://${this.shm.name}`;
+    if (mode !== AutoReset.DISABLED) {
+      if (mode === AutoReset.SAME_STEP && !this.region.hasFinals) {
+        throw new ConnectError(`${url}: the region has no final-result areas (a server without auto-reset support): same_step needs them`);
+      }
+      this.#actions.fill(mode, 0, this.numEnvs);
+      this.#writeActions(this.numEnvs, this.#stepAction.type);
+      const type = await this.#roundTrip(SlotCommand.HELLO, this.numEnvs);
+      if (type !== null) {
+        const text = Buffer.from(this.buffer.subarray(BODY_OFFSET + 4, BODY_OFFSET + this.bodyLength)).toString("utf8");
+        throw new ConnectError(`${url}: the server refused auto-reset mode ${["disabled", "next_step", "same_step"][mode]}: ${text}`);
+      }
+    }
+    const info = { ...this.info };
+    delete info["autoreset"];
+    const out = encodeHello(this.#schema.fingerprint, info, mode);
+    this.buffer.set(out, BODY_OFFSET);
+    this.bodyLength = out.byteLength;
+    return this.#ids.HELLO_RESP;
+  }
+
+  /** The server is alive and the region READY (no round trip). */
+  #alive(): boolean {
+    return Atomics.load(this.region.words, this.region.cbWord("state")) === RegionState.READY && peerAlive(this.ownerPid, this.ownerStart);
+  }
+
+  /**
+   * One request on slots 0..count-1: command, request words, the doorbell, then each slot's
+   * response. null when every slot answered status 0; else the ERROR msg_type (body in `buffer`).
+   */
+  async #roundTrip(command: number, count: number, timeoutMs = this.timeoutMs): Promise<number | null> {
+    const region = this.region;
+    const words = region.words;
+    const layout = this.layout;
+    for (let i = 0; i < count; i++) words[(layout.slotBase(i) + this.#cmdOff) >> 2] = command;
+    const seqs = this.#seqs;
+    for (let i = 0; i < count; i++) {
+      const seq = ((seqs[i] as number) + 1) & SEQ_MASK;
+      seqs[i] = seq;
+      Atomics.store(words, (layout.slotBase(i) + this.#reqOff) >> 2, seq);
+    }
+    this.#doorbell = (this.#doorbell + 1) & SEQ_MASK;
+    publishWord(region, off(CB, "doorbell"), this.#doorbell);
+    const timeoutNs = timeoutMs === null ? Number.MAX_SAFE_INTEGER : timeoutMs * 1e6;
+    const wait = this.#wait;
+    for (let i = 0; i < count; i++) {
+      const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, wait);
+      if (rc >= 0) continue;
+      const url = `shm://${this.shm.name}`;
+      if (rc === WAIT_TIMEOUT) throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
+      if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
+      if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
+      throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+    const dv = region.dv;
+    for (let i = 0; i < count; i++) {
+      const status = dv.getUint16(layout.slotBase(i) + this.#statusOff, true);
+      if (status === 0) continue;
+      const length = Math.min(dv.getUint16(region.slotAt(i, "error_len"), true), layout.errorTextMax);
+      const at = region.slotAt(i, "error_text");
+      return this.#error(status, Buffer.from(region.bytes.subarray(at, at + length)).toString("utf8"));
+    }
+    this.bodyLength = 0;
+    return null;
+  }
+
+  /** An ERROR body in `buffer` (the Client maps it to a typed error, as for every backend). */
+  #error(code: number, text: string): number {
+    const body = encodeError(code, text);
+    const length = Math.min(body.byteLength, this.buffer.byteLength - BODY_OFFSET);
+    this.buffer.set(body.subarray(0, length), BODY_OFFSET);
+    this.bodyLength = length;
+    return this.#ids.ERROR;
+  }
+
+  /** SHUTDOWN (the server drops this lease's envs; at most 1 s), release the lease, unmap. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    if (!this.#busy && this.#alive()) {
+      try {
+        await this.#roundTrip(SlotCommand.SHUTDOWN, this.numEnvs, 1000);
+      } catch {
+        // best effort: the lease is released either way
+      }
+    }
+    this.#release();
+  }
+
+  #release(): void {
+    const region = this.region;
+    if (this.#leased) {
+      region.dv.setBigUint64(off(CB, "client_start_time"), 0n, true);
+      Atomics.compareExchange(region.words, region.cbWord("client_pid"), process.pid, 0);
+      this.#leased = false;
+    }
+    region.unmap();
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** shm_open + mmap, retried until the timeout while the region is missing, header-less or not READY. */
+async function attach(shm: ShmUrl, layout: ShmLayout, timeoutMs: number): Promise<Region> {
+  const deadline = Date.now() + timeoutMs;
+  let delay = 2;
+  for (;;) {
+    let why: string;
+    try {
+      const region = Region.open(shm, layout);
+      const state = Atomics.load(region.words, region.cbWord("state"));
+      if (state === RegionState.READY) return region;
+      why = `${shm.path} is not ready (state ${state})`;
+      region.unmap();
+    } catch (error) {
+      why = (error as Error).message.startsWith("cannot open")
+        ? `no region ${shm.path}: is a server running on shm://${shm.name}?`
+        : (error as Error).message;
+    }
+    if (Date.now() + delay > deadline) throw new ConnectError(why);
+    await sleep(delay);
+    delay = Math.min(delay * 2, 100);
+  }
+}
+
+/** Each control-block field against what this client expects (the Python client's checks). */
+function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
+  const layout = region.layout;
+  const dv = region.dv;
+  const u32 = (field: string): number => dv.getUint32(off(CB, field), true);
+  const name = `shm://${shm.name}`;
+  const expect = (field: string, expected: number, found: number, hex = false): void => {
+    if (expected === found) return;
+    const fmt = (v: number): string => (hex ? `0x${v.toString(16).toUpperCase().padStart(8, "0")}` : String(v));
+    throw new RegionMismatchError(name, field, fmt(expected), fmt(found));
+  };
+  expect("magic", MAGIC, u32("magic"), true);
+  if (u32("version") !== LAYOUT_VERSION) {
+    throw new VersionMismatchError(
+      `${name}: control block field version: expected layout version ${LAYOUT_VERSION}, found ${u32("version")} ` +
+        "(server and client were built from different shm layouts)",
+    );
+  }
+  const fingerprint = dv.getBigUint64(off(CB, "fingerprint"), true);
+  if (fingerprint !== BigInt.asUintN(64, schema.fingerprint)) {
+    const hex = (v: bigint): string => BigInt.asUintN(64, v).toString(16).padStart(16, "0");
+    throw new FingerprintMismatchError(
+      `${name}: control block field fingerprint: expected ${hex(schema.fingerprint)} (schema ${schema.name}), found ${hex(fingerprint)}`,
+      schema.fingerprint,
+      fingerprint,
+    );
+  }
+  expect("slot_size", layout.slotSize, u32("slot_size"));
+  const numEnvs = u32("num_envs");
+  if (shm.numEnvs !== null) expect("num_envs", shm.numEnvs, numEnvs);
+  if (region.numSlots < numEnvs) {
+    throw new RegionMismatchError(name, "region size", `${layout.regionSize(numEnvs)} (64 + k x (slot + final), k >= ${numEnvs})`, String(region.size));
+  }
+  expect("obs_size", layout.obsSize, u32("obs_size"));
+  expect("act_size", layout.actSize, u32("act_size"));
+  const owner = u32("owner_pid");
+  if (!peerAlive(owner, dv.getBigUint64(off(CB, "owner_start_time"), true))) {
+    throw new ConnectError(`${name} is stale: its server (pid ${owner}) is gone; start a new server or run \`transport-serve --cleanup-shm\``);
+  }
+}
+
+export async function openChannel(url: string, options: OpenOptions = {}): Promise<ShmChannel> {
+  return ShmChannel.open(url, options);
+}

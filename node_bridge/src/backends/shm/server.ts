@@ -1,0 +1,566 @@
+/**
+ * shm://name?num_envs=N: the Node server of the shared-memory + futex backend (docs/shm.md; the
+ * Python twin answers the same clients byte for byte). It moves slots: the env semantics
+ * (checks, seeds, auto-reset, finals, recovery, OBSERVE) are the env runtime's (runtime/core.ts),
+ * which this server hands the slots of its region as records.
+ *
+ * The region is created through koffi (shm_open O_EXCL 0600, posix_fallocate, mmap MAP_SHARED)
+ * and read and written through typed arrays over `koffi.view(address, size)`: an ArrayBuffer
+ * whose backing store *is* the mapping, so the client's writes are visible with no copy and
+ * the words are published with `Atomics` on an Int32Array over it. Waiting follows the C loop of
+ * tp_native.c: spin on Atomics.load (with a sched_yield every 256 loads), then FUTEX_WAIT slices.
+ *
+ * Event loop: the server waits synchronously (a futex slice of at most `slice_ms`, 50 ms by
+ * default, or a spin of at most the spin budget), and returns to the event loop after every idle
+ * slice and every ~20 ms of busy serving, so signals (SIGINT / SIGTERM close and unlink), timers
+ * and `close()` run within about one slice.
+ *
+ * Results: the layout is the schema's (region.ts `ShmLayout`). Where the slot holds the result
+ * struct whole (every derived layout) the runtime encodes each env's result straight into its
+ * slot (zero copy); the pac_shm profile spreads the fields at Appendix B's offsets, so there the
+ * runtime encodes into a scratch record that `written` copies field runs from (one copy per env
+ * step, no allocation). A region whose env has `stepBatch` has max(num_envs, seats) slots:
+ * STEP_MULTI carries one seat action in each of slots 0..seats-1.
+ *
+ * Slot commands: STEP, RESET, SHUTDOWN, HELLO (the lease's auto-reset mode in `action`),
+ * OBSERVE (the results rewritten in place, each env's `info()` map in its slot's `info` area
+ * when it fits, else `info_len` 0), STEP_MULTI (slots 0..seats-1). A request on every env slot
+ * with one command is one runtime call; anything else is answered slot by slot.
+ */
+
+import { encode as msgpackEncode } from "@msgpack/msgpack";
+import type { AnyStructCodec, SchemaModule } from "../../codec";
+import type { FieldJson } from "../../ir";
+import { ProtocolError } from "../../errors";
+import { type AutoReset, ErrorCode, RequestError } from "../../protocol";
+import {
+  type ActionType,
+  type EnvRuntime,
+  type Records,
+  bodyCodec,
+  checkAutoreset,
+  describeError,
+  readActions,
+  stepAction,
+} from "../../runtime/core";
+import type { EnvHost } from "../../runtime/host";
+import { type ConnectionStats, newStats } from "../../stream";
+import type { Listener, ListenOptions } from "../index";
+import {
+  CB,
+  LAYOUT_VERSION,
+  MAGIC,
+  Region,
+  RegionState,
+  SEQ_MASK,
+  type ShmLayout,
+  ShmLayout as Layouts,
+  type ShmUrl,
+  SlotCommand,
+  WAIT_CLOSED,
+  WAIT_TIMEOUT,
+  futexWake,
+  off,
+  parseShmUrl,
+  peerAlive,
+  procStartTime,
+  publishWord,
+  waitWord,
+} from "./region";
+
+/** One run of bytes copied from the encoded result record to the slot. */
+interface Copy {
+  readonly from: number;
+  readonly to: number;
+  readonly size: number;
+}
+
+/** How the STEP_RESP struct lands in a slot and in a final area. */
+export interface ResultLayout {
+  readonly codec: AnyStructCodec;
+  /** Runs from the packed result record to the slot's result fields. */
+  readonly copies: readonly Copy[];
+  /** Runs from the slot's result fields to the final area's. */
+  readonly finalCopies: readonly Copy[];
+  /** Slot offset of the whole packed result when the slot holds it as is (zero copy), else -1. */
+  readonly inPlace: number;
+}
+
+/** Add a run, merged with the previous one when both sides continue it. */
+function addRun(runs: Copy[], from: number, to: number, size: number): void {
+  const last = runs[runs.length - 1];
+  if (last !== undefined && last.from + last.size === from && last.to + last.size === to) {
+    runs[runs.length - 1] = { from: last.from, to: last.to, size: last.size + size };
+  } else {
+    runs.push({ from, to, size });
+  }
+}
+
+/**
+ * The slot offset where the packed result lies whole (every field displaced by the same amount,
+ * no other slot field inside it: the derived layouts), or -1 (the pac_shm profile).
+ */
+function wholeAt(layout: ShmLayout, fields: readonly FieldJson[], copies: readonly Copy[], size: number): number {
+  const first = copies[0];
+  if (first === undefined) return -1;
+  const shift = first.to - first.from;
+  if (shift < 0 || copies.some((c) => c.to - c.from !== shift)) return -1;
+  const names = new Set(fields.map((f) => f.name));
+  for (const [name, f] of Object.entries(layout.slot)) {
+    const inside = f.offset < shift + size && f.offset + f.size > shift;
+    const isResult = (f.offset === shift && f.size === size) || (names.has(name) && layout.ir.result_offsets[name] === f.offset);
+    if (inside && !isResult) return -1;
+  }
+  return shift;
+}
+
+/** The copy plans of the schema's result struct over its shm layout (IR `shm` offset maps). */
+export function resultLayout(schema: SchemaModule): ResultLayout {
+  const layout = Layouts.of(schema);
+  const codec = bodyCodec(schema, "STEP_RESP");
+  const fields = [...(schema.ir.structs[codec.name]?.fields ?? [])].sort((a, b) => a.offset - b.offset);
+  const copies: Copy[] = [];
+  const finalCopies: Copy[] = [];
+  for (const f of fields) {
+    const at = layout.ir.result_offsets[f.name];
+    const finalAt = layout.ir.final_result_offsets[f.name];
+    if (at === undefined || finalAt === undefined) {
+      throw new ProtocolError(`shm:// cannot carry ${codec.name}.${f.name}: the ${layout.ir.profile} layout has no offset for it`);
+    }
+    addRun(copies, f.offset, at, f.size);
+    addRun(finalCopies, at, finalAt, f.size);
+  }
+  return { codec, copies, finalCopies, inPlace: wholeAt(layout, fields, copies, codec.size) };
+}
+
+/** UTF-8 `text` cut at a character boundary to at most `max` bytes. */
+export function utf8Cut(text: string, max: number): Buffer {
+  const data = Buffer.from(text, "utf8");
+  if (data.length <= max) return data;
+  let cut = max;
+  while (cut > 0 && ((data[cut] as number) & 0xc0) === 0x80) cut--;
+  return data.subarray(0, cut);
+}
+
+/**
+ * The runtime's records over the region: env i's result goes straight into slot i when the
+ * slot holds the result whole, else into scratch record i whose fields `written` copies to the
+ * slot; SAME_STEP finals go to final area i, stamped with the request's sequence before the
+ * response word is published.
+ */
+class SlotRecords implements Records {
+  readonly bytes: Uint8Array;
+  readonly #region: Region;
+  readonly #layout: ShmLayout;
+  readonly #plan: ResultLayout;
+  readonly #size: number;
+  readonly #finalsAt: number;
+  readonly #seqs: Int32Array;
+  /** Per record, the scratch views of its copy runs (made once: `written` allocates nothing). */
+  readonly #runs: ReadonlyArray<readonly Uint8Array[]>;
+
+  constructor(region: Region, plan: ResultLayout, seqs: Int32Array) {
+    this.#region = region;
+    this.#layout = region.layout;
+    this.#plan = plan;
+    this.#size = plan.codec.size;
+    this.bytes = plan.inPlace >= 0 ? region.bytes : new Uint8Array(region.numSlots * this.#size);
+    this.#finalsAt = region.layout.finalsOffset(region.numSlots);
+    this.#seqs = seqs;
+    const runs: Uint8Array[][] = [];
+    for (let i = 0; plan.inPlace < 0 && i < region.numSlots; i++) {
+      const from = i * this.#size;
+      runs.push(plan.copies.map((c) => this.bytes.subarray(from + c.from, from + c.from + c.size)));
+    }
+    this.#runs = runs;
+  }
+
+  at(index: number): number {
+    const inPlace = this.#plan.inPlace;
+    return inPlace >= 0 ? this.#layout.slotBase(index) + inPlace : index * this.#size;
+  }
+
+  written(index: number): void {
+    if (this.#plan.inPlace >= 0) return; // encoded in the slot itself
+    const bytes = this.#region.bytes;
+    const base = this.#layout.slotBase(index);
+    const copies = this.#plan.copies;
+    const runs = this.#runs[index] as readonly Uint8Array[];
+    for (let k = 0; k < copies.length; k++) bytes.set(runs[k] as Uint8Array, base + (copies[k] as Copy).to);
+  }
+
+  keepFinal(index: number): void {
+    const region = this.#region;
+    const slot = this.#layout.slotBase(index);
+    const final = this.#finalsAt + index * this.#layout.finalSize;
+    const copies = this.#plan.finalCopies;
+    for (let k = 0; k < copies.length; k++) {
+      const c = copies[k] as Copy;
+      region.bytes.copyWithin(final + c.to, slot + c.from, slot + c.from + c.size);
+    }
+    Atomics.store(region.words, (final + this.#layout.finalSeqAt) >> 2, this.#seqs[index] as number);
+  }
+}
+
+const MODE = new Float64Array(1);
+
+/** One lease holder's envs. */
+interface Lease {
+  clientPid: number;
+  readonly runtime: EnvRuntime;
+}
+
+/** The shm:// server: one region, one client lease at a time, one loop on the main thread. */
+export class ShmListener implements Listener {
+  readonly url: string;
+  readonly stats: ConnectionStats = newStats();
+  readonly shm: ShmUrl;
+  readonly numEnvs: number;
+  /** Slots in the region: max(num_envs, seats) when the env has stepBatch, else num_envs. */
+  readonly numSlots: number;
+  readonly region: Region;
+  readonly layout: ShmLayout;
+  /** FUTEX_WAIT calls the loop made while idle or waiting (how often it slept). */
+  sleeps = 0;
+  readonly #host: EnvHost;
+  readonly #records: SlotRecords;
+  readonly #pending: Uint8Array;
+  readonly #seqs: Int32Array;
+  readonly #doorbellAt: number;
+  readonly #clientPidWord: number;
+  readonly #clientStartAt: number;
+  readonly #actionAt: number;
+  readonly #actionType: ActionType;
+  readonly #seats: number;
+  readonly #seedOf = (index: number): bigint | null => this.#slotSeed(index);
+  #lease: Lease | null = null;
+  #spare: EnvRuntime | null = null;
+  #last = 0;
+  #idle = false;
+  #closed = false;
+  #stopped: Promise<void>;
+  #stop: () => void = () => undefined;
+
+  constructor(url: string, host: EnvHost) {
+    this.url = url;
+    this.shm = parseShmUrl(url);
+    this.#host = host;
+    const schema = host.schema;
+    const layout = Layouts.of(schema);
+    this.layout = layout;
+    const plan = resultLayout(schema);
+    const action = stepAction(schema);
+    const actionAt = layout.ir.request_offsets[action.field.name];
+    if (actionAt === undefined) throw new ProtocolError(`the shm layout has no offset for the action field ${action.field.name}`);
+    this.#actionAt = actionAt;
+    this.#actionType = action.type;
+    const numEnvs = this.shm.numEnvs ?? host.numEnvs;
+    this.numEnvs = numEnvs;
+    const spare = host.runtime(numEnvs, url); // the first client's envs, made before READY
+    this.#seats = spare.hasSeats ? spare.seats : 0;
+    this.numSlots = Math.max(numEnvs, this.#seats);
+    this.#pending = new Uint8Array(this.numSlots);
+    this.#seqs = new Int32Array(this.numSlots);
+    this.#doorbellAt = off(CB, "doorbell");
+    this.#clientPidWord = off(CB, "client_pid") >> 2;
+    this.#clientStartAt = off(CB, "client_start_time");
+    this.#stopped = new Promise((resolve) => {
+      this.#stop = resolve;
+    });
+
+    let region: Region;
+    try {
+      region = Region.create(this.shm, layout, this.numSlots);
+    } catch (error) {
+      spare.close();
+      throw error;
+    }
+    this.region = region;
+    this.#records = new SlotRecords(region, plan, this.#seqs);
+    try {
+      const dv = region.dv;
+      dv.setUint32(off(CB, "owner_pid"), process.pid, true);
+      dv.setBigUint64(off(CB, "owner_start_time"), procStartTime(process.pid), true);
+      spare.runner.start?.(); // worker threads too, before a client asks
+      this.#spare = spare;
+      dv.setUint32(off(CB, "magic"), MAGIC, true);
+      dv.setUint32(off(CB, "version"), LAYOUT_VERSION, true);
+      dv.setUint32(off(CB, "num_envs"), numEnvs, true);
+      dv.setUint32(off(CB, "obs_size"), layout.obsSize, true);
+      dv.setUint32(off(CB, "act_size"), layout.actSize, true);
+      dv.setUint32(off(CB, "slot_size"), layout.slotSize, true);
+      dv.setBigUint64(off(CB, "fingerprint"), schema.fingerprint, true);
+      this.#writeInfo(0, { env: host.envName, server: host.serverLang });
+      this.#last = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK; // before READY
+      Atomics.store(region.words, region.cbWord("state"), RegionState.READY); // last: ready
+    } catch (error) {
+      spare.close();
+      region.unlinkIfOurs();
+      region.unmap();
+      throw error;
+    }
+    setImmediate(this.#tick);
+  }
+
+  /** Drop the lease's envs (and stop its worker threads). */
+  #dropLease(): void {
+    this.#lease?.runtime.close();
+    this.#lease = null;
+  }
+
+  // -- the loop ------------------------------------------------------------------------------------
+
+  /** Serve until idle for one slice or busy for ~20 ms, then give the event loop a turn. */
+  readonly #tick = (): void => {
+    if (this.#closed) return;
+    const region = this.region;
+    const policy = this.shm.wait;
+    const sliceNs = Math.max(1, policy.futexSliceMs) * 1e6;
+    const burstEnd = performance.now() + 20;
+    try {
+      for (;;) {
+        const rc = waitWord(region, this.#doorbellAt, this.#last, false, sliceNs, {
+          spin: this.#idle ? 0 : policy.spin, // an idle server sleeps at once
+          sliceMs: policy.futexSliceMs,
+        });
+        if (rc >= 0) {
+          this.#last = rc;
+          this.#idle = false;
+          this.#serveBatch();
+          if (performance.now() >= burstEnd) break;
+        } else if (rc === WAIT_TIMEOUT) {
+          this.sleeps++;
+          this.#idle = true;
+          this.#housekeeping();
+          break;
+        } else if (rc === WAIT_CLOSED) {
+          this.#stop();
+          return;
+        }
+      }
+    } catch (error) {
+      process.stderr.write(`transport: shm://${this.shm.name} server loop error: ${describeError(error)}\n`);
+    }
+    if (!this.#closed) setImmediate(this.#tick);
+  };
+
+  #serveBatch(): void {
+    const region = this.region;
+    const words = region.words;
+    const layout = this.layout;
+    const k = this.numSlots;
+    const n = this.numEnvs;
+    const pending = this.#pending;
+    const seqs = this.#seqs;
+    const reqOff = off(layout.slot, "sem_action_ready");
+    const respOff = off(layout.slot, "sem_result_ready");
+    const cmdOff = off(layout.slot, "command");
+    let count = 0;
+    let below = 0; // pending slots among 0..n-1
+    let cmd = -2;
+    for (let i = 0; i < k; i++) {
+      const base = layout.slotBase(i);
+      const req = Atomics.load(words, (base + reqOff) >> 2) & SEQ_MASK;
+      const resp = Atomics.load(words, (base + respOff) >> 2) & SEQ_MASK;
+      if (req !== resp) {
+        pending[i] = 1;
+        seqs[i] = req; // answer exactly this request, even if a newer one follows
+        count++;
+        if (i < n) below++;
+        const c = words[(base + cmdOff) >> 2] as number;
+        cmd = cmd === -2 ? c : cmd === c ? cmd : -1;
+      } else {
+        pending[i] = 0;
+      }
+    }
+    if (count === 0) return;
+    const pid = Atomics.load(words, this.#clientPidWord) >>> 0;
+    let lease = this.#lease;
+    if (lease === null || lease.clientPid !== pid) lease = pid ? this.#newLease(pid) : null;
+    const all = count === n && below === n;
+    let status = 0;
+    try {
+      if (lease === null) throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
+      const runtime = lease.runtime;
+      if (cmd === SlotCommand.STEP_MULTI) {
+        this.#stepMulti(runtime, count);
+      } else if (all && cmd === SlotCommand.STEP) {
+        this.#readActions(runtime, 0, n);
+        runtime.step(this.#records);
+      } else if (all && cmd === SlotCommand.RESET) {
+        runtime.reset(this.#records, this.#seedOf);
+      } else if (all && cmd === SlotCommand.HELLO) {
+        runtime.autoreset = this.#mode(0);
+      } else if (all && cmd === SlotCommand.OBSERVE) {
+        this.#observe(runtime);
+      } else if (cmd === SlotCommand.SHUTDOWN) {
+        this.#dropLease();
+      } else {
+        this.#mixed(runtime);
+        status = -1; // statuses written per slot
+      }
+    } catch (error) {
+      if (error instanceof RequestError) {
+        status = error.code;
+        this.#errorAll(error.text);
+      } else {
+        status = ErrorCode.INTERNAL; // a bug must not take the server down (env errors: the runtime)
+        this.#errorAll(describeError(error));
+      }
+    }
+    const statusOff = off(layout.slot, "status");
+    const dv = region.dv;
+    for (let i = 0; i < k; i++) {
+      if (!pending[i]) continue;
+      const base = layout.slotBase(i);
+      if (status >= 0) dv.setUint16(base + statusOff, status, true);
+      publishWord(region, base + respOff, seqs[i] as number); // results, status, then the word
+    }
+  }
+
+  /** STEP_MULTI on slots 0..seats-1 (one seat action each) and no others: the runtime's. */
+  #stepMulti(runtime: EnvRuntime, count: number): void {
+    const seats = runtime.seats;
+    const pending = this.#pending;
+    let exact = count === seats;
+    for (let i = 0; i < seats && exact; i++) if (!pending[i]) exact = false;
+    if (!exact) {
+      throw new RequestError(ErrorCode.BAD_BATCH, `STEP_MULTI needs slots 0..${seats - 1} and no others (${count} slots asked)`);
+    }
+    runtime.checkMulti();
+    this.#readActions(runtime, 0, seats);
+    runtime.stepMulti(this.#records);
+  }
+
+  #newLease(pid: number): Lease {
+    this.#dropLease();
+    const runtime = this.#spare ?? this.#host.runtime(this.numEnvs, this.url);
+    this.#spare = null;
+    this.#lease = { clientPid: pid, runtime };
+    this.stats.connections++;
+    return this.#lease;
+  }
+
+  /** Slot actions [from, to) into the runtime's action array. */
+  #readActions(runtime: EnvRuntime, from: number, to: number): void {
+    const layout = this.layout;
+    readActions(runtime.actions, this.region.bytes, layout.slotBase(from) + this.#actionAt, layout.slotSize, to - from, this.#actionType, from);
+  }
+
+  #slotSeed(index: number): bigint | null {
+    const region = this.region;
+    if (!region.bytes[region.slotAt(index, "has_seed")]) return null;
+    return region.dv.getBigUint64(region.slotAt(index, "seed"), true);
+  }
+
+  /** HELLO: the auto-reset mode in slot `index`'s `action` (docs/shm.md "Auto-reset"). */
+  #mode(index: number): AutoReset {
+    const into = MODE;
+    readActions(into, this.region.bytes, this.layout.slotBase(index) + this.#actionAt, 0, 1, this.#actionType);
+    const mode = into[0] as number;
+    return checkAutoreset(mode, () => `unknown auto-reset mode ${mode}`);
+  }
+
+  /** OBSERVE: the results rewritten in place, each env's info map in its slot's info area. */
+  #observe(runtime: EnvRuntime): void {
+    const infos = runtime.observe(this.#records);
+    for (let i = 0; i < this.numEnvs; i++) this.#writeInfo(i, infos[i] ?? {});
+  }
+
+  /** A msgpack map in slot `index`'s info area (info_len 0 when it does not fit). */
+  #writeInfo(index: number, info: Record<string, unknown>): void {
+    const region = this.region;
+    const data = msgpackEncode(info);
+    const fits = data.byteLength <= this.layout.infoMax;
+    if (fits) region.bytes.set(data, region.slotAt(index, "info"));
+    region.dv.setUint16(region.slotAt(index, "info_len"), fits ? data.byteLength : 0, true);
+  }
+
+  /** Slots with different commands, or a subset: each answered on its own. */
+  #mixed(runtime: EnvRuntime): void {
+    const region = this.region;
+    const dv = region.dv;
+    for (let i = 0; i < this.numSlots; i++) {
+      if (!this.#pending[i]) continue;
+      let code = 0;
+      try {
+        const cmd = dv.getUint32(region.slotAt(i, "command"), true);
+        if (cmd === SlotCommand.SHUTDOWN) {
+          this.#dropLease();
+        } else if (cmd === SlotCommand.HELLO) {
+          runtime.autoreset = this.#mode(i);
+        } else if (i >= this.numEnvs) {
+          throw new RequestError(ErrorCode.BAD_BATCH, `slot ${i} is a seat slot (STEP_MULTI only); this server has ${this.numEnvs} envs`);
+        } else if (cmd === SlotCommand.STEP) {
+          this.#readActions(runtime, i, i + 1);
+          runtime.step(this.#records, i, i + 1);
+        } else if (cmd === SlotCommand.RESET) {
+          runtime.reset(this.#records, this.#seedOf, i, i + 1);
+        } else {
+          throw new RequestError(ErrorCode.UNKNOWN_MESSAGE, `slot ${i}: command ${cmd}`);
+        }
+      } catch (error) {
+        if (error instanceof RequestError) {
+          code = error.code;
+          this.#writeText(i, error.text);
+        } else {
+          code = ErrorCode.INTERNAL;
+          this.#writeText(i, describeError(error));
+        }
+      }
+      dv.setUint16(region.slotAt(i, "status"), code, true);
+    }
+  }
+
+  #writeText(index: number, text: string): void {
+    const region = this.region;
+    const data = utf8Cut(text, this.layout.errorTextMax);
+    region.bytes.set(data, region.slotAt(index, "error_text"));
+    region.dv.setUint16(region.slotAt(index, "error_len"), data.length, true);
+  }
+
+  #errorAll(text: string): void {
+    const pending = this.#pending;
+    for (let i = 0; i < this.numSlots; i++) if (pending[i]) this.#writeText(i, text);
+  }
+
+  /** Idle: reclaim the lease of a dead client (its envs are dropped); keep spare envs ready. */
+  #housekeeping(): void {
+    const region = this.region;
+    const pid = Atomics.load(region.words, this.#clientPidWord) >>> 0;
+    if (pid && !peerAlive(pid, region.dv.getBigUint64(this.#clientStartAt, true))) {
+      process.stderr.write(`transport: shm://${this.shm.name}: client pid ${pid} is gone; reclaiming its lease\n`);
+      region.dv.setBigUint64(this.#clientStartAt, 0n, true);
+      Atomics.compareExchange(region.words, this.#clientPidWord, pid | 0, 0);
+      if (this.#lease !== null && this.#lease.clientPid === pid) this.#dropLease();
+    }
+    if (this.#spare === null && this.#lease === null) {
+      this.#spare = this.#host.runtime(this.numEnvs, this.url);
+      this.#spare.runner.start?.();
+    }
+  }
+
+  // -- shutdown ------------------------------------------------------------------------------------
+
+  /** Mark the region CLOSED, wake every waiter, stop serving, unlink the segment, unmap. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true; // the loop is not running now (one thread): it stops at its next turn
+    const region = this.region;
+    Atomics.store(region.words, region.cbWord("state"), RegionState.CLOSED);
+    futexWake(region, this.#doorbellAt);
+    const respOff = off(this.layout.slot, "sem_result_ready");
+    for (let i = 0; i < this.numSlots; i++) futexWake(region, this.layout.slotBase(i) + respOff);
+    region.unlinkIfOurs();
+    region.unmap();
+    this.#dropLease();
+    this.#spare?.close();
+    this.#spare = null;
+    this.#stop();
+    await this.#stopped;
+  }
+}
+
+export async function listen(url: string, host: EnvHost, _options: ListenOptions = {}): Promise<ShmListener> {
+  return new ShmListener(url, host);
+}

@@ -1,0 +1,572 @@
+/**
+ * The env runtime: every env semantic of a Node server, once (transport/runtime in Python).
+ *
+ * Backends move bytes; the stream session (session.ts) decodes request bodies and the shm server
+ * (backends/shm) reads slots, and both call one `EnvRuntime` with *records*: the bytes where env
+ * i's result is encoded (the session's send buffer, a slot). The runtime owns, for N envs:
+ *
+ * - the checks, their order, codes and texts (Python's): "reset first" (NOT_RESET), "episode is
+ *   done; reset first", the action range (INVALID_ACTION) and the action mask (MASKED_ACTION),
+ *   all before any env steps (a refused batch steps nothing);
+ * - seeds: env i gets seed + i; the server's first seed (`--seed S`) for the first unseeded reset;
+ * - auto-reset (docs/protocol.md): DISABLED, NEXT_STEP (a done env's action is ignored and the env
+ *   is reset), SAME_STEP (an ending step's result is kept as a final (`Records.keepFinal`), then
+ *   the env is reset);
+ * - env-error recovery (transport/server.py `_recover`): an env that throws is answered ENV_ERROR
+ *   `env {i}: <Name>: <message> (<fate>)` (several joined by "; "), and is reset, else recreated
+ *   from the factory, else left needing a reset; the other envs of the request did their work;
+ * - `stepBatch` (one env, one action per seat: STEP_MULTI) and OBSERVE.
+ *
+ * The envs themselves run in a *runner*: in this thread (local.ts, results encoded in place into
+ * the records) or in worker threads (pool.ts). A runner only executes per-env operations.
+ */
+
+import type { AnyStructCodec, SchemaModule } from "../codec";
+import { ProtocolError, TransportError } from "../errors";
+import { type FieldJson, episodeEndFields } from "../ir";
+import { AutoReset, ErrorCode, RequestError } from "../protocol";
+import type { Spaces } from "./env";
+
+export const FATE_RESET = "the env was reset";
+export const FATE_RECREATED = "the env was recreated";
+export const FATE_FAILED = "the env could not be reset: send a reset";
+
+/** Seats of a STEP_MULTI (seed 000's self-play game). */
+export const SEATS = 8;
+
+/** What a runner does to one env. */
+export const Op = {
+  NONE: 0,
+  STEP: 1,
+  RESET: 2,
+  /** A fresh env from the factory, then reset (recovery). */
+  RECREATE: 3,
+  /** Write the env's current result (`observe()`, else its last result). */
+  OBSERVE: 4,
+} as const;
+export type Op = (typeof Op)[keyof typeof Op];
+
+/** A failure of one env during a request: its index and what it threw. */
+export type Failure = readonly [index: number, error: unknown];
+
+/** Python's `format_exception_only`: "Name: message". */
+export function describeError(error: unknown): string {
+  if (error instanceof Error) return `${error.name}: ${error.message}`;
+  return String(error);
+}
+
+/** What env `index` did wrong, without the `env {i}: ` a RequestError's text may start with. */
+export function failureText(index: number, error: unknown): string {
+  if (!(error instanceof RequestError)) return describeError(error);
+  const prefix = `env ${index}: `;
+  return error.text.startsWith(prefix) ? error.text.slice(prefix.length) : error.text;
+}
+
+/** An auto-reset mode from a HELLO (flags bits or the shm slot word); BAD_FRAME `text` otherwise. */
+export function checkAutoreset(mode: number, text: () => string): AutoReset {
+  if (mode !== AutoReset.DISABLED && mode !== AutoReset.NEXT_STEP && mode !== AutoReset.SAME_STEP) {
+    throw new RequestError(ErrorCode.BAD_FRAME, text());
+  }
+  return mode;
+}
+
+/**
+ * Where results go: env i's result record (the result struct's packed layout) is at
+ * `bytes[at(i), at(i) + size)`. A backend hands the runtime its own bytes (zero copy) or a
+ * scratch area it copies from in `written`.
+ */
+export interface Records {
+  readonly bytes: Uint8Array;
+  at(index: number): number;
+  /** Env `index`'s record is complete (after a step, reset or observe). */
+  written(index: number): void;
+  /** SAME_STEP: env `index`'s record is a final result; keep it before the reset overwrites it. */
+  keepFinal(index: number): void;
+}
+
+/** Runs the envs: executes per-env operations and encodes results into records. */
+export interface Runner {
+  readonly numEnvs: number;
+  /** A failed env can be recreated (the server has a factory). */
+  readonly canRecreate: boolean;
+  /** Only whole batches (every env at once) can run (a worker pool). */
+  readonly wholeBatchOnly: boolean;
+  spaces(): Spaces;
+  /**
+   * Run `ops[i]` on every env i (STEP with `actions[i]`, RESET / RECREATE with `seeds[i]`,
+   * OBSERVE), each result encoded into `out`'s record i. Returns null, or the envs that threw
+   * (in index order): the others did their operation.
+   */
+  run(
+    ops: Uint8Array,
+    actions: Float64Array,
+    seeds: ReadonlyArray<bigint | null>,
+    out: Records,
+  ): Failure[] | null;
+  /** The fate of env `index` if the runner replaced it since the last request (a dead worker). */
+  takeReplaced(index: number): string | null;
+  /** Env 0's `stepBatch` writing seat i's result into record i; null when it has none. */
+  readonly stepSeats: ((actions: Int32Array, out: Records) => void) | null;
+  /** Start what the runner needs now (worker threads) rather than at the first request. */
+  start?(): unknown;
+  /** Env i's `info()` map (`{}` without it). */
+  info(index: number): Record<string, unknown>;
+  close(): void;
+}
+
+/** An action's integer type: byte size and signedness (actions are read byte by byte). */
+export interface ActionType {
+  readonly size: 1 | 2 | 4;
+  readonly signed: boolean;
+}
+
+const ACTION_TYPES: Readonly<Record<string, ActionType>> = {
+  i8: { size: 1, signed: true },
+  u8: { size: 1, signed: false },
+  i16: { size: 2, signed: true },
+  u16: { size: 2, signed: false },
+  i32: { size: 4, signed: true },
+  u32: { size: 4, signed: false },
+};
+
+/** A field's element type, enums resolved to their integer type ("i32" for "i32[8]"). */
+export function elementType(schema: SchemaModule, field: FieldJson): string {
+  const bracket = field.type.indexOf("[");
+  const type = bracket < 0 ? field.type : field.type.slice(0, bracket);
+  return schema.ir.enums[type]?.type ?? type;
+}
+
+export function actionTypeOf(schema: SchemaModule, field: FieldJson, what: string): ActionType {
+  const type = elementType(schema, field);
+  const found = ACTION_TYPES[type];
+  if (found === undefined) {
+    throw new ProtocolError(`the ${what} field ${field.name} has type ${type}: actions must be 8-32 bit integers`);
+  }
+  return found;
+}
+
+/** Read `count` integer actions at `buf[at + i * stride]` into `into[first + i]` (no allocation). */
+export function readActions(
+  into: Float64Array,
+  buf: Uint8Array,
+  at: number,
+  stride: number,
+  count: number,
+  type: ActionType,
+  first = 0,
+): void {
+  for (let i = 0; i < count; i++) {
+    const p = at + i * stride;
+    let value: number;
+    if (type.size === 4) {
+      value =
+        (buf[p] as number) |
+        ((buf[p + 1] as number) << 8) |
+        ((buf[p + 2] as number) << 16) |
+        ((buf[p + 3] as number) << 24);
+      if (!type.signed) value >>>= 0;
+    } else if (type.size === 2) {
+      value = (buf[p] as number) | ((buf[p + 1] as number) << 8);
+      if (type.signed) value = (value << 16) >> 16;
+    } else {
+      value = buf[p] as number;
+      if (type.signed) value = (value << 24) >> 24;
+    }
+    into[first + i] = value;
+  }
+}
+
+/** Write one integer action at `buf[at]` (the shm client's request field). */
+export function writeAction(buf: Uint8Array, at: number, value: number, type: ActionType): void {
+  for (let b = 0; b < type.size; b++) buf[at + b] = (value >>> (8 * b)) & 0xff;
+}
+
+/** The struct of a message's body; a clear error when the schema lacks it. */
+export function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
+  const body = schema.messages[message]?.body;
+  if (body === undefined || body === null) {
+    throw new ProtocolError(`message ${message} of schema ${schema.name} has no body struct`);
+  }
+  const codec = schema.structs[body];
+  if (codec === undefined) throw new ProtocolError(`schema ${schema.name} has no struct ${body}`);
+  return codec;
+}
+
+/** The field of `struct` with the first of `roles` it has, or null. */
+export function fieldWithRole(schema: SchemaModule, struct: string, ...roles: string[]): FieldJson | null {
+  const fields = schema.ir.structs[struct]?.fields ?? [];
+  for (const role of roles) {
+    const field = fields.find((f) => f.role === role);
+    if (field) return field;
+  }
+  return null;
+}
+
+/** The STEP_REQ body's action field and type (every backend reads actions this way). */
+export function stepAction(schema: SchemaModule): { field: FieldJson; type: ActionType; size: number } {
+  const request = bodyCodec(schema, "STEP_REQ");
+  const field = fieldWithRole(schema, request.name, "action");
+  if (field === null) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
+  return { field, type: actionTypeOf(schema, field, "STEP_REQ action"), size: request.size };
+}
+
+type Reader = (dv: DataView, at: number) => number;
+
+const READERS: Readonly<Record<string, Reader>> = {
+  u8: (dv, at) => dv.getUint8(at),
+  bool: (dv, at) => dv.getUint8(at),
+  i8: (dv, at) => dv.getInt8(at),
+  u16: (dv, at) => dv.getUint16(at, true),
+  i16: (dv, at) => dv.getInt16(at, true),
+  u32: (dv, at) => dv.getUint32(at, true),
+  i32: (dv, at) => dv.getInt32(at, true),
+  f32: (dv, at) => dv.getFloat32(at, true),
+  f64: (dv, at) => dv.getFloat64(at, true),
+  u64: (dv, at) => Number(dv.getBigUint64(at, true)),
+  i64: (dv, at) => Number(dv.getBigInt64(at, true)),
+};
+
+function readerOf(schema: SchemaModule, field: FieldJson): { read: Reader; size: number } {
+  const type = elementType(schema, field);
+  const read = READERS[type];
+  if (read === undefined) throw new ProtocolError(`field ${field.name} has non-scalar type ${type}`);
+  return { read, size: field.size / field.count };
+}
+
+/** Options of a runtime. */
+export interface RuntimeOptions {
+  /** The seed of the first unseeded reset (env i gets seed + i). */
+  readonly firstSeed?: bigint | number | null;
+}
+
+/** N envs of one client: the checks, seeds, auto-reset, finals, recovery, seats, OBSERVE. */
+export class EnvRuntime {
+  readonly schema: SchemaModule;
+  readonly runner: Runner;
+  readonly numEnvs: number;
+  readonly spaces: Spaces;
+  /** The result struct (STEP_RESP body): records are `result.size` bytes. */
+  readonly result: AnyStructCodec;
+  readonly firstSeed: bigint | null;
+  /** The auto-reset mode (HELLO; disabled until then). */
+  autoreset: AutoReset = AutoReset.DISABLED;
+  /** Seats of a STEP_MULTI (the schema's `[env] seats`, seed 000: 8). */
+  readonly seats: number;
+  /** The request's actions (length max(N, seats)): a backend reads them here, then calls step. */
+  readonly actions: Float64Array;
+
+  readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
+  /** The result fields whose truth ends an episode (`episodeEndFields`). */
+  readonly #ends: ReadonlyArray<{ at: number; read: Reader }>;
+  readonly #masks: Uint8Array;
+  readonly #isDone: Uint8Array;
+  readonly #wasReset: Uint8Array;
+  readonly #ops: Uint8Array;
+  readonly #failed: Uint8Array;
+  readonly #seeds: Array<bigint | null>;
+  #seatActions: Int32Array | null = null;
+  #dv: DataView | null = null;
+  #dvBytes: Uint8Array | null = null;
+
+  constructor(schema: SchemaModule, runner: Runner, options: RuntimeOptions = {}) {
+    if (runner.numEnvs < 1) throw new TransportError("a runtime needs at least one env");
+    this.schema = schema;
+    this.runner = runner;
+    this.numEnvs = runner.numEnvs;
+    const seed = options.firstSeed;
+    this.firstSeed = seed === undefined || seed === null ? null : BigInt(seed);
+    this.result = bodyCodec(schema, "STEP_RESP");
+    this.spaces = runner.spaces();
+    const n = this.numEnvs;
+    // as in Python, the mask is checked for actions below its length (normally act_n)
+    const maskField = fieldWithRole(schema, this.result.name, "action_mask");
+    this.#mask = maskField ? { at: maskField.offset, ...readerOf(schema, maskField), count: maskField.count } : null;
+    this.#ends = episodeEndFields(schema.ir.structs[this.result.name]).map((f) => ({
+      at: f.offset,
+      read: readerOf(schema, f).read,
+    }));
+    this.#masks = new Uint8Array(n * (this.#mask?.count ?? 0));
+    this.#isDone = new Uint8Array(n);
+    this.#wasReset = new Uint8Array(n);
+    this.#ops = new Uint8Array(n);
+    this.#failed = new Uint8Array(n);
+    this.#seeds = new Array<bigint | null>(n).fill(null);
+    this.seats = schema.ir.env?.seats ?? SEATS;
+    this.actions = new Float64Array(Math.max(n, this.seats));
+  }
+
+  /** Has env 0 a `stepBatch` this runtime can drive (a 1-env runtime in this thread)? */
+  get hasSeats(): boolean {
+    return this.numEnvs === 1 && this.runner.stepSeats !== null;
+  }
+
+  /** Whether env `index` has been reset (and not lost since). */
+  wasReset(index: number): boolean {
+    return this.#wasReset[index] === 1;
+  }
+
+  close(): void {
+    this.runner.close();
+  }
+
+  // -- requests ------------------------------------------------------------------------------------
+
+  /**
+   * Reset envs [from, to): env i with `seeds(i)`, or with the first seed + i on the runtime's
+   * first unseeded reset. Throws a RequestError (ENV_ERROR after recovery) when an env failed.
+   */
+  reset(out: Records, seedOf: (index: number) => bigint | null, from = 0, to = this.numEnvs): void {
+    this.#whole(from, to);
+    const first = this.firstSeed !== null && !this.#wasReset.includes(1) ? this.firstSeed : null;
+    const seeds = this.#seeds;
+    const ops = this.#ops;
+    ops.fill(Op.NONE);
+    for (let i = from; i < to; i++) {
+      const seed = seedOf(i);
+      seeds[i] = seed !== null ? seed : first === null ? null : first + BigInt(i);
+      ops[i] = Op.RESET;
+    }
+    const failures = this.#run(out);
+    for (let i = from; i < to; i++) if (!this.#failed[i]) this.#wasReset[i] = 1;
+    if (failures !== null) throw this.#recover(failures, out, true);
+  }
+
+  /** Reset every env, env i with `seed + i` (null: unseeded, or the first seed + i). */
+  resetAll(out: Records, seed: bigint | null): void {
+    this.reset(out, seed === null ? noSeed : (i) => seed + BigInt(i));
+  }
+
+  /**
+   * Step envs [from, to) with `actions[i]`, honouring the auto-reset mode: every action is
+   * checked first (NEXT_STEP: a done env's action is ignored, not checked), then every env
+   * steps; SAME_STEP keeps an ending step's result as a final and resets the env.
+   */
+  step(out: Records, from = 0, to = this.numEnvs): void {
+    this.#whole(from, to);
+    const actions = this.actions;
+    const ops = this.#ops;
+    const nextStep = this.autoreset === AutoReset.NEXT_STEP;
+    const isDone = this.#isDone;
+    const wasReset = this.#wasReset;
+    for (let i = from; i < to; i++) {
+      if (nextStep && isDone[i] && wasReset[i]) continue;
+      this.#checkAction(i, actions[i] as number);
+    }
+    ops.fill(Op.NONE);
+    const seeds = this.#seeds;
+    for (let i = from; i < to; i++) {
+      if (nextStep && isDone[i] && wasReset[i]) {
+        ops[i] = Op.RESET; // the action of a done env is ignored
+        seeds[i] = null;
+      } else {
+        ops[i] = Op.STEP;
+      }
+    }
+    let failures = this.#run(out);
+    if (this.autoreset === AutoReset.SAME_STEP) {
+      let ended = false;
+      for (let i = from; i < to; i++) {
+        if (ops[i] === Op.STEP && !this.#failed[i] && isDone[i]) {
+          out.keepFinal(i);
+          ended = true;
+        }
+      }
+      if (ended) {
+        for (let i = from; i < to; i++) {
+          const reset = ops[i] === Op.STEP && !this.#failed[i] && isDone[i];
+          ops[i] = reset ? Op.RESET : Op.NONE;
+          seeds[i] = null;
+        }
+        const more = this.#run(out);
+        if (more !== null) failures = failures === null ? more : [...failures, ...more].sort((a, b) => a[0] - b[0]);
+      }
+    }
+    if (failures !== null) throw this.#recover(failures, out, false);
+  }
+
+  /** Refuse a STEP_MULTI this runtime cannot take: it needs `seats` envs or one env with stepBatch. */
+  checkMulti(): void {
+    if (this.numEnvs !== this.seats && !this.hasSeats) {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        `STEP_MULTI_REQ needs an ${this.seats}-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
+      );
+    }
+  }
+
+  /**
+   * STEP_MULTI with `actions[0..seats)`: one `stepBatch` call (true: the seat results are in
+   * records 0..seats-1, no auto-reset) or a step of each of `seats` envs (false: as `step`).
+   */
+  stepMulti(out: Records): boolean {
+    this.checkMulti();
+    if (this.hasSeats) {
+      this.stepSeats(out, this.seats);
+      return true;
+    }
+    this.step(out);
+    return false;
+  }
+
+  /**
+   * STEP_MULTI to a 1-env runtime whose env has `stepBatch`: one action per seat
+   * (`actions[0..seats)`), the seat results in records 0..seats-1. The seats do not auto-reset.
+   */
+  stepSeats(out: Records, seats = this.seats): void {
+    const stepSeats = this.numEnvs === 1 ? this.runner.stepSeats : null;
+    if (stepSeats === null) throw new TransportError("this runtime's env has no stepBatch");
+    if (this.autoreset !== AutoReset.DISABLED) {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        "STEP_MULTI_REQ to an env with stepBatch: the env's seats do not auto-reset " +
+          "(connect with autoreset disabled)",
+      );
+    }
+    if (!this.#wasReset[0] || this.#isDone[0]) this.#checkAction(0, 0); // NOT_RESET
+    const actN = this.spaces.actN;
+    if (this.#seatActions === null || this.#seatActions.length !== seats) this.#seatActions = new Int32Array(seats);
+    const actions = this.#seatActions; // reused: valid during the call
+    for (let seat = 0; seat < seats; seat++) {
+      const action = this.actions[seat] as number;
+      if (!(action >= 0 && action < actN)) {
+        throw new RequestError(
+          ErrorCode.INVALID_ACTION,
+          `env 0: action ${action} of seat ${seat} is outside 0..${actN - 1}`,
+        );
+      }
+      actions[seat] = action;
+    }
+    try {
+      stepSeats(actions, out);
+    } catch (error) {
+      throw this.#recover([[0, error]], out, false);
+    }
+    this.#remember(0, out);
+    for (let seat = 0; seat < seats; seat++) out.written(seat);
+  }
+
+  /**
+   * OBSERVE: every env's current result (its `observe()`, else its last result) into its record,
+   * no auto-reset and no checks of done; NOT_RESET for an env never reset. Returns the envs'
+   * `info()` maps.
+   */
+  observe(out: Records): Array<Record<string, unknown>> {
+    for (let i = 0; i < this.numEnvs; i++) {
+      if (!this.#wasReset[i]) {
+        throw new RequestError(ErrorCode.NOT_RESET, `env ${i}: observe before the first reset`);
+      }
+    }
+    this.#ops.fill(Op.OBSERVE);
+    const failures = this.#run(out);
+    if (failures !== null) throw this.#recover(failures, out, false);
+    const infos: Array<Record<string, unknown>> = [];
+    for (let i = 0; i < this.numEnvs; i++) infos.push(this.runner.info(i));
+    return infos;
+  }
+
+  // -- internals -----------------------------------------------------------------------------------
+
+  /** A pool runs whole batches only: a request for a subset of the envs is BAD_BATCH. */
+  #whole(from: number, to: number): void {
+    if (this.runner.wholeBatchOnly && (from !== 0 || to !== this.numEnvs)) {
+      throw new RequestError(ErrorCode.BAD_BATCH, `env ${from}: a worker pool steps and resets every env together`);
+    }
+  }
+
+  /** Run `#ops`; mark failures; remember mask and done of every env that did its op. */
+  #run(out: Records): Failure[] | null {
+    const ops = this.#ops;
+    const failed = this.#failed;
+    failed.fill(0);
+    const failures = this.runner.run(ops, this.actions, this.#seeds, out);
+    if (failures !== null) for (const [i] of failures) failed[i] = 1;
+    for (let i = 0; i < this.numEnvs; i++) {
+      if (ops[i] === Op.NONE || failed[i]) continue;
+      this.#remember(i, out);
+      out.written(i);
+    }
+    return failures;
+  }
+
+  /** Read env `index`'s mask and episode end from its record. */
+  #remember(index: number, out: Records): void {
+    const bytes = out.bytes;
+    if (bytes !== this.#dvBytes) {
+      this.#dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      this.#dvBytes = bytes;
+    }
+    const dv = this.#dv as DataView;
+    const at = out.at(index);
+    const mask = this.#mask;
+    if (mask !== null) {
+      const count = mask.count;
+      const base = index * count;
+      const masks = this.#masks;
+      const start = at + mask.at;
+      if (mask.size === 1) {
+        for (let a = 0; a < count; a++) masks[base + a] = bytes[start + a] as number;
+      } else {
+        for (let a = 0; a < count; a++) masks[base + a] = mask.read(dv, start + a * mask.size) ? 1 : 0;
+      }
+    }
+    let ended = 0;
+    for (const end of this.#ends) if (end.read(dv, at + end.at)) ended = 1;
+    this.#isDone[index] = ended;
+  }
+
+  #checkAction(index: number, action: number): void {
+    if (!this.#wasReset[index]) {
+      throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: step before the first reset`);
+    }
+    if (this.#isDone[index]) {
+      throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: episode is done; reset first`);
+    }
+    const actN = this.spaces.actN;
+    if (!(action >= 0 && action < actN)) {
+      throw new RequestError(ErrorCode.INVALID_ACTION, `env ${index}: action ${action} is outside 0..${actN - 1}`);
+    }
+    const mask = this.#mask;
+    if (mask !== null && action < mask.count && !this.#masks[index * mask.count + action]) {
+      throw new RequestError(ErrorCode.MASKED_ACTION, `env ${index}: action ${action} is masked out`);
+    }
+  }
+
+  /**
+   * Reset (or recreate from the factory) each env that threw; the ERROR to answer. The text
+   * starts with `env {i}:` (the first env that failed), so clients can name the env. A reset
+   * that failed is retried with the same seed; a step's recovery resets unseeded.
+   */
+  #recover(failures: readonly Failure[], out: Records, keepSeeds: boolean): RequestError {
+    const texts: string[] = [];
+    const seeds = this.#seeds.slice();
+    for (const [index, error] of failures) {
+      const detail = failureText(index, error);
+      const fate = this.#restore(index, keepSeeds ? (seeds[index] ?? null) : null, out);
+      texts.push(`env ${index}: ${detail} (${fate})`);
+    }
+    return new RequestError(ErrorCode.ENV_ERROR, texts.join("; "));
+  }
+
+  /** Reset env `index` after it threw; if that throws too, recreate it from the factory. */
+  #restore(index: number, seed: bigint | null, out: Records): string {
+    const replaced = this.runner.takeReplaced(index);
+    const attempts: Array<readonly [Op, string]> = [[Op.RESET, replaced ?? FATE_RESET]];
+    if (this.runner.canRecreate && replaced === null) attempts.push([Op.RECREATE, FATE_RECREATED]);
+    const ops = this.#ops;
+    for (const [op, fate] of attempts) {
+      ops.fill(Op.NONE);
+      ops[index] = op;
+      this.#seeds[index] = seed;
+      if (this.#run(out) === null) {
+        this.#wasReset[index] = 1;
+        return fate;
+      }
+    }
+    this.#wasReset[index] = 0; // every step is NOT_RESET until a reset succeeds
+    return FATE_FAILED;
+  }
+}
+
+function noSeed(): null {
+  return null;
+}

@@ -1,0 +1,120 @@
+/**
+ * What a server serves: one env (shared by every client) or a factory, N envs per client, run in
+ * this thread or in a worker pool. `EnvHost` makes each client's `EnvRuntime` (the shm server
+ * asks for one per lease) and each stream connection's `Session` (session.ts).
+ */
+
+import type { SchemaModule } from "../codec";
+import { ConnectError, TransportError } from "../errors";
+import * as pac_env from "../generated/pac_env";
+import { EnvRuntime, bodyCodec } from "./core";
+import { type Env, type EnvOrFactory, type Spaces, isEnv, makerOf } from "./env";
+import { LocalRunner } from "./local";
+import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
+
+type AnyEnv = Env<unknown>;
+
+/** Options of a host (serve()'s, minus the backend's). */
+export interface HostOptions {
+  /** The schema the server speaks (default: the reference pac_env). */
+  readonly schema?: SchemaModule;
+  /** Envs per client (N); needs a factory when above 1. Default 1. */
+  readonly numEnvs?: number;
+  /** The env name the HELLO info carries. */
+  readonly envName?: string;
+  /** The seed of each client's first unseeded reset (env i gets seed + i). */
+  readonly seed?: bigint | number | null;
+  /** "node" (the HELLO info's `server`). */
+  readonly serverLang?: string;
+  /**
+   * Check every env result against the schema before writing it (default true): a bad value
+   * is ENV_ERROR "returned bad values". false writes results unchecked (the codec's `writeInto`).
+   */
+  readonly validate?: boolean;
+  /** Step each client's envs in this many worker threads (default 0: in this thread). */
+  readonly workers?: number;
+  /** Where the worker threads get their envs (default: `envName` in `ENVS`). */
+  readonly workerEnv?: WorkerEnvSpec;
+}
+
+/** Makes the runtime of each client. */
+export class EnvHost {
+  readonly schema: SchemaModule;
+  readonly numEnvs: number;
+  /** The HELLO info's `env` and `server`. */
+  readonly envName: string;
+  readonly serverLang: string;
+  readonly firstSeed: bigint | null;
+  /** A fresh env (null: one env instance shared by every client). */
+  readonly factory: (() => AnyEnv) | null;
+  readonly #shared: AnyEnv | null;
+  readonly #validate: boolean;
+  readonly #workers: number;
+  readonly #workerEnv: WorkerEnvSpec;
+  /** The spaces of the pool's envs (asked once of an env made here). */
+  #poolSpaces: Spaces | null = null;
+
+  constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
+    const numEnvs = options.numEnvs ?? 1;
+    if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be an integer of at least 1");
+    this.schema = options.schema ?? pac_env.SCHEMA;
+    bodyCodec(this.schema, "STEP_RESP"); // a schema the runtime cannot serve fails here
+    this.numEnvs = numEnvs;
+    this.envName = options.envName ?? "";
+    this.serverLang = options.serverLang ?? "node";
+    const seed = options.seed;
+    this.firstSeed = seed === undefined || seed === null ? null : BigInt(seed);
+    this.#validate = options.validate ?? true;
+    this.#workers = options.workers ?? 0;
+    this.#workerEnv = {
+      envName: this.envName,
+      ...(options.validate !== undefined ? { validate: options.validate } : {}),
+      ...options.workerEnv,
+    };
+    if (isEnv(envOrFactory)) {
+      if (numEnvs !== 1) throw new TransportError("pass an env factory to serve more than one env");
+      this.#shared = envOrFactory;
+      this.factory = null;
+    } else {
+      if (typeof envOrFactory !== "function") {
+        throw new TransportError("serve() takes an env (reset, step, spaces) or an env factory");
+      }
+      this.#shared = null;
+      this.factory = makerOf(envOrFactory);
+    }
+  }
+
+  /** The envs run in worker threads. */
+  get pooled(): boolean {
+    return this.#workers > 0;
+  }
+
+  /**
+   * A fresh runtime for one client with `numEnvs` envs (default the host's; another count needs
+   * a factory). Node runs one request at a time: a shared env needs no lock.
+   */
+  runtime(numEnvs = this.numEnvs, url = ""): EnvRuntime {
+    const factory = this.factory;
+    if (numEnvs !== this.numEnvs && (factory === null || !Number.isInteger(numEnvs) || numEnvs < 1)) {
+      throw new ConnectError(
+        `${url || "the server"} asks for ${numEnvs} envs but the server was given numEnvs=${this.numEnvs}` +
+          (factory === null ? " and one shared env (pass an env factory)" : ""),
+      );
+    }
+    const options = { firstSeed: this.firstSeed };
+    if (factory === null) {
+      const codec = bodyCodec(this.schema, "STEP_RESP");
+      return new EnvRuntime(this.schema, new LocalRunner([this.#shared as AnyEnv], codec, null, this.#validate), options);
+    }
+    if (this.#workers > 0) {
+      const spaces = (this.#poolSpaces ??= factory().spaces()); // the envs live in the pool's threads
+      const spec = this.#workerEnv;
+      const workers = this.#workers;
+      return new EnvRuntime(this.schema, new PoolRunner(numEnvs, spaces, () => new WorkerPool(spec, numEnvs, workers)), options);
+    }
+    const envs: AnyEnv[] = [];
+    for (let i = 0; i < numEnvs; i++) envs.push(factory());
+    const codec = bodyCodec(this.schema, "STEP_RESP");
+    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate), options);
+  }
+}

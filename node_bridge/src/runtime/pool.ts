@@ -1,0 +1,540 @@
+/**
+ * A client's N envs in K worker_threads (`serve.js URL --env NAME --num-envs N --workers K`): the
+ * second runner of the env runtime (core.ts), the Node counterpart of Python's process pool.
+ *
+ * Worker k owns envs [lo, hi) (an even split, the first workers get one more), built by name
+ * from `ENVS` (or from `module`'s `exportName` factory), so each env keeps its own RNG stream
+ * for the pool's lifetime and the results are byte for byte those of the in-thread runner. A
+ * worker runs an `EnvTable` (local.ts) over its envs: the same per-env operations. One
+ * SharedArrayBuffer carries everything; a request fans out and gathers synchronously:
+ *
+ * ```
+ * 0        state i32 (READY 1, CLOSED 2)
+ * 64       worker k's block (64 bytes): cmd i32 (main -> worker sequence), done i32 (worker ->
+ *          main sequence), task, arg, ok, dead
+ * ctl      N x 1024-byte env records: action f64 | seed_neg u8 at 7 | failed u8 | has_seed u8
+ *          | op u8 | error_len u16 at 12 | seed u64 at 16 | text u8[1000] at 24
+ * results  N x the result struct (the codec's packed layout), copied into the runtime's records
+ * ```
+ *
+ * The main thread writes ops and actions, bumps the `cmd` of each worker that has work
+ * (Atomics.notify), then Atomics.wait on each `done` in 50 ms slices. A worker records env
+ * errors with their texts (the runtime recovers them). A worker that dies (process.exit in env
+ * code, an uncaught error) sets its `dead` word on its way out: its envs fail with
+ * `env i: worker thread k (thread id T, envs a..b) died`, the worker is replaced by a fresh one,
+ * and the runtime's recovery resets the fresh envs ("the env was recreated in a new worker thread").
+ */
+
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
+import * as path from "node:path";
+import { Worker } from "node:worker_threads";
+import { readFileSync } from "node:fs";
+import { type SchemaModule, loadSchema as loadSchemaIr } from "../codec";
+import type { SchemaJson } from "../ir";
+import { TransportError } from "../errors";
+import * as pac_env from "../generated/pac_env";
+import { ErrorCode, RequestError } from "../protocol";
+import { type Failure, FATE_RECREATED, Op, type Records, type Runner, bodyCodec, describeError, failureText } from "./core";
+import type { Env, Spaces } from "./env";
+import { EnvTable } from "./local";
+
+const FATE_NEW_THREAD = `${FATE_RECREATED} in a new worker thread`;
+
+const READY = 1;
+const CLOSED = 2;
+const TASK_RUN = 1;
+const TASK_INFO = 2;
+const FAILED = 2;
+const BLOCK = 64;
+const CTL = 1024;
+const TEXT_AT = 24;
+const TEXT_MAX = CTL - TEXT_AT;
+// i32 words of a worker block
+const W_CMD = 0;
+const W_DONE = 1;
+const W_TASK = 2;
+const W_ARG = 3;
+const W_OK = 5;
+const W_DEAD = 6;
+// bytes of an env record
+const C_SEED_NEG = 7;
+const C_FLAGS = 8;
+const C_HAS_SEED = 9;
+const C_OP = 10;
+const C_TEXT_LEN = 12;
+const C_SEED = 16;
+
+/** Where a worker thread gets its envs (and the schema). */
+export interface WorkerEnvSpec {
+  /** A name in `ENVS` (envs/index.ts); ignored when `module` is given. */
+  readonly envName?: string;
+  /** A module path whose `exportName` export is an env factory (tests, user modules). */
+  readonly module?: string;
+  readonly exportName?: string;
+  /** A module path whose `SCHEMA` export is the schema (default: the generated pac_env). */
+  readonly schemaModule?: string;
+  /** Validate env results (default true). */
+  readonly validate?: boolean;
+}
+
+interface WorkerData {
+  readonly sab: SharedArrayBuffer;
+  readonly numEnvs: number;
+  readonly workers: number;
+  readonly k: number;
+  readonly spec: WorkerEnvSpec;
+}
+
+function align(n: number, to = 64): number {
+  return Math.ceil(n / to) * to;
+}
+
+/** Env ranges [lo, hi) per worker, as even as possible (the first ones get one more). */
+export function split(numEnvs: number, workers: number): Array<readonly [number, number]> {
+  const per = Math.floor(numEnvs / workers);
+  const extra = numEnvs % workers;
+  const ranges: Array<readonly [number, number]> = [];
+  let lo = 0;
+  for (let k = 0; k < workers; k++) {
+    const hi = lo + per + (k < extra ? 1 : 0);
+    ranges.push([lo, hi]);
+    lo = hi;
+  }
+  return ranges;
+}
+
+class Layout {
+  readonly i32: Int32Array;
+  readonly bytes: Uint8Array;
+  readonly dv: DataView;
+  readonly ctlAt: number;
+  readonly resultsAt: number;
+  readonly size: number;
+
+  constructor(readonly sab: SharedArrayBuffer | null, numEnvs: number, workers: number, readonly resultSize: number) {
+    this.ctlAt = BLOCK * (1 + workers);
+    this.resultsAt = align(this.ctlAt + numEnvs * CTL);
+    this.size = align(this.resultsAt + numEnvs * resultSize);
+    const buf = sab ?? new SharedArrayBuffer(this.size);
+    this.sab = buf;
+    this.i32 = new Int32Array(buf);
+    this.bytes = new Uint8Array(buf);
+    this.dv = new DataView(buf);
+  }
+
+  word(k: number, w: number): number {
+    return (BLOCK * (1 + k)) / 4 + w;
+  }
+
+  ctl(i: number): number {
+    return this.ctlAt + i * CTL;
+  }
+
+  result(i: number): number {
+    return this.resultsAt + i * this.resultSize;
+  }
+
+  writeText(i: number, data: Uint8Array): void {
+    let n = Math.min(data.length, TEXT_MAX);
+    while (n > 0 && n < data.length && ((data[n] as number) & 0xc0) === 0x80) n--; // whole chars
+    const at = this.ctl(i);
+    this.bytes.set(data.subarray(0, n), at + TEXT_AT);
+    this.dv.setUint16(at + C_TEXT_LEN, n, true);
+  }
+
+  text(i: number): Uint8Array {
+    const at = this.ctl(i);
+    const n = this.dv.getUint16(at + C_TEXT_LEN, true);
+    return this.bytes.slice(at + TEXT_AT, at + TEXT_AT + n);
+  }
+
+  setSeed(i: number, seed: bigint | null): void {
+    const at = this.ctl(i);
+    this.bytes[at + C_HAS_SEED] = seed === null ? 0 : 1;
+    const s = seed ?? 0n;
+    this.bytes[at + C_SEED_NEG] = s < 0n ? 1 : 0;
+    this.dv.setBigUint64(at + C_SEED, s < 0n ? -s : s, true);
+  }
+
+  seed(i: number): bigint | null {
+    const at = this.ctl(i);
+    if (!this.bytes[at + C_HAS_SEED]) return null;
+    const s = this.dv.getBigUint64(at + C_SEED, true);
+    return this.bytes[at + C_SEED_NEG] ? -s : s;
+  }
+}
+
+function loadSchema(spec: WorkerEnvSpec): SchemaModule {
+  return spec.schemaModule === undefined ? pac_env.SCHEMA : schemaFromPath(spec.schemaModule);
+}
+
+/**
+ * A schema from a path: a compiled IR (`.json`, `transport-schema inspect --json`: built at run
+ * time, no build step) or a generated module's `SCHEMA`.
+ */
+export function schemaFromPath(path: string): SchemaModule {
+  if (path.endsWith(".json")) return loadSchemaIr(JSON.parse(readFileSync(path, "utf8")) as SchemaJson);
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const schema = (require(path) as { SCHEMA?: SchemaModule }).SCHEMA;
+  if (schema === undefined) throw new TransportError(`${path} exports no SCHEMA (a module transport-schema compile generated)`);
+  return schema;
+}
+
+/** The env factory a spec names: `module`'s `exportName` export, or `envName` in `ENVS`. */
+export function loadFactory(spec: WorkerEnvSpec): () => Env<unknown> {
+  if (spec.module !== undefined) {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const mod = require(spec.module) as Record<string, unknown>;
+    const make = mod[spec.exportName ?? "default"];
+    if (typeof make !== "function") throw new TransportError(`${spec.module} has no factory ${spec.exportName}`);
+    return make as () => Env<unknown>;
+  }
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { ENVS } = require("../envs") as typeof import("../envs");
+  const make = ENVS[spec.envName ?? ""];
+  if (make === undefined) throw new TransportError(`unknown env ${JSON.stringify(spec.envName)}`);
+  return make as () => Env<unknown>;
+}
+
+/** The body of a worker thread (worker_main.ts): run envs [lo, hi)'s operations on command. */
+export function runWorker(data: WorkerData): void {
+  const { numEnvs, workers, k, spec } = data;
+  const codec = bodyCodec(loadSchema(spec), "STEP_RESP");
+  const lay = new Layout(data.sab, numEnvs, workers, codec.size);
+  const i32 = lay.i32;
+  const cmdAt = lay.word(k, W_CMD);
+  const doneAt = lay.word(k, W_DONE);
+  const markDead = (): void => {
+    Atomics.store(i32, lay.word(k, W_DEAD), 1);
+    Atomics.notify(i32, doneAt);
+  };
+  process.on("exit", markDead);
+  const [lo, hi] = split(numEnvs, workers)[k] as readonly [number, number];
+  const buf = lay.bytes;
+  let table: EnvTable;
+  try {
+    const factory = loadFactory(spec);
+    const envs: Array<Env<unknown>> = [];
+    for (let i = lo; i < hi; i++) envs.push(factory());
+    table = new EnvTable(envs, codec, factory, spec.validate ?? true, lo);
+    i32[lay.word(k, W_OK)] = 1;
+  } catch (error) {
+    lay.writeText(lo, Buffer.from(describeError(error), "utf-8"));
+    i32[lay.word(k, W_OK)] = 0;
+    Atomics.store(i32, doneAt, 1);
+    Atomics.notify(i32, doneAt);
+    process.off("exit", markDead);
+    return;
+  }
+  const fail = (i: number, error: unknown): void => {
+    buf[lay.ctl(i) + C_FLAGS] = FAILED;
+    lay.writeText(i, Buffer.from(failureText(i, error), "utf-8"));
+  };
+  Atomics.store(i32, doneAt, 1); // ready
+  Atomics.notify(i32, doneAt);
+  let last = 0;
+  for (;;) {
+    Atomics.wait(i32, cmdAt, last);
+    if (Atomics.load(i32, 0) === CLOSED) break;
+    const seq = Atomics.load(i32, cmdAt);
+    if (seq === last) continue;
+    last = seq;
+    if (i32[lay.word(k, W_TASK)] === TASK_INFO) {
+      const i = i32[lay.word(k, W_ARG)] as number;
+      try {
+        lay.writeText(i, msgpackEncode(table.info(i)));
+      } catch (error) {
+        lay.writeText(i, msgpackEncode({ error: describeError(error) }));
+      }
+    } else {
+      for (let i = lo; i < hi; i++) {
+        const at = lay.ctl(i);
+        buf[at + C_FLAGS] = 0;
+        const op = buf[at + C_OP] as number;
+        if (op === Op.NONE) continue;
+        try {
+          table.apply(i, op, lay.dv.getFloat64(at, true), lay.seed(i), buf, lay.result(i));
+        } catch (error) {
+          fail(i, error); // the other envs still do theirs
+        }
+      }
+    }
+    Atomics.store(i32, doneAt, seq);
+    Atomics.notify(i32, doneAt);
+  }
+  process.off("exit", markDead);
+  table.close();
+}
+
+/** The main thread's side: `numEnvs` envs in `workers` threads. */
+export class WorkerPool {
+  readonly numEnvs: number;
+  readonly workers: number;
+  readonly spec: WorkerEnvSpec;
+  readonly resultSize: number;
+  readonly #lay: Layout;
+  readonly #ranges: Array<readonly [number, number]>;
+  readonly #owner: number[];
+  readonly #threads: Array<Worker | null>;
+  readonly #seq: number[];
+  readonly #busy: Uint8Array;
+  /** Envs of a replaced worker, until the runtime's recovery has reset them. */
+  readonly #replaced = new Set<number>();
+  readonly #startTimeout: number;
+  #closed = false;
+
+  constructor(spec: WorkerEnvSpec, numEnvs: number, workers: number, options: { startTimeoutMs?: number } = {}) {
+    if (!Number.isInteger(workers) || workers < 1) throw new TransportError("workers must be at least 1");
+    if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be at least 1");
+    this.spec = spec;
+    this.numEnvs = numEnvs;
+    this.workers = Math.min(workers, numEnvs);
+    this.resultSize = bodyCodec(loadSchema(spec), "STEP_RESP").size;
+    this.#lay = new Layout(null, numEnvs, this.workers, this.resultSize);
+    this.#ranges = split(numEnvs, this.workers);
+    this.#owner = [];
+    this.#ranges.forEach(([lo, hi], k) => {
+      for (let i = lo; i < hi; i++) this.#owner.push(k);
+    });
+    this.#threads = new Array<Worker | null>(this.workers).fill(null);
+    this.#seq = new Array<number>(this.workers).fill(0);
+    this.#busy = new Uint8Array(this.workers);
+    this.#startTimeout = options.startTimeoutMs ?? 60_000;
+    Atomics.store(this.#lay.i32, 0, READY);
+    try {
+      for (let k = 0; k < this.workers; k++) this.#spawn(k);
+      for (let k = 0; k < this.workers; k++) this.#awaitStart(k);
+    } catch (error) {
+      this.close();
+      throw error;
+    }
+  }
+
+  #spawn(k: number): void {
+    const lay = this.#lay;
+    for (let w = 0; w < BLOCK / 4; w++) lay.i32[lay.word(k, 0) + w] = 0;
+    this.#seq[k] = 0;
+    const workerData: WorkerData = { sab: lay.sab!, numEnvs: this.numEnvs, workers: this.workers, k, spec: this.spec };
+    const thread = new Worker(path.join(__dirname, "worker_main.js"), { workerData });
+    thread.unref();
+    thread.on("error", () => undefined); // reported through the dead word
+    this.#threads[k] = thread;
+  }
+
+  #awaitStart(k: number): void {
+    const lay = this.#lay;
+    const doneAt = lay.word(k, W_DONE);
+    const deadline = Date.now() + this.#startTimeout;
+    while (Atomics.load(lay.i32, doneAt) !== 1) {
+      if (Atomics.load(lay.i32, lay.word(k, W_DEAD))) {
+        throw new TransportError(`worker thread ${k} (envs ${this.#describe(k)}) died while starting`);
+      }
+      if (Date.now() > deadline) throw new TransportError(`worker thread ${k} (envs ${this.#describe(k)}) did not start`);
+      Atomics.wait(lay.i32, doneAt, 0, 50);
+    }
+    if (!lay.i32[lay.word(k, W_OK)]) {
+      const lo = (this.#ranges[k] as readonly [number, number])[0];
+      const text = Buffer.from(lay.text(lo)).toString("utf-8");
+      throw new TransportError(`worker thread ${k}: creating its envs failed: ${text}`);
+    }
+    this.#seq[k] = 1;
+  }
+
+  #describe(k: number): string {
+    const [lo, hi] = this.#ranges[k] as readonly [number, number];
+    return hi - lo > 1 ? `${lo}..${hi - 1}` : String(lo);
+  }
+
+  /** The worker threads' ids (index k: worker k). */
+  threadIds(): number[] {
+    return this.#threads.map((t) => t?.threadId ?? -1);
+  }
+
+  envIds(k: number): number[] {
+    const [lo, hi] = this.#ranges[k] as readonly [number, number];
+    return Array.from({ length: hi - lo }, (_, j) => lo + j);
+  }
+
+  /** Send `task` to the workers marked in #busy and wait for each; true for those that died. */
+  #send(task: number, arg: number): boolean {
+    if (this.#closed) throw new TransportError("the worker pool is closed");
+    const lay = this.#lay;
+    const i32 = lay.i32;
+    const busy = this.#busy;
+    for (let k = 0; k < this.workers; k++) {
+      if (!busy[k]) continue;
+      i32[lay.word(k, W_TASK)] = task;
+      i32[lay.word(k, W_ARG)] = arg;
+      const seq = ((this.#seq[k] as number) + 1) & 0x3fffffff || 2;
+      this.#seq[k] = seq;
+      Atomics.store(i32, lay.word(k, W_CMD), seq);
+      Atomics.notify(i32, lay.word(k, W_CMD));
+    }
+    let anyDead = false;
+    for (let k = 0; k < this.workers; k++) {
+      if (!busy[k]) continue;
+      const doneAt = lay.word(k, W_DONE);
+      const seq = this.#seq[k] as number;
+      busy[k] = 1;
+      for (;;) {
+        const now = Atomics.load(i32, doneAt);
+        if (now === seq) {
+          busy[k] = 0;
+          break;
+        }
+        if (Atomics.load(i32, lay.word(k, W_DEAD))) {
+          busy[k] = 2; // dead
+          anyDead = true;
+          break;
+        }
+        Atomics.wait(i32, doneAt, now, 50);
+      }
+    }
+    return anyDead;
+  }
+
+  /** Replace the dead workers (busy 2); each of their envs fails by name. */
+  #replaceDead(failures: Failure[]): void {
+    for (let k = 0; k < this.workers; k++) {
+      if (this.#busy[k] !== 2) continue;
+      this.#busy[k] = 0;
+      const thread = this.#threads[k];
+      const id = thread?.threadId ?? -1;
+      void thread?.terminate();
+      const envs = this.#describe(k);
+      for (const i of this.envIds(k)) {
+        failures.push([i, new RequestError(ErrorCode.ENV_ERROR, `env ${i}: worker thread ${k} (thread id ${id}, envs ${envs}) died`)]);
+        this.#replaced.add(i);
+      }
+      this.#spawn(k);
+      this.#awaitStart(k);
+    }
+  }
+
+  /**
+   * Run `ops[i]` on env i in its worker (Runner.run); each result is copied into `out`'s record
+   * i. Null, or the envs that failed (the envs of a worker that died among them).
+   */
+  run(ops: Uint8Array, actions: Float64Array, seeds: ReadonlyArray<bigint | null>, out: Records): Failure[] | null {
+    const lay = this.#lay;
+    const busy = this.#busy;
+    busy.fill(0);
+    for (let i = 0; i < this.numEnvs; i++) {
+      const op = ops[i] as number;
+      const at = lay.ctl(i);
+      lay.bytes[at + C_OP] = op;
+      if (op === Op.NONE) continue;
+      busy[this.#owner[i] as number] = 1;
+      if (op === Op.STEP) lay.dv.setFloat64(at, actions[i] as number, true);
+      else lay.setSeed(i, seeds[i] ?? null);
+    }
+    const anyDead = this.#send(TASK_RUN, 0);
+    let failures: Failure[] | null = null;
+    const bytes = lay.bytes;
+    const size = this.resultSize;
+    for (let i = 0; i < this.numEnvs; i++) {
+      if (ops[i] === Op.NONE || busy[this.#owner[i] as number] === 2) continue;
+      const at = lay.ctl(i);
+      if (bytes[at + C_FLAGS] & FAILED) {
+        const text = Buffer.from(lay.text(i)).toString("utf-8");
+        (failures ??= []).push([i, new RequestError(ErrorCode.ENV_ERROR, `env ${i}: ${text}`)]);
+        continue;
+      }
+      const from = lay.result(i);
+      out.bytes.set(bytes.subarray(from, from + size), out.at(i));
+    }
+    if (anyDead) {
+      failures ??= [];
+      this.#replaceDead(failures);
+      failures.sort((a, b) => a[0] - b[0]);
+    }
+    return failures;
+  }
+
+  /** Env `index`'s `info()` map, from its worker. */
+  info(index: number): Record<string, unknown> {
+    this.#busy.fill(0);
+    this.#busy[this.#owner[index] as number] = 1;
+    if (this.#send(TASK_INFO, index)) {
+      this.#replaceDead([]);
+      return {};
+    }
+    const decoded = msgpackDecode(this.#lay.text(index));
+    return decoded !== null && typeof decoded === "object" ? (decoded as Record<string, unknown>) : {};
+  }
+
+  takeReplaced(index: number): string | null {
+    return this.#replaced.delete(index) ? FATE_NEW_THREAD : null;
+  }
+
+  /** Stop every worker thread. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    const lay = this.#lay;
+    Atomics.store(lay.i32, 0, CLOSED);
+    for (let k = 0; k < this.workers; k++) {
+      Atomics.add(lay.i32, lay.word(k, W_CMD), 0);
+      Atomics.notify(lay.i32, lay.word(k, W_CMD));
+    }
+    for (const thread of this.#threads) {
+      if (thread !== null) void thread.terminate();
+    }
+  }
+}
+
+const closePools = new FinalizationRegistry<WorkerPool>((pool) => pool.close());
+
+/**
+ * A client's envs in a worker pool: the pool is made at the first request (or `start()`), so a
+ * client that only says hello costs no threads; it is closed with the runner (or when the runner
+ * is garbage).
+ */
+export class PoolRunner implements Runner {
+  readonly numEnvs: number;
+  readonly canRecreate = true;
+  readonly wholeBatchOnly = true;
+  readonly stepSeats = null;
+  readonly #spaces: Spaces;
+  readonly #make: () => WorkerPool;
+  #pool: WorkerPool | null = null;
+
+  constructor(numEnvs: number, spaces: Spaces, make: () => WorkerPool) {
+    this.numEnvs = numEnvs;
+    this.#spaces = spaces;
+    this.#make = make;
+  }
+
+  /** Start the worker threads now (a server that prepares a client's envs before it asks). */
+  start(): WorkerPool {
+    if (this.#pool === null) {
+      this.#pool = this.#make();
+      closePools.register(this, this.#pool, this);
+    }
+    return this.#pool;
+  }
+
+  spaces(): Spaces {
+    return this.#spaces;
+  }
+
+  run(ops: Uint8Array, actions: Float64Array, seeds: ReadonlyArray<bigint | null>, out: Records): Failure[] | null {
+    return this.start().run(ops, actions, seeds, out);
+  }
+
+  takeReplaced(index: number): string | null {
+    return this.#pool?.takeReplaced(index) ?? null;
+  }
+
+  info(index: number): Record<string, unknown> {
+    return this.start().info(index);
+  }
+
+  close(): void {
+    if (this.#pool !== null) {
+      closePools.unregister(this);
+      this.#pool.close();
+      this.#pool = null;
+    }
+  }
+}

@@ -1,0 +1,391 @@
+/**
+ * The stream-protocol session every stream backend (unix, http, zmq) drives: one per client.
+ *
+ * A backend accepts connections and moves frames; for each connection it makes a `Session` and
+ * calls `handle(msgType, buf, offset, length)`, which decodes the request body, calls the env
+ * runtime (core.ts) with records of its one preallocated send buffer, and frames the response:
+ * the header at HEADER_OFFSET (7..15) and the body at BODY_OFFSET (16), so a stream backend
+ * writes `frame()` in one call. Step results are encoded straight into that buffer at
+ * `BODY_OFFSET + i * size`: a steady-state step allocates nothing. The protocol checks are
+ * Python's: HELLO first, then per message the body size and the batch size; the env checks
+ * (reset first, action range and mask, ...) are the runtime's.
+ *
+ * Responses: SAME_STEP appends the final results as a tail (`u32 k`, k x (`u32 env index`,
+ * result)); OBSERVE_RESP is the N results followed by a msgpack array of the N `info()` maps.
+ */
+
+import { encode as msgpackEncode } from "@msgpack/msgpack";
+import type { AnyStructCodec, SchemaModule } from "../codec";
+import { FingerprintMismatchError, ProtocolError, VersionMismatchError } from "../errors";
+import {
+  AUTORESET_MASK,
+  AutoReset,
+  BODY_OFFSET,
+  CLOSING_ERRORS,
+  ErrorCode,
+  FINAL_COUNT_SIZE,
+  HEADER_OFFSET,
+  type MessageIds,
+  RequestError,
+  autoresetName,
+  checkHello,
+  decodeHello,
+  encodeError,
+  encodeHello,
+  messageIds,
+  packHeader,
+  writeU32,
+} from "../protocol";
+import {
+  type ActionType,
+  type EnvRuntime,
+  type Records,
+  actionTypeOf,
+  bodyCodec,
+  checkAutoreset,
+  describeError,
+  readActions,
+  stepAction,
+} from "./core";
+import type { EnvOrFactory, Spaces } from "./env";
+import { EnvHost, type HostOptions } from "./host";
+
+/** The HELLO info a session announces (key order is Python's). */
+export interface SessionInfo {
+  readonly envName?: string;
+  readonly serverLang?: string;
+}
+
+/** One client's conversation with a server: HELLO, then requests answered in place. */
+export class Session implements Records {
+  readonly schema: SchemaModule;
+  readonly ids: MessageIds;
+  readonly runtime: EnvRuntime;
+  readonly numEnvs: number;
+  readonly spaces: Spaces;
+  /** The HELLO_RESP info map before the auto-reset mode is added (key order is Python's). */
+  readonly info: Record<string, unknown>;
+  helloDone = false;
+  /** Set when the connection must be closed after sending the current response. */
+  closing = false;
+  /** The response buffer: header at 7..15, body at 16. Replaced by `detachBuffer()`. */
+  buffer: Buffer;
+  /** Length of the current response body (at BODY_OFFSET). */
+  bodyLength = 0;
+
+  readonly #observeReq: number;
+  readonly #observeResp: number;
+  readonly #resultSize: number;
+  readonly #action: ActionType;
+  readonly #actionAt: number;
+  readonly #stepRequestSize: number;
+  readonly #multi: ActionType;
+  readonly #multiSize: number;
+  readonly #multiAt: number;
+  readonly #seedAt: number;
+  readonly #seedSize: number;
+  readonly #spacesCodec: AnyStructCodec;
+  readonly #spacesNames: readonly [string, string];
+  /** How many final results the current SAME_STEP response carries. */
+  #finals = 0;
+  #frames = new Map<number, Buffer>();
+  #bodies = new Map<number, Buffer>();
+
+  constructor(runtime: EnvRuntime, info: SessionInfo = {}) {
+    const schema = runtime.schema;
+    this.schema = schema;
+    this.runtime = runtime;
+    this.ids = messageIds(schema);
+    this.#observeReq = schema.messages["OBSERVE_REQ"]?.id ?? -1;
+    this.#observeResp = schema.messages["OBSERVE_RESP"]?.id ?? -1;
+    this.numEnvs = runtime.numEnvs;
+    this.spaces = runtime.spaces;
+    this.info = { num_envs: this.numEnvs, env: info.envName ?? "", server: info.serverLang ?? "node" };
+    this.#resultSize = runtime.result.size;
+    const step = stepAction(schema);
+    this.#action = step.type;
+    this.#actionAt = step.field.offset;
+    this.#stepRequestSize = step.size;
+    const multi = bodyCodec(schema, "STEP_MULTI_REQ");
+    const multiField = firstField(schema, multi.name);
+    this.#multi = actionTypeOf(schema, multiField, "STEP_MULTI_REQ");
+    this.#multiSize = multi.size;
+    this.#multiAt = multiField.offset;
+    const reset = bodyCodec(schema, "RESET_SEED_REQ");
+    this.#seedAt = firstField(schema, reset.name).offset;
+    this.#seedSize = reset.size;
+    this.#spacesCodec = bodyCodec(schema, "SPACES_RESP");
+    this.#spacesNames = [firstField(schema, this.#spacesCodec.name, 0).name, firstField(schema, this.#spacesCodec.name, 1).name];
+
+    // results (8 at least: STEP_MULTI), then the SAME_STEP tail: u32 k, k x (u32 index, result)
+    const size = this.#resultSize;
+    this.buffer = Buffer.alloc(
+      BODY_OFFSET + Math.max(this.numEnvs, runtime.seats) * size + FINAL_COUNT_SIZE + this.numEnvs * (FINAL_COUNT_SIZE + size) + 1024,
+    );
+  }
+
+  /** The auto-reset mode the client asked for in HELLO (disabled until then). */
+  get autoreset(): AutoReset {
+    return this.runtime.autoreset;
+  }
+
+  // -- Records: env i's result goes to body slot i ------------------------------------------------
+
+  get bytes(): Uint8Array {
+    return this.buffer;
+  }
+
+  at(index: number): number {
+    return BODY_OFFSET + index * this.#resultSize;
+  }
+
+  written(): void {
+    // in place: nothing to copy
+  }
+
+  /** Copy env `index`'s final result into the response tail (SAME_STEP). */
+  keepFinal(index: number): void {
+    const size = this.#resultSize;
+    const tail = BODY_OFFSET + this.numEnvs * size + FINAL_COUNT_SIZE + this.#finals * (FINAL_COUNT_SIZE + size);
+    writeU32(this.buffer, tail, index);
+    const slot = BODY_OFFSET + index * size;
+    this.buffer.copy(this.buffer, tail + FINAL_COUNT_SIZE, slot, slot + size);
+    this.#finals++;
+  }
+
+  // -- requests ------------------------------------------------------------------------------------
+
+  /**
+   * Answer one request whose body is `buf[offset, offset + length)`: returns the response
+   * msg_type; the body is `body()` (`bodyLength` bytes at BODY_OFFSET of `buffer`). Never throws
+   * for a bad request: refusals become ERROR responses, and `closing` is set when the connection
+   * must be closed after sending it.
+   */
+  handle(msgType: number, buf: Uint8Array, offset: number, length: number): number {
+    const ids = this.ids;
+    try {
+      if (msgType === ids.HELLO_REQ) return this.#helloRequest(buf, offset, length);
+      if (
+        msgType !== ids.RESET_REQ &&
+        msgType !== ids.RESET_SEED_REQ &&
+        msgType !== ids.STEP_REQ &&
+        msgType !== ids.STEP_MULTI_REQ &&
+        msgType !== ids.STEP_BATCH_REQ &&
+        msgType !== ids.HEALTH_REQ &&
+        msgType !== ids.SPACES_REQ &&
+        msgType !== this.#observeReq
+      ) {
+        throw new RequestError(
+          ErrorCode.UNKNOWN_MESSAGE,
+          `msg_type 0x${msgType.toString(16).toUpperCase().padStart(2, "0")} is not a request`,
+        );
+      }
+      if (!this.helloDone) throw new RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first");
+      switch (msgType) {
+        case ids.STEP_REQ:
+          return this.#step(buf, offset, length);
+        case ids.STEP_BATCH_REQ:
+          return this.#stepBatch(buf, offset, length);
+        case ids.RESET_REQ:
+          this.#expectSize(length, 0, "RESET_REQ");
+          return this.#reset(null);
+        case ids.RESET_SEED_REQ: {
+          this.#expectSize(length, this.#seedSize, "RESET_SEED_REQ");
+          const dv = new DataView(buf.buffer, buf.byteOffset + offset, length);
+          return this.#reset(dv.getBigUint64(this.#seedAt, true));
+        }
+        case ids.STEP_MULTI_REQ:
+          return this.#stepMulti(buf, offset, length);
+        case ids.HEALTH_REQ:
+          this.#expectSize(length, 0, "HEALTH_REQ");
+          this.buffer[BODY_OFFSET] = 1;
+          this.bodyLength = 1;
+          return ids.HEALTH_RESP;
+        case ids.SPACES_REQ:
+          return this.#spacesRequest(length);
+        default:
+          return this.#observe(length);
+      }
+    } catch (error) {
+      if (error instanceof RequestError) return this.error(error.code, error.text);
+      // a bug must not take the server down (env errors are recovered by the runtime)
+      return this.error(ErrorCode.INTERNAL, describeError(error));
+    }
+  }
+
+  /** Put an ERROR body in the response buffer; sets `closing` for the closing codes. */
+  error(code: ErrorCode, text: string): number {
+    if (CLOSING_ERRORS.has(code)) this.closing = true;
+    this.#setBody(encodeError(code, text));
+    return this.ids.ERROR;
+  }
+
+  /** The current response body (a view of `buffer`, valid until the next request). */
+  body(): Buffer {
+    const length = this.bodyLength;
+    let view = this.#bodies.get(length);
+    if (view === undefined) {
+      view = this.buffer.subarray(BODY_OFFSET, BODY_OFFSET + length);
+      if (this.#bodies.size > 64) this.#bodies.clear();
+      this.#bodies.set(length, view);
+    }
+    return view;
+  }
+
+  /** Header + current body as one contiguous view of `buffer` (no copy). */
+  frame(msgType: number, msgId: number): Buffer {
+    const length = this.bodyLength;
+    packHeader(this.buffer, HEADER_OFFSET, msgType, msgId, length);
+    let view = this.#frames.get(length);
+    if (view === undefined) {
+      view = this.buffer.subarray(HEADER_OFFSET, BODY_OFFSET + length);
+      if (this.#frames.size > 64) this.#frames.clear();
+      this.#frames.set(length, view);
+    }
+    return view;
+  }
+
+  /**
+   * Give the current buffer away (a pending socket write still holds it) and answer the next
+   * requests in a fresh one. Called by backends only when a write did not complete at once.
+   */
+  detachBuffer(minimum = this.buffer.byteLength): void {
+    this.buffer = Buffer.alloc(Math.max(minimum, this.buffer.byteLength));
+    this.#frames = new Map();
+    this.#bodies = new Map();
+  }
+
+  /** The HELLO_RESP body for an auto-reset mode: own Hello (flags = mode) + msgpack info. */
+  helloBody(mode: AutoReset = this.autoreset): Buffer {
+    // the same keys in the same order as Python: num_envs, env, server, autoreset
+    return encodeHello(this.schema.fingerprint, { ...this.info, autoreset: autoresetName(mode) }, mode);
+  }
+
+  #setBody(body: Uint8Array): void {
+    if (BODY_OFFSET + body.byteLength > this.buffer.byteLength) this.detachBuffer(BODY_OFFSET + body.byteLength);
+    this.buffer.set(body, BODY_OFFSET);
+    this.bodyLength = body.byteLength;
+  }
+
+  #helloRequest(buf: Uint8Array, offset: number, length: number): number {
+    let flags: number;
+    try {
+      const hello = decodeHello(buf.subarray(offset, offset + length));
+      checkHello(hello, this.schema.fingerprint, "client");
+      flags = hello.flags;
+    } catch (error) {
+      if (error instanceof FingerprintMismatchError) return this.error(ErrorCode.FINGERPRINT_MISMATCH, error.message);
+      if (error instanceof VersionMismatchError) return this.error(ErrorCode.VERSION_MISMATCH, error.message);
+      if (error instanceof ProtocolError) return this.error(ErrorCode.BAD_FRAME, error.message);
+      throw error;
+    }
+    this.runtime.autoreset = checkAutoreset(flags & AUTORESET_MASK, () => `unknown auto-reset mode in flags ${flags}`);
+    this.helloDone = true;
+    this.#setBody(this.helloBody());
+    return this.ids.HELLO_RESP;
+  }
+
+  #expectSize(length: number, size: number, what: string): void {
+    if (length !== size) {
+      throw new RequestError(ErrorCode.BAD_BODY_SIZE, `${what} body is ${length} bytes, expected ${size}`);
+    }
+  }
+
+  #reset(seed: bigint | null): number {
+    this.runtime.resetAll(this, seed);
+    this.bodyLength = this.numEnvs * this.#resultSize;
+    return this.ids.RESET_RESP;
+  }
+
+  /** Step every env; the body is `count` results, SAME_STEP adds the tail of finals. */
+  #stepAll(count: number): void {
+    this.#finals = 0;
+    this.runtime.step(this);
+    this.#stepLength(count);
+  }
+
+  /** The body length of `count` step results; SAME_STEP adds the tail of finals. */
+  #stepLength(count: number): void {
+    let length = count * this.#resultSize;
+    if (this.autoreset === AutoReset.SAME_STEP) {
+      writeU32(this.buffer, BODY_OFFSET + length, this.#finals);
+      length += FINAL_COUNT_SIZE + this.#finals * (FINAL_COUNT_SIZE + this.#resultSize);
+    }
+    this.bodyLength = length;
+  }
+
+  #step(buf: Uint8Array, offset: number, length: number): number {
+    if (this.numEnvs !== 1) {
+      throw new RequestError(ErrorCode.BAD_BATCH, `STEP_REQ needs a 1-env server; this one has ${this.numEnvs}`);
+    }
+    this.#expectSize(length, this.#stepRequestSize, "STEP_REQ");
+    readActions(this.runtime.actions, buf, offset + this.#actionAt, this.#stepRequestSize, 1, this.#action);
+    this.#stepAll(1);
+    return this.ids.STEP_RESP;
+  }
+
+  #stepMulti(buf: Uint8Array, offset: number, length: number): number {
+    const runtime = this.runtime;
+    runtime.checkMulti();
+    this.#expectSize(length, this.#multiSize, "STEP_MULTI_REQ");
+    readActions(runtime.actions, buf, offset + this.#multiAt, this.#multi.size, runtime.seats, this.#multi);
+    this.#finals = 0;
+    if (runtime.stepMulti(this)) this.bodyLength = runtime.seats * this.#resultSize;
+    else this.#stepLength(runtime.seats);
+    return this.ids.STEP_MULTI_RESP;
+  }
+
+  #stepBatch(buf: Uint8Array, offset: number, length: number): number {
+    const size = this.#stepRequestSize;
+    if (length !== this.numEnvs * size) {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        `STEP_BATCH_REQ carries ${size ? Math.floor(length / size) : 0} actions ` +
+          `(${length} bytes); this server has ${this.numEnvs} envs`,
+      );
+    }
+    readActions(this.runtime.actions, buf, offset + this.#actionAt, size, this.numEnvs, this.#action);
+    this.#stepAll(this.numEnvs);
+    return this.ids.STEP_BATCH_RESP;
+  }
+
+  #spacesRequest(length: number): number {
+    this.#expectSize(length, 0, "SPACES_REQ");
+    const [obs, act] = this.#spacesNames;
+    this.#spacesCodec.encodeInto({ [obs]: this.spaces.obsN, [act]: this.spaces.actN }, this.buffer, BODY_OFFSET);
+    this.bodyLength = this.#spacesCodec.size;
+    return this.ids.SPACES_RESP;
+  }
+
+  /** OBSERVE_RESP: the N current results, then a msgpack array of the N info maps. */
+  #observe(length: number): number {
+    this.#expectSize(length, 0, "OBSERVE_REQ");
+    const infos = this.runtime.observe(this);
+    const results = this.numEnvs * this.#resultSize;
+    const tail = msgpackEncode(infos);
+    if (BODY_OFFSET + results + tail.byteLength > this.buffer.byteLength) {
+      const old = this.buffer;
+      this.detachBuffer(BODY_OFFSET + results + tail.byteLength);
+      old.copy(this.buffer, BODY_OFFSET, BODY_OFFSET, BODY_OFFSET + results);
+    }
+    this.buffer.set(tail, BODY_OFFSET + results);
+    this.bodyLength = results + tail.byteLength;
+    return this.#observeResp;
+  }
+}
+
+function firstField(schema: SchemaModule, struct: string, index = 0): { name: string; offset: number; type: string; size: number; count: number } {
+  const field = schema.ir.structs[struct]?.fields[index];
+  if (field === undefined) throw new ProtocolError(`struct ${struct} has no field ${index}`);
+  return field;
+}
+
+/** Makes one Session per connection from a host: a fresh runtime each (tests, servers). */
+export function sessionsOf(host: EnvHost): () => Session {
+  return () => new Session(host.runtime(), { envName: host.envName, serverLang: host.serverLang });
+}
+
+/** A host's session maker from an env or factory (the tests' shorthand for `new EnvHost`). */
+export function sessionFactory(envOrFactory: EnvOrFactory, options: HostOptions = {}): () => Session {
+  return sessionsOf(new EnvHost(envOrFactory, options));
+}
