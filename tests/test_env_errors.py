@@ -71,21 +71,6 @@ def url(request: pytest.FixtureRequest) -> Iterator[str]:
         yield server.bound_url
 
 
-def test_the_error_names_the_env_and_the_others_continue(url: str) -> None:
-    with api.connect(url) as client:
-        client.reset(seed=1)
-        client.step([1, 1, 1, 1])
-        with pytest.raises(EnvError) as info:
-            client.step([1, 1, POISON, 1])
-        error = info.value
-        assert isinstance(error, RemoteError) and error.code == ErrorCode.ENV_ERROR
-        assert error.env_id == 2 and error.text.startswith("env 2: ValueError: poisoned action")
-        assert "reset" in error.text
-        result = client.step([1, 1, 1, 1])  # the next request works
-        # envs 0, 1, 3 stepped in the failed request too (3 steps); env 2 was reset (1 step)
-        assert list(result.observation[:, 1]) == [3, 3, 1, 3]
-
-
 def test_a_failed_reset_recreates_the_env(url: str) -> None:
     with api.connect(url) as client:
         client.reset()
@@ -112,16 +97,6 @@ def test_an_env_whose_reset_keeps_failing_needs_a_reset(url: str) -> None:
         assert refused.value.code == ErrorCode.NOT_RESET
         client.reset()
         assert list(client.step([1, 1, 1, 1]).observation[:, 1]) == [1, 1, 1, 1]
-
-
-def test_a_single_env_server(url: str) -> None:
-    single = unique_url("unix")
-    with api.Server(FlakyEnv, single).start(), api.connect(single) as client:
-        client.reset()
-        with pytest.raises(EnvError) as info:
-            client.step(POISON)
-        assert info.value.env_id == 0
-        assert client.step(1).observation[1] == 1
 
 
 def test_decode_error_parses_the_env_id() -> None:

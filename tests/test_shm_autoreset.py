@@ -12,8 +12,8 @@ import pytest
 
 import transport.api as api
 from transport.backends.shm import ShmChannel
-from transport.errors import EnvError, RemoteError
-from transport.protocol import AutoReset, ErrorCode
+from transport.errors import EnvError
+from transport.protocol import AutoReset
 
 from .servers import ServerProcess
 from .test_env_errors import POISON, FlakyEnv
@@ -34,32 +34,6 @@ def url() -> Iterator[str]:
 def legal(result: object, rng: random.Random) -> list[int]:
     masks = result.action_mask  # type: ignore[attr-defined]
     return [rng.choice(np.flatnonzero(masks[i]).tolist()) for i in range(NUM_ENVS)]
-
-
-def test_disabled_refuses_a_step_after_done(url: str) -> None:
-    with api.connect(url, timeout=10) as client:
-        assert client.autoreset == AutoReset.DISABLED
-        result, rng = client.reset(seed=3), random.Random(3)
-        with pytest.raises(RemoteError) as info:
-            for _ in range(1000):
-                result = client.step(legal(result, rng))
-        assert info.value.code == ErrorCode.NOT_RESET
-        assert info.value.text.startswith("env ")
-
-
-def test_next_step_resets_on_the_following_step(url: str) -> None:
-    with api.connect(url, timeout=10, autoreset="next_step") as client:
-        assert client.server_info["autoreset"] == "next_step"
-        result, rng = client.reset(seed=5), random.Random(5)
-        ended = 0
-        for _ in range(600):
-            was_done = result.done.copy()
-            result = client.step(legal(result, rng))
-            assert client.finals == []
-            for i in np.flatnonzero(was_done):
-                ended += 1
-                assert result.done[i] == 0 and result.reward[i] == 0.0  # the reset result
-        assert ended >= NUM_ENVS
 
 
 def test_same_step_returns_the_reset_and_the_final_result(url: str) -> None:
@@ -99,14 +73,6 @@ def trace(url: str, mode: str, steps: int = 300) -> list[bytes]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["next_step", "same_step"])
-def test_shm_matches_the_stream_protocol(url: str, mode: str, tmp_path: object) -> None:
-    unix = f"unix:///tmp/transport-test-{uuid.uuid4().hex[:12]}.sock"
-    with ServerProcess(unix, env="pac", num_envs=NUM_ENVS) as stream:
-        expected = trace(stream.url, mode)
-    assert trace(url, mode) == expected
-
-
 def test_the_mode_belongs_to_the_session(url: str) -> None:
     with api.connect(url, timeout=10, autoreset="same_step") as client:
         client.reset(seed=1)
@@ -138,21 +104,6 @@ def flaky_url() -> Iterator[str]:
     FlakyEnv.broken_resets = 0
     with api.Server(FlakyEnv, shm_url(), num_envs=NUM_ENVS).start() as server:
         yield server.url
-
-
-def test_env_error_names_the_env_and_the_others_go_on(flaky_url: str) -> None:
-    with api.connect(flaky_url, timeout=10) as client:
-        client.reset()
-        client.step([1, 1, 1, 1])
-        with pytest.raises(EnvError) as info:
-            client.step([1, 1, POISON, 1])
-        assert info.value.code == ErrorCode.ENV_ERROR
-        assert info.value.env_id == 2
-        assert info.value.text.startswith("env 2: ")
-        assert "(the env was reset)" in info.value.text
-        result = client.step([1, 1, 1, 1])  # the next request works
-        assert result.observation[2, 1] == 1  # env 2 was reset, then stepped once
-        assert result.observation[0, 1] == 3  # the others kept their state (3 steps)
 
 
 def test_env_whose_reset_fails_is_recreated(flaky_url: str) -> None:

@@ -110,30 +110,6 @@ def test_batched_32_env_echo_shares_the_mapping() -> None:
             assert result.action_mask.all()
 
 
-def test_reset_seeds_env_i_with_seed_plus_i_like_python() -> None:
-    batches = {}
-    for lang in ("python", "node"):
-        with ServerProcess(unique_shm_url(3), env="pac", lang=lang) as proc:
-            with api.connect(proc.url, timeout=5) as client:
-                batches[lang] = client.reset(seed=40, copy=True)
-    with node_server(unique_shm_url(1), env="pac") as proc:
-        with api.connect(proc.url, timeout=5) as client:
-            for i in range(3):
-                single = client.reset(seed=40 + i)
-                np.testing.assert_array_equal(single.observation, batches["node"].observation[i])
-    for field in ("observation", "action_mask", "reward", "life", "money"):
-        np.testing.assert_array_equal(batches["node"][field], batches["python"][field])
-
-
-def test_server_seed_applies_to_the_first_unseeded_reset() -> None:
-    firsts = {}
-    for lang in ("python", "node"):
-        with ServerProcess(unique_shm_url(2), env="pac", lang=lang, seed=7) as proc:
-            with api.connect(proc.url, timeout=5) as client:
-                firsts[lang] = client.reset(copy=True)
-    np.testing.assert_array_equal(firsts["node"].observation, firsts["python"].observation)
-
-
 def test_request_errors_are_remote_errors_and_client_stays_usable() -> None:
     with node_server(unique_shm_url(1), env="pac") as proc:
         with api.connect(proc.url, timeout=5) as client:
@@ -153,17 +129,6 @@ def test_request_errors_are_remote_errors_and_client_stays_usable() -> None:
                 client.step(60)
             assert info.value.code == ErrorCode.MASKED_ACTION
             assert client.step(0).observation.shape == (612,)
-
-
-def test_a_refused_batch_steps_nothing() -> None:
-    with node_server(unique_shm_url(4), env="echo", num_envs=4) as proc:
-        with api.connect(proc.url, timeout=5) as client:
-            client.reset()
-            client.step([1, 1, 1, 1])
-            with pytest.raises(RemoteError) as info:
-                client.step([1, 2, 500, 3])
-            assert info.value.code == ErrorCode.INVALID_ACTION and "env 2" in info.value.text
-            assert client.step([4, 4, 4, 4]).life.tolist() == [2, 2, 2, 2]
 
 
 # -- byte-identical traces -----------------------------------------------------------------------
@@ -398,17 +363,6 @@ def test_stale_region_is_replaced_on_start() -> None:
         with api.connect(proc.url, timeout=5) as client:
             client.reset()
             assert client.step(3).observation[0] == 3.0
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_unlinks_the_segment(sig: int) -> None:
-    proc = node_server(unique_shm_url(2), env="echo")
-    path = segment_path(proc.url)
-    assert os.path.exists(path)
-    proc.proc.send_signal(sig)
-    assert proc.proc.wait(10) == 0
-    proc.kill()
-    assert not os.path.exists(path)
 
 
 def test_client_sees_clean_shutdown_as_peer_gone() -> None:

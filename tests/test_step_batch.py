@@ -147,16 +147,5 @@ def test_seats_do_not_auto_reset(url: str) -> None:
         assert refused.value.code == ErrorCode.BAD_BATCH and "auto-reset" in str(refused.value)
 
 
-def test_a_one_env_server_without_step_batch_refuses_step_multi() -> None:
-    from transport.envs.echo import EchoEnv
-
-    url = unique_unix_url()
-    with transport.Server(EchoEnv, url).start(), transport.connect(url, timeout=5) as client:
-        client.reset()
-        with pytest.raises(RemoteError) as refused:
-            client.step_multi(range(SEATS))
-        assert refused.value.code == ErrorCode.BAD_BATCH and "step_batch" in str(refused.value)
-
-
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
