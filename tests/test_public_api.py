@@ -94,3 +94,16 @@ def test_every_error_is_a_transport_error() -> None:
         obj = getattr(transport, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, transport.TransportError), name
+
+
+def test_the_library_imports_no_tool_dependency() -> None:
+    """matplotlib and hypothesis are the tools' extra (transport[tools]); ray is its own."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, transport, transport.client, transport.runtime, transport.backends.unix\n"
+        "print(sorted(m for m in ('matplotlib', 'hypothesis', 'ray') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -14,6 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+try:
+    import hypothesis  # noqa: F401  (the property-based generator of the conformance cases)
+except ImportError:  # pragma: no cover - depends on the installation
+    sys.exit("transport-conformance needs hypothesis: pip install 'transport[tools]'")
+
 from transport.codec import Schema
 from transport.conformance.golden import write_golden
 from transport.conformance.paths import default_root, golden_root, node_testee, schema_files

@@ -377,8 +377,15 @@ def main(argv: list[str] | None = None) -> int:
         from transport.probe.plot import plot
 
         title = f"transport-probe ({mode}, echo env): {summary(machine)}"
-        plot(results.rows, results.floors, args.plot, title=title, backends=order)
-        written.append(args.plot)
+        try:
+            plot(results.rows, results.floors, args.plot, title=title, backends=order)
+            written.append(args.plot)
+        except ImportError:
+            print(
+                "transport-probe: no plot: matplotlib is not installed "
+                "(pip install 'transport[tools]', or pass --no-plot)",
+                file=sys.stderr,
+            )
     if args.markdown:
         block = report.markdown_block(results, machine, command, order)
         report.update_markdown(args.markdown, block)
