@@ -22,7 +22,8 @@ Inspect and compile declarative transport schemas (TOML; see docs/schema.md).
   transport-schema compile schema/*.toml                 regenerate Python and TypeScript
   transport-schema compile schema/*.toml --check         exit 1 if generated code is stale
 
-Exit status: 0 on success, 1 on an invalid schema or stale generated code, 2 on usage errors.
+Exit status: 0 on success, 1 on stale generated code (--check), 2 on an invalid schema, an
+unwritable output or a usage error (one line on stderr, never a traceback).
 """
 
 
@@ -79,7 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return _compile(args.files, args.python_out, args.ts_out, args.check, args.json)
     except SchemaError as exc:
         print(f"transport-schema: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    except BrokenPipeError:
+        raise  # quiet_on_broken_pipe: the exit status a shell gives `cat`
+    except OSError as exc:  # an unwritable output directory or file
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"transport-schema: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 def _inspect(file: Path, as_json: bool) -> int:
