@@ -4,14 +4,19 @@ with one line naming the file, the item and the rule, exit status 2, and no trac
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from transport.errors import SchemaError
 from transport.schema import compile_schema
 from transport.schema.emit_python import emit_python
+from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
 from transport.schema.rules import check_field_name, check_member_name, check_type_name
 from transport.tools.schema_cli import main
 
@@ -163,40 +168,58 @@ def test_unwritable_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789"
+_NEAR_MISSES = (
+    "Type String_ Class None_ toJSON then length prototype name value fields path dv at rt_ "
+    "self cls default_ undefined_ Infinity_ Input View Codec Layout Obj Foo FooView2 ir_ IR_ "
+    "Schema_ SCHEMA_ MsgType_ Final_ Any_ toString_ constructor_ proto_ hasOwnProperty2 E e _x "
+    "x_ a1 Z9 readAt writeAt viewAt checkAt validateAt size message MessageId_ Values"
+).split()
+"""Names near the rules' edges: the ones the rules accept must give working code."""
 
 
-def _random_name(rng: random.Random, check: object) -> str:
+def _random_name(rng: random.Random, check: Callable[[str], str | None]) -> str:
     while True:
-        first = rng.choice(_ALPHABET[:53])
-        name = first + "".join(rng.choice(_ALPHABET) for _ in range(rng.randrange(0, 12)))
-        if check(name) is None:  # type: ignore[operator]
+        if rng.random() < 0.5:
+            name = rng.choice(_NEAR_MISSES)
+        else:
+            first = rng.choice(_ALPHABET[:53])
+            name = first + "".join(rng.choice(_ALPHABET) for _ in range(rng.randrange(0, 12)))
+        if check(name) is None:
             return name
 
 
-def _valid_random_schema(seed: int) -> str:
-    rng = random.Random(seed)
-    structs = [_random_name(rng, check_type_name) for _ in range(2)]
-    if structs[1] == structs[0] or any(structs[1].startswith(structs[0]) for _ in [0]):
-        structs[1] = structs[0] + "Z"
-    enum = _random_name(rng, check_type_name)
-    fields = list(dict.fromkeys(_random_name(rng, check_field_name) for _ in range(4)))
+def _random_schema(rng: random.Random, seed: int) -> str:
+    outer, inner, enum = (_random_name(rng, check_type_name) for _ in range(3))
+    fields = list(dict.fromkeys(_random_name(rng, check_field_name) for _ in range(5)))
     values = list(dict.fromkeys(_random_name(rng, check_member_name) for _ in range(3)))
     message = _random_name(rng, check_member_name)
-    text = f'[schema]\nname = "fuzz{seed}"\n\n[enums.{enum}Q]\ntype = "u8"\nvalues = {{ '
+    text = f'[schema]\nname = "fuzz{seed}"\n\n[enums.{enum}]\ntype = "u8"\nvalues = {{ '
     text += ", ".join(f"{v} = {i}" for i, v in enumerate(values)) + " }\n\n"
-    types = ["u32", f"{enum}Q", "f32[3]", "bool"]
-    text += f"[structs.{structs[1]}Y]\nfields = [\n"
+    types = ["u32", enum, "f32[3]", "bool", "i16[2,3]"]
+    text += f"[structs.{inner}]\nfields = [\n"
     text += "".join(
         f'  {{ name = "{f}", type = "{t}" }},\n' for f, t in zip(fields, types, strict=False)
     )
     text += "]\n\n"
-    outer = f'{{ name = "{fields[0]}", type = "{structs[1]}Y[2]" }}'
-    text += f"[structs.{structs[0]}X]\nfields = [{outer}]\n"
-    text += f'\n[messages.{message}]\nid = 7\nbody = "{structs[0]}X"\n'
+    text += f'[structs.{outer}]\nfields = [{{ name = "{fields[0]}", type = "{inner}[2]" }}]\n'
+    text += f'\n[messages.{message}]\nid = 7\nbody = "{outer}"\n'
     return text
 
 
-SEEDS = range(6)
+def _valid_random_schema(seed: int) -> str:
+    """A random schema of names the rules accept (drawn again while the compiler refuses the
+    combination, e.g. two structs with one name)."""
+    rng = random.Random(seed)
+    while True:
+        text = _random_schema(rng, seed)
+        try:
+            compile_schema(text, f"fuzz{seed}.toml")
+        except SchemaError:
+            continue
+        return text
+
+
+SEEDS = range(12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -213,3 +236,57 @@ def test_random_valid_names_import(seed: int, tmp_path: Path) -> None:
     finally:
         del sys.modules[spec.name]
     assert mod.FINGERPRINT_HEX == ir.fingerprint_hex
+
+
+NODE_BRIDGE = Path(__file__).resolve().parents[1] / "node_bridge"
+TSC = NODE_BRIDGE / "node_modules" / ".bin" / "tsc"
+
+
+@pytest.mark.skipif(not TSC.exists(), reason="node_bridge not set up (./dev setup)")
+def test_random_valid_names_pass_tsc_strict(tmp_path: Path) -> None:
+    """The TypeScript the same random schemas give type-checks under the project's --strict."""
+    src = NODE_BRIDGE / "src"
+    for runtime in ("codec", "ir"):
+        (tmp_path / f"{runtime}.ts").write_text(
+            f'export * from "{(src / runtime).as_posix()}";\n', encoding="utf-8"
+        )
+    generated = tmp_path / "generated"
+    generated.mkdir()
+    names = []
+    for seed in SEEDS:
+        ir = compile_schema(_valid_random_schema(seed), f"fuzz{seed}.toml")
+        (generated / f"{ir.name}.ts").write_text(emit_typescript(ir), encoding="utf-8")
+        names.append(ir.name)
+    (generated / "index.ts").write_text(emit_typescript_index(names), encoding="utf-8")
+    config = {
+        "extends": (NODE_BRIDGE / "tsconfig.json").as_posix(),
+        "compilerOptions": {
+            "noEmit": True,
+            "rootDir": "/",
+            "typeRoots": [(NODE_BRIDGE / "node_modules" / "@types").as_posix()],
+        },
+        "include": [f"{tmp_path.as_posix()}/**/*.ts"],
+    }
+    (tmp_path / "tsconfig.json").write_text(json.dumps(config), encoding="utf-8")
+    result = subprocess.run(
+        [str(TSC), "-p", str(tmp_path / "tsconfig.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_stray_typescript_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """index.ts lists every module in --ts-out: a file there that cannot be one is refused."""
+    path = tmp_path / "ok.toml"
+    path.write_text(_schema(), encoding="utf-8")
+    ts_out = tmp_path / "ts"
+    ts_out.mkdir()
+    (ts_out / "not-a-name.ts").write_text("", encoding="utf-8")
+    argv = ["compile", str(path), "--python-out", str(tmp_path / "py"), "--ts-out", str(ts_out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "not-a-name.ts" in err, err

@@ -12,6 +12,7 @@ from transport.schema import SchemaIR, load_schema
 from transport.schema.diagram import shm_diagram
 from transport.schema.emit_python import emit_python, emit_python_package_init
 from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
+from transport.schema.rules import check_schema_name
 from transport.tools import quiet_on_broken_pipe
 
 _DESCRIPTION = """\
@@ -134,7 +135,16 @@ def generated_files(schemas: list[SchemaIR], python_out: Path, ts_out: Path) -> 
         out[ts_out / f"{ir.name}.ts"] = emit_typescript(ir)
     names = {ir.name for ir in schemas}
     if ts_out.is_dir():
-        names |= {p.stem for p in ts_out.glob("*.ts") if p.name != "index.ts"}
+        for path in sorted(ts_out.glob("*.ts")):
+            if path.name == "index.ts" or path.stem in names:
+                continue
+            if check_schema_name(path.stem, envelope=path.stem == "protocol") is not None:
+                raise SchemaError(
+                    "index.ts would list every module here, and this file's name cannot be "
+                    "a schema module's: move it out of the generated folder",
+                    file=str(path),
+                )
+            names.add(path.stem)
     out[ts_out / "index.ts"] = emit_typescript_index(sorted(names))
     return out
 
