@@ -36,6 +36,16 @@ def _deep(depth: int) -> str:
     return "\n".join(parts)
 
 
+_ENV = """[schema]
+name = "hostile"
+[structs.StepRequest]
+fields = [{{ name = "action", type = "u8", role = "action" }}]
+[structs.StepResult]
+fields = [{{ name = "x", type = "u8" }}]
+[env]
+shm = "{shm}"
+"""
+
 CASES: list[tuple[str, str | bytes, str]] = [
     ("non-utf8", b'[schema]\nname = "h\xff"\n', "not UTF-8"),
     ("bad-toml", "[schema\nname=", "invalid TOML"),
@@ -117,6 +127,11 @@ CASES: list[tuple[str, str | bytes, str]] = [
     ("schema-protocol", _schema().replace('"hostile"', '"protocol"'), "reserved for a file"),
     ("schema-Index", _schema().replace('"hostile"', '"Index"'), "reserved for a file"),
     ("schema-SCHEMAS", _schema().replace('"hostile"', '"SCHEMAS"'), "TypeScript reserved"),
+    ("profile-self", _ENV.format(shm="hostile"), "is an env schema, not a layout profile"),
+    ("profile-long", _ENV.format(shm="p" * 300), "characters long"),
+    ("profile-newline", _ENV.format(shm="pac_shm\\n"), "must name a layout profile"),
+    ("message-mro", _schema(extra='[messages.mro]\nid = 1\nbody = "Foo"\n'), "Python enum"),
+    ("errors-outside-envelope", _schema(extra='[errors]\n[http]\n"step\\n" = "Foo"\n'), "[errors]"),
     ("schema-def", _schema().replace('"hostile"', '"def"'), "Python keyword"),
 ]
 

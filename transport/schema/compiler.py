@@ -116,7 +116,11 @@ def _parse(text: str, file: str) -> dict[str, Any]:
 
 def compile_schema(text: str, file: str = "<schema>") -> SchemaIR:
     """Compile schema source text; ``file`` is only used in error messages."""
-    return _Compiler(_parse(text, file), file).run()
+    doc = _parse(text, file)
+    try:
+        return _Compiler(doc, file).run()
+    except RecursionError as exc:  # a safety net: the rules bound every nesting
+        raise SchemaError("the schema nests too deeply", file=file) from exc
 
 
 class _Compiler:
@@ -399,12 +403,17 @@ class _Compiler:
         """An explicit layout profile (a schema file beside this one with a [shm_profile]
         table): its structs become ShmControl/ShmSlot/ShmFinal, the request and result fields
         are found in its slot (and final area) by name and type."""
-        where = f"[env] shm = {profile!r}"
+        where = f"[env] shm = {_shown(profile)}"
+        if (rule := rules.check_name(profile)) is not None:
+            raise self.error(f"{where}: {rule}")
         candidates = [_schema_dir(self.file) / f"{profile}.toml", SCHEMA_DIR / f"{profile}.toml"]
         path = next((c for c in candidates if c.is_file()), None)
         if path is None:
             raise self.error(f"{where}: no layout profile {candidates[0]}")
-        pdoc, pir = _compile_file(path)
+        pdoc = _parse(_read(path), str(path))
+        if "env" in pdoc:
+            raise self.error(f"{where}: {path.name} is an env schema, not a layout profile")
+        pir = _Compiler(pdoc, str(path)).run()
         names = pdoc.get("shm_profile")
         if not isinstance(names, dict):
             raise self.error(f"{where}: {path} has no [shm_profile] table")
