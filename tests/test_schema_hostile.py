@@ -46,6 +46,10 @@ fields = [{{ name = "x", type = "u8" }}]
 shm = "{shm}"
 """
 
+_PROTOCOL = (Path(__file__).resolve().parents[1] / "schema" / "protocol.toml").read_text(
+    encoding="utf-8"
+)
+
 CASES: list[tuple[str, str | bytes, str]] = [
     ("non-utf8", b'[schema]\nname = "h\xff"\n', "not UTF-8"),
     ("bad-toml", "[schema\nname=", "invalid TOML"),
@@ -132,6 +136,21 @@ CASES: list[tuple[str, str | bytes, str]] = [
     ("profile-newline", _ENV.format(shm="pac_shm\\n"), "must name a layout profile"),
     ("message-mro", _schema(extra='[messages.mro]\nid = 1\nbody = "Foo"\n'), "Python enum"),
     ("errors-outside-envelope", _schema(extra='[errors]\n[http]\n"step\\n" = "Foo"\n'), "[errors]"),
+    (
+        "http-method-newline",
+        _PROTOCOL.replace("[http]\n", '[http]\n"step\\n" = "Hello"\n'),
+        "a method is lower_case",
+    ),
+    (
+        "errors-key-newline",
+        _PROTOCOL.replace("[errors]\n", '[errors]\n"X\\n" = { http = 400 }\n'),
+        "not a value of enum ErrorCode",
+    ),
+    (
+        "env-message-newline",
+        _ENV.format(shm="x").replace('shm = "x"', "") + '[messages."Foo\\n"]\nid = 200\n',
+        "invalid name",
+    ),
     ("schema-def", _schema().replace('"hostile"', '"def"'), "Python keyword"),
 ]
 
@@ -305,3 +324,18 @@ def test_stray_typescript_file_is_a_clear_error(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "not-a-name.ts" in err, err
+
+
+def test_schema_names_differing_in_case_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``Foo`` and ``foo`` would be one file on a case-insensitive file system."""
+    paths = []
+    for name in ("hostile", "Hostile"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(_schema().replace('"hostile"', f'"{name}"'), encoding="utf-8")
+        paths.append(str(path))
+    argv = ["compile", *paths, "--python-out", str(tmp_path / "py"), "--ts-out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "differ in case only" in err, err

@@ -241,13 +241,13 @@ class _Compiler:
         for name, body in own.items():
             if name in merged:
                 raise self.error(
-                    f"message {name}: declared by the protocol envelope ({ENVELOPE_FILE.name}): "
-                    "remove it from this schema"
+                    f"message {_shown(name)}: declared by the protocol envelope "
+                    f"({ENVELOPE_FILE.name}): remove it from this schema"
                 )
             mid = body.get("id") if isinstance(body, dict) else None
             if mid in ids:
                 raise self.error(
-                    f"message {name}: id {mid:#04x} is used by the envelope's {ids[mid]}"
+                    f"message {_shown(name)}: id {mid:#04x} is used by the envelope's {ids[mid]}"
                 )
             merged[name] = body
         return merged
@@ -275,11 +275,11 @@ class _Compiler:
                 raise self.error(f"{where}: closes must be true or false")
             errors[code] = ErrorSpecIR(code, status, closes)
         if (k := _unknown_key(table, set(codes.values))) is not None:
-            raise self.error(f"[errors] {k}: not a value of enum ErrorCode")
+            raise self.error(f"[errors] {_shown(k)}: not a value of enum ErrorCode")
         http: dict[str, str] = {}
         for method, message in self._table(self.doc.get("http", {}), "[http]").items():
             if not _METHOD.match(method):
-                raise self.error(f"[http] {method}: a method is lower_case")
+                raise self.error(f"[http] {_shown(method)}: a method is lower_case")
             if message not in messages:
                 raise self.error(f"[http] {method}: {message!r} is not a message of this schema")
             http[method] = message
@@ -403,7 +403,9 @@ class _Compiler:
         """An explicit layout profile (a schema file beside this one with a [shm_profile]
         table): its structs become ShmControl/ShmSlot/ShmFinal, the request and result fields
         are found in its slot (and final area) by name and type."""
-        where = f"[env] shm = {_shown(profile)}"
+        where = (
+            f"[env] shm = {profile!r}" if len(profile) <= 80 else f"[env] shm = {_shown(profile)}"
+        )
         if (rule := rules.check_name(profile)) is not None:
             raise self.error(f"{where}: {rule}")
         candidates = [_schema_dir(self.file) / f"{profile}.toml", SCHEMA_DIR / f"{profile}.toml"]

@@ -153,11 +153,14 @@ def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_
     schemas = [load_schema(f) for f in files]
     seen: dict[str, Path] = {}
     for ir, file in zip(schemas, files, strict=True):
-        if ir.name in seen:
+        key = ir.name.lower()  # one file name on a case-insensitive file system
+        if key in seen:
             raise SchemaError(
-                f"schema name {ir.name!r} is also used by {seen[ir.name]}", file=str(file)
+                f"schema name {ir.name!r} is also used by {seen[key]} (file names may not "
+                "differ in case only)",
+                file=str(file),
             )
-        seen[ir.name] = file
+        seen[key] = file
     files_out = generated_files(schemas, python_out, ts_out)
     stale = [
         path
