@@ -151,6 +151,8 @@ CASES: list[tuple[str, str | bytes, str]] = [
         _ENV.format(shm="x").replace('shm = "x"', "") + '[messages."Foo\\n"]\nid = 200\n',
         "invalid name",
     ),
+    ("struct-u8", _schema(struct="u8"), "scalar type"),
+    ("enum-f32", _schema(extra='[enums.f32]\ntype = "u8"\nvalues = { A = 0 }\n'), "scalar type"),
     ("schema-def", _schema().replace('"hostile"', '"def"'), "Python keyword"),
 ]
 
@@ -339,3 +341,23 @@ def test_schema_names_differing_in_case_only(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "differ in case only" in err, err
+
+
+@pytest.mark.parametrize("case", ["non-utf8", "5000-digit-count", "deep-nesting", "deep-toml"])
+def test_the_command_shows_no_traceback(case: str, tmp_path: Path) -> None:
+    """The installed command, as a user runs it: one line on stderr, exit 2."""
+    source = next(c[1] for c in CASES if c[0] == case)
+    path = tmp_path / "hostile.toml"
+    if isinstance(source, bytes):
+        path.write_bytes(source)
+    else:
+        path.write_text(source, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "transport.tools.schema_cli", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr

@@ -12,6 +12,8 @@ import builtins
 import keyword
 import re
 
+from transport.schema.ir import SCALARS
+
 NAME_PATTERN = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 """An identifier; ``\\Z`` (not ``$``) so a name ending in a newline does not pass."""
 MAX_NAME = 64
@@ -155,6 +157,8 @@ def check_type_name(name: str) -> str | None:
     """A struct or enum name: a module-level identifier in both generated modules."""
     if (rule := check_name(name)) is not None:
         return rule
+    if name in SCALARS:
+        return f"{name!r} is a scalar type"
     if name in _PY_KEYWORDS:
         return f"{name!r} is a Python keyword"
     if name in _TS_RESERVED:
