@@ -57,11 +57,11 @@ def test_inspect_table_shows_padding() -> None:
     assert "fingerprint" in result.stdout
 
 
-def test_bad_schema_exits_1_with_one_line(tmp_path: Path) -> None:
+def test_bad_schema_exits_2_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[schema]\nname = "bad"\n[structs.S]\nfields = [{ name = "x", type = "f33" }]\n')
     result = run("inspect", bad)
-    assert result.returncode == 1
+    assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert str(bad) in lines[0] and "struct S" in lines[0] and "field x" in lines[0]

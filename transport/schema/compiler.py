@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.errors import SchemaError
+from transport.schema import rules
 from transport.schema.ir import (
     INTEGER_RANGES,
     ROLES,
@@ -28,7 +29,7 @@ from transport.schema.ir import (
     ir_from_json,
 )
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = rules.NAME_PATTERN
 _TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
 """A type: ``f32``, ``f32[612]``, or a multi-dimensional ``f32[2,5,5]`` (row-major)."""
 _LAYOUTS = ("packed", "natural")
@@ -46,7 +47,7 @@ _ERROR_KEYS = {"http", "closes"}
 _TOP_KEYS = {"schema", "structs", "enums", "messages", "env", "shm_profile", "errors", "http"}
 PLACEHOLDERS = ("$result", "$request", "$multi_request", "$multi_result")
 """Message bodies the envelope leaves to each env schema: its [env] structs."""
-_METHOD = re.compile(r"^[a-z][a-z0-9_]*$")
+_METHOD = re.compile(r"\A[a-z][a-z0-9_]{0,63}\Z")
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
 """The project's schema folder: the protocol envelope and the shm layout profiles live here."""
@@ -81,20 +82,45 @@ _SLOT_TEXT: tuple[tuple[str, str], ...] = (
 def load_schema(path: str | Path) -> SchemaIR:
     """Parse and validate a schema file, returning its layout IR."""
     path = Path(path)
+    return compile_schema(_read(path), str(path))
+
+
+def _read(path: Path) -> str:
+    """A schema file's text; an unreadable or non-UTF-8 file is a SchemaError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SchemaError(f"cannot read schema: {exc.strerror}", file=str(path)) from exc
-    return compile_schema(text, str(path))
+        reason = exc.strerror or str(exc)
+        raise SchemaError(f"cannot read schema: {reason}", file=_short_path(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise SchemaError(
+            f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)
+        ) from exc
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise SchemaError(f"cannot read schema: {exc}", file=_short_path(path)) from exc
+
+
+def _short_path(path: Path) -> str:
+    text = repr(str(path))[1:-1]
+    return text if len(text) <= 200 else text[:100] + "..." + text[-40:]
+
+
+def _parse(text: str, file: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SchemaError(f"invalid TOML: {exc}", file=file) from exc
+    except RecursionError as exc:
+        raise SchemaError("invalid TOML: nested too deeply", file=file) from exc
 
 
 def compile_schema(text: str, file: str = "<schema>") -> SchemaIR:
     """Compile schema source text; ``file`` is only used in error messages."""
+    doc = _parse(text, file)
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SchemaError(f"invalid TOML: {exc}", file=file) from exc
-    return _Compiler(doc, file).run()
+        return _Compiler(doc, file).run()
+    except RecursionError as exc:  # a safety net: the rules bound every nesting
+        raise SchemaError("the schema nests too deeply", file=file) from exc
 
 
 class _Compiler:
@@ -117,10 +143,11 @@ class _Compiler:
         if (k := _unknown_key(head, _SCHEMA_KEYS)) is not None:
             raise self.error(f"unknown key {k!r} in [schema]")
         name = head.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise self.error('[schema] needs name = "identifier"')
+        if (rule := rules.check_schema_name(name, envelope="errors" in self.doc)) is not None:
+            raise self.error(f"[schema] name {_shown(name)}: {rule}")
+        assert isinstance(name, str)  # check_schema_name refuses anything else
         version = head.get("version", 1)
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        if rules.check_number(version, "version") is not None:
             raise self.error("[schema] version must be a non-negative integer")
         layout = head.get("layout", "packed")
         if layout not in _LAYOUTS:
@@ -163,6 +190,7 @@ class _Compiler:
         if not is_envelope and "http" in self.doc:
             raise self.error("[http] needs an [errors] table: both belong to the protocol envelope")
         ordered = {n: self.structs[n] for n in self.raw_structs}  # declared, merged, derived
+        self._check_generated_names(ordered)
         return SchemaIR(
             name,
             version,
@@ -175,6 +203,18 @@ class _Compiler:
             errors=errors,
             http=http,
         )
+
+    def _check_generated_names(self, structs: dict[str, StructIR]) -> None:
+        """No struct or enum name equals a name the TypeScript emitter derives from another."""
+        taken = {**{n: "enum" for n in self.enums}, **{n: "struct" for n in structs}}
+        for owner, suffixes in (("struct", rules.STRUCT_SUFFIXES), ("enum", rules.ENUM_SUFFIXES)):
+            for name in (n for n, kind in taken.items() if kind == owner):
+                for suffix in suffixes:
+                    if (derived := name + suffix) in taken:
+                        raise self.error(
+                            f"{taken[derived]} {derived} clashes with the generated name "
+                            f"{derived} of {owner} {name}"
+                        )
 
     # -- the env protocol ---------------------------------------------------------------------
 
@@ -201,13 +241,13 @@ class _Compiler:
         for name, body in own.items():
             if name in merged:
                 raise self.error(
-                    f"message {name}: declared by the protocol envelope ({ENVELOPE_FILE.name}): "
-                    "remove it from this schema"
+                    f"message {_shown(name)}: declared by the protocol envelope "
+                    f"({ENVELOPE_FILE.name}): remove it from this schema"
                 )
             mid = body.get("id") if isinstance(body, dict) else None
             if mid in ids:
                 raise self.error(
-                    f"message {name}: id {mid:#04x} is used by the envelope's {ids[mid]}"
+                    f"message {_shown(name)}: id {mid:#04x} is used by the envelope's {ids[mid]}"
                 )
             merged[name] = body
         return merged
@@ -235,11 +275,11 @@ class _Compiler:
                 raise self.error(f"{where}: closes must be true or false")
             errors[code] = ErrorSpecIR(code, status, closes)
         if (k := _unknown_key(table, set(codes.values))) is not None:
-            raise self.error(f"[errors] {k}: not a value of enum ErrorCode")
+            raise self.error(f"[errors] {_shown(k)}: not a value of enum ErrorCode")
         http: dict[str, str] = {}
         for method, message in self._table(self.doc.get("http", {}), "[http]").items():
             if not _METHOD.match(method):
-                raise self.error(f"[http] {method}: a method is lower_case")
+                raise self.error(f"[http] {_shown(method)}: a method is lower_case")
             if message not in messages:
                 raise self.error(f"[http] {method}: {message!r} is not a message of this schema")
             http[method] = message
@@ -363,12 +403,19 @@ class _Compiler:
         """An explicit layout profile (a schema file beside this one with a [shm_profile]
         table): its structs become ShmControl/ShmSlot/ShmFinal, the request and result fields
         are found in its slot (and final area) by name and type."""
-        where = f"[env] shm = {profile!r}"
+        where = (
+            f"[env] shm = {profile!r}" if len(profile) <= 80 else f"[env] shm = {_shown(profile)}"
+        )
+        if (rule := rules.check_name(profile)) is not None:
+            raise self.error(f"{where}: {rule}")
         candidates = [_schema_dir(self.file) / f"{profile}.toml", SCHEMA_DIR / f"{profile}.toml"]
         path = next((c for c in candidates if c.is_file()), None)
         if path is None:
             raise self.error(f"{where}: no layout profile {candidates[0]}")
-        pdoc, pir = _compile_file(path)
+        pdoc = _parse(_read(path), str(path))
+        if "env" in pdoc:
+            raise self.error(f"{where}: {path.name} is an env schema, not a layout profile")
+        pir = _Compiler(pdoc, str(path)).run()
         names = pdoc.get("shm_profile")
         if not isinstance(names, dict):
             raise self.error(f"{where}: {path} has no [shm_profile] table")
@@ -451,9 +498,9 @@ class _Compiler:
         return value
 
     def _enum(self, name: str, body: Any) -> EnumIR:
-        where = f"enum {name}"
-        if not _NAME.match(name):
-            raise self.error(f"{where}: invalid name")
+        where = f"enum {_shown(name)}"
+        if (rule := rules.check_type_name(name)) is not None:
+            raise self.error(f"{where}: {rule}")
         if not isinstance(body, dict):
             raise self.error(f"{where}: must be a table")
         if (k := _unknown_key(body, _ENUM_KEYS)) is not None:
@@ -467,8 +514,8 @@ class _Compiler:
         lo, hi = INTEGER_RANGES[base]
         seen: dict[int, str] = {}
         for key, value in values.items():
-            if not _NAME.match(key):
-                raise self.error(f"{where}: invalid value name {key!r}")
+            if (rule := rules.check_member_name(key)) is not None:
+                raise self.error(f"{where}, value {_shown(key)}: {rule}")
             if not isinstance(value, int) or isinstance(value, bool):
                 raise self.error(f"{where}: value {key} must be an integer")
             if not lo <= value <= hi or abs(value) > _JS_SAFE:
@@ -484,8 +531,13 @@ class _Compiler:
         if name in self.in_progress:
             cycle = " -> ".join([*self.in_progress[self.in_progress.index(name) :], name])
             raise self.error(f"struct contains itself ({cycle})", struct=name)
-        if not _NAME.match(name):
-            raise self.error("invalid struct name", struct=name)
+        if (rule := rules.check_type_name(name)) is not None:
+            raise self.error(rule, struct=_shown(name))
+        if len(self.in_progress) >= rules.MAX_DEPTH:
+            raise self.error(
+                f"structs nest more than {rules.MAX_DEPTH} deep ({self.in_progress[0]} -> ...)",
+                struct=name,
+            )
         body = self.raw_structs[name]
         if not isinstance(body, dict):
             raise self.error("must be a table", struct=name)
@@ -508,8 +560,10 @@ class _Compiler:
             if not isinstance(raw, dict):
                 raise self.error(f"field #{index} must be a table", struct=name)
             fname = raw.get("name")
-            if not isinstance(fname, str) or not _NAME.match(fname):
+            if not isinstance(fname, str):
                 raise self.error(f"field #{index} needs a name", struct=name)
+            if (rule := rules.check_field_name(fname)) is not None:
+                raise self.error(rule, name, _shown(fname))
             if (k := _unknown_key(raw, _FIELD_KEYS)) is not None:
                 raise self.error(f"unknown key {k!r}", name, fname)
             if fname in names:
@@ -523,8 +577,8 @@ class _Compiler:
             if offset is None:
                 offset = _round_up(end, field_align)
             else:
-                if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                    raise self.error("offset must be a non-negative integer", name, fname)
+                if (rule := rules.check_number(offset, "offset")) is not None:
+                    raise self.error(rule, name, fname)
                 if offset < end:
                     prev = fields[-1]
                     raise self.error(
@@ -566,6 +620,13 @@ class _Compiler:
                 )
             )
             end = offset + size
+            if end > rules.MAX_STRUCT_SIZE:
+                raise self.error(
+                    f"the field ends at byte {end}: a struct holds at most "
+                    f"{rules.MAX_STRUCT_SIZE} bytes",
+                    name,
+                    fname,
+                )
             align = max(align, field_align)
         self.in_progress.pop()
 
@@ -575,6 +636,8 @@ class _Compiler:
         else:
             if not isinstance(explicit, int) or isinstance(explicit, bool):
                 raise self.error("size must be an integer", struct=name)
+            if explicit > rules.MAX_STRUCT_SIZE:
+                raise self.error(f"size must be at most {rules.MAX_STRUCT_SIZE} bytes", struct=name)
             if explicit < end:
                 raise self.error(
                     f"size {explicit} is too small: the fields end at byte {end}",
@@ -601,11 +664,25 @@ class _Compiler:
             raise self.error(f"cannot parse type {raw!r}", struct, fname)
         elem, count_text = match.group(1), match.group(2)
         is_array = count_text is not None
-        dims = [int(d) for d in count_text.split(",")] if count_text is not None else [1]
+        texts = count_text.split(",") if count_text is not None else ["1"]
+        for d_text in texts:
+            if len(d_text.strip().lstrip("-")) > rules.MAX_DIGITS:
+                raise self.error(
+                    f"array count has more than {rules.MAX_DIGITS} digits", struct, fname
+                )
+        dims = [int(d) for d in texts]
         for d in dims:
             if d < 1:
                 raise self.error(f"array count must be at least 1, not {d}", struct, fname)
+            if d > rules.MAX_NUMBER:
+                raise self.error(
+                    f"array count must be at most {rules.MAX_NUMBER}, not {d}", struct, fname
+                )
         count = math.prod(dims)
+        if count > rules.MAX_NUMBER:
+            raise self.error(
+                f"array has {count} elements (at most {rules.MAX_NUMBER})", struct, fname
+            )
         shape = tuple(dims) if len(dims) > 1 else None
         if elem in SCALARS:
             size = SCALARS[elem]
@@ -636,9 +713,9 @@ class _Compiler:
         out: dict[str, MessageIR] = {}
         ids: dict[int, str] = {}
         for name, body in raw.items():
-            where = f"message {name}"
-            if not _NAME.match(name):
-                raise self.error(f"{where}: invalid name")
+            where = f"message {_shown(name)}"
+            if (rule := rules.check_member_name(name)) is not None:
+                raise self.error(f"{where}: {rule}")
             if not isinstance(body, dict):
                 raise self.error(f"{where}: must be a table with id and body")
             if (k := _unknown_key(body, _MESSAGE_KEYS)) is not None:
@@ -669,11 +746,7 @@ class _Compiler:
 
 def _compile_file(path: Path) -> tuple[dict[str, Any], SchemaIR]:
     """A schema file's TOML document and its IR."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SchemaError(f"invalid TOML: {exc}", file=str(path)) from exc
+    doc = _parse(_read(path), str(path))
     return doc, _Compiler(doc, str(path)).run()
 
 
@@ -711,6 +784,13 @@ def _raw_struct(struct: StructIR) -> dict[str, Any]:
             raw["role"] = f.role
         fields.append(raw)
     return {"layout": struct.layout, "size": struct.size, "fields": fields}
+
+
+def _shown(name: object) -> str:
+    """A name for a one-line message: escaped (no newline) and cut short."""
+    text = name if isinstance(name, str) else repr(name)
+    text = text if rules.NAME_PATTERN.match(text) else repr(text)
+    return text if len(text) <= 80 else text[:60] + "..." + f" ({len(text)} characters)"
 
 
 def _unknown_key(table: dict[str, Any], allowed: set[str]) -> str | None:

@@ -12,6 +12,7 @@ from transport.schema import SchemaIR, load_schema
 from transport.schema.diagram import shm_diagram
 from transport.schema.emit_python import emit_python, emit_python_package_init
 from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
+from transport.schema.rules import check_schema_name
 from transport.tools import quiet_on_broken_pipe
 
 _DESCRIPTION = """\
@@ -22,7 +23,8 @@ Inspect and compile declarative transport schemas (TOML; see docs/schema.md).
   transport-schema compile schema/*.toml                 regenerate Python and TypeScript
   transport-schema compile schema/*.toml --check         exit 1 if generated code is stale
 
-Exit status: 0 on success, 1 on an invalid schema or stale generated code, 2 on usage errors.
+Exit status: 0 on success, 1 on stale generated code (--check), 2 on an invalid schema, an
+unwritable output or a usage error (one line on stderr, never a traceback).
 """
 
 
@@ -79,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         return _compile(args.files, args.python_out, args.ts_out, args.check, args.json)
     except SchemaError as exc:
         print(f"transport-schema: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    except BrokenPipeError:
+        raise  # quiet_on_broken_pipe: the exit status a shell gives `cat`
+    except OSError as exc:  # an unwritable output directory or file
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"transport-schema: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 def _inspect(file: Path, as_json: bool) -> int:
@@ -127,7 +135,16 @@ def generated_files(schemas: list[SchemaIR], python_out: Path, ts_out: Path) -> 
         out[ts_out / f"{ir.name}.ts"] = emit_typescript(ir)
     names = {ir.name for ir in schemas}
     if ts_out.is_dir():
-        names |= {p.stem for p in ts_out.glob("*.ts") if p.name != "index.ts"}
+        for path in sorted(ts_out.glob("*.ts")):
+            if path.name == "index.ts" or path.stem in names:
+                continue
+            if check_schema_name(path.stem, envelope=path.stem == "protocol") is not None:
+                raise SchemaError(
+                    "index.ts would list every module here, and this file's name cannot be "
+                    "a schema module's: move it out of the generated folder",
+                    file=str(path),
+                )
+            names.add(path.stem)
     out[ts_out / "index.ts"] = emit_typescript_index(sorted(names))
     return out
 
@@ -136,11 +153,14 @@ def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_
     schemas = [load_schema(f) for f in files]
     seen: dict[str, Path] = {}
     for ir, file in zip(schemas, files, strict=True):
-        if ir.name in seen:
+        key = ir.name.lower()  # one file name on a case-insensitive file system
+        if key in seen:
             raise SchemaError(
-                f"schema name {ir.name!r} is also used by {seen[ir.name]}", file=str(file)
+                f"schema name {ir.name!r} is also used by {seen[key]} (file names may not "
+                "differ in case only)",
+                file=str(file),
             )
-        seen[ir.name] = file
+        seen[key] = file
     files_out = generated_files(schemas, python_out, ts_out)
     stale = [
         path
