@@ -357,3 +357,20 @@ def test_url_templates_are_unique_per_tag() -> None:
         assert url.startswith(scheme + "://")
         if scheme in ("unix", "zmq+ipc", "shm"):
             assert "tprobe-x-1" in url
+
+
+def test_probe_a_users_server_with_its_schema(tmp_path: Path) -> None:
+    """--url with --schema: any schema, the env's own legal actions, no echo check."""
+    tetris = str(ROOT / "schema" / "tetris.toml")
+    extra = ["--schema", tetris]
+    with ServerProcess(
+        unique_unix_url(), env="contract", lang="python", num_envs=4, extra=extra
+    ) as server:
+        done = run_probe(
+            "--url", server.url, "--schema", tetris, "--quick", "--no-floor", "--no-plot",
+            "--json", "-",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert (row["backend"], row["batch"], row["payload_bytes"]) == ("unix", 4, 4 * 912)
+    assert run_probe("--schema", tetris, "--quick").returncode == 2  # --schema needs --url

@@ -116,6 +116,7 @@ class Settings:
     timeout: float = 10.0
     floor: bool = True
     ready_timeout: float = 30.0
+    schema: Any = None  # --url with --schema: the user's schema (a transport Schema)
 
 
 @dataclass
@@ -446,16 +447,25 @@ def probe_url(
     ``progress``: its bar moves within the cell (warm-up and measurement round trips)."""
     from transport.api import connect
     from transport.backends import scheme_of
+    from transport.protocol import body_codec
 
+    user = settings.schema is not None  # a user's server: legal actions, no echo check
+    if user:
+        result_size = body_codec(settings.schema, "STEP_RESP").size
+        request_size = body_codec(settings.schema, "STEP_REQ").size
     result_size = result_size or step_result_size()
     request_size = request_size or step_request_size()
-    with connect(url, timeout=settings.timeout) as client:
+    autoreset = "next_step" if user else "disabled"  # a user's episodes end: keep them going
+    with connect(url, settings.schema, timeout=settings.timeout, autoreset=autoreset) as client:
         if point is None:
             point = Point(client.num_envs)
         elif point.message == "step" and client.num_envs != point.batch:
             raise CellFailure(f"the server has {client.num_envs} envs, expected {point.batch}")
-        client.reset(seed=0)
-        call, actions = _call_for(client, point)
+        first = client.reset(seed=0)
+        if user and point.message == "step":
+            call, actions = _call_with_legal_actions(client, first)
+        else:
+            call, actions = _call_for(client, point)
         label = label or url
 
         def ticker(phase: str, total: int) -> Callable[[int], None] | None:
@@ -479,7 +489,8 @@ def probe_url(
             stats = open_loop(
                 call, settings.count, settings.rate, hist, service, max_ns=max_ns, tick=tick
             )
-        _check_echo(client, point, actions)
+        if not user:
+            _check_echo(client, point, actions)
         server = str(client.server_info.get("server", "unknown"))
         chosen = client.url  # auto:// resolves to the backend it chose
     return Row(
@@ -505,6 +516,27 @@ def _call_for(client: Any, point: Point) -> tuple[Callable[[], object], np.ndarr
         return functools.partial(client.step, 1), 1
     actions = (np.arange(point.batch, dtype=np.int64) * 7 + 1) % NUM_ACTIONS
     return functools.partial(client.step, actions), actions
+
+
+def _call_with_legal_actions(
+    client: Any, first: Any
+) -> tuple[Callable[[], object], np.ndarray | int]:
+    """Steps for a user's env: each env's first legal action under its current mask (action 0
+    without a mask role), so no step is refused; one argmax per step, no allocation."""
+    from transport.protocol import body_codec
+
+    mask = body_codec(client.schema, "STEP_RESP").ir.role("action_mask")
+    n = client.num_envs
+    actions = np.zeros(n, dtype=np.int64)
+
+    def choose(view: Any) -> None:
+        if mask is not None:
+            np.argmax(np.asarray(view[mask.name]).reshape(n, -1) != 0, axis=1, out=actions)
+
+    choose(first)
+    if n == 1:
+        return (lambda: choose(client.step(int(actions[0])))), actions
+    return (lambda: choose(client.step(actions))), actions
 
 
 def _check_echo(client: Any, point: Point, actions: np.ndarray | int) -> None:

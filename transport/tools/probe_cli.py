@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from transport.errors import TransportError
 from transport.tools import quiet_on_broken_pipe
 
 DEFAULT_DIR = Path("probe-results")
@@ -140,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="probe this running server instead of starting the reference servers (any "
         "backend; the batch is the server's env count; --backends/--lang/--batch/--sweep "
         "do not apply)",
+    )
+    what.add_argument(
+        "--schema",
+        type=Path,
+        default=None,
+        help="with --url: the schema file (TOML) of your server; the probe steps each env with "
+        "its first legal action (server auto-reset next_step) instead of the echo env's check",
     )
     what.add_argument(
         "--backends",
@@ -314,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()  # before the run: the load average is the machine's, not ours
     bar = args.progress or sys.stderr.isatty()
 
+    if args.schema is not None and not args.url:
+        parser.error("--schema goes with --url (the reference servers speak pac_env)")
     if args.url:
         if args.sweep or args.payload or args.batch:
             parser.error("--url probes the server as it is: --batch/--payload/--sweep do not apply")
@@ -321,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
 
         settings.backends = [scheme_of(args.url)]
         settings.points = []
+        if args.schema is not None:
+            from transport import load_schema
+
+            try:
+                settings.schema = load_schema(args.schema)
+            except TransportError as exc:
+                parser.error(f"--schema: {exc}")
         cells = floor_count(settings) + 1 + (1 if settings.floor else 0)  # + the socket floor
         progress = Progress(cells, bar=bar, quiet=args.quiet)
         results = Results()
