@@ -250,3 +250,35 @@ def test_sb3_vec_env_matches_dummy_vec_env(url: str) -> None:
     finally:
         remote.close()
         local.close()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_vector_env_over_connect_many_matches_sync_vector_env(mode: AutoresetMode) -> None:
+    """connect_many(autoreset=...) drives several servers as one vector env (issue 15, item 7):
+    global env ids, seeds seed + i across servers, finals under global ids."""
+    wire = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
+    urls = [f"unix:///tmp/transport-test-many-{uuid.uuid4().hex[:10]}.sock" for _ in range(2)]
+    servers = [
+        transport.Server(TimeLimitWalk, url, schema=tetris.SCHEMA, num_envs=n).start()
+        for url, n in zip(urls, (1, 2), strict=True)
+    ]
+    try:
+        many = transport.connect_many(urls, tetris.SCHEMA, autoreset=wire)
+        remote = RemoteVectorEnv(client=many, autoreset_mode=mode)  # type: ignore[arg-type]
+        local = SyncVectorEnv([LocalWalk for _ in range(NUM_ENVS)], autoreset_mode=mode)
+        try:
+            assert np.array_equal(remote.reset(seed=11)[0], local.reset(seed=11)[0])
+            for k in range(STEPS):
+                got = remote.step(actions_for(k))
+                want = local.step(actions_for(k))
+                for a, b in zip(got[:4], want[:4], strict=True):
+                    assert np.array_equal(a, b), f"step {k}"
+                if "final_obs" in want[4]:
+                    for g, w in zip(got[4]["final_obs"], want[4]["final_obs"], strict=True):
+                        assert (g is None) == (w is None) and (w is None or np.array_equal(g, w))
+        finally:
+            remote.close()
+            local.close()
+    finally:
+        for server in servers:
+            server.close()

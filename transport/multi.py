@@ -161,10 +161,26 @@ class MultiClient:
         self._rows = [rows[part.env_ids.start : part.env_ids.stop] for part in self.parts]
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
+        modes = {str(client.server_info.get("autoreset", "disabled")) for client in clients}
+        if len(modes) != 1:
+            raise ProtocolError(
+                f"the servers of one batch answered different auto-reset modes {modes}"
+            )
+        self.autoreset = modes.pop()
+        self.server_info: dict[str, Any] = {**clients[0].server_info, "num_envs": self.num_envs}
+        self.finals: list[tuple[int, StepView]] = []
+        """SAME_STEP: (global env id, owned final result) of each episode the last step ended;
+        the step's own rows hold the reset observations of those envs."""
+        self._same_step = self.autoreset == "same_step"
 
     @property
     def urls(self) -> list[str]:
         return [part.url for part in self.parts]
+
+    @property
+    def url(self) -> str:
+        """The servers' URLs in one string (errors and adapters name it)."""
+        return " + ".join(self.urls)
 
     @property
     def env_slices(self) -> list[slice]:
@@ -185,6 +201,7 @@ class MultiClient:
                 name = part.seed_codec.ir.fields[0].name
                 part.seed_codec.encode_into(part.seed_body, 0, {name: seed + part.env_ids.start})
                 requests.append((ids.RESET_SEED_REQ, part.seed_body, ids.RESET_RESP))
+        self.finals = []
         self._run(requests)
         return self._view.copy() if copy else self._view
 
@@ -197,7 +214,10 @@ class MultiClient:
         for part in self.parts:
             part.actions[:] = flat[part.env_ids.start : part.env_ids.stop]
             requests.append((part.step_type, part.request, part.step_resp))
-        self._run(requests)
+        self.finals = []
+        self._run(requests, finals=self._same_step)
+        if self.finals:
+            self.finals.sort(key=lambda final: final[0])
         return self._view.copy() if copy else self._view
 
     def close(self) -> None:
@@ -217,7 +237,7 @@ class MultiClient:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _run(self, requests: list[tuple[int, Any, int]]) -> None:
+    def _run(self, requests: list[tuple[int, Any, int]], *, finals: bool = False) -> None:
         if self._closed:
             raise TransportError("the client is closed")
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -234,11 +254,13 @@ class MultiClient:
                 except TransportError as exc:
                     failures[k] = exc
             else:
-                futures[k] = self._thread_pool().submit(self._exchange, k, msg_type, body, expect)
+                futures[k] = self._thread_pool().submit(
+                    self._exchange, k, msg_type, body, expect, finals
+                )
         for k, (pipe, msg_id) in sent.items():
             try:
                 resp_type, resp = pipe.recv_response(msg_id, deadline)
-                self._accept(k, requests[k][2], resp_type, resp)
+                self._accept(k, requests[k][2], resp_type, resp, finals)
             except TransportError as exc:
                 failures[k] = exc
         for k, future in futures.items():
@@ -254,20 +276,28 @@ class MultiClient:
                 self._view.copy(),
             )
 
-    def _exchange(self, k: int, msg_type: int, body: Any, expect: int) -> None:
+    def _exchange(self, k: int, msg_type: int, body: Any, expect: int, finals: bool) -> None:
         resp_type, resp = self.parts[k].client.channel.request(msg_type, body)
-        self._accept(k, expect, resp_type, resp)
+        self._accept(k, expect, resp_type, resp, finals)
 
-    def _accept(self, k: int, expect: int, resp_type: int, resp: memoryview) -> None:
-        """Check server k's reply and copy its results into its rows of the batch."""
+    def _accept(
+        self, k: int, expect: int, resp_type: int, resp: memoryview, finals: bool = False
+    ) -> None:
+        """Check server k's reply and copy its results (and SAME_STEP finals, under global env
+        ids) into the batch."""
         part = self.parts[k]
         ids = part.client.ids
         if resp_type == ids.ERROR:
             raise decode_error(resp)
         if resp_type != expect:
             raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
-        records = part.client.channel.result_records(resp, self._result, part.num_envs, False)
+        channel = part.client.channel
+        records = channel.result_records(resp, self._result, part.num_envs, finals)
         self._rows[k][...] = records
+        if finals:
+            start = part.env_ids.start
+            for index, record in channel.final_records():  # list.extend: thread-safe
+                self.finals.append((start + index, StepView(np.array(record, copy=True))))
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -283,18 +313,21 @@ def connect_many(
     *,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_body: int = DEFAULT_MAX_BODY,
+    autoreset: str = "disabled",
 ) -> MultiClient:
     """Connect to every server (in parallel) and step them as one batch of all their envs.
 
     Any backend URL works; zmq servers are pipelined. Raises ``BatchError`` naming the servers
-    that could not be reached (the others are closed again).
+    that could not be reached (the others are closed again). ``autoreset``: as for
+    ``transport.connect`` (every server runs it); with "same_step", ``finals`` lists the final
+    results of the episodes the last step ended, under global env ids.
     """
     if not urls:
         raise ValueError("connect_many needs at least one URL")
     codecs = resolve_schema(schema)
 
     def one(url: str) -> Client:
-        return connect(url, codecs, timeout=timeout, max_body=max_body)
+        return connect(url, codecs, timeout=timeout, max_body=max_body, autoreset=autoreset)
 
     with ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="transport-connect") as pool:
         futures = [pool.submit(one, url) for url in urls]
