@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import threading
@@ -14,9 +15,16 @@ from typing import Any
 from transport.backends import backend_for
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
+from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset
 from transport.runtime.core import EnvHost
 from transport.runtime.env import Env, EnvFactory
+
+log = logging.getLogger("transport.server")
+
+
+class ServerStoppedError(TransportError):
+    """The server stopped serving on its own (not by ``close()``); the message says why."""
 
 
 def connect(
@@ -73,6 +81,10 @@ class Server:
         self.listener: Any = backend_for(url).Listener(url, host, max_body=max_body)
         self.url = url
         self._thread: threading.Thread | None = None
+        self._closing = False
+        self.stopped = threading.Event()  # set when the serving thread ends, for any reason
+        self.failure: str | None = None  # why it ended without close(), when it did
+        self._on_stop: Callable[[], None] | None = None
 
     @property
     def bound_url(self) -> str:
@@ -86,12 +98,39 @@ class Server:
         forgets ``close()`` leaves no socket file or shared-memory segment behind.
         """
         self.listener.start()
-        self._thread = threading.Thread(target=self.listener.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         atexit.register(self.close)
         return self
 
+    def _run(self) -> None:
+        """Serve until ``close()``. A loop that ends otherwise (an exception, or a backend that
+        stops, e.g. an shm region whose state word another process changed) leaves the reason
+        in ``failure`` and a log line: a server either serves or says it stopped."""
+        try:
+            self.listener.serve_forever()
+        except BaseException as exc:
+            if not self._closing:
+                self.failure = f"{self.url}: the server loop failed: {type(exc).__name__}: {exc}"
+                log.exception("%s", self.failure)
+        else:
+            if not self._closing:
+                reason = getattr(self.listener, "stop_reason", None)
+                self.failure = reason or f"{self.url}: the server loop stopped on its own"
+                if reason is None:
+                    log.error("%s", self.failure)
+        finally:
+            self.stopped.set()
+            if self._on_stop is not None:
+                self._on_stop()
+
+    def check(self) -> None:
+        """Raise ``ServerStoppedError`` if the server stopped serving without ``close()``."""
+        if self.failure is not None:
+            raise ServerStoppedError(self.failure)
+
     def close(self) -> None:
+        self._closing = True
         atexit.unregister(self.close)
         self.listener.close()
         if self._thread is not None:
@@ -147,6 +186,13 @@ def serve(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         pass  # the wakeup fd has already woken the main thread
 
+    def on_stop() -> None:  # the serving thread ended: wake the wait below
+        try:
+            os.write(wake_w, b"s")
+        except OSError:
+            pass
+
+    server._on_stop = on_stop
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,8 +202,10 @@ def serve(
         server.start()
         if ready is not None:
             ready(server.bound_url)
-        os.read(wake_r, 1)  # until SIGINT or SIGTERM (or forever outside the main thread)
+        # until SIGINT or SIGTERM (only in the main thread) or the serving thread ends
+        os.read(wake_r, 1)
     finally:
+        server._on_stop = None
         server.close()
         if previous_wakeup_fd is not None:
             signal.set_wakeup_fd(previous_wakeup_fd)
@@ -165,3 +213,4 @@ def serve(
             signal.signal(sig, handler)
         os.close(wake_r)
         os.close(wake_w)
+    server.check()  # stopped on its own: an error (the CLI exits 1), never a silent return
