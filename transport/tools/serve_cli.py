@@ -39,9 +39,9 @@ and mahjong (a four-seat turn-based tile game on the mahjong_env schema; Python 
 zmq+tcp refuses a non-loopback address without CURVE keys (URL query or TRANSPORT_ZMQ_*
 variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq keygen DIR`
 (docs/zmq.md).
-Exit status: 0 after a signal; 1 when the server cannot start (address in use) or stops
-serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a line on
-stderr says why); 2 for a bad command line, URL or limit (--max-body, --num-envs).
+Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL) or
+stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
+line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs).
 """
 
 
@@ -121,13 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_body is not None and not 1 <= args.max_body <= MAX_BODY_LIMIT:
         parser.error(f"--max-body must be 1..{MAX_BODY_LIMIT} bytes, not {args.max_body}")
     max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
-    if args.url.lower().startswith("shm://"):
-        from transport.backends.shm.region import parse_url
-
-        try:
-            parse_url(args.url)
-        except TransportError as exc:
-            parser.error(str(exc))
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
     if args.env not in ENVS and ":" not in args.env:
