@@ -91,3 +91,29 @@ def test_serve_raises_when_the_region_is_closed_under_it() -> None:
         assert not os.path.exists(path)
     finally:
         unlink(url)
+
+
+def test_a_socket_server_whose_accept_loop_fails_reports_it() -> None:
+    """Any backend: a serve loop that raises without close() is recorded, not silent."""
+    import socket as socket_module
+
+    from transport.envs.echo import EchoEnv
+
+    from .servers import unique_unix_url
+
+    def broken(conn: socket_module.socket) -> None:
+        raise RuntimeError("injected: the accept loop breaks")
+
+    server = api.Server(EchoEnv, unique_unix_url()).start()
+    try:
+        server.listener.configure = broken  # runs in the accept loop, outside any handler
+        with socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(server.listener.path)
+        assert server.stopped.wait(10), "the serving thread did not end"
+        assert server.failure is not None and "injected" in server.failure
+        with pytest.raises(api.ServerStoppedError, match="the server loop failed"):
+            server.check()
+    finally:
+        server.close()
+    assert not os.path.exists(server.listener.path)
