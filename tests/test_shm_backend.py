@@ -383,11 +383,24 @@ def test_client_sees_clean_shutdown_as_peer_gone() -> None:
     client.close()
 
 
-def test_no_room_in_dev_shm_is_an_error_at_creation() -> None:
-    url = unique_shm_url(10**9)  # 5 TB of slots
+def test_too_many_envs_are_refused_at_start() -> None:
+    url = unique_shm_url(10**9)  # 5 TB of slots: over MAX_NUM_ENVS, refused before /dev/shm
     result = serve_cli(url)
-    assert result.returncode == 1
-    assert "/dev/shm" in result.stderr and "--shm-size" in result.stderr
+    assert result.returncode == 2
+    assert "--num-envs must be 1..65536, not 1000000000" in result.stderr
+    assert not os.path.exists(segment_path(url))
+
+
+def test_no_room_in_dev_shm_is_an_error_at_creation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transport.backends.shm.server as shm_server
+    from transport.envs.echo import EchoEnv
+
+    url = unique_shm_url(4)
+    monkeypatch.setattr(shm_server, "_free_shm_bytes", lambda: 4096)  # a nearly full /dev/shm
+    server = api.Server(EchoEnv, url, num_envs=4)
+    with pytest.raises(ConnectError, match="--shm-size") as caught:
+        server.start()
+    assert "/dev/shm has 4096 bytes free" in str(caught.value)
     assert not os.path.exists(segment_path(url))
 
 

@@ -376,11 +376,11 @@ def test_client_sees_clean_shutdown_as_peer_gone() -> None:
     client.close()
 
 
-def test_no_room_in_dev_shm_is_an_error_at_creation() -> None:
-    url = unique_shm_url(10**9)  # 5 TB of slots
+def test_too_many_envs_are_refused_at_start() -> None:
+    url = unique_shm_url(10**9)  # 5 TB of slots: over MAX_NUM_ENVS (docs/decisions/pyrobust.md)
     result = serve_cli(url, "--lang", "node")
-    assert result.returncode == 1
-    assert "/dev/shm" in result.stderr and "--shm-size" in result.stderr
+    assert result.returncode == 2
+    assert "--num-envs must be 1..65536, not 1000000000" in result.stderr
     assert not os.path.exists(segment_path(url))
 
 

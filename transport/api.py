@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import threading
@@ -14,9 +15,91 @@ from typing import Any
 from transport.backends import backend_for
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
-from transport.protocol import DEFAULT_MAX_BODY, AutoReset
+from transport.errors import TransportError
+from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec
 from transport.runtime.core import EnvHost
 from transport.runtime.env import Env, EnvFactory
+
+log = logging.getLogger("transport.server")
+
+
+# Start-up limits, the same in the Node server (docs/decisions/pyrobust.md).
+MAX_NUM_ENVS = 65536
+"""The most envs one server serves per connection (or per shm region)."""
+MAX_BODY_LIMIT = 0xFFFFFFFF
+"""The largest --max-body: a frame header's body_len is a u32."""
+FINAL_ENTRY_EXTRA = 4
+"""SAME_STEP tail: a u32 count, then per ended env a u32 index and its final result."""
+
+
+def largest_request(schema: Schema, num_envs: int) -> tuple[int, str]:
+    """The largest fixed-size request a client of a framed server with ``num_envs`` envs sends,
+    and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ or
+    RESET_SEED_REQ (their struct sizes), whichever is largest."""
+    action = body_codec(schema, "STEP_REQ").size
+    candidates = [
+        (num_envs * action, f"a STEP_BATCH request for {num_envs} envs ({num_envs} x {action})"),
+        (body_codec(schema, "STEP_MULTI_REQ").size, "a STEP_MULTI request"),
+        (body_codec(schema, "RESET_SEED_REQ").size, "a RESET_SEED request"),
+    ]
+    return max(candidates, key=lambda item: item[0])
+
+
+def largest_response(schema: Schema, num_envs: int) -> tuple[int, str]:
+    """The largest fixed-size response a framed server with ``num_envs`` envs sends, and which:
+    a step response with SAME_STEP finals for every env, ``R * S + 4 + N * (4 + S)`` bytes
+    (S: the STEP_RESP struct; R = max(N, seats): a step_batch env answers one row per seat)."""
+    result = body_codec(schema, "STEP_RESP").size
+    seats = body_codec(schema, "STEP_MULTI_REQ").ir.fields[0].count
+    rows = max(num_envs, seats)
+    size = rows * result + FINAL_ENTRY_EXTRA + num_envs * (FINAL_ENTRY_EXTRA + result)
+    return size, (
+        f"a step response for {num_envs} envs with same_step finals "
+        f"({rows} x {result} + 4 + {num_envs} x (4 + {result}))"
+    )
+
+
+def check_server_limits(schema: Schema, url: str, *, num_envs: int, max_body: int) -> None:
+    """Refuse, before anything is created, limits with which a server would start and then
+    refuse every client (``ValueError`` naming the numbers). The rules, in this order:
+
+    1. ``num_envs`` is an integer in 1..MAX_NUM_ENVS;
+    2. ``max_body`` (the largest request body the server accepts) is in 1..MAX_BODY_LIMIT;
+    3. framed backends (every one but shm://): ``largest_request <= max_body`` (else every
+       step would be refused);
+    4. framed backends: ``largest_response <= max(max_body, DEFAULT_MAX_BODY)`` (else a client
+       with the default max_body refuses every reset; raising max_body opts in, and its clients
+       then connect with a max_body as large).
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int):
+        raise ValueError(f"num_envs must be an integer, not {num_envs!r}")
+    if not 1 <= num_envs <= MAX_NUM_ENVS:
+        raise ValueError(f"num_envs must be 1..{MAX_NUM_ENVS}, not {num_envs}")
+    if isinstance(max_body, bool) or not isinstance(max_body, int):
+        raise ValueError(f"max_body must be an integer, not {max_body!r}")
+    if not 1 <= max_body <= MAX_BODY_LIMIT:
+        raise ValueError(f"max_body must be 1..{MAX_BODY_LIMIT} bytes, not {max_body}")
+    if url.partition("://")[0].lower() == "shm":
+        return  # no frames: the region's size is checked against /dev/shm when it is created
+    need, what = largest_request(schema, num_envs)
+    if need > max_body:
+        raise ValueError(
+            f"max_body {max_body} is too small for num_envs={num_envs} with schema "
+            f"{schema.name}: {what} is {need} bytes; raise max_body to at least {need}"
+        )
+    need, what = largest_response(schema, num_envs)
+    limit = max(max_body, DEFAULT_MAX_BODY)
+    if need > limit:
+        raise ValueError(
+            f"num_envs={num_envs} is too many for schema {schema.name} with max_body "
+            f"{max_body}: {what} is {need} bytes, over {limit} (the larger of max_body and the "
+            f"default {DEFAULT_MAX_BODY} clients accept); serve fewer envs, or raise max_body "
+            f"to at least {need} and connect clients with max_body >= {need}"
+        )
+
+
+class ServerStoppedError(TransportError):
+    """The server stopped serving on its own (not by ``close()``); the message says why."""
 
 
 def connect(
@@ -61,6 +144,12 @@ class Server:
         workers: int = 0,
     ) -> None:
         codecs = resolve_schema(schema)
+        backend = backend_for(url)  # a bad URL (scheme, shm name) is a ConnectError here
+        if url.partition("://")[0].lower() == "shm":
+            from transport.backends.shm.region import parse_url
+
+            num_envs = _shm_num_envs(parse_url(url).num_envs, num_envs)
+        check_server_limits(codecs, url, num_envs=num_envs, max_body=max_body)
         host = EnvHost(
             codecs,
             env_or_factory,
@@ -70,9 +159,13 @@ class Server:
             workers=workers,
         )
         host.check()
-        self.listener: Any = backend_for(url).Listener(url, host, max_body=max_body)
+        self.listener: Any = backend.Listener(url, host, max_body=max_body)
         self.url = url
         self._thread: threading.Thread | None = None
+        self._closing = False
+        self.stopped = threading.Event()  # set when the serving thread ends, for any reason
+        self.failure: str | None = None  # why it ended without close(), when it did
+        self._on_stop: Callable[[], None] | None = None
 
     @property
     def bound_url(self) -> str:
@@ -86,12 +179,39 @@ class Server:
         forgets ``close()`` leaves no socket file or shared-memory segment behind.
         """
         self.listener.start()
-        self._thread = threading.Thread(target=self.listener.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         atexit.register(self.close)
         return self
 
+    def _run(self) -> None:
+        """Serve until ``close()``. A loop that ends otherwise (an exception, or a backend that
+        stops, e.g. an shm region whose state word another process changed) leaves the reason
+        in ``failure`` and a log line: a server either serves or says it stopped."""
+        try:
+            self.listener.serve_forever()
+        except BaseException as exc:
+            if not self._closing:
+                self.failure = f"{self.url}: the server loop failed: {type(exc).__name__}: {exc}"
+                log.exception("%s", self.failure)
+        else:
+            if not self._closing:
+                reason = getattr(self.listener, "stop_reason", None)
+                self.failure = reason or f"{self.url}: the server loop stopped on its own"
+                if reason is None:
+                    log.error("%s", self.failure)
+        finally:
+            self.stopped.set()
+            if self._on_stop is not None:
+                self._on_stop()
+
+    def check(self) -> None:
+        """Raise ``ServerStoppedError`` if the server stopped serving without ``close()``."""
+        if self.failure is not None:
+            raise ServerStoppedError(self.failure)
+
     def close(self) -> None:
+        self._closing = True
         atexit.unregister(self.close)
         self.listener.close()
         if self._thread is not None:
@@ -147,6 +267,13 @@ def serve(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         pass  # the wakeup fd has already woken the main thread
 
+    def on_stop() -> None:  # the serving thread ended: wake the wait below
+        try:
+            os.write(wake_w, b"s")
+        except OSError:
+            pass
+
+    server._on_stop = on_stop
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,8 +283,10 @@ def serve(
         server.start()
         if ready is not None:
             ready(server.bound_url)
-        os.read(wake_r, 1)  # until SIGINT or SIGTERM (or forever outside the main thread)
+        # until SIGINT or SIGTERM (only in the main thread) or the serving thread ends
+        os.read(wake_r, 1)
     finally:
+        server._on_stop = None
         server.close()
         if previous_wakeup_fd is not None:
             signal.set_wakeup_fd(previous_wakeup_fd)
@@ -165,3 +294,9 @@ def serve(
             signal.signal(sig, handler)
         os.close(wake_r)
         os.close(wake_w)
+    server.check()  # stopped on its own: an error (the CLI exits 1), never a silent return
+
+
+def _shm_num_envs(from_url: int | None, given: int) -> int:
+    """The envs an shm server will have: the URL's num_envs wins over the default of 1."""
+    return from_url if from_url is not None and given == 1 else given

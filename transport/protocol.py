@@ -163,7 +163,48 @@ def encode_hello(fingerprint: int, info: dict[str, Any] | None = None, flags: in
     return body + msgpack.packb(info) if info is not None else body
 
 
+HELLO_TAIL_MAX_DEPTH = 32
+"""The deepest nesting of maps and arrays a HELLO tail may have (the tail map itself is 1)."""
+
+
+def _tail_map(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if not isinstance(key, str):
+            raise BadFrameError(f"HELLO tail has a map key {key!r}: every key must be a string")
+        if key in out:
+            raise BadFrameError(f"HELLO tail has the map key {key!r} twice")
+        out[key] = value
+    return out
+
+
+def _check_tail_values(info: dict[str, Any]) -> None:
+    """Depth and types of a decoded tail: nil, bool, int, float, str, bin, array, map only."""
+    stack: list[tuple[Any, int]] = [(info, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > HELLO_TAIL_MAX_DEPTH:
+                raise BadFrameError(
+                    f"HELLO tail nests deeper than {HELLO_TAIL_MAX_DEPTH} maps and arrays"
+                )
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
+        elif not (value is None or isinstance(value, (bool, int, float, str, bytes))):
+            raise BadFrameError(
+                f"HELLO tail holds a {type(value).__name__} (msgpack ext types are refused)"
+            )
+
+
 def decode_hello(body: Any) -> Hello:
+    """A HELLO body: the fixed head, then an optional msgpack tail (the peer's info).
+
+    The tail rules (the Node side applies the same; docs/decisions/pyrobust.md): absent, or
+    exactly one msgpack map and nothing after it, whose keys (at every depth) are strings, each
+    key once per map; every string valid UTF-8; values nil, bool, int, float, str, bin, array or
+    map (no ext types); at most HELLO_TAIL_MAX_DEPTH levels of maps and arrays. Anything else is
+    a ``BadFrameError``.
+    """
     data = bytes(body)
     if len(data) < HELLO.size:
         raise BadFrameError(f"HELLO body is {len(data)} bytes, expected at least {HELLO.size}")
@@ -171,11 +212,23 @@ def decode_hello(body: Any) -> Hello:
     info: dict[str, Any] = {}
     if len(data) > HELLO.size:
         try:
-            decoded = msgpack.unpackb(data[HELLO.size :])
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise BadFrameError(f"HELLO tail is not msgpack: {exc}") from exc
-        if isinstance(decoded, dict):
-            info = decoded
+            decoded = msgpack.unpackb(
+                data[HELLO.size :],
+                raw=False,
+                strict_map_key=False,  # _tail_map names a bad key itself
+                object_pairs_hook=_tail_map,
+                use_list=True,
+            )
+        except BadFrameError:
+            raise
+        except UnicodeDecodeError as exc:
+            raise BadFrameError(f"HELLO tail has a string that is not UTF-8: {exc}") from exc
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise BadFrameError(f"HELLO tail is not one msgpack value: {exc}") from exc
+        if not isinstance(decoded, dict):
+            raise BadFrameError(f"HELLO tail is a msgpack {type(decoded).__name__}, expected a map")
+        _check_tail_values(decoded)
+        info = decoded
     return Hello(version, flags, fingerprint, info)
 
 

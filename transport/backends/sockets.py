@@ -3,6 +3,7 @@ with backoff until a deadline while the server is still starting."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -11,7 +12,14 @@ from collections.abc import Callable
 
 from transport.errors import ConnectError
 
-_RETRYABLE = (FileNotFoundError, ConnectionRefusedError)
+# The listen backlog of every socket server, the same as Node's default (net.Server: 511); the
+# kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 511
+
+# Transient: nothing listens yet (no socket file, refused), or the server is up but its listen
+# backlog is full (a Unix socket answers EAGAIN at once) or the attempt was interrupted.
+_RETRYABLE = (FileNotFoundError, ConnectionRefusedError, BlockingIOError, InterruptedError)
+_RETRYABLE_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.ECONNABORTED, errno.ECONNRESET})
 
 
 def unix_path_is_live(path: str) -> bool:
@@ -42,20 +50,28 @@ def connect_with_retry(
     connect: Callable[[float], socket.socket], where: str, timeout: float | None
 ) -> socket.socket:
     """Call ``connect(remaining_seconds)`` until it succeeds, retrying with backoff while
-    nothing listens yet (refused, no socket file), until the deadline: then ``ConnectError``."""
+    nothing listens yet (refused, no socket file) or the server's listen backlog is full
+    (EAGAIN), until the deadline: then ``ConnectError``, never a transient error at once."""
     deadline = time.monotonic() + (timeout if timeout is not None else 10.0)
     delay = 0.005
     while True:
         try:
             return connect(max(0.001, deadline - time.monotonic()))
-        except _RETRYABLE as exc:
-            if time.monotonic() + delay > deadline:
-                raise ConnectError(
-                    f"nothing accepts connections on {where} ({exc.strerror})"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
         except TimeoutError as exc:
             raise ConnectError(f"connecting to {where} timed out") from exc
         except OSError as exc:
-            raise ConnectError(f"cannot connect to {where}: {exc.strerror or exc}") from exc
+            if not isinstance(exc, _RETRYABLE) and exc.errno not in _RETRYABLE_ERRNOS:
+                raise ConnectError(f"cannot connect to {where}: {exc.strerror or exc}") from exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                busy = exc.errno == errno.EAGAIN
+                what = (
+                    "accepts no new connection (listen backlog full)"
+                    if busy
+                    else ("has nothing accepting connections")
+                )
+                raise ConnectError(
+                    f"{where} {what} until the deadline ({exc.strerror or exc})"
+                ) from exc
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.2)

@@ -11,7 +11,7 @@ import os
 import socket
 
 from transport.backends.socket_listener import SocketListener
-from transport.backends.sockets import claim_unix_path, connect_with_retry
+from transport.backends.sockets import LISTEN_BACKLOG, claim_unix_path, connect_with_retry
 from transport.backends.stream import FramedSocket, StreamChannel, serve_connection
 from transport.codec import Schema
 from transport.errors import ConnectError
@@ -80,7 +80,7 @@ class Listener(SocketListener):
             os.umask(old)
         os.chmod(self.path, 0o600)
         self._inode = os.stat(self.path).st_ino
-        sock.listen(64)
+        sock.listen(LISTEN_BACKLOG)
         return sock
 
     def serve_connection(self, conn: socket.socket, session: Session) -> None:

@@ -39,7 +39,9 @@ and mahjong (a four-seat turn-based tile game on the mahjong_env schema; Python 
 zmq+tcp refuses a non-loopback address without CURVE keys (URL query or TRANSPORT_ZMQ_*
 variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq keygen DIR`
 (docs/zmq.md).
-Exit status: 0 after a signal, 1 when the server cannot start (address in use, bad URL).
+Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL) or
+stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
+line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs).
 """
 
 
@@ -110,8 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a URL is required (or --list-shm / --cleanup-shm)")
     if args.num_envs is None:
         args.num_envs = _url_num_envs(args.url) or 1
-    if args.num_envs < 1:
-        parser.error("--num-envs must be at least 1")
+    from transport.api import MAX_BODY_LIMIT, MAX_NUM_ENVS, check_server_limits
+    from transport.protocol import DEFAULT_MAX_BODY
+
+    # start-up validation, the same rules as the Node server's (docs/decisions/pyrobust.md)
+    if not 1 <= args.num_envs <= MAX_NUM_ENVS:
+        parser.error(f"--num-envs must be 1..{MAX_NUM_ENVS}, not {args.num_envs}")
+    if args.max_body is not None and not 1 <= args.max_body <= MAX_BODY_LIMIT:
+        parser.error(f"--max-body must be 1..{MAX_BODY_LIMIT} bytes, not {args.max_body}")
+    max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
     if args.env not in ENVS and ":" not in args.env:
@@ -143,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(node, command)  # signals go straight to the Node server
 
     from transport.api import serve
-    from transport.protocol import DEFAULT_MAX_BODY
 
     def ready(url: str) -> None:
         print(f"ready {url}", flush=True)
@@ -154,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 2
     try:
+        check_server_limits(schema, args.url, num_envs=args.num_envs, max_body=max_body)
+    except ValueError as exc:
+        print(f"transport-serve: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         serve(
             factory,
             args.url,
@@ -161,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             num_envs=args.num_envs,
             env_name=args.env.rpartition(":")[2] if args.env not in ENVS else args.env,
             seed=args.seed,
-            max_body=args.max_body or DEFAULT_MAX_BODY,
+            max_body=max_body,
             ready=ready,
             workers=args.workers,
         )

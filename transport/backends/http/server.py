@@ -34,6 +34,7 @@ from transport.backends.http.wire import (
     routes,
 )
 from transport.backends.socket_listener import SocketListener
+from transport.backends.sockets import LISTEN_BACKLOG
 from transport.errors import (
     CodecError,
     ConnectError,
@@ -470,7 +471,7 @@ class Listener(SocketListener):
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
-            sock.listen(128)
+            sock.listen(LISTEN_BACKLOG)
         except OSError as exc:
             sock.close()
             raise ConnectError(f"cannot bind {self.url}: {exc.strerror or exc}") from exc

@@ -227,7 +227,7 @@ PRESETS: dict[str, WaitPolicy] = {
 
 # -- URLs and names ------------------------------------------------------------------------------
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,200}\Z")  # \Z: no trailing newline
 
 
 @dataclass(frozen=True)

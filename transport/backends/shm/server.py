@@ -68,6 +68,7 @@ class Listener:
         self._closed = threading.Event()
         self._stopped = threading.Event()
         self._serving = False
+        self.stop_reason: str | None = None  # why serve_forever returned without close()
         self.lease: _Lease | None = None
         self._spare: EnvRuntime | None = None
 
@@ -185,6 +186,8 @@ class Listener:
                     ctx.spin, idle = 0, True  # idle: sleep in FUTEX_WAIT, never burn a core
                     self._housekeeping()
                 elif rc == native.CLOSED:
+                    if not self._closed.is_set():
+                        self._stray_state()
                     return
                 else:
                     log.error(
@@ -193,6 +196,23 @@ class Listener:
                     time.sleep(0.01)
         finally:
             self._stopped.set()
+
+    def _stray_state(self) -> None:
+        """The state word left READY while this server did not close: another process wrote
+        it. Clients of a non-READY region give up, so the server cannot keep serving: it stops
+        (``transport.serve`` then exits non-zero and removes the region) and says why."""
+        region = self.region
+        value = region.state if region is not None else -1
+        try:
+            name = RegionState(value).name
+        except ValueError:
+            name = "an unknown value"
+        self.stop_reason = (
+            f"{self.url}: the region's state word was set to {value} ({name}) by another "
+            f"process while this server (pid {os.getpid()}) was serving; the server stops "
+            "(clients of a region that is not READY give up)"
+        )
+        log.error("%s", self.stop_reason)
 
     def _serve_batch(self) -> None:
         region = self.region

@@ -12,7 +12,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from transport.backends.sockets import claim_unix_path
+from transport.backends.sockets import LISTEN_BACKLOG, claim_unix_path
 from transport.backends.zmq.curve import (
     _AllowList,
     server_curve,
@@ -105,6 +105,7 @@ class Listener:
             _common_options(sock, address, self.max_body)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its session
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a gone client raises
+            sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)  # as the other servers (Node: 511)
             if curve is not None:
                 public, secret, allowed = curve
                 auth = ThreadAuthenticator(ctx, log=logging.getLogger("transport.zmq.auth"))
