@@ -77,3 +77,34 @@ def test_serve_fails_before_ready_and_the_cli_exits_with_the_reason() -> None:
     )
     assert done.returncode != 0 and "ready" not in done.stdout
     assert "no GPU here" in done.stderr
+
+
+def test_serve_logs_one_line_with_url_schema_envs_and_pid() -> None:
+    """Issue 15, item 6: a transport.serve() started from a script says what it serves."""
+    import signal
+
+    url = unique_unix_url()
+    script = (
+        "import transport\nfrom transport.envs.echo import EchoEnv\n"
+        f"transport.serve(EchoEnv, {url!r}, num_envs=2,\n"
+        "                ready=lambda u: print('ready', u, flush=True))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in err.splitlines() if line.startswith("transport: serving")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"transport: serving {url}: schema pac_env (")
+    assert "2 env(s) per connection (in this process)" in lines[0]
+    assert lines[0].endswith(f"pid {proc.pid}")

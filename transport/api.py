@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -161,6 +162,9 @@ class Server:
         host.check()
         self.listener: Any = backend.Listener(url, host, max_body=max_body)
         self.url = url
+        self.schema = codecs
+        self.num_envs = num_envs
+        self.workers = workers
         self._thread: threading.Thread | None = None
         self._closing = False
         self.stopped = threading.Event()  # set when the serving thread ends, for any reason
@@ -281,6 +285,7 @@ def serve(
         previous_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     try:
         server.start()
+        log_line(server)
         if ready is not None:
             ready(server.bound_url)
         # until SIGINT or SIGTERM (only in the main thread) or the serving thread ends
@@ -295,6 +300,18 @@ def serve(
         os.close(wake_r)
         os.close(wake_w)
     server.check()  # stopped on its own: an error (the CLI exits 1), never a silent return
+
+
+def log_line(server: Server) -> None:
+    """The one line ``serve()`` writes to stderr once it serves: where, what, how many, who."""
+    schema = server.schema
+    where = f"{server.workers} worker processes" if server.workers else "in this process"
+    print(
+        f"transport: serving {server.bound_url}: schema {schema.name} ({schema.fingerprint:016x}), "
+        f"{server.num_envs} env(s) per connection ({where}), pid {os.getpid()}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _shm_num_envs(from_url: int | None, given: int) -> int:
