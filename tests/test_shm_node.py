@@ -377,7 +377,7 @@ def test_client_sees_clean_shutdown_as_peer_gone() -> None:
 
 
 def test_too_many_envs_are_refused_at_start() -> None:
-    url = unique_shm_url(10**9)  # 5 TB of slots: over MAX_NUM_ENVS (docs/decisions/pyrobust.md)
+    url = unique_shm_url(10**9)  # 5 TB of slots: over MAX_NUM_ENVS (docs/decisions.md)
     result = serve_cli(url, "--lang", "node")
     assert result.returncode == 2
     assert "--num-envs must be 1..65536, not 1000000000" in result.stderr

@@ -3,7 +3,7 @@
 Start-up limits (``check_server_limits``: the API raises ValueError, the CLI exits 2 naming the
 numbers), the shm name pattern (``\\Z``: no trailing newline; a bad URL is a ConnectError, CLI
 exit 1 as before) and the HELLO msgpack tail rules. The tables here are the ones
-docs/decisions/pyrobust.md gives the Node side.
+docs/decisions.md gives the Node side.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from transport.runtime.env import Env, EnvFactory
 log = logging.getLogger("transport.server")
 
 
-# Start-up limits, the same in the Node server (docs/decisions/pyrobust.md).
+# Start-up limits, the same in the Node server (docs/decisions.md).
 MAX_NUM_ENVS = 65536
 """The most envs one server serves per connection (or per shm region)."""
 MAX_BODY_LIMIT = 0xFFFFFFFF

@@ -199,7 +199,7 @@ def _check_tail_values(info: dict[str, Any]) -> None:
 def decode_hello(body: Any) -> Hello:
     """A HELLO body: the fixed head, then an optional msgpack tail (the peer's info).
 
-    The tail rules (the Node side applies the same; docs/decisions/pyrobust.md): absent, or
+    The tail rules (the Node side applies the same; docs/decisions.md): absent, or
     exactly one msgpack map and nothing after it, whose keys (at every depth) are strings, each
     key once per map; every string valid UTF-8; values nil, bool, int, float, str, bin, array or
     map (no ext types); at most HELLO_TAIL_MAX_DEPTH levels of maps and arrays. Anything else is

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from transport.api import MAX_BODY_LIMIT, MAX_NUM_ENVS, check_server_limits
     from transport.protocol import DEFAULT_MAX_BODY
 
-    # start-up validation, the same rules as the Node server's (docs/decisions/pyrobust.md)
+    # start-up validation, the same rules as the Node server's (docs/decisions.md)
     if not 1 <= args.num_envs <= MAX_NUM_ENVS:
         parser.error(f"--num-envs must be 1..{MAX_NUM_ENVS}, not {args.num_envs}")
     if args.max_body is not None and not 1 <= args.max_body <= MAX_BODY_LIMIT:
