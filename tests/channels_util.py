@@ -127,3 +127,73 @@ def watchdog(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def board_arrays(version: int, sizes: tuple[int, ...] = (1000, 37, 4096)) -> dict[str, np.ndarray]:
+    """A checksummable version: every element of every array derives from ``version``."""
+    out = {f"w{i}": np.full(n, version * 3 + i, dtype=np.float32) for i, n in enumerate(sizes)}
+    out["tag"] = np.array([version, version ^ 0x5A5A], dtype=np.int64)
+    return out
+
+
+def board_consistent(version: int, arrays: dict[str, np.ndarray]) -> bool:
+    """Every array holds ``version`` (no torn or mixed read)."""
+    if arrays["tag"].tolist() != [version, version ^ 0x5A5A]:
+        return False
+    return all(bool((arrays[f"w{i}"] == version * 3 + i).all()) for i in range(len(arrays) - 1))
+
+
+def publish_versions(name: str, count: int, pause: float) -> None:
+    """Child: publish versions 1..count (then exit)."""
+    from transport.channels import PolicyBoard
+
+    board = PolicyBoard.open(name, board_arrays(0), timeout=10)
+    for version in range(1, count + 1):
+        assert board.publish(board_arrays(version)) == version
+        if pause:
+            time.sleep(pause)
+    board.close()
+
+
+def read_versions(name: str, seconds: float, result: Any) -> None:
+    """Child: read for ``seconds``; put (reads, torn, last version) on ``result``."""
+    from transport.channels import PolicyBoard
+
+    board = PolicyBoard.open(name, timeout=10)
+    out = None
+    reads = torn = last = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        version, out = board.read(out)
+        if version == 0:
+            continue
+        reads += 1
+        torn += not board_consistent(version, out)
+        if version < last:
+            torn += 1  # versions never go backwards
+        last = version
+    board.close()
+    result.put((reads, torn, last))
+
+
+def control_member(name: str, beat_for: float, then: str) -> None:
+    """Child: join, beat for ``beat_for`` s, then "leave", "fail", "hang" or "wait_stop"."""
+    from transport.channels import RunControl
+
+    control = RunControl.open(name, timeout=10)
+    member = control.join(f"child-{then}", role=1)
+    deadline = time.monotonic() + beat_for
+    while time.monotonic() < deadline:
+        member.beat()
+        control.advance()
+        time.sleep(0.01)
+    if then == "leave":
+        member.leave()
+    elif then == "fail":
+        member.fail(7)
+    elif then == "hang":
+        time.sleep(60)
+    elif then == "wait_stop":
+        assert control.wait_stop(30)
+        member.leave()
+    control.close()

@@ -11,6 +11,8 @@ All three live in ``/dev/shm/transport-<kind>-<name>`` segments with one lifecyc
 
 from __future__ import annotations
 
+from transport.channels.board import PolicyBoard
+from transport.channels.control import Member, MemberStatus, RunControl
 from transport.channels.errors import (
     ChannelClosedError,
     ChannelError,
@@ -34,9 +36,13 @@ __all__ = [
     "ChannelNotFoundError",
     "ChannelTimeoutError",
     "Consumer",
+    "Member",
+    "MemberStatus",
     "PeerDiedError",
+    "PolicyBoard",
     "Producer",
     "Ring",
+    "RunControl",
     "SegmentInfo",
     "TornReadError",
     "WaitPolicy",
