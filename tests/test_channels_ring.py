@@ -32,6 +32,7 @@ from transport.channels import (
     Ring,
     list_segments,
 )
+from transport.channels.__main__ import main as channels_cli
 from transport.generated import experience
 
 
@@ -257,7 +258,15 @@ def test_stale_ring_of_a_dead_owner_is_replaced_live_one_never() -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
         listed = [s for s in list_segments() if s.path.endswith(name)]
-        assert listed and listed[0].stale
+        assert listed and listed[0].stale and listed[0].kind == "ring"
+        with Ring.create(name, experience.Probe64, 8) as ring:  # replaced on create
+            assert ring.segment.owner_pid == os.getpid()
+        proc = start(create_and_hang, name, ready := CTX.Event())
+        assert ready.wait(20)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        assert channels_cli(["--cleanup", "--json"]) == 0  # python -m transport.channels
+        assert not os.path.exists(listed[0].path)
         with Ring.create(name, experience.Probe64, 8) as ring:
             assert ring.segment.owner_pid == os.getpid()
 
