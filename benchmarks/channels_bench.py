@@ -55,7 +55,7 @@ def _pace(interval_ns: int, last: int) -> int:
 
 
 def ring_producer(
-    name: str, size: int, p: int, n: int, pace_ns: int, go: Any, wait: str = "balanced"
+    name: str, size: int, p: int, n: int, pace_ns: int, go: Any, wait: str = "futex"
 ) -> None:
     ring = Ring.open(name, _record(size), timeout=20, wait=wait)
     prod = ring.producer()
@@ -169,7 +169,7 @@ def run_ring(kind: str, size: int, producers: int, n: int, pace_ns: int = 0) -> 
     procs = []
     resource: Any = None
     if kind.startswith("ring"):
-        wait = "futex" if kind == "ring-futex" else "balanced"
+        wait = "balanced" if kind == "ring-balanced" else "futex"
         name = f"bench-{os.getpid()}-{size}-{producers}-{pace_ns}"
         resource = Ring.create(name, _record(size), 1024, multi_producer=producers > 1, wait=wait)
         consumer = resource.consumer()
@@ -202,7 +202,10 @@ def run_ring(kind: str, size: int, producers: int, n: int, pace_ns: int = 0) -> 
         ]
     for proc in procs:
         proc.start()
-    time.sleep(1.5 if kind.startswith("ring") else 0.5)  # let the producers import and attach
+    if kind.startswith("ring"):  # every producer attached: none finds the others closed
+        while len(resource.producer_states()) < producers:
+            time.sleep(0.01)
+    time.sleep(0.5)
     total = producers * n
     go.set()
     t0 = _now()
@@ -269,7 +272,7 @@ def run_ring(kind: str, size: int, producers: int, n: int, pace_ns: int = 0) -> 
 
 RING_N = {
     "ring": 200_000,
-    "ring-futex": 200_000,
+    "ring-balanced": 200_000,
     "faster-fifo": 100_000,
     "shm+lock": 20_000,
     "mp.Queue": 30_000,
@@ -281,7 +284,7 @@ def ring_rows(quick: bool) -> list[dict[str, Any]]:
     scale = 0.1 if quick else 1.0
     for size in (2557, 64):
         for producers in (1, 4):
-            for kind in ("ring", "ring-futex", "faster-fifo", "shm+lock", "mp.Queue"):
+            for kind in ("ring", "ring-balanced", "faster-fifo", "shm+lock", "mp.Queue"):
                 n = max(1000, int(RING_N[kind] * scale) // producers)
                 thr = run_ring(kind, size, producers, n)
                 lat = run_ring(kind, size, 1, max(500, int(2000 * scale)), pace_ns=200_000)

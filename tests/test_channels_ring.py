@@ -208,6 +208,10 @@ def test_sigkill_one_of_four_producers_others_continue() -> None:
                 batch = consumer.take(32, timeout=20)
             except PeerDiedError:
                 break
+            except ChannelClosedError:  # the others closed before the victim attached
+                assert not killed
+                time.sleep(0.02)
+                continue
             got.append(batch.copy())
             batch.release()
             victim_seen = any((g["producer"] == 9).any() for g in got)

@@ -52,6 +52,9 @@ from transport.codec import StructCodec
 from transport.generated import channels as layout
 
 RING_OFFSET = 64
+# Rings default to sleeping at once (no spin): actor-learner runs have more processes than
+# cores, where a spinning waiter delays the peer it waits for (benchmarks/RESULTS.md, Channels).
+DEFAULT_WAIT = "futex"
 PRODUCERS_OFFSET = 512
 ENTRY_SIZE: int = layout.ProducerEntry.size  # 64
 _RING = {f.name: RING_OFFSET + f.offset for f in layout.RingHeader.ir.fields}
@@ -149,7 +152,7 @@ class Ring:
         seg = Segment.create(
             Kind.RING, name, size, fingerprint=record_fingerprint(record), init=init
         )
-        return cls(seg, record, WaitPolicy.resolve(wait))
+        return cls(seg, record, WaitPolicy.resolve(wait or DEFAULT_WAIT))
 
     @classmethod
     def open(
@@ -163,7 +166,7 @@ class Ring:
         """Open an existing ring; its record type must be ``record`` (fingerprint checked)."""
         seg = Segment.open(Kind.RING, name, fingerprint=record_fingerprint(record), timeout=timeout)
         try:
-            return cls(seg, record, WaitPolicy.resolve(wait))
+            return cls(seg, record, WaitPolicy.resolve(wait or DEFAULT_WAIT))
         except BaseException:
             seg.close()
             raise

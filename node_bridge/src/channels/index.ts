@@ -3,7 +3,7 @@
 export { PolicyBoard, tableFingerprint } from "./board";
 export type { ArraySpec } from "./board";
 export { Member, RunControl } from "./control";
-export { BALANCED, Consumer, Producer, Ring, recordFingerprint } from "./ring";
+export { BALANCED, Consumer, FUTEX, Producer, Ring, recordFingerprint } from "./ring";
 export type { Batch, Reservation, RingOptions, RingPolicy, WaitPolicy } from "./ring";
 export {
   ChannelClosedError,

@@ -53,6 +53,8 @@ export interface WaitPolicy {
 }
 
 export const BALANCED: WaitPolicy = { spin: 20_000, sliceMs: 50 };
+/** The default (transport/channels/ring.py DEFAULT_WAIT): sleep at once, no spin. */
+export const FUTEX: WaitPolicy = { spin: 0, sliceMs: 50 };
 
 export interface RingOptions {
   readonly policy?: RingPolicy;
@@ -126,10 +128,10 @@ export class Ring {
       dv.setBigUint64(R["seqs_offset"]!, BigInt(seqs), true);
       dv.setBigUint64(R["records_offset"]!, BigInt(records), true);
     });
-    return new Ring(seg, codec.size, options.wait ?? BALANCED);
+    return new Ring(seg, codec.size, options.wait ?? FUTEX);
   }
 
-  static open(name: string, schema: SchemaModule, struct: string, timeoutMs = 10_000, wait: WaitPolicy = BALANCED): Ring {
+  static open(name: string, schema: SchemaModule, struct: string, timeoutMs = 10_000, wait: WaitPolicy = FUTEX): Ring {
     const codec = schema.structs[struct];
     if (codec === undefined) throw new RangeError(`schema ${schema.name} has no struct ${struct}`);
     const seg = Segment.open("ring", name, recordFingerprint(schema, struct), timeoutMs);
