@@ -287,3 +287,35 @@ def test_open_checks_record_type_and_single_producer_lease() -> None:
         ring.consumer()
         with pytest.raises(ChannelInUseError):
             ring.consumer()  # the lease holder is alive (this process)
+
+
+def test_batches_released_out_of_order_free_records_oldest_first() -> None:
+    with watchdog(30), Ring.create(unique("order"), experience.Probe64, 8) as ring:
+        producer, consumer = ring.producer(), ring.consumer()
+        producer.push(_probes(0, 8))
+        older = consumer.take(3, timeout=0)
+        younger = consumer.take(3, timeout=0)
+        younger.release()  # must not free the older batch's slots
+        assert ring.stats()["held"] == 6
+        with pytest.raises(ChannelTimeoutError):
+            producer.reserve(timeout=0.1)
+        assert older.field("index").tolist() == [0, 1, 2] and check_probe(older.copy()).all()
+        older.release()  # now both go
+        assert ring.stats()["held"] == 0
+        producer.push(_probes(8, 6), timeout=1)
+
+
+def test_overwrite_producer_takes_back_a_dead_consumers_records() -> None:
+    name = unique("owdead")
+    with watchdog(60), Ring.create(name, experience.Probe64, 8, policy="overwrite") as ring:
+        producer = ring.producer()
+        ready = CTX.Event()
+        proc = start(consume_forever, name, 64, ready)
+        assert ready.wait(20)
+        producer.push(_probes(0, 8), timeout=5)
+        while ring.stats()["held"] != 1:  # the child holds record 0 (slot 0)
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        producer.push(_probes(8, 8), timeout=10)  # slot 0 is free again once the death is seen
+        assert ring.stats()["held"] == 0 and ring.overwritten >= 7

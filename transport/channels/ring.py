@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -309,25 +310,28 @@ class Producer:
         self.closed = False
 
     def _attach(self) -> int:
+        """Take a free producer entry, else one of a producer that is gone (a dead one only
+        when it left no reservation behind): the consumer keeps seeing deaths while it can."""
         ring = self.ring
         me, start = os.getpid(), native.proc_start_time(os.getpid())
-        for index in range(ring.max_producers):
-            base = PRODUCERS_OFFSET + index * ENTRY_SIZE
-            pid_word = ring.segment.word(base + _ENTRY["pid"])
-            state_word = ring.segment.word(base + _ENTRY["state"])
-            entry = layout.ProducerEntry.view(ring.segment.map, base)
-            pid, state = native.load_acquire(pid_word), native.load_acquire(state_word)
-            free = pid == 0 or (
-                (state != PeerState.ACTIVE or not native.peer_alive(pid, int(entry["start_time"])))
-                and int(entry["intent"]) == 0
-            )
-            if not free or not native.compare_exchange(pid_word, pid, me):
-                continue
-            entry["start_time"] = start
-            entry["intent_count"] = 0
-            entry["committed"] = 0
-            native.store_release(state_word, int(PeerState.ACTIVE))
-            return index
+        for reclaim in (False, True):
+            for index in range(ring.max_producers):
+                base = PRODUCERS_OFFSET + index * ENTRY_SIZE
+                pid_word = ring.segment.word(base + _ENTRY["pid"])
+                state_word = ring.segment.word(base + _ENTRY["state"])
+                entry = layout.ProducerEntry.view(ring.segment.map, base)
+                pid, state = native.load_acquire(pid_word), native.load_acquire(state_word)
+                gone = state != PeerState.ACTIVE or not native.peer_alive(
+                    pid, int(entry["start_time"])
+                )
+                free = pid == 0 or (reclaim and gone and int(entry["intent"]) == 0)
+                if not free or not native.compare_exchange(pid_word, pid, me):
+                    continue
+                entry["start_time"] = start
+                entry["intent_count"] = 0
+                entry["committed"] = 0
+                native.store_release(state_word, int(PeerState.ACTIVE))
+                return index
         if ring.multi_producer:
             raise ChannelInUseError(
                 f"{ring.segment.path}: all {ring.max_producers} producer entries are in use"
@@ -439,9 +443,11 @@ class Batch:
         return np.concatenate([v[name] for v in self.views])
 
     def release(self) -> None:
+        """Give the records back (batches may be released in any order: the ring frees them
+        oldest first, once every older batch was released too)."""
         if not self.released:
             self.released = True
-            self.consumer._release(self.count)
+            self.consumer._settle()
 
     def __enter__(self) -> Batch:
         return self
@@ -461,6 +467,7 @@ class Consumer:
         self._native = ring._native()
         self._got = native.ffi.new("uint32_t *")
         self.next_index = ring.tail  # the first record index this consumer expects
+        self._outstanding: deque[Batch] = deque()
         self.closed = False
 
     def _attach(self) -> None:
@@ -505,7 +512,18 @@ class Consumer:
                 views.append(ring.records[0:extra])
                 count += extra
         self.next_index = first + count
-        return Batch(self, first, count, views)
+        batch = Batch(self, first, count, views)
+        self._outstanding.append(batch)
+        return batch
+
+    def _settle(self) -> None:
+        """Release the oldest outstanding batches that were released (the ring's held count is
+        a FIFO: a younger batch's release must not free an older batch's records)."""
+        count = 0
+        while self._outstanding and self._outstanding[0].released:
+            count += self._outstanding.popleft().count
+        if count:
+            self._release(count)
 
     def _release(self, count: int) -> None:
         native.lib.tp_ring_release(self._native, count)
@@ -528,6 +546,7 @@ class Consumer:
         if seg.closed:
             return
         held = native.load64_acquire(seg.word64(_RING["cursor"])) >> 32
+        self._outstanding.clear()
         if held:
             self._release(int(held))
         native.store_release(seg.word(_RING["consumer_state"]), int(PeerState.CLOSED))

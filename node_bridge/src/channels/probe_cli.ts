@@ -141,8 +141,16 @@ function boardRead(name: string, seconds: number): void {
     out = r.arrays;
     if (r.version === 0n) continue;
     reads++;
-    if (!consistent(r.version, r.arrays)) torn++;
-    if (r.version < last) torn++;
+    if (!consistent(r.version, r.arrays)) {
+      torn++;
+      const tag = r.arrays["tag"] as BigInt64Array;
+      const w = (i: number): number => (r.arrays[`w${i}`] as Float32Array)[0]!;
+      process.stderr.write(`torn: version ${r.version} tag ${tag[0]},${tag[1]} w ${w(0)},${w(1)},${w(2)}\n`);
+    }
+    if (r.version < last) {
+      torn++;
+      process.stderr.write(`backwards: ${r.version} after ${last}\n`);
+    }
     last = r.version;
   }
   board.close();

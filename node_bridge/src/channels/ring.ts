@@ -270,19 +270,23 @@ export class Producer {
   private attach(): number {
     const ring = this.ring;
     const seg = ring.segment;
-    for (let i = 0; i < ring.maxProducers; i++) {
-      const base = ring.entryOffset(i);
-      const pid = Atomics.load(seg.i32, (base + E["pid"]!) >> 2) >>> 0;
-      const state = Atomics.load(seg.i32, (base + E["state"]!) >> 2);
-      const start = seg.dv.getBigUint64(base + E["start_time"]!, true);
-      const intent = ring.load64(base + E["intent"]!);
-      const free = pid === 0 || ((state !== PeerState.ACTIVE || !peerAlive(pid, start)) && intent === 0n);
-      if (!free || Atomics.compareExchange(seg.i32, (base + E["pid"]!) >> 2, pid | 0, process.pid) !== (pid | 0)) continue;
-      seg.dv.setBigUint64(base + E["start_time"]!, procStartTime(process.pid), true);
-      seg.dv.setUint32(base + E["intent_count"]!, 0, true);
-      seg.dv.setBigUint64(base + E["committed"]!, 0n, true);
-      Atomics.store(seg.i32, (base + E["state"]!) >> 2, PeerState.ACTIVE);
-      return i;
+    // A free entry first; else one of a producer that is gone (and left no reservation).
+    for (const reclaim of [false, true]) {
+      for (let i = 0; i < ring.maxProducers; i++) {
+        const base = ring.entryOffset(i);
+        const pid = Atomics.load(seg.i32, (base + E["pid"]!) >> 2) >>> 0;
+        const state = Atomics.load(seg.i32, (base + E["state"]!) >> 2);
+        const start = seg.dv.getBigUint64(base + E["start_time"]!, true);
+        const intent = ring.load64(base + E["intent"]!);
+        const gone = state !== PeerState.ACTIVE || !peerAlive(pid, start);
+        const free = pid === 0 || (reclaim && gone && intent === 0n);
+        if (!free || Atomics.compareExchange(seg.i32, (base + E["pid"]!) >> 2, pid | 0, process.pid) !== (pid | 0)) continue;
+        seg.dv.setBigUint64(base + E["start_time"]!, procStartTime(process.pid), true);
+        seg.dv.setUint32(base + E["intent_count"]!, 0, true);
+        seg.dv.setBigUint64(base + E["committed"]!, 0n, true);
+        Atomics.store(seg.i32, (base + E["state"]!) >> 2, PeerState.ACTIVE);
+        return i;
+      }
     }
     throw new ChannelInUseError(
       ring.multiProducer
@@ -398,6 +402,7 @@ export interface Batch {
 export class Consumer {
   readonly ring: Ring;
   #closed = false;
+  #outstanding: { count: number; released: boolean }[] = [];
 
   constructor(ring: Ring) {
     this.ring = ring;
@@ -436,9 +441,10 @@ export class Consumer {
         count += more.count;
       }
     }
-    let released = false;
     const size = ring.recordSize;
     const firstPart = parts[0]!;
+    const entry = { count, released: false };
+    this.#outstanding.push(entry);
     return {
       first: first.first,
       count,
@@ -446,12 +452,20 @@ export class Consumer {
       offsetOf: (i: number): number =>
         i < firstPart.count ? firstPart.offset + i * size : parts[1]!.offset + (i - firstPart.count) * size,
       release: (): void => {
-        if (!released) {
-          released = true;
-          this.release(count);
+        if (!entry.released) {
+          entry.released = true;
+          this.settle();
         }
       },
     };
+  }
+
+  /** Release the oldest released batches (the held count is a FIFO: a younger batch's release
+   * must not free an older batch's records). */
+  private settle(): void {
+    let count = 0;
+    while (this.#outstanding.length > 0 && this.#outstanding[0]!.released) count += this.#outstanding.shift()!.count;
+    if (count > 0) this.release(count);
   }
 
   private tryTake(max: number, timeoutMs: number): { first: bigint; count: number } {
@@ -540,8 +554,9 @@ export class Consumer {
     return 0;
   }
 
-  /** Give back the `count` oldest held records; wake producers waiting for room. */
-  release(count: number): void {
+  /** Give back the `count` oldest held records; wake producers waiting for room. (Batches call
+   * this in order through their own `release()`.) */
+  private release(count: number): void {
     const ring = this.ring;
     for (;;) {
       const c = ring.load64(R["cursor"]!);
@@ -559,6 +574,7 @@ export class Consumer {
     const ring = this.ring;
     const seg = ring.segment;
     const held = ring.load64(R["cursor"]!) >> 32n;
+    this.#outstanding = [];
     if (held > 0n) this.release(Number(held));
     Atomics.store(seg.i32, R["consumer_state"]! >> 2, PeerState.CLOSED);
     Atomics.compareExchange(seg.i32, R["consumer_pid"]! >> 2, process.pid, 0);
