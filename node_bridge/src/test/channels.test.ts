@@ -100,6 +100,7 @@ describe("channels: ring", { timeout: 60_000 }, () => {
     const ring = Ring.create(name, experience.SCHEMA, "Probe64", 16, { multiProducer: true });
     const cons = ring.consumer();
     const children = [0, 1].map((p) => fork(CLI, ["produce", name, "64", String(p), "3000", "5"], { stdio: "ignore" }));
+    const exits = children.map(exited); // listen now: an exit seen while we wait is not lost
     const next = [0, 0];
     let total = 0;
     while (total < 6000) {
@@ -123,7 +124,7 @@ describe("channels: ring", { timeout: 60_000 }, () => {
       total += batch.count;
       batch.release();
     }
-    assert.deepEqual(await Promise.all(children.map(exited)), [0, 0]);
+    assert.deepEqual(await Promise.all(exits), [0, 0]);
     assert.deepEqual(next, [3000, 3000]);
     ring.close();
   });
