@@ -205,3 +205,72 @@ def floor_pingpong(
             address(region), role, iterations, MODES[mode], out, spin, int(timeout * 1e9)
         )
     )
+
+
+# -- channels (transport/channels, docs/channels.md) ---------------------------------------------
+
+
+def word64(buffer: Any, offset: int) -> Any:
+    """A ``uint64_t *`` to the 8-byte-aligned word at ``buffer[offset]``."""
+    if offset % 8:
+        raise ValueError(f"offset {offset} is not 8-byte aligned")
+    return ffi.cast("uint64_t *", address(buffer, offset))
+
+
+def load64_acquire(ptr: Any) -> int:
+    return int(lib.tp_load64_acquire(ptr))
+
+
+def store64_release(ptr: Any, value: int) -> None:
+    lib.tp_store64_release(ptr, value)
+
+
+def compare_exchange64(ptr: Any, expected: int, desired: int) -> bool:
+    return bool(lib.tp_cas64(ptr, expected, desired))
+
+
+def fetch_add64(ptr: Any, delta: int) -> int:
+    """Atomically add ``delta``; returns the previous value."""
+    return int(lib.tp_fetch_add64(ptr, delta))
+
+
+def fence_acquire() -> None:
+    lib.tp_fence_acquire()
+
+
+def fence_release() -> None:
+    lib.tp_fence_release()
+
+
+def monotonic_ns() -> int:
+    """CLOCK_MONOTONIC in nanoseconds (the clock of heartbeats and record send times)."""
+    return int(lib.tp_monotonic_ns())
+
+
+def wake_if_sleeping(ptr: Any) -> bool:
+    """After a change a waiter waits for: bump the word and FUTEX_WAKE if bit 31 says one sleeps."""
+    return bool(lib.tp_wake_if_sleeping(ptr))
+
+
+def wait_change(ctx: Any, ptr: Any, last: int, timeout: float | None) -> int:
+    """Wait (ctx's policy) until the word's sequence differs from ``last``: the new sequence, or
+    a negative TIMEOUT / CLOSED / PEER_DEAD."""
+    ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+    return int(lib.tp_wait_change(ctx, ptr, last, ns))
+
+
+def new_ring() -> Any:
+    """A zeroed ``tp_ring *`` (owned by the returned cdata)."""
+    return ffi.new("tp_ring *")
+
+
+def ring_reserve(ring: Any, want: int, got: Any, timeout: float | None) -> int:
+    """Reserve up to ``want`` contiguous records: the first index (``got[0]`` of them) or < 0."""
+    ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+    return int(lib.tp_ring_reserve(ring, want, got, ns))
+
+
+def ring_take(ring: Any, max_records: int, got: Any, timeout: float | None) -> int:
+    """Claim up to ``max_records`` committed records: the first index (``got[0]``) or < 0."""
+    ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+    return int(lib.tp_ring_take(ring, max_records, got, ns))

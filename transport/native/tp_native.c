@@ -378,3 +378,277 @@ int tp_floor_socket(int fd, int role, int64_t iterations, int64_t request_bytes,
     free(buf);
     return rc;
 }
+
+/* -- channels: experience rings (docs/channels.md, schema/channels.toml) ---------------------- */
+
+uint64_t tp_load64_acquire(uint64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+void tp_store64_release(uint64_t *word, uint64_t value) {
+    __atomic_store_n(word, value, __ATOMIC_RELEASE);
+}
+
+int tp_cas64(uint64_t *word, uint64_t expected, uint64_t desired) {
+    return __atomic_compare_exchange_n(word, &expected, desired, 0, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST);
+}
+
+uint64_t tp_fetch_add64(uint64_t *word, uint64_t delta) {
+    return __atomic_fetch_add(word, delta, __ATOMIC_SEQ_CST);
+}
+
+void tp_fence_seq_cst(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+int64_t tp_monotonic_ns(void) { return now_ns(); }
+
+/* After a seq_cst change of what a sleeper waits for: if the word says a waiter sleeps, bump its
+ * sequence and FUTEX_WAKE. A waker whose peer is awake writes nothing (no line bouncing). */
+int tp_wake_if_sleeping(uint32_t *word) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    uint32_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    if (!(v & TP_SLEEP)) return 0;
+    __atomic_exchange_n(word, ((v & TP_MASK) + 1) & TP_MASK, __ATOMIC_SEQ_CST);
+    tp_futex_wake(word, INT_MAX);
+    return 1;
+}
+
+/* ProducerEntry fields (schema/channels.toml). */
+#define PE_SIZE 64
+#define PE_PID(r, i) ((uint32_t *)((r)->producers + (uint64_t)(i) * PE_SIZE))
+#define PE_STATE(r, i) ((uint32_t *)((r)->producers + (uint64_t)(i) * PE_SIZE + 4))
+#define PE_START(r, i) ((uint64_t *)((r)->producers + (uint64_t)(i) * PE_SIZE + 8))
+#define PE_INTENT(r, i) ((uint64_t *)((r)->producers + (uint64_t)(i) * PE_SIZE + 16))
+#define PE_COMMITTED(r, i) ((uint64_t *)((r)->producers + (uint64_t)(i) * PE_SIZE + 24))
+#define PE_COUNT(r, i) ((uint32_t *)((r)->producers + (uint64_t)(i) * PE_SIZE + 32))
+#define PS_ACTIVE 1u
+#define PS_CLOSED 2u
+#define PS_DEAD 3u
+#define RING_OVERWRITE 1u
+
+/* The cursor word: the consumer's tail (its low 32 bits) and the records it holds. The full
+ * tail is recovered from head: head - tail <= capacity < 2^31. */
+static inline uint64_t ring_tail(uint64_t head, uint64_t cursor) {
+    return head - (uint64_t)(uint32_t)((uint32_t)head - (uint32_t)cursor);
+}
+
+static inline uint64_t ring_cursor(uint64_t tail, uint64_t held) {
+    return (held << 32) | (tail & 0xFFFFFFFFull);
+}
+
+/* Sleep on `word` (which held `v` when the caller last found nothing to do) for one slice:
+ * announce the sleep with CAS, let the caller re-check, then FUTEX_WAIT. Returns 1 if the caller
+ * must re-check before sleeping (the CAS just succeeded or the word moved), 0 after a sleep. */
+static int ring_sleep(tp_ring *r, uint32_t *word, uint32_t v, int announced, int64_t deadline) {
+    if (!announced) {
+        if (!(v & TP_SLEEP)) {
+            if (!__atomic_compare_exchange_n(word, &v, v | TP_SLEEP, 0, __ATOMIC_SEQ_CST,
+                                             __ATOMIC_SEQ_CST))
+                return 1;
+        }
+        return 1; /* re-check the condition after the announcement: no lost wake-up */
+    }
+    int64_t slice = deadline - now_ns();
+    if (slice <= 0) return 0;
+    if (r->slice_ns > 0 && slice > r->slice_ns) slice = r->slice_ns;
+    r->sleeps++;
+    tp_futex_wait(word, v | TP_SLEEP, slice);
+    return 0;
+}
+
+/* Consumer gone? 1 dead (or its lease lapsed), 2 closed cleanly, 0 alive or not attached yet. */
+static int ring_consumer_gone(tp_ring *r) {
+    uint32_t st = __atomic_load_n(r->consumer_state, __ATOMIC_ACQUIRE);
+    if (st == PS_CLOSED) return 2;
+    uint32_t pid = __atomic_load_n(r->consumer_pid, __ATOMIC_ACQUIRE);
+    if (pid == 0) return st == PS_DEAD ? 1 : 0;
+    return tp_peer_alive(pid, __atomic_load_n(r->consumer_start, __ATOMIC_ACQUIRE)) ? 0 : 1;
+}
+
+/* Producer: reserve up to `want` contiguous records (at least one). Returns the first record's
+ * index and *got, or TP_TIMEOUT, TP_CLOSED (segment closed or the consumer closed its side),
+ * TP_PEER_DEAD (BLOCK: the consumer died). OVERWRITE: a full ring drops its oldest committed
+ * record that the consumer does not hold (counted in `overwritten`); it waits only while the
+ * consumer holds the slot it needs, or while its writer still writes it. */
+int64_t tp_ring_reserve(tp_ring *r, uint32_t want, uint32_t *got, int64_t timeout_ns) {
+    const uint64_t cap = r->capacity, mask = cap - 1;
+    int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+    int64_t spins = 0;
+    int announced = 0, checked = 0;
+    if (want == 0) want = 1;
+    for (;;) {
+        uint32_t v = __atomic_load_n(r->space_word, __ATOMIC_SEQ_CST);
+        uint64_t h = __atomic_load_n(r->head, __ATOMIC_SEQ_CST);
+        uint64_t c = __atomic_load_n(r->cursor, __ATOMIC_SEQ_CST);
+        uint64_t tail = ring_tail(h, c), held = c >> 32;
+        uint64_t used = h - (tail - held);
+        if (used < cap) {
+            uint64_t n = cap - used;
+            if (n > want) n = want;
+            if (n > cap - (h & mask)) n = cap - (h & mask); /* contiguous: stop at the wrap */
+            __atomic_store_n(PE_COUNT(r, r->me), (uint32_t)n, __ATOMIC_RELAXED);
+            __atomic_store_n(PE_INTENT(r, r->me), h + 1, __ATOMIC_SEQ_CST);
+            if (r->multi) {
+                if (!__atomic_compare_exchange_n(r->head, &h, h + n, 0, __ATOMIC_SEQ_CST,
+                                                 __ATOMIC_SEQ_CST))
+                    continue;
+            } else {
+                __atomic_store_n(r->head, h + n, __ATOMIC_SEQ_CST);
+            }
+            *got = (uint32_t)n;
+            return (int64_t)h;
+        }
+        if (r->policy == RING_OVERWRITE && held == 0 &&
+            __atomic_load_n(&r->seqs[tail & mask], __ATOMIC_ACQUIRE) == tail + 1) {
+            if (__atomic_compare_exchange_n(r->cursor, &c, ring_cursor(tail + 1, 0), 0,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                __atomic_fetch_add(r->overwritten, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (__atomic_load_n(r->state, __ATOMIC_ACQUIRE) != 1) return TP_CLOSED;
+        if (spins < r->spin) {
+            spins++;
+            tp_relax();
+            if ((spins & (TP_YIELD_EVERY - 1)) == 0) sched_yield();
+            continue;
+        }
+        if (now_ns() >= deadline) return TP_TIMEOUT;
+        if (announced) {
+            int gone = checked ? ring_consumer_gone(r) : 0;
+            checked = 1;
+            if (gone == 2) return TP_CLOSED;
+            if (gone == 1) {
+                if (r->policy != RING_OVERWRITE) return TP_PEER_DEAD;
+                if (held != 0) /* a dead consumer's held records are free again */
+                    __atomic_compare_exchange_n(r->cursor, &c, ring_cursor(tail, 0), 0,
+                                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+                continue;
+            }
+        }
+        announced = ring_sleep(r, r->space_word, v, announced, deadline);
+    }
+}
+
+/* Producer: publish records [first, first + count) (written in place), then wake the consumer
+ * if it sleeps. */
+void tp_ring_commit(tp_ring *r, uint64_t first, uint32_t count) {
+    const uint64_t mask = (uint64_t)r->capacity - 1;
+    for (uint32_t i = 0; i < count; i++)
+        __atomic_store_n(&r->seqs[(first + i) & mask], first + i + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(PE_INTENT(r, r->me), 0, __ATOMIC_RELEASE);
+    __atomic_fetch_add(PE_COMMITTED(r, r->me), count, __ATOMIC_RELAXED);
+    if (tp_wake_if_sleeping(r->data_word)) r->wakes++;
+}
+
+/* Does producer entry i's current reservation cover record `k`? */
+static int ring_entry_covers(tp_ring *r, uint32_t i, uint64_t k) {
+    uint64_t intent = __atomic_load_n(PE_INTENT(r, i), __ATOMIC_ACQUIRE);
+    uint64_t count = __atomic_load_n(PE_COUNT(r, i), __ATOMIC_ACQUIRE);
+    return intent != 0 && intent - 1 <= k && k < intent - 1 + count;
+}
+
+/* Consumer, while nothing is committed at `tail`: look at the producers. Marks dead ones DEAD,
+ * skips a dead producer's uncommitted record at `tail` (counted in `lost`; returns 1: look
+ * again) unless a live producer's reservation covers it. Returns TP_PEER_DEAD / TP_CLOSED when
+ * the ring is empty and every producer that ever attached is gone (one died: PEER_DEAD; all
+ * closed: CLOSED), else 0. */
+static int ring_check_producers(tp_ring *r, uint64_t h, uint64_t c) {
+    const uint64_t mask = (uint64_t)r->capacity - 1;
+    uint64_t tail = ring_tail(h, c);
+    int stuck = tail < h &&
+                __atomic_load_n(&r->seqs[tail & mask], __ATOMIC_ACQUIRE) != tail + 1;
+    int seen = 0, live = 0, dead = 0, live_covers = 0;
+    int64_t dead_owner = -1;
+    for (uint32_t i = 0; i < r->max_producers; i++) {
+        uint32_t pid = __atomic_load_n(PE_PID(r, i), __ATOMIC_ACQUIRE);
+        uint32_t st = __atomic_load_n(PE_STATE(r, i), __ATOMIC_ACQUIRE);
+        if (pid == 0 && st == 0) continue;
+        seen++;
+        if (st == PS_ACTIVE) {
+            if (tp_peer_alive(pid, __atomic_load_n(PE_START(r, i), __ATOMIC_ACQUIRE))) {
+                live++;
+                if (stuck && ring_entry_covers(r, i, tail)) live_covers = 1;
+                continue;
+            }
+            __atomic_compare_exchange_n(PE_STATE(r, i), &st, PS_DEAD, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+            st = PS_DEAD;
+        }
+        if (st == PS_DEAD) {
+            dead++;
+            if (stuck && ring_entry_covers(r, i, tail)) dead_owner = i;
+        }
+    }
+    if (dead_owner >= 0 && !live_covers) {
+        /* the dead producer reserved this record and never committed it: skip it */
+        if (__atomic_compare_exchange_n(r->cursor, &c, ring_cursor(tail + 1, c >> 32), 0,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            __atomic_fetch_add(r->lost, 1, __ATOMIC_RELAXED);
+            if (!ring_entry_covers(r, (uint32_t)dead_owner, tail + 1))
+                __atomic_store_n(PE_INTENT(r, (uint32_t)dead_owner), 0, __ATOMIC_RELEASE);
+            if (tp_wake_if_sleeping(r->space_word)) r->wakes++;
+        }
+        return 1;
+    }
+    if (seen > 0 && live == 0 && tail == h) return dead > 0 ? TP_PEER_DEAD : TP_CLOSED;
+    return 0;
+}
+
+/* Consumer: claim up to `max` committed records from the tail (contiguous: at most up to the
+ * wrap). Returns the first index and *got, or TP_TIMEOUT, TP_CLOSED (the segment closed, or
+ * every producer closed and the ring is drained), TP_PEER_DEAD (every producer gone, one died).
+ * timeout_ns 0: do not wait. */
+int64_t tp_ring_take(tp_ring *r, uint32_t max, uint32_t *got, int64_t timeout_ns) {
+    const uint64_t cap = r->capacity, mask = cap - 1;
+    int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+    int64_t spins = 0;
+    int announced = 0, checked = 0;
+    if (max == 0) max = 1;
+    for (;;) {
+        uint32_t v = __atomic_load_n(r->data_word, __ATOMIC_SEQ_CST);
+        uint64_t c = __atomic_load_n(r->cursor, __ATOMIC_SEQ_CST);
+        uint64_t h = __atomic_load_n(r->head, __ATOMIC_SEQ_CST);
+        uint64_t tail = ring_tail(h, c), held = c >> 32;
+        uint64_t lim = h - tail;
+        if (lim > max) lim = max;
+        if (lim > cap - (tail & mask)) lim = cap - (tail & mask);
+        uint64_t n = 0;
+        while (n < lim &&
+               __atomic_load_n(&r->seqs[(tail + n) & mask], __ATOMIC_SEQ_CST) == tail + n + 1)
+            n++;
+        if (n > 0) {
+            if (!__atomic_compare_exchange_n(r->cursor, &c, ring_cursor(tail + n, held + n), 0,
+                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                continue; /* a producer overwrote the oldest record meanwhile */
+            *got = (uint32_t)n;
+            return (int64_t)tail;
+        }
+        if (timeout_ns == 0) return TP_TIMEOUT;
+        if (spins < r->spin) {
+            spins++;
+            tp_relax();
+            if ((spins & (TP_YIELD_EVERY - 1)) == 0) sched_yield();
+            continue;
+        }
+        if (__atomic_load_n(r->state, __ATOMIC_ACQUIRE) != 1) return TP_CLOSED;
+        if (now_ns() >= deadline) return TP_TIMEOUT;
+        if (announced) {
+            int rc = checked || tail < h ? ring_check_producers(r, h, c) : 0;
+            checked = 1;
+            if (rc == 1) continue;
+            if (rc < 0) return rc;
+        }
+        announced = ring_sleep(r, r->data_word, v, announced, deadline);
+    }
+}
+
+/* Consumer: give back the `count` oldest records it holds; wake producers that wait for room. */
+void tp_ring_release(tp_ring *r, uint32_t count) {
+    uint64_t c = __atomic_load_n(r->cursor, __ATOMIC_SEQ_CST);
+    for (;;) {
+        uint64_t held = c >> 32;
+        uint64_t n = count > held ? held : count;
+        if (__atomic_compare_exchange_n(r->cursor, &c, ring_cursor(c, held - n), 0,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            break;
+    }
+    if (tp_wake_if_sleeping(r->space_word)) r->wakes++;
+}

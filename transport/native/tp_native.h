@@ -64,3 +64,42 @@ int tp_floor_socket(int fd, int role, int64_t iterations, int64_t request_bytes,
 int tp_shm_create(const char *name, uint64_t size);
 int tp_shm_open(const char *name, int writable);
 int tp_shm_unlink(const char *name);
+
+/* -- channels (docs/channels.md, schema/channels.toml) --------------------------------------- */
+uint64_t tp_load64_acquire(uint64_t *word);
+void tp_store64_release(uint64_t *word, uint64_t value);
+int tp_cas64(uint64_t *word, uint64_t expected, uint64_t desired);
+uint64_t tp_fetch_add64(uint64_t *word, uint64_t delta);
+void tp_fence_seq_cst(void);
+int64_t tp_monotonic_ns(void);
+int tp_wake_if_sleeping(uint32_t *word);
+
+/* One side of an experience ring: pointers into the mapping (RingHeader of channels.toml). */
+typedef struct {
+    uint32_t *state;           /* SegmentHeader.state (READY while the ring serves) */
+    uint64_t *head;            /* next record to reserve */
+    uint64_t *cursor;          /* tail (low 32 bits) | held << 32 */
+    uint32_t *data_word;       /* futex: the consumer sleeps here */
+    uint32_t *space_word;      /* futex: producers sleep here */
+    uint64_t *overwritten;
+    uint64_t *lost;
+    uint64_t *seqs;            /* capacity words: record k committed when seqs[k & mask] == k + 1 */
+    char *producers;           /* ProducerEntry[max_producers], 64 bytes each */
+    uint32_t *consumer_pid;
+    uint64_t *consumer_start;
+    uint32_t *consumer_state;
+    uint32_t capacity;         /* a power of two */
+    uint32_t policy;           /* 0 BLOCK, 1 OVERWRITE */
+    uint32_t multi;            /* several producers reserve with CAS */
+    uint32_t max_producers;
+    uint32_t me;               /* producer: its entry index */
+    int64_t spin;
+    int64_t slice_ns;
+    uint64_t sleeps;
+    uint64_t wakes;
+} tp_ring;
+
+int64_t tp_ring_reserve(tp_ring *r, uint32_t want, uint32_t *got, int64_t timeout_ns);
+void tp_ring_commit(tp_ring *r, uint64_t first, uint32_t count);
+int64_t tp_ring_take(tp_ring *r, uint32_t max, uint32_t *got, int64_t timeout_ns);
+void tp_ring_release(tp_ring *r, uint32_t count);

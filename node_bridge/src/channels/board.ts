@@ -1,0 +1,209 @@
+/**
+ * The policy board: the Node twin of transport/channels/board.py (layout in schema/channels.toml):
+ *
+ *     0   SegmentHeader (fingerprint = hash of the array table)   64 BoardHeader
+ *     128 version u64 | active u32       192 notify u32 (futex, bumped per publish)
+ *     256 slot 0 seq u64 | version u64   320 slot 1 seq u64 | version u64 (DOUBLE_BUFFER)
+ *     384 BoardEntry[n]: name, NumPy dtype string, shape, offset, nbytes
+ *     D   slot 0 payload, D + stride slot 1 payload
+ *
+ * A reader copies the active slot and keeps the copy only if the slot's seq was even and
+ * unchanged across it: never a torn or mixed version.
+ */
+
+import { createHash } from "node:crypto";
+import {
+  ChannelInUseError,
+  ChannelTimeoutError,
+  PeerDiedError,
+  SEQ_MASK,
+  Segment,
+  TornReadError,
+  offsets,
+  structSize,
+} from "./segment";
+import { native, peerAlive, procStartTime } from "./native";
+
+const B = offsets("BoardHeader", 64);
+const W = offsets("BoardWords", 128);
+const ENTRY = offsets("BoardEntry");
+const ENTRY_SIZE = structSize("BoardEntry");
+
+type Typed = Float32Array | Float64Array | Int8Array | Int16Array | Int32Array | Uint8Array | Uint16Array | Uint32Array | BigInt64Array | BigUint64Array;
+
+const TYPED: Readonly<Record<string, new (buffer: ArrayBuffer, byteOffset: number, length: number) => Typed>> = {
+  "<f4": Float32Array,
+  "<f8": Float64Array,
+  "|i1": Int8Array,
+  "<i2": Int16Array,
+  "<i4": Int32Array,
+  "|u1": Uint8Array,
+  "|b1": Uint8Array,
+  "<u2": Uint16Array,
+  "<u4": Uint32Array,
+  "<i8": BigInt64Array,
+  "<u8": BigUint64Array,
+};
+
+export interface ArraySpec {
+  readonly name: string;
+  readonly dtype: string;
+  readonly shape: readonly number[];
+  readonly offset: number;
+  readonly nbytes: number;
+}
+
+/** transport/channels/board.py `table_fingerprint`. */
+export function tableFingerprint(specs: readonly ArraySpec[]): bigint {
+  const text = specs.map((s) => `${s.name}:${s.dtype}:${s.shape.join("x")};`).join("");
+  return createHash("sha256").update(text).digest().readBigUInt64LE(0);
+}
+
+export class PolicyBoard {
+  readonly segment: Segment;
+  readonly mode: "double_buffer" | "seqlock";
+  readonly specs: readonly ArraySpec[];
+  readonly dataOffset: number;
+  readonly stride: number;
+  #writer = false;
+
+  private constructor(segment: Segment) {
+    this.segment = segment;
+    const dv = segment.dv;
+    this.mode = dv.getUint32(B["mode"]!, true) === 0 ? "double_buffer" : "seqlock";
+    this.dataOffset = Number(dv.getBigUint64(B["data_offset"]!, true));
+    this.stride = Number(dv.getBigUint64(B["slot_stride"]!, true));
+    const table = Number(dv.getBigUint64(B["table_offset"]!, true));
+    const specs: ArraySpec[] = [];
+    const text = (at: number, n: number): string => {
+      const raw = segment.bytes.subarray(at, at + n);
+      const end = raw.indexOf(0);
+      return Buffer.from(raw.subarray(0, end < 0 ? n : end)).toString("utf8");
+    };
+    for (let i = 0; i < dv.getUint32(B["entries"]!, true); i++) {
+      const at = table + i * ENTRY_SIZE;
+      const ndim = dv.getUint32(at + ENTRY["ndim"]!, true);
+      const shape: number[] = [];
+      for (let d = 0; d < ndim; d++) shape.push(Number(dv.getBigUint64(at + ENTRY["shape"]! + 8 * d, true)));
+      specs.push({
+        name: text(at + ENTRY["name"]!, 64),
+        dtype: text(at + ENTRY["dtype"]!, 8),
+        shape,
+        offset: Number(dv.getBigUint64(at + ENTRY["offset"]!, true)),
+        nbytes: Number(dv.getBigUint64(at + ENTRY["nbytes"]!, true)),
+      });
+    }
+    this.specs = specs;
+  }
+
+  /** Open a board; with `expected` (the array table) its fingerprint must match. */
+  static open(name: string, timeoutMs = 10_000, expected: readonly ArraySpec[] | null = null): PolicyBoard {
+    const fp = expected === null ? null : tableFingerprint(expected);
+    return new PolicyBoard(Segment.open("board", name, fp, timeoutMs));
+  }
+
+  get slotCount(): number {
+    return this.mode === "double_buffer" ? 2 : 1;
+  }
+
+  /** Typed-array views of one slot's arrays (over the mapping: no copy). */
+  slotViews(slot: number): Record<string, Typed> {
+    const out: Record<string, Typed> = {};
+    const buffer = this.segment.bytes.buffer as ArrayBuffer;
+    for (const s of this.specs) {
+      const Ctor = TYPED[s.dtype];
+      if (Ctor === undefined) throw new RangeError(`${s.name}: dtype ${s.dtype} has no typed array`);
+      const at = this.dataOffset + slot * this.stride + s.offset;
+      out[s.name] = new Ctor(buffer, at, s.nbytes / (Ctor as unknown as { BYTES_PER_ELEMENT: number }).BYTES_PER_ELEMENT);
+    }
+    return out;
+  }
+
+  /** Latest published version (0: none). No copy. */
+  get version(): bigint {
+    return Atomics.load(this.segment.u64, W["version"]! >> 3);
+  }
+
+  /** Sleep (synchronously, no CPU) until a version newer than `version` is published. */
+  waitNewer(version: bigint, timeoutMs: number): bigint {
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      const seen = Atomics.load(this.segment.i32, W["notify"]! >> 2) & SEQ_MASK;
+      const current = this.version;
+      if (current > version) return current;
+      const left = deadline - performance.now();
+      if (left <= 0) throw new ChannelTimeoutError(`${this.segment.path}: no version newer than ${version}`);
+      if (this.segment.waitChange(W["notify"]!, seen, left) === -2) throw new PeerDiedError(`${this.segment.path}: closed`);
+    }
+  }
+
+  private activeSlot(): number {
+    return this.mode === "double_buffer" ? Atomics.load(this.segment.i32, W["active"]! >> 2) : 0;
+  }
+
+  /** Copy the latest consistent version into `out` (allocated on first use); returns the
+   * version. Retries while a publish overlaps (SEQLOCK), TornReadError after `timeoutMs`. */
+  read(out: Record<string, Typed> | null = null, timeoutMs = 10_000): { version: bigint; arrays: Record<string, Typed> } {
+    const target = out ?? Object.fromEntries(Object.entries(this.slotViews(0)).map(([k, v]) => [k, v.slice()]));
+    const u64 = this.segment.u64;
+    const deadline = performance.now() + timeoutMs;
+    for (let attempt = 1; ; attempt++) {
+      const slot = this.activeSlot();
+      const seqIndex = W[`slot${slot}_seq`]! >> 3;
+      const before = Atomics.load(u64, seqIndex);
+      if (before % 2n === 0n) {
+        const version = Atomics.load(u64, W[`slot${slot}_version`]! >> 3);
+        const views = this.slotViews(slot);
+        for (const [name, view] of Object.entries(views)) (target[name] as Typed).set(view as never);
+        if (Atomics.load(u64, seqIndex) === before) return { version, arrays: target };
+      }
+      if (performance.now() > deadline) {
+        const pid = this.segment.dv.getUint32(B["writer_pid"]!, true);
+        if (pid && !peerAlive(pid, this.segment.dv.getBigUint64(B["writer_start_time"]!, true))) {
+          throw new PeerDiedError(`${this.segment.path}: the publisher (pid ${pid}) died mid-publish`);
+        }
+        throw new TornReadError(`${this.segment.path}: no stable read in ${timeoutMs} ms (${attempt} attempts)`);
+      }
+      native().schedYield();
+    }
+  }
+
+  /** Publish the next version from typed arrays named like the table (takes the lease). */
+  publish(arrays: Readonly<Record<string, ArrayLike<number> | ArrayLike<bigint>>>): bigint {
+    const seg = this.segment;
+    if (!this.#writer) {
+      const pidIndex = B["writer_pid"]! >> 2;
+      const pid = Atomics.load(seg.i32, pidIndex) >>> 0;
+      if (pid !== 0 && pid !== process.pid && peerAlive(pid, seg.dv.getBigUint64(B["writer_start_time"]!, true))) {
+        throw new ChannelInUseError(`${seg.path}: the publisher lease is held by live pid ${pid}`);
+      }
+      if (Atomics.compareExchange(seg.i32, pidIndex, pid | 0, process.pid) !== (pid | 0)) {
+        throw new ChannelInUseError(`${seg.path}: another publisher took the lease meanwhile`);
+      }
+      seg.dv.setBigUint64(B["writer_start_time"]!, procStartTime(process.pid), true);
+      this.#writer = true;
+    }
+    const u64 = seg.u64;
+    const version = this.version + 1n;
+    const slot = this.mode === "double_buffer" ? 1 - Atomics.load(seg.i32, W["active"]! >> 2) : 0;
+    const seqIndex = W[`slot${slot}_seq`]! >> 3;
+    const seq = Atomics.load(u64, seqIndex);
+    Atomics.store(u64, seqIndex, seq + 1n);
+    for (const [name, view] of Object.entries(this.slotViews(slot))) {
+      const src = arrays[name];
+      if (src === undefined) throw new RangeError(`publish: missing array ${name}`);
+      (view as Typed).set(src as never);
+    }
+    Atomics.store(u64, W[`slot${slot}_version`]! >> 3, version);
+    Atomics.store(u64, seqIndex, seq + 2n);
+    Atomics.store(seg.i32, W["active"]! >> 2, slot);
+    Atomics.store(u64, W["version"]! >> 3, version);
+    seg.publishWord(W["notify"]!, (Atomics.load(seg.i32, W["notify"]! >> 2) + 1) & SEQ_MASK);
+    return version;
+  }
+
+  close(): void {
+    if (this.#writer && !this.segment.closed) Atomics.compareExchange(this.segment.i32, B["writer_pid"]! >> 2, process.pid, 0);
+    this.segment.close();
+  }
+}

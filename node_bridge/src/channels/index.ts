@@ -1,0 +1,18 @@
+/** Actor-learner channels (docs/channels.md): experience rings, the policy board, run control. */
+
+export { PolicyBoard, tableFingerprint } from "./board";
+export type { ArraySpec } from "./board";
+export { Member, RunControl } from "./control";
+export { BALANCED, Consumer, FUTEX, Producer, Ring, recordFingerprint } from "./ring";
+export type { Batch, Reservation, RingOptions, RingPolicy, WaitPolicy } from "./ring";
+export {
+  ChannelClosedError,
+  ChannelError,
+  ChannelInUseError,
+  ChannelMismatchError,
+  ChannelNotFoundError,
+  ChannelTimeoutError,
+  PeerDiedError,
+  Segment,
+  TornReadError,
+} from "./segment";

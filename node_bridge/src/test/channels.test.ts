@@ -1,0 +1,159 @@
+/**
+ * Experience rings in Node: wrap-around at every offset, overwrite accounting, timeouts, and
+ * real processes (probe_cli.js producers forked from here; SIGKILL of one). The Python x Node
+ * tests are tests/test_channels_node.py.
+ */
+
+import assert from "node:assert/strict";
+import { type ChildProcess, fork } from "node:child_process";
+import { existsSync, statSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+
+import { ChannelClosedError, ChannelInUseError, ChannelTimeoutError, PeerDiedError, Ring } from "../channels";
+import { checkProbe, fillProbe } from "../channels/probe_cli";
+import { experience } from "../generated";
+
+const CLI = join(__dirname, "..", "channels", "probe_cli.js");
+let counter = 0;
+const unique = (tag: string): string => `tn${tag}-${process.pid}-${counter++}`;
+
+function pushProbes(ring: Ring, first: number, n: number): void {
+  const prod = ring.producer();
+  let sent = 0;
+  while (sent < n) {
+    const r = prod.reserve(n - sent, 1000);
+    for (let i = 0; i < r.count; i++) fillProbe(ring.segment.bytes, ring.segment.dv, r.offset + i * 64, 64, 0, first + sent + i);
+    prod.commit();
+    sent += r.count;
+  }
+  prod.close();
+}
+
+function indices(ring: Ring, batch: { count: number; offsetOf(i: number): number }): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < batch.count; i++) {
+    const at = batch.offsetOf(i);
+    assert.ok(checkProbe(ring.segment.bytes, ring.segment.dv, at, 64));
+    out.push(Number(ring.segment.dv.getBigUint64(at + 8, true)));
+  }
+  return out;
+}
+
+function exited(child: ChildProcess): Promise<number | null> {
+  return new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+}
+
+describe("channels: ring", { timeout: 60_000 }, () => {
+  test("wrap-around at every offset: one part, or two where the ring wraps", () => {
+    const capacity = 8;
+    for (let offset = 0; offset < capacity; offset++) {
+      for (let size = 1; size <= capacity; size++) {
+        const ring = Ring.create(unique("wrap"), experience.SCHEMA, "Probe64", capacity, { multiProducer: true });
+        const cons = ring.consumer();
+        if (offset) {
+          pushProbes(ring, 0, offset);
+          cons.take(offset, 0).release();
+        }
+        pushProbes(ring, offset, size);
+        const batch = cons.take(capacity, 0);
+        assert.equal(batch.parts.length, offset + size > capacity ? 2 : 1);
+        assert.equal(batch.first, BigInt(offset));
+        assert.deepEqual(indices(ring, batch), Array.from({ length: size }, (_, i) => offset + i));
+        batch.release();
+        cons.close();
+        ring.close();
+      }
+    }
+  });
+
+  test("segment is 0600, a live owner's name is never replaced, close unlinks", () => {
+    const name = unique("life");
+    const ring = Ring.create(name, experience.SCHEMA, "Probe64", 4);
+    assert.equal(statSync(ring.segment.path).mode & 0o777, 0o600);
+    assert.throws(() => Ring.create(name, experience.SCHEMA, "Probe64", 4), ChannelInUseError);
+    const path = ring.segment.path;
+    ring.close();
+    assert.equal(existsSync(path), false);
+  });
+
+  test("block: a full ring times out; overwrite: the oldest unheld record goes, counted", () => {
+    const block = Ring.create(unique("blk"), experience.SCHEMA, "Probe64", 4);
+    pushProbes(block, 0, 4);
+    const prod = block.producer();
+    assert.throws(() => prod.reserve(1, 50), ChannelTimeoutError);
+    block.close();
+
+    const ring = Ring.create(unique("ow"), experience.SCHEMA, "Probe64", 4, { policy: "overwrite" });
+    const cons = ring.consumer();
+    pushProbes(ring, 0, 10);
+    assert.equal(ring.overwritten, 6n);
+    const batch = cons.take(10, 0);
+    assert.deepEqual(indices(ring, batch), [6, 7, 8, 9]);
+    batch.release();
+    assert.throws(() => cons.take(1, 0), ChannelTimeoutError);
+    ring.close();
+  });
+
+  test("two producer processes: every record, each producer in order, none corrupted", async () => {
+    const name = unique("mp");
+    const ring = Ring.create(name, experience.SCHEMA, "Probe64", 16, { multiProducer: true });
+    const cons = ring.consumer();
+    const children = [0, 1].map((p) => fork(CLI, ["produce", name, "64", String(p), "3000", "5"], { stdio: "ignore" }));
+    const exits = children.map(exited); // listen now: an exit seen while we wait is not lost
+    const next = [0, 0];
+    let total = 0;
+    while (total < 6000) {
+      let batch;
+      try {
+        batch = cons.take(64, 20_000);
+      } catch (error) {
+        if (error instanceof ChannelClosedError) {
+          await new Promise((r) => setTimeout(r, 20)); // a producer that starts late
+          continue;
+        }
+        throw error;
+      }
+      for (let i = 0; i < batch.count; i++) {
+        const at = batch.offsetOf(i);
+        assert.ok(checkProbe(ring.segment.bytes, ring.segment.dv, at, 64));
+        const p = ring.segment.dv.getUint32(at, true);
+        assert.equal(Number(ring.segment.dv.getBigUint64(at + 8, true)), next[p]);
+        next[p] = next[p]! + 1;
+      }
+      total += batch.count;
+      batch.release();
+    }
+    assert.deepEqual(await Promise.all(exits), [0, 0]);
+    assert.deepEqual(next, [3000, 3000]);
+    ring.close();
+  });
+
+  test("SIGKILL of a producer process: the consumer gets PeerDiedError", async () => {
+    const name = unique("kill");
+    const ring = Ring.create(name, experience.SCHEMA, "Probe64", 64);
+    const cons = ring.consumer();
+    const child = fork(CLI, ["produce-forever", name, "64", "5"], { stdio: "ignore" });
+    const done = exited(child);
+    let taken = 0;
+    let killed = false;
+    let error: unknown = null;
+    while (error === null) {
+      try {
+        const batch = cons.take(16, 20_000);
+        taken += batch.count;
+        batch.release();
+      } catch (e) {
+        error = e;
+        break;
+      }
+      if (taken > 300 && !killed) {
+        child.kill("SIGKILL");
+        killed = true;
+        await done;
+      }
+    }
+    assert.ok(error instanceof PeerDiedError, String(error));
+    ring.close();
+  });
+});

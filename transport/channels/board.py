@@ -1,0 +1,367 @@
+"""The policy board: the latest consistent version of a set of named arrays, one publisher,
+any number of readers (seed 002's double buffer and snapshot modes).
+
+Layout (``schema/channels.toml``; offsets from the segment's start)::
+
+    0     SegmentHeader (64)             kind BOARD, fingerprint = hash of the array table
+    64    BoardHeader: mode, entries, payload_size, table_offset, data_offset, slot_stride,
+          the publisher's lease (pid, start time)
+    128   version u64 (latest published, 0: none) | active u32 (the slot readers read)
+    192   notify u32: futex word bumped on every publish ("newer than v?" sleeps here)
+    256   slot 0: seq u64 (odd while written) | version u64      (a line each)
+    320   slot 1: seq u64 | version u64                           (DOUBLE_BUFFER only)
+    384   BoardEntry[entries], 128 bytes each: name, NumPy dtype string, shape, offset, nbytes
+    D     slot 0 payload: every array at its 64-aligned offset (payload_size bytes)
+    D+S   slot 1 payload (DOUBLE_BUFFER)
+
+Publishing writes a slot under its own seqlock (seq odd, copy, seq even) and then makes it the
+active one. DOUBLE_BUFFER writes the slot readers are *not* reading and flips ``active``:
+readers keep reading the previous version during a publish and never wait. SEQLOCK has one
+slot: a reader that overlaps a publish retries. Either way a reader checks the slot's seq
+before and after its copy, so it never returns a torn or mixed version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import numpy as np
+
+from transport import native
+from transport.channels.errors import (
+    ChannelInUseError,
+    ChannelMismatchError,
+    ChannelTimeoutError,
+    PeerDiedError,
+    TornReadError,
+)
+from transport.channels.segment import Kind, Segment, align
+from transport.channels.wait import WaitPolicy
+from transport.generated import channels as layout
+
+BOARD_OFFSET = 64
+WORDS_OFFSET = 128
+TABLE_OFFSET = 384
+ENTRY_SIZE: int = layout.BoardEntry.size
+_BOARD = {f.name: BOARD_OFFSET + f.offset for f in layout.BoardHeader.ir.fields}
+_WORDS = {f.name: WORDS_OFFSET + f.offset for f in layout.BoardWords.ir.fields}
+Mode = layout.BoardMode
+MAX_DIMS: int = layout.BoardEntry.ir.field("shape").count
+NAME_MAX: int = layout.BoardEntry.ir.field("name").count
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """A NumPy view of an array, a torch tensor (CPU, detached: no copy) or bytes."""
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        value = value.detach()
+        if value.device.type != "cpu":
+            value = value.cpu()
+        return value.contiguous().numpy()  # type: ignore[no-any-return]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return np.frombuffer(value, dtype=np.uint8)
+    return np.ascontiguousarray(value)
+
+
+class ArraySpec:
+    """One named array of a board: dtype, shape and where it lives in a slot."""
+
+    def __init__(self, name: str, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int):
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.offset = offset
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def table_of(arrays: Mapping[str, Any]) -> list[ArraySpec]:
+    """The array table of a template (a ``state_dict``, a dict of arrays): 64-aligned offsets."""
+    specs = []
+    offset = 0
+    for name, value in arrays.items():
+        arr = as_numpy(value)
+        if len(name.encode()) > NAME_MAX or arr.ndim > MAX_DIMS:
+            raise ValueError(f"{name!r}: names up to {NAME_MAX} bytes, up to {MAX_DIMS} dims")
+        dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+        spec = ArraySpec(name, np.dtype(dtype), tuple(int(d) for d in arr.shape), offset)
+        specs.append(spec)
+        offset = align(offset + spec.nbytes)
+    return specs
+
+
+def table_fingerprint(specs: list[ArraySpec]) -> int:
+    """sha256 of ``name:dtype:shape;`` for every array (the Node side computes the same)."""
+    text = "".join(f"{s.name}:{s.dtype.str}:{'x'.join(map(str, s.shape))};" for s in specs).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+class PolicyBoard:
+    """A mapped board. ``publish`` (one publisher at a time: a lease), ``read`` / ``load_into``
+    (any reader), ``version`` / ``wait_newer`` (no copy)."""
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        hdr = layout.BoardHeader.view(segment.map, BOARD_OFFSET)
+        self._hdr = hdr
+        self.mode = Mode(int(hdr["mode"]))
+        self.payload_size = int(hdr["payload_size"])
+        self._data_offset = int(hdr["data_offset"])
+        self._stride = int(hdr["slot_stride"])
+        table = layout.BoardEntry.view(segment.map, int(hdr["table_offset"]), int(hdr["entries"]))
+        self.specs: list[ArraySpec] = []
+        for e in table:
+            name = bytes(e["name"]).rstrip(b"\0").decode()
+            dtype = np.dtype(bytes(e["dtype"]).rstrip(b"\0").decode())
+            shape = tuple(int(d) for d in e["shape"][: int(e["ndim"])])
+            self.specs.append(ArraySpec(name, dtype, shape, int(e["offset"])))
+        self.slots = [self._slot_views(i) for i in range(self.slot_count)]
+        self._version = segment.word64(_WORDS["version"])
+        self._active = segment.word(_WORDS["active"])
+        self._notify = segment.word(_WORDS["notify"])
+        self._seq = [segment.word64(_WORDS[f"slot{i}_seq"]) for i in range(2)]
+        self._slot_version = [segment.word64(_WORDS[f"slot{i}_version"]) for i in range(2)]
+        self._ctx = native.new_ctx()
+        WaitPolicy(spin=0, futex_slice_ms=50.0).apply(self._ctx)
+        self._ctx.state = segment.state_word
+        self._ctx.ready_state = 1
+        self._writer = False
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    @property
+    def slot_count(self) -> int:
+        return 2 if self.mode == Mode.DOUBLE_BUFFER else 1
+
+    def _slot_views(self, slot: int) -> dict[str, np.ndarray]:
+        base = self._data_offset + slot * self._stride
+        return {
+            s.name: np.ndarray(
+                s.shape, dtype=s.dtype, buffer=self.segment.map, offset=base + s.offset
+            )
+            for s in self.specs
+        }
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        template: Mapping[str, Any],
+        *,
+        mode: Literal["double_buffer", "seqlock"] = "double_buffer",
+    ) -> PolicyBoard:
+        """Create ``/dev/shm/transport-board-<name>`` for arrays shaped like ``template``
+        (a torch ``state_dict``, a dict of NumPy arrays or bytes). Nothing is published yet."""
+        if mode not in ("double_buffer", "seqlock"):
+            raise ValueError(f"mode must be 'double_buffer' or 'seqlock', got {mode!r}")
+        specs = table_of(template)
+        payload = specs[-1].offset + specs[-1].nbytes if specs else 0
+        stride = align(max(payload, 1), 4096)
+        data_offset = align(TABLE_OFFSET + ENTRY_SIZE * len(specs), 4096)
+        board_mode = Mode.DOUBLE_BUFFER if mode == "double_buffer" else Mode.SEQLOCK
+        slots = 2 if board_mode == Mode.DOUBLE_BUFFER else 1
+
+        def init(seg: Segment) -> None:
+            hdr = layout.BoardHeader.view(seg.map, BOARD_OFFSET)
+            hdr["mode"] = int(board_mode)
+            hdr["entries"] = len(specs)
+            hdr["payload_size"] = payload
+            hdr["table_offset"] = TABLE_OFFSET
+            hdr["data_offset"] = data_offset
+            hdr["slot_stride"] = stride
+            table = layout.BoardEntry.view(seg.map, TABLE_OFFSET, len(specs))
+            for e, s in zip(table, specs, strict=True):
+                e["name"] = np.frombuffer(s.name.encode().ljust(NAME_MAX, b"\0"), np.uint8)
+                e["dtype"] = np.frombuffer(s.dtype.str.encode().ljust(8, b"\0"), np.uint8)
+                e["ndim"] = len(s.shape)
+                e["shape"] = list(s.shape) + [0] * (MAX_DIMS - len(s.shape))
+                e["offset"] = s.offset
+                e["nbytes"] = s.nbytes
+
+        seg = Segment.create(
+            Kind.BOARD,
+            name,
+            data_offset + slots * stride,
+            fingerprint=table_fingerprint(specs),
+            init=init,
+        )
+        return cls(seg)
+
+    @classmethod
+    def open(
+        cls, name: str, template: Mapping[str, Any] | None = None, *, timeout: float = 10.0
+    ) -> PolicyBoard:
+        """Open a board; with ``template`` its array table must match (fingerprint)."""
+        fp = None if template is None else table_fingerprint(table_of(template))
+        return cls(Segment.open(Kind.BOARD, name, fingerprint=fp, timeout=timeout))
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _take_lease(self) -> None:
+        seg = self.segment
+        pid_word = seg.word(_BOARD["writer_pid"])
+        pid = native.load_acquire(pid_word)
+        me = os.getpid()
+        if pid == me:
+            self._writer = True
+            return
+        if pid and native.peer_alive(pid, int(self._hdr["writer_start_time"])):
+            raise ChannelInUseError(f"{seg.path}: the publisher lease is held by live pid {pid}")
+        if not native.compare_exchange(pid_word, pid, me):
+            raise ChannelInUseError(f"{seg.path}: another publisher took the lease meanwhile")
+        self._hdr["writer_start_time"] = native.proc_start_time(me)
+        self._writer = True
+
+    def publish(self, arrays: Mapping[str, Any]) -> int:
+        """Copy every named array in as the next version (readers never see it half-written);
+        returns that version. Takes the publisher lease on first use."""
+        if not self._writer:
+            self._take_lease()
+        missing = [s.name for s in self.specs if s.name not in arrays]
+        if missing:
+            raise KeyError(f"publish: missing arrays {missing}")
+        version = native.load64_acquire(self._version) + 1
+        slot = 1 - native.load_acquire(self._active) if self.mode == Mode.DOUBLE_BUFFER else 0
+        seq = native.load64_acquire(self._seq[slot])
+        native.store64_release(self._seq[slot], seq + 1)  # odd: being written
+        native.fence_release()
+        views = self.slots[slot]
+        for spec in self.specs:
+            src = as_numpy(arrays[spec.name])
+            if src.shape != spec.shape:
+                raise ChannelMismatchError(f"{spec.name}: shape {src.shape}, expected {spec.shape}")
+            np.copyto(views[spec.name], src, casting="same_kind")
+        native.store64_release(self._slot_version[slot], version)
+        native.store64_release(self._seq[slot], seq + 2)  # even: stable
+        native.store_release(self._active, slot)
+        native.store64_release(self._version, version)
+        native.publish(self._notify, (native.load_acquire(self._notify) + 1) & native.SEQ_MASK)
+        return version
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The latest published version (0: none yet). No copy."""
+        return native.load64_acquire(self._version)
+
+    def newer_than(self, version: int) -> bool:
+        return self.version > version
+
+    def wait_newer(self, version: int, timeout: float | None) -> int:
+        """Sleep (no CPU) until a version newer than ``version`` is published; returns it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = native.load_acquire(self._notify) & native.SEQ_MASK
+            current = self.version
+            if current > version:
+                return current
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ChannelTimeoutError(
+                    f"{self.segment.path}: no version newer than {version} within {timeout} s"
+                )
+            rc = native.wait_change(self._ctx, self._notify, seen, left)
+            if rc == native.CLOSED:
+                raise PeerDiedError(f"{self.segment.path}: the board was closed")
+
+    def _read(self, copy_into: Any, timeout: float) -> int:
+        """Run ``copy_into(views)`` on the active slot until it ran on a stable one; returns the
+        version read. Raises TornReadError after ``timeout`` of racing publishes."""
+        deadline = time.monotonic() + timeout
+        attempt = 0
+        while True:
+            slot = native.load_acquire(self._active) if self.mode == Mode.DOUBLE_BUFFER else 0
+            before = native.load64_acquire(self._seq[slot])
+            if before % 2 == 0:
+                version = native.load64_acquire(self._slot_version[slot])
+                copy_into(self.slots[slot])
+                native.fence_acquire()
+                if native.load64_acquire(self._seq[slot]) == before:
+                    return version
+            attempt += 1
+            if time.monotonic() > deadline:
+                self._check_writer()
+                raise TornReadError(
+                    f"{self.segment.path}: no stable read in {timeout} s ({attempt} attempts)"
+                )
+            if attempt > 3:
+                time.sleep(0.0002 if attempt < 100 else 0.002)
+            else:
+                os.sched_yield()
+
+    def _check_writer(self) -> None:
+        pid = int(self._hdr["writer_pid"])
+        if pid and not native.peer_alive(pid, int(self._hdr["writer_start_time"])):
+            raise PeerDiedError(f"{self.segment.path}: the publisher (pid {pid}) died mid-publish")
+
+    def read(
+        self, out: dict[str, np.ndarray] | None = None, *, timeout: float = 10.0
+    ) -> tuple[int, dict[str, np.ndarray]]:
+        """Copy the latest consistent version: (version, arrays). ``out`` (arrays of the same
+        shapes, e.g. a previous result) is reused: no allocation."""
+        if out is None:
+            out = {s.name: np.empty(s.shape, s.dtype) for s in self.specs}
+        target = out
+
+        def copy(views: dict[str, np.ndarray]) -> None:
+            for name, view in views.items():
+                np.copyto(target[name], view)
+
+        return self._read(copy, timeout), out
+
+    def load_into(self, module: Any, *, timeout: float = 10.0) -> int:
+        """Copy the latest consistent version straight into a torch module's parameters and
+        buffers (one copy each, no intermediate); returns the version."""
+        import torch
+
+        state = module.state_dict()
+        targets = {s.name: as_numpy(state[s.name]) for s in self.specs}
+        for name, arr in targets.items():
+            if not np.shares_memory(arr, as_numpy(state[name])):
+                raise ChannelMismatchError(f"{name}: the module's tensor is not a CPU tensor")
+
+        def copy(views: dict[str, np.ndarray]) -> None:
+            for name, view in views.items():
+                np.copyto(targets[name], view)
+
+        with torch.no_grad():
+            return self._read(copy, timeout)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[tuple[int, dict[str, np.ndarray], Any]]:
+        """Zero-copy: ``(version, views, still_valid)`` of the active slot. Use the views, then
+        call ``still_valid()``: False means a publish overlapped (discard what was computed)."""
+        slot = native.load_acquire(self._active) if self.mode == Mode.DOUBLE_BUFFER else 0
+        before = native.load64_acquire(self._seq[slot])
+        version = native.load64_acquire(self._slot_version[slot])
+
+        def still_valid() -> bool:
+            native.fence_acquire()
+            return before % 2 == 0 and native.load64_acquire(self._seq[slot]) == before
+
+        yield version, self.slots[slot], still_valid
+
+    def close(self) -> None:
+        """Give up the publisher lease; unmap; the creator also unlinks."""
+        if self.segment.closed:
+            return
+        if self._writer:
+            native.compare_exchange(self.segment.word(_BOARD["writer_pid"]), os.getpid(), 0)
+        if self.segment.owner:
+            native.futex_wake(self._notify)
+        self.slots = []
+        self.segment.close()
+
+    def __enter__(self) -> PolicyBoard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,37 @@
+"""The typed errors of the channels (all are ``TransportError``s)."""
+
+from __future__ import annotations
+
+from transport.errors import ConnectError, PeerGoneError, TransportError, TransportTimeoutError
+
+
+class ChannelError(TransportError):
+    """Base of every channel error."""
+
+
+class ChannelInUseError(ChannelError, ConnectError):
+    """The segment belongs to a live owner (never replaced), or a lease is held by a live peer."""
+
+
+class ChannelNotFoundError(ChannelError, ConnectError):
+    """No ready segment of that name appeared before the timeout."""
+
+
+class ChannelMismatchError(ChannelError, ConnectError):
+    """The segment is of another kind, layout version, size or payload fingerprint."""
+
+
+class ChannelClosedError(ChannelError, PeerGoneError):
+    """The other side closed the channel cleanly (or the owner closed the segment)."""
+
+
+class PeerDiedError(ChannelError, PeerGoneError):
+    """The process on the other side died (its pid is gone, a zombie, or reused)."""
+
+
+class ChannelTimeoutError(ChannelError, TransportTimeoutError):
+    """A bounded wait ended before the channel was ready."""
+
+
+class TornReadError(ChannelError):
+    """A board read kept racing publishes for longer than its retry budget."""

@@ -1,0 +1,371 @@
+"""One lifecycle for every channel segment (ring, board, run control), written once.
+
+Every channel lives in ``/dev/shm/transport-<kind>-<name>`` (mode 0600, ``posix_fallocate``'d:
+a full /dev/shm is an error at creation, never a SIGBUS) and starts with the 64-byte
+``SegmentHeader`` of ``schema/channels.toml``::
+
+    0        4        8        12       16                24       28       32
+    +--------+--------+--------+--------+-----------------+--------+--------+
+    | magic  | kind   |version | state  | fingerprint u64 |ownerpid|hdr size|
+    +--------+--------+--------+--------+-----------------+--------+--------+
+    32                 40                 48                 56       64
+    +------------------+------------------+------------------+--------+
+    | owner_start_time | size u64         | created_ns u64   | zero   |
+    +------------------+------------------+------------------+--------+
+
+The creator writes owner pid and start time first, then the rest and its kind's body, then
+``state = READY`` last with release. An opener waits (bounded) for READY, then checks magic,
+kind, layout version, size and the payload fingerprint, each mismatch a typed error naming
+both values. A segment whose owner is dead (pid gone, zombie, or reused: the start time
+differs) is stale: replaced on creation, listed and removed by :func:`cleanup_stale`. The owner
+marks it CLOSED and unlinks it on close (only if the name still points at its inode).
+Nothing here knows rings or boards: shm:// could adopt it as is.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from transport import native
+from transport.channels.errors import (
+    ChannelError,
+    ChannelInUseError,
+    ChannelMismatchError,
+    ChannelNotFoundError,
+)
+from transport.generated import channels as layout
+
+MAGIC = 0x48435054  # "TPCH"
+LAYOUT_VERSION: int = int(layout.IR["version"])
+HEADER_SIZE: int = layout.SegmentHeader.size  # 64
+PREFIX = "transport-"
+SHM_DIR = "/dev/shm"
+STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to become READY
+Kind = layout.ChannelKind
+State = layout.SegmentState
+_HDR = {f.name: f.offset for f in layout.SegmentHeader.ir.fields}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,180}$")
+
+
+def segment_name(kind: Kind, name: str) -> str:
+    """The shm_open name of a channel: ``/transport-<kind>-<name>``."""
+    if not _NAME.match(name):
+        raise ValueError(
+            f"channel name {name!r}: 1-181 characters of A-Z a-z 0-9 . _ - (starting with a "
+            "letter or digit)"
+        )
+    return f"/{PREFIX}{kind.name.lower()}-{name}"
+
+
+def align(value: int, to: int = 64) -> int:
+    return (value + to - 1) // to * to
+
+
+def free_shm_bytes() -> int:
+    """Bytes an unprivileged writer may still allocate in /dev/shm (-1 if unknown)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+class Segment:
+    """A mapped channel segment: its header as a record, the mapping for the kind's views."""
+
+    def __init__(self, kind: Kind, name: str, fd: int, size: int, *, owner: bool) -> None:
+        self.kind = kind
+        self.name = name
+        self.shm_name = segment_name(kind, name)
+        self.path = os.path.join(SHM_DIR, self.shm_name[1:])
+        self.size = size
+        self.owner = owner
+        self.inode = os.fstat(fd).st_ino
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.header = layout.SegmentHeader.view(self.map)
+        self.state_word = native.word(self.map, _HDR["state"])
+        self.closed = False
+
+    # -- creation and opening -------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        kind: Kind,
+        name: str,
+        size: int,
+        *,
+        fingerprint: int = 0,
+        init: Callable[[Segment], None] | None = None,
+    ) -> Segment:
+        """Create the segment exclusively (a stale one is replaced, a live one never), write the
+        header and, through ``init``, the kind's body; READY is written last."""
+        shm_name = segment_name(kind, name)
+        path = os.path.join(SHM_DIR, shm_name[1:])
+        free = free_shm_bytes()
+        if 0 <= free < size:
+            raise ChannelError(_no_room(path, size, free, "no space"))
+        for _ in range(5):
+            try:
+                fd = native.shm_create(shm_name, size)
+            except FileExistsError:
+                info = _inspect_or_none(path)
+                if info is not None and not info.stale:
+                    who = f"pid {info.owner_pid}" if info.owner_pid else "a process starting up"
+                    raise ChannelInUseError(
+                        f"{path} is in use by a live owner ({who}); it is not replaced"
+                    ) from None
+                try:
+                    native.shm_unlink(shm_name)
+                except FileNotFoundError:
+                    pass
+                continue
+            except OSError as exc:
+                raise ChannelError(
+                    _no_room(path, size, free_shm_bytes(), str(exc.strerror))
+                ) from exc
+            try:
+                seg = cls(kind, name, fd, size, owner=True)
+            finally:
+                os.close(fd)
+            h = seg.header
+            h["owner_pid"] = os.getpid()
+            h["owner_start_time"] = native.proc_start_time(os.getpid())
+            h["magic"] = MAGIC
+            h["kind"] = int(kind)
+            h["version"] = LAYOUT_VERSION
+            h["fingerprint"] = fingerprint
+            h["header_size"] = HEADER_SIZE
+            h["size"] = size
+            h["created_ns"] = time.time_ns()
+            try:
+                if init is not None:
+                    init(seg)
+            except BaseException:
+                seg.close()
+                raise
+            native.store_release(seg.state_word, int(State.READY))
+            return seg
+        raise ChannelError(f"could not replace the stale segment {path}")
+
+    @classmethod
+    def open(
+        cls,
+        kind: Kind,
+        name: str,
+        *,
+        fingerprint: int | None = None,
+        timeout: float = 10.0,
+    ) -> Segment:
+        """Map an existing READY segment (waiting up to ``timeout`` for it) and validate it."""
+        shm_name = segment_name(kind, name)
+        path = os.path.join(SHM_DIR, shm_name[1:])
+        deadline = time.monotonic() + timeout
+        why = "it does not exist"
+        while True:
+            seg = cls._try_open(kind, name, shm_name)
+            if isinstance(seg, Segment):
+                try:
+                    seg._validate(fingerprint)
+                except BaseException:
+                    seg.close()
+                    raise
+                return seg
+            why = seg
+            if time.monotonic() >= deadline:
+                raise ChannelNotFoundError(f"{path}: no ready {kind.name.lower()} ({why})")
+            time.sleep(0.01)
+
+    @classmethod
+    def _try_open(cls, kind: Kind, name: str, shm_name: str) -> Segment | str:
+        try:
+            fd = native.shm_open(shm_name)
+        except FileNotFoundError:
+            return "it does not exist"
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                return "it has no header yet"
+            seg = cls(kind, name, fd, size, owner=False)
+        finally:
+            os.close(fd)
+        state = native.load_acquire(seg.state_word)
+        if state != State.READY:
+            seg.close()
+            return "it is being created" if state == State.CREATING else "it was closed"
+        return seg
+
+    def _validate(self, fingerprint: int | None) -> None:
+        h = self.header
+        checks: list[tuple[str, int, int]] = [
+            ("magic", MAGIC, int(h["magic"])),
+            ("kind", int(self.kind), int(h["kind"])),
+            ("version", LAYOUT_VERSION, int(h["version"])),
+            ("size", int(h["size"]), self.size),
+        ]
+        if fingerprint is not None:
+            checks.append(("fingerprint", fingerprint, int(h["fingerprint"])))
+        for field, expected, found in checks:
+            if expected != found:
+                raise ChannelMismatchError(
+                    f"{self.path}: {field} is {found:#x}, expected {expected:#x}"
+                    if field in ("magic", "fingerprint")
+                    else f"{self.path}: {field} is {found}, expected {expected}"
+                )
+        if not native.peer_alive(int(h["owner_pid"]), int(h["owner_start_time"])):
+            raise ChannelNotFoundError(
+                f"{self.path} is stale: its owner pid {int(h['owner_pid'])} is dead"
+            )
+
+    # -- access -----------------------------------------------------------------------------
+
+    def word(self, offset: int) -> Any:
+        return native.word(self.map, offset)
+
+    def word64(self, offset: int) -> Any:
+        return native.word64(self.map, offset)
+
+    def array(self, dtype: Any, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+        return np.ndarray(shape, dtype=dtype, buffer=self.map, offset=offset)
+
+    @property
+    def state(self) -> int:
+        return native.load_acquire(self.state_word)
+
+    @property
+    def owner_pid(self) -> int:
+        return int(self.header["owner_pid"])
+
+    @property
+    def owner_alive(self) -> bool:
+        return native.peer_alive(self.owner_pid, int(self.header["owner_start_time"]))
+
+    def mark_closed(self) -> None:
+        """State CLOSED (release) and wake whoever sleeps on the state word."""
+        native.store_release(self.state_word, int(State.CLOSED))
+        native.futex_wake(self.state_word)
+
+    def unlink_if_ours(self) -> bool:
+        """shm_unlink, only if the name still points at this mapping's inode."""
+        try:
+            if os.stat(self.path).st_ino != self.inode:
+                return False
+            native.shm_unlink(self.shm_name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def close(self, *, unlink: bool | None = None) -> None:
+        """Unmap; the owner (or ``unlink=True``) also marks CLOSED and unlinks. Views handed out
+        keep the mapping alive until they die (never a dangling pointer)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.owner if unlink is None else unlink:
+            self.mark_closed()
+            self.unlink_if_ours()
+        self.header = np.zeros(())
+        self.state_word = None
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+def _no_room(path: str, size: int, free: int, why: str) -> str:
+    return (
+        f"cannot create {path} ({size} bytes): {why}; /dev/shm has {free} bytes free. Enlarge "
+        "/dev/shm (docker run --shm-size=1g) or remove stale segments "
+        "(python -m transport.channels --cleanup)"
+    )
+
+
+# -- inspection and cleanup -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """What ``python -m transport.channels --list`` shows about one channel segment."""
+
+    path: str
+    kind: str
+    size: int
+    state: str
+    owner_pid: int
+    owner_alive: bool
+    age_s: float
+
+    @property
+    def stale(self) -> bool:
+        """Replaceable: a header whose owner is dead, or a header-less leftover."""
+        if self.owner_pid:
+            return not self.owner_alive
+        return self.age_s > STALE_CREATING_AFTER
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "stale": self.stale}
+
+
+def inspect_segment(path: str) -> SegmentInfo:
+    """Read a channel segment's header with plain file I/O."""
+    st = os.stat(path)
+    with open(path, "rb") as fh:
+        raw = fh.read(HEADER_SIZE)
+    age = max(0.0, time.time() - st.st_mtime)
+    if len(raw) < HEADER_SIZE:
+        return SegmentInfo(path, "?", st.st_size, "EMPTY", 0, False, age)
+    h = layout.SegmentHeader.view(raw)
+    if int(h["magic"]) != MAGIC:
+        return SegmentInfo(path, "?", st.st_size, "FOREIGN", 0, False, age)
+    pid = int(h["owner_pid"])
+    try:
+        kind = Kind(int(h["kind"])).name.lower()
+        state = State(int(h["state"])).name
+    except ValueError:
+        kind, state = "?", "UNKNOWN"
+    alive = native.peer_alive(pid, int(h["owner_start_time"])) if pid else False
+    return SegmentInfo(path, kind, st.st_size, state, pid, alive, age)
+
+
+def _inspect_or_none(path: str) -> SegmentInfo | None:
+    try:
+        return inspect_segment(path)
+    except FileNotFoundError:
+        return None
+
+
+def list_segments() -> list[SegmentInfo]:
+    """Every channel segment (``/dev/shm/transport-{ring,board,control}-*``)."""
+    out: list[SegmentInfo] = []
+    prefixes = tuple(f"{PREFIX}{k.name.lower()}-" for k in Kind)
+    try:
+        names = sorted(os.listdir(SHM_DIR))
+    except FileNotFoundError:
+        return out
+    for entry in names:
+        if entry.startswith(prefixes):
+            info = _inspect_or_none(os.path.join(SHM_DIR, entry))
+            if info is not None and info.state != "FOREIGN":
+                out.append(info)
+    return out
+
+
+def cleanup_stale() -> list[SegmentInfo]:
+    """Unlink every stale channel segment; returns the ones removed."""
+    removed = []
+    for info in list_segments():
+        if info.stale:
+            try:
+                native.shm_unlink("/" + os.path.basename(info.path))
+                removed.append(info)
+            except FileNotFoundError:
+                pass
+    return removed
