@@ -10,12 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
-from transport.errors import (
-    ConnectError,
-)
-from transport.protocol import (
-    ErrorCode,
-)
+from transport.errors import ConnectError
+from transport.protocol import HTTP_ROUTES, HTTP_STATUS
 from transport.schema.ir import MessageIR
 
 MAX_HEAD = 16 << 10
@@ -25,19 +21,9 @@ _RECV_CHUNK = 64 << 10
 _CACHE_LIMIT = 64
 _LINGER = 1.0  # seconds a refused connection is drained before close (so the peer reads the 4xx)
 
-METHODS: dict[str, str] = {
-    "hello": "HELLO_REQ",
-    "reset": "RESET_REQ",
-    "reset_seed": "RESET_SEED_REQ",
-    "step": "STEP_REQ",
-    "step_multi": "STEP_MULTI_REQ",
-    "step_batch": "STEP_BATCH_REQ",
-    "health": "HEALTH_REQ",
-    "spaces": "SPACES_REQ",
-    "observe": "OBSERVE_REQ",
-}
-"""``/v1/<method>`` -> the request message it carries (routes of messages a schema lacks are
-not served)."""
+METHODS: dict[str, str] = HTTP_ROUTES
+"""``/v1/<method>`` -> the request message it carries (declared in schema/protocol.toml; routes
+of messages a schema lacks are not served)."""
 
 
 def routes(messages: Mapping[str, MessageIR]) -> dict[str, int]:
@@ -45,22 +31,9 @@ def routes(messages: Mapping[str, MessageIR]) -> dict[str, int]:
     return {method: messages[name].id for method, name in METHODS.items() if name in messages}
 
 
-STATUS_OF_ERROR: dict[int, int] = {
-    ErrorCode.BAD_FRAME: 400,
-    ErrorCode.UNKNOWN_MESSAGE: 404,
-    ErrorCode.BAD_BODY_SIZE: 400,
-    ErrorCode.BODY_TOO_LARGE: 413,
-    ErrorCode.HELLO_REQUIRED: 400,
-    ErrorCode.VERSION_MISMATCH: 409,
-    ErrorCode.FINGERPRINT_MISMATCH: 409,
-    ErrorCode.INVALID_ACTION: 422,
-    ErrorCode.MASKED_ACTION: 422,
-    ErrorCode.ENV_ERROR: 500,
-    ErrorCode.BAD_BATCH: 422,
-    ErrorCode.NOT_RESET: 422,
-    ErrorCode.INTERNAL: 500,
-}
-"""HTTP status of each ERROR code (a 405 for a non-POST request carries UNKNOWN_MESSAGE)."""
+STATUS_OF_ERROR: dict[int, int] = HTTP_STATUS
+"""HTTP status of each ERROR code (schema/protocol.toml; a 405 for a non-POST request carries
+UNKNOWN_MESSAGE)."""
 
 _REASONS = {
     100: "Continue",

@@ -6,37 +6,14 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { ConnectError } from "../../errors";
-import { ErrorCode } from "../../protocol";
+import { HTTP_ROUTES, HTTP_STATUS } from "../../protocol";
 
 
-/** `/v1/<method>` -> the request message it carries. */
-export const METHODS: Readonly<Record<string, string>> = {
-  hello: "HELLO_REQ",
-  reset: "RESET_REQ",
-  reset_seed: "RESET_SEED_REQ",
-  step: "STEP_REQ",
-  step_multi: "STEP_MULTI_REQ",
-  step_batch: "STEP_BATCH_REQ",
-  health: "HEALTH_REQ",
-  spaces: "SPACES_REQ",
-};
+/** `/v1/<method>` -> the request message it carries (declared in schema/protocol.toml). */
+export const METHODS: Readonly<Record<string, string>> = HTTP_ROUTES;
 
-/** HTTP status of each ERROR code (a 405 for a non-POST request carries UNKNOWN_MESSAGE). */
-export const STATUS_OF_ERROR: Readonly<Record<number, number>> = {
-  [ErrorCode.BAD_FRAME]: 400,
-  [ErrorCode.UNKNOWN_MESSAGE]: 404,
-  [ErrorCode.BAD_BODY_SIZE]: 400,
-  [ErrorCode.BODY_TOO_LARGE]: 413,
-  [ErrorCode.HELLO_REQUIRED]: 400,
-  [ErrorCode.VERSION_MISMATCH]: 409,
-  [ErrorCode.FINGERPRINT_MISMATCH]: 409,
-  [ErrorCode.INVALID_ACTION]: 422,
-  [ErrorCode.MASKED_ACTION]: 422,
-  [ErrorCode.ENV_ERROR]: 500,
-  [ErrorCode.BAD_BATCH]: 422,
-  [ErrorCode.NOT_RESET]: 422,
-  [ErrorCode.INTERNAL]: 500,
-};
+/** HTTP status of each ERROR code (schema/protocol.toml; a 405 for a non-POST carries UNKNOWN_MESSAGE). */
+export const STATUS_OF_ERROR: Readonly<Record<number, number>> = HTTP_STATUS;
 
 export const REASONS: Readonly<Record<number, string>> = {
   200: "OK",
