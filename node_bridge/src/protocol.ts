@@ -318,6 +318,34 @@ export function errorFromCode(code: number, text: string): RemoteError | Protoco
   return new RemoteError(code, errorName(code), text);
 }
 
+/** An auto-reset mode from a HELLO (flags bits or the shm slot word); BAD_FRAME `text` otherwise. */
+export function checkAutoreset(mode: number, text: () => string): AutoReset {
+  if (mode !== AutoReset.DISABLED && mode !== AutoReset.NEXT_STEP && mode !== AutoReset.SAME_STEP) {
+    throw new RequestError(ErrorCode.BAD_FRAME, text());
+  }
+  return mode;
+}
+
+/**
+ * A server's reading of a HELLO_REQ body: the hello and the auto-reset mode it asks for, or a
+ * `RequestError` to answer (BAD_FRAME, VERSION_MISMATCH, FINGERPRINT_MISMATCH). Every server, and
+ * the shm channel that answers for its region, decides the same way (Python: `accept_hello`).
+ */
+export function acceptHello(body: Uint8Array, fingerprint: bigint): { hello: Hello; mode: AutoReset } {
+  let hello: Hello;
+  try {
+    hello = decodeHello(body);
+    checkHello(hello, fingerprint, "client");
+  } catch (error) {
+    if (error instanceof FingerprintMismatchError) throw new RequestError(ErrorCode.FINGERPRINT_MISMATCH, error.message);
+    if (error instanceof VersionMismatchError) throw new RequestError(ErrorCode.VERSION_MISMATCH, error.message);
+    if (error instanceof ProtocolError) throw new RequestError(ErrorCode.BAD_FRAME, error.message);
+    throw error;
+  }
+  const mode = checkAutoreset(hello.flags & AUTORESET_MASK, () => `unknown auto-reset mode in flags ${hello.flags}`);
+  return { hello, mode };
+}
+
 /** Thrown inside a server's dispatcher: becomes one ERROR response (never leaves the server). */
 export class RequestError extends Error {
   readonly code: ErrorCode;

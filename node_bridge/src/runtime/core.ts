@@ -62,13 +62,7 @@ export function failureText(index: number, error: unknown): string {
   return error.text.startsWith(prefix) ? error.text.slice(prefix.length) : error.text;
 }
 
-/** An auto-reset mode from a HELLO (flags bits or the shm slot word); BAD_FRAME `text` otherwise. */
-export function checkAutoreset(mode: number, text: () => string): AutoReset {
-  if (mode !== AutoReset.DISABLED && mode !== AutoReset.NEXT_STEP && mode !== AutoReset.SAME_STEP) {
-    throw new RequestError(ErrorCode.BAD_FRAME, text());
-  }
-  return mode;
-}
+export { checkAutoreset } from "../protocol";
 
 /**
  * Where results go: env i's result record (the result struct's packed layout) is at

@@ -16,9 +16,8 @@
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../codec";
-import { FingerprintMismatchError, ProtocolError, VersionMismatchError } from "../errors";
+import { ProtocolError } from "../errors";
 import {
-  AUTORESET_MASK,
   AutoReset,
   BODY_OFFSET,
   CLOSING_ERRORS,
@@ -27,9 +26,8 @@ import {
   HEADER_OFFSET,
   type MessageIds,
   RequestError,
+  acceptHello,
   autoresetName,
-  checkHello,
-  decodeHello,
   encodeError,
   encodeHello,
   messageIds,
@@ -42,7 +40,6 @@ import {
   type Records,
   actionTypeOf,
   bodyCodec,
-  checkAutoreset,
   describeError,
   readActions,
   stepAction,
@@ -268,18 +265,14 @@ export class Session implements Records {
   }
 
   #helloRequest(buf: Uint8Array, offset: number, length: number): number {
-    let flags: number;
+    let mode: AutoReset;
     try {
-      const hello = decodeHello(buf.subarray(offset, offset + length));
-      checkHello(hello, this.schema.fingerprint, "client");
-      flags = hello.flags;
+      ({ mode } = acceptHello(buf.subarray(offset, offset + length), this.schema.fingerprint));
     } catch (error) {
-      if (error instanceof FingerprintMismatchError) return this.error(ErrorCode.FINGERPRINT_MISMATCH, error.message);
-      if (error instanceof VersionMismatchError) return this.error(ErrorCode.VERSION_MISMATCH, error.message);
-      if (error instanceof ProtocolError) return this.error(ErrorCode.BAD_FRAME, error.message);
+      if (error instanceof RequestError) return this.error(error.code, error.text);
       throw error;
     }
-    this.runtime.autoreset = checkAutoreset(flags & AUTORESET_MASK, () => `unknown auto-reset mode in flags ${flags}`);
+    this.runtime.autoreset = mode;
     this.helloDone = true;
     this.#setBody(this.helloBody());
     return this.ids.HELLO_RESP;

@@ -31,12 +31,12 @@ import {
 } from "../../errors";
 import * as pac_env from "../../generated/pac_env";
 import {
-  AUTORESET_MASK,
   AutoReset,
   BODY_OFFSET,
   ErrorCode,
   type MessageIds,
-  decodeHello,
+  RequestError,
+  acceptHello,
   encodeError,
   encodeHello,
   messageIds,
@@ -358,8 +358,14 @@ export class ShmChannel implements Channel {
 
   /** HELLO: the mode in every slot's action word (docs/shm.md "Auto-reset"); no round trip for disabled. */
   async #hello(body: Uint8Array): Promise<number> {
-    const hello = decodeHello(body);
-    const mode = hello.flags & AUTORESET_MASK;
+    let mode: AutoReset;
+    try {
+      // answered as the region's server would (it speaks this side's protocol version)
+      ({ mode } = acceptHello(body, this.#schema.fingerprint));
+    } catch (error) {
+      if (error instanceof RequestError) return this.#error(error.code, error.text);
+      throw error;
+    }
     const url = `shm://${this.shm.name}`;
     if (mode !== AutoReset.DISABLED) {
       if (mode === AutoReset.SAME_STEP && !this.region.hasFinals) {
