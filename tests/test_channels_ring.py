@@ -215,8 +215,10 @@ def test_sigkill_one_of_four_producers_others_continue() -> None:
                 continue
             got.append(batch.copy())
             batch.release()
-            victim_seen = any((g["producer"] == 9).any() for g in got)
-            if not killed and victim_seen and sum(len(g) for g in got) > 3000:
+            seen = {int(p) for g in got for p in np.unique(g["producer"])}
+            # kill only once every producer has attached and sent (a late starter under load
+            # would otherwise find the ring ended: the consumer stops at the death)
+            if not killed and seen >= {0, 1, 2, 9} and sum(len(g) for g in got) > 3000:
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.join(10)
                 killed = True
