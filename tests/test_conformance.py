@@ -210,6 +210,35 @@ def test_codecs_loaded_from_the_ir_at_run_time_conform(
         assert load_schema(schema).name in out
 
 
+@pytest.mark.skipif(
+    not node_testee(ROOT).exists() or shutil.which("node") is None,
+    reason="the Node testee is not built (cd node_bridge && npm ci && npm run build) or no node",
+)
+def test_drift_in_the_node_views_alone_is_caught(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 17 item 5: two StepResultView getters with swapped offsets (encode and decode
+    untouched) passed every check while a Node client read swapped values."""
+    dist = tmp_path / "dist"
+    shutil.copytree(node_testee(ROOT).parent.parent, dist)
+    (tmp_path / "node_modules").symlink_to(ROOT / "node_bridge" / "node_modules")
+    module = dist / "generated" / "pac_env.js"
+    text = module.read_text()
+    done = "get done() {\n        return this.#dv.getUint8(this.#at + 2544);"
+    rank = "get rank() {\n        return this.#dv.getUint8(this.#at + 2545);"
+    assert done in text and rank in text
+    text = text.replace(done, "@done@").replace(rank, rank.replace("2545", "2544"))
+    module.write_text(text.replace("@done@", done.replace("2544", "2545")))
+    testee = f"node {shlex.quote(str(dist / 'conformance' / 'testee.js'))}"
+    args = ["--testee", testee, "--count", "40", str(PAC_ENV)]
+    assert main([*args, "--only", "python-testee,testee-python"]) == 0  # decode agrees
+    capsys.readouterr()
+    assert main([*args, "--only", "views"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL pac_env StepResult views: node's zero-copy view reads other values" in out
+    assert "field: done" in out
+
+
 STRUCTS = [(path, name) for path in SCHEMAS for name in load_schema(path).structs]
 
 

@@ -210,7 +210,11 @@ class StructCodec:
         """Decode into owned Python values: ints, floats, bools, NumPy arrays, dicts, lists."""
         if strict:
             self.check(buffer, offset)
-        record = self.view(buffer, offset).copy()
+        return self.values_of(self.view(buffer, offset).copy())
+
+    def values_of(self, record: np.ndarray) -> dict[str, Any]:
+        """A record's fields as Python values (``decode``'s shape), read through its dtype: what
+        a zero-copy ``view`` shows a client. Arrays come out copied."""
         return _record_to_dict(self.ir, self.schema, record)
 
     def check(self, buffer: Buffer, offset: int = 0, *, nan: bool = True) -> None:

@@ -22,7 +22,7 @@ from transport.conformance.testee import error_of
 from transport.schema import load_schema
 from transport.schema.ir import SchemaIR, StructIR
 
-CHECKS = ("fingerprint", "golden", "python-testee", "testee-python", "invalid")
+CHECKS = ("fingerprint", "golden", "python-testee", "testee-python", "views", "invalid")
 """Check names, in the order they run (``--only`` takes these)."""
 DEFAULT_COUNT = 2000
 DEFAULT_SEED = 20240611
@@ -181,6 +181,12 @@ def _error_text(error: Any) -> str:
 def _seed_for(seed: int, *parts: object) -> int:
     key = "/".join(str(p) for p in (seed, *parts)).encode()
     return zlib.crc32(key) & 0x7FFFFFFF
+
+
+def _view_offset(batch: int) -> int:
+    """Where a view is placed: a cache line in (aligned, as in shm slots) for even batches, an
+    odd byte for odd ones (typed arrays cannot map there: the views' copying path)."""
+    return 64 if batch % 2 == 0 else 65
 
 
 def batch_size(struct: StructIR) -> int:
@@ -682,6 +688,111 @@ class Runner:
                     fld,
                     details,
                 )
+        return None
+
+    # -- 5. zero-copy views -----------------------------------------------------------------------
+
+    def check_views(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        """What clients read: the testee's zero-copy views (a Node client's ``...View`` getters)
+        over bytes Python encoded, and Python's views over bytes the testee encoded, each placed
+        at an offset in a larger buffer (aligned and odd offsets alternate, as slots and frames
+        place them). ``decode`` agreeing proves nothing about the views: they are separate code."""
+        count = result.checks.setdefault("views", Count())
+        for struct_name, struct in ir.structs.items():
+            codec = codecs[struct_name]
+            seed = _seed_for(self.options.seed, ir.name, struct_name, "views")
+            values = generate(ir, struct, self.options.count, seed)
+            buffers = [codec.encode(v) for v in values]
+            size = batch_size(struct)
+            requests = (
+                (
+                    i,
+                    {
+                        "op": "view",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "buffers": buffers[i : i + size],
+                        "at": _view_offset(i // size),
+                    },
+                )
+                for i in range(0, len(buffers), size)
+            )
+            for start, answer in self.testee.pipeline(requests):
+                for j, r in enumerate(self._results(answer, len(buffers[start : start + size]))):
+                    k = start + j
+                    mismatch = self._compare_view(ir, struct, values[k], r, self.lang)
+                    count.add(struct_name, mismatch is None)
+                    if mismatch:
+                        mismatch.case = f"message #{k} of {self.options.count} (seed {seed})"
+                        result.fail(mismatch)
+            chunks = [
+                (i, min(size, self.options.count - i)) for i in range(0, self.options.count, size)
+            ]
+            generated: Iterator[tuple[dict[str, Any], dict[str, Any]]] = (
+                (req, req)
+                for req in (
+                    {
+                        "op": "generate",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "count": n,
+                        "seed": _seed_for(self.options.seed, ir.name, struct_name, "views", i),
+                    }
+                    for i, n in chunks
+                )
+            )
+            for batch, (request, answer) in enumerate(self.testee.pipeline(generated)):
+                at = _view_offset(batch)
+                for j, r in enumerate(self._results(answer, int(request["count"]))):
+                    if "error" in r or not isinstance(r.get("bytes"), bytes):
+                        failure: Failure | None = Failure(
+                            ir.name,
+                            "views",
+                            struct.name,
+                            "",
+                            self.lang,
+                            f"{self.lang} failed to generate: {_error_text(r.get('error'))}",
+                        )
+                    else:
+                        buffer = bytearray(at + len(r["bytes"]))
+                        buffer[at:] = r["bytes"]
+                        seen = {"values": codec.values_of(codec.view(buffer, at))}
+                        failure = self._compare_view(ir, struct, r["values"], seen, "python")
+                    count.add(struct_name, failure is None)
+                    if failure:
+                        failure.case = (
+                            f"message #{j} of generate(count={request['count']}, "
+                            f"seed={request['seed']}), view at offset {at}"
+                        )
+                        result.fail(failure)
+        self.line(ir.name, "views", self._struct_counts(ir, count), count)
+
+    def _compare_view(
+        self, ir: SchemaIR, struct: StructIR, values: Any, r: dict[str, Any], reader: str
+    ) -> Failure | None:
+        """``values`` (what was encoded) against what ``reader``'s view showed."""
+        writer = "python" if reader != "python" else self.lang
+        if "error" in r or "values" not in r:
+            return Failure(
+                ir.name,
+                "views",
+                struct.name,
+                "",
+                reader,
+                f"{reader}'s view cannot read what {writer} encoded: {_error_text(r.get('error'))}",
+            )
+        diff = wire.first_difference(ir, struct, values, r["values"])
+        if diff:
+            return Failure(
+                ir.name,
+                "views",
+                struct.name,
+                "",
+                reader,
+                f"{reader}'s zero-copy view reads other values than {writer} encoded",
+                diff[0],
+                [f"{writer} encoded: {diff[1]}", f"{reader}'s view: {diff[2]}"],
+            )
         return None
 
     # -- 5. invalid input -----------------------------------------------------------------------

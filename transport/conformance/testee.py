@@ -58,6 +58,13 @@ class Testee:
         values = self.codecs[schema][struct].decode(data, strict=strict)
         return wire.to_wire(self.irs[schema], struct, values)
 
+    def view(self, schema: str, struct: str, data: bytes, at: int) -> Any:
+        """``data`` placed at byte ``at`` of a larger buffer, read through a zero-copy view."""
+        codec = self.codecs[schema][struct]
+        buffer = bytearray(at + len(data))
+        buffer[at:] = data
+        return wire.to_wire(self.irs[schema], struct, codec.values_of(codec.view(buffer, at)))
+
     def generate(self, schema: str, struct: str, count: int, seed: int) -> list[Any]:
         ir = self.irs[schema]
         return [wire.to_wire(ir, struct, v) for v in generate(ir, struct, count, seed)]
@@ -114,6 +121,18 @@ class Testee:
                         results.append(
                             {"values": values, "bytes": self.encode(schema, struct, values)}
                         )
+                except Exception as exc:
+                    results.append({"error": error_of(exc)})
+            return {"ok": True, "results": results}
+        if op == "view":
+            schema, struct = self._target(request)
+            at = request.get("at", 0)
+            if not isinstance(at, int) or at < 0:
+                raise RequestError("at must be a non-negative integer")
+            results = []
+            for data in request.get("buffers", []):
+                try:
+                    results.append({"values": self.view(schema, struct, data, at)})
                 except Exception as exc:
                     results.append({"error": error_of(exc)})
             return {"ok": True, "results": results}

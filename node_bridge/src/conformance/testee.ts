@@ -8,6 +8,9 @@
  *   node node_bridge/dist/conformance/testee.js              generated codecs (+ loaded IRs)
  *   node node_bridge/dist/conformance/testee.js --runtime    every schema built by loadSchema
  *
+ * `{"op": "view", "buffers": [...], "at": N}` reads each buffer, placed at byte N of a larger one,
+ * through the codec's zero-copy view (the getters a client uses), not through `decode`.
+ *
  * `{"op": "load", "ir": "<IR JSON text>"}` adds a schema the testee was not built with: its codecs
  * come from `loadSchema` (codec.ts) at run time, the way a user's plain-JavaScript env would.
  */
@@ -18,7 +21,7 @@ import fc from "fast-check";
 import { type AnyStructCodec, type SchemaModule, loadSchema } from "../codec";
 import { CodecError, TransportError } from "../errors";
 import { computeFingerprint } from "../fingerprint";
-import type { SchemaJson } from "../ir";
+import { type SchemaJson, resolveField } from "../ir";
 import { SCHEMAS } from "../generated";
 import { structArbitrary } from "./arbitraries";
 import { FrameReader, frame } from "./frames";
@@ -111,6 +114,39 @@ function seedOf(value: unknown): number {
   return Number(BigInt.asIntN(32, BigInt(value)));
 }
 
+/**
+ * A zero-copy view's fields read through its getters, in `decode`'s shape: bool-array views
+ * are their raw bytes and become booleans, struct fields recurse. What a client reads (the
+ * generated `...View` classes, or the run-time ones of `loadSchema`) is checked, not `decode`.
+ */
+function valuesOfView(ir: SchemaJson, structName: string, view: unknown): Response {
+  const struct = ir.structs[structName];
+  if (struct === undefined) throw new BadRequest(`unknown struct ${structName} in ${ir.name}`);
+  const record = view as Readonly<Record<string, unknown>>;
+  const out: Response = {};
+  for (const field of struct.fields) {
+    const { element, isArray } = resolveField(ir, field);
+    const value = record[field.name];
+    if (element.kind === "struct") {
+      out[field.name] = isArray
+        ? (value as unknown[]).map((item) => valuesOfView(ir, element.name, item))
+        : valuesOfView(ir, element.name, value);
+    } else if (element.kind === "bool" && isArray) {
+      out[field.name] = Array.from(value as Uint8Array, (byte) => byte !== 0);
+    } else {
+      out[field.name] = value;
+    }
+  }
+  return out;
+}
+
+/** `buf` copied to byte `at` of a larger buffer: views are read at an offset, as in a slot. */
+function placedAt(buf: Uint8Array, at: number): Uint8Array {
+  const out = new Uint8Array(at + buf.length);
+  out.set(buf, at);
+  return out;
+}
+
 function handle(request: Request): Response {
   switch (request["op"]) {
     case "hello":
@@ -160,6 +196,16 @@ function handle(request: Request): Response {
           const values = codec.decode(buf, 0, true);
           return { values: toWire(values), bytes: codec.encode(values) };
         }),
+      );
+      return { ok: true, results };
+    }
+    case "view": {
+      const { schema, codec } = structOf(request);
+      const at = request["at"] === undefined ? 0 : countOf(request["at"], "at");
+      const results = buffersOf(request).map((buf) =>
+        attempt(() => ({
+          values: toWire(valuesOfView(schema.ir, codec.name, codec.view(placedAt(buf, at), at))),
+        })),
       );
       return { ok: true, results };
     }
