@@ -120,6 +120,24 @@ def wait_value(ctx: Any, ptr: Any, target: int, timeout: float | None) -> int:
     return int(lib.tp_wait_value(ctx, ptr, target, ns))
 
 
+def guard(mapping: Any) -> int:
+    """Guard a shared mapping against truncation by another process: a SIGBUS inside it puts
+    private zero pages in its place (the region then reads closed) instead of killing the
+    process. The handle, or -1 when no guard entry is free (the mapping stays unguarded)."""
+    view = memoryview(mapping)
+    return int(lib.tp_guard_add(address(mapping), view.nbytes))
+
+
+def unguard(handle: int) -> None:
+    """Stop guarding (the mapping is unmapped or about to be)."""
+    lib.tp_guard_remove(handle)
+
+
+def guard_lost(handle: int) -> bool:
+    """True once a truncation replaced the guarded mapping with private zero pages."""
+    return bool(lib.tp_guard_lost(handle))
+
+
 def shm_create(name: str, size: int) -> int:
     """shm_open(O_CREAT | O_EXCL, 0600) + posix_fallocate; the fd, or raises OSError."""
     fd = int(lib.tp_shm_create(name.encode(), size))

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -268,6 +269,91 @@ int tp_server_publish(tp_ctx *ctx, const uint8_t *pending, int32_t status) {
 void tp_wake_all(tp_ctx *ctx) {
     tp_futex_wake(ctx->doorbell, INT_MAX);
     for (uint32_t i = 0; i < ctx->n; i++) tp_futex_wake(SLOT_WORD(ctx, i, ctx->resp_off), INT_MAX);
+}
+
+/* -- guarded mappings --------------------------------------------------------------------------
+ * A same-uid process can ftruncate a segment under its users; touching a page past the new end
+ * raises SIGBUS, which kills a process by default. For a guarded mapping the handler instead
+ * maps private zero pages over the whole mapping (the faulting access then completes) and marks
+ * it lost: the shared state word now reads 0, so the next wait returns TP_CLOSED and the caller
+ * asks tp_guard_lost why. A SIGBUS elsewhere goes to the previous handler (Python's
+ * faulthandler, or the default action). */
+#define TP_GUARDS 256 /* a handle is (generation << 8) | entry */
+
+static struct {
+    char *volatile base;
+    volatile uint64_t length;
+    volatile sig_atomic_t lost;
+    int generation;
+} guards[TP_GUARDS];
+static struct sigaction previous_sigbus;
+static int sigbus_installed;
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    char *addr = (char *)info->si_addr;
+    for (int i = 0; i < TP_GUARDS; i++) {
+        char *base = guards[i].base;
+        if (base == NULL || addr < base || addr >= base + guards[i].length) continue;
+        if (mmap(base, guards[i].length, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+            guards[i].lost = 1;
+            return; /* the access is retried on the zero pages */
+        }
+        break;
+    }
+    if (previous_sigbus.sa_flags & SA_SIGINFO) {
+        previous_sigbus.sa_sigaction(sig, info, context);
+        return;
+    }
+    if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN) {
+        previous_sigbus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* the access faults again and the default action ends the process */
+}
+
+static int guard_entry(int handle) {
+    int i = handle & (TP_GUARDS - 1);
+    return handle >= 0 && guards[i].base != NULL && guards[i].generation == handle >> 8 ? i : -1;
+}
+
+/* Guard [base, base + length); returns its handle (>= 0) or -1 when every entry is taken. An
+ * entry overlapping the new range belonged to a mapping that is gone: it is dropped. */
+int tp_guard_add(char *base, uint64_t length) {
+    if (!sigbus_installed) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = on_sigbus;
+        action.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&action.sa_mask);
+        if (sigaction(SIGBUS, &action, &previous_sigbus) != 0) return -1;
+        sigbus_installed = 1;
+    }
+    int free_entry = -1;
+    for (int i = 0; i < TP_GUARDS; i++) {
+        char *other = guards[i].base;
+        if (other != NULL && other < base + length && base < other + guards[i].length)
+            __atomic_store_n(&guards[i].base, NULL, __ATOMIC_RELEASE);
+        if (free_entry < 0 && guards[i].base == NULL) free_entry = i;
+    }
+    if (free_entry < 0) return -1;
+    guards[free_entry].lost = 0;
+    guards[free_entry].length = length;
+    guards[free_entry].generation = (guards[free_entry].generation + 1) & 0x3FFFFF;
+    __atomic_store_n(&guards[free_entry].base, base, __ATOMIC_RELEASE);
+    return (guards[free_entry].generation << 8) | free_entry;
+}
+
+/* Stop guarding (the mapping is unmapped); a handle whose entry was reused is ignored. */
+void tp_guard_remove(int handle) {
+    int i = guard_entry(handle);
+    if (i >= 0) __atomic_store_n(&guards[i].base, NULL, __ATOMIC_RELEASE);
+}
+
+/* 1 when a SIGBUS replaced the guarded mapping with private zero pages. */
+int tp_guard_lost(int handle) {
+    int i = guard_entry(handle);
+    return i >= 0 && guards[i].lost;
 }
 
 /* -- segments -------------------------------------------------------------------------------- */

@@ -61,6 +61,12 @@ int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode,
 int tp_floor_socket(int fd, int role, int64_t iterations, int64_t request_bytes,
                     int64_t response_bytes, int64_t *out_ns, int64_t timeout_ns);
 
+/* Guarded mappings: a SIGBUS inside one (its file was truncated by another process) puts
+ * private zero pages in its place instead of killing the process; the mapping is then "lost". */
+int tp_guard_add(char *base, uint64_t length);
+void tp_guard_remove(int guard);
+int tp_guard_lost(int guard);
+
 int tp_shm_create(const char *name, uint64_t size);
 int tp_shm_open(const char *name, int writable);
 int tp_shm_unlink(const char *name);

@@ -446,6 +446,11 @@ class ShmChannel:
         if rc == native.PEER_DEAD:
             raise PeerGoneError(f"{url}: the server (pid {self.owner_pid}) died")
         if rc == native.CLOSED:
+            if self.region.truncated:
+                raise PeerGoneError(
+                    f"{url}: another process truncated {self.shm.path} under this client; the "
+                    "region is gone (connect again once a server serves it)"
+                )
             raise PeerGoneError(f"{url}: the server closed the region")
         raise TransportError(f"{url}: futex wait failed ({os.strerror(native.ffi.errno)})")
 

@@ -22,6 +22,7 @@ import mmap
 import os
 import re
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -310,6 +311,9 @@ class Region:
         self.layout = layout
         self.inode = os.fstat(fd).st_ino
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.guard = native.guard(self.map)
+        if self.guard >= 0:  # unguarded when the mapping is gone (views die after close)
+            weakref.finalize(self.map, native.unguard, self.guard)
         self.control = CONTROL.view(self.map)  # 0-d record
         self.words = np.ndarray((CONTROL_SIZE // 4,), dtype="<u4", buffer=self.map)
         self.base = native.address(self.map)
@@ -323,6 +327,12 @@ class Region:
         self.num_slots = slots
         self.has_finals = has_finals
         self.slots = layout.slot.view(self.map, CONTROL_SIZE, count=slots)
+
+    @property
+    def truncated(self) -> bool:
+        """Another process truncated the segment and a touch of it faulted (see native.guard):
+        this mapping now holds private zero pages; the region is gone for this process."""
+        return self.guard >= 0 and native.guard_lost(self.guard)
 
     # control block fields
     def get(self, field: str) -> int:
@@ -380,6 +390,8 @@ class Region:
             self.map.close()
         except BufferError:
             pass  # views handed to the user keep the mapping alive; the name is gone anyway
+        else:
+            native.unguard(self.guard)
 
 
 def write_text(buf: np.ndarray, text: str) -> int:

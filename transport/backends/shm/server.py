@@ -202,6 +202,17 @@ class Listener:
         it. Clients of a non-READY region give up, so the server cannot keep serving: it stops
         (``transport.serve`` then exits non-zero and removes the region) and says why."""
         region = self.region
+        if region is not None and region.truncated:
+            try:
+                size = f"{os.stat(self.shm.path).st_size} bytes"
+            except OSError:
+                size = "removed"
+            self.stop_reason = (
+                f"{self.url}: another process truncated {self.shm.path} (now {size}) while this "
+                f"server (pid {os.getpid()}) was serving; the server stops and removes it"
+            )
+            log.error("%s", self.stop_reason)
+            return
         value = region.state if region is not None else -1
         try:
             name = RegionState(value).name
