@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'gridworld',
  'version': 1,
- 'fingerprint': '9c20cda8195cad72',
+ 'fingerprint': 'e1cb7070b02db3ee',
  'structs': {'StepResult': {'size': 296,
                             'align': 8,
                             'layout': 'natural',
@@ -279,6 +279,11 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                      'offset': 26,
                                      'size': 2,
                                      'count': 1},
+                                    {'name': 'checksum',
+                                     'type': 'u32',
+                                     'offset': 28,
+                                     'size': 4,
+                                     'count': 1},
                                     {'name': 'request',
                                      'type': 'StepRequest',
                                      'offset': 64,
@@ -381,8 +386,8 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                   'visits': 304,
                                   'position': 354}}}
 
-FINGERPRINT: Final = 0x9c20cda8195cad72
-FINGERPRINT_HEX: Final = "9c20cda8195cad72"
+FINGERPRINT: Final = 0xe1cb7070b02db3ee
+FINGERPRINT_HEX: Final = "e1cb7070b02db3ee"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -520,7 +525,8 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #       16       8  control     seed
 #       24       2  control     error_len
 #       26       2  control     info_len
-#       28      36  (padding)
+#       28       4  control     checksum
+#       32      32  (padding)
 #       64       1  request     action
 #       65      63  (padding)
 #      128     200  result      observation

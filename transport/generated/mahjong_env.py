@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': '0a41d074a5df8a73',
+ 'fingerprint': 'f111d3a3c7abf794',
  'structs': {'ResetOptions': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
@@ -380,6 +380,11 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                      'offset': 26,
                                      'size': 2,
                                      'count': 1},
+                                    {'name': 'checksum',
+                                     'type': 'u32',
+                                     'offset': 28,
+                                     'size': 4,
+                                     'count': 1},
                                     {'name': 'request',
                                      'type': 'ActionRequest',
                                      'offset': 64,
@@ -508,8 +513,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                   'last_discard': 1392,
                                   'dealer_streak': 1396}}}
 
-FINGERPRINT: Final = 0x0a41d074a5df8a73
-FINGERPRINT_HEX: Final = "0a41d074a5df8a73"
+FINGERPRINT: Final = 0xf111d3a3c7abf794
+FINGERPRINT_HEX: Final = "f111d3a3c7abf794"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -682,7 +687,8 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #       16       8  control     seed
 #       24       2  control     error_len
 #       26       2  control     info_len
-#       28      36  (padding)
+#       28       4  control     checksum
+#       32      32  (padding)
 #       64       1  request     agent
 #       65       1  (padding)
 #       66       2  request     action

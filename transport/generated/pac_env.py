@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_env',
  'version': 1,
- 'fingerprint': 'd40a842309ae9547',
+ 'fingerprint': 'b7769b26a19d4aac',
  'structs': {'StepResult': {'size': 2557,
                             'align': 1,
                             'layout': 'packed',
@@ -375,6 +375,11 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                      'offset': 2586,
                                      'size': 2,
                                      'count': 1},
+                                    {'name': 'checksum',
+                                     'type': 'u32',
+                                     'offset': 2588,
+                                     'size': 4,
+                                     'count': 1},
                                     {'name': 'error_text',
                                      'type': 'u8[1024]',
                                      'offset': 2592,
@@ -541,8 +546,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                   'items_held': 31,
                                   'actions_this_turn': 2572}}}
 
-FINGERPRINT: Final = 0xd40a842309ae9547
-FINGERPRINT_HEX: Final = "d40a842309ae9547"
+FINGERPRINT: Final = 0xb7769b26a19d4aac
+FINGERPRINT_HEX: Final = "b7769b26a19d4aac"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -693,7 +698,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #     2576       8  control     seed
 #     2584       2  control     error_len
 #     2586       2  control     info_len
-#     2588       4  (padding)
+#     2588       4  control     checksum
 #     2592    1024  error text  error_text
 #     3616     256  info        info
 #     3872    1248  (padding)

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_shm',
  'version': 1,
- 'fingerprint': '27313cd2e3fd1984',
+ 'fingerprint': '17f90a157c79ef0e',
  'structs': {'ControlBlock': {'size': 64,
                               'align': 8,
                               'layout': 'natural',
@@ -199,6 +199,11 @@ IR: Final[dict[str, Any]] = {'name': 'pac_shm',
                                   'offset': 2586,
                                   'size': 2,
                                   'count': 1},
+                                 {'name': 'checksum',
+                                  'type': 'u32',
+                                  'offset': 2588,
+                                  'size': 4,
+                                  'count': 1},
                                  {'name': 'error_text',
                                   'type': 'u8[1024]',
                                   'offset': 2592,
@@ -296,8 +301,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_shm',
                                       'STEP_MULTI': 5}}},
  'messages': {}}
 
-FINGERPRINT: Final = 0x27313cd2e3fd1984
-FINGERPRINT_HEX: Final = "27313cd2e3fd1984"
+FINGERPRINT: Final = 0x17f90a157c79ef0e
+FINGERPRINT_HEX: Final = "17f90a157c79ef0e"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'tetris',
  'version': 1,
- 'fingerprint': 'e84df11c3006284c',
+ 'fingerprint': 'd2588b80201ff1f2',
  'structs': {'StepResult': {'size': 912,
                             'align': 4,
                             'layout': 'natural',
@@ -281,6 +281,11 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                      'offset': 26,
                                      'size': 2,
                                      'count': 1},
+                                    {'name': 'checksum',
+                                     'type': 'u32',
+                                     'offset': 28,
+                                     'size': 4,
+                                     'count': 1},
                                     {'name': 'request',
                                      'type': 'StepRequest',
                                      'offset': 64,
@@ -385,8 +390,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                   'total_lines': 968,
                                   'pieces': 972}}}
 
-FINGERPRINT: Final = 0xe84df11c3006284c
-FINGERPRINT_HEX: Final = "e84df11c3006284c"
+FINGERPRINT: Final = 0xd2588b80201ff1f2
+FINGERPRINT_HEX: Final = "d2588b80201ff1f2"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -524,7 +529,8 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #       16       8  control     seed
 #       24       2  control     error_len
 #       26       2  control     info_len
-#       28      36  (padding)
+#       28       4  control     checksum
+#       32      32  (padding)
 #       64       4  request     action
 #       68      60  (padding)
 #      128     856  result      observation

@@ -69,8 +69,10 @@ _SLOT_WORDS: tuple[tuple[str, str], ...] = (
     ("seed", "u64"),
     ("error_len", "u16"),
     ("info_len", "u16"),
+    ("checksum", "u32"),
 )
-"""The control words of every slot, in the order of a derived slot's first cache line."""
+"""The control words of every slot, in the order of a derived slot's first cache line
+(``checksum``: CRC-32 of the slot's result bytes when the server runs with ?checksum=crc32)."""
 ERROR_TEXT_SIZE, INFO_SIZE = 1024, 256
 _SLOT_TEXT: tuple[tuple[str, str], ...] = (
     ("error_text", f"u8[{ERROR_TEXT_SIZE}]"),

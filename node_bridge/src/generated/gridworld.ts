@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "gridworld",
   "version": 1,
-  "fingerprint": "9c20cda8195cad72",
+  "fingerprint": "e1cb7070b02db3ee",
   "structs": {
     "StepResult": {
       "size": 296,
@@ -421,6 +421,13 @@ export const IR: SchemaJson = {
           "count": 1
         },
         {
+          "name": "checksum",
+          "type": "u32",
+          "offset": 28,
+          "size": 4,
+          "count": 1
+        },
+        {
           "name": "request",
           "type": "StepRequest",
           "offset": 64,
@@ -640,8 +647,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "9c20cda8195cad72";
-export const FINGERPRINT = 0x9c20cda8195cad72n;
+export const FINGERPRINT_HEX = "e1cb7070b02db3ee";
+export const FINGERPRINT = 0xe1cb7070b02db3een;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -1691,6 +1698,8 @@ export interface ShmSlot {
   error_len: number;
   /** u16 at offset 26 (2 bytes). */
   info_len: number;
+  /** u32 at offset 28 (4 bytes). */
+  checksum: number;
   /** StepRequest at offset 64 (1 byte). */
   request: StepRequest;
   /** StepResult at offset 128 (296 bytes). */
@@ -1719,6 +1728,8 @@ export interface ShmSlotInput {
   error_len: number;
   /** u16 at offset 26 (2 bytes). */
   info_len: number;
+  /** u32 at offset 28 (4 bytes). */
+  checksum: number;
   /** StepRequest at offset 64 (1 byte). */
   request: StepRequestInput;
   /** StepResult at offset 128 (296 bytes). */
@@ -1775,6 +1786,10 @@ export class ShmSlotView {
     return this.#dv.getUint16(this.#at + 26, true);
   }
 
+  get checksum(): number {
+    return this.#dv.getUint32(this.#at + 28, true);
+  }
+
   get request(): StepRequestView {
     return StepRequestLayout.viewAt(this.#dv, this.#at + 64);
   }
@@ -1792,7 +1807,7 @@ export class ShmSlotView {
   }
 }
 
-const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "status", "has_seed", "seed", "error_len", "info_len", "request", "result", "error_text", "info"]);
+const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "status", "has_seed", "seed", "error_len", "info_len", "checksum", "request", "result", "error_text", "info"]);
 
 const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
   name: "ShmSlot",
@@ -1807,6 +1822,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
     rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
     rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    rt.checkInteger(rt.fieldValue(fields, "checksum", path), "u32", path, "checksum");
     StepRequestLayout.validateAt(rt.fieldValue(fields, "request", path), `${path}request.`);
     StepResultLayout.validateAt(rt.fieldValue(fields, "result", path), `${path}result.`);
     rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
@@ -1822,6 +1838,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     dv.setBigUint64(at + 16, rt.toBigInt(value.seed), true);
     dv.setUint16(at + 24, rt.toNumber(value.error_len), true);
     dv.setUint16(at + 26, rt.toNumber(value.info_len), true);
+    dv.setUint32(at + 28, rt.toNumber(value.checksum), true);
     StepRequestLayout.writeAt(dv, at + 64, value.request);
     StepResultLayout.writeAt(dv, at + 128, value.result);
     rt.writeArray(dv, at + 448, "u8", value.error_text, 1024);
@@ -1841,6 +1858,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
       seed: dv.getBigUint64(at + 16, true),
       error_len: dv.getUint16(at + 24, true),
       info_len: dv.getUint16(at + 26, true),
+      checksum: dv.getUint32(at + 28, true),
       request: StepRequestLayout.readAt(dv, at + 64),
       result: StepResultLayout.readAt(dv, at + 128),
       error_text: rt.readArray(dv, at + 448, "u8", 1024),
@@ -1978,7 +1996,8 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 //       16       8  control     seed
 //       24       2  control     error_len
 //       26       2  control     info_len
-//       28      36  (padding)
+//       28       4  control     checksum
+//       32      32  (padding)
 //       64       1  request     action
 //       65      63  (padding)
 //      128     200  result      observation

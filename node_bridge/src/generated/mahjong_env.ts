@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "mahjong_env",
   "version": 1,
-  "fingerprint": "0a41d074a5df8a73",
+  "fingerprint": "f111d3a3c7abf794",
   "structs": {
     "ResetOptions": {
       "size": 16,
@@ -562,6 +562,13 @@ export const IR: SchemaJson = {
           "count": 1
         },
         {
+          "name": "checksum",
+          "type": "u32",
+          "offset": 28,
+          "size": 4,
+          "count": 1
+        },
+        {
           "name": "request",
           "type": "ActionRequest",
           "offset": 64,
@@ -830,8 +837,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "0a41d074a5df8a73";
-export const FINGERPRINT = 0x0a41d074a5df8a73n;
+export const FINGERPRINT_HEX = "f111d3a3c7abf794";
+export const FINGERPRINT = 0xf111d3a3c7abf794n;
 
 /** Enum Agent (stored as u8). */
 export const Agent = {
@@ -2270,6 +2277,8 @@ export interface ShmSlot {
   error_len: number;
   /** u16 at offset 26 (2 bytes). */
   info_len: number;
+  /** u32 at offset 28 (4 bytes). */
+  checksum: number;
   /** ActionRequest at offset 64 (4 bytes). */
   request: ActionRequest;
   /** AgentStep at offset 128 (1336 bytes). */
@@ -2298,6 +2307,8 @@ export interface ShmSlotInput {
   error_len: number;
   /** u16 at offset 26 (2 bytes). */
   info_len: number;
+  /** u32 at offset 28 (4 bytes). */
+  checksum: number;
   /** ActionRequest at offset 64 (4 bytes). */
   request: ActionRequestInput;
   /** AgentStep at offset 128 (1336 bytes). */
@@ -2354,6 +2365,10 @@ export class ShmSlotView {
     return this.#dv.getUint16(this.#at + 26, true);
   }
 
+  get checksum(): number {
+    return this.#dv.getUint32(this.#at + 28, true);
+  }
+
   get request(): ActionRequestView {
     return ActionRequestLayout.viewAt(this.#dv, this.#at + 64);
   }
@@ -2371,7 +2386,7 @@ export class ShmSlotView {
   }
 }
 
-const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "status", "has_seed", "seed", "error_len", "info_len", "request", "result", "error_text", "info"]);
+const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "status", "has_seed", "seed", "error_len", "info_len", "checksum", "request", "result", "error_text", "info"]);
 
 const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
   name: "ShmSlot",
@@ -2386,6 +2401,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
     rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
     rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    rt.checkInteger(rt.fieldValue(fields, "checksum", path), "u32", path, "checksum");
     ActionRequestLayout.validateAt(rt.fieldValue(fields, "request", path), `${path}request.`);
     AgentStepLayout.validateAt(rt.fieldValue(fields, "result", path), `${path}result.`);
     rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
@@ -2401,6 +2417,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     dv.setBigUint64(at + 16, rt.toBigInt(value.seed), true);
     dv.setUint16(at + 24, rt.toNumber(value.error_len), true);
     dv.setUint16(at + 26, rt.toNumber(value.info_len), true);
+    dv.setUint32(at + 28, rt.toNumber(value.checksum), true);
     ActionRequestLayout.writeAt(dv, at + 64, value.request);
     AgentStepLayout.writeAt(dv, at + 128, value.result);
     rt.writeArray(dv, at + 1472, "u8", value.error_text, 1024);
@@ -2421,6 +2438,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
       seed: dv.getBigUint64(at + 16, true),
       error_len: dv.getUint16(at + 24, true),
       info_len: dv.getUint16(at + 26, true),
+      checksum: dv.getUint32(at + 28, true),
       request: ActionRequestLayout.readAt(dv, at + 64),
       result: AgentStepLayout.readAt(dv, at + 128),
       error_text: rt.readArray(dv, at + 1472, "u8", 1024),
@@ -2561,7 +2579,8 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 //       16       8  control     seed
 //       24       2  control     error_len
 //       26       2  control     info_len
-//       28      36  (padding)
+//       28       4  control     checksum
+//       32      32  (padding)
 //       64       1  request     agent
 //       65       1  (padding)
 //       66       2  request     action

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_env",
   "version": 1,
-  "fingerprint": "d40a842309ae9547",
+  "fingerprint": "b7769b26a19d4aac",
   "structs": {
     "StepResult": {
       "size": 2557,
@@ -545,6 +545,13 @@ export const IR: SchemaJson = {
           "count": 1
         },
         {
+          "name": "checksum",
+          "type": "u32",
+          "offset": 2588,
+          "size": 4,
+          "count": 1
+        },
+        {
           "name": "error_text",
           "type": "u8[1024]",
           "offset": 2592,
@@ -848,8 +855,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "d40a842309ae9547";
-export const FINGERPRINT = 0xd40a842309ae9547n;
+export const FINGERPRINT_HEX = "b7769b26a19d4aac";
+export const FINGERPRINT = 0xb7769b26a19d4aacn;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -1971,6 +1978,8 @@ export interface ShmSlot {
   error_len: number;
   /** u16 at offset 2586 (2 bytes). */
   info_len: number;
+  /** u32 at offset 2588 (4 bytes). */
+  checksum: number;
   /** u8[1024] at offset 2592 (1024 bytes). */
   error_text: Uint8Array;
   /** u8[256] at offset 3616 (256 bytes). */
@@ -2023,6 +2032,8 @@ export interface ShmSlotInput {
   error_len: number;
   /** u16 at offset 2586 (2 bytes). */
   info_len: number;
+  /** u32 at offset 2588 (4 bytes). */
+  checksum: number;
   /** u8[1024] at offset 2592 (1024 bytes). */
   error_text: ArrayLike<number>;
   /** u8[256] at offset 3616 (256 bytes). */
@@ -2131,6 +2142,10 @@ export class ShmSlotView {
     return this.#dv.getUint16(this.#at + 2586, true);
   }
 
+  get checksum(): number {
+    return this.#dv.getUint32(this.#at + 2588, true);
+  }
+
   get error_text(): Uint8Array {
     return rt.viewArray(this.#dv, this.#at + 2592, "u8", 1024);
   }
@@ -2140,7 +2155,7 @@ export class ShmSlotView {
   }
 }
 
-const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn", "has_seed", "status", "seed", "error_len", "info_len", "error_text", "info"]);
+const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn", "has_seed", "status", "seed", "error_len", "info_len", "checksum", "error_text", "info"]);
 
 const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
   name: "ShmSlot",
@@ -2169,6 +2184,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
     rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
     rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    rt.checkInteger(rt.fieldValue(fields, "checksum", path), "u32", path, "checksum");
     rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
     rt.checkIntegerArray(rt.fieldValue(fields, "info", path), "u8", 256, path, "info");
     rt.rejectUnknownFields(fields, ShmSlotFields, path);
@@ -2196,6 +2212,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     dv.setBigUint64(at + 2576, rt.toBigInt(value.seed), true);
     dv.setUint16(at + 2584, rt.toNumber(value.error_len), true);
     dv.setUint16(at + 2586, rt.toNumber(value.info_len), true);
+    dv.setUint32(at + 2588, rt.toNumber(value.checksum), true);
     rt.writeArray(dv, at + 2592, "u8", value.error_text, 1024);
     rt.writeArray(dv, at + 3616, "u8", value.info, 256);
   },
@@ -2228,6 +2245,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
       seed: dv.getBigUint64(at + 2576, true),
       error_len: dv.getUint16(at + 2584, true),
       info_len: dv.getUint16(at + 2586, true),
+      checksum: dv.getUint32(at + 2588, true),
       error_text: rt.readArray(dv, at + 2592, "u8", 1024),
       info: rt.readArray(dv, at + 3616, "u8", 256),
     };
@@ -2509,7 +2527,7 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 //     2576       8  control     seed
 //     2584       2  control     error_len
 //     2586       2  control     info_len
-//     2588       4  (padding)
+//     2588       4  control     checksum
 //     2592    1024  error text  error_text
 //     3616     256  info        info
 //     3872    1248  (padding)

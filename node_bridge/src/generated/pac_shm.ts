@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_shm",
   "version": 1,
-  "fingerprint": "27313cd2e3fd1984",
+  "fingerprint": "17f90a157c79ef0e",
   "structs": {
     "ControlBlock": {
       "size": 64,
@@ -273,6 +273,13 @@ export const IR: SchemaJson = {
           "count": 1
         },
         {
+          "name": "checksum",
+          "type": "u32",
+          "offset": 2588,
+          "size": 4,
+          "count": 1
+        },
+        {
           "name": "error_text",
           "type": "u8[1024]",
           "offset": 2592,
@@ -423,8 +430,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "27313cd2e3fd1984";
-export const FINGERPRINT = 0x27313cd2e3fd1984n;
+export const FINGERPRINT_HEX = "17f90a157c79ef0e";
+export const FINGERPRINT = 0x17f90a157c79ef0en;
 
 /** Enum RegionState (stored as u32). */
 export const RegionState = {
@@ -693,6 +700,8 @@ export interface Slot {
   error_len: number;
   /** u16 at offset 2586 (2 bytes). */
   info_len: number;
+  /** u32 at offset 2588 (4 bytes). */
+  checksum: number;
   /** u8[1024] at offset 2592 (1024 bytes). */
   error_text: Uint8Array;
   /** u8[256] at offset 3616 (256 bytes). */
@@ -745,6 +754,8 @@ export interface SlotInput {
   error_len: number;
   /** u16 at offset 2586 (2 bytes). */
   info_len: number;
+  /** u32 at offset 2588 (4 bytes). */
+  checksum: number;
   /** u8[1024] at offset 2592 (1024 bytes). */
   error_text: ArrayLike<number>;
   /** u8[256] at offset 3616 (256 bytes). */
@@ -853,6 +864,10 @@ export class SlotView {
     return this.#dv.getUint16(this.#at + 2586, true);
   }
 
+  get checksum(): number {
+    return this.#dv.getUint32(this.#at + 2588, true);
+  }
+
   get error_text(): Uint8Array {
     return rt.viewArray(this.#dv, this.#at + 2592, "u8", 1024);
   }
@@ -862,7 +877,7 @@ export class SlotView {
   }
 }
 
-const SlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn", "has_seed", "status", "seed", "error_len", "info_len", "error_text", "info"]);
+const SlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "command", "action", "reward", "done", "rank", "life", "money", "stage", "board_size", "level", "synergy_count", "items_held", "observation", "action_mask", "actions_this_turn", "has_seed", "status", "seed", "error_len", "info_len", "checksum", "error_text", "info"]);
 
 const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
   name: "Slot",
@@ -891,6 +906,7 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
     rt.checkInteger(rt.fieldValue(fields, "error_len", path), "u16", path, "error_len");
     rt.checkInteger(rt.fieldValue(fields, "info_len", path), "u16", path, "info_len");
+    rt.checkInteger(rt.fieldValue(fields, "checksum", path), "u32", path, "checksum");
     rt.checkIntegerArray(rt.fieldValue(fields, "error_text", path), "u8", 1024, path, "error_text");
     rt.checkIntegerArray(rt.fieldValue(fields, "info", path), "u8", 256, path, "info");
     rt.rejectUnknownFields(fields, SlotFields, path);
@@ -918,6 +934,7 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
     dv.setBigUint64(at + 2576, rt.toBigInt(value.seed), true);
     dv.setUint16(at + 2584, rt.toNumber(value.error_len), true);
     dv.setUint16(at + 2586, rt.toNumber(value.info_len), true);
+    dv.setUint32(at + 2588, rt.toNumber(value.checksum), true);
     rt.writeArray(dv, at + 2592, "u8", value.error_text, 1024);
     rt.writeArray(dv, at + 3616, "u8", value.info, 256);
   },
@@ -950,6 +967,7 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
       seed: dv.getBigUint64(at + 2576, true),
       error_len: dv.getUint16(at + 2584, true),
       info_len: dv.getUint16(at + 2586, true),
+      checksum: dv.getUint32(at + 2588, true),
       error_text: rt.readArray(dv, at + 2592, "u8", 1024),
       info: rt.readArray(dv, at + 3616, "u8", 256),
     };

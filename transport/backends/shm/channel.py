@@ -22,6 +22,7 @@ from transport.backends.shm.region import (
     RegionState,
     ShmLayout,
     ShmUrl,
+    SlotChecksums,
     SlotCommand,
     WaitPolicy,
     own_start_time,
@@ -284,6 +285,15 @@ class ShmChannel:
                 info = {}
         info["num_envs"] = n
         self._server_info = info
+        self._checksums: SlotChecksums | None = None
+        if info.get("checksum") == "crc32":
+            self._checksums = SlotChecksums(region)
+        elif self.shm.checksum is not None:
+            raise ConnectError(
+                f"shm://{self.shm.name}: the client asks for ?checksum={self.shm.checksum} but the "
+                f"server does not write checksums: start it with shm://{self.shm.name}"
+                f"?checksum={self.shm.checksum}"
+            )
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -433,6 +443,14 @@ class ShmChannel:
         rc = self._roundtrip(self._ctx, self._timeout_ns if timeout_ns is None else timeout_ns)
         if rc:
             self._raise(rc)
+        if self._checksums is not None:
+            bad = self._checksums.first_bad(self._ctx.n)
+            if bad >= 0:
+                raise ProtocolError(
+                    f"shm://{self.shm.name}: slot {bad}'s result does not match the checksum its "
+                    "server wrote: another process wrote into the region after the server "
+                    "published it (or a forged response); do not trust this result"
+                )
 
     def _raise(self, rc: int) -> None:
         url = f"shm://{self.shm.name}"
@@ -482,6 +500,10 @@ class ShmChannel:
             native.compare_exchange(region.client_pid_word, os.getpid(), 0)
             self._leased = False
         self._ended = []
+        checksums = getattr(self, "_checksums", None)
+        if checksums is not None:
+            checksums.release()
+            self._checksums = None
         for name in (
             "_single",
             "_commands",

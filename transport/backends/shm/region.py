@@ -23,6 +23,7 @@ import os
 import re
 import time
 import weakref
+import zlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -73,6 +74,9 @@ class ShmLayout:
     request_dtype: np.dtype[Any]
     request_base: int
     final_seq_offset: int
+    checksum_offset: int
+    result_span: tuple[int, int]
+    """The slot's result bytes [start, end): what ?checksum=crc32 covers."""
     seats: int
     obs_size: int
     act_size: int
@@ -110,6 +114,11 @@ class ShmLayout:
             request_dtype=request_dtype,
             request_base=request_base,
             final_seq_offset=final.ir.field("final_seq").offset,
+            checksum_offset=schema[shm.slot].ir.field("checksum").offset,
+            result_span=(
+                min(shm.result_offsets.values()),
+                max(shm.result_offsets[f.name] + f.size for f in result.ir.fields),
+            ),
             seats=env.seats,
             obs_size=observation.count if observation is not None else 0,
             act_size=mask.count if mask is not None else 0,
@@ -236,6 +245,8 @@ class ShmUrl:
     name: str
     num_envs: int | None
     wait: WaitPolicy
+    checksum: str | None = None
+    """``crc32``: the server writes, the client checks, a CRC-32 of every slot's result bytes."""
 
     @property
     def segment(self) -> str:
@@ -248,7 +259,7 @@ class ShmUrl:
 
 
 def parse_url(url: str) -> ShmUrl:
-    """``shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M``."""
+    """``shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M&checksum=crc32``."""
     scheme, sep, rest = url.partition("://")
     if scheme.lower() != "shm" or not sep:
         raise ConnectError(f"{url!r} is not an shm:// URL")
@@ -260,7 +271,7 @@ def parse_url(url: str) -> ShmUrl:
             "(it becomes /dev/shm/transport-<name>)"
         )
     params = dict(parse_qsl(query, keep_blank_values=True))
-    unknown = set(params) - {"num_envs", "wait", "spin", "slice_ms"}
+    unknown = set(params) - {"num_envs", "wait", "spin", "slice_ms", "checksum"}
     if unknown:
         raise ConnectError(f"{url!r}: unknown parameter(s) {', '.join(sorted(unknown))}")
     num_envs: int | None = None
@@ -278,7 +289,12 @@ def parse_url(url: str) -> ShmUrl:
     except ValueError as exc:
         reason = str(exc) or "num_envs must be >= 1"
         raise ConnectError(f"{url!r}: bad parameter value ({reason})") from None
-    return ShmUrl(name, num_envs, policy)
+    checksum = params.get("checksum")
+    if checksum not in (None, *CHECKSUMS):
+        raise ConnectError(
+            f"{url!r}: unknown checksum {checksum!r} (known: {', '.join(CHECKSUMS)})"
+        )
+    return ShmUrl(name, num_envs, policy, checksum)
 
 
 def own_start_time() -> int:
@@ -392,6 +408,41 @@ class Region:
             pass  # views handed to the user keep the mapping alive; the name is gone anyway
         else:
             native.unguard(self.guard)
+
+
+CHECKSUMS = ("crc32",)
+"""The optional per-slot checksums (docs/shm.md, "What the zero-copy contract cannot protect")."""
+
+
+class SlotChecksums:
+    """CRC-32 (zlib's, as Node's ``zlib.crc32``) of each slot's result bytes, stored in the
+    slot's ``checksum`` word: the server stamps before publishing, the client checks after."""
+
+    def __init__(self, region: Region) -> None:
+        layout, start = region.layout, CONTROL_SIZE
+        lo, hi = layout.result_span
+        whole = memoryview(region.map)
+        self.spans = [
+            whole[start + i * layout.slot_size + lo : start + i * layout.slot_size + hi]
+            for i in range(region.num_slots)
+        ]
+        self.words = region.strided("checksum")
+
+    def stamp(self, index: int) -> None:
+        self.words[index] = zlib.crc32(self.spans[index])
+
+    def first_bad(self, count: int) -> int:
+        """The first of slots 0..count-1 whose result bytes do not match their word, or -1."""
+        crc, spans, words = zlib.crc32, self.spans, self.words
+        for i in range(count):
+            if crc(spans[i]) != words[i]:
+                return i
+        return -1
+
+    def release(self) -> None:
+        for span in self.spans:
+            span.release()
+        self.spans = []
 
 
 def write_text(buf: np.ndarray, text: str) -> int:

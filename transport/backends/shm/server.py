@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -24,6 +25,7 @@ from transport.backends.shm.region import (
     Region,
     RegionState,
     ShmLayout,
+    SlotChecksums,
     SlotCommand,
     inspect_segment,
     own_start_time,
@@ -54,6 +56,7 @@ class Listener:
     def __init__(self, url: str, host: EnvHost, *, max_body: int = DEFAULT_MAX_BODY) -> None:
         self.url = url
         self.shm = parse_url(url)
+        self._checksums: SlotChecksums | None = None
         self.host = host
         self.schema: Schema = host.schema
         n = self.shm.num_envs
@@ -109,7 +112,11 @@ class Listener:
                 ("fingerprint", self.schema.fingerprint),
             ):
                 region.set(field, value)
-            self._server_info = msgpack.packb({"env": host.env_name, "server": host.server_lang})
+            info: dict[str, Any] = {"env": host.env_name, "server": host.server_lang}
+            if self.shm.checksum is not None:
+                info["checksum"] = self.shm.checksum
+                self._checksums = SlotChecksums(region)
+            self._server_info = msgpack.packb(info)
             self._write_info(0, self._server_info)
         except BaseException:
             self._remove()
@@ -269,6 +276,9 @@ class Listener:
         except Exception as exc:  # a bug must not take the server down (env errors: runtime)
             status = int(ErrorCode.INTERNAL)
             self._error(describe(exc))
+        if self._checksums is not None:
+            for pending in np.flatnonzero(self._pending).tolist():
+                self._checksums.stamp(pending)
         native.lib.tp_server_publish(self._ctx, self._pending_ptr, status)
 
     def _error(self, text: str) -> None:
@@ -393,6 +403,9 @@ class Listener:
             if hasattr(self, name):
                 delattr(self, name)
         self._error_len = self._error_text = np.zeros(0)
+        if self._checksums is not None:
+            self._checksums.release()
+            self._checksums = None
         region.close()
         self.region = None
 

@@ -24,6 +24,7 @@ import {
   ConnectError,
   FingerprintMismatchError,
   PeerGoneError,
+  ProtocolError,
   RegionMismatchError,
   TransportError,
   TransportTimeoutError,
@@ -53,6 +54,7 @@ import {
   SEQ_MASK,
   ShmLayout,
   type ShmUrl,
+  SlotChecksums,
   SlotCommand,
   type WaitOptions,
   WAIT_CLOSED,
@@ -169,6 +171,7 @@ function readInfo(region: Region, index: number): Record<string, unknown> {
 /** A Node client's attachment to one region: the lease, the sequences, the requests. */
 export class ShmChannel implements Channel {
   info: Record<string, unknown> = {};
+  #checksums: SlotChecksums | null = null;
   readonly buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
   bodyLength = 0;
   readonly generation = 0;
@@ -250,6 +253,13 @@ export class ShmChannel implements Channel {
         channel.#seqs[i] = Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2) & SEQ_MASK;
       }
       channel.info = { ...readInfo(region, 0), num_envs: channel.numEnvs };
+      if (channel.info["checksum"] === "crc32") channel.#checksums = new SlotChecksums(region);
+      else if (shm.checksum !== null) {
+        throw new ConnectError(
+          `shm://${shm.name}: the client asks for ?checksum=${shm.checksum} but the server does not ` +
+            `write checksums: start it with shm://${shm.name}?checksum=${shm.checksum}`,
+        );
+      }
       return channel;
     } catch (error) {
       if (channel !== null) channel.#release();
@@ -419,6 +429,14 @@ export class ShmChannel implements Channel {
       if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
       if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
       throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+    const bad = this.#checksums === null ? -1 : this.#checksums.firstBad(count);
+    if (bad >= 0) {
+      throw new ProtocolError(
+        `shm://${this.shm.name}: slot ${bad}'s result does not match the checksum its server wrote: ` +
+          "another process wrote into the region after the server published it (or a forged " +
+          "response); do not trust this result",
+      );
     }
     const dv = region.dv;
     for (let i = 0; i < count; i++) {

@@ -13,6 +13,7 @@
  */
 
 import { closeSync, fstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
+import * as zlib from "node:zlib";
 import type { SchemaModule } from "../../codec";
 import { ConnectError, ProtocolError } from "../../errors";
 import * as pac_shm from "../../generated/pac_shm";
@@ -64,6 +65,9 @@ export class ShmLayout {
   /** The control block's obs_size / act_size: element counts of the observation and action_mask roles. */
   readonly obsSize: number;
   readonly actSize: number;
+  /** The slot's `checksum` word and its result bytes [start, end): what ?checksum=crc32 covers. */
+  readonly checksumAt: number;
+  readonly resultSpan: readonly [number, number];
 
   private constructor(schema: SchemaModule, ir: ShmJson) {
     this.schema = schema;
@@ -79,6 +83,9 @@ export class ShmLayout {
     const fields = structs[resultName]?.fields ?? [];
     this.obsSize = fields.find((f) => f.role === "observation")?.count ?? 0;
     this.actSize = fields.find((f) => f.role === "action_mask")?.count ?? 0;
+    this.checksumAt = off(this.slot, "checksum");
+    const at = fields.map((f) => ir.result_offsets[f.name] ?? 0);
+    this.resultSpan = [Math.min(...at), Math.max(...fields.map((f, i) => (at[i] as number) + f.size))];
   }
 
   static #cache = new WeakMap<SchemaModule, ShmLayout>();
@@ -144,6 +151,8 @@ export interface ShmUrl {
   readonly name: string;
   readonly numEnvs: number | null;
   readonly wait: WaitPolicy;
+  /** `crc32`: the server writes, the client checks, a CRC-32 of every slot's result bytes. */
+  readonly checksum: string | null;
   /** The shm_open name: `/transport-<name>`. */
   readonly segment: string;
   /** `/dev/shm/transport-<name>`. */
@@ -152,7 +161,49 @@ export interface ShmUrl {
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$/;
 
-/** `shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M` (transport/shm.py). */
+/** The optional per-slot checksums (docs/shm.md, "What the zero-copy contract cannot protect"). */
+export const CHECKSUMS: readonly string[] = ["crc32"];
+
+/**
+ * CRC-32 (zlib's, as Python's `zlib.crc32`) of each slot's result bytes in the slot's
+ * `checksum` word: the server stamps before publishing, the client checks after its wait.
+ */
+export class SlotChecksums {
+  readonly #region: Region;
+  readonly #spans: Uint8Array[];
+  readonly #crc32: (data: Uint8Array) => number;
+
+  constructor(region: Region) {
+    const crc32 = (zlib as unknown as { crc32?: (data: Uint8Array) => number }).crc32;
+    if (typeof crc32 !== "function") {
+      throw new ConnectError("?checksum=crc32 needs zlib.crc32 (Node.js 20.15 or later)");
+    }
+    this.#crc32 = crc32;
+    const [lo, hi] = region.layout.resultSpan;
+    this.#region = region;
+    this.#spans = Array.from({ length: region.numSlots }, (_, i) => {
+      const base = region.layout.slotBase(i);
+      return region.bytes.subarray(base + lo, base + hi);
+    });
+  }
+
+  stamp(index: number): void {
+    const at = this.#region.layout.slotBase(index) + this.#region.layout.checksumAt;
+    this.#region.dv.setUint32(at, this.#crc32(this.#spans[index] as Uint8Array), true);
+  }
+
+  /** The first of slots 0..count-1 whose result bytes do not match their word, or -1. */
+  firstBad(count: number): number {
+    const { dv, layout } = this.#region;
+    for (let i = 0; i < count; i++) {
+      const word = dv.getUint32(layout.slotBase(i) + layout.checksumAt, true);
+      if (this.#crc32(this.#spans[i] as Uint8Array) !== word) return i;
+    }
+    return -1;
+  }
+}
+
+/** `shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M&checksum=crc32`. */
 export function parseShmUrl(url: string): ShmUrl {
   const sep = url.indexOf("://");
   if (sep < 0 || url.slice(0, sep).toLowerCase() !== "shm") {
@@ -169,7 +220,7 @@ export function parseShmUrl(url: string): ShmUrl {
     );
   }
   const params = new URLSearchParams(query);
-  const unknown = [...new Set(params.keys())].filter((k) => !["num_envs", "wait", "spin", "slice_ms"].includes(k));
+  const unknown = [...new Set(params.keys())].filter((k) => !["num_envs", "wait", "spin", "slice_ms", "checksum"].includes(k));
   if (unknown.length > 0) {
     throw new ConnectError(`${JSON.stringify(url)}: unknown parameter(s) ${unknown.sort().join(", ")}`);
   }
@@ -196,7 +247,13 @@ export function parseShmUrl(url: string): ShmUrl {
     if (!Number.isFinite(m) || m <= 0) bad(`slice_ms must be a positive number, got ${JSON.stringify(slice)}`);
     wait = { spin: s, futexSliceMs: m };
   }
-  return { name, numEnvs, wait, segment: `/${PREFIX}${name}`, path: `${SHM_DIR}/${PREFIX}${name}` };
+  const checksum = params.get("checksum");
+  if (checksum !== null && !CHECKSUMS.includes(checksum)) {
+    throw new ConnectError(
+      `${JSON.stringify(url)}: unknown checksum ${JSON.stringify(checksum)} (known: ${CHECKSUMS.join(", ")})`,
+    );
+  }
+  return { name, numEnvs, wait, checksum, segment: `/${PREFIX}${name}`, path: `${SHM_DIR}/${PREFIX}${name}` };
 }
 
 // -- liveness ----------------------------------------------------------------------------------

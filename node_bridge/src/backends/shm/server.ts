@@ -62,6 +62,7 @@ import {
   futexWake,
   off,
   parseShmUrl,
+  SlotChecksums,
   peerAlive,
   procStartTime,
   publishWord,
@@ -235,6 +236,8 @@ export class ShmListener implements Listener {
   readonly #seedOf = (index: number): bigint | null => this.#slotSeed(index);
   #lease: Lease | null = null;
   #spare: EnvRuntime | null = null;
+  readonly #serverInfo: Record<string, unknown>;
+  #checksums: SlotChecksums | null = null;
   #last = 0;
   #idle = false;
   #closed = false;
@@ -245,6 +248,7 @@ export class ShmListener implements Listener {
     this.url = url;
     this.shm = parseShmUrl(url);
     this.#host = host;
+    this.#serverInfo = { env: host.envName, server: host.serverLang };
     const schema = host.schema;
     const layout = Layouts.of(schema);
     this.layout = layout;
@@ -290,7 +294,11 @@ export class ShmListener implements Listener {
       dv.setUint32(off(CB, "act_size"), layout.actSize, true);
       dv.setUint32(off(CB, "slot_size"), layout.slotSize, true);
       dv.setBigUint64(off(CB, "fingerprint"), schema.fingerprint, true);
-      this.#writeInfo(0, { env: host.envName, server: host.serverLang });
+      if (this.shm.checksum !== null) {
+        this.#serverInfo["checksum"] = this.shm.checksum;
+        this.#checksums = new SlotChecksums(region);
+      }
+      this.#writeInfo(0, this.#serverInfo);
       this.#last = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK; // before READY
       Atomics.store(region.words, region.cbWord("state"), RegionState.READY); // last: ready
     } catch (error) {
@@ -303,9 +311,12 @@ export class ShmListener implements Listener {
   }
 
   /** Drop the lease's envs (and stop its worker threads). */
+  /** The client said SHUTDOWN or died: its envs go; slot 0's info area says the server's info
+   * again (OBSERVE wrote env info there), as a new client reads it at attach. */
   #dropLease(): void {
     this.#lease?.runtime.close();
     this.#lease = null;
+    if (!this.#closed) this.#writeInfo(0, this.#serverInfo); // closed: the region is unmapped
   }
 
   // -- the loop ------------------------------------------------------------------------------------
@@ -414,7 +425,8 @@ export class ShmListener implements Listener {
       if (!pending[i]) continue;
       const base = layout.slotBase(i);
       if (status >= 0) dv.setUint16(base + statusOff, status, true);
-      publishWord(region, base + respOff, seqs[i] as number); // results, status, then the word
+      this.#checksums?.stamp(i);
+      publishWord(region, base + respOff, seqs[i] as number); // results, status, checksum, word
     }
   }
 
