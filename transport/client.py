@@ -100,6 +100,9 @@ class Client:
         self._multi_request = bytearray(multi.size)
         self._multi_actions = multi.view(self._multi_request)[multi.ir.fields[0].name]
         self._views: dict[int | None, tuple[np.ndarray, StepView]] = {}
+        ids = self.ids
+        self._step_one = (ids.STEP_REQ, ids.STEP_RESP, None)
+        self._step_batch = (ids.STEP_BATCH_REQ, ids.STEP_BATCH_RESP, self.num_envs)
         self._no_finals: list[tuple[int, StepView]] = []
         self._final_views: dict[int, tuple[np.ndarray, StepView]] = {}
         self._closed = False
@@ -120,18 +123,29 @@ class Client:
 
     def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
-        same_step = self._same_step
-        if isinstance(actions, int | np.integer):
+        # The hot path: every line here costs each step (measured: benchmarks/RESULTS.md).
+        if isinstance(actions, int) or isinstance(actions, np.integer):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
             self._actions[0] = actions
-            body = self._exchange(self.ids.STEP_REQ, self._request, self.ids.STEP_RESP)
-            return self._results(body, None, same_step, copy)
-        if len(actions) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        self._actions[:] = actions
-        body = self._exchange(self.ids.STEP_BATCH_REQ, self._request, self.ids.STEP_BATCH_RESP)
-        return self._results(body, self.num_envs, same_step, copy)
+            msg_type, expect, count = self._step_one
+        else:
+            if len(actions) != self.num_envs:
+                raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+            self._actions[:] = actions
+            msg_type, expect, count = self._step_batch
+        if self._closed:
+            raise TransportError("the client is closed")
+        resp_type, body = self.channel.request(msg_type, self._request)
+        if resp_type != expect:
+            self._unexpected(resp_type, body, expect)
+        if self._same_step or copy:
+            return self._results(body, count, self._same_step, copy)
+        records = self.channel.result_records(body, self._result, count, False)
+        cached = self._views.get(count)
+        if cached is None or cached[0] is not records:
+            cached = self._views[count] = (records, StepView(records))
+        return cached[1]
 
     def step_multi(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """STEP_MULTI (seed 000): 8 actions, 8 results (a leading axis of 8). The server is an
@@ -196,11 +210,15 @@ class Client:
         if self._closed:
             raise TransportError("the client is closed")
         resp_type, resp = self.channel.request(msg_type, body)
+        if resp_type != expect:
+            self._unexpected(resp_type, resp, expect)
+        return resp
+
+    def _unexpected(self, resp_type: int, resp: memoryview, expect: int) -> None:
+        """A response other than the one asked for: the server's ERROR as its typed error."""
         if resp_type == self.ids.ERROR:
             raise decode_error(resp)
-        if resp_type != expect:
-            raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
-        return resp
+        raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
 
     def _results(self, body: memoryview, count: int | None, finals: bool, copy: bool) -> StepView:
         """The response's results as a StepView (cached while the channel's records stay)."""
