@@ -156,6 +156,12 @@ def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
         "c-floor-tcp",
     }
     assert all(f["ratio_to_floor"] is None for f in floors.values())
+    raw = {
+        (r["backend"], r["server"], r["batch"]): r for r in rows if r["backend"].startswith("raw-")
+    }
+    assert ("raw-unix", "python", 1) in raw and ("raw-unix", "node", 1) in raw
+    assert all(f["ratio_to_floor"] is None for f in raw.values())
+    rows = [r for r in rows if not r["backend"].startswith("raw-")]
     measured = {(r["backend"], r["server"]) for r in rows if r["server"] != "c"}
     skipped = {(s["backend"], s["server"]) for s in doc["skipped"]}
     for backend in servers.default_backends():  # each is measured or skipped with a reason
@@ -169,11 +175,14 @@ def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
         assert row["backend"] in BACKENDS
         assert row["batch"] in (1, 8, 64)
         assert row["payload_bytes"] == row["batch"] * 2557
-        # each row against the floor that applies to it: the spin floor for shm, the socket
+        # each row against the floor that applies to it: the raw floor of its scheme and server
+        # language (same bytes) where there is one, else the spin floor for shm, the C socket
         # floor of the same bytes for sockets
         name = FLOOR_OF_SCHEME[row["backend"]]
-        floor = floors.get((name, row["batch"])) or floors[(name, 1)]
-        assert row["floor"] == name
+        floor = raw.get((f"raw-{row['backend']}", row["server"], row["batch"]))
+        if floor is None:
+            floor = floors.get((name, row["batch"])) or floors[(name, 1)]
+        assert row["floor"] == floor["backend"]
         assert row["ratio_to_floor"] == pytest.approx(
             row["p50_us"] / floor["p50_us"], rel=0.01, abs=0.01
         )

@@ -137,8 +137,9 @@ def settings_json(settings: Settings) -> dict[str, Any]:
 
 
 FLOOR_DEFINITION = (
-    "ratio_to_floor = row p50 / the p50 of the floor that applies to the row (floor_of_backend; "
-    f"the same batch for socket floors; {REFERENCE} for any other backend)"
+    "ratio_to_floor = row p50 / the p50 of the floor that applies to the row: the raw floor "
+    "(raw-<scheme>) of its scheme and server language at the same batch where there is one, "
+    f"else floor_of_backend (the same batch for socket floors; {REFERENCE} for any other backend)"
 )
 
 
@@ -198,9 +199,10 @@ def markdown_block(
     """The text between (and including) the probe markers."""
     when = datetime.fromtimestamp(results.started, UTC).strftime("%Y-%m-%d %H:%M UTC")
     floor_text = (
-        "`x floor` = p50 / the p50 of the floor that applies to the row (`c-floor-spin` for "
-        "shm, `c-floor-unix` of the same bytes for unix and zmq+ipc, `c-floor-tcp` of the same "
-        "bytes for http and zmq+tcp)"
+        "`x floor` = p50 / the p50 of the floor that applies to the row: `raw-<scheme>` of the "
+        "same server language and bytes (a bare echo server on the same socket stack, no "
+        "protocol) where there is one, else `c-floor-spin` for shm, `c-floor-unix` of the same "
+        "bytes for unix and zmq+ipc, `c-floor-tcp` of the same bytes for http and zmq+tcp"
         if results.floors
         else "`x floor`: no floor measured"
     )

@@ -38,6 +38,7 @@ from transport.probe.floor import (
 from transport.probe.histogram import LogHistogram
 from transport.probe.loops import LoopStats, closed_loop, open_loop, warm_up
 from transport.probe.progress import Progress
+from transport.probe.raw import RAW_SCHEMES, measure_raw, raw_name
 from transport.probe.servers import (
     URL_TEMPLATES,
     ServerProcess,
@@ -297,6 +298,65 @@ def floor_rows(
             results.reference_floor = row
 
 
+def raw_floor_plan(settings: Settings) -> list[tuple[str, str, Point]]:
+    """The raw floors the planned rows need: (scheme, server language, point) of every step
+    row whose scheme has one in that language (``RAW_SCHEMES``)."""
+    if not settings.floor:
+        return []
+    return [
+        (scheme, lang, point)
+        for scheme in settings.backends
+        if scheme in RAW_SCHEMES
+        for lang in settings.langs
+        if lang in RAW_SCHEMES[scheme]
+        for point in settings.points
+        if point.message == "step"
+    ]
+
+
+def raw_floor_rows(settings: Settings, results: Results, progress: Progress) -> None:
+    """Measure each raw floor of ``raw_floor_plan``: the row's bytes, a bare server of its
+    language, no protocol (transport/probe/raw.py)."""
+    result_size, request_size = step_result_size(), step_request_size()
+    for scheme, lang, point in raw_floor_plan(settings):
+        name = raw_name(scheme)
+        label = f"{name}/{lang}/{_point_tag(point)}"
+        progress.begin(label)
+        reason = lang_unavailable(lang)
+        if reason is not None:
+            results.skipped.append(Problem(name, lang, point.batch, reason))
+            progress.skip(label)
+            continue
+        header = 0 if scheme == "http" else FRAME_HEADER_BYTES  # http carries no frame header
+        try:
+            hist, stats = measure_raw(
+                scheme,
+                lang,
+                new_tag(),
+                header + point.request_bytes(request_size),
+                header + point.response_bytes(result_size),
+                settings.count,
+                settings.warmup,
+                settings.duration,
+            )
+        except (ServerStartError, OSError) as exc:
+            results.failed.append(Problem(name, lang, point.batch, str(exc)))
+            progress.end(label, f"FAILED: {exc}")
+            continue
+        row = Row(
+            backend=name,
+            server=lang,
+            point=point,
+            payload_bytes=point.response_bytes(result_size),
+            request_bytes=point.request_bytes(request_size),
+            hist=hist,
+            stats=stats,
+            mode="closed",
+        )
+        results.floors.append(row)
+        progress.end(row.label, _brief(row))
+
+
 def _point_tag(point: Point) -> str:
     return "health" if point.message == "health" else f"b{point.batch}"
 
@@ -333,6 +393,7 @@ def run(settings: Settings, progress: Progress) -> Results:
     started = time.perf_counter()
     if settings.floor:
         floor_rows(settings, results, progress)
+        raw_floor_rows(settings, results, progress)
     result_size = step_result_size()
     request_size = step_request_size()
     unavailable: dict[tuple[str, str], str] = {}
@@ -558,8 +619,18 @@ def _check_echo(client: Any, point: Point, actions: np.ndarray | int) -> None:
 
 
 def floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
-    """The floor ``row`` is compared with: its backend's kind (``FLOOR_OF_SCHEME``) at the same
-    point (socket floors), else that kind's floor, else the futex floor (``REFERENCE``)."""
+    """The floor ``row`` is compared with: the raw floor of its scheme and server language at
+    the same point (transport/probe/raw.py), else its backend's C floor (``FLOOR_OF_SCHEME``)
+    at the same point (socket floors), else that kind's floor, else the futex floor."""
+    raw = raw_name(row.backend)
+    for f in floors:
+        if (f.backend, f.server, f.point.batch, f.point.message) == (
+            raw,
+            row.server,
+            row.point.batch,
+            row.point.message,
+        ):
+            return f
     name = FLOOR_OF_SCHEME.get(row.backend, REFERENCE)
     same_point = [
         f

@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         plan,
         points_for_payloads,
         probe_url,
+        raw_floor_plan,
         run,
         step_result_size,
     )
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.end(args.url, f"FAILED: {exc}")
         apply_floor(results)
     else:
-        cells = len(plan(settings)) + floor_count(settings)
+        cells = len(plan(settings)) + floor_count(settings) + len(raw_floor_plan(settings))
         progress = Progress(cells, bar=bar, quiet=args.quiet)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
@@ -378,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = "closed loop" if settings.rate is None else f"open loop at {settings.rate:g}/s"
     print(
         f"echo env, {mode}, up to {count} samples per row after {warmup} warm-up; "
-        "latencies in us; x floor = p50 / the p50 of the floor that applies "
-        "(spin for shm, unix socket for unix and zmq+ipc, tcp for http and zmq+tcp)",
+        "latencies in us; x floor = p50 / the p50 of the floor that applies (raw-<scheme>: "
+        "a bare echo server of the same language on the same socket stack; else spin for shm, "
+        "unix socket for unix and zmq+ipc, tcp for http and zmq+tcp)",
         file=table_out,
     )
     print(report.text_table(rows), file=table_out)
