@@ -206,6 +206,42 @@ class Options:
     verbose: bool = False
 
 
+@dataclass
+class _PythonBatches:
+    """Python-encoded messages of one struct sent to the testee in batches (``answers``)."""
+
+    runner: Runner
+    ir: SchemaIR
+    struct: StructIR
+    op: str
+    seed: int
+    values: list[Any]
+    buffers: list[bytes]
+
+    def answers(
+        self, at: Callable[[int], int] | None = None
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(message index, the testee's result for it); ``at``: the ``at`` of each batch."""
+        size = batch_size(self.struct)
+        requests = (
+            (
+                i,
+                {
+                    "op": self.op,
+                    "schema": self.ir.name,
+                    "struct": self.struct.name,
+                    "buffers": self.buffers[i : i + size],
+                    **({} if at is None else {"at": at(i // size)}),
+                },
+            )
+            for i in range(0, len(self.buffers), size)
+        )
+        for start, answer in self.runner.testee.pipeline(requests):
+            results = self.runner._results(answer, len(self.buffers[start : start + size]))
+            for j, r in enumerate(results):
+                yield start + j, r
+
+
 class Runner:
     """Runs the checks of every schema against a started testee; results in ``self.results``."""
 
@@ -518,33 +554,49 @@ class Runner:
     def check_python_testee(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
         count = result.checks.setdefault("python-testee", Count())
         for struct_name, struct in ir.structs.items():
-            codec = codecs[struct_name]
-            seed = _seed_for(self.options.seed, ir.name, struct_name, "python")
-            values = generate(ir, struct, self.options.count, seed)
-            buffers = [codec.encode(v) for v in values]
-            size = batch_size(struct)
-            requests = (
-                (
-                    i,
-                    {
-                        "op": "roundtrip",
-                        "schema": ir.name,
-                        "struct": struct_name,
-                        "buffers": buffers[i : i + size],
-                    },
-                )
-                for i in range(0, len(buffers), size)
-            )
-            for start, answer in self.testee.pipeline(requests):
-                results = self._results(answer, len(buffers[start : start + size]))
-                for j, r in enumerate(results):
-                    k = start + j
-                    failure = self._compare_roundtrip(ir, struct, values[k], buffers[k], r)
-                    count.add(struct_name, failure is None)
-                    if failure:
-                        failure.case = f"message #{k} of {self.options.count} (seed {seed})"
-                        result.fail(failure)
+            batch = self._python_batches(ir, codecs, struct, "roundtrip", "python")
+            for k, r in batch.answers():
+                failure = self._compare_roundtrip(ir, struct, batch.values[k], batch.buffers[k], r)
+                count.add(struct_name, failure is None)
+                if failure:
+                    failure.case = f"message #{k} of {self.options.count} (seed {batch.seed})"
+                    result.fail(failure)
         self.line(ir.name, "python-testee", self._struct_counts(ir, count), count)
+
+    def _python_batches(
+        self, ir: SchemaIR, codecs: Schema, struct: StructIR, op: str, purpose: str
+    ) -> _PythonBatches:
+        """Python's random values of ``struct`` (seeded by ``purpose``), their encodings, and
+        the testee's answers to ``op`` over them in batches."""
+        seed = _seed_for(self.options.seed, ir.name, struct.name, purpose)
+        values = generate(ir, struct, self.options.count, seed)
+        buffers = [codecs[struct.name].encode(v) for v in values]
+        return _PythonBatches(self, ir, struct, op, seed, values, buffers)
+
+    def _generated(
+        self, ir: SchemaIR, struct: StructIR, purpose: str
+    ) -> Iterator[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+        """The testee's own random values of ``struct`` and their bytes, in batches:
+        (batch number, the generate request, its results)."""
+        size = batch_size(struct)
+        chunks = [
+            (i, min(size, self.options.count - i)) for i in range(0, self.options.count, size)
+        ]
+        requests: Iterator[tuple[dict[str, Any], dict[str, Any]]] = (
+            (req, req)
+            for req in (
+                {
+                    "op": "generate",
+                    "schema": ir.name,
+                    "struct": struct.name,
+                    "count": n,
+                    "seed": _seed_for(self.options.seed, ir.name, struct.name, purpose, i),
+                }
+                for i, n in chunks
+            )
+        )
+        for number, (request, answer) in enumerate(self.testee.pipeline(requests)):
+            yield number, request, self._results(answer, int(request["count"]))
 
     def _compare_roundtrip(
         self, ir: SchemaIR, struct: StructIR, values: Any, data: bytes, r: dict[str, Any]
@@ -590,25 +642,7 @@ class Runner:
     def check_testee_python(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
         count = result.checks.setdefault("testee-python", Count())
         for struct_name, struct in ir.structs.items():
-            size = batch_size(struct)
-            chunks = [
-                (i, min(size, self.options.count - i)) for i in range(0, self.options.count, size)
-            ]
-            requests: Iterator[tuple[dict[str, Any], dict[str, Any]]] = (
-                (req, req)
-                for req in (
-                    {
-                        "op": "generate",
-                        "schema": ir.name,
-                        "struct": struct_name,
-                        "count": n,
-                        "seed": _seed_for(self.options.seed, ir.name, struct_name, "testee", i),
-                    }
-                    for i, n in chunks
-                )
-            )
-            for request, answer in self.testee.pipeline(requests):
-                results = self._results(answer, int(request["count"]))
+            for _, request, results in self._generated(ir, struct, "testee"):
                 for j, r in enumerate(results):
                     failure = self._compare_generated(ir, codecs, struct, r)
                     count.add(struct_name, failure is None)
@@ -700,50 +734,16 @@ class Runner:
         count = result.checks.setdefault("views", Count())
         for struct_name, struct in ir.structs.items():
             codec = codecs[struct_name]
-            seed = _seed_for(self.options.seed, ir.name, struct_name, "views")
-            values = generate(ir, struct, self.options.count, seed)
-            buffers = [codec.encode(v) for v in values]
-            size = batch_size(struct)
-            requests = (
-                (
-                    i,
-                    {
-                        "op": "view",
-                        "schema": ir.name,
-                        "struct": struct_name,
-                        "buffers": buffers[i : i + size],
-                        "at": _view_offset(i // size),
-                    },
-                )
-                for i in range(0, len(buffers), size)
-            )
-            for start, answer in self.testee.pipeline(requests):
-                for j, r in enumerate(self._results(answer, len(buffers[start : start + size]))):
-                    k = start + j
-                    mismatch = self._compare_view(ir, struct, values[k], r, self.lang)
-                    count.add(struct_name, mismatch is None)
-                    if mismatch:
-                        mismatch.case = f"message #{k} of {self.options.count} (seed {seed})"
-                        result.fail(mismatch)
-            chunks = [
-                (i, min(size, self.options.count - i)) for i in range(0, self.options.count, size)
-            ]
-            generated: Iterator[tuple[dict[str, Any], dict[str, Any]]] = (
-                (req, req)
-                for req in (
-                    {
-                        "op": "generate",
-                        "schema": ir.name,
-                        "struct": struct_name,
-                        "count": n,
-                        "seed": _seed_for(self.options.seed, ir.name, struct_name, "views", i),
-                    }
-                    for i, n in chunks
-                )
-            )
-            for batch, (request, answer) in enumerate(self.testee.pipeline(generated)):
-                at = _view_offset(batch)
-                for j, r in enumerate(self._results(answer, int(request["count"]))):
+            batch = self._python_batches(ir, codecs, struct, "view", "views")
+            for k, r in batch.answers(at=_view_offset):
+                mismatch = self._compare_view(ir, struct, batch.values[k], r, self.lang)
+                count.add(struct_name, mismatch is None)
+                if mismatch:
+                    mismatch.case = f"message #{k} of {self.options.count} (seed {batch.seed})"
+                    result.fail(mismatch)
+            for number, request, results in self._generated(ir, struct, "views"):
+                at = _view_offset(number)
+                for j, r in enumerate(results):
                     if "error" in r or not isinstance(r.get("bytes"), bytes):
                         failure: Failure | None = Failure(
                             ir.name,
