@@ -89,3 +89,30 @@ def test_a_sigbus_outside_a_guarded_region_still_ends_the_process(tmp_path: obje
     )
     assert proc.returncode == -7, (proc.returncode, proc.stdout, proc.stderr)
     assert "survived" not in proc.stdout
+
+
+def test_the_guard_survives_a_library_that_takes_sigbus_after_it() -> None:
+    """CI found it: in the full suite a library enabled faulthandler (which takes SIGBUS) after
+    the first region was guarded, and a truncation killed pytest. A guard added later puts the
+    handler back on top (faulthandler becomes the previous disposition)."""
+    script = textwrap.dedent(
+        """
+        import faulthandler, mmap, os, tempfile
+        from transport import native
+        first = mmap.mmap(-1, 4096)
+        native.guard(first)               # the handler is installed
+        faulthandler.enable()             # a library takes SIGBUS over it
+        with tempfile.TemporaryFile(dir="/dev/shm") as fh:
+            fh.truncate(8192)
+            region = mmap.mmap(fh.fileno(), 8192)
+            handle = native.guard(region)  # a region connected later
+            fh.truncate(0)
+            region[4096] = 1               # SIGBUS inside the guarded region
+            print("lost", native.guard_lost(handle))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "lost True" in proc.stdout

@@ -287,29 +287,28 @@ static struct {
     int generation;
 } guards[TP_GUARDS];
 static struct sigaction previous_sigbus;
-static int sigbus_installed;
 
 static void on_sigbus(int sig, siginfo_t *info, void *context) {
-    char *addr = (char *)info->si_addr;
-    for (int i = 0; i < TP_GUARDS; i++) {
-        char *base = guards[i].base;
-        if (base == NULL || addr < base || addr >= base + guards[i].length) continue;
-        if (mmap(base, guards[i].length, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
-            guards[i].lost = 1;
-            return; /* the access is retried on the zero pages */
+    (void)context;
+    if (info->si_code > 0) { /* a fault (a signal sent with kill or raise has si_code <= 0) */
+        char *addr = (char *)info->si_addr;
+        for (int i = 0; i < TP_GUARDS; i++) {
+            char *base = guards[i].base;
+            if (base == NULL || addr < base || addr >= base + guards[i].length) continue;
+            if (mmap(base, guards[i].length, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+                guards[i].lost = 1;
+                return; /* the access is retried on the zero pages */
+            }
+            break;
         }
-        break;
     }
-    if (previous_sigbus.sa_flags & SA_SIGINFO) {
-        previous_sigbus.sa_sigaction(sig, info, context);
-        return;
-    }
-    if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN) {
-        previous_sigbus.sa_handler(sig);
-        return;
-    }
-    signal(SIGBUS, SIG_DFL); /* the access faults again and the default action ends the process */
+    /* Not ours: hand SIGBUS back to the previous disposition (Python's faulthandler, the
+     * default action). A fault repeats when this returns and goes there; a sent signal is
+     * sent again. Calling the previous handler from here instead could loop with handlers
+     * that restore their own predecessor (faulthandler does). */
+    sigaction(SIGBUS, &previous_sigbus, NULL);
+    if (info->si_code <= 0) raise(sig);
 }
 
 static int guard_entry(int handle) {
@@ -320,14 +319,18 @@ static int guard_entry(int handle) {
 /* Guard [base, base + length); returns its handle (>= 0) or -1 when every entry is taken. An
  * entry overlapping the new range belonged to a mapping that is gone: it is dropped. */
 int tp_guard_add(char *base, uint64_t length) {
-    if (!sigbus_installed) {
+    /* (Re)install the handler when it is not the current one: a library may have taken
+     * SIGBUS since (faulthandler.enable(), Ray); it becomes the previous disposition. */
+    struct sigaction current;
+    if (sigaction(SIGBUS, NULL, &current) != 0) return -1;
+    if (!((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus)) {
         struct sigaction action;
         memset(&action, 0, sizeof action);
         action.sa_sigaction = on_sigbus;
         action.sa_flags = SA_SIGINFO | SA_NODEFER;
         sigemptyset(&action.sa_mask);
-        if (sigaction(SIGBUS, &action, &previous_sigbus) != 0) return -1;
-        sigbus_installed = 1;
+        if (sigaction(SIGBUS, &action, NULL) != 0) return -1;
+        previous_sigbus = current;
     }
     int free_entry = -1;
     for (int i = 0; i < TP_GUARDS; i++) {
