@@ -34,6 +34,7 @@ PINNED = [
     "Schema",
     "SchemaError",
     "Server",
+    "ServerLimits",
     "Spaces",
     "StepOutput",
     "StepView",

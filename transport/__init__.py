@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path as _Path
 
-from transport.api import Server, connect, serve
+from transport.api import Server, ServerLimits, connect, serve
 from transport.client import Client, StepView
 from transport.codec import Schema, StructCodec
 from transport.errors import (
@@ -77,6 +77,7 @@ __all__ = [
     "Schema",
     "SchemaError",
     "Server",
+    "ServerLimits",
     "Spaces",
     "StepOutput",
     "StepView",

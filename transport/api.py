@@ -14,6 +14,8 @@ from types import FrameType
 from typing import Any
 
 from transport.backends import backend_for
+from transport.backends.socket_listener import ServerLimits as ServerLimits
+from transport.backends.socket_listener import SocketListener
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
 from transport.errors import TransportError
@@ -143,6 +145,7 @@ class Server:
         seed: int | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         workers: int = 0,
+        limits: ServerLimits | None = None,
     ) -> None:
         codecs = resolve_schema(schema)
         backend = backend_for(url)  # a bad URL (scheme, shm name) is a ConnectError here
@@ -160,7 +163,12 @@ class Server:
             workers=workers,
         )
         host.check()
-        self.listener: Any = backend.Listener(url, host, max_body=max_body)
+        listener: Any = backend.Listener
+        capped = isinstance(listener, type) and issubclass(listener, SocketListener)
+        if capped:  # unix, http: the connection cap and timeouts (docs/server.md "Limits")
+            self.listener: Any = listener(url, host, max_body=max_body, limits=limits)
+        else:
+            self.listener = listener(url, host, max_body=max_body)
         self.url = url
         self.schema = codecs
         self.num_envs = num_envs
@@ -239,6 +247,7 @@ def serve(
     max_body: int = DEFAULT_MAX_BODY,
     ready: Callable[[str], None] | None = None,
     workers: int = 0,
+    limits: ServerLimits | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
 
@@ -247,6 +256,8 @@ def serve(
     each connection's first unseeded reset (env i gets ``seed + i``). ``workers``: 0 steps the
     envs in this process; K >= 1 runs each connection's envs in K worker processes (split
     evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.
+    ``limits``: the connection cap and the idle and read timeouts of a unix:// or http://
+    server (``ServerLimits``; default 1024 connections, 600 s idle, 30 s to complete a request).
     """
     server = Server(
         env_or_factory,
@@ -257,6 +268,7 @@ def serve(
         seed=seed,
         max_body=max_body,
         workers=workers,
+        limits=limits,
     )
     # The wait is a read on a pipe that the C-level signal handler itself writes to
     # (signal.set_wakeup_fd): the kernel may deliver SIGTERM to a server thread rather than the

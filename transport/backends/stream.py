@@ -2,6 +2,8 @@
 
 ``FramedSocket`` owns one receive buffer that it reuses for every frame (``recv_into``, no
 per-frame allocation) and places each body at ``BODY_OFFSET`` so NumPy views of it are aligned.
+The buffer grows with the bytes that actually arrived (at most doubling), never to a declared
+body_len up front: a peer that declares 60 MiB and sends 10 bytes costs nothing.
 Sends are one ``sendmsg`` of header + body (scatter/gather, no concatenation copy).
 """
 
@@ -13,6 +15,7 @@ import time
 from typing import Any
 
 from transport.backends.base import BufferChannel
+from transport.backends.socket_listener import ConnectionWatch
 from transport.errors import BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError
 from transport.protocol import (
     BODY_OFFSET,
@@ -20,6 +23,7 @@ from transport.protocol import (
     HEADER,
     HEADER_OFFSET,
     HEADER_SIZE,
+    MESSAGE_IDS,
     ErrorCode,
 )
 from transport.runtime.session import Session
@@ -50,10 +54,12 @@ class FramedSocket:
         max_body: int = DEFAULT_MAX_BODY,
         capacity: int = 64 << 10,
         timeout: float | None = 10.0,
+        watch: ConnectionWatch | None = None,
     ) -> None:
         self.sock = sock
         self.max_body = max_body
         self.timeout = timeout
+        self.watch = watch  # server side: the listener's sweeper enforces its deadlines
         self.buffer = bytearray(BODY_OFFSET + capacity)
         self.generation = 0  # bumped when the buffer is replaced by a larger one
         self._view = memoryview(self.buffer)
@@ -64,10 +70,13 @@ class FramedSocket:
 
     def ensure_capacity(self, body_len: int) -> None:
         """Grow the receive buffer so a body of ``body_len`` fits (the only allocation)."""
-        needed = BODY_OFFSET + body_len
+        self._grow_to(BODY_OFFSET + body_len, BODY_OFFSET + body_len)
+
+    def _grow_to(self, needed: int, most: int) -> None:
+        """Grow the buffer to at least ``needed`` bytes: double it, but never past ``most``."""
         if needed <= len(self.buffer):
             return
-        grown = bytearray(max(needed, 2 * len(self.buffer)))
+        grown = bytearray(max(needed, min(most, 2 * len(self.buffer))))
         grown[: HEADER_OFFSET + self._have] = self._view[: HEADER_OFFSET + self._have]
         self.buffer = grown
         self._view = memoryview(grown)
@@ -110,11 +119,12 @@ class FramedSocket:
             error = BadFrameError(f"body_len {body_len} exceeds the maximum {self.max_body}")
             error.msg_id = msg_id
             raise error
-        self.ensure_capacity(body_len)
         frame_len = HEADER_SIZE + body_len
         self._fill(frame_len, deadline, inside_frame=True)
         body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
         self._consume(frame_len)
+        if self.watch is not None:
+            self.watch.busy()
         return msg_type, msg_id, body
 
     def _consume(self, frame_len: int) -> None:
@@ -133,7 +143,16 @@ class FramedSocket:
             self._view[HEADER_OFFSET : HEADER_OFFSET + n] = self._pending
             self._have = n
             self._pending = b""
+        watch = self.watch
         while self._have < want:
+            if watch is not None:
+                if self._have:
+                    watch.reading()
+                else:
+                    watch.idle()
+            room = len(self.buffer) - HEADER_OFFSET - self._have
+            if room <= 0:  # grow with what came, up to this frame's size
+                self._grow_to(len(self.buffer) + 1, HEADER_OFFSET + want)
             # The socket keeps one timeout (changing it costs system calls on every read); a
             # deadline is checked between reads, so a frame takes at most deadline + timeout.
             timeout = self.timeout
@@ -166,6 +185,9 @@ class StreamChannel(BufferChannel):
         self.framed = framed
         self.timeout = timeout
         self._next_id = 1
+        # an ERROR with msg_id 0 answers no request: the server refused or closed the
+        # connection (max_connections, read_timeout) and says why; the client raises it
+        self.error_type = MESSAGE_IDS.ERROR
 
     @property
     def buffer(self) -> bytearray:
@@ -181,7 +203,7 @@ class StreamChannel(BufferChannel):
         self.framed.send_frame(msg_type, msg_id, body)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         resp_type, resp_id, resp = self.framed.recv_frame(deadline)
-        if resp_id != msg_id:
+        if resp_id != msg_id and not (resp_id == 0 and resp_type == self.error_type):
             raise ProtocolError(f"response msg_id {resp_id} does not echo request {msg_id}")
         return resp_type, resp
 
@@ -191,6 +213,7 @@ class StreamChannel(BufferChannel):
 
 def serve_connection(framed: FramedSocket, session: Session) -> None:
     """Answer one connection's requests until it closes or must be closed (server side)."""
+    watch = framed.watch
     try:
         while True:
             try:
@@ -200,6 +223,8 @@ def serve_connection(framed: FramedSocket, session: Session) -> None:
                 framed.send_raw(session.frame(error_type, exc.msg_id, error_body))
                 return
             resp_type, resp = session.handle(msg_type, body)
+            if watch is not None:
+                watch.sending()
             framed.send_raw(session.frame(resp_type, msg_id, resp))
             if session.closing:
                 return

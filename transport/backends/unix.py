@@ -10,12 +10,12 @@ import errno
 import os
 import socket
 
-from transport.backends.socket_listener import SocketListener
+from transport.backends.socket_listener import ConnectionWatch, ServerLimits, SocketListener
 from transport.backends.sockets import LISTEN_BACKLOG, claim_unix_path, connect_with_retry
 from transport.backends.stream import FramedSocket, StreamChannel, serve_connection
 from transport.codec import Schema
 from transport.errors import ConnectError
-from transport.protocol import DEFAULT_MAX_BODY
+from transport.protocol import DEFAULT_MAX_BODY, HEADER, MESSAGE_IDS, ErrorCode, encode_error
 from transport.runtime.core import EnvHost
 from transport.runtime.session import Session
 
@@ -55,11 +55,27 @@ def open_channel(
     return channel
 
 
+SERVER_CAPACITY = 4096
+"""The initial receive buffer of a server connection; it grows with the frames that arrive."""
+
+
+def _error_frame(code: ErrorCode, text: str) -> bytes:
+    body = encode_error(code, text)
+    return HEADER.pack(MESSAGE_IDS.ERROR, 0, len(body)) + body
+
+
 class Listener(SocketListener):
     """Accepts connections on a Unix socket; one thread and one Session per connection."""
 
-    def __init__(self, url: str, host: EnvHost, *, max_body: int = DEFAULT_MAX_BODY) -> None:
-        super().__init__(host, max_body=max_body)
+    def __init__(
+        self,
+        url: str,
+        host: EnvHost,
+        *,
+        max_body: int = DEFAULT_MAX_BODY,
+        limits: ServerLimits | None = None,
+    ) -> None:
+        super().__init__(host, max_body=max_body, limits=limits)
         self.url = url
         self.path = socket_path(url)
         self._inode: int | None = None
@@ -83,8 +99,20 @@ class Listener(SocketListener):
         sock.listen(LISTEN_BACKLOG)
         return sock
 
-    def serve_connection(self, conn: socket.socket, session: Session) -> None:
-        serve_connection(FramedSocket(conn, max_body=self.max_body, timeout=None), session)
+    def serve_connection(
+        self, conn: socket.socket, session: Session, watch: ConnectionWatch
+    ) -> None:
+        framed = FramedSocket(
+            conn, max_body=self.max_body, capacity=SERVER_CAPACITY, timeout=None, watch=watch
+        )
+        serve_connection(framed, session)
+
+    def refusal(self, text: str) -> bytes:
+        """An ERROR frame with msg_id 0 (it answers no request): INTERNAL, "server busy"."""
+        return _error_frame(ErrorCode.INTERNAL, text)
+
+    def timeout_reply(self, text: str) -> bytes:
+        return _error_frame(ErrorCode.BAD_FRAME, text)
 
     def cleanup(self) -> None:
         """Remove the socket file if it is still the one this listener created."""

@@ -45,6 +45,8 @@ class ServerOptions:
     dedicated: bool = False
     seed: int = SERVER_SEED
     max_body: int = CONTRACT_MAX_BODY
+    limits: tuple[str, ...] = ()
+    """Extra ``transport-serve`` flags for the server limits (``--read-timeout 1``, ...)."""
 
 
 class RunningServer(Protocol):
@@ -133,6 +135,7 @@ class ServeProcess:
         seed: int | None = SERVER_SEED,
         max_body: int | None = CONTRACT_MAX_BODY,
         ready_timeout: float = 30.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         command = [
             sys.executable,
@@ -152,6 +155,7 @@ class ServeProcess:
             command += ["--seed", str(seed)]
         if max_body is not None:
             command += ["--max-body", str(max_body)]
+        command += extra_args
         self.requested_url = self.url = url
         # stderr goes to a file, not a pipe: a long-lived server that logs would otherwise
         # block once the pipe is full (nobody reads it after "ready")
@@ -236,6 +240,7 @@ def serve_process_factory(
             num_envs=num_envs,
             seed=options.seed,
             max_body=options.max_body,
+            extra_args=options.limits,
         )
 
     return start

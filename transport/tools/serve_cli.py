@@ -41,7 +41,12 @@ variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq key
 (docs/zmq.md).
 Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL) or
 stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
-line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs).
+line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs,
+--max-connections, --idle-timeout, --read-timeout: each must be positive).
+Limits (unix, http; docs/server.md): at most --max-connections clients at once (default 1024;
+one more gets a "server busy" ERROR, on http a 503, and is closed), a connection idle for
+--idle-timeout seconds is closed (default 600), and a request must arrive completely within
+--read-timeout seconds of its first byte (default 30; slow senders are closed).
 """
 
 
@@ -92,6 +97,26 @@ def main(argv: list[str] | None = None) -> int:
         "--max-body", type=int, default=None, help="largest request body accepted, in bytes"
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="unix/http: connections served at once; one more is refused with an ERROR "
+        "(HTTP 503) and closed (default 1024)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="unix/http: seconds a connection may stay idle between requests (default 600)",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=None,
+        help="unix/http: seconds a started request has to arrive completely, and a response "
+        "to be taken (default 30)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=0,
@@ -123,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
+    limits = _limits(parser, args)
     if args.env not in ENVS and ":" not in args.env:
         parser.error(
             f"--env {args.env!r}: not a reference env ({', '.join(sorted(ENVS))}) and not a "
@@ -148,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--max-body", str(args.max_body)]
         if args.workers:
             command += ["--workers", str(args.workers)]
+        for flag in ("max_connections", "idle_timeout", "read_timeout"):
+            if getattr(args, flag) is not None:
+                command += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 
@@ -177,11 +206,29 @@ def main(argv: list[str] | None = None) -> int:
             max_body=max_body,
             ready=ready,
             workers=args.workers,
+            limits=limits,
         )
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The ``ServerLimits`` of --max-connections/--idle-timeout/--read-timeout (defaults for
+    the ones not given); a non-positive value is a usage error (exit 2)."""
+    from transport.api import ServerLimits
+
+    given = {
+        name: getattr(args, name)
+        for name in ("max_connections", "idle_timeout", "read_timeout")
+        if getattr(args, name) is not None
+    }
+    try:
+        return ServerLimits(**given)
+    except ValueError as exc:
+        flag = "--" + str(exc).split(" ", 1)[0].replace("_", "-")
+        parser.error(f"{flag}: {exc}")
 
 
 class _EnvSpecError(Exception):

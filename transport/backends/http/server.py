@@ -33,7 +33,7 @@ from transport.backends.http.wire import (
     parse_url,
     routes,
 )
-from transport.backends.socket_listener import SocketListener
+from transport.backends.socket_listener import ConnectionWatch, ServerLimits, SocketListener
 from transport.backends.sockets import LISTEN_BACKLOG
 from transport.errors import (
     CodecError,
@@ -52,6 +52,10 @@ from transport.runtime.core import EnvHost
 from transport.runtime.session import Session
 
 log = logging.getLogger("transport.http")
+
+
+_INITIAL_BUFFER = 4096
+"""A connection's first receive buffer; it doubles as requests need (up to head + body)."""
 
 
 class _BadRequest(Exception):
@@ -151,10 +155,17 @@ def _jsonable(value: Any) -> Any:
 class _Connection:
     """One accepted connection: parse requests, answer through the session, until closed."""
 
-    def __init__(self, sock: socket.socket, session: Session, max_body: int) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        session: Session,
+        max_body: int,
+        watch: ConnectionWatch | None = None,
+    ) -> None:
         self.sock = sock
         self.session = session
         self.max_body = max_body
+        self.watch = watch  # the listener's sweeper enforces its deadlines
         self.schema = session.schema
         ids = session.ids
         self.ids = ids
@@ -162,7 +173,7 @@ class _Connection:
         self.names = {msg.id: name for name, msg in self.schema.ir.messages.items()}
         self.fingerprint = f"{self.schema.fingerprint:016x}".encode("ascii")
         self.hello_body = encode_hello(self.schema.fingerprint)
-        self.buffer = bytearray(_RECV_CHUNK)
+        self.buffer = bytearray(_INITIAL_BUFFER)
         self.view = memoryview(self.buffer)
         self.have = 0
         self.heads: dict[bytes, _RequestHead] = {}
@@ -171,8 +182,16 @@ class _Connection:
     # -- receiving -------------------------------------------------------------------------------
 
     def _recv(self) -> int:
+        """Receive what came into the buffer, doubling it when full (it grows with the bytes
+        that arrived, never to a declared Content-Length up front)."""
         if self.have == len(self.buffer):
             self._grow(2 * len(self.buffer))
+        watch = self.watch
+        if watch is not None:
+            if self.have:
+                watch.reading()
+            else:
+                watch.idle()
         n = self.sock.recv_into(self.view[self.have :])
         if n == 0:
             raise PeerGoneError("client closed the connection")
@@ -238,12 +257,14 @@ class _Connection:
                     self._refuse(413, ErrorCode.BODY_TOO_LARGE, text, close=True, json=head)
                     return
                 end = body_start + length
-                if end > len(self.buffer):
-                    self._grow(max(end, 2 * len(self.buffer)))
                 if self.have < end and head.expect_continue:
                     self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 while self.have < end:
+                    if self.have == len(self.buffer):  # grow with what came, up to the body
+                        self._grow(min(end, 2 * len(self.buffer)))
                     self._recv()
+                if self.watch is not None:
+                    self.watch.busy()
                 keep = self._answer(head, self.view[body_start:end])
                 rest = self.have - end
                 if rest:  # pipelined bytes of the next request (rare)
@@ -368,6 +389,8 @@ class _Connection:
         self._send(_response_head(status, fields, len(body), close), body)
 
     def _send(self, head: bytes, body: Any) -> None:
+        if self.watch is not None:
+            self.watch.sending()
         size = len(head) + memoryview(body).nbytes
         sent = self.sock.sendmsg([head, body])
         if sent < size:  # a full socket buffer: finish the rest
@@ -445,8 +468,9 @@ class Listener(SocketListener):
         *,
         max_body: int = DEFAULT_MAX_BODY,
         allow_remote: bool = False,
+        limits: ServerLimits | None = None,
     ) -> None:
-        super().__init__(host, max_body=max_body)
+        super().__init__(host, max_body=max_body, limits=limits)
         address = parse_url(url, listener=True)
         if not (allow_remote or address.allow_remote) and not _is_loopback(address.host):
             raise ConnectError(
@@ -484,5 +508,30 @@ class Listener(SocketListener):
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def serve_connection(self, conn: socket.socket, session: Session) -> None:
-        _Connection(conn, session, self.max_body).serve()
+    def serve_connection(
+        self, conn: socket.socket, session: Session, watch: ConnectionWatch
+    ) -> None:
+        _Connection(conn, session, self.max_body, watch).serve()
+
+    def refusal(self, text: str) -> bytes:
+        """503 with the ERROR contract body (INTERNAL, "server busy"), Connection: close."""
+        return _error_response(503, ErrorCode.INTERNAL, text, [("Retry-After", "1")])
+
+    def timeout_reply(self, text: str) -> bytes:
+        """408 with the ERROR contract body (BAD_FRAME), Connection: close."""
+        return _error_response(408, ErrorCode.BAD_FRAME, text, [])
+
+
+def _error_response(status: int, code: ErrorCode, text: str, extra: list[tuple[str, str]]) -> bytes:
+    body = encode_error(code, text)
+    fields = [
+        ("Content-Type", "application/octet-stream"),
+        *extra,
+        ("X-Transport-Error", str(int(code))),
+    ]
+    head = _response_head(status, fields, len(body), True)
+    reason = _LIMIT_REASONS[status]
+    return head.replace(b" Error\r\n", f" {reason}\r\n".encode("ascii"), 1) + body
+
+
+_LIMIT_REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
