@@ -43,7 +43,7 @@ export {
 } from "./client";
 export { type Server, type ServeOptions, serve } from "./server";
 export type { Env, EnvFactory, EnvOrFactory, Spaces } from "./runtime/env";
-export type { ConnectionStats } from "./stream";
+export type { ConnectionStats, ServerLimits } from "./stream";
 export {
   AutoReset,
   type AutoResetName,

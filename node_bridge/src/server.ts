@@ -16,7 +16,7 @@ import { DEFAULT_MAX_BODY } from "./protocol";
 import type { EnvOrFactory } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
-import type { ConnectionStats } from "./stream";
+import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
 
 export interface ServeOptions {
   /** Envs per connection (N); needs a factory when above 1. Default 1. */
@@ -29,6 +29,13 @@ export interface ServeOptions {
   readonly maxBody?: number;
   /** http: allow a non-loopback bind. */
   readonly allowRemote?: boolean;
+  /**
+   * unix, http: at most `maxConnections` clients at once (default 1024; one more gets a
+   * "server busy" ERROR, on http a 503, and is closed), `idleTimeoutMs` between requests
+   * (default 600 s) and `readTimeoutMs` for a started request to arrive completely (default
+   * 30 s). Non-positive values are a RangeError. docs/server.md "Limits".
+   */
+  readonly limits?: Partial<ServerLimits>;
   /**
    * Schema (default: the reference pac_env): any generated module that declares the protocol
    * messages by name, with an integer `action` role in the STEP_REQ body and the result struct
@@ -79,11 +86,13 @@ export async function serve(
     ...(options.workers ? { workers: options.workers } : {}),
     ...(options.workerEnv ? { workerEnv: options.workerEnv } : {}),
   });
+  const limits = serverLimits(options.limits); // a bad limit fails before anything starts
   const backend = await backendFor(url);
   if (!url.toLowerCase().startsWith("shm://")) host.runtime().close(); // fail now, not on the first connection
   const listener: Listener = await backend.listen(url, host, {
     maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
     allowRemote: options.allowRemote ?? false,
+    limits,
   });
   const server: Server = {
     url: listener.url,

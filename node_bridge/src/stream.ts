@@ -24,6 +24,8 @@ import {
   DEFAULT_MAX_BODY,
   ErrorCode,
   HEADER_SIZE,
+  MESSAGE_IDS,
+  encodeError,
   packHeader,
   readU32,
 } from "./protocol";
@@ -200,12 +202,181 @@ export function linger(socket: Socket): void {
   socket.once("close", () => clearTimeout(timer));
 }
 
+// -- server limits (transport/backends/socket_listener.py) ---------------------------------------
+
+/**
+ * What one socket server accepts from its clients, the same defaults as the Python server:
+ * `maxConnections` served at once (one more gets a "server busy" ERROR, on http a 503, and is
+ * closed), `idleTimeoutMs` a connection may wait between requests, `readTimeoutMs` a started
+ * request (frame, or HTTP head and body) has to arrive completely and a response to be taken.
+ */
+export interface ServerLimits {
+  readonly maxConnections: number;
+  readonly idleTimeoutMs: number;
+  readonly readTimeoutMs: number;
+}
+
+export const DEFAULT_SERVER_LIMITS: ServerLimits = {
+  maxConnections: 1024,
+  idleTimeoutMs: 600_000,
+  readTimeoutMs: 30_000,
+};
+
+/** Milliseconds between two looks at the connections' deadlines (a timeout fires this late). */
+export const SWEEP_INTERVAL_MS = 200;
+
+/** The limits with defaults filled in; a non-positive or non-numeric one is a RangeError. */
+export function serverLimits(given: Partial<ServerLimits> = {}): ServerLimits {
+  const limits = { ...DEFAULT_SERVER_LIMITS };
+  for (const key of Object.keys(DEFAULT_SERVER_LIMITS) as Array<keyof ServerLimits>) {
+    const value = given[key];
+    if (value === undefined) continue;
+    const integral = key === "maxConnections";
+    if (typeof value !== "number" || !Number.isFinite(value) || value <= 0 || (integral && !Number.isInteger(value))) {
+      const what = integral ? "a positive integer" : "a positive number of milliseconds";
+      throw new RangeError(`${key} must be ${what}, not ${String(value)}`);
+    }
+    (limits as Record<keyof ServerLimits, number>)[key] = value;
+  }
+  return limits;
+}
+
+const IDLE = 0;
+const READING = 1;
+const SENDING = 2;
+
+/**
+ * When one connection's current wait must end (performance.now() ms): kept by its serving code
+ * (idle between requests, reading a started request, sending a response that the client does
+ * not take) and enforced by the listener's `ConnectionGuard` sweep. An idle connection whose
+ * bytesRead moved is reading from the next sweep on (http: the parser reads in C++).
+ */
+export class ConnectionWatch {
+  state = IDLE;
+  deadline: number;
+  mark = 0;
+  readonly #limits: ServerLimits;
+
+  constructor(limits: ServerLimits) {
+    this.#limits = limits;
+    this.deadline = performance.now() + limits.idleTimeoutMs;
+  }
+
+  /** Nothing of the next request yet (`bytesRead`: the socket's count now). */
+  idle(bytesRead: number): void {
+    this.state = IDLE;
+    this.mark = bytesRead;
+    this.deadline = performance.now() + this.#limits.idleTimeoutMs;
+  }
+
+  /** A request has started: it must be complete within readTimeoutMs of its first bytes. */
+  reading(restart = false): void {
+    if (this.state === READING && !restart) return;
+    this.state = READING;
+    this.deadline = performance.now() + this.#limits.readTimeoutMs;
+  }
+
+  /** A response waits for the client to take it (a full socket buffer). */
+  sending(): void {
+    this.state = SENDING;
+    this.deadline = performance.now() + this.#limits.readTimeoutMs;
+  }
+}
+
+/** Why a connection is closed by its guard. */
+export type Expiry = "idle" | "read" | "send";
+
+/**
+ * The connection cap and the timeouts of one listener: `admit` a socket (null over the cap),
+ * `release` it when it closes; every SWEEP_INTERVAL_MS the sockets past their deadline are
+ * handed to `onExpire` (the backend answers or closes them).
+ */
+export class ConnectionGuard {
+  readonly limits: ServerLimits;
+  readonly #watches = new Map<Socket, ConnectionWatch>();
+  readonly #onExpire: (socket: Socket, why: Expiry) => void;
+  readonly #timer: NodeJS.Timeout;
+  /** Connections refused over the cap, and closed by a timeout, so far. */
+  refused = 0;
+  timedOut = 0;
+
+  constructor(limits: ServerLimits, onExpire: (socket: Socket, why: Expiry) => void) {
+    this.limits = limits;
+    this.#onExpire = onExpire;
+    this.#timer = setInterval(() => this.sweep(), SWEEP_INTERVAL_MS);
+    this.#timer.unref();
+  }
+
+  get open(): number {
+    return this.#watches.size;
+  }
+
+  /** A watch for a new connection, or null when maxConnections are open (refuse it). */
+  admit(socket: Socket): ConnectionWatch | null {
+    if (this.#watches.size >= this.limits.maxConnections) {
+      this.refused += 1;
+      return null;
+    }
+    const watch = new ConnectionWatch(this.limits);
+    this.#watches.set(socket, watch);
+    socket.once("close", () => this.#watches.delete(socket));
+    return watch;
+  }
+
+  /** The text a refused client reads. */
+  busyText(): string {
+    return (
+      `server busy: ${this.limits.maxConnections} connections are open, the server's ` +
+      "max_connections; retry later"
+    );
+  }
+
+  /** The text a client whose request did not arrive in time reads. */
+  readTimeoutText(): string {
+    return (
+      `the request did not arrive completely within read_timeout ${this.limits.readTimeoutMs / 1000} s; ` +
+      "closing the connection"
+    );
+  }
+
+  sweep(): void {
+    const now = performance.now();
+    for (const [socket, watch] of this.#watches) {
+      if (watch.state === IDLE && socket.bytesRead !== watch.mark) watch.reading();
+      if (watch.deadline > now) continue;
+      const why: Expiry = watch.state === IDLE ? "idle" : watch.state === READING ? "read" : "send";
+      this.#watches.delete(socket);
+      this.timedOut += 1;
+      try {
+        this.#onExpire(socket, why);
+      } catch {
+        socket.destroy();
+      }
+    }
+  }
+
+  close(): void {
+    clearInterval(this.#timer);
+    this.#watches.clear();
+  }
+}
+
+/** A frame that answers no request (msg_id 0): an ERROR with `code` and `text`. */
+export function errorFrame(code: number, text: string): Buffer {
+  const body = encodeError(code, text);
+  const frame = Buffer.alloc(HEADER_SIZE + body.byteLength);
+  packHeader(frame, 0, MESSAGE_IDS.ERROR, 0, body.byteLength);
+  body.copy(frame, HEADER_SIZE);
+  return frame;
+}
+
 /** Answer one connection's frames through `session` until it closes or must be closed. */
 export function serveConnection(
   socket: Socket,
   session: Session,
   maxBody: number,
   stats: ConnectionStats = newStats(),
+  watch: ConnectionWatch | null = null,
 ): void {
   const reader = new FrameReader(maxBody);
   let blocked = false;
@@ -231,6 +402,7 @@ export function serveConnection(
   };
 
   const pump = (): void => {
+    let answered = false;
     while (!blocked && !done) {
       let ready: boolean;
       try {
@@ -242,7 +414,8 @@ export function serveConnection(
         finish();
         return;
       }
-      if (!ready) return;
+      if (!ready) break;
+      answered = true;
       const type = session.handle(reader.msgType, reader.body, reader.offset, reader.length);
       const ok = send(session.frame(type, reader.msgId));
       if (session.closing) {
@@ -257,6 +430,10 @@ export function serveConnection(
         socket.once("drain", onDrain);
       }
     }
+    if (watch === null || done) return;
+    if (blocked) watch.sending();
+    else if (reader.available === 0) watch.idle(socket.bytesRead);
+    else watch.reading(answered); // the rest of a frame: its clock starts with its first bytes
   };
 
   const onDrain = (): void => {
@@ -448,7 +625,10 @@ export class StreamChannel implements Channel {
       return;
     }
     if (!ready) return;
-    if (this.#resolve === null || reader.msgId !== this.#pendingId) {
+    // an ERROR with msg_id 0 answers no request: the server refused or closed the connection
+    // (max_connections, read_timeout) and says why; it is the outstanding request's answer
+    const connectionError = reader.msgId === 0 && reader.msgType === MESSAGE_IDS.ERROR;
+    if (this.#resolve === null || (reader.msgId !== this.#pendingId && !connectionError)) {
       this.#abandon(
         new ProtocolError(
           this.#resolve === null

@@ -10,7 +10,7 @@
 import type { SchemaModule } from "../codec";
 import { ConnectError } from "../errors";
 import type { EnvHost } from "../runtime/host";
-import type { Channel, ChannelOptions, ConnectionStats } from "../stream";
+import type { Channel, ChannelOptions, ConnectionStats, ServerLimits } from "../stream";
 
 /** Server-side options every backend understands. */
 export interface ListenOptions {
@@ -18,6 +18,8 @@ export interface ListenOptions {
   readonly maxBody?: number;
   /** http: bind a non-loopback address (the protocol has no authentication). */
   readonly allowRemote?: boolean;
+  /** unix, http: the connection cap and timeouts (defaults: DEFAULT_SERVER_LIMITS). */
+  readonly limits?: Partial<ServerLimits>;
 }
 
 /** A listening server endpoint. */

@@ -12,8 +12,19 @@ import * as net from "node:net";
 import { ConnectError } from "../errors";
 import type { EnvHost } from "../runtime/host";
 import { type Session, sessionsOf } from "../runtime/session";
-import { type ChannelOptions, type ConnectionStats, StreamChannel, newStats, serveConnection } from "../stream";
-import { DEFAULT_MAX_BODY } from "../protocol";
+import {
+  type ChannelOptions,
+  ConnectionGuard,
+  type ConnectionStats,
+  type Expiry,
+  StreamChannel,
+  errorFrame,
+  linger,
+  newStats,
+  serveConnection,
+  serverLimits,
+} from "../stream";
+import { DEFAULT_MAX_BODY, ErrorCode } from "../protocol";
 import type { Listener, ListenOptions } from "./index";
 
 export function socketPath(url: string): string {
@@ -95,6 +106,8 @@ export class UnixListener implements Listener {
   readonly path: string;
   readonly stats: ConnectionStats = newStats();
   readonly server: net.Server;
+  /** The connection cap and timeouts (ServerLimits; set by `listen`). */
+  guard: ConnectionGuard | null = null;
   readonly #sockets = new Set<net.Socket>();
   #inode: number | null = null;
   #closed: Promise<void> | null = null;
@@ -117,6 +130,7 @@ export class UnixListener implements Listener {
   /** Stop accepting, drop the connections and remove the socket file (if still ours). */
   close(): Promise<void> {
     if (this.#closed) return this.#closed;
+    this.guard?.close();
     this.#closed = new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       for (const socket of this.#sockets) socket.destroy();
@@ -157,9 +171,26 @@ export async function listen(
   }
   const server = net.createServer();
   const listener = new UnixListener(url, server, path);
+  const guard = new ConnectionGuard(serverLimits(options.limits), (socket: net.Socket, why: Expiry) => {
+    // a request that trickles is told why; an idle connection or a client that does not read
+    // its responses is closed
+    if (why === "read") {
+      socket.write(errorFrame(ErrorCode.BAD_FRAME, guard.readTimeoutText()));
+      linger(socket);
+    } else socket.destroy();
+  });
+  listener.guard = guard;
   server.on("connection", (socket: net.Socket) => {
-    listener.stats.connections += 1;
     listener.track(socket);
+    const watch = guard.admit(socket);
+    if (watch === null) {
+      // over max_connections: an ERROR that answers no request (msg_id 0), then close
+      socket.on("error", () => undefined);
+      socket.write(errorFrame(ErrorCode.INTERNAL, guard.busyText()));
+      linger(socket);
+      return;
+    }
+    listener.stats.connections += 1;
     let session: Session;
     try {
       session = sessions();
@@ -168,7 +199,7 @@ export async function listen(
       socket.destroy();
       return;
     }
-    serveConnection(socket, session, maxBody, listener.stats);
+    serveConnection(socket, session, maxBody, listener.stats, watch);
   });
   await new Promise<void>((resolve, reject) => {
     const onError = (error: NodeJS.ErrnoException): void => {

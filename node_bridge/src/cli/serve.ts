@@ -16,8 +16,10 @@ import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
 import { type Server, serve } from "../server";
+import type { ServerLimits } from "../stream";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
+                [--max-connections C] [--idle-timeout SECONDS] [--read-timeout SECONDS]
 
 Serve a reference env (Node implementation) until SIGINT or SIGTERM. Prints one line
 "ready URL" on stdout once clients can connect (with http://127.0.0.1:0 the URL carries the
@@ -37,6 +39,11 @@ port that was bound).
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
   --workers K    step each connection's envs in K worker threads (default 0: in-process)
+  --max-connections C    unix/http: clients served at once (default 1024); one more gets a
+                 "server busy" ERROR (http: 503) and is closed
+  --idle-timeout S       unix/http: seconds a connection may be idle between requests (default 600)
+  --read-timeout S       unix/http: seconds a started request has to arrive completely, and a
+                 response to be taken (default 30)
 
 Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
 `;
@@ -50,6 +57,7 @@ interface Args {
   maxBody: number | undefined;
   numEnvsGiven: boolean;
   workers: number;
+  limits: Partial<ServerLimits>;
 }
 
 class UsageError extends Error {}
@@ -62,6 +70,15 @@ function parseArgs(argv: readonly string[]): Args | null {
   let seed: bigint | null = null;
   let maxBody: number | undefined;
   let workers = 0;
+  const limits: { -readonly [K in keyof ServerLimits]?: number } = {};
+  const positive = (text: string, name: string, integral: boolean): number => {
+    const number = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/.test(text) ? Number(text) : Number.NaN;
+    if (!Number.isFinite(number) || number <= 0 || (integral && !Number.isInteger(number))) {
+      const what = integral ? "a positive integer" : "a positive number of seconds";
+      throw new UsageError(`${name} must be ${what}, not ${JSON.stringify(text)}`);
+    }
+    return number;
+  };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     if (arg === "-h" || arg === "--help") return null;
@@ -103,13 +120,22 @@ function parseArgs(argv: readonly string[]): Args | null {
       case "--workers":
         workers = integer(value(), "--workers");
         break;
+      case "--max-connections":
+        limits.maxConnections = positive(value(), "--max-connections", true);
+        break;
+      case "--idle-timeout":
+        limits.idleTimeoutMs = positive(value(), "--idle-timeout", false) * 1000;
+        break;
+      case "--read-timeout":
+        limits.readTimeoutMs = positive(value(), "--read-timeout", false) * 1000;
+        break;
       default:
         if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unexpected argument ${JSON.stringify(arg)}`);
         url = arg;
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
+  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers, limits };
 }
 
 /** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
@@ -176,6 +202,7 @@ async function main(argv: readonly string[]): Promise<number> {
       seed: args.seed,
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
       ...(args.workers ? { workers: args.workers } : {}),
+      limits: args.limits,
     });
   } catch (error) {
     process.stderr.write(`transport-serve: error: ${(error as Error).message}\n`);

@@ -9,7 +9,16 @@ import { ConnectError } from "../../errors";
 import { DEFAULT_MAX_BODY, ErrorCode, type MessageIds, decodeHello, encodeError, encodeHello, errorName, fingerprintHex16, messageIds, parseError } from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
 import { type Session, sessionsOf } from "../../runtime/session";
-import { type ConnectionStats, linger, newStats } from "../../stream";
+import {
+  ConnectionGuard,
+  type ConnectionStats,
+  type ConnectionWatch,
+  type Expiry,
+  type ServerLimits,
+  linger,
+  newStats,
+  serverLimits,
+} from "../../stream";
 import type { Listener, ListenOptions } from "../index";
 import { HEX16, MAX_HEAD, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseUrl } from "./wire";
 
@@ -20,12 +29,27 @@ export type Json = Record<string, unknown>;
 /** Per-connection state: the session and the bookkeeping of the response buffer. */
 export interface Connection {
   readonly session: Session;
+  /** Its deadlines (idle, reading, sending), enforced by the listener's guard. */
+  readonly watch: ConnectionWatch | null;
   /** Responses ended whose bytes may still reference the session's buffer. */
   inflight: number;
 }
 
 export const CONNECTION = Symbol("transport.http.connection");
-export type TaggedSocket = net.Socket & { [CONNECTION]?: Connection };
+/** Set on a socket refused over max_connections: its requests are not answered. */
+export const REFUSED = Symbol("transport.http.refused");
+export type TaggedSocket = net.Socket & { [CONNECTION]?: Connection; [REFUSED]?: boolean };
+
+const LIMIT_REASONS: Readonly<Record<number, string>> = { 408: "Request Timeout", 503: "Service Unavailable" };
+
+/** A whole HTTP error response with the ERROR contract body, Connection: close. */
+function rawErrorResponse(status: number, code: number, text: string, extra = ""): Buffer {
+  const body = encodeError(code, text);
+  const head =
+    `HTTP/1.1 ${status} ${LIMIT_REASONS[status] ?? "Error"}\r\nContent-Type: application/octet-stream\r\n` +
+    `${extra}X-Transport-Error: ${code}\r\nContent-Length: ${body.byteLength}\r\nConnection: close\r\n\r\n`;
+  return Buffer.concat([Buffer.from(head, "latin1"), body]);
+}
 
 export class HttpServer {
   readonly schema: SchemaModule;
@@ -37,10 +61,18 @@ export class HttpServer {
   readonly names: ReadonlyMap<number, string>;
   readonly sessions: () => Session;
   readonly stats: ConnectionStats;
+  readonly guard: ConnectionGuard;
   readonly #replies = new Map<number, http.OutgoingHttpHeaders>();
 
-  constructor(sessions: () => Session, schema: SchemaModule, maxBody: number, stats: ConnectionStats) {
+  constructor(
+    sessions: () => Session,
+    schema: SchemaModule,
+    maxBody: number,
+    stats: ConnectionStats,
+    limits: ServerLimits = serverLimits(),
+  ) {
     this.sessions = sessions;
+    this.guard = new ConnectionGuard(limits, (socket, why) => this.#expire(socket, why));
     this.schema = schema;
     this.ids = messageIds(schema);
     this.maxBody = maxBody;
@@ -56,17 +88,37 @@ export class HttpServer {
   }
 
   onConnection(socket: TaggedSocket): void {
+    const watch = this.guard.admit(socket);
+    if (watch === null) {
+      // over max_connections: 503 with the ERROR contract body, then close
+      socket[REFUSED] = true;
+      socket.on("error", () => undefined);
+      socket.write(rawErrorResponse(503, ErrorCode.INTERNAL, this.guard.busyText(), "Retry-After: 1\r\n"));
+      linger(socket);
+      return;
+    }
     this.stats.connections += 1;
     socket.setNoDelay(true);
     try {
-      socket[CONNECTION] = { session: this.sessions(), inflight: 0 };
+      socket[CONNECTION] = { session: this.sessions(), inflight: 0, watch };
     } catch (error) {
       process.emitWarning(`cannot create a session for a new http connection: ${String(error)}`);
       socket.destroy();
     }
   }
 
+  /** A connection past its deadline: a trickled request gets a 408, the others are closed. */
+  #expire(socket: TaggedSocket, why: Expiry): void {
+    if (why !== "read" || socket.destroyed || !socket.writable) {
+      socket.destroy();
+      return;
+    }
+    socket.write(rawErrorResponse(408, ErrorCode.BAD_FRAME, this.guard.readTimeoutText()));
+    linger(socket);
+  }
+
   onClientError(error: NodeJS.ErrnoException, socket: net.Socket): void {
+    if ((socket as TaggedSocket)[REFUSED]) return; // already answered 503 and lingering
     const code = error.code ?? "";
     if (code === "ECONNRESET" || !socket.writable || socket.destroyed) {
       socket.destroy();
@@ -95,9 +147,10 @@ export class HttpServer {
     const conn = socket[CONNECTION];
     const accept = (req.headers.accept ?? "").toLowerCase().includes("application/json");
     if (conn === undefined) {
-      socket.destroy();
+      if (!socket[REFUSED]) socket.destroy(); // a refused socket lingers with its 503
       return;
     }
+    conn.watch?.reading(); // the head is in: the body must follow within readTimeoutMs
     if (req.headers["transfer-encoding"] !== undefined) {
       this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
         "Transfer-Encoding is not supported: send Content-Length", true, accept);
@@ -296,6 +349,12 @@ export class HttpServer {
       headers = { ...headers, "Content-Length": String(body.byteLength) };
     }
     res.writeHead(status, REASONS[status] ?? "Error", headers);
+    const watch = conn.watch;
+    if (watch !== null) {
+      watch.sending();
+      const socket = res.socket;
+      res.once("finish", () => watch.idle(socket?.bytesRead ?? 0));
+    }
     if (shared) {
       conn.inflight += 1;
       res.once("finish", () => {
@@ -362,17 +421,20 @@ export class HttpListener implements Listener {
   url: string;
   readonly stats: ConnectionStats;
   readonly server: http.Server;
+  readonly guard: ConnectionGuard | null;
   #closed: Promise<void> | null = null;
 
-  constructor(url: string, server: http.Server, stats: ConnectionStats) {
+  constructor(url: string, server: http.Server, stats: ConnectionStats, guard: ConnectionGuard | null = null) {
     this.url = url;
     this.server = server;
     this.stats = stats;
+    this.guard = guard;
   }
 
   /** Stop accepting and drop every connection. */
   close(): Promise<void> {
     if (this.#closed) return this.#closed;
+    this.guard?.close();
     this.#closed = new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeAllConnections();
@@ -396,7 +458,13 @@ export async function listen(
     );
   }
   const stats = newStats();
-  const handler = new HttpServer(sessionsOf(host), host.schema, options.maxBody ?? DEFAULT_MAX_BODY, stats);
+  const handler = new HttpServer(
+    sessionsOf(host),
+    host.schema,
+    options.maxBody ?? DEFAULT_MAX_BODY,
+    stats,
+    serverLimits(options.limits),
+  );
   const server = http.createServer({
     keepAlive: true,
     noDelay: true,
@@ -422,5 +490,5 @@ export async function listen(
   });
   server.on("error", (error) => process.emitWarning(`http listener ${url}: ${String(error)}`));
   const bound = server.address() as net.AddressInfo;
-  return new HttpListener(`http://${netloc({ ...address, port: bound.port })}`, server, stats);
+  return new HttpListener(`http://${netloc({ ...address, port: bound.port })}`, server, stats, handler.guard);
 }
