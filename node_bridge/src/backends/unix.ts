@@ -204,6 +204,7 @@ export async function listen(
   await new Promise<void>((resolve, reject) => {
     const onError = (error: NodeJS.ErrnoException): void => {
       server.close();
+      guard.close();
       if (error.code === "EADDRINUSE") reject(new ConnectError(`${path} is in use`));
       else reject(new ConnectError(`cannot bind ${path}: ${error.code ?? error.message}`));
     };

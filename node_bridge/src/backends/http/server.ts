@@ -479,6 +479,7 @@ export async function listen(
   server.on("clientError", (error, socket) => handler.onClientError(error, socket as net.Socket));
   await new Promise<void>((resolve, reject) => {
     const onError = (error: NodeJS.ErrnoException): void => {
+      handler.guard.close();
       reject(new ConnectError(`cannot bind ${url}: ${error.code ?? error.message}`));
     };
     server.once("error", onError);
