@@ -11,7 +11,8 @@ alongside them:
 
 - huge: declares a 1-60 MiB body, sends 10 bytes of it, holds 0-1 s, closes;
 - slowloris: trickles a request one byte every 0.5 s until the server cuts it (read timeout);
-- flood: opens 100 connections at once (more than the cap with the others), holds 1 s, closes;
+- flood: opens 300 connections at once (the cap is 256: the excess must be refused with an
+  answer), holds 1 s, closes;
 - garbage: sends 4-64 KiB of random bytes, reads what comes back, closes;
 - idle: keeps 20 connections that never send a byte (closed by the idle timeout), reopens them.
 
@@ -44,6 +45,8 @@ from transport.testing.checks_limits import declare_body, raw_connect, rss_mib
 
 MIB = 1 << 20
 LIMITS = ("--max-connections", "256", "--idle-timeout", "10", "--read-timeout", "5")
+FLOOD = 300
+"""Connections a flood opens at once: more than --max-connections."""
 SAMPLE_EVERY = 5.0
 
 
@@ -138,17 +141,25 @@ def slowloris(target: Target, stop: threading.Event, rng: random.Random) -> None
 
 
 def flood(target: Target, stop: threading.Event, rng: random.Random) -> None:
+    """Open FLOOD connections at once (more than the cap): those over it must be refused with
+    an answer (ERROR frame / 503) and closed; hold the rest 1 s, close them all."""
     assert target.server is not None
     while not stop.is_set():
         socks: list[socket.socket] = []
         try:
-            for _ in range(100):
+            for _ in range(FLOOD):
                 socks.append(raw_connect(target.server.url, timeout=5))
-            target.count("flood-100")
         except OSError:
-            target.count("flood-refused")
+            target.count("flood-connect-failed")
         stop.wait(1.0)
         for sock in socks:
+            try:
+                answered = bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                answered = False
+            except OSError:
+                answered = True
+            target.count("flood-refused" if answered else "flood-admitted")
             _close(sock)
         stop.wait(rng.random())
 
