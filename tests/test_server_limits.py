@@ -54,7 +54,7 @@ def stopper() -> Iterator[list[ServeProcess]]:
 
 def test_declared_bodies_cost_no_memory(case: tuple[str, str], stopper: list[ServeProcess]) -> None:
     """24 connections that each declare a 60 MiB body and send one byte of it do not grow the
-    server by their declared sizes (before the fix: +1.4 GB on the Python servers)."""
+    server by their declared sizes (before the fix: +840-870 MiB on the Python servers)."""
     scheme, lang = case
     server = start(scheme, lang)
     stopper.append(server)
