@@ -8,7 +8,8 @@
  *     D   slot 0 payload, D + stride slot 1 payload
  *
  * A reader copies the active slot and keeps the copy only if the slot's seq was even and
- * unchanged across it: never a torn or mixed version.
+ * unchanged across it (never a torn or mixed version) and its version is announced (the
+ * versions a reader sees never go back).
  */
 
 import { createHash } from "node:crypto";
@@ -237,7 +238,9 @@ export class PolicyBoard {
         const version = Atomics.load(u64, W[`slot${slot}_version`]! >> 3);
         const views = this.slotViews(slot);
         for (const [name, view] of Object.entries(views)) (target[name] as Typed).set(view as never);
-        if (Atomics.load(u64, seqIndex) === before) return { version, arrays: target };
+        // a stable slot may hold a completed version not yet announced (a reader that took
+        // `active` just before two publishes): keep only announced ones, so reads never go back
+        if (Atomics.load(u64, seqIndex) === before && version <= this.version) return { version, arrays: target };
       }
       if (performance.now() > deadline) {
         const pid = this.segment.dv.getUint32(B["writer_pid"]!, true);

@@ -21,6 +21,7 @@ import {
   RunControl,
 } from "../channels";
 import { checkProbe, fillProbe } from "../channels/probe_cli";
+import { offsets } from "../channels/segment";
 import { experience } from "../generated";
 
 const CLI = join(__dirname, "..", "channels", "probe_cli.js");
@@ -220,5 +221,46 @@ describe("channels: a Node learner creates the board and run control", { timeout
     control.close();
     assert.ok(!existsSync(control.segment.path));
     assert.throws(() => RunControl.create(unique("ctl"), { slots: 0 }), RangeError);
+  });
+});
+
+describe("channels: board reads never go back a version", { timeout: 30_000 }, () => {
+  test("a reader that took `active` just before two publishes does not return the unannounced one", () => {
+    // Regression (a 60 s Python-publisher / Node-reader stress read 2792578, then 2792577): the
+    // interleaving is forced by publishing between the reader's load of `active` and its read.
+    const template = { w: new Float32Array(8), tag: new BigInt64Array(1) };
+    const arrays = (v: number): { w: Float32Array; tag: BigInt64Array } => ({
+      w: new Float32Array(8).fill(v),
+      tag: BigInt64Array.of(BigInt(v)),
+    });
+    const board = PolicyBoard.create(unique("order"), template);
+    for (const v of [1, 2, 3]) board.publish(arrays(v));
+    const reader = PolicyBoard.open(board.segment.name);
+    const seg = board.segment;
+    const words = offsets("BoardWords", 128);
+    const W = (field: string): number => words[field]! >> 3;
+    const internals = reader as unknown as { activeSlot(): number };
+    const activeSlot = internals.activeSlot.bind(reader);
+    let raced = false;
+    internals.activeSlot = (): number => {
+      const slot = activeSlot();
+      if (!raced) {
+        raced = true;
+        board.publish(arrays(4)); // into the other slot, announced
+        // version 5 completed in the slot the reader chose, not yet announced
+        const seq = Atomics.load(seg.u64, W(`slot${slot}_seq`));
+        Atomics.store(seg.u64, W(`slot${slot}_seq`), seq + 1n);
+        for (const [name, view] of Object.entries(board.slotViews(slot))) view.set(arrays(5)[name as "w"] as never);
+        Atomics.store(seg.u64, W(`slot${slot}_version`), 5n);
+        Atomics.store(seg.u64, W(`slot${slot}_seq`), seq + 2n);
+      }
+      return slot;
+    };
+    const first = reader.read(null, 2000).version;
+    const second = reader.read(null, 2000).version;
+    assert.ok(raced);
+    assert.ok(second >= first, `read ${first}, then ${second}`);
+    reader.close();
+    board.close();
   });
 });
