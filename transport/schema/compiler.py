@@ -19,8 +19,8 @@ from transport.schema.ir import (
     INTEGER_RANGES,
     MULTI_ROLES,
     ROLES,
-    Bound,
     SCALARS,
+    Bound,
     EnumIR,
     EnvIR,
     ErrorSpecIR,
@@ -320,7 +320,9 @@ class _Compiler:
             )
         self._check_action(request, action)
         dims = ",".join(str(d) for d in (seats, *action.dims))
-        multi_request = self._multi(MULTI_REQUEST, "actions", f"{action.elem}[{dims}]", "action", seats)
+        multi_request = self._multi(
+            MULTI_REQUEST, "actions", f"{action.elem}[{dims}]", "action", seats
+        )
         multi_result = self._multi(MULTI_RESULT, "results", f"{result.name}[{seats}]", None, seats)
         env = EnvIR(result.name, request.name, multi_request, multi_result, seats)
 
