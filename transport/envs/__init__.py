@@ -12,6 +12,8 @@ ENVS: dict[str, str] = {
     "echo": "transport.envs.echo:EchoEnv",
     "pac": "transport.envs.pac:PacEnv",
     "mahjong": "transport.envs.mahjong:MahjongEnv",
+    "reach": "transport.envs.rich_spaces:ReachEnv",  # Dict observation, Box action
+    "lock": "transport.envs.rich_spaces:LockEnv",  # MultiDiscrete action
     "contract": "transport.testing.contract_env:ContractEnv",  # takes the schema: serve_cli
 }
 
@@ -19,6 +21,8 @@ SCHEMAS: dict[str, str] = {
     "echo": "pac_env",
     "pac": "pac_env",
     "mahjong": "mahjong_env",
+    "reach": "dictbox",
+    "lock": "multidiscrete",
 }
 """The schema (a module of ``transport.generated``) each reference env speaks."""
 
