@@ -105,11 +105,24 @@ class ActionRule:
         """Why ``action`` is refused, for the INVALID_ACTION text."""
         if self.kind == "discrete":
             return f"action {action} is outside 0..{act_n - 1}"
-        shown = np.array2string(np.asarray(action), separator=", ", threshold=16)
-        low = "-inf" if self.low is None else np.array2string(self.low, separator=", ")
-        high = "inf" if self.high is None else np.array2string(self.high, separator=", ")
+        low = "-inf" if self.low is None else _numbers(self.low)
+        high = "inf" if self.high is None else _numbers(self.high)
         finite = " and finite" if self.kind == "box" and self.finite else ""
-        return f"action {shown} is not inside {low}..{high}{finite}"
+        return f"action {_numbers(action)} is not inside {low}..{high}{finite}"
+
+
+def _numbers(values: Any) -> str:
+    """``[1, 0.5, NaN]``: numbers as JavaScript's String() writes them (the Node texts match)."""
+    texts = []
+    for v in np.asarray(values, dtype=np.float64).flat:
+        x = float(v)
+        if x != x:
+            texts.append("NaN")
+        elif x in (np.inf, -np.inf):
+            texts.append("Infinity" if x > 0 else "-Infinity")
+        else:
+            texts.append(str(int(x)) if x.is_integer() else repr(x))
+    return "[" + ", ".join(texts) + "]"
 
 
 def check_action_value(rule: ActionRule, index: int, action: Any, act_n: int) -> None:
