@@ -260,3 +260,26 @@ def test_cli_exits_with_the_reason_and_never_says_ready(lang: str) -> None:
     assert done.returncode != 0 and "ready" not in done.stdout
     assert "workers=2" in done.stderr and "Traceback" not in done.stderr
     assert not Path(url.removeprefix("unix://")).exists()
+
+
+def test_node_server_refuses_an_action_type_it_cannot_carry_at_start(tmp_path: Path) -> None:
+    """A hand-made IR (the compiler refuses it) with a bool[2] action: exit before ready."""
+    import json
+
+    from transport.generated import tetris
+    from transport.schema.ir import ir_from_json
+
+    data = tetris.SCHEMA.ir.to_json()
+    data.pop("fingerprint")
+    data["structs"]["StepRequest"]["size"] = 2
+    data["structs"]["StepRequest"]["fields"][0].update(type="bool[2]", size=2, count=2)
+    data["fingerprint"] = ir_from_json(data).fingerprint_hex
+    path = tmp_path / "bool_action.json"
+    path.write_text(json.dumps(data))
+    url = unique_unix_url()
+    command = [sys.executable, "-m", "transport.tools.serve_cli", url, "--env", "echo"]
+    command += ["--lang", "node", "--schema", str(path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "ready" not in done.stdout
+    assert "StepRequest" in done.stderr or "action" in done.stderr, done.stderr
+    assert "bool" in done.stderr and not Path(url.removeprefix("unix://")).exists()

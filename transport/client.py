@@ -129,7 +129,7 @@ class Client:
         if (
             isinstance(actions, int)
             or isinstance(actions, np.integer)
-            or np.ndim(actions) == self._action_ndim
+            or (self._action_ndim >= 0 and np.ndim(actions) == self._action_ndim)
         ):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
