@@ -478,6 +478,11 @@ class EnvRuntime:
             )
         if not self.all_reset or self.is_done(0):
             self.check_action(0, 0)  # NOT_RESET: before the first reset, or the game is over
+        if self.action_rule.kind != "discrete":
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                "STEP_MULTI_REQ to an env with step_batch takes Discrete actions",
+            )
         act_n = self.spaces.act_n
         bad = self.action_rule.bad(actions, act_n)
         if bad.any():
