@@ -1,5 +1,6 @@
-"""Reference envs served by ``transport-serve``: ``echo`` (pure transport cost), ``pac`` and
-``mahjong`` (a four-seat turn-based game for the PettingZoo adapter)."""
+"""Reference envs served by ``transport-serve``: ``echo`` (pure transport cost), ``pac``,
+``mahjong`` (a four-seat turn-based game for the PettingZoo adapter), ``reach`` (a Dict
+observation and a Box action) and ``lock`` (a MultiDiscrete action)."""
 
 from __future__ import annotations
 
