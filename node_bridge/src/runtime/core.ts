@@ -182,25 +182,27 @@ export function readActions(
     readArrayActions(into, buf, at, stride, count, type, first);
     return;
   }
-  for (let i = 0; i < count; i++) {
-    const p = at + i * stride;
-    let value: number;
-    if (type.size === 4) {
-      value =
-        (buf[p] as number) |
-        ((buf[p + 1] as number) << 8) |
-        ((buf[p + 2] as number) << 16) |
-        ((buf[p + 3] as number) << 24);
-      if (!type.signed) value >>>= 0;
-    } else if (type.size === 2) {
-      value = (buf[p] as number) | ((buf[p + 1] as number) << 8);
-      if (type.signed) value = (value << 16) >> 16;
-    } else {
-      value = buf[p] as number;
-      if (type.signed) value = (value << 24) >> 24;
-    }
-    into[first + i] = value;
+  for (let i = 0; i < count; i++) into[first + i] = readInteger(buf, at + i * stride, type.elemSize, type.signed);
+}
+
+/** One little-endian integer of `size` bytes at `buf[p]`, read byte by byte (no DataView). */
+function readInteger(buf: Uint8Array, p: number, size: number, signed: boolean): number {
+  let value: number;
+  if (size === 4) {
+    value =
+      (buf[p] as number) |
+      ((buf[p + 1] as number) << 8) |
+      ((buf[p + 2] as number) << 16) |
+      ((buf[p + 3] as number) << 24);
+    if (!signed) value >>>= 0;
+  } else if (size === 2) {
+    value = (buf[p] as number) | ((buf[p + 1] as number) << 8);
+    if (signed) value = (value << 16) >> 16;
+  } else {
+    value = buf[p] as number;
+    if (signed) value = (value << 24) >> 24;
   }
+  return value;
 }
 
 /** `readActions` for array (and float) actions: element j of action i at `at + i * stride + j * elemSize`. */
@@ -213,18 +215,14 @@ function readArrayActions(
   type: ActionType,
   first: number,
 ): void {
-  const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  const dv = type.float ? new DataView(buf.buffer, buf.byteOffset, buf.byteLength) : null;
   const k = type.elements;
   const size = type.elemSize;
   for (let i = 0; i < count; i++) {
     for (let j = 0; j < k; j++) {
       const p = at + i * stride + j * size;
-      let value: number;
-      if (type.float) value = size === 4 ? dv.getFloat32(p, true) : dv.getFloat64(p, true);
-      else if (size === 4) value = type.signed ? dv.getInt32(p, true) : dv.getUint32(p, true);
-      else if (size === 2) value = type.signed ? dv.getInt16(p, true) : dv.getUint16(p, true);
-      else value = type.signed ? dv.getInt8(p) : dv.getUint8(p);
-      into[(first + i) * k + j] = value;
+      into[(first + i) * k + j] =
+        dv === null ? readInteger(buf, p, size, type.signed) : size === 4 ? dv.getFloat32(p, true) : dv.getFloat64(p, true);
     }
   }
 }
