@@ -94,6 +94,8 @@ class Client:
         # the request records live where the channel wants them (shm: in the slots): no copy
         records, self._request = channel.request_area(step_request, self.num_envs)
         self._actions = records[action.name]
+        # an array action (Box, MultiDiscrete): one env's action is an array of this many dims
+        self._action_ndim = len(action.dims) if action.is_array else -1
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
         multi = body_codec(schema, "STEP_MULTI_REQ")
@@ -124,7 +126,11 @@ class Client:
     def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
         # The hot path: every line here costs each step (measured: benchmarks/RESULTS.md).
-        if isinstance(actions, int) or isinstance(actions, np.integer):
+        if (
+            isinstance(actions, int)
+            or isinstance(actions, np.integer)
+            or (self._action_ndim >= 0 and np.ndim(actions) == self._action_ndim)
+        ):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
             self._actions[0] = actions

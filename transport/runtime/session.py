@@ -55,7 +55,9 @@ class Session:
         self.reset_request = body_codec(schema, "RESET_SEED_REQ")
         self.spaces_result = body_codec(schema, "SPACES_RESP")
         self.action_name = host.action.name
-        self._action = struct.Struct("<" + ACTION_CODES[host.action.elem])
+        # one integer (Discrete) is unpacked; an array action (Box, MultiDiscrete) is viewed
+        self._array_action = host.action.is_array
+        self._action = struct.Struct("<" + ACTION_CODES.get(host.action.elem, "B"))
         self._action_offset = host.action.offset
         self.num_envs = n = host.num_envs
         self.hello_done = False
@@ -174,7 +176,10 @@ class Session:
                 ErrorCode.BAD_BATCH, f"STEP_REQ needs a 1-env server; this one has {self.num_envs}"
             )
         self._expect_size(body, self.step_request.size, "STEP_REQ")
-        (action,) = self._action.unpack_from(body, self._action_offset)
+        if self._array_action:
+            action = self.step_request.view(body)[self.action_name].copy()
+        else:
+            (action,) = self._action.unpack_from(body, self._action_offset)
         ended = self.runtime.step_one(0, action)
         return self.ids.STEP_RESP, self._results_length(1, [0] if ended else None)
 

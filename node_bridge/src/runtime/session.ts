@@ -99,13 +99,13 @@ export class Session implements Records {
     this.spaces = runtime.spaces;
     this.info = { num_envs: this.numEnvs, env: info.envName ?? "", server: info.serverLang ?? "node" };
     this.#resultSize = runtime.result.size;
-    const step = stepAction(schema);
+    const step = stepAction(schema, true);
     this.#action = step.type;
     this.#actionAt = step.field.offset;
     this.#stepRequestSize = step.size;
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = firstField(schema, multi.name);
-    this.#multi = actionTypeOf(schema, multiField, "STEP_MULTI_REQ");
+    this.#multi = actionTypeOf(schema, multiField, "STEP_MULTI_REQ", runtime.seats, true);
     this.#multiSize = multi.size;
     this.#multiAt = multiField.offset;
     const reset = bodyCodec(schema, "RESET_SEED_REQ");

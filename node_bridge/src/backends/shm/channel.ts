@@ -224,7 +224,7 @@ export class ShmChannel implements Channel {
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = schema.ir.structs[multi.name]?.fields[0];
     if (multiField === undefined) throw new ConnectError(`${url}: STEP_MULTI_REQ's body has no field`);
-    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ"), seats: multiField.count };
+    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ", multiField.count), seats: multiField.count };
     this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats));
     this.#spaces = bodyCodec(schema, "SPACES_RESP");
     this.#reqOff = off(layout.slot, "sem_action_ready");

@@ -253,7 +253,7 @@ export class ShmListener implements Listener {
     const layout = Layouts.of(schema);
     this.layout = layout;
     const plan = resultLayout(schema);
-    const action = stepAction(schema);
+    const action = stepAction(schema, true);
     const actionAt = layout.ir.request_offsets[action.field.name];
     if (actionAt === undefined) throw new ProtocolError(`the shm layout has no offset for the action field ${action.field.name}`);
     this.#actionAt = actionAt;
