@@ -291,7 +291,8 @@ def handshake(
         raise ProtocolError(
             f"server answered auto-reset mode {hello.flags & AUTORESET_MASK}, asked {autoreset}"
         )
-    info = {k: v for k, v in hello.info.items() if k != SCHEMA_IR_KEY}
+    # the schema's keys are the handshake's own (client.schema holds the schema)
+    info = {k: v for k, v in hello.info.items() if k not in (SCHEMA_IR_KEY, SCHEMA_NAME_KEY)}
     return schema, {**info, "autoreset": autoreset.name.lower()}
 
 

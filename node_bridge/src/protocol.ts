@@ -11,7 +11,8 @@
  */
 
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
-import type { SchemaModule } from "./codec";
+import { type SchemaModule, loadSchema } from "./codec";
+import type { SchemaJson } from "./ir";
 import {
   BadFrameError,
   FingerprintMismatchError,
@@ -284,6 +285,26 @@ export function helloResponseInfo(
   const tail: Record<string, unknown> = { ...info, [SCHEMA_NAME_KEY]: schema.name };
   if (hello !== null && isDiscovery(hello)) tail[SCHEMA_IR_KEY] = schemaIrText(schema);
   return tail;
+}
+
+/** The schema of a discovered IR (JSON text), refused unless it hashes to `announced` (the
+ * fingerprint the peer announced in its HELLO head or control block). Python: schema_from_ir_text. */
+export function schemaFromIrText(text: unknown, announced: bigint, peer: string): SchemaModule {
+  if (typeof text !== "string") throw new ProtocolError(`${peer} sent no schema IR (${SCHEMA_IR_KEY} is not a string)`);
+  let schema: SchemaModule;
+  try {
+    schema = loadSchema(JSON.parse(text) as SchemaJson);
+  } catch (error) {
+    throw new ProtocolError(`${peer} sent a schema IR that does not load: ${(error as Error).message}`);
+  }
+  if (schema.fingerprint !== BigInt.asUintN(64, announced)) {
+    throw new FingerprintMismatchError(
+      `${peer} announced fingerprint ${u64Hex(announced)} but its schema ${schema.name} hashes to ${u64Hex(schema.fingerprint)}`,
+      schema.fingerprint,
+      announced,
+    );
+  }
+  return schema;
 }
 
 /** A fingerprint mismatch naming both schemas (name and fingerprint of each side). */
