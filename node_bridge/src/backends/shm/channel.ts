@@ -178,7 +178,8 @@ function readInfo(region: Region, index: number): Record<string, unknown> {
 export class ShmChannel implements Channel {
   info: Record<string, unknown> = {};
   #checksums: SlotChecksums | null = null;
-  readonly buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
+  /** Response bodies the slots do not hold (HELLO, ERROR, spaces); grown for a discovery HELLO. */
+  buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
   bodyLength = 0;
   readonly generation = 0;
   readonly records: SlotResults;
@@ -241,6 +242,11 @@ export class ShmChannel implements Channel {
     this.#doorbell = Atomics.load(region.words, off(CB, "doorbell") >> 2) & SEQ_MASK;
     const policy = shm.wait;
     this.#wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
+  }
+
+  /** The schema this channel was opened for (the region's, when it was discovered). */
+  get schema(): SchemaModule {
+    return this.#schema;
   }
 
   /** Open, validate and lease `url`'s region (retried while it is missing or not READY). */
@@ -401,6 +407,7 @@ export class ShmChannel implements Channel {
     const info = { ...this.info };
     delete info["autoreset"];
     const out = encodeHello(this.#schema.fingerprint, helloResponseInfo(this.#schema, hello, info), mode);
+    if (BODY_OFFSET + out.byteLength > this.buffer.byteLength) this.buffer = Buffer.alloc(BODY_OFFSET + out.byteLength);
     this.buffer.set(out, BODY_OFFSET);
     this.bodyLength = out.byteLength;
     return this.#ids.HELLO_RESP;
