@@ -114,7 +114,8 @@ def test_connect_many_and_adapters_discover(tmp_path: Path) -> None:
         vec = RemoteVecEnv(two.url)
         try:
             assert vec.client.schema.name == "tetris"
-            assert vec.reset().shape[0] == vec.num_envs
+            first = vec.reset()
+            assert isinstance(first, np.ndarray) and first.shape[0] == vec.num_envs
         finally:
             vec.close()
 
