@@ -257,3 +257,51 @@ def test_a_python_server_for_the_users_schema_is_discovered_by_the_same_trainer(
         ir = json.loads((project / "lantern_maze.schema.json").read_text())
         assert f"{client.schema.fingerprint:016x}" == ir["fingerprint"]
         assert client.reset(1).observation.shape == (3, 4)
+
+
+def test_typescript_compiled_for_the_project_imports_the_package_by_name(project: Path) -> None:
+    """``transport-schema compile`` into the user's project: the TypeScript imports the runtime
+    by package name and type-checks against the installed package (tsc --strict)."""
+    out = project / "generated"
+    compiled = _run(
+        [
+            str(ROOT / ".venv" / "bin" / "transport-schema"),
+            "compile",
+            "lantern_maze.toml",
+            "--python-out",
+            str(project / "py_generated"),
+            "--ts-out",
+            str(out),
+        ],
+        project,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    text = (out / "lantern_maze.ts").read_text()
+    assert 'from "@transport/node-bridge/codec"' in text and '"../codec"' not in text
+    (project / "use.ts").write_text(
+        'import { lantern_maze } from "./generated";\n'
+        "export const size: number = lantern_maze.LanternViewCodec.size;\n"
+    )
+    tsc = BRIDGE / "node_modules" / "typescript" / "bin" / "tsc"
+    checked = _run(
+        [
+            "node",
+            str(tsc),
+            "--noEmit",
+            "--strict",
+            "--module",
+            "node16",
+            "--moduleResolution",
+            "node16",
+            "--target",
+            "ES2022",
+            "--skipLibCheck",
+            "--typeRoots",
+            str(BRIDGE / "node_modules" / "@types"),
+            "--types",
+            "node",
+            "use.ts",
+        ],
+        project,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
