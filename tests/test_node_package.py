@@ -305,3 +305,22 @@ def test_typescript_compiled_for_the_project_imports_the_package_by_name(project
         project,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_conformance_checks_the_users_schema_in_both_languages(project: Path) -> None:
+    """``transport-conformance my_schema.toml`` from the user's project: the Node testee loads
+    the schema's IR at run time (no generated code for it) and every check passes."""
+    checked = _run(
+        [
+            str(ROOT / ".venv" / "bin" / "transport-conformance"),
+            "lantern_maze.toml",
+            "--count",
+            "20",
+            "--json",
+        ],
+        project,
+    )
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr
+    report = json.loads(checked.stdout)
+    assert report["ok"] is True and report["totals"]["failed"] == 0, report["totals"]
+    assert report["totals"]["ok"] > 0 and "lantern_maze" in json.dumps(report["schemas"])
