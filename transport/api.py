@@ -123,12 +123,16 @@ def connect(
     codecs = None if schema is None else resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
     backend = backend_for(url)
-    channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
+    # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
+    # max_body, and a smaller limit asked for applies to the pinned channel opened after it
+    first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)
+    channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
     try:
         found, channel.info = handshake(channel, codecs, mode, url=url)
-        if codecs is None and not _built_for(channel, found):
+        if codecs is None and (first_max != max_body or not _built_for(channel, found)):
             # the channel was opened before the schema was known and carries a schema of its
-            # own (HTTP's fingerprint header): a fresh one, pinned to the discovered schema
+            # own (HTTP's fingerprint header), or a larger max_body: a fresh one, pinned to the
+            # discovered schema
             channel.close()
             channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
             found, channel.info = handshake(channel, found, mode, url=url)

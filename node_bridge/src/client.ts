@@ -407,22 +407,26 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   const pinned = options.schema ?? null; // none: discover the server's in the handshake
   const autoreset = toAutoReset(options.autoreset ?? AutoReset.DISABLED);
   const backend: Backend = await backendFor(url);
-  const open = (schema: SchemaModule | undefined): Promise<Channel> =>
+  const maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
+  // a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
+  // maxBody; a smaller limit asked for applies to the pinned channel opened after it
+  const firstMax = pinned === null ? Math.max(maxBody, DEFAULT_MAX_BODY) : maxBody;
+  const open = (schema: SchemaModule | undefined, limit: number): Promise<Channel> =>
     backend.openChannel(url, {
       timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
-      maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
+      maxBody: limit,
       ...(schema === undefined ? {} : { schema }),
     });
-  let channel = await open(pinned ?? undefined);
+  let channel = await open(pinned ?? undefined, firstMax);
   let session: { schema: SchemaModule; info: Record<string, unknown> };
   try {
     session = await handshake(channel, pinned, autoreset, url);
     const own = (channel as { schema?: SchemaModule }).schema;
-    if (pinned === null && own?.fingerprint !== session.schema.fingerprint) {
-      // opened before the schema was known, and it carries one (HTTP's fingerprint header):
-      // a fresh channel pinned to the discovered schema
+    if (pinned === null && (firstMax !== maxBody || own?.fingerprint !== session.schema.fingerprint)) {
+      // opened before the schema was known, and it carries one (HTTP's fingerprint header) or
+      // a larger maxBody: a fresh channel pinned to the discovered schema
       await channel.close();
-      channel = await open(session.schema);
+      channel = await open(session.schema, maxBody);
       session = await handshake(channel, session.schema, autoreset, url);
     }
     channel.info = session.info;
