@@ -152,3 +152,14 @@ def test_discovering_client_is_a_plain_client() -> None:
         assert isinstance(client, Client)
         assert "schema_ir" not in client.server_info and "schema_name" not in client.server_info
         assert client.health() is True
+
+
+def test_auto_url_discovers_through_the_backend_it_picks() -> None:
+    """auto://NAME without a schema: the shm candidate reads the region's schema (tetris),
+    not the reference one (before: it tried pac_env and skipped the region as a mismatch)."""
+    url = unique_url("shm")
+    with ServerProcess(url + "?num_envs=1", env="contract", extra=["--schema", "tetris"]):
+        with transport.connect("auto://" + url.removeprefix("shm://"), timeout=10) as client:
+            assert client.url.startswith("shm://")
+            assert client.schema.name == "tetris"
+            assert client.reset(3).observation.shape == (214,)
