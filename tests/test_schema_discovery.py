@@ -61,15 +61,16 @@ def python_reset(url: str) -> tuple[str, np.ndarray]:
         return client.schema.name, np.asarray(observation, dtype=np.float64).reshape(-1)
 
 
+@pytest.mark.parametrize("lang", ["python", "node"])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_node_client_discovers_the_schema(scheme: str, tmp_path: Path) -> None:
-    """The Node client without a schema, against a Python tetris server: the discovered
-    schema, a reset equal to the Python client's, and a pinned pac_env client refused with
-    both schemas named."""
+def test_node_client_discovers_the_schema(scheme: str, lang: str, tmp_path: Path) -> None:
+    """The Node client without a schema, against a tetris server of either language: the
+    discovered schema, a reset equal to the Python client's, and a pinned pac_env client
+    refused with both schemas named."""
     require_lang("node")
     script = tmp_path / "client.js"
     script.write_text(NODE_CLIENT)
-    with contract_server(scheme) as server:
+    with contract_server(scheme, lang) as server:
         done = subprocess.run(
             ["node", str(script), str(ROOT / "node_bridge" / "dist" / "index.js"), server.url],
             capture_output=True,
