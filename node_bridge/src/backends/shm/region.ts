@@ -353,7 +353,7 @@ export function schemaAreaOfFd(fd: number, size: number): { size: number; ir: st
 
 /** Refuse before anything is created when /dev/shm cannot hold `numSlots` slots of `layout`. */
 export function checkRoom(shm: ShmUrl, layout: ShmLayout, numSlots: number): void {
-  const size = layout.regionSize(numSlots);
+  const size = layout.regionSize(numSlots) + schemaArea(layout.schema).byteLength;
   const free = freeShmBytes();
   if (free >= 0 && free < size) throw new ConnectError(noRoomMessage(shm.path, size, numSlots, free, "no space"));
 }
