@@ -30,7 +30,7 @@ from transport.protocol import (
     accept_hello,
     body_codec,
     encode_error,
-    encode_hello,
+    encode_hello_response,
 )
 from transport.runtime.core import ACTION_CODES, EnvHost
 
@@ -143,14 +143,14 @@ class Session:
 
     def _hello(self, body: memoryview) -> tuple[int, memoryview]:
         try:
-            _, mode = accept_hello(body, self.schema.fingerprint)
+            hello, mode = accept_hello(body, self.schema)
         except RequestError as exc:
             return self.error(exc.code, exc.text)
         self.runtime.set_autoreset(mode)
         self.hello_done = True
         info = {**self.info, "autoreset": mode.name.lower()}
         return self.ids.HELLO_RESP, memoryview(
-            encode_hello(self.schema.fingerprint, info, flags=int(mode))
+            encode_hello_response(self.schema, hello, info, int(mode))
         )
 
     def _expect_size(self, body: memoryview, size: int, what: str) -> None:

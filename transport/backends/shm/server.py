@@ -30,6 +30,7 @@ from transport.backends.shm.region import (
     inspect_segment,
     own_start_time,
     parse_url,
+    schema_area,
     wait_ctx,
     write_text,
 )
@@ -85,7 +86,8 @@ class Listener:
         # are made once the region (checked against /dev/shm's room) exists
         envs = host.create_envs() if self.num_envs == 1 else None
         slots = host.rows(envs) if envs is not None else self.num_envs
-        size = layout.region_size(slots)
+        area = schema_area(self.schema)  # the region carries its schema (discovery)
+        size = layout.region_size(slots) + len(area)
         fd = self._create(size)
         try:
             region = Region(self.shm.segment, fd, size, layout, owner=True, slots=slots)
@@ -102,6 +104,7 @@ class Listener:
             if envs is None:
                 envs = host.create_envs()
             self._spare = host.runtime(envs, self.results, self.finals)
+            region.map[size - len(area) : size] = area
             for field, value in (
                 ("magic", MAGIC),
                 ("version", LAYOUT_VERSION),

@@ -66,6 +66,7 @@ import {
   peerAlive,
   procStartTime,
   publishWord,
+  schemaArea,
   waitWord,
 } from "./region";
 
@@ -274,7 +275,7 @@ export class ShmListener implements Listener {
 
     let region: Region;
     try {
-      region = Region.create(this.shm, layout, this.numSlots);
+      region = Region.create(this.shm, layout, this.numSlots, schemaArea(schema)); // it carries its schema
     } catch (error) {
       spare.close();
       throw error;
