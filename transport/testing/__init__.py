@@ -11,7 +11,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-import transport.testing.checks_discovery  # noqa: F401  (registers its checks)
+import transport.testing.checks_discovery  # (registers its checks)
 import transport.testing.checks_limits  # noqa: F401  (registers the limit checks)
 from transport.testing.checks import (
     CHECKS,
