@@ -14,6 +14,7 @@ import { after, describe, test } from "node:test";
 
 import { RemoteError, connect, serve, type Server } from "../index";
 import { EchoEnv } from "../envs";
+import * as pac_env from "../generated/pac_env";
 import { MESSAGE_IDS as IDS, packHeader } from "../protocol";
 import { type ServerLimits, serverLimits } from "../stream";
 
@@ -61,9 +62,11 @@ for (const backend of ["unix", "http"] as const) {
   describe(`limits over ${backend}://`, () => {
     test("a client over maxConnections gets RemoteError 'server busy'; the open one works", async () => {
       const server = await start(backend, { maxConnections: 1 });
-      const first = await connect(server.url);
+      // pinned schema: a discovering connect opens a second connection right after the first
+      const schema = pac_env.SCHEMA;
+      const first = await connect(server.url, { schema });
       await first.reset();
-      await assert.rejects(connect(server.url, { timeoutMs: 5000 }), (error: unknown) => {
+      await assert.rejects(connect(server.url, { schema, timeoutMs: 5000 }), (error: unknown) => {
         assert.ok(error instanceof RemoteError, String(error));
         assert.match(error.text, /server busy.*max_connections/);
         return true;
