@@ -143,6 +143,7 @@ class Server:
         seed: int | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         workers: int = 0,
+        masked_actions: str = "reject",
     ) -> None:
         codecs = resolve_schema(schema)
         backend = backend_for(url)  # a bad URL (scheme, shm name) is a ConnectError here
@@ -158,6 +159,7 @@ class Server:
             env_name=env_name,
             seed=seed,
             workers=workers,
+            masked_actions=masked_actions,
         )
         host.check()
         self.listener: Any = backend.Listener(url, host, max_body=max_body)
@@ -239,6 +241,7 @@ def serve(
     max_body: int = DEFAULT_MAX_BODY,
     ready: Callable[[str], None] | None = None,
     workers: int = 0,
+    masked_actions: str = "reject",
 ) -> None:
     """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
 
@@ -247,6 +250,9 @@ def serve(
     each connection's first unseeded reset (env i gets ``seed + i``). ``workers``: 0 steps the
     envs in this process; K >= 1 runs each connection's envs in K worker processes (split
     evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.
+    ``masked_actions``: what an action the env's mask forbids does: "reject" (MASKED_ACTION
+    error), "pass" (the env steps with it) or "noop" (the env does not step; its previous
+    result comes back with reward ``env.masked_action_penalty``, default 0.0); docs/adapters.md.
     """
     server = Server(
         env_or_factory,
@@ -257,6 +263,7 @@ def serve(
         seed=seed,
         max_body=max_body,
         workers=workers,
+        masked_actions=masked_actions,
     )
     # The wait is a read on a pipe that the C-level signal handler itself writes to
     # (signal.set_wakeup_fd): the kernel may deliver SIGTERM to a server thread rather than the

@@ -80,6 +80,9 @@ class Client:
         self.ids = MessageIds.from_schema(schema.ir)
         self.num_envs = int(channel.info.get("num_envs", 1))
         self.server_info = dict(channel.info)
+        self.masked_actions = str(
+            channel.info.get("masked_actions", "reject")
+        )  # the server's policy
         self.autoreset = AutoReset[str(channel.info.get("autoreset", "disabled")).upper()]
         self._same_step = self.autoreset == AutoReset.SAME_STEP  # step responses carry finals
         self.finals: list[tuple[int, StepView]] = []

@@ -13,6 +13,7 @@
 import { backendFor, type Listener } from "./backends";
 import type { SchemaModule } from "./codec";
 import { DEFAULT_MAX_BODY } from "./protocol";
+import type { MaskedActions } from "./runtime/core";
 import type { EnvOrFactory } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
@@ -46,6 +47,12 @@ export interface ServeOptions {
    */
   readonly workers?: number;
   readonly workerEnv?: WorkerEnvSpec;
+  /**
+   * What an action the env's mask forbids does: "reject" (MASKED_ACTION, default), "pass" (the
+   * env steps with it) or "noop" (no step; the previous result with reward
+   * `env.maskedActionPenalty`, default 0). docs/adapters.md says which trainer needs which.
+   */
+  readonly maskedActions?: MaskedActions;
 }
 
 /** A running server. */
@@ -78,6 +85,7 @@ export async function serve(
     ...(options.validate !== undefined ? { validate: options.validate } : {}),
     ...(options.workers ? { workers: options.workers } : {}),
     ...(options.workerEnv ? { workerEnv: options.workerEnv } : {}),
+    ...(options.maskedActions ? { maskedActions: options.maskedActions } : {}),
   });
   const backend = await backendFor(url);
   if (!url.toLowerCase().startsWith("shm://")) host.runtime().close(); // fail now, not on the first connection

@@ -35,6 +35,33 @@ Failures = list[tuple[int, Exception]]
 """(env index, exception) of each env that raised; the other envs did their step."""
 
 StepBatch = Callable[[np.ndarray], Sequence[StepOutput]]
+
+MASKED_ACTION_POLICIES = ("reject", "pass", "noop")
+"""What a server does with an action its env's mask forbids (``serve(masked_actions=...)``):
+``reject`` answers MASKED_ACTION; ``pass`` steps the env with it; ``noop`` does not step that env
+and returns its previous result with the env's ``masked_action_penalty`` (default 0.0) as
+reward."""
+PENALTY_ATTRIBUTE = "masked_action_penalty"
+
+
+def check_masked_actions(policy: str) -> str:
+    """``policy`` if it is one of ``MASKED_ACTION_POLICIES``; else a ValueError naming them."""
+    if policy not in MASKED_ACTION_POLICIES:
+        raise ValueError(
+            f"masked_actions={policy!r}: expected one of {', '.join(MASKED_ACTION_POLICIES)}"
+        )
+    return policy
+
+
+def penalty_of(env: Any) -> float:
+    """An env's ``masked_action_penalty`` (the reward of a ``noop`` masked action), else 0.0."""
+    value = getattr(env, PENALTY_ATTRIBUTE, 0.0)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{PENALTY_ATTRIBUTE} must be a number, not {value!r}") from None
+
+
 ACTION_CODES = {
     "i8": "b",
     "u8": "B",
@@ -169,6 +196,26 @@ class Runner:
                 failures.append((i, exc))
         return ended, failures
 
+    def step_except(
+        self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
+    ) -> tuple[list[int], Failures]:
+        """Step every env but those ``skip`` marks (a bool per env: masked ``noop`` actions);
+        (envs whose final result was kept, failures). Runners in this process only."""
+        ended: list[int] = []
+        failures: Failures = []
+        step_one = self.step_one
+        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
+        skipped = skip.tolist() if skip is not None else None
+        for i in range(self.num_envs):
+            if skipped is not None and skipped[i]:
+                continue
+            try:
+                if step_one(i, values[i], mode):
+                    ended.append(i)
+            except Exception as exc:  # the other envs still step
+                failures.append((i, exc))
+        return ended, failures
+
     def observe(self) -> tuple[list[dict[str, Any]], Failures]:
         """Every env's current result and info map (no step, no auto-reset)."""
         infos: list[dict[str, Any]] = []
@@ -199,8 +246,12 @@ class EnvRuntime:
         seats: int,
         first_seed: int | None = None,
         lock: threading.Lock | None = None,
+        masked_actions: str = "reject",
+        penalties: Sequence[float] | None = None,
     ) -> None:
         self.runner = runner
+        self.masked_actions = check_masked_actions(masked_actions)
+        self.penalties = [0.0] * runner.num_envs if penalties is None else list(penalties)
         self.num_envs = runner.num_envs
         self.seats = seats
         self.first_seed = first_seed  # the seed of the first unseeded reset (env i: seed + i)
@@ -210,6 +261,8 @@ class EnvRuntime:
         codec, results = runner.codec, runner.results
         mask = codec.ir.role("action_mask")
         self.masks = results[mask.name] if mask else None  # (R, mask_len) view of the results
+        reward = codec.ir.role("reward")
+        self.rewards = results[reward.name] if reward else None  # (R,) view: noop penalties
         self.ends = [results[f.name] for f in codec.ir.episode_end_fields()]
         self.was_reset = np.zeros(self.num_envs, dtype=bool)
         self.all_reset = False
@@ -249,7 +302,9 @@ class EnvRuntime:
 
     # -- checks ------------------------------------------------------------------------------
 
-    def check_action(self, index: int, action: int) -> None:
+    def check_action(self, index: int, action: int) -> bool:
+        """Refuse a bad action (RequestError); True when it is masked out and the policy is
+        ``noop`` (the env must not step)."""
         if not self.all_reset and not self.was_reset[index]:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
         if self.is_done(index):
@@ -261,12 +316,17 @@ class EnvRuntime:
             )
         masks = self.masks
         if masks is not None and action < masks.shape[1] and not masks[index, action]:
-            raise RequestError(
-                ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
-            )
+            if self.masked_actions == "reject":
+                raise RequestError(
+                    ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
+                )
+            return self.masked_actions == "noop"
+        return False
 
-    def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> None:
+    def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> np.ndarray | None:
         """The same checks for one action per env, vectorised; reports the first bad env.
+        Returns the envs (bool per env) whose masked action the ``noop`` policy turns into no
+        step, or None when there are none.
 
         ``skip_done``: envs whose episode is done are not checked (NEXT_STEP ignores their
         action).
@@ -277,16 +337,29 @@ class EnvRuntime:
         if done is not None and not skip_done:
             bad = done if bad is None else bad | done
         bad_range = (actions < 0) | (actions >= self.spaces.act_n)
+        noop: np.ndarray | None = None
         if self.masks is not None:
             inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
-            masked = self.masks[np.arange(n), inside] == 0
-            bad_range = bad_range | masked
+            masked = (self.masks[np.arange(n), inside] == 0) & (actions < self.masks.shape[1])
+            if self.masked_actions == "reject":
+                bad_range = bad_range | masked
+            elif self.masked_actions == "noop" and masked.any():
+                noop = masked & ~bad_range
+                if skip_done and done is not None:
+                    noop &= ~done
         if skip_done and done is not None:
             bad_range &= ~done
         if (bad is not None and bad.any()) or bad_range.any():
             first = bad_range if bad is None else bad | bad_range
             index = int(np.argmax(first))
             self.check_action(index, int(actions[index]))
+        return noop if noop is not None and noop.any() else None
+
+    def _noop(self, index: int) -> None:
+        """A masked action under ``noop``: env ``index`` keeps its previous result (not done: a
+        done env is refused or reset before this) with its penalty as reward."""
+        if self.rewards is not None:
+            self.rewards[index] = self.penalties[index]
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -325,7 +398,9 @@ class EnvRuntime:
         """Step env ``index`` alone; True when SAME_STEP kept its final result."""
         mode = self.autoreset
         if not (mode == AutoReset.NEXT_STEP and self.is_done(index)):
-            self.check_action(index, action)
+            if self.check_action(index, action):
+                self._noop(index)
+                return False
         with self._lock:
             try:
                 return self.runner.step_one(index, action, mode)
@@ -335,9 +410,14 @@ class EnvRuntime:
     def step(self, actions: np.ndarray) -> list[int]:
         """Step every env (one action each); the envs whose SAME_STEP final result was kept."""
         mode = self.autoreset
-        self.check_actions(actions, skip_done=mode == AutoReset.NEXT_STEP)
+        noop = self.check_actions(actions, skip_done=mode == AutoReset.NEXT_STEP)
         with self._lock:
-            ended, failures = self.runner.step(actions, mode)
+            if noop is None:
+                ended, failures = self.runner.step(actions, mode)
+            else:
+                ended, failures = self.runner.step_except(actions, mode, noop)
+                for index in np.flatnonzero(noop).tolist():
+                    self._noop(index)
             if failures:
                 raise self._recover(failures, None)
         return ended
@@ -465,9 +545,16 @@ class EnvHost:
         server_lang: str = "python",
         seed: int | None = None,
         workers: int = 0,
+        masked_actions: str = "reject",
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
+        self.masked_actions = check_masked_actions(masked_actions)
+        if masked_actions == "noop" and workers:
+            raise ValueError(
+                "masked_actions='noop' needs the envs in this process (workers=0): a worker pool "
+                "steps every env together; use masked_actions='pass' or 'reject' with workers"
+            )
         if workers < 0:
             raise ValueError("workers must be 0 (in-process) or more")
         self.schema = schema
@@ -515,6 +602,7 @@ class EnvHost:
         try:
             env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
             env.spaces()
+            penalty_of(env)
         except Exception as exc:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
@@ -561,7 +649,17 @@ class EnvHost:
             from transport.runtime.local import LocalEnvs
 
             runner = LocalEnvs(envs, self.result, results, finals, self.factory)
-        return EnvRuntime(runner, seats=self.seats, first_seed=self.seed, lock=self._lock)
+        penalties = None
+        if self.masked_actions == "noop":
+            penalties = [penalty_of(env) for env in envs]
+        return EnvRuntime(
+            runner,
+            seats=self.seats,
+            first_seed=self.seed,
+            lock=self._lock,
+            masked_actions=self.masked_actions,
+            penalties=penalties,
+        )
 
 
 def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, at: int) -> None:

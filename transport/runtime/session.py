@@ -60,7 +60,12 @@ class Session:
         self.num_envs = n = host.num_envs
         self.hello_done = False
         self.closing = False
-        self.info = {"num_envs": n, "env": host.env_name, "server": host.server_lang}
+        self.info = {
+            "num_envs": n,
+            "env": host.env_name,
+            "server": host.server_lang,
+            "masked_actions": host.masked_actions,
+        }
         envs = host.create_envs()
         rows = max(host.rows(envs), self.multi_request.ir.fields[0].count)
         size = self.result.size

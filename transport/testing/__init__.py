@@ -11,6 +11,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
+from transport.testing import masked_checks  # noqa: F401  (registers its checks)
 from transport.testing.checks import (
     CHECKS,
     Check,

@@ -45,6 +45,7 @@ class ServerOptions:
     dedicated: bool = False
     seed: int = SERVER_SEED
     max_body: int = CONTRACT_MAX_BODY
+    masked_actions: str = "reject"
 
 
 class RunningServer(Protocol):
@@ -133,6 +134,7 @@ class ServeProcess:
         seed: int | None = SERVER_SEED,
         max_body: int | None = CONTRACT_MAX_BODY,
         ready_timeout: float = 30.0,
+        masked_actions: str = "reject",
     ) -> None:
         command = [
             sys.executable,
@@ -152,6 +154,8 @@ class ServeProcess:
             command += ["--seed", str(seed)]
         if max_body is not None:
             command += ["--max-body", str(max_body)]
+        if masked_actions != "reject":
+            command += ["--masked-actions", masked_actions]
         self.requested_url = self.url = url
         # stderr goes to a file, not a pipe: a long-lived server that logs would otherwise
         # block once the pipe is full (nobody reads it after "ready")
@@ -236,6 +240,7 @@ def serve_process_factory(
             num_envs=num_envs,
             seed=options.seed,
             max_body=options.max_body,
+            masked_actions=options.masked_actions,
         )
 
     return start

@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=None, help="seed of the first unseeded reset (env i: S + i)"
     )
     parser.add_argument(
+        "--masked-actions",
+        choices=("reject", "pass", "noop"),
+        default="reject",
+        help="an action the env's mask forbids: reject it (MASKED_ACTION, default), pass it to "
+        "the env, or noop (the env does not step; reward env.masked_action_penalty)",
+    )
+    parser.add_argument(
         "--max-body", type=int, default=None, help="largest request body accepted, in bytes"
     )
     parser.add_argument(
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
+    if args.masked_actions == "noop" and args.workers and args.lang == "python":
+        parser.error("--masked-actions noop needs --workers 0 on a Python server")
     if args.env not in ENVS and ":" not in args.env:
         parser.error(
             f"--env {args.env!r}: not a reference env ({', '.join(sorted(ENVS))}) and not a "
@@ -148,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--max-body", str(args.max_body)]
         if args.workers:
             command += ["--workers", str(args.workers)]
+        if args.masked_actions != "reject":
+            command += ["--masked-actions", args.masked_actions]
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             max_body=max_body,
             ready=ready,
             workers=args.workers,
+            masked_actions=args.masked_actions,
         )
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)

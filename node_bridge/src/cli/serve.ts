@@ -12,6 +12,7 @@ import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
 import { ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
+import { MASKED_ACTION_POLICIES, type MaskedActions } from "../runtime/core";
 import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
@@ -37,6 +38,9 @@ port that was bound).
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
   --workers K    step each connection's envs in K worker threads (default 0: in-process)
+  --masked-actions P
+                 an action the env's mask forbids: reject (MASKED_ACTION, default), pass (the
+                 env steps with it) or noop (no step; reward env.maskedActionPenalty, default 0)
 
 Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
 `;
@@ -50,6 +54,7 @@ interface Args {
   maxBody: number | undefined;
   numEnvsGiven: boolean;
   workers: number;
+  maskedActions: MaskedActions;
 }
 
 class UsageError extends Error {}
@@ -62,6 +67,7 @@ function parseArgs(argv: readonly string[]): Args | null {
   let seed: bigint | null = null;
   let maxBody: number | undefined;
   let workers = 0;
+  let maskedActions: MaskedActions = "reject";
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     if (arg === "-h" || arg === "--help") return null;
@@ -103,13 +109,22 @@ function parseArgs(argv: readonly string[]): Args | null {
       case "--workers":
         workers = integer(value(), "--workers");
         break;
+      case "--masked-actions": {
+        const text = value();
+        const found = MASKED_ACTION_POLICIES.find((p) => p === text);
+        if (found === undefined) {
+          throw new UsageError(`--masked-actions must be one of ${MASKED_ACTION_POLICIES.join(", ")}, got ${JSON.stringify(text)}`);
+        }
+        maskedActions = found;
+        break;
+      }
       default:
         if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unexpected argument ${JSON.stringify(arg)}`);
         url = arg;
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers };
+  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers, maskedActions };
 }
 
 /** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
@@ -176,6 +191,7 @@ async function main(argv: readonly string[]): Promise<number> {
       seed: args.seed,
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
       ...(args.workers ? { workers: args.workers } : {}),
+      maskedActions: args.maskedActions,
     });
   } catch (error) {
     process.stderr.write(`transport-serve: error: ${(error as Error).message}\n`);

@@ -227,11 +227,54 @@ function readerOf(schema: SchemaModule, field: FieldJson): { read: Reader; size:
   return { read, size: field.size / field.count };
 }
 
+/**
+ * What a server does with an action its env's mask forbids (Python's `MASKED_ACTION_POLICIES`):
+ * "reject" answers MASKED_ACTION; "pass" steps the env with it; "noop" does not step that env and
+ * returns its previous result with the env's `maskedActionPenalty` (default 0) as reward.
+ */
+export type MaskedActions = "reject" | "pass" | "noop";
+export const MASKED_ACTION_POLICIES: readonly MaskedActions[] = ["reject", "pass", "noop"];
+
+/** `policy` as a MaskedActions; a TransportError naming the choices otherwise. */
+export function checkMaskedActions(policy: string): MaskedActions {
+  const found = MASKED_ACTION_POLICIES.find((p) => p === policy);
+  if (found === undefined) {
+    throw new TransportError(`maskedActions ${JSON.stringify(policy)}: expected one of ${MASKED_ACTION_POLICIES.join(", ")}`);
+  }
+  return found;
+}
+
+/** An env's `maskedActionPenalty` (the reward of a "noop" masked action), else 0. */
+export function penaltyOf(env: unknown): number {
+  const value = (env as { maskedActionPenalty?: unknown } | null)?.maskedActionPenalty ?? 0;
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw new TransportError(`maskedActionPenalty must be a finite number, not ${String(value)}`);
+  }
+  return value;
+}
+
 /** Options of a runtime. */
 export interface RuntimeOptions {
   /** The seed of the first unseeded reset (env i gets seed + i). */
   readonly firstSeed?: bigint | number | null;
+  /** What a masked action does (default "reject"). */
+  readonly maskedActions?: MaskedActions;
+  /** "noop": the reward of a masked action, per env (default 0). */
+  readonly penalties?: readonly number[];
 }
+
+type Writer = (dv: DataView, at: number, value: number) => void;
+
+const WRITERS: Readonly<Record<string, Writer>> = {
+  f32: (dv, at, v) => dv.setFloat32(at, v, true),
+  f64: (dv, at, v) => dv.setFloat64(at, v, true),
+  i8: (dv, at, v) => dv.setInt8(at, v),
+  u8: (dv, at, v) => dv.setUint8(at, v),
+  i16: (dv, at, v) => dv.setInt16(at, v, true),
+  u16: (dv, at, v) => dv.setUint16(at, v, true),
+  i32: (dv, at, v) => dv.setInt32(at, v, true),
+  u32: (dv, at, v) => dv.setUint32(at, v, true),
+};
 
 /** N envs of one client: the checks, seeds, auto-reset, finals, recovery, seats, OBSERVE. */
 export class EnvRuntime {
@@ -248,7 +291,14 @@ export class EnvRuntime {
   readonly seats: number;
   /** The request's actions (length max(N, seats)): a backend reads them here, then calls step. */
   readonly actions: Float64Array;
+  /** What a masked action does (the HELLO info's `masked_actions`). */
+  readonly maskedActions: MaskedActions;
 
+  readonly #penalties: readonly number[];
+  /** The result's reward field (written by a "noop" masked action); null without one. */
+  readonly #reward: { at: number; write: Writer } | null;
+  /** Per env: this request's action is a masked "noop" (the env does not step). */
+  readonly #noop: Uint8Array;
   readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
   /** The result fields whose truth ends an episode (`episodeEndFields`). */
   readonly #ends: ReadonlyArray<{ at: number; read: Reader }>;
@@ -287,6 +337,12 @@ export class EnvRuntime {
     this.#seeds = new Array<bigint | null>(n).fill(null);
     this.seats = schema.ir.env?.seats ?? SEATS;
     this.actions = new Float64Array(Math.max(n, this.seats));
+    this.maskedActions = checkMaskedActions(options.maskedActions ?? "reject");
+    this.#penalties = options.penalties ?? [];
+    const rewardField = fieldWithRole(schema, this.result.name, "reward");
+    const write = rewardField && rewardField.count === 1 ? WRITERS[elementType(schema, rewardField)] : undefined;
+    this.#reward = rewardField && write ? { at: rewardField.offset, write } : null;
+    this.#noop = new Uint8Array(n);
   }
 
   /** Has env 0 a `stepBatch` this runtime can drive (a 1-env runtime in this thread)? */
@@ -342,9 +398,15 @@ export class EnvRuntime {
     const nextStep = this.autoreset === AutoReset.NEXT_STEP;
     const isDone = this.#isDone;
     const wasReset = this.#wasReset;
+    const noop = this.#noop;
+    let noops = false;
     for (let i = from; i < to; i++) {
+      noop[i] = 0;
       if (nextStep && isDone[i] && wasReset[i]) continue;
-      this.#checkAction(i, actions[i] as number);
+      if (this.#checkAction(i, actions[i] as number)) {
+        noop[i] = 1;
+        noops = true;
+      };
     }
     ops.fill(Op.NONE);
     const seeds = this.#seeds;
@@ -352,11 +414,12 @@ export class EnvRuntime {
       if (nextStep && isDone[i] && wasReset[i]) {
         ops[i] = Op.RESET; // the action of a done env is ignored
         seeds[i] = null;
-      } else {
+      } else if (!noop[i]) {
         ops[i] = Op.STEP;
       }
     }
     let failures = this.#run(out);
+    if (noops) for (let i = from; i < to; i++) if (noop[i]) this.#noopResult(i, out);
     if (this.autoreset === AutoReset.SAME_STEP) {
       let ended = false;
       for (let i = from; i < to; i++) {
@@ -508,7 +571,22 @@ export class EnvRuntime {
     this.#isDone[index] = ended;
   }
 
-  #checkAction(index: number, action: number): void {
+  /**
+   * A masked action under "noop": env `index` keeps its previous result (not done: a done env is
+   * refused or reset before this) with its penalty as reward.
+   */
+  #noopResult(index: number, out: Records): void {
+    const reward = this.#reward;
+    if (reward !== null) {
+      const bytes = out.bytes;
+      const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      reward.write(dv, out.at(index) + reward.at, this.#penalties[index] ?? 0);
+    }
+    out.written(index);
+  }
+
+  /** Refuse a bad action (RequestError); true when it is masked out under "noop" (no step). */
+  #checkAction(index: number, action: number): boolean {
     if (!this.#wasReset[index]) {
       throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: step before the first reset`);
     }
@@ -521,8 +599,12 @@ export class EnvRuntime {
     }
     const mask = this.#mask;
     if (mask !== null && action < mask.count && !this.#masks[index * mask.count + action]) {
-      throw new RequestError(ErrorCode.MASKED_ACTION, `env ${index}: action ${action} is masked out`);
+      if (this.maskedActions === "reject") {
+        throw new RequestError(ErrorCode.MASKED_ACTION, `env ${index}: action ${action} is masked out`);
+      }
+      return this.maskedActions === "noop";
     }
+    return false;
   }
 
   /**

@@ -97,7 +97,12 @@ export class Session implements Records {
     this.#observeResp = schema.messages["OBSERVE_RESP"]?.id ?? -1;
     this.numEnvs = runtime.numEnvs;
     this.spaces = runtime.spaces;
-    this.info = { num_envs: this.numEnvs, env: info.envName ?? "", server: info.serverLang ?? "node" };
+    this.info = {
+      num_envs: this.numEnvs,
+      env: info.envName ?? "",
+      server: info.serverLang ?? "node",
+      masked_actions: runtime.maskedActions,
+    };
     this.#resultSize = runtime.result.size;
     const step = stepAction(schema);
     this.#action = step.type;
