@@ -116,8 +116,9 @@ def test_noop_reward_is_the_node_envs_penalty(tmp_path: Path) -> None:
     )
     extra = ["--masked-actions", "noop"]
     with (
-        ServerProcess(unique_url("unix"), env=f"{module}:Penalized", lang="node", extra=extra)
-        as server,
+        ServerProcess(
+            unique_url("unix"), env=f"{module}:Penalized", lang="node", extra=extra
+        ) as server,
         transport.connect(server.url) as client,
     ):
         first = client.reset(5, copy=True)
@@ -177,7 +178,10 @@ exports.Lenient = () => {{
   const step = env.step.bind(env);
   env.step = (action) => step(env.lastResultMask[action] === 1 ? action : 0);
   const reset = env.reset.bind(env);
-  const remember = (result) => {{ env.lastResultMask = Uint8Array.from(result.action_mask); return result; }};
+  const remember = (result) => {{
+    env.lastResultMask = Uint8Array.from(result.action_mask);
+    return result;
+  }};
   env.reset = (seed) => remember(reset(seed));
   const stepped = env.step;
   env.step = (action) => remember(stepped(action));
@@ -238,3 +242,19 @@ def test_the_mask_check_is_the_only_thing_pass_turns_off() -> None:
         assert info.value.code == ErrorCode.INVALID_ACTION
 
 
+def test_adapters_say_what_to_do_on_a_reject_server() -> None:
+    """A masked action through an adapter: MASKED_ACTION, with both ways to change the policy."""
+    from transport.gym import RemoteEnv
+
+    with contract_server("python", None) as server:
+        env = RemoteEnv(server.url, schema=PAC)
+        try:
+            env.reset(seed=3)
+            with pytest.raises(RemoteError) as info:
+                env.step(MASKED)
+        finally:
+            env.close()
+    assert info.value.code == ErrorCode.MASKED_ACTION
+    text = str(info.value)
+    assert "--masked-actions noop" in text and "masked_actions='noop'" in text
+    assert server.url in text and "MaskablePPO" in text

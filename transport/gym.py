@@ -32,7 +32,8 @@ from gymnasium.vector.utils import batch_space
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
-from transport.errors import AdapterError
+from transport.errors import AdapterError, RemoteError
+from transport.protocol import ErrorCode
 
 URL_ENV = "TRANSPORT_URL"
 NUM_ENVS_ENV = "TRANSPORT_NUM_ENVS"
@@ -99,6 +100,27 @@ def check_autoreset(client: Client, wire: str) -> None:
             f"{client.url}: the client was connected with autoreset {mode or 'unknown'!r}; this "
             f"adapter needs {wire!r} (transport.connect(url, autoreset={wire!r}))"
         )
+
+
+MASKED_HINT = (
+    "{url} rejects masked actions (its masked-actions policy is 'reject'): a trainer that "
+    "ignores action_masks() (plain SB3 PPO, gymnasium's check_env) needs a server started with "
+    "`transport-serve URL --masked-actions noop` (or pass), or transport.serve(..., "
+    "masked_actions='noop') in a script; sb3-contrib's MaskablePPO works with 'reject' "
+    "(docs/adapters.md)"
+)
+
+
+def step_explained(client: Any, actions: Any) -> StepView:
+    """``client.step(actions)``; a MASKED_ACTION error gets what to do about it appended."""
+    try:
+        view: StepView = client.step(actions)
+    except RemoteError as exc:
+        if exc.code != ErrorCode.MASKED_ACTION:
+            raise
+        hint = MASKED_HINT.format(url=client.url)
+        raise type(exc)(exc.code, exc.name, f"{exc.text}. {hint}") from exc
+    return view
 
 
 class ResultFields:
@@ -215,7 +237,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     def step(
         self, action: np.int64 | int
     ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        view = self.client.step(int(action))
+        view = step_explained(self.client, int(action))
         fields = self.fields
         return (
             self._observe(view),
@@ -331,7 +353,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        view = self.client.step(np.asarray(actions).reshape(self.num_envs))
+        view = step_explained(self.client, np.asarray(actions).reshape(self.num_envs))
         fields = self.fields
         rewards = np.array(view[fields.reward], dtype=np.float64)
         terminated = fields.terminated_of(view)

@@ -167,6 +167,13 @@ class MultiClient:
                 f"the servers of one batch answered different auto-reset modes {modes}"
             )
         self.autoreset = modes.pop()
+        policies = {client.masked_actions for client in clients}
+        if len(policies) != 1:
+            raise ProtocolError(
+                f"the servers of one batch have different masked-action policies {policies}: "
+                "start them with the same --masked-actions"
+            )
+        self.masked_actions = policies.pop()
         self.server_info: dict[str, Any] = {**clients[0].server_info, "num_envs": self.num_envs}
         self.finals: list[tuple[int, StepView]] = []
         """SAME_STEP: (global env id, owned final result) of each episode the last step ended;

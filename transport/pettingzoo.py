@@ -27,7 +27,13 @@ from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
-from transport.gym import Bounds, ResultFields, observation_bounds_of, resolve_url
+from transport.gym import (
+    Bounds,
+    ResultFields,
+    observation_bounds_of,
+    resolve_url,
+    step_explained,
+)
 
 
 def _default_schema() -> Schema:
@@ -147,7 +153,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         if action is None:
             raise ValueError(f"{agent} is alive: step it with an action, not None")
         self._cumulative_rewards[agent] = 0.0
-        view = self.client.step(int(action))
+        view = step_explained(self.client, int(action))
         self._absorb(view)
 
     def action_mask(self, agent: str) -> np.ndarray:

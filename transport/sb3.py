@@ -36,6 +36,7 @@ from transport.gym import (
     observation_bounds_of,
     resolve_num_envs,
     resolve_url,
+    step_explained,
 )
 
 
@@ -99,7 +100,7 @@ class RemoteVecEnv(VecEnv):
         if self._actions is None:
             raise RuntimeError("step_wait() without step_async()")
         actions, self._actions = self._actions, None
-        view = self.client.step(actions)
+        view = step_explained(self.client, actions)
         fields = self.fields
         rewards = np.array(view[fields.reward], dtype=np.float32)
         terminated = fields.terminated_of(view)
