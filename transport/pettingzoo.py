@@ -28,6 +28,7 @@ from transport.client import DEFAULT_TIMEOUT, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
 from transport.gym import (
+    SERVE_HINT,
     Bounds,
     ResultFields,
     observation_bounds_of,
@@ -72,8 +73,10 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         try:
             if self.client.num_envs != 1:
                 raise AdapterError(
-                    f"{self.client.url} serves {self.client.num_envs} envs per connection; "
-                    "RemoteAECEnv plays one table: start the server with --num-envs 1"
+                    f"{self.client.url} serves {self.client.num_envs} envs per connection and "
+                    "RemoteAECEnv plays one table: serve one env per connection ("
+                    + SERVE_HINT.format(n=1)
+                    + ")"
                 )
             self.fields = ResultFields(self.client)
             if self.fields.mask is None:

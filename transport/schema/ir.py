@@ -49,6 +49,8 @@ ROLES = (
     "done",
 )
 """Field roles an RL adapter looks for; at most one field per role in a struct."""
+FLAG_ROLES = frozenset({"done", "terminated", "truncated", "action_mask"})
+"""Roles whose integer fields hold flags (0 or 1): the codecs take booleans there too."""
 
 
 @dataclass(frozen=True)

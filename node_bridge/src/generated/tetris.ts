@@ -745,13 +745,13 @@ export interface StepResultInput {
   /** f32[214] at offset 0 (856 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[40] at offset 856 (40 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** f32 at offset 896 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 900 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 901 (1 byte, role truncated). */
-  truncated: number;
+  truncated: number | boolean;
   /** u8 at offset 902 (1 byte). */
   lines: number;
   /** u8 at offset 903 (1 byte). */
@@ -821,10 +821,10 @@ const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultV
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 214, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 40, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 40, path, "action_mask");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
-    rt.checkInteger(rt.fieldValue(fields, "truncated", path), "u8", path, "truncated");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "truncated", path), "u8", path, "truncated");
     rt.checkInteger(rt.fieldValue(fields, "lines", path), "u8", path, "lines");
     rt.checkInteger(rt.fieldValue(fields, "piece", path), "u8", path, "piece");
     rt.checkInteger(rt.fieldValue(fields, "total_lines", path), "u32", path, "total_lines");
