@@ -300,3 +300,50 @@ def test_pettingzoo_state_comes_from_the_env() -> None:
                 env.state()
         finally:
             env.close()
+
+
+# -- item 7: any list of seeds (RESET_SEEDS) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("seeds", [[7, 100, 3], [None, 5, None], [9, 9, 9]])
+def test_reset_takes_any_list_of_seeds_as_sync_vector_env(seeds: list[int | None]) -> None:
+    """Not only s, s+1, ...: each env gets its own seed (None: unseeded), step by step equal."""
+    with transport.Server(
+        TimeLimitWalk, unique_url("unix"), schema=tetris.SCHEMA, num_envs=NUM_ENVS
+    ).start() as server:
+        remote = RemoteVectorEnv(server.bound_url, schema=tetris.SCHEMA)
+        local = SyncVectorEnv([LocalWalk for _ in range(NUM_ENVS)])
+        try:
+            obs_r, _ = remote.reset(seed=seeds)
+            obs_l, _ = local.reset(seed=seeds)
+            assert np.array_equal(obs_r, obs_l)
+            for k in range(12):
+                actions = np.full(NUM_ENVS, k % ACT_N)
+                obs_r, rew_r, term_r, trunc_r, _ = remote.step(actions)
+                obs_l, rew_l, term_l, trunc_l, _ = local.step(actions)
+                assert np.array_equal(obs_r, obs_l), k
+                assert np.array_equal(rew_r, rew_l) and np.array_equal(term_r, term_l), k
+                assert np.array_equal(trunc_r, trunc_l), k
+            with pytest.raises(AdapterError, match="one seed"):
+                remote.reset(seed=[1, 2])
+        finally:
+            remote.close()
+            local.close()
+
+
+def test_multi_server_batch_takes_a_list_of_seeds() -> None:
+    """connect_many: the list is split across the servers (global env i gets seeds[i])."""
+    from transport.multi import connect_many
+
+    with (
+        transport.Server(
+            TimeLimitWalk, unique_url("unix"), schema=tetris.SCHEMA, num_envs=2
+        ).start() as first,
+        transport.Server(
+            TimeLimitWalk, unique_url("unix"), schema=tetris.SCHEMA, num_envs=1
+        ).start() as second,
+    ):
+        with connect_many([first.bound_url, second.bound_url], tetris.SCHEMA) as batch:
+            view = batch.reset([11, None, 4], copy=True)
+            want = [TimeLimitWalk().reset(s)["observation"] for s in (11, None, 4)]
+            assert np.array_equal(view["observation"], np.stack(want))

@@ -35,13 +35,17 @@ FINAL_ENTRY_EXTRA = 4
 
 def largest_request(schema: Schema, num_envs: int) -> tuple[int, str]:
     """The largest fixed-size request a client of a framed server with ``num_envs`` envs sends,
-    and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ or
-    RESET_SEED_REQ (their struct sizes), whichever is largest."""
+    and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ,
+    RESET_SEED_REQ (their struct sizes) or RESET_SEEDS_REQ (N x 16), whichever is largest."""
     action = body_codec(schema, "STEP_REQ").size
     candidates = [
         (num_envs * action, f"a STEP_BATCH request for {num_envs} envs ({num_envs} x {action})"),
         (body_codec(schema, "STEP_MULTI_REQ").size, "a STEP_MULTI request"),
         (body_codec(schema, "RESET_SEED_REQ").size, "a RESET_SEED request"),
+        (
+            num_envs * body_codec(schema, "RESET_SEEDS_REQ").size,
+            f"a RESET_SEEDS request for {num_envs} envs",
+        ),
     ]
     return max(candidates, key=lambda item: item[0])
 

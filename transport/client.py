@@ -70,6 +70,22 @@ class StepView:
         return f"StepView({', '.join(self._fields)}; envs={shape[0] if shape else 1})"
 
 
+def seeds_body(schema: Schema, seeds: Sequence[int | None], num_envs: int) -> bytearray:
+    """A RESET_SEEDS_REQ body: one (seed, has_seed) entry per env; None resets unseeded."""
+    seeds = list(seeds)
+    if len(seeds) != num_envs:
+        raise ValueError(f"expected {num_envs} seeds (one per env, or None), got {len(seeds)}")
+    for seed in seeds:
+        if seed is not None and (isinstance(seed, bool) or not 0 <= int(seed) < 1 << 64):
+            raise ValueError(f"a seed must be an integer in 0..2**64-1 or None, not {seed!r}")
+    codec = body_codec(schema, "RESET_SEEDS_REQ")
+    body = bytearray(codec.size * num_envs)
+    entries = codec.view(body, 0, count=num_envs)
+    entries["seed"] = [0 if s is None else int(s) for s in seeds]
+    entries["has_seed"] = [s is not None for s in seeds]
+    return body
+
+
 class Client:
     """A connection to an env server. Use as a context manager, or call ``close()``."""
 
@@ -112,10 +128,19 @@ class Client:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
-        """Reset every env (env i gets ``seed + i``); fields have a leading env axis if N > 1."""
+    def reset(
+        self, seed: int | Sequence[int | None] | None = None, *, copy: bool = False
+    ) -> StepView:
+        """Reset every env (env i gets ``seed + i``, or ``seed[i]`` from a list of one seed or
+        None per env: RESET_SEEDS); fields have a leading env axis if N > 1."""
         if seed is None:
             body = self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
+        elif not isinstance(seed, int | np.integer):
+            body = self._exchange(
+                self.ids.RESET_SEEDS_REQ,
+                seeds_body(self.schema, seed, self.num_envs),
+                self.ids.RESET_RESP,
+            )
         else:
             self._seed_codec.encode_into(
                 self._seed_body, 0, {self._seed_codec.ir.fields[0].name: seed}

@@ -397,9 +397,16 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         seed: int | list[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every env; ``seed=s`` gives env i the seed s + i (a list must be s, s+1, ...)."""
-        if isinstance(seed, list):
-            seed = _consecutive(seed)
+        """Reset every env; ``seed=s`` gives env i the seed s + i, a list ``[s0, s1, ...]`` (one
+        int or None per env, as ``SyncVectorEnv``) gives env i ``seeds[i]`` (RESET_SEEDS)."""
+        if isinstance(seed, list | tuple):
+            if len(seed) != self.num_envs:
+                raise AdapterError(
+                    f"reset(seed=[...]) needs one seed (or None) per env: {self.num_envs}, "
+                    f"got {len(seed)}"
+                )
+            view = self.client.reset(None if all(s is None for s in seed) else list(seed))
+            return self._observe(view), self._infos(view)
         if seed is not None:
             self._np_random, self._np_random_seed = gymnasium.utils.seeding.np_random(seed)
         view = self.client.reset(seed)
@@ -525,15 +532,3 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             final_info["_" + name] = ended.copy()
         infos["final_obs"], infos["_final_obs"] = final_obs, ended
         infos["final_info"], infos["_final_info"] = final_info, ended.copy()
-
-
-def _consecutive(seeds: list[int | None]) -> int | None:
-    if all(s is None for s in seeds):
-        return None
-    first = seeds[0]
-    if first is None or any(s != first + i for i, s in enumerate(seeds)):
-        raise AdapterError(
-            f"the server seeds env i with seed + i: pass one int, or a list [s, s+1, ...] "
-            f"(got {seeds})"
-        )
-    return first

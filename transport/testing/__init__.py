@@ -11,7 +11,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-from transport.testing import masked_checks  # noqa: F401  (registers its checks)
+from transport.testing import gymapi_checks  # noqa: F401  (registers its checks)
 from transport.testing.checks import (
     CHECKS,
     Check,

@@ -118,12 +118,14 @@ class ShmChannel:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self._action_name = action.name
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
+        self._seeds_codec = body_codec(schema, "RESET_SEEDS_REQ")
         self._body_requests: tuple[Any, list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
             ids.STEP_REQ: self._step,
             ids.STEP_BATCH_REQ: self._step,
             ids.RESET_REQ: self._reset,
             ids.RESET_SEED_REQ: self._reset,
+            ids.RESET_SEEDS_REQ: self._reset_seeds,
             ids.HELLO_REQ: self._hello,
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
@@ -407,6 +409,14 @@ class ShmChannel:
             self._has_seed[:] = 1
         else:
             self._has_seed[:] = 0
+        self._exchange(SlotCommand.RESET)
+        return self.ids.RESET_RESP, self._empty
+
+    def _reset_seeds(self, body: Any) -> tuple[int, memoryview]:
+        """RESET_SEEDS: each env's own seed (or none) into its slot, one RESET."""
+        entries = self._seeds_codec.view(body, 0, count=self.num_envs)
+        self._seeds[:] = entries["seed"]
+        self._has_seed[:] = entries["has_seed"]
         self._exchange(SlotCommand.RESET)
         return self.ids.RESET_RESP, self._empty
 

@@ -1,9 +1,10 @@
-"""Contract checks of the masked-action policies (``serve(masked_actions=...)``, issue 15).
+"""Contract checks of issue 15 items 2 and 7: masked-action policies and per-env seeds.
 
-A server started with ``--masked-actions pass`` steps an env with an action its mask forbids;
-``noop`` does not step that env and answers its previous result with the env's penalty as
-reward (ContractEnv has none: 0). Both say their policy in the HELLO info. ``reject`` (the
-default) is covered by ``check_refused_actions``.
+Masked actions (``serve(masked_actions=...)``): a server started with ``--masked-actions
+pass`` steps an env with an action its mask forbids; ``noop`` does not step that env and answers
+its previous result with the env's penalty as reward (ContractEnv has none: 0). Both say their
+policy in the HELLO info. ``reject`` (the default) is covered by ``check_refused_actions``.
+Seeds: RESET_SEEDS_REQ resets env i with its own seed, any list.
 """
 
 from __future__ import annotations
@@ -60,3 +61,20 @@ def check_masked_action_policies(ctx: CheckContext) -> None:
                 _expect_results(client.reset(23), model.reset(23), f"{policy}: reset")
             results, _, _ = model.step(actions)
             _expect_results(_step(client, actions), results, f"{policy}: the next step")
+
+
+@_check(per_schema=False)
+def check_reset_with_a_seed_per_env(ctx: CheckContext) -> None:
+    """RESET_SEEDS: ``client.reset([s0, None, s2, ...])`` resets env i with its own seed (None:
+    unseeded, continuing its stream), any list, not only s, s+1, ...; bytes as the local envs'."""
+    server = ctx.factory(ctx.schema, SEATS_ENVS, ServerOptions())
+    with ctx.connect(server) as client:
+        model = ExpectedSession(ctx.schema, client.num_envs, server_seed=None)
+        _expect_results(client.reset(4), model.reset(4), "reset(4)")
+        seeds = [None if i % 3 == 1 else 1000 - 7 * i for i in range(client.num_envs)]
+        expected = [env.reset(seed) for env, seed in zip(model.envs, seeds, strict=True)]
+        model.results = list(expected)
+        _expect_results(client.reset(seeds), expected, f"reset({seeds})")
+        actions = [0] * client.num_envs
+        results, _, _ = model.step(actions)
+        _expect_results(_step(client, actions), results, "a step after reset(seeds)")
