@@ -258,3 +258,24 @@ def test_adapters_say_what_to_do_on_a_reject_server() -> None:
     text = str(info.value)
     assert "--masked-actions noop" in text and "masked_actions='noop'" in text
     assert server.url in text and "MaskablePPO" in text
+
+
+def test_noop_on_node_worker_threads() -> None:
+    """Node's worker pool skips the masked env too (Python's pool refuses noop at start)."""
+    extra = ["--masked-actions", "noop", "--workers", "2"]
+    with (
+        ServerProcess(unique_url("unix"), env="pac", lang="node", num_envs=4, extra=extra) as s,
+        transport.connect(s.url) as client,
+    ):
+        first = client.reset(7, copy=True)
+        local = [PacEnv() for _ in range(4)]
+        for i, env in enumerate(local):
+            env.reset(7 + i)
+        result = client.step([0, 60, 0, 0], copy=True)  # 60: reserved, always masked
+        for i, env in enumerate(local):
+            if i == 1:
+                assert np.array_equal(result["observation"][i], first["observation"][i])
+                assert float(result["reward"][i]) == 0.0
+            else:
+                want = env.step(0)
+                assert np.array_equal(result["observation"][i], want["observation"]), i
