@@ -109,6 +109,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly serverInfo: Readonly<Record<string, unknown>>;
   /** The auto-reset mode of this session (from the handshake). */
   readonly autoreset: AutoReset;
+  /** The server's masked-action policy ("reject", "pass", "noop"; an older server: "reject"). */
+  readonly maskedActions: string;
   /**
    * SAME_STEP auto-reset: the env index and owned final result of each episode that ended in
    * the last step; the step's own result holds the reset result for those envs. Empty otherwise.
@@ -138,6 +140,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     this.numEnvs = Number.isInteger(n) && n >= 1 ? n : 1;
     this.serverInfo = { ...channel.info };
     this.autoreset = toAutoReset(String(channel.info.autoreset ?? "disabled"));
+    this.maskedActions = String(channel.info.masked_actions ?? "reject");
     this.#result = bodyCodec(schema, "STEP_RESP");
     this.#resultSize = this.#result.size;
     const step = bodyCodec(schema, "STEP_REQ");
