@@ -26,6 +26,8 @@ port that was bound).
   transport-serve unix:///tmp/g.sock --env mygame.envs:GridWorld --schema grid.toml --num-envs 16
   transport-serve unix:///tmp/g.sock --env ./dist/grid.js:GridWorld --schema grid.toml --lang node
   transport-serve http://127.0.0.1:8080 --env echo --num-envs 8
+  transport-serve unix:///tmp/pac.sock --env pac --num-envs 8 --masked-actions noop
+                                          for trainers that ignore masks (plain PPO)
   transport-serve "shm://pac?num_envs=32" --env pac       (region /dev/shm/transport-pac)
   transport-serve zmq+ipc:///tmp/pac.zmq --env pac --lang node
   transport-serve "zmq+tcp://0.0.0.0:5555?server_key=keys/server.key_secret&clients=keys/clients"
