@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -347,3 +348,25 @@ def test_multi_server_batch_takes_a_list_of_seeds() -> None:
             view = batch.reset([11, None, 4], copy=True)
             want = [TimeLimitWalk().reset(s)["observation"] for s in (11, None, 4)]
             assert np.array_equal(view["observation"], np.stack(want))
+
+
+class FramedPac(PacEnv):
+    """pac that renders a frame of its step count."""
+
+    def info(self) -> dict[str, Any]:
+        frame = np.full((4, 5, 3), self.steps % 256, np.uint8)
+        return {"frame": frame.tobytes(), "frame_shape": list(frame.shape)}
+
+
+def test_check_env_with_its_render_check() -> None:
+    """gymnasium's check_env, render check included, on a rendering env behind a noop server."""
+    from gymnasium.utils.env_checker import check_env
+
+    with transport.Server(FramedPac, unique_url("unix"), masked_actions="noop").start() as s:
+        env = RemoteEnv(s.bound_url, render_mode="rgb_array")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                check_env(env)
+        finally:
+            env.close()
