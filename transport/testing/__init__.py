@@ -11,7 +11,8 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-from transport.testing import gymapi_checks  # noqa: F401  (registers its checks)
+import transport.testing.checks_discovery
+import transport.testing.gymapi_checks  # noqa: F401  (registers its checks)
 from transport.testing.checks import (
     CHECKS,
     Check,

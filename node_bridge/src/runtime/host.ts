@@ -7,7 +7,7 @@
 import type { SchemaModule } from "../codec";
 import { ConnectError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
-import { EnvRuntime, type MaskedActions, bodyCodec, checkMaskedActions, penaltyOf } from "./core";
+import { ActionRule, EnvRuntime, type MaskedActions, bodyCodec, checkMaskedActions, penaltyOf } from "./core";
 import { type Env, type EnvOrFactory, type Spaces, isEnv, makerOf } from "./env";
 import { LocalRunner } from "./local";
 import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
@@ -55,6 +55,7 @@ export class EnvHost {
   readonly #validate: boolean;
   readonly #workers: number;
   readonly #workerEnv: WorkerEnvSpec;
+  readonly #actionElements: number;
   /** The spaces of the pool's envs (asked once of an env made here). */
   #poolSpaces: Spaces | null = null;
   /** The pool's envs' `maskedActionPenalty` (asked of the same env). */
@@ -65,6 +66,14 @@ export class EnvHost {
     if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be an integer of at least 1");
     this.schema = options.schema ?? pac_env.SCHEMA;
     bodyCodec(this.schema, "STEP_RESP"); // a schema the runtime cannot serve fails here
+    const rule = new ActionRule(this.schema); // so does an action type it cannot carry
+    this.#actionElements = rule.elements;
+    if ((options.workers ?? 0) > 0 && rule.kind !== "discrete") {
+      throw new TransportError(
+        `workers=${options.workers}: worker threads carry one integer action per env; this schema's action is ` +
+          `${rule.kind === "box" ? "a Box" : "a MultiDiscrete"} array: serve it in this thread (workers 0)`,
+      );
+    }
     this.numEnvs = numEnvs;
     this.envName = options.envName ?? "";
     this.serverLang = options.serverLang ?? "node";
@@ -117,7 +126,8 @@ export class EnvHost {
     if (factory === null) {
       const codec = bodyCodec(this.schema, "STEP_RESP");
       const shared = this.#shared as AnyEnv;
-      return new EnvRuntime(this.schema, new LocalRunner([shared], codec, null, this.#validate), options(noop ? [penaltyOf(shared)] : []));
+      const runner = new LocalRunner([shared], codec, null, this.#validate, this.#actionElements);
+      return new EnvRuntime(this.schema, runner, options(noop ? [penaltyOf(shared)] : []));
     }
     if (this.#workers > 0) {
       if (this.#poolSpaces === null || (noop && this.#poolPenalty === null)) {
@@ -135,6 +145,6 @@ export class EnvHost {
     for (let i = 0; i < numEnvs; i++) envs.push(factory());
     const codec = bodyCodec(this.schema, "STEP_RESP");
     const penalties = noop ? envs.map(penaltyOf) : [];
-    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate), options(penalties));
+    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionElements), options(penalties));
   }
 }

@@ -131,13 +131,14 @@ describe("HELLO", () => {
       const body = driver.session.body();
       assert.equal(body.readUInt16LE(2), mode);
       const info = msgpackDecode(body.subarray(12)) as Record<string, unknown>;
-      assert.deepEqual(Object.keys(info), ["num_envs", "env", "server", "masked_actions", "autoreset"]);
+      assert.deepEqual(Object.keys(info), ["num_envs", "env", "server", "masked_actions", "autoreset", "schema_name"]);
       assert.deepEqual(info, {
         num_envs: 2,
         env: "flaky",
         server: "node",
         masked_actions: "reject",
         autoreset: ["disabled", "next_step", "same_step"][mode],
+        schema_name: "pac_env",
       });
     });
   }
