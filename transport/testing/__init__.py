@@ -11,8 +11,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-import transport.testing.checks_discovery
-import transport.testing.gymapi_checks  # noqa: F401  (registers its checks)
+from transport.testing import checks_discovery, gymapi_checks  # noqa: F401  (register checks)
 from transport.testing.checks import (
     CHECKS,
     Check,
