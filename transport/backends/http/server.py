@@ -24,12 +24,14 @@ from transport.backends.http.wire import (
     _REQUEST_LINE,
     _TOKEN,
     _VALUE,
+    HTTP_VERBS,
     MAX_HEAD,
     MAX_HEADERS,
     METHODS,
     STATUS_OF_ERROR,
     Address,
     _is_loopback,
+    loads_json_body,
     parse_url,
     routes,
 )
@@ -77,6 +79,8 @@ def parse_request_head(head: bytes) -> _RequestHead:
     if match is None:
         raise _BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
     verb, target, minor = match.groups()
+    if verb not in HTTP_VERBS:
+        raise _BadRequest(f"not an HTTP/1.x request line: unknown method {verb[:16]!r}")
     if len(lines) - 1 > MAX_HEADERS:
         raise _BadRequest(f"more than {MAX_HEADERS} header lines")
     content_length: int | None = None
@@ -92,13 +96,13 @@ def parse_request_head(head: bytes) -> _RequestHead:
         if name == b"content-length":
             if _DIGITS.fullmatch(value) is None:
                 raise _BadRequest(f"bad Content-Length {value[:40]!r}")
-            if content_length is not None and content_length != int(value):
-                raise _BadRequest("conflicting Content-Length headers")
+            if content_length is not None:  # as llhttp (Node): even equal values (RFC 9112 6.3)
+                raise _BadRequest("duplicate Content-Length headers")
             content_length = int(value)
         elif name == b"transfer-encoding":
             raise _BadRequest("Transfer-Encoding is not supported: send Content-Length")
-        elif name == b"x-transport-fingerprint":
-            fingerprint = value.lower()
+        elif name == b"x-transport-fingerprint":  # repeated: joined as Node does (then refused)
+            fingerprint = value.lower() if fingerprint is None else fingerprint + b", " + value
         elif name == b"accept":
             accept_json = b"application/json" in value.lower()
         elif name == b"content-type":
@@ -219,7 +223,7 @@ class _Connection:
             return
         start = bytes(self.view[: min(self.have, 18)])
         verb = start.partition(b" ")[0]
-        if not re.fullmatch(rb"[A-Z]{0,16}", verb) or (b" " not in start and len(verb) >= 17):
+        if not re.fullmatch(rb"[A-Z-]{0,16}", verb) or (b" " not in start and len(verb) >= 17):
             raise _BadRequest(f"not an HTTP request: {start!r}")
 
     # -- serving ---------------------------------------------------------------------------------
@@ -365,6 +369,9 @@ class _Connection:
             fields.insert(0, ("Content-Type", "application/json"))
         else:
             fields.insert(0, ("Content-Type", "application/octet-stream"))
+        if head is not None and head.verb == b"HEAD":  # the head says the length, no body follows
+            self._send(_response_head(status, fields, len(body), close), b"")
+            return
         self._send(_response_head(status, fields, len(body), close), body)
 
     def _send(self, head: bytes, body: Any) -> None:
@@ -391,7 +398,7 @@ class _Connection:
         text = bytes(body).strip()
         if not text:
             return b""  # no body is no body, whatever its declared type
-        value = json.loads(text)
+        value = loads_json_body(text)
         message = self.schema.ir.messages[METHODS[method]]
         if message.body is None:
             if value not in (None, {}, []):
