@@ -15,7 +15,8 @@ import type { EnvFactory } from "../runtime/env";
 import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
-import { type Server, serve } from "../server";
+import { DEFAULT_MAX_BODY } from "../protocol";
+import { MAX_BODY_LIMIT, MAX_NUM_ENVS, type Server, checkServerLimits, serve } from "../server";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 
@@ -38,7 +39,9 @@ port that was bound).
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
   --workers K    step each connection's envs in K worker threads (default 0: in-process)
 
-Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
+Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments or limits
+(--num-envs 1..65536, --max-body 1..4294967295 and large enough for the schema's requests; a
+step response for every env must fit in max(--max-body, 64 MiB): the rules of the Python CLI).
 `;
 
 interface Args {
@@ -75,6 +78,13 @@ function parseArgs(argv: readonly string[]): Args | null {
       if (!/^[0-9]+$/.test(text)) throw new UsageError(`${name} must be a non-negative integer, got ${JSON.stringify(text)}`);
       return Number(text);
     };
+    // --num-envs and --max-body: any integer parses, then the range rule and text of Python's CLI
+    const ranged = (text: string, name: string, max: number, unit: string): number => {
+      if (!/^[+-]?[0-9]+$/.test(text)) throw new UsageError(`argument ${name}: invalid int value: '${text}'`);
+      const number = Number(text);
+      if (number < 1 || number > max) throw new UsageError(`${name} must be 1..${max}${unit}, not ${BigInt(text)}`);
+      return number;
+    };
     switch (flag) {
       case "--env":
         env = value();
@@ -88,8 +98,7 @@ function parseArgs(argv: readonly string[]): Args | null {
         schema = value();
         break;
       case "--num-envs":
-        numEnvs = integer(value(), "--num-envs");
-        if (numEnvs < 1) throw new UsageError("--num-envs must be at least 1");
+        numEnvs = ranged(value(), "--num-envs", MAX_NUM_ENVS, "");
         break;
       case "--seed": {
         const text = value();
@@ -98,7 +107,7 @@ function parseArgs(argv: readonly string[]): Args | null {
         break;
       }
       case "--max-body":
-        maxBody = integer(value(), "--max-body");
+        maxBody = ranged(value(), "--max-body", MAX_BODY_LIMIT, " bytes");
         break;
       case "--workers":
         workers = integer(value(), "--workers");
@@ -165,6 +174,14 @@ async function main(argv: readonly string[]): Promise<number> {
       const shm = parseShmUrl(args.url);
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
       checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
+    }
+    try {
+      checkServerLimits(schema, args.url, args.numEnvs, args.maxBody ?? DEFAULT_MAX_BODY);
+    } catch (error) {
+      if (!(error instanceof RangeError)) throw error;
+      // a limit with which every client would be refused: exit 2 before anything is created
+      process.stderr.write(`transport-serve: error: ${error.message}\n`);
+      return 2;
     }
     server = await serve(factory, args.url, {
       numEnvs: args.numEnvs,
