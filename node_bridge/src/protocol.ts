@@ -298,9 +298,9 @@ export function decodeHelloTail(tail: Uint8Array): Record<string, unknown> {
       case 0xc0: return null;
       case 0xc2: return false;
       case 0xc3: return true;
-      case 0xc4: { const n = dv.getUint8(take(1)); return tail.slice(take(n), at); }
-      case 0xc5: { const n = dv.getUint16(take(2)); return tail.slice(take(n), at); }
-      case 0xc6: { const n = dv.getUint32(take(4)); return tail.slice(take(n), at); }
+      case 0xc4: { const n = dv.getUint8(take(1)); return Uint8Array.from(tail.subarray(take(n), at)); }
+      case 0xc5: { const n = dv.getUint16(take(2)); return Uint8Array.from(tail.subarray(take(n), at)); }
+      case 0xc6: { const n = dv.getUint32(take(4)); return Uint8Array.from(tail.subarray(take(n), at)); }
       case 0xc7: return ext(dv.getUint8(take(1)));
       case 0xc8: return ext(dv.getUint16(take(2)));
       case 0xc9: return ext(dv.getUint32(take(4)));
