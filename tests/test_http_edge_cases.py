@@ -226,6 +226,12 @@ def test_both_servers_answer_the_same() -> None:
         b"POST /v1/health HTTP/2.0\r\nHost: x\r\n\r\n",
         b"POST http://x/v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
         post("/v1/health", headers=f"X-Transport-Fingerprint: {FP}\r\n"),
+        b"\r\n" + post("/v1/health"),  # an empty line before the request line is ignored
+        post("/v1/health").replace(b" HTTP/1.1", b"   HTTP/1.1"),  # spaces: word boundaries
+        post("/v1/health").replace(b" HTTP/1.1", b"\tHTTP/1.1"),  # a tab is not one
+        post("/v1/health", headers="X-A: b\r\n" * 61),  # 64 header lines: served
+        post("/v1/health", headers="X-A: b\r\n" * 62),  # 65: refused
+        post("/v1/health").replace(b"Fingerprint: ", b"Fingerprint:\xa0"),  # not whitespace
         *_mutations(seed=5, count=20),
     ]
     answers: dict[str, list[tuple[int, int | None] | None]] = {}

@@ -193,7 +193,8 @@ class _Connection:
         """The next request head and the offset of its body in the buffer."""
         scanned = 0
         while True:
-            end = self.buffer.find(b"\r\n\r\n", max(0, scanned - 3), self.have)
+            skip = self._blank_prefix()
+            end = self.buffer.find(b"\r\n\r\n", max(skip, scanned - 3), self.have)
             if end >= 0:
                 break
             scanned = self.have
@@ -203,7 +204,7 @@ class _Connection:
             self._recv()
         if end > MAX_HEAD:
             raise _BadRequest(f"request head is larger than {MAX_HEAD} bytes")
-        raw = bytes(self.view[:end])
+        raw = bytes(self.view[skip:end])
         head = self.heads.get(raw)
         if head is None:
             head = parse_request_head(raw)
@@ -212,16 +213,24 @@ class _Connection:
             self.heads[raw] = head
         return head, end + 4
 
+    def _blank_prefix(self) -> int:
+        """CR and LF bytes before the request line: ignored (RFC 9112 2.2, as llhttp does)."""
+        skip = 0
+        while skip < self.have and self.buffer[skip] in (13, 10):
+            skip += 1
+        return skip
+
     def _check_start(self) -> None:
         """Refuse bytes that cannot start an HTTP request without waiting for a whole head."""
-        if not self.have:
+        skip = self._blank_prefix()
+        if skip == self.have:
             return
-        line_end = self.buffer.find(b"\r\n", 0, self.have)
+        line_end = self.buffer.find(b"\r\n", skip, self.have)
         if line_end >= 0:
-            if _REQUEST_LINE.fullmatch(bytes(self.view[:line_end])) is None:
+            if _REQUEST_LINE.fullmatch(bytes(self.view[skip:line_end])) is None:
                 raise _BadRequest(f"not an HTTP/1.x request line: {bytes(self.view[:80])!r}")
             return
-        start = bytes(self.view[: min(self.have, 18)])
+        start = bytes(self.view[skip : min(self.have, skip + 18)])
         verb = start.partition(b" ")[0]
         if not re.fullmatch(rb"[A-Z-]{0,16}", verb) or (b" " not in start and len(verb) >= 17):
             raise _BadRequest(f"not an HTTP request: {start!r}")

@@ -52,7 +52,9 @@ _REASONS = {
 _PEER_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
-_REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,15}) (/[\x21-\x7e]*) HTTP/1\.([01])")
+_REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,15}) +(/[\x21-\x7e]*) +HTTP/1\.([01])")
+"""Method, origin-form target, HTTP/1.x: separated by one or more spaces, as llhttp (Node) and
+RFC 9112 3 allow."""
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t\x20-\x7e\x80-\xff]*)?")
 _HEX16 = re.compile(rb"[0-9a-fA-F]{16}")
 _DIGITS = re.compile(rb"[0-9]{1,19}")

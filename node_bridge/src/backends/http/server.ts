@@ -11,7 +11,7 @@ import type { EnvHost } from "../../runtime/host";
 import { type Session, sessionsOf } from "../../runtime/session";
 import { type ConnectionStats, linger, newStats } from "../../stream";
 import type { Listener, ListenOptions } from "../index";
-import { HEX16, MAX_HEAD, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
+import { HEX16, MAX_HEAD, MAX_HEADERS, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
 
 // -- server --------------------------------------------------------------------------------------
 
@@ -123,6 +123,10 @@ export class HttpServer {
         true, accept);
       return;
     }
+    if (req.rawHeaders.length / 2 > MAX_HEADERS) {
+      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, `more than ${MAX_HEADERS} header lines`, true, accept);
+      return;
+    }
     if (req.headers["transfer-encoding"] !== undefined) {
       this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
         "Transfer-Encoding is not supported: send Content-Length", true, accept);
@@ -186,7 +190,8 @@ export class HttpServer {
     const ids = this.ids;
     const isHello = msgType === ids.HELLO_REQ;
     const header = req.headers["x-transport-fingerprint"];
-    const fingerprint = typeof header === "string" ? header.trim().toLowerCase() : undefined;
+    // only spaces and tabs are header whitespace (String.trim would also drop U+00A0, as Python does not)
+    const fingerprint = typeof header === "string" ? header.replace(/^[ \t]+|[ \t]+$/g, "").toLowerCase() : undefined;
     if (fingerprint === undefined) {
       if (!isHello) {
         this.#refuse(res, conn, 400, ErrorCode.HELLO_REQUIRED,
@@ -431,6 +436,7 @@ export async function listen(
     requireHostHeader: false, // as the Python server: Host names nothing here (docs/protocol.md)
   });
   server.keepAliveTimeout = 0;
+  server.maxHeadersCount = 0; // keep every header line (MAX_HEAD bounds them) so that more than MAX_HEADERS is refused
   server.on("connection", (socket: net.Socket) => handler.onConnection(socket));
   server.on("request", (req, res) => handler.onRequest(req, res));
   server.on("checkContinue", (req, res) => handler.onRequest(req, res, true));

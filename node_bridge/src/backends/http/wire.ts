@@ -28,6 +28,8 @@ export const REASONS: Readonly<Record<number, string>> = {
 
 /** Largest request head (request line + headers) the server accepts, as on the Python side. */
 export const MAX_HEAD = 16 << 10;
+/** Most header lines a request may have, as on the Python side (more: 400 BAD_FRAME, closed). */
+export const MAX_HEADERS = 64;
 export const HEX16 = /^[0-9a-f]{16}$/;
 
 // -- URLs ----------------------------------------------------------------------------------------
