@@ -29,7 +29,10 @@ REFUSED_LIMITS: list[tuple[list[str], str]] = [
     (["--num-envs", "65537"], "--num-envs must be 1..65536, not 65537"),
     (["--num-envs", "30000"], "is 153540004 bytes, over 67108864"),
     (["--num-envs", "30000", "--max-body", "153540003"], "is 153540004 bytes, over 153540003"),
-    (["--num-envs", "2", "--max-body", "16"], "raise max_body to at least 32"),
+    (
+        ["--num-envs", "2", "--max-body", "32"],
+        "a HELLO request is 33 bytes; raise max_body to at least 33",
+    ),
 ]
 """(arguments after the URL and --env pac, a part of the error line); every row exits 2."""
 
@@ -91,10 +94,11 @@ def test_both_clis_refuse_bad_shm_names_alike(name: str) -> None:
 
 @pytest.mark.parametrize("lang", ["python", "node"])
 def test_limits_at_the_boundary_start_on_both(lang: str) -> None:
-    """num_envs=2 with max_body=32 (the STEP_MULTI request's size) serves on both sides."""
+    """num_envs=2 with max_body=33 (the HELLO request's size: 12 + a 21-byte tail naming pac_env)
+    serves on both sides (a client's HELLO over the maximum would be refused)."""
     import transport
 
-    extra = ["--max-body", "32"]
+    extra = ["--max-body", "33"]
     with ServerProcess(unique_unix_url(), env="pac", lang=lang, num_envs=2, extra=extra) as proc:
         with transport.connect(proc.url, timeout=10) as client:
             assert client.num_envs == 2

@@ -17,7 +17,7 @@ from transport.backends import backend_for
 from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
 from transport.codec import Schema
 from transport.errors import TransportError
-from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec
+from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
 from transport.runtime.core import EnvHost
 from transport.runtime.env import Env, EnvFactory
 
@@ -36,12 +36,17 @@ FINAL_ENTRY_EXTRA = 4
 def largest_request(schema: Schema, num_envs: int) -> tuple[int, str]:
     """The largest fixed-size request a client of a framed server with ``num_envs`` envs sends,
     and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ or
-    RESET_SEED_REQ (their struct sizes), whichever is largest."""
+    RESET_SEED_REQ (their struct sizes), or the HELLO_REQ (12 bytes and a msgpack tail naming
+    the schema, or asking to discover it), whichever is largest."""
     action = body_codec(schema, "STEP_REQ").size
     candidates = [
         (num_envs * action, f"a STEP_BATCH request for {num_envs} envs ({num_envs} x {action})"),
         (body_codec(schema, "STEP_MULTI_REQ").size, "a STEP_MULTI request"),
         (body_codec(schema, "RESET_SEED_REQ").size, "a RESET_SEED request"),
+        (
+            max(len(encode_hello_request(schema)), len(encode_hello_request(None))),
+            "a HELLO request",
+        ),
     ]
     return max(candidates, key=lambda item: item[0])
 
@@ -113,20 +118,40 @@ def connect(
 ) -> Client:
     """Connect to an env server and complete the HELLO handshake.
 
-    ``schema``: a ``Schema``, a schema file, or None for the reference ``pac_env`` schema.
+    ``schema``: a ``Schema`` or a schema file pins the session to it (a server with another
+    schema is refused, the error naming both); None discovers the server's schema in the
+    handshake (its compiled IR, checked against its fingerprint; ``client.schema``).
     ``timeout``: seconds any one wait may take (connecting, each request); a dead or silent
     server is an error within it. ``autoreset``: "disabled" (the client resets), "next_step"
     (gymnasium 1.x) or "same_step" (SB3; final results in ``client.finals``).
     """
-    codecs = resolve_schema(schema)
+    codecs = None if schema is None else resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
-    channel = backend_for(url).open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
+    backend = backend_for(url)
+    # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
+    # max_body, and a smaller limit asked for applies to the pinned channel opened after it
+    first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)
+    channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
     try:
-        channel.info = handshake(channel, codecs, mode)
+        found, channel.info = handshake(channel, codecs, mode, url=url)
+        if codecs is None and (first_max != max_body or not _built_for(channel, found)):
+            # the channel was opened before the schema was known and carries a schema of its
+            # own (HTTP's fingerprint header), or a larger max_body: a fresh one, pinned to the
+            # discovered schema
+            channel.close()
+            channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
+            found, channel.info = handshake(channel, found, mode, url=url)
     except BaseException:
         channel.close()
         raise
-    return Client(channel, codecs, channel.url or url)
+    return Client(channel, found, channel.url or url)
+
+
+def _built_for(channel: Any, schema: Schema) -> bool:
+    """The channel opened without a schema already speaks ``schema``: it found it itself (shm
+    reads it from the region) or its default happens to be it."""
+    own = getattr(channel, "schema", None)
+    return isinstance(own, Schema) and own.fingerprint == schema.fingerprint
 
 
 class Server:

@@ -13,7 +13,7 @@
 import { backendFor, type Listener } from "./backends";
 import type { SchemaModule } from "./codec";
 import * as pac_env from "./generated/pac_env";
-import { DEFAULT_MAX_BODY } from "./protocol";
+import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
 import type { EnvOrFactory } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
@@ -65,7 +65,8 @@ function bodySize(schema: SchemaModule, message: string): number {
  * Refuse, before anything is created, limits with which a server would start and then refuse
  * every client: a `RangeError` naming the numbers. The rules and texts of Python's
  * `check_server_limits` (docs/decisions.md "Start-up validation"): numEnvs in 1..65536; maxBody
- * in 1..2^32-1; framed backends (all but shm://): the largest request fits maxBody, and the
+ * in 1..2^32-1; framed backends (all but shm://): the largest request (a STEP_BATCH, STEP_MULTI,
+ * RESET_SEED or the HELLO with its tail) fits maxBody, and the
  * largest response (a step with same_step finals for every env) fits max(maxBody, 64 MiB).
  */
 export function checkServerLimits(schema: SchemaModule, url: string, numEnvs: number, maxBody: number): void {
@@ -81,6 +82,8 @@ export function checkServerLimits(schema: SchemaModule, url: string, numEnvs: nu
     [numEnvs * action, `a STEP_BATCH request for ${numEnvs} envs (${numEnvs} x ${action})`],
     [bodySize(schema, "STEP_MULTI_REQ"), "a STEP_MULTI request"],
     [bodySize(schema, "RESET_SEED_REQ"), "a RESET_SEED request"],
+    // the HELLO_REQ: 12 bytes and a msgpack tail naming the schema (or asking to discover it)
+    [Math.max(encodeHelloRequest(schema).byteLength, encodeHelloRequest(null).byteLength), "a HELLO request"],
   ];
   const [needRequest, whatRequest] = requests.reduce((a, b) => (b[0] > a[0] ? b : a));
   if (needRequest > maxBody) {

@@ -68,10 +68,10 @@ test("JSON bodies: integers exact, depth capped, strict JSON", () => {
 
 test("start-up limits: Python's rules and texts", () => {
   const url = "unix:///tmp/x.sock";
-  checkServerLimits(pac_env.SCHEMA, url, 1, 32);
+  checkServerLimits(pac_env.SCHEMA, url, 1, 33); // the HELLO: 12 + {"schema_name": "pac_env"} (21)
   checkServerLimits(pac_env.SCHEMA, url, 30000, 153540004);
   checkServerLimits(pac_env.SCHEMA, "shm://x", 65536, 1);
-  assert.throws(() => checkServerLimits(pac_env.SCHEMA, url, 1, 31), /raise max_body to at least 32/);
+  assert.throws(() => checkServerLimits(pac_env.SCHEMA, url, 1, 32), /a HELLO request is 33 bytes; raise max_body to at least 33/);
   assert.throws(() => checkServerLimits(pac_env.SCHEMA, url, 0, 64), /num_envs must be 1\.\.65536, not 0/);
   assert.throws(() => checkServerLimits(pac_env.SCHEMA, url, 1, 0), /max_body must be 1\.\.4294967295 bytes, not 0/);
   assert.throws(() => checkServerLimits(pac_env.SCHEMA, url, 30000, 64 << 20), /is 153540004 bytes, over 67108864/);
