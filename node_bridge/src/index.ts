@@ -17,6 +17,7 @@ export {
   CodecError,
   type CodecErrorCode,
   ConnectError,
+  EnvError,
   FingerprintMismatchError,
   InvalidBoolError,
   InvalidEnumError,

@@ -14,6 +14,7 @@ import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpa
 import type { SchemaModule } from "./codec";
 import {
   BadFrameError,
+  EnvError,
   FingerprintMismatchError,
   ProtocolError,
   RemoteError,
@@ -315,6 +316,7 @@ export function errorFromCode(code: number, text: string): RemoteError | Protoco
   if (code === ErrorCode.VERSION_MISMATCH) {
     return new VersionMismatchError(`server refused the session: ${text}`);
   }
+  if (code === ErrorCode.ENV_ERROR) return new EnvError(code, errorName(code), text);
   return new RemoteError(code, errorName(code), text);
 }
 
