@@ -3,6 +3,9 @@ the request once, and the client's EnvError carries the last frames (issue 15 it
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 
 import transport
@@ -75,3 +78,102 @@ def test_remote_traceback_names_the_env_frames() -> None:
         trace = remote_traceback(exc)
     assert "in env_step" in trace and trace.endswith("KeyError: 'missing'")
     assert remote_traceback(ValueError("never raised")) == ""
+
+
+# -- SB3: on_env_error="truncate" ------------------------------------------------------------
+
+SB3_ENVS = 4
+
+
+def _sb3_server(lang: str) -> ServerProcess:
+    pytest.importorskip("stable_baselines3")
+    return ServerProcess(
+        unique_url("unix"),
+        env="contract",
+        lang=lang,
+        num_envs=SB3_ENVS,
+        extra=["--schema", "pac_env"],
+    )
+
+
+def _safe_actions() -> np.ndarray:
+    """Action 0 for every env: the contract env's mask always allows it and it never raises."""
+    return np.zeros(SB3_ENVS, dtype=np.int64)
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+def test_sb3_truncate_ends_the_failed_env_episode(lang: str) -> None:
+    from transport.sb3 import RemoteVecEnv
+
+    with _sb3_server(lang) as server:
+        venv = RemoteVecEnv(server.url, SB3_ENVS, schema=schema_named("pac_env"))
+        try:
+            venv.reset()
+            actions = _safe_actions()
+            actions[1] = POISON_ACTION
+            with pytest.raises(EnvError):  # the default: raise
+                venv.step(actions)
+        finally:
+            venv.close()
+        venv = RemoteVecEnv(
+            server.url, SB3_ENVS, schema=schema_named("pac_env"), on_env_error="truncate"
+        )
+        try:
+            venv.reset()
+            step = venv.step(actions)
+            obs, rewards, dones, infos = np.asarray(step[0]), step[1], step[2], step[3]
+            assert dones.tolist() == [False, True, False, False]
+            assert infos[1]["TimeLimit.truncated"] is True
+            assert infos[1]["env_error"].startswith("env 1: ") and "poison" in infos[1]["env_error"]
+            assert rewards[1] == 0.0
+            np.testing.assert_array_equal(infos[1]["terminal_observation"], obs[1])
+            assert not any("env_error" in infos[i] for i in (0, 2, 3))
+            obs = np.asarray(venv.step(_safe_actions())[0])
+            assert obs.shape == (SB3_ENVS, 612)  # the next step works
+        finally:
+            venv.close()
+
+
+def test_sb3_learn_goes_on_after_env_errors() -> None:
+    """MaskablePPO.learn() over a VecEnv whose env 0 is sent the poison action every 16 steps."""
+    pytest.importorskip("sb3_contrib")
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    from transport.sb3 import RemoteVecEnv
+
+    class PoisonEnvZero(VecEnvWrapper):
+        """Replaces env 0's action with the poison action every 16th step; counts the errors."""
+
+        def __init__(self, venv: RemoteVecEnv) -> None:
+            super().__init__(venv)
+            self.steps = 0
+            self.errors = 0
+
+        def reset(self) -> Any:
+            return self.venv.reset()
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self.steps += 1
+            actions = np.array(actions)
+            if self.steps % 16 == 0:
+                actions[0] = POISON_ACTION
+            self.venv.step_async(actions)
+
+        def step_wait(self) -> Any:
+            obs, rewards, dones, infos = self.venv.step_wait()
+            self.errors += sum("env_error" in info for info in infos)
+            return obs, rewards, dones, infos
+
+    with _sb3_server("python") as server:
+        venv = RemoteVecEnv(
+            server.url, SB3_ENVS, schema=schema_named("pac_env"), on_env_error="truncate"
+        )
+        wrapped = PoisonEnvZero(venv)
+        model = MaskablePPO(
+            "MlpPolicy", wrapped, n_steps=32, batch_size=64, n_epochs=1, seed=0, device="cpu"
+        )
+        model.learn(total_timesteps=256)
+        wrapped.close()
+    assert model.num_timesteps >= 256
+    assert wrapped.errors >= 3
