@@ -491,6 +491,20 @@ class ShmChannel:
             raise PeerGoneError(f"{url}: the server closed the region")
         raise TransportError(f"{url}: futex wait failed ({os.strerror(native.ffi.errno)})")
 
+    def settle(self) -> None:
+        """After a timeout (the Client calls this before its next request): wait, up to the
+        timeout, until the server answered the request that timed out, so that the next request
+        is not written into slots the server may still be reading. The late reply (its results,
+        or its error) is dropped; the server still did what it asked."""
+        rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
+        if rc == native.TIMEOUT:
+            raise TransportTimeoutError(
+                f"shm://{self.shm.name}: the late response to an earlier request did not come "
+                f"within {self.timeout} s"
+            )
+        if rc < 0:
+            self._raise(rc)
+
     @property
     def wait_stats(self) -> tuple[int, int]:
         """(FUTEX_WAKE calls, FUTEX_WAIT calls) this client made: how often it slept."""
