@@ -3,6 +3,9 @@ the request once, and the client's EnvError carries the last frames (issue 15 it
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from typing import Any
 
 import numpy as np
@@ -14,7 +17,7 @@ from transport.runtime.core import ENV_ERROR_TEXT_MAX, remote_traceback, with_tr
 from transport.schema.compiler import ERROR_TEXT_SIZE
 from transport.testing import POISON_ACTION, schema_named
 
-from .servers import ServerProcess, unique_url
+from .servers import NODE_SERVER, ROOT, ServerProcess, unique_url
 
 SCHEMES = ["unix", "shm"]  # a stream ERROR text, and the shm slot's error text area
 
@@ -177,3 +180,47 @@ def test_sb3_learn_goes_on_after_env_errors() -> None:
         wrapped.close()
     assert model.num_timesteps >= 256
     assert wrapped.errors >= 3
+
+
+NODE_POISON_CLIENT = """
+const { connect, EnvError } = require(process.argv[1]);
+(async () => {
+  const client = await connect(process.argv[2], { timeoutMs: 20000 });
+  await client.reset(5n);
+  try {
+    await client.step(Number(process.argv[3]));
+    console.log(JSON.stringify("answered"));
+  } catch (error) {
+    console.log(JSON.stringify({
+      envError: error instanceof EnvError, envId: error.envId, text: error.text,
+      remoteTraceback: error.remoteTraceback, message: error.message,
+    }));
+  }
+  await client.step(0); // the env was reset: the connection goes on
+  await client.close();
+})().catch((error) => { console.log(JSON.stringify(`failed: ${error.stack}`)); process.exit(1); });
+"""
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_node_client_env_error_carries_the_traceback(scheme: str, lang: str) -> None:
+    if shutil.which("node") is None or not NODE_SERVER.is_file():
+        pytest.skip("the Node bridge is not built (run ./dev setup)")
+    server = ServerProcess(
+        unique_url(scheme), env="contract", lang=lang, extra=["--schema", "pac_env"]
+    )
+    with server:
+        index = str(ROOT / "node_bridge" / "dist" / "index.js")
+        out = subprocess.run(
+            ["node", "-e", NODE_POISON_CLIENT, index, server.url, str(POISON_ACTION)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert isinstance(report, dict), report
+    assert report["envError"] and report["envId"] == 0
+    assert report["text"].startswith("env 0: ") and REMOTE_TRACEBACK_MARKER not in report["text"]
+    assert "poison action" in report["remoteTraceback"]
+    assert report["message"].endswith(report["remoteTraceback"])

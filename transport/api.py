@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from transport.backends import backend_for
-from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
+from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolve_schema
 from transport.codec import Schema
 from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec
@@ -120,11 +120,19 @@ def connect(
     """
     codecs = resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
-    channel = backend_for(url).open_channel(url, timeout=timeout, max_body=max_body, schema=codecs)
+    try:
+        channel = backend_for(url).open_channel(
+            url, timeout=timeout, max_body=max_body, schema=codecs
+        )
+    except TransportError as exc:
+        explain(exc, url)  # names the URL and what to do
+        raise
     try:
         channel.info = handshake(channel, codecs, mode)
-    except BaseException:
+    except BaseException as exc:
         channel.close()
+        if isinstance(exc, TransportError):
+            explain(exc, url)
         raise
     return Client(channel, codecs, channel.url or url)
 

@@ -16,7 +16,7 @@
 import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
 import type { Spaces } from "./runtime/env";
-import { ProtocolError, TransportError } from "./errors";
+import { ConnectError, PeerGoneError, ProtocolError, TransportError, TransportTimeoutError } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
   AUTORESET_MASK,
@@ -74,6 +74,42 @@ function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
 }
 
 /** HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map. */
+/** What to do about each client-side transport error, said after its message (Python: `HINTS`). */
+const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => TransportError, string]> = [
+  [
+    ConnectError,
+    "is a server serving this URL? start one with `transport-serve URL` or serve(env, URL), or check the URL",
+  ],
+  [PeerGoneError, "the server closed the connection or died: see the server's log, then connect again"],
+  [
+    TransportTimeoutError,
+    "the connection is kept and the late reply is dropped when it comes: retry, or connect with a " +
+      "larger timeoutMs if the server's envs are slow",
+  ],
+  [
+    ProtocolError,
+    "client and server disagree: check that both use the same transport version and schema, then connect again",
+  ],
+];
+
+/**
+ * `error` with the URL before its message and what to do after it (once; the same object, its
+ * class and fields unchanged): every transport error a client throws names both. Other errors
+ * pass unchanged. Python: `transport.client.explain`.
+ */
+export function explain(error: unknown, url: string): unknown {
+  if (!(error instanceof TransportError)) return error;
+  for (const [kind, hint] of HINTS) {
+    if (error instanceof kind) {
+      if (error.message.includes(hint)) return error;
+      const named = error.message.includes(url) ? error.message : `${url}: ${error.message}`;
+      error.message = `${named} (${hint})`;
+      break;
+    }
+  }
+  return error;
+}
+
 export async function handshake(
   channel: Channel,
   schema: SchemaModule,
@@ -256,13 +292,18 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {
-    if (this.#closed) throw new TransportError("the client is closed");
+    if (this.#closed) throw new TransportError(`${this.url}: the client is closed`);
     const channel = this.channel;
-    const type = await channel.request(msgType, body);
+    let type: number;
+    try {
+      type = await channel.request(msgType, body);
+    } catch (error) {
+      throw explain(error, this.url);
+    }
     const resp = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
     if (type === this.ids.ERROR) throw decodeError(resp);
     if (type !== expect) {
-      throw new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`);
+      throw explain(new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`), this.url);
     }
     const records = channel.records;
     if (records !== undefined) {
@@ -370,16 +411,21 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   const schema = options.schema ?? pac_env.SCHEMA;
   const autoreset = toAutoReset(options.autoreset ?? AutoReset.DISABLED);
   const backend: Backend = await backendFor(url);
-  const channel = await backend.openChannel(url, {
-    timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
-    maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
-    schema,
-  });
+  let channel: Channel;
+  try {
+    channel = await backend.openChannel(url, {
+      timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
+      maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
+      schema,
+    });
+  } catch (error) {
+    throw explain(error, url);
+  }
   try {
     channel.info = await handshake(channel, schema, autoreset);
   } catch (error) {
     await channel.close();
-    throw error;
+    throw explain(error, url);
   }
   return new Client<View, Value>(channel, schema, url);
 }
