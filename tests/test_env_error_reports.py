@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import transport
+from transport.envs import env_factory, env_schema
 from transport.errors import REMOTE_TRACEBACK_MARKER, EnvError
+from transport.protocol import AutoReset, RequestError
 from transport.runtime.core import ENV_ERROR_TEXT_MAX, remote_traceback, with_traceback
 from transport.schema.compiler import ERROR_TEXT_SIZE
 from transport.testing import POISON_ACTION, schema_named
@@ -224,3 +226,43 @@ def test_node_client_env_error_carries_the_traceback(scheme: str, lang: str) -> 
     assert report["text"].startswith("env 0: ") and REMOTE_TRACEBACK_MARKER not in report["text"]
     assert "poison action" in report["remoteTraceback"]
     assert report["message"].endswith(report["remoteTraceback"])
+
+
+class PoisonedPac:
+    """The pac reference env, raising on POISON_ACTION: a picklable factory for worker processes."""
+
+    def __init__(self) -> None:
+        self.env = env_factory("pac")()
+
+    def spaces(self) -> Any:
+        return self.env.spaces()
+
+    def reset(self, seed: int | None = None) -> Any:
+        return self.env.reset(seed)
+
+    def step(self, action: int) -> Any:
+        if action == POISON_ACTION:
+            raise ValueError("poison action in a worker")
+        return self.env.step(action)
+
+
+def test_env_error_in_a_worker_process_carries_its_last_frames() -> None:
+    """workers > 0: the env raises in a worker process; its last frames ride along to the
+    runtime, which puts them after the message and logs them."""
+    from transport.generated import pac_env
+    from transport.runtime.pool import WorkerPool
+
+    codec = pac_env.SCHEMA["StepResult"]
+    dest = codec.view(bytearray(codec.size * 2), 0, count=2)
+    pool = WorkerPool(PoisonedPac, env_schema("pac"), "StepResult", 2, 2, dest)
+    try:
+        assert pool.reset([1, 2]) == []
+        _, failures = pool.step([0, POISON_ACTION], AutoReset.DISABLED)
+    finally:
+        pool.close()
+    assert [index for index, _ in failures] == [1]
+    error = failures[0][1]
+    assert isinstance(error, RequestError)
+    message, marker, trace = error.text.partition(REMOTE_TRACEBACK_MARKER)
+    assert message == "env 1: ValueError: poison action in a worker" and marker
+    assert "in step" in trace and trace.endswith("ValueError: poison action in a worker")

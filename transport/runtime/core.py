@@ -484,9 +484,13 @@ class EnvRuntime:
         texts = []
         trace = ""
         for index, exc in failures:
-            if isinstance(exc, RequestError):
-                detail = exc.text.removeprefix(f"env {index}: ")
-                full = ""  # from a worker process: its text is all there is
+            if isinstance(exc, RequestError):  # from a worker process: its text and last frames
+                text = exc.text.removeprefix(f"env {index}: ")
+                detail, _, worker_trace = text.partition(REMOTE_TRACEBACK_MARKER)
+                trace = trace or worker_trace
+                full = ""
+                if worker_trace:
+                    full = f"{detail}\nlast frames, in a worker:\n{worker_trace}"
             else:
                 detail = describe(exc)
                 full = "".join(traceback.format_exception(exc)).rstrip()

@@ -579,11 +579,16 @@ export class EnvRuntime {
     const named = failures.map(([index]) => request(index)); // before #restore changes the ops
     let trace = "";
     failures.forEach(([index, error], k) => {
-      const detail = failureText(index, error);
+      // a worker thread's RequestError carries the last frames after the marker
+      const [detail, workerTrace = ""] = failureText(index, error).split(REMOTE_TRACEBACK_MARKER, 2) as [string, string?];
       const fate = this.#restore(index, keepSeeds ? (seeds[index] ?? null) : null, out);
       texts.push(`env ${index}: ${detail} (${fate})`);
-      const stack = error instanceof Error && !(error instanceof RequestError) ? error.stack : undefined;
+      let stack = error instanceof Error && !(error instanceof RequestError) ? error.stack : undefined;
       if (trace === "" && stack !== undefined) trace = remoteTraceback(error);
+      if (workerTrace !== "") {
+        if (trace === "") trace = workerTrace;
+        stack = `${detail}\nlast frames, in a worker:\n${workerTrace}`;
+      }
       process.stderr.write(
         `transport: env ${index} raised during ${named[k]} (${fate})` +
           (stack !== undefined ? `\n${stack}\n` : `: ${detail}\n`),
