@@ -127,3 +127,26 @@ def test_python_errors_name_the_url_and_what_to_do(scheme: str) -> None:
             assert "see the server's log, then connect again" in str(gone.value)
         finally:
             client.close()
+
+
+def test_shm_channel_guards_callers_other_than_the_client() -> None:
+    """A request made on the shm channel itself (as connect_many does) while a late response is
+    due waits for it instead of overwriting the slot's request: the timed-out step is kept."""
+    schema = schema_named("pac_env")
+    with ServerProcess(unique_url("shm"), env="contract", extra=["--schema", "pac_env"]) as server:
+        client = transport.connect(server.url, schema, timeout=0.5)
+        try:
+            client.reset(21)
+            stop_process(server.proc.pid)
+            try:
+                with pytest.raises(TransportTimeoutError):
+                    client.step(0)
+                observe = schema.ir.messages["OBSERVE_REQ"].id
+                with pytest.raises(TransportTimeoutError):  # not sent: the step stays in its slot
+                    client.channel.request(observe, b"")
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            observation = [float(x) for x in client.step(0, copy=True).observation]
+        finally:
+            client.close()
+        assert observation == pytest.approx(_expected_observation(server.url))

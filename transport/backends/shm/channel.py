@@ -268,6 +268,7 @@ class ShmChannel:
         self._info_len = region.strided("info_len")
         self._info = region.strided("info")
         self._last_cmd = -1
+        self._late = False  # a request timed out: ``settle`` before the next one
         results = region.results()
         self._single = results[0, ...]
         self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
@@ -315,6 +316,8 @@ class ShmChannel:
             return self._step_resp, self._empty
         if self._closed:
             raise TransportError("the client is closed")
+        if self._late:  # callers other than Client (connect_many) get the same guard
+            self.settle()
         handler = self._handlers.get(msg_type)
         if handler is None:
             text = f"shm:// carries no message 0x{msg_type:02X}"
@@ -479,6 +482,8 @@ class ShmChannel:
             text = self._error_text[i, :length].tobytes().decode("utf-8", "replace")
             raise _Refused(int(self._status[i]), text)
         if rc == native.TIMEOUT:
+            self._late = True
+            self._last_cmd = -1  # off the hot path until settled (request's general path)
             raise TransportTimeoutError(f"{url}: no response within {self.timeout} s")
         if rc == native.PEER_DEAD:
             raise PeerGoneError(f"{url}: the server (pid {self.owner_pid}) died")
@@ -504,6 +509,7 @@ class ShmChannel:
             )
         if rc < 0:
             self._raise(rc)
+        self._late = False
 
     @property
     def wait_stats(self) -> tuple[int, int]:
