@@ -119,3 +119,49 @@ def test_wait_stop_sleeps_until_the_flag() -> None:
         other.stop()
         assert control.wait_stop(1) and control.stopped and control.stop_reason == 0
         other.close()
+
+
+def _complete_slot_unannounced(board: PolicyBoard, slot: int, version: int) -> None:
+    """The publisher's steps up to a complete slot, stopped before it flips ``active`` and the
+    version word (the moment a reader can overtake it)."""
+    from transport import native
+
+    seq = native.load64_acquire(board._seq[slot])
+    native.store64_release(board._seq[slot], seq + 1)
+    for name, value in board_arrays(version).items():
+        np.copyto(board.slots[slot][name], value)
+    native.store64_release(board._slot_version[slot], version)
+    native.store64_release(board._seq[slot], seq + 2)
+
+
+def test_a_read_never_returns_a_version_not_yet_announced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (found by a 60 s Python-publisher / Node-reader stress): a reader that loaded
+    ``active`` just before two publishes could return the slot's newer, complete but not yet
+    announced version, and the next read the announced older one: versions went backwards. The
+    interleaving is forced here: between the reader's load of ``active`` and its read of the
+    slot, version 4 is published and version 5 is written into the slot the reader chose."""
+    from transport import native
+
+    name = unique("boardorder")
+    with PolicyBoard.create(name, board_arrays(0), mode="double_buffer") as board:
+        for v in (1, 2, 3):
+            board.publish(board_arrays(v))
+        reader = PolicyBoard.open(name, board_arrays(0))
+        real_load = native.load_acquire
+        raced: list[int] = []
+
+        def load_then_race(word: object) -> int:
+            value = real_load(word)
+            if word is reader._active and not raced:
+                raced.append(value)
+                board.publish(board_arrays(4))  # into the other slot, announced
+                _complete_slot_unannounced(board, value, 5)  # into the slot the reader chose
+            return int(value)
+
+        monkeypatch.setattr(native, "load_acquire", load_then_race)
+        first, arrays = reader.read(timeout=2.0)
+        assert board_consistent(first, arrays)
+        second, arrays = reader.read(timeout=2.0)
+        assert board_consistent(second, arrays)
+        assert raced and second >= first, f"read {first}, then {second}"
+        reader.close()

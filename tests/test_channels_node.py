@@ -161,3 +161,62 @@ def test_run_control_node_members() -> None:
         assert control.epoch > 0
         assert os.path.exists(control.segment.path)
     assert not any(name in p for p in os.listdir("/dev/shm"))
+
+
+def owned_by_node(*args: Any) -> tuple[subprocess.Popen[str], str]:
+    """A Node process that creates a channel segment; returns it and the segment's path once
+    it said ready."""
+    proc = subprocess.Popen(
+        ["node", str(CLI), *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"the Node owner exited before it was ready (rc {proc.wait()})"
+    return proc, str(json.loads(line)["ready"])
+
+
+@pytest.mark.parametrize("mode", ["double_buffer", "seqlock"])
+def test_board_created_by_node_python_reads_every_version_whole(
+    mode: Literal["double_buffer", "seqlock"],
+) -> None:
+    """A Node learner creates the board (same array table, same fingerprint as Python's) and
+    publishes while Python reads: every read is one whole version, versions never go back."""
+    name = unique("nown")
+    with watchdog(90):
+        proc, path = owned_by_node("board-own", name, mode, 3000)
+        board = PolicyBoard.open(name, board_arrays(0), timeout=10)
+        assert board.mode.name.lower() == mode and os.path.exists(path)
+        out, last, reads = None, 0, 0
+        while last < 3000:
+            version, out = board.read(out)
+            if version:
+                assert board_consistent(version, out) and version >= last
+                last, reads = version, reads + 1
+        board.close()
+        assert result(proc)["published"] == 3000  # communicate() ends its stdin
+    assert reads > 0 and not os.path.exists(path)
+
+
+def test_run_control_created_by_node_sees_python_members() -> None:
+    """A Node learner creates run control; a Python actor joins, beats and fails: the Node side
+    wakes on the stop flag and reports the member as ERROR with its code and slot."""
+    name = unique("nctlown")
+    with watchdog(60):
+        proc, path = owned_by_node("control-own", name, 8, 1000)
+        control = RunControl.open(name, timeout=10)
+        assert control.slots == 8 and control.stuck_after == 1.0
+        actor = control.join("py-actor", role=1)
+        actor.beat()
+        control.advance(5)
+        actor.fail(7)
+        summary = result(proc)
+        control.close()
+    assert summary["stopped"] and summary["epoch"] == 5
+    assert summary["members"] == [
+        {"name": "py-actor", "state": "ERROR", "error_code": 7, "slot": actor.slot}
+    ]
+    assert summary["stop_reason"] == actor.slot + 1
+    assert not os.path.exists(path)

@@ -41,6 +41,9 @@ class ChunkedSocket:
     def settimeout(self, timeout: float | None) -> None:
         pass
 
+    def setsockopt(self, *option: Any) -> None:
+        """FramedSocket sets its timeouts in the kernel (SO_RCVTIMEO/SO_SNDTIMEO)."""
+
     def recv_into(self, view: Any) -> int:
         size = self.sizes[self.calls % len(self.sizes)]
         self.calls += 1

@@ -228,7 +228,7 @@ BAD_ENVS = [
     ),
     (
         GRID.replace('type = "u8", role = "action"', 'type = "i32[2]", role = "action"'),
-        "not i32[2]",
+        "(MultiDiscrete) needs high",  # an int array action is MultiDiscrete now
     ),
     (
         GRID + '[structs.StepMultiRequest]\nfields = [{ name = "actions", type = "u8[4]" }]',

@@ -28,6 +28,7 @@ from transport.backends.shm.region import (
     RegionState,
     ShmLayout,
     own_start_time,
+    schema_area,
 )
 from transport.errors import (
     ConnectError,
@@ -95,7 +96,8 @@ def mapping_of(client: Any) -> np.ndarray:
 def test_round_trip_segment_mode_and_info(server1: ServerProcess) -> None:
     path = segment_path(server1.url)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert os.stat(path).st_size == region_size(1)
+    # the Appendix B region, then the schema area the region carries (discovery)
+    assert os.stat(path).st_size == region_size(1) + len(schema_area(pac_env.SCHEMA))
     with api.connect(server1.url, timeout=5) as client:
         assert client.num_envs == 1
         assert client.server_info == {

@@ -23,7 +23,7 @@ import pytest
 
 import transport.api as api
 from transport.backends.shm import RegionMismatchError, ShmChannel
-from transport.backends.shm.region import CONTROL_SIZE
+from transport.backends.shm.region import CONTROL_SIZE, schema_area
 from transport.codec import Schema
 from transport.errors import ConnectError, FingerprintMismatchError, PeerGoneError, RemoteError
 from transport.generated import pac_env
@@ -60,7 +60,8 @@ def test_round_trip_segment_mode_and_info() -> None:
     with node_server(unique_shm_url(1), env="echo") as proc:
         path = segment_path(proc.url)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        assert os.stat(path).st_size == region_size(1) == CONTROL_SIZE + SLOT_SIZE + 2576
+        assert region_size(1) == CONTROL_SIZE + SLOT_SIZE + 2576  # then the schema area
+        assert os.stat(path).st_size == region_size(1) + len(schema_area(pac_env.SCHEMA))
         with api.connect(proc.url, timeout=5) as client:
             assert client.server_info == {
                 "num_envs": 1,

@@ -113,28 +113,46 @@ def connect(
 ) -> Client:
     """Connect to an env server and complete the HELLO handshake.
 
-    ``schema``: a ``Schema``, a schema file, or None for the reference ``pac_env`` schema.
+    ``schema``: a ``Schema`` or a schema file pins the session to it (a server with another
+    schema is refused, the error naming both); None discovers the server's schema in the
+    handshake (its compiled IR, checked against its fingerprint; ``client.schema``).
     ``timeout``: seconds any one wait may take (connecting, each request); a dead or silent
     server is an error within it. ``autoreset``: "disabled" (the client resets), "next_step"
     (gymnasium 1.x) or "same_step" (SB3; final results in ``client.finals``).
     """
-    codecs = resolve_schema(schema)
+    codecs = None if schema is None else resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
+    backend = backend_for(url)
+    # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
+    # max_body, and a smaller limit asked for applies to the pinned channel opened after it
+    first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)
     try:
-        channel = backend_for(url).open_channel(
-            url, timeout=timeout, max_body=max_body, schema=codecs
-        )
+        channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
     except TransportError as exc:
         explain(exc, url)  # names the URL and what to do
         raise
     try:
-        channel.info = handshake(channel, codecs, mode)
+        found, channel.info = handshake(channel, codecs, mode, url=url)
+        if codecs is None and (first_max != max_body or not _built_for(channel, found)):
+            # the channel was opened before the schema was known and carries a schema of its
+            # own (HTTP's fingerprint header), or a larger max_body: a fresh one, pinned to the
+            # discovered schema
+            channel.close()
+            channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
+            found, channel.info = handshake(channel, found, mode, url=url)
     except BaseException as exc:
         channel.close()
         if isinstance(exc, TransportError):
             explain(exc, url)
         raise
-    return Client(channel, codecs, channel.url or url)
+    return Client(channel, found, channel.url or url)
+
+
+def _built_for(channel: Any, schema: Schema) -> bool:
+    """The channel opened without a schema already speaks ``schema``: it found it itself (shm
+    reads it from the region) or its default happens to be it."""
+    own = getattr(channel, "schema", None)
+    return isinstance(own, Schema) and own.fingerprint == schema.fingerprint
 
 
 class Server:

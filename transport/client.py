@@ -20,6 +20,7 @@ from transport.backends.base import Channel
 from transport.codec import Schema
 from transport.errors import (
     ConnectError,
+    FingerprintMismatchError,
     PeerGoneError,
     ProtocolError,
     TransportError,
@@ -27,13 +28,18 @@ from transport.errors import (
 )
 from transport.protocol import (
     AUTORESET_MASK,
+    MESSAGE_IDS,
+    SCHEMA_IR_KEY,
+    SCHEMA_NAME_KEY,
     AutoReset,
     MessageIds,
     body_codec,
     check_hello,
     decode_error,
     decode_hello,
-    encode_hello,
+    encode_hello_request,
+    mismatch_text,
+    schema_from_ir_text,
 )
 from transport.runtime.env import Spaces
 
@@ -137,6 +143,8 @@ class Client:
         # the request records live where the channel wants them (shm: in the slots): no copy
         records, self._request = channel.request_area(step_request, self.num_envs)
         self._actions = records[action.name]
+        # an array action (Box, MultiDiscrete): one env's action is an array of this many dims
+        self._action_ndim = len(action.dims) if action.is_array else -1
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
         multi = body_codec(schema, "STEP_MULTI_REQ")
@@ -170,7 +178,11 @@ class Client:
         # The hot path: every line here costs each step (measured: benchmarks/RESULTS.md).
         if self._late:
             self._settle()  # before the actions go where the late request may still be read
-        if isinstance(actions, int) or isinstance(actions, np.integer):
+        if (
+            isinstance(actions, int)
+            or isinstance(actions, np.integer)
+            or (self._action_ndim >= 0 and np.ndim(actions) == self._action_ndim)
+        ):
             if self.num_envs != 1:
                 raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
             self._actions[0] = actions
@@ -326,24 +338,61 @@ class Client:
 
 
 def handshake(
-    channel: Channel, schema: Schema, autoreset: AutoReset = AutoReset.DISABLED
-) -> dict[str, Any]:
-    """HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map."""
-    ids = MessageIds.from_schema(schema.ir)
-    resp_type, body = channel.request(
-        ids.HELLO_REQ, encode_hello(schema.fingerprint, flags=int(autoreset))
-    )
+    channel: Channel,
+    schema: Schema | None,
+    autoreset: AutoReset = AutoReset.DISABLED,
+    *,
+    url: str = "",
+) -> tuple[Schema, dict[str, Any]]:
+    """HELLO_REQ / HELLO_RESP on a new channel; returns the session's schema and the server's
+    info map. ``schema`` None discovers it: the server answers with its compiled IR, which must
+    hash to the fingerprint it announced. A mismatch names both schemas and the server's URL."""
+    where = f"the server at {url or getattr(channel, 'url', '') or '?'}"
+    ids = MESSAGE_IDS if schema is None else MessageIds.from_schema(schema.ir)
+    resp_type, body = channel.request(ids.HELLO_REQ, encode_hello_request(schema, int(autoreset)))
     if resp_type == ids.ERROR:
-        raise decode_error(body)
+        error = decode_error(body)
+        if isinstance(error, FingerprintMismatchError):
+            raise FingerprintMismatchError(
+                f"{where} refused the session: {_named(error)}",
+                local=schema.fingerprint if schema is not None else 0,
+            )
+        raise error
     if resp_type != ids.HELLO_RESP:
         raise ProtocolError(f"expected HELLO_RESP, got msg_type 0x{resp_type:02X}")
     hello = decode_hello(body)
-    check_hello(hello, schema.fingerprint, peer="server")
+    server_name = hello.info.get(SCHEMA_NAME_KEY)
+    if schema is None:
+        check_hello(hello, hello.fingerprint, peer="server")  # the version
+        schema = schema_from_ir_text(hello.info.get(SCHEMA_IR_KEY), hello.fingerprint, peer=where)
+    elif hello.fingerprint != schema.fingerprint:
+        raise FingerprintMismatchError(
+            f"{where}: "
+            + mismatch_text(
+                server_name if isinstance(server_name, str) else "",
+                hello.fingerprint,
+                schema.name,
+                schema.fingerprint,
+            ),
+            local=schema.fingerprint,
+            remote=hello.fingerprint,
+        )
+    else:
+        check_hello(hello, schema.fingerprint, peer="server")
     if hello.flags & AUTORESET_MASK != autoreset:
         raise ProtocolError(
             f"server answered auto-reset mode {hello.flags & AUTORESET_MASK}, asked {autoreset}"
         )
-    return {**hello.info, "autoreset": autoreset.name.lower()}
+    # the schema's keys are the handshake's own (client.schema holds the schema)
+    info = {k: v for k, v in hello.info.items() if k not in (SCHEMA_IR_KEY, SCHEMA_NAME_KEY)}
+    return schema, {**info, "autoreset": autoreset.name.lower()}
+
+
+def _named(error: FingerprintMismatchError) -> str:
+    """The server's mismatch text without the generic prefix ``error_from_code`` adds."""
+    text = str(error)
+    prefix = "server refused the session: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
 
 
 def default_schema() -> Schema:

@@ -25,7 +25,6 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -33,6 +32,13 @@ from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
+from transport.spaces import (
+    action_field_of,
+    action_space_of,
+    actions_of,
+    observation_of,
+    observation_space_of,
+)
 
 URL_ENV = "TRANSPORT_URL"
 NUM_ENVS_ENV = "TRANSPORT_NUM_ENVS"
@@ -118,6 +124,7 @@ class ResultFields:
         mask = ir.role("action_mask")
         truncated = ir.role("truncated")
         self.observation = observation.name
+        self.observations = ir.roles("observation")  # several: a Dict space (transport.spaces)
         self.obs_dtype = np.dtype(client.schema[ir.name].dtype[observation.name].base)
         self.reward = reward.name
         self.truncated = truncated.name if truncated is not None else None
@@ -195,11 +202,10 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
             check_single_env(self.client)
             self.fields = ResultFields(self.client)
             space = self.client.spaces()
-            low, high = observation_bounds_of(self.client, observation_bounds)
-            self.observation_space = spaces.Box(
-                low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
-            )
-            self.action_space = spaces.Discrete(space.act_n)
+            bounds = observation_bounds_of(self.client, observation_bounds)
+            self.observation_space = observation_space_of(self.client.schema, bounds)
+            self.action_space = action_space_of(self.client.schema, space.act_n)
+            self._action = action_field_of(self.client.schema)
         except BaseException:
             self.client.close()
             raise
@@ -215,7 +221,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     def step(
         self, action: np.int64 | int
     ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        view = self.client.step(int(action))
+        view = self.client.step(actions_of(action, self._action))
         fields = self.fields
         return (
             self._observe(view),
@@ -239,7 +245,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
             self._mask[:] = False
             n = min(len(mask), len(self._mask))
             self._mask[:n] = mask[:n]
-        return np.array(view[self.fields.observation], copy=True)
+        return observation_of(view, self.fields.observations)  # type: ignore[return-value]
 
     def _info(self, view: StepView) -> dict[str, Any]:
         return {name: view[name].item() for name in self.fields.info}
@@ -300,16 +306,15 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             self.num_envs = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)
             space = self.client.spaces()
-            low, high = observation_bounds_of(self.client, observation_bounds)
+            bounds = observation_bounds_of(self.client, observation_bounds)
         except BaseException:
             self.client.close()
             raise
         self.metadata = {"autoreset_mode": mode, "render_modes": []}
         self.autoreset_mode = mode
-        self.single_observation_space = spaces.Box(
-            low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
-        )
-        self.single_action_space = spaces.Discrete(space.act_n)
+        self.single_observation_space = observation_space_of(self.client.schema, bounds)
+        self.single_action_space = action_space_of(self.client.schema, space.act_n)
+        self._action = action_field_of(self.client.schema)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._masks = np.ones((self.num_envs, space.act_n), dtype=bool)
@@ -331,7 +336,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        view = self.client.step(np.asarray(actions).reshape(self.num_envs))
+        view = self.client.step(actions_of(actions, self._action, self.num_envs))
         fields = self.fields
         rewards = np.array(view[fields.reward], dtype=np.float64)
         terminated = fields.terminated_of(view)
@@ -356,7 +361,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             n = min(mask.shape[-1], self._masks.shape[1])
             self._masks[:] = False
             self._masks[:, :n] = mask.reshape(self.num_envs, -1)[:, :n]
-        return np.array(view[self.fields.observation], copy=True).reshape(self.num_envs, -1)
+        return observation_of(view, self.fields.observations, self.num_envs)  # type: ignore[return-value]
 
     def _infos(self, view: StepView) -> dict[str, Any]:
         infos: dict[str, Any] = {}
@@ -383,7 +388,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             rewards[index] = float(final[fields.reward])
             terminated[index] = bool(fields.terminated_of(final))
             truncated[index] = bool(fields.truncated_of(final))
-            final_obs[index] = np.array(final[fields.observation], copy=True)
+            final_obs[index] = observation_of(final, fields.observations)
             for name in fields.info:
                 final_info[name][index] = final[name]
         for name in fields.info:

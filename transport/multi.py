@@ -324,7 +324,7 @@ def connect_many(
     """
     if not urls:
         raise ValueError("connect_many needs at least one URL")
-    codecs = resolve_schema(schema)
+    codecs = None if schema is None else resolve_schema(schema)  # None: each discovers
 
     def one(url: str) -> Client:
         return connect(url, codecs, timeout=timeout, max_body=max_body, autoreset=autoreset)

@@ -28,6 +28,7 @@ from transport.client import DEFAULT_TIMEOUT, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
 from transport.gym import Bounds, ResultFields, observation_bounds_of, resolve_url
+from transport.spaces import observation_space_of
 
 
 def _default_schema() -> Schema:
@@ -83,7 +84,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
                     "naming the agent that acts next"
                 )
             space = self.client.spaces()
-            low, high = observation_bounds_of(self.client, observation_bounds)
+            bounds = observation_bounds_of(self.client, observation_bounds)
         except BaseException:
             self.client.close()
             raise
@@ -95,9 +96,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         self.render_mode = render_mode
         obs_space = spaces.Dict(
             {
-                "observation": spaces.Box(
-                    low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type
-                ),
+                "observation": observation_space_of(self.client.schema, bounds),
                 "action_mask": spaces.Box(0, 1, (space.act_n,), dtype=np.int8),
             }
         )

@@ -11,6 +11,7 @@ envelope's), so any such schema can ride the same client and server.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from transport.generated.protocol import AutoReset as AutoReset
 from transport.generated.protocol import ErrorCode as ErrorCode
 from transport.generated.protocol import RegionState as RegionState
 from transport.generated.protocol import SlotCommand as SlotCommand
-from transport.schema.ir import SchemaIR
+from transport.schema.ir import SchemaIR, ir_from_json
 
 PROTOCOL_VERSION = 0x0100
 """major << 8 | minor; peers with different majors refuse each other."""
@@ -232,6 +233,78 @@ def decode_hello(body: Any) -> Hello:
     return Hello(version, flags, fingerprint, info)
 
 
+# -- schema discovery (docs/client.md "Connecting without a schema file") ----------------------
+# HELLO_REQ tail keys: "schema_name" (the schema the client was built for: names it in a
+# mismatch) or "discover": true with fingerprint 0 (the client has no schema). HELLO_RESP tail
+# keys: "schema_name" (the server's) and, answering a discovery, "schema_ir": the server's
+# compiled IR as the JSON text `transport-schema inspect --json` prints.
+SCHEMA_NAME_KEY = "schema_name"
+DISCOVER_KEY = "discover"
+SCHEMA_IR_KEY = "schema_ir"
+DISCOVER_FINGERPRINT = 0
+"""The fingerprint a discovering HELLO_REQ carries (with ``discover: true`` in its tail)."""
+
+
+def is_discovery(hello: Hello) -> bool:
+    """A HELLO_REQ from a client without a schema: fingerprint 0 and ``discover: true``."""
+    return hello.fingerprint == DISCOVER_FINGERPRINT and hello.info.get(DISCOVER_KEY) is True
+
+
+def encode_hello_request(schema: Schema | None, autoreset: int = 0) -> bytes:
+    """A client's HELLO_REQ: pinned to ``schema`` (its fingerprint and name), or, for None, a
+    discovery request that asks the server for its schema."""
+    if schema is None:
+        return encode_hello(DISCOVER_FINGERPRINT, {DISCOVER_KEY: True}, flags=autoreset)
+    return encode_hello(schema.fingerprint, {SCHEMA_NAME_KEY: schema.name}, flags=autoreset)
+
+
+def encode_hello_response(schema: Schema, hello: Hello, info: dict[str, Any], mode: int) -> bytes:
+    """A server's HELLO_RESP to ``hello``: its fingerprint, ``info`` plus its schema's name, and
+    its compiled IR when the client asked to discover it."""
+    tail = {**info, SCHEMA_NAME_KEY: schema.name}
+    if is_discovery(hello):
+        tail[SCHEMA_IR_KEY] = schema_ir_text(schema)
+    return encode_hello(schema.fingerprint, tail, flags=mode)
+
+
+_IR_TEXT: dict[int, str] = {}
+
+
+def schema_ir_text(schema: Schema) -> str:
+    """The compiled IR of ``schema`` as compact JSON text (cached per fingerprint)."""
+    text = _IR_TEXT.get(schema.fingerprint)
+    if text is None:
+        text = _IR_TEXT[schema.fingerprint] = json.dumps(schema.ir.to_json(), separators=(",", ":"))
+    return text
+
+
+def schema_from_ir_text(text: Any, announced: int, *, peer: str) -> Schema:
+    """The ``Schema`` of a discovered IR, refused unless it hashes to ``announced`` (the
+    fingerprint the peer announced in its HELLO head or control block)."""
+    if not isinstance(text, str):
+        raise ProtocolError(f"{peer} sent no schema IR ({SCHEMA_IR_KEY} is not a string)")
+    try:
+        ir = ir_from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"{peer} sent a schema IR that does not load: {exc}") from exc
+    if ir.fingerprint != announced:
+        raise FingerprintMismatchError(
+            f"{peer} announced fingerprint {announced:016x} but its schema {ir.name} hashes to "
+            f"{ir.fingerprint:016x}",
+            local=ir.fingerprint,
+            remote=announced,
+        )
+    return Schema(ir)
+
+
+def mismatch_text(server_name: str, server_fp: int, client_name: str, client_fp: int) -> str:
+    """A fingerprint mismatch naming both schemas (name and fingerprint of each side)."""
+    return (
+        f"the server serves {server_name or 'an unnamed schema'} (fp {server_fp:016x}), "
+        f"this client was built for {client_name or 'an unnamed schema'} (fp {client_fp:016x})"
+    )
+
+
 def check_hello(hello: Hello, fingerprint: int, *, peer: str) -> None:
     """Refuse a peer whose major version or schema fingerprint differs (both sides call it)."""
     if hello.version >> 8 != PROTOCOL_VERSION >> 8:
@@ -298,15 +371,30 @@ class RequestError(Exception):
         super().__init__(f"{code.name}: {text}")
 
 
-def accept_hello(body: Any, fingerprint: int) -> tuple[Hello, AutoReset]:
+def accept_hello(body: Any, schema: Schema | int) -> tuple[Hello, AutoReset]:
     """A server's reading of a HELLO_REQ: the hello and the auto-reset mode it asks for, or the
     ``RequestError`` to answer (BAD_FRAME, VERSION_MISMATCH, FINGERPRINT_MISMATCH). Every
-    server, and the shm channel that answers for its region, decides the same way."""
+    server, and the shm channel that answers for its region, decides the same way. A discovery
+    request (``is_discovery``) passes the fingerprint check: the answer carries the schema.
+    A mismatch names both schemas when ``schema`` is a ``Schema`` and the client sent its name."""
+    fingerprint = schema if isinstance(schema, int) else schema.fingerprint
     try:
         hello = decode_hello(body)
-        check_hello(hello, fingerprint, peer="client")
+        if is_discovery(hello):
+            check_hello(hello, DISCOVER_FINGERPRINT, peer="client")
+        else:
+            check_hello(hello, fingerprint, peer="client")
     except FingerprintMismatchError as exc:
-        raise RequestError(ErrorCode.FINGERPRINT_MISMATCH, str(exc)) from None
+        text = str(exc)
+        if isinstance(schema, Schema):
+            client_name = hello.info.get(SCHEMA_NAME_KEY)
+            text = mismatch_text(
+                schema.name,
+                fingerprint,
+                client_name if isinstance(client_name, str) else "",
+                hello.fingerprint,
+            )
+        raise RequestError(ErrorCode.FINGERPRINT_MISMATCH, text) from None
     except VersionMismatchError as exc:
         raise RequestError(ErrorCode.VERSION_MISMATCH, str(exc)) from None
     except ProtocolError as exc:

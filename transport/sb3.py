@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnv,
     VecEnvIndices,
@@ -43,6 +42,13 @@ from transport.gym import (
     observation_bounds_of,
     resolve_num_envs,
     resolve_url,
+)
+from transport.spaces import (
+    action_field_of,
+    action_space_of,
+    actions_of,
+    observation_of,
+    observation_space_of,
 )
 
 log = logging.getLogger("transport.sb3")
@@ -95,16 +101,17 @@ class RemoteVecEnv(VecEnv):
             n = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)
             space = self.client.spaces()
-            low, high = observation_bounds_of(self.client, observation_bounds)
+            bounds = observation_bounds_of(self.client, observation_bounds)
         except BaseException:
             self.client.close()
             raise
-        observation_space = spaces.Box(low, high, (space.obs_n,), dtype=self.fields.obs_dtype.type)
+        observation_space = observation_space_of(self.client.schema, bounds)
+        self._action = action_field_of(self.client.schema)
         self._actions: np.ndarray | None = None
         self._masks = np.ones((n, space.act_n), dtype=bool)
         self._attrs: dict[str, list[Any]] = {}
         self._closed = False
-        super().__init__(n, observation_space, spaces.Discrete(space.act_n))
+        super().__init__(n, observation_space, action_space_of(self.client.schema, space.act_n))
 
     # -- the VecEnv API ------------------------------------------------------------------------
 
@@ -120,7 +127,7 @@ class RemoteVecEnv(VecEnv):
         return self._observe(view)
 
     def step_async(self, actions: np.ndarray) -> None:
-        self._actions = np.asarray(actions).reshape(self.num_envs)
+        self._actions = actions_of(actions, self._action, self.num_envs)
 
     def step_wait(self) -> VecEnvStepReturn:
         if self._actions is None:
@@ -143,7 +150,7 @@ class RemoteVecEnv(VecEnv):
             truncated[index] = bool(fields.truncated_of(final))
             info = infos[index]
             info.update({name: final[name].item() for name in fields.info})
-            info["terminal_observation"] = np.array(final[fields.observation], copy=True)
+            info["terminal_observation"] = observation_of(final, fields.observations)
         dones = terminated | truncated
         for i in np.flatnonzero(dones):
             infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
@@ -219,7 +226,11 @@ class RemoteVecEnv(VecEnv):
         for i in failed:
             rewards[i] = 0.0  # the failed step's reward is unknown
             dones[i] = True
-            infos[i]["terminal_observation"] = observations[i].copy()
+            infos[i]["terminal_observation"] = (
+                {name: value[i].copy() for name, value in observations.items()}
+                if isinstance(observations, dict)
+                else observations[i].copy()
+            )
             infos[i]["TimeLimit.truncated"] = True
             infos[i]["env_error"] = error.text
         return observations, rewards, dones, infos
@@ -227,13 +238,13 @@ class RemoteVecEnv(VecEnv):
     def _mask_getter(self, index: int) -> Any:
         return lambda: self._masks[index].copy()
 
-    def _observe(self, view: Any) -> np.ndarray:
+    def _observe(self, view: Any) -> VecEnvObs:
         if self.fields.mask is not None:
             mask = view[self.fields.mask].reshape(self.num_envs, -1)
             n = min(mask.shape[1], self._masks.shape[1])
             self._masks[:] = False
             self._masks[:, :n] = mask[:, :n]
-        return np.array(view[self.fields.observation], copy=True).reshape(self.num_envs, -1)
+        return observation_of(view, self.fields.observations, self.num_envs)
 
     def _info(self, view: Any, index: int) -> dict[str, Any]:
         return {

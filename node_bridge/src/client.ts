@@ -16,7 +16,14 @@
 import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
 import type { Spaces } from "./runtime/env";
-import { ConnectError, PeerGoneError, ProtocolError, TransportError, TransportTimeoutError } from "./errors";
+import {
+  ConnectError,
+  FingerprintMismatchError,
+  PeerGoneError,
+  ProtocolError,
+  TransportError,
+  TransportTimeoutError,
+} from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
   AUTORESET_MASK,
@@ -26,12 +33,17 @@ import {
   DEFAULT_MAX_BODY,
   FINAL_COUNT_SIZE,
   type MessageIds,
+  MESSAGE_IDS,
+  SCHEMA_IR_KEY,
+  SCHEMA_NAME_KEY,
   autoresetName,
   checkHello,
   decodeError,
   decodeHello,
-  encodeHello,
+  encodeHelloRequest,
   messageIds,
+  mismatchText,
+  schemaFromIrText,
   readU32,
   toAutoReset,
 } from "./protocol";
@@ -46,7 +58,8 @@ export interface ConnectOptions {
   readonly timeoutMs?: number | null;
   /** Largest response body accepted (bytes). */
   readonly maxBody?: number;
-  /** Schema (default: the reference pac_env). */
+  /** Schema: pins the session to it (another server schema is refused, both named); omitted,
+   * the server's schema is discovered in the handshake (`client.schema`). */
   readonly schema?: SchemaModule;
   /**
    * Who resets an env whose episode ended (docs/protocol.md, "Auto-reset"): "disabled" (the
@@ -73,7 +86,6 @@ function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
   return codec;
 }
 
-/** HELLO_REQ / HELLO_RESP on a new channel; returns the server's info map. */
 /** What to do about each client-side transport error, said after its message (Python: `HINTS`). */
 const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => TransportError, string]> = [
   [
@@ -110,26 +122,58 @@ export function explain(error: unknown, url: string): unknown {
   return error;
 }
 
+/**
+ * HELLO_REQ / HELLO_RESP on a new channel: the session's schema and the server's info map.
+ * `schema` null discovers it (the server answers with its compiled IR, which must hash to the
+ * fingerprint it announced). A mismatch names both schemas and the server's URL.
+ */
 export async function handshake(
   channel: Channel,
-  schema: SchemaModule,
+  schema: SchemaModule | null,
   autoreset: AutoReset = AutoReset.DISABLED,
-): Promise<Record<string, unknown>> {
-  const ids = messageIds(schema);
-  const type = await channel.request(ids.HELLO_REQ, encodeHello(schema.fingerprint, undefined, autoreset));
+  url = "",
+): Promise<{ schema: SchemaModule; info: Record<string, unknown> }> {
+  const where = `the server at ${url || "?"}`;
+  const ids = schema === null ? MESSAGE_IDS : messageIds(schema);
+  const type = await channel.request(ids.HELLO_REQ, encodeHelloRequest(schema, autoreset));
   const body = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
-  if (type === ids.ERROR) throw decodeError(body);
+  if (type === ids.ERROR) {
+    const error = decodeError(body);
+    if (error instanceof FingerprintMismatchError) {
+      const text = error.message.replace(/^server refused the session: /, "");
+      throw new FingerprintMismatchError(`${where} refused the session: ${text}`, schema?.fingerprint ?? 0n, 0n);
+    }
+    throw error;
+  }
   if (type !== ids.HELLO_RESP) {
     throw new ProtocolError(`expected HELLO_RESP, got msg_type 0x${type.toString(16).toUpperCase().padStart(2, "0")}`);
   }
   const hello = decodeHello(body);
-  checkHello(hello, schema.fingerprint, "server");
+  let found: SchemaModule;
+  if (schema === null) {
+    checkHello(hello, hello.fingerprint, "server"); // the version
+    found = schemaFromIrText(hello.info[SCHEMA_IR_KEY], hello.fingerprint, where);
+  } else if (hello.fingerprint !== BigInt.asUintN(64, schema.fingerprint)) {
+    const serverName = hello.info[SCHEMA_NAME_KEY];
+    throw new FingerprintMismatchError(
+      `${where}: ${mismatchText(typeof serverName === "string" ? serverName : "", hello.fingerprint, schema.name, schema.fingerprint)}`,
+      schema.fingerprint,
+      hello.fingerprint,
+    );
+  } else {
+    checkHello(hello, schema.fingerprint, "server");
+    found = schema;
+  }
   if ((hello.flags & AUTORESET_MASK) !== autoreset) {
     throw new ProtocolError(
       `server answered auto-reset mode ${hello.flags & AUTORESET_MASK}, asked ${autoreset}`,
     );
   }
-  return { ...hello.info, autoreset: autoresetName(autoreset) };
+  // the schema's keys are the handshake's own (client.schema holds the schema)
+  const info: Record<string, unknown> = { ...hello.info };
+  delete info[SCHEMA_IR_KEY];
+  delete info[SCHEMA_NAME_KEY];
+  return { schema: found, info: { ...info, autoreset: autoresetName(autoreset) } };
 }
 
 /**
@@ -408,24 +452,40 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   url: string,
   options: ConnectOptions = {},
 ): Promise<Client<View, Value>> {
-  const schema = options.schema ?? pac_env.SCHEMA;
+  const pinned = options.schema ?? null; // none: discover the server's in the handshake
   const autoreset = toAutoReset(options.autoreset ?? AutoReset.DISABLED);
   const backend: Backend = await backendFor(url);
+  const maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
+  // a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
+  // maxBody; a smaller limit asked for applies to the pinned channel opened after it
+  const firstMax = pinned === null ? Math.max(maxBody, DEFAULT_MAX_BODY) : maxBody;
+  const open = (schema: SchemaModule | undefined, limit: number): Promise<Channel> =>
+    backend.openChannel(url, {
+      timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
+      maxBody: limit,
+      ...(schema === undefined ? {} : { schema }),
+    });
   let channel: Channel;
   try {
-    channel = await backend.openChannel(url, {
-      timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
-      maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
-      schema,
-    });
+    channel = await open(pinned ?? undefined, firstMax);
   } catch (error) {
     throw explain(error, url);
   }
+  let session: { schema: SchemaModule; info: Record<string, unknown> };
   try {
-    channel.info = await handshake(channel, schema, autoreset);
+    session = await handshake(channel, pinned, autoreset, url);
+    const own = (channel as { schema?: SchemaModule }).schema;
+    if (pinned === null && (firstMax !== maxBody || own?.fingerprint !== session.schema.fingerprint)) {
+      // opened before the schema was known, and it carries one (HTTP's fingerprint header) or
+      // a larger maxBody: a fresh channel pinned to the discovered schema
+      await channel.close();
+      channel = await open(session.schema, maxBody);
+      session = await handshake(channel, session.schema, autoreset, url);
+    }
+    channel.info = session.info;
   } catch (error) {
     await channel.close();
     throw explain(error, url);
   }
-  return new Client<View, Value>(channel, schema, url);
+  return new Client<View, Value>(channel, session.schema, url);
 }

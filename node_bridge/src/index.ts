@@ -9,6 +9,7 @@
  */
 
 export { type AnyStructCodec, type SchemaModule, type StructCodec, loadSchema } from "./codec";
+export { loadSchemaFile } from "./schema_file";
 export {
   ArrayLengthError,
   BadFrameError,

@@ -35,6 +35,11 @@ export interface FieldJson {
   readonly role?: string;
   /** Dimensions of a multi-dimensional array ("f32[2,5,5]": [2, 5, 5]), row-major. */
   readonly shape?: readonly number[];
+  /** Declared bounds (observation and action fields): one text per element or one for all. */
+  readonly low?: string | readonly string[];
+  readonly high?: string | readonly string[];
+  /** A float action field that may carry NaN / inf (else the runtime refuses them). */
+  readonly allow_nonfinite?: boolean;
 }
 
 /** A field's dimensions: its `shape`, `[count]` for a 1-D array, `[]` for a scalar. */

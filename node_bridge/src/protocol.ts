@@ -11,7 +11,8 @@
  */
 
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
-import type { SchemaModule } from "./codec";
+import { type SchemaModule, loadSchema } from "./codec";
+import type { SchemaJson } from "./ir";
 import {
   BadFrameError,
   EnvError,
@@ -243,6 +244,78 @@ export function decodeHello(body: Uint8Array): Hello {
   return { version, flags, fingerprint, info };
 }
 
+// -- schema discovery (docs/client.md "Connecting without a schema file"; Python: protocol.py) --
+// HELLO_REQ tail: "schema_name" (the client's schema, named in a mismatch) or "discover": true
+// with fingerprint 0 (no schema). HELLO_RESP tail: "schema_name" (the server's) and, answering
+// a discovery, "schema_ir": the compiled IR as JSON text.
+export const SCHEMA_NAME_KEY = "schema_name";
+export const DISCOVER_KEY = "discover";
+export const SCHEMA_IR_KEY = "schema_ir";
+/** The fingerprint a discovering HELLO_REQ carries (with `discover: true` in its tail). */
+export const DISCOVER_FINGERPRINT = 0n;
+
+/** A HELLO_REQ from a client without a schema: fingerprint 0 and `discover: true`. */
+export function isDiscovery(hello: Hello): boolean {
+  return hello.fingerprint === DISCOVER_FINGERPRINT && hello.info[DISCOVER_KEY] === true;
+}
+
+/** A client's HELLO_REQ: pinned to `schema` (fingerprint and name), or a discovery request. */
+export function encodeHelloRequest(schema: SchemaModule | null, autoreset = 0): Buffer {
+  if (schema === null) return encodeHello(DISCOVER_FINGERPRINT, { [DISCOVER_KEY]: true }, autoreset);
+  return encodeHello(schema.fingerprint, { [SCHEMA_NAME_KEY]: schema.name }, autoreset);
+}
+
+const irTexts = new WeakMap<SchemaModule, string>();
+
+/** The compiled IR of `schema` as JSON text (what a discovering client loads). */
+export function schemaIrText(schema: SchemaModule): string {
+  let text = irTexts.get(schema);
+  if (text === undefined) {
+    text = JSON.stringify(schema.ir);
+    irTexts.set(schema, text);
+  }
+  return text;
+}
+
+/** A server's HELLO_RESP tail: `info`, its schema's name, and its IR when `hello` discovers. */
+export function helloResponseInfo(
+  schema: SchemaModule,
+  hello: Hello | null,
+  info: Record<string, unknown>,
+): Record<string, unknown> {
+  const tail: Record<string, unknown> = { ...info, [SCHEMA_NAME_KEY]: schema.name };
+  if (hello !== null && isDiscovery(hello)) tail[SCHEMA_IR_KEY] = schemaIrText(schema);
+  return tail;
+}
+
+/** The schema of a discovered IR (JSON text), refused unless it hashes to `announced` (the
+ * fingerprint the peer announced in its HELLO head or control block). Python: schema_from_ir_text. */
+export function schemaFromIrText(text: unknown, announced: bigint, peer: string): SchemaModule {
+  if (typeof text !== "string") throw new ProtocolError(`${peer} sent no schema IR (${SCHEMA_IR_KEY} is not a string)`);
+  let schema: SchemaModule;
+  try {
+    schema = loadSchema(JSON.parse(text) as SchemaJson);
+  } catch (error) {
+    throw new ProtocolError(`${peer} sent a schema IR that does not load: ${(error as Error).message}`);
+  }
+  if (schema.fingerprint !== BigInt.asUintN(64, announced)) {
+    throw new FingerprintMismatchError(
+      `${peer} announced fingerprint ${u64Hex(announced)} but its schema ${schema.name} hashes to ${u64Hex(schema.fingerprint)}`,
+      schema.fingerprint,
+      announced,
+    );
+  }
+  return schema;
+}
+
+/** A fingerprint mismatch naming both schemas (name and fingerprint of each side). */
+export function mismatchText(serverName: string, serverFp: bigint, clientName: string, clientFp: bigint): string {
+  return (
+    `the server serves ${serverName || "an unnamed schema"} (fp ${u64Hex(serverFp)}), ` +
+    `this client was built for ${clientName || "an unnamed schema"} (fp ${u64Hex(clientFp)})`
+  );
+}
+
 /** Refuse a peer whose major version or schema fingerprint differs (both sides call it). */
 export function checkHello(hello: Hello, fingerprint: bigint, peer: string): void {
   if (hello.version >> 8 !== PROTOCOL_VERSION >> 8) {
@@ -333,19 +406,28 @@ export function checkAutoreset(mode: number, text: () => string): AutoReset {
  * `RequestError` to answer (BAD_FRAME, VERSION_MISMATCH, FINGERPRINT_MISMATCH). Every server, and
  * the shm channel that answers for its region, decides the same way (Python: `accept_hello`).
  */
-export function acceptHello(body: Uint8Array, fingerprint: bigint): { hello: Hello; mode: AutoReset } {
-  let hello: Hello;
+export function acceptHello(body: Uint8Array, schema: SchemaModule | bigint): { hello: Hello; mode: AutoReset } {
+  const fingerprint = typeof schema === "bigint" ? schema : schema.fingerprint;
+  let hello: Hello | undefined;
   try {
     hello = decodeHello(body);
-    checkHello(hello, fingerprint, "client");
+    checkHello(hello, isDiscovery(hello) ? DISCOVER_FINGERPRINT : fingerprint, "client");
   } catch (error) {
-    if (error instanceof FingerprintMismatchError) throw new RequestError(ErrorCode.FINGERPRINT_MISMATCH, error.message);
+    if (error instanceof FingerprintMismatchError) {
+      let text = error.message;
+      if (typeof schema !== "bigint" && hello !== undefined) {
+        const clientName = hello.info[SCHEMA_NAME_KEY];
+        text = mismatchText(schema.name, fingerprint, typeof clientName === "string" ? clientName : "", hello.fingerprint);
+      }
+      throw new RequestError(ErrorCode.FINGERPRINT_MISMATCH, text);
+    }
     if (error instanceof VersionMismatchError) throw new RequestError(ErrorCode.VERSION_MISMATCH, error.message);
     if (error instanceof ProtocolError) throw new RequestError(ErrorCode.BAD_FRAME, error.message);
     throw error;
   }
-  const mode = checkAutoreset(hello.flags & AUTORESET_MASK, () => `unknown auto-reset mode in flags ${hello.flags}`);
-  return { hello, mode };
+  const accepted: Hello = hello;
+  const mode = checkAutoreset(accepted.flags & AUTORESET_MASK, () => `unknown auto-reset mode in flags ${accepted.flags}`);
+  return { hello: accepted, mode };
 }
 
 /** Thrown inside a server's dispatcher: becomes one ERROR response (never leaves the server). */

@@ -22,10 +22,10 @@ import numpy as np
 
 from transport.backends import backend_for
 from transport.backends.base import Channel
-from transport.client import DEFAULT_TIMEOUT, default_schema
+from transport.client import DEFAULT_TIMEOUT
 from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, TransportError
-from transport.protocol import DEFAULT_MAX_BODY, MessageIds, decode_error
+from transport.protocol import DEFAULT_MAX_BODY, MESSAGE_IDS, MessageIds, decode_error
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,16 @@ def open_channel(
 ) -> AutoChannel:
     """A channel that picks its backend at the handshake (see ``AutoChannel``)."""
     candidates(url)  # a bad URL fails here
-    return AutoChannel(url, schema if schema is not None else default_schema(), timeout, max_body)
+    return AutoChannel(url, schema, timeout, max_body)  # None: each candidate discovers
 
 
 class AutoChannel:
     """The first candidate (module docstring) that opens and answers the HELLO becomes the
     channel every later request goes to; each skipped candidate is logged with its reason."""
 
-    def __init__(self, url: str, schema: Schema, timeout: float | None, max_body: int) -> None:
+    def __init__(
+        self, url: str, schema: Schema | None, timeout: float | None, max_body: int
+    ) -> None:
         self.url = url
         self.info: dict[str, Any] = {}
         self.schema = schema
@@ -79,7 +81,7 @@ class AutoChannel:
         return self._choose(msg_type, body)
 
     def _choose(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
-        ids = MessageIds.from_schema(self.schema.ir)
+        ids = MESSAGE_IDS if self.schema is None else MessageIds.from_schema(self.schema.ir)
         if msg_type != ids.HELLO_REQ:
             raise ConnectError(f"{self.url}: send HELLO_REQ first (it chooses the backend)")
         reasons: list[str] = []

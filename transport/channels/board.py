@@ -14,11 +14,12 @@ Layout (``schema/channels.toml``; offsets from the segment's start)::
     D     slot 0 payload: every array at its 64-aligned offset (payload_size bytes)
     D+S   slot 1 payload (DOUBLE_BUFFER)
 
-Publishing writes a slot under its own seqlock (seq odd, copy, seq even) and then makes it the
-active one. DOUBLE_BUFFER writes the slot readers are *not* reading and flips ``active``:
-readers keep reading the previous version during a publish and never wait. SEQLOCK has one
-slot: a reader that overlaps a publish retries. Either way a reader checks the slot's seq
-before and after its copy, so it never returns a torn or mixed version.
+Publishing writes a slot under its own seqlock (seq odd, copy, seq even), then makes it the
+active one and announces its version. DOUBLE_BUFFER writes the slot readers are *not* reading
+and flips ``active``: readers keep reading the previous version during a publish and never wait.
+SEQLOCK has one slot: a reader that overlaps a publish retries. Either way a reader checks the
+slot's seq before and after its copy, so it never returns a torn or mixed version, and keeps a
+read only if its version is announced, so the versions a reader sees never go back.
 """
 
 from __future__ import annotations
@@ -284,7 +285,7 @@ class PolicyBoard:
                 version = native.load64_acquire(self._slot_version[slot])
                 copy_into(self.slots[slot])
                 native.fence_acquire()
-                if native.load64_acquire(self._seq[slot]) == before:
+                if native.load64_acquire(self._seq[slot]) == before and self._announced(version):
                     return version
             attempt += 1
             if time.monotonic() > deadline:
@@ -296,6 +297,13 @@ class PolicyBoard:
                 time.sleep(0.0002 if attempt < 100 else 0.002)
             else:
                 os.sched_yield()
+
+    def _announced(self, version: int) -> bool:
+        """A stable slot may hold a version the publisher completed but has not yet announced
+        (``active`` and the version word come after the slot): a reader that took ``active``
+        just before two publishes finds it there. Returning it could make the next read go back
+        one version, so such a read is retried; announced versions never decrease."""
+        return version <= native.load64_acquire(self._version)
 
     def _check_writer(self) -> None:
         pid = int(self._hdr["writer_pid"])
@@ -345,7 +353,8 @@ class PolicyBoard:
 
         def still_valid() -> bool:
             native.fence_acquire()
-            return before % 2 == 0 and native.load64_acquire(self._seq[slot]) == before
+            stable = before % 2 == 0 and native.load64_acquire(self._seq[slot]) == before
+            return stable and self._announced(version)
 
         yield version, self.slots[slot], still_valid
 

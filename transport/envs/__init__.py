@@ -1,5 +1,6 @@
-"""Reference envs served by ``transport-serve``: ``echo`` (pure transport cost), ``pac`` and
-``mahjong`` (a four-seat turn-based game for the PettingZoo adapter)."""
+"""Reference envs served by ``transport-serve``: ``echo`` (pure transport cost), ``pac``,
+``mahjong`` (a four-seat turn-based game for the PettingZoo adapter), ``reach`` (a Dict
+observation and a Box action) and ``lock`` (a MultiDiscrete action)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ ENVS: dict[str, str] = {
     "echo": "transport.envs.echo:EchoEnv",
     "pac": "transport.envs.pac:PacEnv",
     "mahjong": "transport.envs.mahjong:MahjongEnv",
+    "reach": "transport.envs.rich_spaces:ReachEnv",  # Dict observation, Box action
+    "lock": "transport.envs.rich_spaces:LockEnv",  # MultiDiscrete action
     "contract": "transport.testing.contract_env:ContractEnv",  # takes the schema: serve_cli
 }
 
@@ -19,6 +22,8 @@ SCHEMAS: dict[str, str] = {
     "echo": "pac_env",
     "pac": "pac_env",
     "mahjong": "mahjong_env",
+    "reach": "dictbox",
+    "lock": "multidiscrete",
 }
 """The schema (a module of ``transport.generated``) each reference env speaks."""
 

@@ -28,6 +28,7 @@ from transport.codec import Schema, StructCodec
 from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError, ProtocolError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
+from transport.schema.ir import FieldIR
 
 FATE_RESET = "the env was reset"
 FATE_RECREATED = "the env was recreated"
@@ -59,6 +60,99 @@ ACTION_CODES = {
 }
 """Action field types a server carries (one discrete action, an integer, per env) and their
 ``struct`` format codes."""
+
+
+FLOAT_ACTION_TYPES = ("f32", "f64")
+"""Element types of a Box action (an f32/f64 array); an integer array is MultiDiscrete."""
+
+
+# -- action values -------------------------------------------------------------------------------
+
+
+class ActionRule:
+    """What one action may be, from the schema's action field (docs/schema.md, "Actions"):
+    ``discrete`` (one integer, 0..act_n-1 from the env's spaces), ``multi_discrete`` (an
+    integer array, each element in its declared low..high) or ``box`` (a float array, finite
+    unless ``allow_nonfinite``, inside its declared low..high)."""
+
+    def __init__(self, field: FieldIR | None) -> None:
+        self.field = field
+        if field is None or not field.is_array:
+            self.kind = "discrete"
+        else:
+            self.kind = "box" if field.elem in FLOAT_ACTION_TYPES else "multi_discrete"
+        self.dims: tuple[int, ...] = field.dims if field is not None and field.is_array else ()
+        low = field.bound("low") if field is not None else None
+        high = field.bound("high") if field is not None else None
+        if self.kind == "multi_discrete" and low is None and field is not None:
+            low = (0.0,) * field.count
+        dtype = np.int64 if self.kind == "multi_discrete" else np.float64
+        self.low = None if low is None else np.reshape(np.array(low, dtype=dtype), self.dims)
+        self.high = None if high is None else np.reshape(np.array(high, dtype=dtype), self.dims)
+        self.finite = not (field is not None and field.allow_nonfinite)
+
+    def bad(self, actions: np.ndarray, act_n: int) -> np.ndarray:
+        """(N,) bool: the actions (N of them, each of ``dims``) this rule refuses."""
+        if self.kind == "discrete":
+            bad: np.ndarray = (actions < 0) | (actions >= act_n)
+            return bad
+        axes = tuple(range(1, actions.ndim))
+        out = np.zeros(actions.shape[0], dtype=bool)
+        if self.kind == "box":
+            values = actions.astype(np.float64)
+            if self.finite:
+                out |= ~np.isfinite(values).all(axis=axes)
+            else:
+                values = np.nan_to_num(values, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        else:
+            values = actions
+        with np.errstate(invalid="ignore"):
+            if self.low is not None:
+                out |= (values < self.low).any(axis=axes)
+            if self.high is not None:
+                out |= (values > self.high).any(axis=axes)
+        return out
+
+    def describe(self, action: Any, act_n: int) -> str:
+        """Why ``action`` is refused, for the INVALID_ACTION text."""
+        if self.kind == "discrete":
+            return f"action {action} is outside 0..{act_n - 1}"
+        low = "-inf" if self.low is None else _numbers(self.low)
+        high = "inf" if self.high is None else _numbers(self.high)
+        finite = " and finite" if self.kind == "box" and self.finite else ""
+        return f"action {_numbers(action)} is not inside {low}..{high}{finite}"
+
+
+def _numbers(values: Any) -> str:
+    """``[1, 0.5, NaN]``: numbers as JavaScript's String() writes them (the Node texts match)."""
+    texts = []
+    for v in np.asarray(values, dtype=np.float64).flat:
+        x = float(v)
+        if x != x:
+            texts.append("NaN")
+        elif x in (np.inf, -np.inf):
+            texts.append("Infinity" if x > 0 else "-Infinity")
+        else:
+            texts.append(str(int(x)) if x.is_integer() else repr(x))
+    return "[" + ", ".join(texts) + "]"
+
+
+def check_action_value(rule: ActionRule, index: int, action: Any, act_n: int) -> None:
+    """One env's action against its type's rule: INVALID_ACTION (naming the env) when refused."""
+    if rule.kind == "discrete":
+        if not 0 <= action < act_n:
+            raise RequestError(
+                ErrorCode.INVALID_ACTION, f"env {index}: {rule.describe(action, act_n)}"
+            )
+        return
+    values = np.asarray(action)
+    if values.shape != rule.dims:
+        raise RequestError(
+            ErrorCode.INVALID_ACTION,
+            f"env {index}: action of shape {values.shape}; the schema's is {rule.dims}",
+        )
+    if rule.bad(values[np.newaxis], act_n)[0]:
+        raise RequestError(ErrorCode.INVALID_ACTION, f"env {index}: {rule.describe(action, act_n)}")
 
 
 def describe(exc: BaseException) -> str:
@@ -203,7 +297,11 @@ class Runner:
         ended: list[int] = []
         failures: Failures = []
         step_one = self.step_one
-        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
+        if isinstance(actions, np.ndarray):
+            # one integer each (Discrete), else an owned array per env (Box, MultiDiscrete)
+            values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+        else:
+            values = actions
         for i in range(self.num_envs):
             try:
                 if step_one(i, values[i], mode):
@@ -242,7 +340,9 @@ class EnvRuntime:
         seats: int,
         first_seed: int | None = None,
         lock: threading.Lock | None = None,
+        action: FieldIR | None = None,
     ) -> None:
+        """``action``: the schema's action field (None: one integer, Discrete)."""
         self.runner = runner
         self.num_envs = runner.num_envs
         self.seats = seats
@@ -252,6 +352,10 @@ class EnvRuntime:
         self.spaces = runner.spaces()
         codec, results = runner.codec, runner.results
         mask = codec.ir.role("action_mask")
+        self.action_rule = ActionRule(action)
+        # the mask is over Discrete actions; an array action has none
+        if mask is None or self.action_rule.kind != "discrete":
+            mask = None
         self.masks = results[mask.name] if mask else None  # (R, mask_len) view of the results
         self.ends = [results[f.name] for f in codec.ir.episode_end_fields()]
         self.was_reset = np.zeros(self.num_envs, dtype=bool)
@@ -292,16 +396,12 @@ class EnvRuntime:
 
     # -- checks ------------------------------------------------------------------------------
 
-    def check_action(self, index: int, action: int) -> None:
+    def check_action(self, index: int, action: Any) -> None:
         if not self.all_reset and not self.was_reset[index]:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
         if self.is_done(index):
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: episode is done; reset first")
-        act_n = self.spaces.act_n
-        if not 0 <= action < act_n:
-            raise RequestError(
-                ErrorCode.INVALID_ACTION, f"env {index}: action {action} is outside 0..{act_n - 1}"
-            )
+        check_action_value(self.action_rule, index, action, self.spaces.act_n)
         masks = self.masks
         if masks is not None and action < masks.shape[1] and not masks[index, action]:
             raise RequestError(
@@ -319,7 +419,7 @@ class EnvRuntime:
         done = self.done_mask()
         if done is not None and not skip_done:
             bad = done if bad is None else bad | done
-        bad_range = (actions < 0) | (actions >= self.spaces.act_n)
+        bad_range = self.action_rule.bad(actions[:n], self.spaces.act_n)
         if self.masks is not None:
             inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
             masked = self.masks[np.arange(n), inside] == 0
@@ -329,7 +429,8 @@ class EnvRuntime:
         if (bad is not None and bad.any()) or bad_range.any():
             first = bad_range if bad is None else bad | bad_range
             index = int(np.argmax(first))
-            self.check_action(index, int(actions[index]))
+            action = actions[index]
+            self.check_action(index, int(action) if action.ndim == 0 else action)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -364,7 +465,7 @@ class EnvRuntime:
                 raise self._recover_one(index, exc, seeds, _seeded("RESET", seed)) from None
             self.mark_reset(index)
 
-    def step_one(self, index: int, action: int) -> bool:
+    def step_one(self, index: int, action: Any) -> bool:
         """Step env ``index`` alone; True when SAME_STEP kept its final result."""
         mode = self.autoreset
         if not (mode == AutoReset.NEXT_STEP and self.is_done(index)):
@@ -373,7 +474,8 @@ class EnvRuntime:
             try:
                 return self.runner.step_one(index, action, mode)
             except Exception as exc:
-                raise self._recover_one(index, exc, None, f"STEP action {action}") from None
+                request = f"STEP action {_action_text(action)}"
+                raise self._recover_one(index, exc, None, request) from None
 
     def step(self, actions: np.ndarray) -> list[int]:
         """Step every env (one action each); the envs whose SAME_STEP final result was kept."""
@@ -382,7 +484,9 @@ class EnvRuntime:
         with self._lock:
             ended, failures = self.runner.step(actions, mode)
             if failures:
-                raise self._recover(failures, None, lambda i: f"STEP action {int(actions[i])}")
+                raise self._recover(
+                    failures, None, lambda i: f"STEP action {_action_text(actions[i])}"
+                )
         return ended
 
     def step_batch(self) -> StepBatch | None:
@@ -420,14 +524,20 @@ class EnvRuntime:
             )
         if not self.all_reset or self.is_done(0):
             self.check_action(0, 0)  # NOT_RESET: before the first reset, or the game is over
+        if self.action_rule.kind != "discrete":
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                "STEP_MULTI_REQ to an env with step_batch takes Discrete actions",
+            )
         act_n = self.spaces.act_n
-        bad = (actions < 0) | (actions >= act_n)
+        bad = self.action_rule.bad(actions, act_n)
         if bad.any():
             seat = int(np.argmax(bad))
-            raise RequestError(
-                ErrorCode.INVALID_ACTION,
-                f"env 0: action {int(actions[seat])} of seat {seat} is outside 0..{act_n - 1}",
-            )
+            if self.action_rule.kind == "discrete":
+                reason = f"action {int(actions[seat])} of seat {seat} is outside 0..{act_n - 1}"
+            else:
+                reason = f"seat {seat}: {self.action_rule.describe(actions[seat], act_n)}"
+            raise RequestError(ErrorCode.INVALID_ACTION, f"env 0: {reason}")
         with self._lock:
             try:
                 outputs = step_batch(actions)
@@ -438,7 +548,7 @@ class EnvRuntime:
                 for seat, output in enumerate(outputs):
                     self.runner.write(seat, output)
             except Exception as exc:
-                request = f"STEP_MULTI seat actions {[int(a) for a in actions]}"
+                request = f"STEP_MULTI seat actions {_numbers(actions)}"
                 raise self._recover_one(0, exc, None, request) from None
 
     def observe(self) -> list[dict[str, Any]]:
@@ -511,6 +621,11 @@ class EnvRuntime:
         return RequestError(ErrorCode.ENV_ERROR, with_traceback("; ".join(texts), trace))
 
 
+def _action_text(action: Any) -> str:
+    """One env's action for a log line: ``3``, or ``[1, 0.5]`` for an array action (as Node)."""
+    return _numbers(action) if np.ndim(action) else _numbers([action])[1:-1]
+
+
 def _seeded(name: str, seed: int | None) -> str:
     """A request's name for a log line, with its seed when it has one."""
     return name if seed is None else f"{name} seed {seed}"
@@ -554,10 +669,20 @@ class EnvHost:
         action = self.step_request.ir.role("action")
         if action is None:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
-        if action.elem not in ACTION_CODES or action.count != 1:
+        self.action_rule = rule = ActionRule(action)
+        carried = action.elem in ACTION_CODES and action.count == 1
+        if rule.kind != "discrete":
+            carried = action.elem in FLOAT_ACTION_TYPES or action.elem in ACTION_CODES
+        if not carried:
             raise ProtocolError(
                 f"this server cannot carry the action {self.step_request.ir.name}.{action.name}: "
-                f"{action.type} (it steps envs with one integer action each)"
+                f"{action.type} (one integer, an integer array or an f32/f64 array per env)"
+            )
+        if workers and rule.kind != "discrete":
+            raise ValueError(
+                f"workers={workers}: worker processes carry one integer action per env; the "
+                f"action {self.step_request.ir.name}.{action.name} is {action.type} "
+                f"({rule.kind}): serve it in process (workers=0)"
             )
         self.action = action
         multi = body_codec(schema, "STEP_MULTI_REQ")
@@ -634,7 +759,9 @@ class EnvHost:
             from transport.runtime.local import LocalEnvs
 
             runner = LocalEnvs(envs, self.result, results, finals, self.factory)
-        return EnvRuntime(runner, seats=self.seats, first_seed=self.seed, lock=self._lock)
+        return EnvRuntime(
+            runner, seats=self.seats, first_seed=self.seed, lock=self._lock, action=self.action
+        )
 
 
 def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, at: int) -> None:

@@ -30,7 +30,7 @@ from transport.protocol import (
     accept_hello,
     body_codec,
     encode_error,
-    encode_hello,
+    encode_hello_response,
 )
 from transport.runtime.core import ACTION_CODES, EnvHost
 
@@ -55,7 +55,9 @@ class Session:
         self.reset_request = body_codec(schema, "RESET_SEED_REQ")
         self.spaces_result = body_codec(schema, "SPACES_RESP")
         self.action_name = host.action.name
-        self._action = struct.Struct("<" + ACTION_CODES[host.action.elem])
+        # one integer (Discrete) is unpacked; an array action (Box, MultiDiscrete) is viewed
+        self._array_action = host.action.is_array
+        self._action = struct.Struct("<" + ACTION_CODES.get(host.action.elem, "B"))
         self._action_offset = host.action.offset
         self.num_envs = n = host.num_envs
         self.hello_done = False
@@ -141,14 +143,14 @@ class Session:
 
     def _hello(self, body: memoryview) -> tuple[int, memoryview]:
         try:
-            _, mode = accept_hello(body, self.schema.fingerprint)
+            hello, mode = accept_hello(body, self.schema)
         except RequestError as exc:
             return self.error(exc.code, exc.text)
         self.runtime.set_autoreset(mode)
         self.hello_done = True
         info = {**self.info, "autoreset": mode.name.lower()}
         return self.ids.HELLO_RESP, memoryview(
-            encode_hello(self.schema.fingerprint, info, flags=int(mode))
+            encode_hello_response(self.schema, hello, info, int(mode))
         )
 
     def _expect_size(self, body: memoryview, size: int, what: str) -> None:
@@ -174,7 +176,10 @@ class Session:
                 ErrorCode.BAD_BATCH, f"STEP_REQ needs a 1-env server; this one has {self.num_envs}"
             )
         self._expect_size(body, self.step_request.size, "STEP_REQ")
-        (action,) = self._action.unpack_from(body, self._action_offset)
+        if self._array_action:
+            action = self.step_request.view(body)[self.action_name].copy()
+        else:
+            (action,) = self._action.unpack_from(body, self._action_offset)
         ended = self.runtime.step_one(0, action)
         return self.ids.STEP_RESP, self._results_length(1, [0] if ended else None)
 

@@ -15,9 +15,12 @@ from typing import Any
 from transport.errors import SchemaError
 from transport.schema import rules
 from transport.schema.ir import (
+    BOUNDED_ROLES,
     INTEGER_RANGES,
+    MULTI_ROLES,
     ROLES,
     SCALARS,
+    Bound,
     EnumIR,
     EnvIR,
     ErrorSpecIR,
@@ -38,7 +41,7 @@ _JS_SAFE = 2**53 - 1
 
 _SCHEMA_KEYS = {"name", "version", "layout"}
 _STRUCT_KEYS = {"layout", "size", "fields", "doc"}
-_FIELD_KEYS = {"name", "type", "offset", "role", "doc"}
+_FIELD_KEYS = {"name", "type", "offset", "role", "doc", "low", "high", "allow_nonfinite"}
 _ENUM_KEYS = {"type", "values", "doc"}
 _MESSAGE_KEYS = {"id", "body", "tail", "batch", "doc"}
 _ENV_KEYS = {"result", "request", "seats", "shm"}
@@ -60,6 +63,7 @@ ENV_DEFAULTS = {"result": "StepResult", "request": "StepRequest", "seats": 8}
 MULTI_REQUEST, MULTI_RESULT = "StepMultiRequest", "StepMultiResult"
 SHM_CONTROL, SHM_SLOT, SHM_FINAL = "ShmControl", "ShmSlot", "ShmFinal"
 _ACTION_TYPES = ("u8", "u16", "u32", "i8", "i16", "i32")
+_FLOAT_ACTION_TYPES = ("f32", "f64")
 _SLOT_WORDS: tuple[tuple[str, str], ...] = (
     ("sem_action_ready", "u32"),
     ("sem_result_ready", "u32"),
@@ -314,16 +318,10 @@ class _Compiler:
             raise self.error(
                 'the [env] request struct needs a field with role "action"', struct=request.name
             )
-        scalar = self.enums[action.elem].type if action.kind == "enum" else action.elem
-        if action.is_array or scalar not in _ACTION_TYPES:
-            raise self.error(
-                f"the action must be one 8-32 bit integer ({', '.join(_ACTION_TYPES)}), "
-                f"not {action.type}",
-                request.name,
-                action.name,
-            )
+        self._check_action(request, action)
+        dims = ",".join(str(d) for d in (seats, *action.dims))
         multi_request = self._multi(
-            MULTI_REQUEST, "actions", f"{action.elem}[{seats}]", "action", seats
+            MULTI_REQUEST, "actions", f"{action.elem}[{dims}]", "action", seats
         )
         multi_result = self._multi(MULTI_RESULT, "results", f"{result.name}[{seats}]", None, seats)
         env = EnvIR(result.name, request.name, multi_request, multi_result, seats)
@@ -337,6 +335,94 @@ class _Compiler:
         else:
             raise self.error(f"[env] shm must name a layout profile schema, not {profile!r}")
         return env, shm
+
+    def _check_action(self, request: StructIR, action: FieldIR) -> None:
+        """The action kinds a server carries: one 8-32 bit integer (Discrete), an array of them
+        with a declared ``high`` (MultiDiscrete), or an f32/f64 array (Box)."""
+        scalar = self.enums[action.elem].type if action.kind == "enum" else action.elem
+        if not action.is_array:
+            if scalar not in _ACTION_TYPES:
+                raise self.error(
+                    f"the action must be one 8-32 bit integer ({', '.join(_ACTION_TYPES)}), an "
+                    f"integer array with high (MultiDiscrete) or an f32/f64 array (Box), not "
+                    f"{action.type}",
+                    request.name,
+                    action.name,
+                )
+            if action.low is not None or action.high is not None:
+                raise self.error(
+                    "a Discrete action (one integer) takes its range from the env's spaces(): "
+                    "declare no low/high",
+                    request.name,
+                    action.name,
+                )
+            return
+        if action.kind == "int" and scalar in _ACTION_TYPES:
+            if action.high is None:
+                raise self.error(
+                    "an integer array action (MultiDiscrete) needs high = N or [N1, N2, ...] "
+                    "(inclusive; low defaults to 0)",
+                    request.name,
+                    action.name,
+                )
+            return
+        if action.kind == "float" and scalar in _FLOAT_ACTION_TYPES:
+            return
+        raise self.error(
+            f"an array action must be of {', '.join(_ACTION_TYPES)} (MultiDiscrete) or "
+            f"{', '.join(_FLOAT_ACTION_TYPES)} (Box), not {action.type}",
+            request.name,
+            action.name,
+        )
+
+    def _bound(
+        self,
+        raw: dict[str, Any],
+        key: str,
+        struct: str,
+        fname: str,
+        role: str | None,
+        elem: str,
+        kind: str,
+        count: int,
+    ) -> Bound | None:
+        """A field's ``low`` / ``high``: a finite number, or one per element; integers for an
+        integer field, inside its type's range."""
+        value = raw.get(key)
+        if value is None:
+            return None
+        if role not in BOUNDED_ROLES or kind not in ("int", "float"):
+            raise self.error(
+                f"{key} applies to an integer or float field with role 'observation' or "
+                "'action' only",
+                struct,
+                fname,
+            )
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(values) != count:
+            raise self.error(
+                f"{key} has {len(values)} values; the field has {count} elements",
+                struct,
+                fname,
+            )
+        texts: list[str] = []
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise self.error(f"{key} must be a number or a list of numbers", struct, fname)
+            if kind == "int":
+                if not isinstance(v, int):
+                    raise self.error(f"{key} of an integer field must be integers", struct, fname)
+                lo, hi = INTEGER_RANGES[elem]
+                if not lo <= v <= hi:
+                    raise self.error(f"{key} {v} does not fit {elem}", struct, fname)
+                texts.append(str(v))
+            else:
+                if not math.isfinite(v):
+                    raise self.error(
+                        f"{key} must be finite (omit it for an unbounded field)", struct, fname
+                    )
+                texts.append(repr(float(v)))
+        return tuple(texts) if isinstance(value, list) else texts[0]
 
     def _multi(self, name: str, field: str, type_str: str, role: str | None, seats: int) -> str:
         """A multi-seat struct: checked when the schema declares it, else derived."""
@@ -602,9 +688,25 @@ class _Compiler:
                     raise self.error(
                         f"unknown role {role!r} (one of {', '.join(ROLES)})", name, fname
                     )
-                if role in roles:
+                if role in roles and role not in MULTI_ROLES:
                     raise self.error(f"role {role!r} is already taken", name, fname)
                 roles.add(role)
+            low = self._bound(raw, "low", name, fname, role, elem, kind, count)
+            high = self._bound(raw, "high", name, fname, role, elem, kind, count)
+            if low is not None and high is not None:
+                lows, highs = _expand(low, count), _expand(high, count)
+                for i, (lo, hi) in enumerate(zip(lows, highs, strict=True)):
+                    if float(lo) > float(hi):
+                        raise self.error(f"low {lo} > high {hi} (element {i})", name, fname)
+            nonfinite = raw.get("allow_nonfinite", False)
+            if not isinstance(nonfinite, bool):
+                raise self.error("allow_nonfinite must be true or false", name, fname)
+            if nonfinite and (role != "action" or kind != "float"):
+                raise self.error(
+                    "allow_nonfinite applies to a float field with role 'action' only",
+                    name,
+                    fname,
+                )
             size = elem_size * count
             fields.append(
                 FieldIR(
@@ -619,6 +721,9 @@ class _Compiler:
                     elem_size,
                     role,
                     shape,
+                    low,
+                    high,
+                    nonfinite,
                 )
             )
             end = offset + size
@@ -800,6 +905,11 @@ def _unknown_key(table: dict[str, Any], allowed: set[str]) -> str | None:
         if key not in allowed:
             return key
     return None
+
+
+def _expand(bound: Bound, count: int) -> tuple[str, ...]:
+    """A bound with one text per element."""
+    return (bound,) * count if isinstance(bound, str) else bound
 
 
 def _round_up(value: int, align: int) -> int:

@@ -17,7 +17,7 @@ same text.
 from __future__ import annotations
 
 import json
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from transport.schema.diagram import shm_diagram
 from transport.schema.ir import SCALARS, FieldIR, SchemaIR, StructIR
@@ -75,13 +75,36 @@ _TS_RESERVED = frozenset(
 _INDENT = "  "
 
 
-def emit_typescript(ir: SchemaIR) -> str:
-    """The full text of the generated TypeScript module for one schema."""
+IN_TREE_RUNTIME = ".."
+"""The runtime import of the modules generated into node_bridge/src/generated (relative)."""
+PACKAGE_RUNTIME = "@transport/node-bridge"
+"""The runtime import of modules generated for a user's project: the npm package by name."""
+
+
+def runtime_import_for(ts_out: Path) -> str:
+    """The runtime import of modules written to ``ts_out``: relative inside node_bridge's own
+    ``src/generated`` (the package compiles itself from source), the package name anywhere else
+    (a user's project that installed @transport/node-bridge)."""
+    folder = ts_out.resolve()
+    package = folder.parent.parent / "package.json"
+    if folder.name == "generated" and folder.parent.name == "src" and package.is_file():
+        try:
+            if json.loads(package.read_text()).get("name") == PACKAGE_RUNTIME:
+                return IN_TREE_RUNTIME
+        except (OSError, ValueError):
+            pass
+    return PACKAGE_RUNTIME
+
+
+def emit_typescript(ir: SchemaIR, runtime: str = IN_TREE_RUNTIME) -> str:
+    """The full text of the generated TypeScript module for one schema; ``runtime``: where it
+    imports the codec runtime from (``runtime_import_for`` its output folder)."""
     _check_names(ir)
     source = PurePath(ir.source).name if ir.source else f"{ir.name}.toml"
     parts = [
         _header(f"from the schema {source} (schema {ir.name!r}, version {ir.version})"),
-        'import * as rt from "../codec";\nimport type { SchemaJson } from "../ir";\n',
+        f'import * as rt from "{runtime}/codec";\n'
+        f'import type {{ SchemaJson }} from "{runtime}/ir";\n',
         _emit_constants(ir),
         *(_emit_enum(ir, name) for name in ir.enums),
         _emit_message_ids(ir),
@@ -93,14 +116,14 @@ def emit_typescript(ir: SchemaIR) -> str:
     return "\n".join(parts)
 
 
-def emit_typescript_index(schema_names: list[str]) -> str:
+def emit_typescript_index(schema_names: list[str], runtime: str = IN_TREE_RUNTIME) -> str:
     """``index.ts``: every schema module as a namespace, and ``SCHEMAS`` keyed by schema name."""
     names = sorted(set(schema_names))
     for name in names:
         if not name.isidentifier() or name in _TS_RESERVED or name == "SCHEMAS":
             raise ValueError(f"schema name {name!r} cannot be a TypeScript module namespace")
     lines = [_header("from the schemas " + ", ".join(names) if names else "with no schemas")]
-    lines.append('import type { SchemaModule } from "../codec";')
+    lines.append(f'import type {{ SchemaModule }} from "{runtime}/codec";')
     lines += [f'import * as {name} from "./{name}";' for name in names]
     lines.append("")
     lines.append(f"export {{ {', '.join(names)} }};" if names else "export {};")

@@ -48,7 +48,18 @@ ROLES = (
     "truncated",
     "done",
 )
-"""Field roles an RL adapter looks for; at most one field per role in a struct."""
+"""Field roles an RL adapter looks for; at most one field per role in a struct, except
+``observation`` (several observation fields make a gymnasium ``Dict`` space)."""
+MULTI_ROLES = frozenset({"observation"})
+"""Roles several fields of one struct may take."""
+BOUNDED_ROLES = frozenset({"observation", "action"})
+"""Roles whose fields may declare ``low`` / ``high`` bounds (the adapters' Box and
+MultiDiscrete spaces, the runtime's action range check)."""
+
+Bound = str | tuple[str, ...]
+"""A declared bound in the IR: one value for every element, or one per element (flat,
+row-major), each written as Python's ``repr`` of the number (an int or a finite float). Text,
+not JSON numbers, so both languages hash the same canonical JSON (which holds integers only)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,18 @@ class FieldIR:
     elem_size: int
     role: str | None = None
     shape: tuple[int, ...] | None = None  # dimensions of a multi-dimensional array, row-major
+    low: Bound | None = None  # declared lower bound (inclusive), observation and action fields
+    high: Bound | None = None  # declared upper bound (inclusive)
+    allow_nonfinite: bool = False  # a float action field that may carry NaN / inf
+
+    def bound(self, which: str) -> tuple[float, ...] | None:
+        """The declared ``low`` or ``high`` bound, one float per element; None when absent."""
+        raw = self.low if which == "low" else self.high
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            return (float(raw),) * self.count
+        return tuple(float(v) for v in raw)
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -86,6 +109,13 @@ class FieldIR:
             out["role"] = self.role
         if self.shape is not None:
             out["shape"] = list(self.shape)
+        # absent unless declared: schemas without them keep their IR and fingerprint
+        if self.low is not None:
+            out["low"] = self.low if isinstance(self.low, str) else list(self.low)
+        if self.high is not None:
+            out["high"] = self.high if isinstance(self.high, str) else list(self.high)
+        if self.allow_nonfinite:
+            out["allow_nonfinite"] = True
         return out
 
 
@@ -108,6 +138,10 @@ class StructIR:
             if f.role == role:
                 return f
         return None
+
+    def roles(self, role: str) -> tuple[FieldIR, ...]:
+        """Every field with ``role`` (several only for ``observation``), in field order."""
+        return tuple(f for f in self.fields if f.role == role)
 
     def episode_end_fields(self) -> tuple[FieldIR, ...]:
         """The fields whose truth ends an episode: ``done`` (terminated or truncated) when the
@@ -302,6 +336,13 @@ def fingerprint_of(layout: dict[str, Any]) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
+def _bound_from_json(raw: Any) -> Bound | None:
+    """A bound as the IR JSON holds it (text, or a list of texts)."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    return tuple(str(v) for v in raw)
+
+
 def ir_from_json(data: dict[str, Any]) -> SchemaIR:
     """Rebuild the IR from its JSON form (as embedded in generated modules); checks the hash."""
     enums = {
@@ -336,6 +377,9 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
                     elem_size,
                     f.get("role"),
                     tuple(f["shape"]) if "shape" in f else None,
+                    _bound_from_json(f.get("low")),
+                    _bound_from_json(f.get("high")),
+                    bool(f.get("allow_nonfinite", False)),
                 )
             )
         structs[name] = StructIR(name, body["size"], body["align"], body["layout"], tuple(fields))

@@ -11,6 +11,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
+import transport.testing.checks_discovery  # registers its checks
 import transport.testing.checks_timeouts  # noqa: F401  (registers its checks)
 from transport.testing.checks import (
     CHECKS,

@@ -11,7 +11,11 @@ from transport.errors import SchemaError
 from transport.schema import SchemaIR, load_schema
 from transport.schema.diagram import shm_diagram
 from transport.schema.emit_python import emit_python, emit_python_package_init
-from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
+from transport.schema.emit_typescript import (
+    emit_typescript,
+    emit_typescript_index,
+    runtime_import_for,
+)
 from transport.schema.rules import check_schema_name
 from transport.tools import quiet_on_broken_pipe
 
@@ -130,9 +134,10 @@ def _inspect(file: Path, as_json: bool) -> int:
 def generated_files(schemas: list[SchemaIR], python_out: Path, ts_out: Path) -> dict[Path, str]:
     """Every file ``compile`` writes, with its content."""
     out: dict[Path, str] = {python_out / "__init__.py": emit_python_package_init()}
+    runtime = runtime_import_for(ts_out)  # the package by name outside node_bridge itself
     for ir in schemas:
         out[python_out / f"{ir.name}.py"] = emit_python(ir)
-        out[ts_out / f"{ir.name}.ts"] = emit_typescript(ir)
+        out[ts_out / f"{ir.name}.ts"] = emit_typescript(ir, runtime)
     names = {ir.name for ir in schemas}
     if ts_out.is_dir():
         for path in sorted(ts_out.glob("*.ts")):
@@ -145,7 +150,7 @@ def generated_files(schemas: list[SchemaIR], python_out: Path, ts_out: Path) -> 
                     file=str(path),
                 )
             names.add(path.stem)
-    out[ts_out / "index.ts"] = emit_typescript_index(sorted(names))
+    out[ts_out / "index.ts"] = emit_typescript_index(sorted(names), runtime)
     return out
 
 

@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # a setup the server cannot serve (refused before ready)
+        print(f"transport-serve: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

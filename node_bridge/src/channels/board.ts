@@ -8,7 +8,8 @@
  *     D   slot 0 payload, D + stride slot 1 payload
  *
  * A reader copies the active slot and keeps the copy only if the slot's seq was even and
- * unchanged across it: never a torn or mixed version.
+ * unchanged across it (never a torn or mixed version) and its version is announced (the
+ * versions a reader sees never go back).
  */
 
 import { createHash } from "node:crypto";
@@ -19,15 +20,22 @@ import {
   SEQ_MASK,
   Segment,
   TornReadError,
+  align,
   offsets,
   structSize,
 } from "./segment";
 import { native, peerAlive, procStartTime } from "./native";
+import * as layout from "../generated/channels";
+import type { FieldJson } from "../ir";
 
 const B = offsets("BoardHeader", 64);
 const W = offsets("BoardWords", 128);
 const ENTRY = offsets("BoardEntry");
 const ENTRY_SIZE = structSize("BoardEntry");
+const TABLE_OFFSET = 384;
+const ENTRY_FIELDS = layout.IR.structs["BoardEntry"]!.fields as readonly FieldJson[];
+const NAME_MAX = ENTRY_FIELDS.find((f) => f.name === "name")!.count;
+const MAX_DIMS = ENTRY_FIELDS.find((f) => f.name === "shape")!.count;
 
 type Typed = Float32Array | Float64Array | Int8Array | Int16Array | Int32Array | Uint8Array | Uint16Array | Uint32Array | BigInt64Array | BigUint64Array;
 
@@ -44,6 +52,46 @@ const TYPED: Readonly<Record<string, new (buffer: ArrayBuffer, byteOffset: numbe
   "<i8": BigInt64Array,
   "<u8": BigUint64Array,
 };
+
+/** The NumPy type string of each typed array (the board's dtype column). */
+const DTYPE_OF = new Map<Function, string>([
+  [Float32Array, "<f4"],
+  [Float64Array, "<f8"],
+  [Int8Array, "|i1"],
+  [Int16Array, "<i2"],
+  [Int32Array, "<i4"],
+  [Uint8Array, "|u1"],
+  [Uint16Array, "<u2"],
+  [Uint32Array, "<u4"],
+  [BigInt64Array, "<i8"],
+  [BigUint64Array, "<u8"],
+]);
+
+/** One array of a board template: a typed array (1-D, its length), or a dtype and a shape. */
+export type ArrayTemplate = Typed | { readonly dtype: string; readonly shape: readonly number[] };
+
+/** The array table of a template, 64-aligned offsets in insertion order (board.py `table_of`). */
+export function tableOf(template: Readonly<Record<string, ArrayTemplate>>): ArraySpec[] {
+  const specs: ArraySpec[] = [];
+  let offset = 0;
+  for (const [name, value] of Object.entries(template)) {
+    const isTyped = ArrayBuffer.isView(value);
+    const dtype = isTyped ? DTYPE_OF.get((value as Typed).constructor) : (value as { dtype: string }).dtype;
+    const shape = isTyped ? [(value as Typed).length] : [...(value as { shape: readonly number[] }).shape];
+    const Ctor = dtype === undefined ? undefined : TYPED[dtype];
+    if (dtype === undefined || Ctor === undefined) {
+      throw new RangeError(`${name}: dtype ${String(dtype)} is not one of ${Object.keys(TYPED).join(", ")}`);
+    }
+    if (Buffer.byteLength(name, "utf8") > NAME_MAX || shape.length > MAX_DIMS || shape.some((d) => !Number.isInteger(d) || d < 0)) {
+      throw new RangeError(`${JSON.stringify(name)}: names up to ${NAME_MAX} bytes, up to ${MAX_DIMS} dims of whole sizes`);
+    }
+    const itemsize = (Ctor as unknown as { BYTES_PER_ELEMENT: number }).BYTES_PER_ELEMENT;
+    const nbytes = shape.reduce((a, b) => a * b, 1) * itemsize;
+    specs.push({ name, dtype, shape, offset, nbytes });
+    offset = align(offset + nbytes);
+  }
+  return specs;
+}
 
 export interface ArraySpec {
   readonly name: string;
@@ -70,7 +118,7 @@ export class PolicyBoard {
   private constructor(segment: Segment) {
     this.segment = segment;
     const dv = segment.dv;
-    this.mode = dv.getUint32(B["mode"]!, true) === 0 ? "double_buffer" : "seqlock";
+    this.mode = dv.getUint32(B["mode"]!, true) === layout.BoardMode.DOUBLE_BUFFER ? "double_buffer" : "seqlock";
     this.dataOffset = Number(dv.getBigUint64(B["data_offset"]!, true));
     this.stride = Number(dv.getBigUint64(B["slot_stride"]!, true));
     const table = Number(dv.getBigUint64(B["table_offset"]!, true));
@@ -94,6 +142,41 @@ export class PolicyBoard {
       });
     }
     this.specs = specs;
+  }
+
+  /** Create `/dev/shm/transport-board-<name>` for arrays shaped like `template` (the
+   * learner's side; Python's `PolicyBoard.create`). Nothing is published yet. */
+  static create(
+    name: string,
+    template: Readonly<Record<string, ArrayTemplate>>,
+    mode: "double_buffer" | "seqlock" = "double_buffer",
+  ): PolicyBoard {
+    if (mode !== "double_buffer" && mode !== "seqlock") throw new RangeError(`mode must be "double_buffer" or "seqlock", got ${String(mode)}`);
+    const specs = tableOf(template);
+    const last = specs[specs.length - 1];
+    const payload = last === undefined ? 0 : last.offset + last.nbytes;
+    const stride = align(Math.max(payload, 1), 4096);
+    const dataOffset = align(TABLE_OFFSET + ENTRY_SIZE * specs.length, 4096);
+    const slots = mode === "double_buffer" ? 2 : 1;
+    const seg = Segment.create("board", name, dataOffset + slots * stride, tableFingerprint(specs), (s) => {
+      const dv = s.dv;
+      dv.setUint32(B["mode"]!, mode === "double_buffer" ? layout.BoardMode.DOUBLE_BUFFER : layout.BoardMode.SEQLOCK, true);
+      dv.setUint32(B["entries"]!, specs.length, true);
+      dv.setBigUint64(B["payload_size"]!, BigInt(payload), true);
+      dv.setBigUint64(B["table_offset"]!, BigInt(TABLE_OFFSET), true);
+      dv.setBigUint64(B["data_offset"]!, BigInt(dataOffset), true);
+      dv.setBigUint64(B["slot_stride"]!, BigInt(stride), true);
+      specs.forEach((spec, i) => {
+        const at = TABLE_OFFSET + i * ENTRY_SIZE;
+        s.bytes.set(Buffer.from(spec.name, "utf8"), at + ENTRY["name"]!);
+        s.bytes.set(Buffer.from(spec.dtype, "ascii"), at + ENTRY["dtype"]!);
+        dv.setUint32(at + ENTRY["ndim"]!, spec.shape.length, true);
+        spec.shape.forEach((d, k) => dv.setBigUint64(at + ENTRY["shape"]! + 8 * k, BigInt(d), true));
+        dv.setBigUint64(at + ENTRY["offset"]!, BigInt(spec.offset), true);
+        dv.setBigUint64(at + ENTRY["nbytes"]!, BigInt(spec.nbytes), true);
+      });
+    });
+    return new PolicyBoard(seg);
   }
 
   /** Open a board; with `expected` (the array table) its fingerprint must match. */
@@ -155,7 +238,9 @@ export class PolicyBoard {
         const version = Atomics.load(u64, W[`slot${slot}_version`]! >> 3);
         const views = this.slotViews(slot);
         for (const [name, view] of Object.entries(views)) (target[name] as Typed).set(view as never);
-        if (Atomics.load(u64, seqIndex) === before) return { version, arrays: target };
+        // a stable slot may hold a completed version not yet announced (a reader that took
+        // `active` just before two publishes): keep only announced ones, so reads never go back
+        if (Atomics.load(u64, seqIndex) === before && version <= this.version) return { version, arrays: target };
       }
       if (performance.now() > deadline) {
         const pid = this.segment.dv.getUint32(B["writer_pid"]!, true);

@@ -13,6 +13,35 @@ const C = offsets("ControlHeader", 64);
 const P = offsets("ProcEntry");
 const ENTRIES = 128;
 const ENTRY_SIZE = structSize("ProcEntry");
+const STATE_NAMES: Readonly<Record<number, MemberState>> = {
+  [PeerState.ACTIVE]: "ACTIVE",
+  [PeerState.CLOSED]: "CLOSED",
+  [PeerState.ERROR]: "ERROR",
+};
+
+export type MemberState = "ACTIVE" | "CLOSED" | "ERROR" | "DEAD";
+
+/** One member of the run as another process sees it (transport/channels/control.py
+ * `MemberStatus`): DEAD when its process is gone, `stuck` when ACTIVE and silent too long. */
+export interface MemberStatus {
+  readonly slot: number;
+  readonly pid: number;
+  readonly name: string;
+  readonly role: number;
+  readonly state: MemberState;
+  readonly heartbeatAgeMs: number;
+  readonly beats: bigint;
+  readonly errorCode: number;
+  readonly stuck: boolean;
+  readonly healthy: boolean;
+}
+
+export interface RunControlOptions {
+  /** Process entries, 1..4096 (default 64). */
+  readonly slots?: number;
+  /** Heartbeat age after which an ACTIVE member counts as stuck (default 5000 ms). */
+  readonly stuckAfterMs?: number;
+}
 
 export class RunControl {
   readonly segment: Segment;
@@ -23,8 +52,32 @@ export class RunControl {
     this.slots = segment.dv.getUint32(C["slots"]!, true);
   }
 
+  /** Create the run's block (the learner's side; Python's `RunControl.create`). */
+  static create(name: string, options: RunControlOptions = {}): RunControl {
+    const slots = options.slots ?? 64;
+    const stuckAfterMs = options.stuckAfterMs ?? 5000;
+    if (!Number.isInteger(slots) || slots < 1 || slots > 4096) throw new RangeError(`slots must be in [1, 4096], got ${slots}`);
+    if (!Number.isInteger(stuckAfterMs) || stuckAfterMs < 1 || stuckAfterMs > 0xffffffff) {
+      throw new RangeError(`stuckAfterMs must be a positive integer of milliseconds, got ${stuckAfterMs}`);
+    }
+    const seg = Segment.create("control", name, ENTRIES + slots * ENTRY_SIZE, 0n, (s) => {
+      s.dv.setUint32(C["slots"]!, slots, true);
+      s.dv.setUint32(C["stuck_after_ms"]!, stuckAfterMs, true);
+    });
+    return new RunControl(seg);
+  }
+
   static open(name: string, timeoutMs = 10_000): RunControl {
     return new RunControl(Segment.open("control", name, null, timeoutMs));
+  }
+
+  get stuckAfterMs(): number {
+    return this.segment.dv.getUint32(C["stuck_after_ms"]!, true);
+  }
+
+  /** 0: a clean stop (or none yet); else the entry slot + 1 whose failure stopped the run. */
+  get stopReason(): number {
+    return this.segment.dv.getUint32(C["stop_reason"]!, true);
   }
 
   get epoch(): bigint {
@@ -40,7 +93,10 @@ export class RunControl {
     return (Atomics.load(this.segment.i32, C["stop"]! >> 2) & SEQ_MASK) !== 0;
   }
 
-  stop(): void {
+  /** Raise the stop flag (naming `reason`, an entry slot + 1, if it is the first) and wake
+   * every process waiting for it. */
+  stop(reason = 0): void {
+    if (reason !== 0 && !this.stopped) this.segment.dv.setUint32(C["stop_reason"]!, reason, true);
     this.segment.publishWord(C["stop"]!, 1);
   }
 
@@ -67,7 +123,47 @@ export class RunControl {
     throw new ChannelInUseError(`${seg.path}: all ${this.slots} entries are in use`);
   }
 
+  /** Every taken entry's status (Python's `RunControl.members`). */
+  members(): MemberStatus[] {
+    const seg = this.segment;
+    const now = monotonicNs();
+    const stuckAfter = this.stuckAfterMs;
+    const out: MemberStatus[] = [];
+    for (let slot = 0; slot < this.slots; slot++) {
+      const base = ENTRIES + slot * ENTRY_SIZE;
+      const pid = Atomics.load(seg.i32, (base + P["pid"]!) >> 2) >>> 0;
+      if (pid === 0) continue;
+      let state = STATE_NAMES[Atomics.load(seg.i32, (base + P["state"]!) >> 2)] ?? "ERROR";
+      if (state === "ACTIVE" && !peerAlive(pid, seg.dv.getBigUint64(base + P["start_time"]!, true))) state = "DEAD";
+      const beat = Atomics.load(seg.u64, (base + P["heartbeat_ns"]!) >> 3);
+      const heartbeatAgeMs = now > beat ? Number(now - beat) / 1e6 : 0;
+      const raw = seg.bytes.subarray(base + P["name"]!, base + P["name"]! + 24);
+      const end = raw.indexOf(0);
+      const stuck = state === "ACTIVE" && heartbeatAgeMs > stuckAfter;
+      out.push({
+        slot,
+        pid,
+        name: Buffer.from(raw.subarray(0, end < 0 ? raw.length : end)).toString("utf8"),
+        role: seg.dv.getUint32(base + P["role"]!, true),
+        state,
+        heartbeatAgeMs,
+        beats: seg.dv.getBigUint64(base + P["beats"]!, true),
+        errorCode: seg.dv.getUint32(base + P["error_code"]!, true),
+        stuck,
+        healthy: (state === "ACTIVE" || state === "CLOSED") && !stuck,
+      });
+    }
+    return out;
+  }
+
+  /** Members that died, got stuck, or flagged an error. */
+  problems(): MemberStatus[] {
+    return this.members().filter((m) => !m.healthy);
+  }
+
+  /** Unmap; the creator also marks the block CLOSED (waking `waitStop`) and unlinks. */
   close(): void {
+    if (this.segment.owner && !this.segment.closed) this.segment.futexWake(C["stop"]!);
     this.segment.close();
   }
 }
@@ -105,8 +201,7 @@ export class Member {
     seg.dv.setUint32(this.base + P["error_code"]!, code, true);
     Atomics.store(seg.i32, (this.base + P["state"]!) >> 2, PeerState.ERROR);
     if (stopRun) {
-      if (!this.control.stopped) seg.dv.setUint32(C["stop_reason"]!, this.slot + 1, true);
-      this.control.stop();
+      this.control.stop(this.slot + 1);
     }
   }
 

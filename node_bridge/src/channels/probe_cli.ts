@@ -9,8 +9,11 @@
  *   node dist/channels/probe_cli.js board-read NAME SECONDS
  *   node dist/channels/probe_cli.js board-publish NAME COUNT
  *   node dist/channels/probe_cli.js member NAME BEAT_MS leave|fail|wait_stop
+ *   node dist/channels/probe_cli.js board-own NAME MODE COUNT      (creates; closes at stdin's end)
+ *   node dist/channels/probe_cli.js control-own NAME SLOTS STUCK_MS (creates; waits for stop)
  */
 
+import { readFileSync } from "node:fs";
 import { experience } from "../generated";
 import { PolicyBoard } from "./board";
 import { RunControl } from "./control";
@@ -171,6 +174,36 @@ function boardPublish(name: string, count: number): void {
   process.stdout.write(`${JSON.stringify({ published: count })}\n`);
 }
 
+/** tests/channels_util.py `board_arrays(version)`: every element derives from the version. */
+function boardArrays(version: number): Record<string, Float32Array | BigInt64Array> {
+  const out: Record<string, Float32Array | BigInt64Array> = {};
+  [1000, 37, 4096].forEach((n, i) => (out[`w${i}`] = new Float32Array(n).fill(version * 3 + i)));
+  out["tag"] = BigInt64Array.from([BigInt(version), BigInt(version) ^ 0x5a5an]);
+  return out;
+}
+
+/** Create a board shaped like `board_arrays`, say so, publish `count` versions, keep the
+ * segment until stdin ends, then close (unlinking it). */
+function boardOwn(name: string, mode: string, count: number): void {
+  const board = PolicyBoard.create(name, boardArrays(0), mode as "double_buffer" | "seqlock");
+  process.stdout.write(`${JSON.stringify({ ready: board.segment.path })}\n`);
+  for (let v = 1; v <= count; v++) board.publish(boardArrays(v));
+  readFileSync(0);
+  board.close();
+  process.stdout.write(`${JSON.stringify({ published: count })}\n`);
+}
+
+/** Create a run-control block, say so, wait for the stop flag and report every member. */
+function controlOwn(name: string, slots: number, stuckAfterMs: number): void {
+  const control = RunControl.create(name, { slots, stuckAfterMs });
+  process.stdout.write(`${JSON.stringify({ ready: control.segment.path })}\n`);
+  const stopped = control.waitStop(30_000);
+  const members = control.members().map((m) => ({ name: m.name, state: m.state, error_code: m.errorCode, slot: m.slot }));
+  const summary = { stopped, stop_reason: control.stopReason, epoch: Number(control.epoch), members };
+  control.close();
+  process.stdout.write(`${JSON.stringify(summary)}\n`);
+}
+
 function member(name: string, beatMs: number, then: string): void {
   const control = RunControl.open(name);
   const me = control.join(`node-${then}`, 2);
@@ -201,6 +234,8 @@ function main(argv: readonly string[]): void {
   else if (cmd === "board-read") boardRead(name, Number(a));
   else if (cmd === "board-publish") boardPublish(name, Number(a));
   else if (cmd === "member") member(name, Number(a), String(b));
+  else if (cmd === "board-own") boardOwn(name, String(a), Number(b));
+  else if (cmd === "control-own") controlOwn(name, Number(a), Number(b));
   else throw new Error(`unknown command ${cmd}`);
 }
 

@@ -9,7 +9,7 @@
 
 import { basename, join, resolve } from "node:path";
 import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
-import { ENVS } from "../envs";
+import { ENV_SCHEMAS, ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
 import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
@@ -154,7 +154,8 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   let server: Server;
   try {
-    const schemaPath = args.schema === null ? null : schemaLocation(args.schema);
+    const schemaName = args.schema ?? ENV_SCHEMAS[args.env] ?? null; // a reference env's own schema
+    const schemaPath = schemaName === null ? null : schemaLocation(schemaName);
     const schema = schemaPath === null ? pac_env.SCHEMA : schemaFromPath(schemaPath);
     const { factory, envName, workerEnv } =
       args.env === "contract"

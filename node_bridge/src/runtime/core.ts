@@ -23,7 +23,7 @@
 
 import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
-import { type FieldJson, episodeEndFields } from "../ir";
+import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
 import type { Spaces } from "./env";
 
@@ -143,19 +143,31 @@ export interface Runner {
   close(): void;
 }
 
-/** An action's integer type: byte size and signedness (actions are read byte by byte). */
+/**
+ * An action's type: one integer (Discrete: `elements` 1) or an array of `elements` integers
+ * (MultiDiscrete) or floats (Box). `size` is one action's bytes (the stride of contiguous
+ * actions), `elemSize` one element's; integers are read byte by byte, floats little-endian.
+ */
 export interface ActionType {
-  readonly size: 1 | 2 | 4;
+  readonly size: number;
+  readonly elemSize: 1 | 2 | 4 | 8;
   readonly signed: boolean;
+  readonly float: boolean;
+  readonly elements: number;
 }
 
 const ACTION_TYPES: Readonly<Record<string, ActionType>> = {
-  i8: { size: 1, signed: true },
-  u8: { size: 1, signed: false },
-  i16: { size: 2, signed: true },
-  u16: { size: 2, signed: false },
-  i32: { size: 4, signed: true },
-  u32: { size: 4, signed: false },
+  i8: { size: 1, elemSize: 1, signed: true, float: false, elements: 1 },
+  u8: { size: 1, elemSize: 1, signed: false, float: false, elements: 1 },
+  i16: { size: 2, elemSize: 2, signed: true, float: false, elements: 1 },
+  u16: { size: 2, elemSize: 2, signed: false, float: false, elements: 1 },
+  i32: { size: 4, elemSize: 4, signed: true, float: false, elements: 1 },
+  u32: { size: 4, elemSize: 4, signed: false, float: false, elements: 1 },
+};
+/** Element types of a Box action (an f32/f64 array). */
+const FLOAT_ACTION_TYPES: Readonly<Record<string, ActionType>> = {
+  f32: { size: 4, elemSize: 4, signed: true, float: true, elements: 1 },
+  f64: { size: 8, elemSize: 8, signed: true, float: true, elements: 1 },
 };
 
 /** A field's element type, enums resolved to their integer type ("i32" for "i32[8]"). */
@@ -165,16 +177,33 @@ export function elementType(schema: SchemaModule, field: FieldJson): string {
   return schema.ir.enums[type]?.type ?? type;
 }
 
-export function actionTypeOf(schema: SchemaModule, field: FieldJson, what: string): ActionType {
+/**
+ * The action type of `field`, which holds `seats` actions (a STEP_MULTI field) or one. `arrays`:
+ * the caller carries array actions (Box, MultiDiscrete: the env runtime); else an array action
+ * is refused with a ProtocolError (the Node clients send one integer per env).
+ */
+export function actionTypeOf(schema: SchemaModule, field: FieldJson, what: string, seats = 1, arrays = false): ActionType {
   const type = elementType(schema, field);
-  const found = ACTION_TYPES[type];
-  if (found === undefined) {
-    throw new ProtocolError(`the ${what} field ${field.name} has type ${type}: actions must be 8-32 bit integers`);
+  const elements = field.count / seats;
+  const isArray = fieldDims(field).length > (seats > 1 ? 1 : 0);
+  if (isArray && !arrays) {
+    throw new ProtocolError(
+      `the ${what} field ${field.name} has type ${field.type}: this side carries one 8-32 bit integer action per env`,
+    );
   }
-  return found;
+  const base = ACTION_TYPES[type] ?? (isArray ? FLOAT_ACTION_TYPES[type] : undefined);
+  if (base === undefined) {
+    throw new ProtocolError(
+      `the ${what} field ${field.name} has type ${type}: actions must be 8-32 bit integers, or arrays of them or of f32/f64`,
+    );
+  }
+  return elements === 1 ? base : { ...base, size: base.elemSize * elements, elements };
 }
 
-/** Read `count` integer actions at `buf[at + i * stride]` into `into[first + i]` (no allocation). */
+/**
+ * Read `count` actions at `buf[at + i * stride]` into `into[first + i]` (no allocation); an
+ * array action's elements go to `into[(first + i) * elements + j]`.
+ */
 export function readActions(
   into: Float64Array,
   buf: Uint8Array,
@@ -184,24 +213,52 @@ export function readActions(
   type: ActionType,
   first = 0,
 ): void {
+  if (type.elements !== 1 || type.float) {
+    readArrayActions(into, buf, at, stride, count, type, first);
+    return;
+  }
+  for (let i = 0; i < count; i++) into[first + i] = readInteger(buf, at + i * stride, type.elemSize, type.signed);
+}
+
+/** One little-endian integer of `size` bytes at `buf[p]`, read byte by byte (no DataView). */
+function readInteger(buf: Uint8Array, p: number, size: number, signed: boolean): number {
+  let value: number;
+  if (size === 4) {
+    value =
+      (buf[p] as number) |
+      ((buf[p + 1] as number) << 8) |
+      ((buf[p + 2] as number) << 16) |
+      ((buf[p + 3] as number) << 24);
+    if (!signed) value >>>= 0;
+  } else if (size === 2) {
+    value = (buf[p] as number) | ((buf[p + 1] as number) << 8);
+    if (signed) value = (value << 16) >> 16;
+  } else {
+    value = buf[p] as number;
+    if (signed) value = (value << 24) >> 24;
+  }
+  return value;
+}
+
+/** `readActions` for array (and float) actions: element j of action i at `at + i * stride + j * elemSize`. */
+function readArrayActions(
+  into: Float64Array,
+  buf: Uint8Array,
+  at: number,
+  stride: number,
+  count: number,
+  type: ActionType,
+  first: number,
+): void {
+  const dv = type.float ? new DataView(buf.buffer, buf.byteOffset, buf.byteLength) : null;
+  const k = type.elements;
+  const size = type.elemSize;
   for (let i = 0; i < count; i++) {
-    const p = at + i * stride;
-    let value: number;
-    if (type.size === 4) {
-      value =
-        (buf[p] as number) |
-        ((buf[p + 1] as number) << 8) |
-        ((buf[p + 2] as number) << 16) |
-        ((buf[p + 3] as number) << 24);
-      if (!type.signed) value >>>= 0;
-    } else if (type.size === 2) {
-      value = (buf[p] as number) | ((buf[p + 1] as number) << 8);
-      if (type.signed) value = (value << 16) >> 16;
-    } else {
-      value = buf[p] as number;
-      if (type.signed) value = (value << 24) >> 24;
+    for (let j = 0; j < k; j++) {
+      const p = at + i * stride + j * size;
+      into[(first + i) * k + j] =
+        dv === null ? readInteger(buf, p, size, type.signed) : size === 4 ? dv.getFloat32(p, true) : dv.getFloat64(p, true);
     }
-    into[first + i] = value;
   }
 }
 
@@ -231,12 +288,81 @@ export function fieldWithRole(schema: SchemaModule, struct: string, ...roles: st
   return null;
 }
 
-/** The STEP_REQ body's action field and type (every backend reads actions this way). */
-export function stepAction(schema: SchemaModule): { field: FieldJson; type: ActionType; size: number } {
+/**
+ * The STEP_REQ body's action field and type (every backend reads actions this way). `arrays`:
+ * the caller carries Box / MultiDiscrete actions (the runtime's servers do; the clients do not).
+ */
+export function stepAction(
+  schema: SchemaModule,
+  arrays = false,
+): { field: FieldJson; type: ActionType; size: number } {
   const request = bodyCodec(schema, "STEP_REQ");
   const field = fieldWithRole(schema, request.name, "action");
   if (field === null) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
-  return { field, type: actionTypeOf(schema, field, "STEP_REQ action"), size: request.size };
+  return { field, type: actionTypeOf(schema, field, "STEP_REQ action", 1, arrays), size: request.size };
+}
+
+/**
+ * What one action may be, from the schema's action field (docs/schema.md, "Actions"; Python's
+ * `ActionRule`): `discrete` (one integer in 0..actN-1), `multi_discrete` (integers, each in its
+ * declared low..high; low defaults to 0) or `box` (floats, finite unless `allow_nonfinite`,
+ * inside the declared low..high).
+ */
+export class ActionRule {
+  readonly kind: "discrete" | "multi_discrete" | "box";
+  /** Elements of one action (1: Discrete). */
+  readonly elements: number;
+  readonly low: Float64Array | null;
+  readonly high: Float64Array | null;
+  readonly finite: boolean;
+
+  constructor(schema: SchemaModule) {
+    const { field, type } = stepAction(schema, true);
+    this.elements = type.elements;
+    const isArray = fieldDims(field).length > 0;
+    this.kind = !isArray ? "discrete" : type.float ? "box" : "multi_discrete";
+    this.low = boundOf(field.low, this.elements) ?? (this.kind === "multi_discrete" ? new Float64Array(this.elements) : null);
+    this.high = boundOf(field.high, this.elements);
+    this.finite = field.allow_nonfinite !== true;
+  }
+}
+
+function boundOf(bound: string | readonly string[] | undefined, elements: number): Float64Array | null {
+  if (bound === undefined) return null;
+  if (typeof bound === "string") return new Float64Array(elements).fill(Number(bound));
+  return Float64Array.from(bound, Number);
+}
+
+/**
+ * Env `index`'s action (`actions[index * elements ..]`) against its type's rule: INVALID_ACTION
+ * naming the env when refused (the same texts as Python's `check_action_value`).
+ */
+export function checkActionValue(rule: ActionRule, actions: Float64Array, index: number, actN: number, seat = -1): void {
+  const k = rule.elements;
+  const where = seat < 0 ? "" : ` of seat ${seat}`;
+  if (rule.kind === "discrete") {
+    const action = actions[index] as number;
+    if (!(action >= 0 && action < actN)) {
+      throw new RequestError(ErrorCode.INVALID_ACTION, `env ${seat < 0 ? index : 0}: action ${action}${where} is outside 0..${actN - 1}`);
+    }
+    return;
+  }
+  const low = rule.low;
+  const high = rule.high;
+  let bad = false;
+  for (let j = 0; j < k; j++) {
+    const v = actions[index * k + j] as number;
+    if (Number.isNaN(v)) bad = bad || rule.finite;
+    else if (rule.finite && !Number.isFinite(v)) bad = true;
+    else if ((low !== null && v < (low[j] as number)) || (high !== null && v > (high[j] as number))) bad = true;
+  }
+  if (!bad) return;
+  const shown = Array.from(actions.subarray(index * k, (index + 1) * k)).join(", ");
+  const range = `${low === null ? "-inf" : `[${Array.from(low).join(", ")}]`}..${high === null ? "inf" : `[${Array.from(high).join(", ")}]`}`;
+  const finite = rule.kind === "box" && rule.finite ? " and finite" : "";
+  const env = seat < 0 ? index : 0;
+  const seatText = seat < 0 ? "" : `seat ${seat}: `;
+  throw new RequestError(ErrorCode.INVALID_ACTION, `env ${env}: ${seatText}action [${shown}] is not inside ${range}${finite}`);
 }
 
 type Reader = (dv: DataView, at: number) => number;
@@ -281,8 +407,13 @@ export class EnvRuntime {
   autoreset: AutoReset = AutoReset.DISABLED;
   /** Seats of a STEP_MULTI (the schema's `[env] seats`, seed 000: 8). */
   readonly seats: number;
-  /** The request's actions (length max(N, seats)): a backend reads them here, then calls step. */
+  /**
+   * The request's actions (length max(N, seats) x elements): a backend reads them here, then
+   * calls step. An array action (Box, MultiDiscrete) takes `actionRule.elements` entries.
+   */
   readonly actions: Float64Array;
+  /** What one action may be (the per-type check). */
+  readonly actionRule: ActionRule;
 
   readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
   /** The result fields whose truth ends an episode (`episodeEndFields`). */
@@ -308,7 +439,9 @@ export class EnvRuntime {
     this.spaces = runner.spaces();
     const n = this.numEnvs;
     // as in Python, the mask is checked for actions below its length (normally act_n)
-    const maskField = fieldWithRole(schema, this.result.name, "action_mask");
+    this.actionRule = new ActionRule(schema);
+    // the mask is over Discrete actions; an array action has none
+    const maskField = this.actionRule.kind === "discrete" ? fieldWithRole(schema, this.result.name, "action_mask") : null;
     this.#mask = maskField ? { at: maskField.offset, ...readerOf(schema, maskField), count: maskField.count } : null;
     this.#ends = episodeEndFields(schema.ir.structs[this.result.name]).map((f) => ({
       at: f.offset,
@@ -321,7 +454,7 @@ export class EnvRuntime {
     this.#failed = new Uint8Array(n);
     this.#seeds = new Array<bigint | null>(n).fill(null);
     this.seats = schema.ir.env?.seats ?? SEATS;
-    this.actions = new Float64Array(Math.max(n, this.seats));
+    this.actions = new Float64Array(Math.max(n, this.seats) * this.actionRule.elements);
   }
 
   /** Has env 0 a `stepBatch` this runtime can drive (a 1-env runtime in this thread)? */
@@ -452,6 +585,9 @@ export class EnvRuntime {
       );
     }
     if (!this.#wasReset[0] || this.#isDone[0]) this.#checkAction(0, 0); // NOT_RESET
+    if (this.actionRule.kind !== "discrete") {
+      throw new RequestError(ErrorCode.BAD_BATCH, "STEP_MULTI_REQ to an env with stepBatch takes Discrete actions");
+    }
     const actN = this.spaces.actN;
     if (this.#seatActions === null || this.#seatActions.length !== seats) this.#seatActions = new Int32Array(seats);
     const actions = this.#seatActions; // reused: valid during the call
@@ -468,7 +604,7 @@ export class EnvRuntime {
     try {
       stepSeats(actions, out);
     } catch (error) {
-      throw this.#recover([[0, error]], out, false, () => `STEP_MULTI seat actions [${Array.from(actions).join(", ")}]`);
+      throw this.#recover([[0, error]], out, false, () => `STEP_MULTI seat actions [${Array.from(actions).map(String).join(", ")}]`);
     }
     this.#remember(0, out);
     for (let seat = 0; seat < seats; seat++) out.written(seat);
@@ -550,6 +686,11 @@ export class EnvRuntime {
     if (this.#isDone[index]) {
       throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: episode is done; reset first`);
     }
+    const rule = this.actionRule;
+    if (rule.kind !== "discrete") {
+      checkActionValue(rule, this.actions, index, this.spaces.actN);
+      return;
+    }
     const actN = this.spaces.actN;
     if (!(action >= 0 && action < actN)) {
       throw new RequestError(ErrorCode.INVALID_ACTION, `env ${index}: action ${action} is outside 0..${actN - 1}`);
@@ -601,7 +742,11 @@ export class EnvRuntime {
   #requestName(index: number): string {
     const op = this.#ops[index];
     const seed = this.#seeds[index];
-    if (op === Op.STEP) return `STEP action ${this.actions[index]}`;
+    if (op === Op.STEP) {
+      const k = this.actionRule.elements;
+      const action = Array.from(this.actions.subarray(index * k, index * k + k)).map(String);
+      return `STEP action ${k === 1 ? action[0] : `[${action.join(", ")}]`}`;
+    }
     if (op === Op.RESET) return seed === null || seed === undefined ? "RESET" : `RESET seed ${seed}`;
     if (op === Op.OBSERVE) return "OBSERVE";
     return "a request";

@@ -7,7 +7,7 @@
 import type { SchemaModule } from "../codec";
 import { ConnectError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
-import { EnvRuntime, bodyCodec } from "./core";
+import { ActionRule, EnvRuntime, bodyCodec } from "./core";
 import { type Env, type EnvOrFactory, type Spaces, isEnv, makerOf } from "./env";
 import { LocalRunner } from "./local";
 import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
@@ -51,6 +51,7 @@ export class EnvHost {
   readonly #validate: boolean;
   readonly #workers: number;
   readonly #workerEnv: WorkerEnvSpec;
+  readonly #actionElements: number;
   /** The spaces of the pool's envs (asked once of an env made here). */
   #poolSpaces: Spaces | null = null;
 
@@ -59,6 +60,14 @@ export class EnvHost {
     if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be an integer of at least 1");
     this.schema = options.schema ?? pac_env.SCHEMA;
     bodyCodec(this.schema, "STEP_RESP"); // a schema the runtime cannot serve fails here
+    const rule = new ActionRule(this.schema); // so does an action type it cannot carry
+    this.#actionElements = rule.elements;
+    if ((options.workers ?? 0) > 0 && rule.kind !== "discrete") {
+      throw new TransportError(
+        `workers=${options.workers}: worker threads carry one integer action per env; this schema's action is ` +
+          `${rule.kind === "box" ? "a Box" : "a MultiDiscrete"} array: serve it in this thread (workers 0)`,
+      );
+    }
     this.numEnvs = numEnvs;
     this.envName = options.envName ?? "";
     this.serverLang = options.serverLang ?? "node";
@@ -104,7 +113,8 @@ export class EnvHost {
     const options = { firstSeed: this.firstSeed };
     if (factory === null) {
       const codec = bodyCodec(this.schema, "STEP_RESP");
-      return new EnvRuntime(this.schema, new LocalRunner([this.#shared as AnyEnv], codec, null, this.#validate), options);
+      const runner = new LocalRunner([this.#shared as AnyEnv], codec, null, this.#validate, this.#actionElements);
+      return new EnvRuntime(this.schema, runner, options);
     }
     if (this.#workers > 0) {
       const spaces = (this.#poolSpaces ??= factory().spaces()); // the envs live in the pool's threads
@@ -115,6 +125,6 @@ export class EnvHost {
     const envs: AnyEnv[] = [];
     for (let i = 0; i < numEnvs; i++) envs.push(factory());
     const codec = bodyCodec(this.schema, "STEP_RESP");
-    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate), options);
+    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionElements), options);
   }
 }

@@ -129,8 +129,18 @@ export class LocalRunner implements Runner {
   readonly table: EnvTable;
   readonly stepSeats: ((actions: Int32Array, out: Records) => void) | null;
 
-  constructor(envs: readonly AnyEnv[], codec: AnyStructCodec, factory: (() => AnyEnv) | null, validate = true) {
+  /** Elements of one action: 1 (Discrete, a number) or more (Box, MultiDiscrete: a Float64Array). */
+  readonly actionElements: number;
+
+  constructor(
+    envs: readonly AnyEnv[],
+    codec: AnyStructCodec,
+    factory: (() => AnyEnv) | null,
+    validate = true,
+    actionElements = 1,
+  ) {
     this.numEnvs = envs.length;
+    this.actionElements = actionElements;
     this.canRecreate = factory !== null;
     this.table = new EnvTable(envs, codec, factory, validate);
     this.stepSeats = envs.length === 1 ? this.table.stepSeats(0) : null;
@@ -148,7 +158,9 @@ export class LocalRunner implements Runner {
       const op = ops[i] as number;
       if (op === Op.NONE) continue;
       try {
-        table.apply(i, op, actions[i] as number, seeds[i] ?? null, bytes, out.at(i));
+        const k = this.actionElements; // an array action is an owned copy (the env may keep it)
+        const action = k === 1 ? (actions[i] as number) : (actions.slice(i * k, (i + 1) * k) as unknown as number);
+        table.apply(i, op, action, seeds[i] ?? null, bytes, out.at(i));
       } catch (error) {
         (failures ??= []).push([i, error]); // the other envs still do theirs
       }

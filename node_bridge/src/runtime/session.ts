@@ -27,6 +27,8 @@ import {
   type MessageIds,
   RequestError,
   acceptHello,
+  helloResponseInfo,
+  type Hello,
   autoresetName,
   encodeError,
   encodeHello,
@@ -99,13 +101,13 @@ export class Session implements Records {
     this.spaces = runtime.spaces;
     this.info = { num_envs: this.numEnvs, env: info.envName ?? "", server: info.serverLang ?? "node" };
     this.#resultSize = runtime.result.size;
-    const step = stepAction(schema);
+    const step = stepAction(schema, true);
     this.#action = step.type;
     this.#actionAt = step.field.offset;
     this.#stepRequestSize = step.size;
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = firstField(schema, multi.name);
-    this.#multi = actionTypeOf(schema, multiField, "STEP_MULTI_REQ");
+    this.#multi = actionTypeOf(schema, multiField, "STEP_MULTI_REQ", runtime.seats, true);
     this.#multiSize = multi.size;
     this.#multiAt = multiField.offset;
     const reset = bodyCodec(schema, "RESET_SEED_REQ");
@@ -253,9 +255,11 @@ export class Session implements Records {
   }
 
   /** The HELLO_RESP body for an auto-reset mode: own Hello (flags = mode) + msgpack info. */
-  helloBody(mode: AutoReset = this.autoreset): Buffer {
-    // the same keys in the same order as Python: num_envs, env, server, autoreset
-    return encodeHello(this.schema.fingerprint, { ...this.info, autoreset: autoresetName(mode) }, mode);
+  helloBody(mode: AutoReset = this.autoreset, hello: Hello | null = null): Buffer {
+    // the same keys in the same order as Python: num_envs, env, server, autoreset, schema_name
+    // (and schema_ir when the client discovers the schema)
+    const info = helloResponseInfo(this.schema, hello, { ...this.info, autoreset: autoresetName(mode) });
+    return encodeHello(this.schema.fingerprint, info, mode);
   }
 
   #setBody(body: Uint8Array): void {
@@ -266,15 +270,16 @@ export class Session implements Records {
 
   #helloRequest(buf: Uint8Array, offset: number, length: number): number {
     let mode: AutoReset;
+    let hello: Hello;
     try {
-      ({ mode } = acceptHello(buf.subarray(offset, offset + length), this.schema.fingerprint));
+      ({ hello, mode } = acceptHello(buf.subarray(offset, offset + length), this.schema));
     } catch (error) {
       if (error instanceof RequestError) return this.error(error.code, error.text);
       throw error;
     }
     this.runtime.autoreset = mode;
     this.helloDone = true;
-    this.#setBody(this.helloBody());
+    this.#setBody(this.helloBody(mode, hello));
     return this.ids.HELLO_RESP;
   }
 

@@ -10,8 +10,18 @@ import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 
-import { ChannelClosedError, ChannelInUseError, ChannelTimeoutError, PeerDiedError, Ring } from "../channels";
+import {
+  ChannelClosedError,
+  ChannelInUseError,
+  ChannelMismatchError,
+  ChannelTimeoutError,
+  PeerDiedError,
+  PolicyBoard,
+  Ring,
+  RunControl,
+} from "../channels";
 import { checkProbe, fillProbe } from "../channels/probe_cli";
+import { offsets } from "../channels/segment";
 import { experience } from "../generated";
 
 const CLI = join(__dirname, "..", "channels", "probe_cli.js");
@@ -155,5 +165,102 @@ describe("channels: ring", { timeout: 60_000 }, () => {
     }
     assert.ok(error instanceof PeerDiedError, String(error));
     ring.close();
+  });
+});
+
+describe("channels: a Node learner creates the board and run control", { timeout: 60_000 }, () => {
+  test("board: create, publish, read whole versions in both modes; a wrong table is refused; close unlinks", () => {
+    for (const mode of ["double_buffer", "seqlock"] as const) {
+      const name = unique(`board-${mode}`);
+      const template = { w: new Float32Array(100), ids: { dtype: "<i8", shape: [2, 3] } };
+      const board = PolicyBoard.create(name, template, mode);
+      assert.equal(statSync(board.segment.path).mode & 0o777, 0o600);
+      assert.deepEqual(board.specs.map((s) => [s.name, s.dtype, s.shape, s.offset]), [
+        ["w", "<f4", [100], 0],
+        ["ids", "<i8", [2, 3], 448],
+      ]);
+      assert.throws(() => PolicyBoard.open(name, 1000, [{ ...board.specs[0]!, shape: [99] }]), ChannelMismatchError);
+      const reader = PolicyBoard.open(name, 1000, board.specs);
+      for (let v = 1; v <= 3; v++) {
+        board.publish({ w: new Float32Array(100).fill(v), ids: BigInt64Array.from({ length: 6 }, () => BigInt(v)) });
+        const got = reader.read();
+        assert.equal(got.version, BigInt(v));
+        assert.ok((got.arrays["w"] as Float32Array).every((x) => x === v));
+        assert.ok((got.arrays["ids"] as BigInt64Array).every((x) => x === BigInt(v)));
+      }
+      reader.close();
+      board.close();
+      assert.ok(!existsSync(board.segment.path));
+    }
+    assert.throws(() => PolicyBoard.create(unique("bad"), { x: { dtype: "<c8", shape: [1] } }), RangeError);
+  });
+
+  test("run control: create, members join, beat and fail; stop wakes the owner; close unlinks", () => {
+    const control = RunControl.create(unique("ctl"), { slots: 4, stuckAfterMs: 50 });
+    assert.equal(control.slots, 4);
+    assert.equal(control.stuckAfterMs, 50);
+    const other = RunControl.open(control.segment.name);
+    const ok = other.join("ok", 1);
+    const bad = other.join("bad", 2);
+    assert.deepEqual(control.members().map((m) => [m.name, m.state, m.healthy]), [
+      ["ok", "ACTIVE", true],
+      ["bad", "ACTIVE", true],
+    ]);
+    bad.fail(5);
+    assert.ok(control.waitStop(1000));
+    assert.equal(control.stopReason, bad.slot + 1);
+    const t = performance.now() + 80;
+    while (performance.now() < t) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+    const problems = control.problems().map((m) => [m.name, m.state, m.errorCode, m.stuck]);
+    assert.deepEqual(problems, [
+      ["ok", "ACTIVE", 0, true],
+      ["bad", "ERROR", 5, false],
+    ]);
+    ok.leave();
+    other.close();
+    control.close();
+    assert.ok(!existsSync(control.segment.path));
+    assert.throws(() => RunControl.create(unique("ctl"), { slots: 0 }), RangeError);
+  });
+});
+
+describe("channels: board reads never go back a version", { timeout: 30_000 }, () => {
+  test("a reader that took `active` just before two publishes does not return the unannounced one", () => {
+    // Regression (a 60 s Python-publisher / Node-reader stress read 2792578, then 2792577): the
+    // interleaving is forced by publishing between the reader's load of `active` and its read.
+    const template = { w: new Float32Array(8), tag: new BigInt64Array(1) };
+    const arrays = (v: number): { w: Float32Array; tag: BigInt64Array } => ({
+      w: new Float32Array(8).fill(v),
+      tag: BigInt64Array.of(BigInt(v)),
+    });
+    const board = PolicyBoard.create(unique("order"), template);
+    for (const v of [1, 2, 3]) board.publish(arrays(v));
+    const reader = PolicyBoard.open(board.segment.name);
+    const seg = board.segment;
+    const words = offsets("BoardWords", 128);
+    const W = (field: string): number => words[field]! >> 3;
+    const internals = reader as unknown as { activeSlot(): number };
+    const activeSlot = internals.activeSlot.bind(reader);
+    let raced = false;
+    internals.activeSlot = (): number => {
+      const slot = activeSlot();
+      if (!raced) {
+        raced = true;
+        board.publish(arrays(4)); // into the other slot, announced
+        // version 5 completed in the slot the reader chose, not yet announced
+        const seq = Atomics.load(seg.u64, W(`slot${slot}_seq`));
+        Atomics.store(seg.u64, W(`slot${slot}_seq`), seq + 1n);
+        for (const [name, view] of Object.entries(board.slotViews(slot))) view.set(arrays(5)[name as "w"] as never);
+        Atomics.store(seg.u64, W(`slot${slot}_version`), 5n);
+        Atomics.store(seg.u64, W(`slot${slot}_seq`), seq + 2n);
+      }
+      return slot;
+    };
+    const first = reader.read(null, 2000).version;
+    const second = reader.read(null, 2000).version;
+    assert.ok(raced);
+    assert.ok(second >= first, `read ${first}, then ${second}`);
+    reader.close();
+    board.close();
   });
 });

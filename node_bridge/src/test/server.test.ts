@@ -330,7 +330,7 @@ describe("unix:// server robustness", () => {
       raw.socket.write(frame(IDS.HELLO_REQ, 7, encodeHello(0xabcdef0123456789n)));
       reply = await raw.read();
       assert.equal(code(reply.body), ErrorCode.FINGERPRINT_MISMATCH);
-      assert.match(reply.body.toString(), new RegExp(`abcdef0123456789.*${pac_env.FINGERPRINT_HEX}`));
+      assert.match(reply.body.toString(), new RegExp(`pac_env \\(fp ${pac_env.FINGERPRINT_HEX}\\).*abcdef0123456789`));
       assert.equal(await raw.waitClosed(), true);
       await stillServed(6);
     } finally {

@@ -133,12 +133,13 @@ describe("HELLO", () => {
       const body = driver.session.body();
       assert.equal(body.readUInt16LE(2), mode);
       const info = msgpackDecode(body.subarray(12)) as Record<string, unknown>;
-      assert.deepEqual(Object.keys(info), ["num_envs", "env", "server", "autoreset"]);
+      assert.deepEqual(Object.keys(info), ["num_envs", "env", "server", "autoreset", "schema_name"]);
       assert.deepEqual(info, {
         num_envs: 2,
         env: "flaky",
         server: "node",
         autoreset: ["disabled", "next_step", "same_step"][mode],
+        schema_name: "pac_env",
       });
     });
   }

@@ -34,6 +34,7 @@ import {
   peerAlive,
   procStartTime,
   publishWord,
+  schemaArea,
   waitWord,
 } from "../backends/shm/region";
 
@@ -398,7 +399,7 @@ if (!isMainThread) {
       const server = await serve(() => new EchoEnv(), url, { envName: "echo" }); // N from the URL
       servers.add(server);
       const path = parseShmUrl(url).path;
-      assert.equal(statSync(path).size, regionSize(3));
+      assert.equal(statSync(path).size, regionSize(3) + schemaArea(pac_env.SCHEMA).byteLength); // + the schema area
       const reply = await clientInWorker(url);
       assert.ok(reply.info.includes("echo") && reply.info.includes("node"));
       assert.equal(reply.resetLife, 0);
@@ -430,7 +431,7 @@ if (!isMainThread) {
       const url = `shm://${uniqueName()}?num_envs=3`;
       const server = await serve(() => new FaultyEnv(), url, { numEnvs: 3, envName: "faulty" });
       servers.add(server);
-      assert.equal(statSync(parseShmUrl(url).path).size, regionSize(3));
+      assert.equal(statSync(parseShmUrl(url).path).size, regionSize(3) + schemaArea(pac_env.SCHEMA).byteLength);
       assert.equal(regionSize(3), CONTROL_SIZE + 3 * SLOT_SIZE + 3 * 2576);
       const reply = await clientInWorker(url, "faults");
       const poisoned = "TypeError: poisoned action";

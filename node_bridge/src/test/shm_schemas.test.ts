@@ -13,7 +13,7 @@ import { join, resolve } from "node:path";
 import { after, describe, test } from "node:test";
 
 import { ShmChannel } from "../backends/shm/channel";
-import { ShmLayout, parseShmUrl } from "../backends/shm/region";
+import { ShmLayout, parseShmUrl, schemaArea } from "../backends/shm/region";
 import type { SchemaModule } from "../codec";
 import * as gridworld from "../generated/gridworld";
 import * as mahjong_env from "../generated/mahjong_env";
@@ -93,7 +93,7 @@ for (const [name, c] of Object.entries(CASES)) {
       try {
         const layout = ShmLayout.of(c.schema);
         assert.equal(layout.ir.profile, "derived");
-        assert.equal(statSync(parseShmUrl(shm.url).path).size, layout.regionSize(3));
+        assert.equal(statSync(parseShmUrl(shm.url).path).size, layout.regionSize(3) + schemaArea(c.schema).byteLength);
         const channel = overShm.channel as ShmChannel;
         const views = (await overShm.reset(11n)) as Array<{ observation: Float32Array }>;
         assert.equal(views[0]!.observation.buffer, channel.region.bytes.buffer, "the observation is the mapping");
@@ -122,7 +122,7 @@ describe("STEP_MULTI over shm:// (a one-env stepBatch game)", () => {
     const overUnix = await connect(unix.url);
     try {
       const layout = ShmLayout.of(pac_env.SCHEMA);
-      assert.equal(statSync(parseShmUrl(shm.url).path).size, layout.regionSize(8), "8 seat slots");
+      assert.equal(statSync(parseShmUrl(shm.url).path).size, layout.regionSize(8) + schemaArea(pac_env.SCHEMA).byteLength, "8 seat slots");
       assert.equal(overShm.numEnvs, 1);
       await overShm.reset(1n);
       await overUnix.reset(1n);

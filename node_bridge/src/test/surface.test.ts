@@ -17,7 +17,7 @@ const API = [
   "InvalidEnumError", "MissingFieldError", "NonCanonicalError", "PROTOCOL_VERSION", "PeerGoneError", "ProtocolError",
   "RegionMismatchError", "RemoteError", "SCHEMAS", "SchemaError", "TransportError", "TransportTimeoutError",
   "UnknownFieldError", "ValueRangeError", "ValueTypeError", "VersionMismatchError", "canonicalJson",
-  "computeFingerprint", "connect", "fingerprintHex", "fingerprintOf", "gridworld", "loadSchema", "mahjong_env",
+  "computeFingerprint", "connect", "fingerprintHex", "fingerprintOf", "gridworld", "loadSchema", "loadSchemaFile", "mahjong_env",
   "messageIds", "pac_env", "pac_shm", "protocol", "serve", "tetris",
 ];
 

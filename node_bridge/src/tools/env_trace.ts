@@ -35,7 +35,7 @@ function hex(result: StepResultInput): string {
 function main(): number {
   const text = process.argv[2] ?? readFileSync(0, "utf8");
   const trace = JSON.parse(text) as Trace;
-  const factory = ENVS[trace.env];
+  const factory = ENVS[trace.env] as (() => { reset(seed?: bigint): StepResultInput; step(action: number): StepResultInput }) | undefined; // pac_env envs
   if (factory === undefined) {
     const known = Object.keys(ENVS).join(", ");
     process.stderr.write(`env_trace: unknown env ${JSON.stringify(trace.env)} (known: ${known})\n`);

@@ -123,10 +123,16 @@ class HttpChannel(BufferChannel):
         fingerprint = f"{schema.fingerprint:016x}"
         self._prefixes: dict[int, bytes] = {}
         for method, msg_type in routes(schema.ir.messages).items():
+            # hello carries the fingerprint in its body (and asks to discover the schema there)
+            header = (
+                ""
+                if msg_type == self.ids.HELLO_REQ
+                else f"X-Transport-Fingerprint: {fingerprint}\r\n"
+            )
             self._prefixes[msg_type] = (
                 f"POST /v1/{method} HTTP/1.1\r\n"
                 f"Host: {address.netloc}\r\n"
-                f"X-Transport-Fingerprint: {fingerprint}\r\n"
+                f"{header}"
                 "Content-Type: application/octet-stream\r\n"
                 "Content-Length: "
             ).encode("ascii")

@@ -3,6 +3,7 @@ through the slots (docs/shm.md). Results are NumPy views straight into the slots
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -15,6 +16,7 @@ import numpy as np
 from transport import native
 from transport.backends.shm.region import (
     CB,
+    CONTROL,
     CONTROL_SIZE,
     LAYOUT_VERSION,
     MAGIC,
@@ -27,6 +29,7 @@ from transport.backends.shm.region import (
     WaitPolicy,
     own_start_time,
     parse_url,
+    schema_area_of,
     wait_ctx,
 )
 from transport.client import DEFAULT_TIMEOUT
@@ -50,7 +53,8 @@ from transport.protocol import (
     accept_hello,
     body_codec,
     encode_error,
-    encode_hello,
+    encode_hello_response,
+    mismatch_text,
 )
 
 log = logging.getLogger("transport.shm")
@@ -59,6 +63,17 @@ _CLIENT_PID_WORD = CB["client_pid"].offset // 4
 
 
 _STEP = int(SlotCommand.STEP)
+
+
+def _ir_name(ir: bytes | None) -> str:
+    """The schema name in a region's schema area ("" when it has none or it does not parse)."""
+    if ir is None:
+        return ""
+    try:
+        name = json.loads(ir).get("name", "")
+    except (ValueError, AttributeError):
+        return ""
+    return name if isinstance(name, str) else ""
 
 
 class _Refused(Exception):
@@ -77,10 +92,80 @@ def open_channel(
     max_body: int = DEFAULT_MAX_BODY,
     schema: Schema | None = None,
 ) -> ShmChannel:
-    """Attach to the region of ``url``, validate it against ``schema`` and take its lease."""
-    from transport.client import default_schema
+    """Attach to the region of ``url``, validate it against ``schema`` and take its lease;
+    ``schema`` None: the schema the region carries (its schema area; discovery)."""
+    if schema is None:
+        schema = read_region_schema(url, 10.0 if timeout is None else timeout)
+    return ShmChannel(url, schema, timeout=timeout)
 
-    return ShmChannel(url, schema if schema is not None else default_schema(), timeout=timeout)
+
+def _read_ready(shm: ShmUrl) -> tuple[bytes, int, tuple[int, bytes | None]] | str:
+    """(control block, size, schema area) of a READY region, or why it cannot be read yet."""
+    try:
+        fd = native.shm_open(shm.segment)
+    except FileNotFoundError:
+        return f"no region {shm.path}: is a server running on shm://{shm.name}?"
+    except PermissionError as exc:
+        raise ConnectError(f"cannot open {shm.path}: {exc.strerror}") from exc
+    try:
+        size = os.fstat(fd).st_size
+        if size < CONTROL_SIZE:
+            return f"{shm.path} has no control block yet ({size} bytes)"
+        control = os.pread(fd, CONTROL_SIZE, 0)
+        state = int(CONTROL.view(control)["state"])
+        if state != RegionState.READY:
+            return f"{shm.path} is not ready (state {state})"
+        return control, size, schema_area_of(_FileBytes(fd), size)
+    finally:
+        os.close(fd)
+
+
+class _FileBytes:
+    """Slices of an open segment read with pread (no mapping, nothing but the slice read)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __getitem__(self, span: slice) -> bytes:
+        return os.pread(self.fd, span.stop - span.start, span.start)
+
+
+def read_region_schema(url: str, timeout: float) -> Schema:
+    """The schema a region carries in its schema area, checked against the fingerprint of its
+    control block (waits up to ``timeout`` for the region to be READY)."""
+    from transport.protocol import schema_from_ir_text
+
+    shm = parse_url(url)
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        found = _read_ready(shm)
+        if not isinstance(found, str):
+            break
+        if time.monotonic() + delay > deadline:
+            raise ConnectError(found)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    control, _, (_, ir) = found
+    cb = CONTROL.view(control)
+    if int(cb["magic"]) != MAGIC:
+        raise RegionMismatchError(
+            f"shm://{shm.name}", "magic", f"0x{MAGIC:08X}", f"0x{int(cb['magic']):08X}"
+        )
+    if int(cb["version"]) != LAYOUT_VERSION:
+        raise VersionMismatchError(
+            f"shm://{shm.name}: control block field version: expected layout version "
+            f"{LAYOUT_VERSION}, found {int(cb['version'])} (server and client were built from "
+            "different pac_shm layouts)"
+        )
+    if ir is None:
+        raise ConnectError(
+            f"shm://{shm.name}: the region carries no schema (a server without discovery): "
+            "pass schema="
+        )
+    return schema_from_ir_text(
+        ir.decode("utf-8", "replace"), int(cb["fingerprint"]), peer=f"the server at {url}"
+    )
 
 
 class ShmChannel:
@@ -197,8 +282,14 @@ class ShmChannel:
         fingerprint = cb("fingerprint")
         if fingerprint != self.schema.fingerprint:
             raise FingerprintMismatchError(
-                f"{url}: control block field fingerprint: expected {self.schema.fingerprint:016x} "
-                f"(schema {self.schema.name}), found {fingerprint:016x}",
+                f"the server at {self.url}: "
+                + mismatch_text(
+                    _ir_name(region.schema_ir),
+                    fingerprint,
+                    self.schema.name,
+                    self.schema.fingerprint,
+                )
+                + " (control block field fingerprint)",
                 local=self.schema.fingerprint,
                 remote=fingerprint,
             )
@@ -417,7 +508,7 @@ class ShmChannel:
         """The handshake: the region was validated at attach; an auto-reset mode other than
         DISABLED is asked with the HELLO slot command (the mode in ``action``)."""
         try:  # answered as the region's server would (it speaks this side's protocol version)
-            _, mode = accept_hello(body, self.region.get("fingerprint"))
+            hello, mode = accept_hello(body, self.schema)  # validated: the region's fingerprint
         except RequestError as refused:
             return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
         url = f"shm://{self.shm.name}"
@@ -435,7 +526,7 @@ class ShmChannel:
                     f"{url}: the server refused auto-reset mode {mode.name.lower()}: {refused.text}"
                 ) from None
         self._same_step = mode == AutoReset.SAME_STEP
-        reply = encode_hello(self.region.get("fingerprint"), self._server_info, flags=int(mode))
+        reply = encode_hello_response(self.schema, hello, self._server_info, int(mode))
         return self.ids.HELLO_RESP, memoryview(reply)
 
     def _health(self, body: Any) -> tuple[int, memoryview]:

@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import re
+import struct
 import time
 import weakref
 import zlib
@@ -163,6 +164,45 @@ class ShmLayout:
 
 
 _LAYOUTS: dict[int, ShmLayout] = {}
+
+
+# -- the schema area: the region carries its schema (discovery, docs/shm.md) ---------------------
+#
+#   ... k final areas | IR JSON (utf-8) | zero padding | trailer (the segment's last 16 bytes):
+#                     ^ region_size(k)                   u32 magic "SCIR", u32 ir_len, 8 zero bytes
+#
+# The area is a multiple of 64 bytes and ends the segment, so a client with no schema finds it
+# from the segment size alone: it reads the trailer, then the IR, builds the schema and checks
+# it against the control block's fingerprint before it computes a single offset of the layout.
+
+SCHEMA_MAGIC = 0x52494353  # "SCIR"
+SCHEMA_TRAILER = struct.Struct("<II8x")
+SCHEMA_AREA_ALIGN = 64
+
+
+def schema_area(schema: Schema) -> bytes:
+    """The schema area of a region of ``schema``: its IR JSON, padding, the trailer."""
+    from transport.protocol import schema_ir_text
+
+    text = schema_ir_text(schema).encode("utf-8")
+    size = -(-(len(text) + SCHEMA_TRAILER.size) // SCHEMA_AREA_ALIGN) * SCHEMA_AREA_ALIGN
+    area = bytearray(size)
+    area[: len(text)] = text
+    SCHEMA_TRAILER.pack_into(area, size - SCHEMA_TRAILER.size, SCHEMA_MAGIC, len(text))
+    return bytes(area)
+
+
+def schema_area_of(data: Any, size: int) -> tuple[int, bytes | None]:
+    """(area size, IR JSON bytes) of a segment of ``size`` bytes mapped or read as ``data``
+    (anything slicable); (0, None) for a segment without a schema area."""
+    if size < CONTROL_SIZE + SCHEMA_TRAILER.size:
+        return 0, None
+    magic, length = SCHEMA_TRAILER.unpack(bytes(data[size - SCHEMA_TRAILER.size : size]))
+    area = -(-(length + SCHEMA_TRAILER.size) // SCHEMA_AREA_ALIGN) * SCHEMA_AREA_ALIGN
+    if magic != SCHEMA_MAGIC or area > size - CONTROL_SIZE:
+        return 0, None
+    start = size - area
+    return area, bytes(data[start : start + length])
 
 
 def _placed(codec: StructCodec, offsets: dict[str, int]) -> tuple[np.dtype[Any], int]:
@@ -337,8 +377,9 @@ class Region:
         self.doorbell = native.word(self.map, CB["doorbell"].offset)
         self.client_pid_word = native.word(self.map, CB["client_pid"].offset)
         has_finals = True
+        self.schema_area, self.schema_ir = schema_area_of(self.map, size)
         if slots is None:  # an attaching client: the size says (validated later)
-            found = layout.slots_in(size, int(self.control["num_envs"]))
+            found = layout.slots_in(size - self.schema_area, int(self.control["num_envs"]))
             slots, has_finals = found if found is not None else (0, False)
         self.num_slots = slots
         self.has_finals = has_finals

@@ -30,6 +30,7 @@ from transport.backends.shm.region import (
     inspect_segment,
     own_start_time,
     parse_url,
+    schema_area,
     wait_ctx,
     write_text,
 )
@@ -85,7 +86,8 @@ class Listener:
         # are made once the region (checked against /dev/shm's room) exists
         envs = host.create_envs() if self.num_envs == 1 else None
         slots = host.rows(envs) if envs is not None else self.num_envs
-        size = layout.region_size(slots)
+        area = schema_area(self.schema)  # the region carries its schema (discovery)
+        size = layout.region_size(slots) + len(area)
         fd = self._create(size)
         try:
             region = Region(self.shm.segment, fd, size, layout, owner=True, slots=slots)
@@ -102,6 +104,7 @@ class Listener:
             if envs is None:
                 envs = host.create_envs()
             self._spare = host.runtime(envs, self.results, self.finals)
+            region.map[size - len(area) : size] = area
             for field, value in (
                 ("magic", MAGIC),
                 ("version", LAYOUT_VERSION),
@@ -130,6 +133,9 @@ class Listener:
         self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
         self._actions = region.requests()[host.action.name]
         self._env_actions = self._actions[: self.num_envs]
+        # an array action (Box, MultiDiscrete): the HELLO mode is in its first element
+        self._scalar_action = self._actions.ndim == 1
+        self._modes = self._actions[(slice(None),) + (0,) * (self._actions.ndim - 1)]
         self._has_seed = region.strided("has_seed")
         self._slot_seeds = region.strided("seed")
         self._commands = region.strided("command")
@@ -254,12 +260,12 @@ class Listener:
             if count == n and cmd == SlotCommand.STEP:
                 if n > 1:
                     self._stamp(runtime.step(self._env_actions))
-                elif runtime.step_one(0, int(self._actions[0])):
+                elif runtime.step_one(0, self._action_at(0)):
                     self._final_seqs[0] = self._seqs[0]
             elif count == n and cmd == SlotCommand.RESET:
                 runtime.reset(self._seeds())
             elif count == n and cmd == SlotCommand.HELLO:
-                runtime.set_autoreset(int(self._actions[0]))
+                runtime.set_autoreset(int(self._modes[0]))
             elif count == n and cmd == SlotCommand.OBSERVE:
                 for i, info in enumerate(runtime.observe()):
                     self._write_info(i, msgpack.packb(info))
@@ -315,7 +321,11 @@ class Listener:
         slot["info_len"] = len(data)
 
     def _step_one(self, runtime: EnvRuntime, i: int) -> list[int]:
-        return [i] if runtime.step_one(i, int(self._actions[i])) else []
+        return [i] if runtime.step_one(i, self._action_at(i)) else []
+
+    def _action_at(self, i: int) -> Any:
+        """Slot ``i``'s action: an int, or an owned array (Box, MultiDiscrete)."""
+        return int(self._actions[i]) if self._scalar_action else self._actions[i].copy()
 
     def _stamp(self, ended: list[int]) -> None:
         """Mark each final area written by this step: final_seq = the request's sequence
@@ -337,7 +347,7 @@ class Listener:
                 if cmd == SlotCommand.SHUTDOWN:
                     self._drop_lease()
                 elif cmd == SlotCommand.HELLO:
-                    runtime.set_autoreset(int(self._actions[i]))
+                    runtime.set_autoreset(int(self._modes[i]))
                 elif cmd == SlotCommand.STEP:
                     self._stamp(self._step_one(runtime, i))
                 elif cmd == SlotCommand.RESET:
@@ -399,7 +409,7 @@ class Listener:
         self.lease = self._spare = None
         self.results = self.finals = np.zeros(0)
         self._final_seqs = np.zeros(0, dtype=np.uint32)
-        for name in ("_actions", "_has_seed", "_slot_seeds", "_commands", "_status"):
+        for name in ("_actions", "_modes", "_has_seed", "_slot_seeds", "_commands", "_status"):
             if hasattr(self, name):
                 delattr(self, name)
         self._error_len = self._error_text = np.zeros(0)

@@ -110,6 +110,8 @@ export class HttpChannel implements Channel {
         "Content-Type": "application/octet-stream",
         "Content-Length": String(length),
       };
+      // hello carries the fingerprint in its body (and asks to discover the schema there)
+      if (msgType === this.#ids.HELLO_REQ) delete headers["X-Transport-Fingerprint"];
       if (this.#headers.size > 64) this.#headers.clear();
       this.#headers.set(key, headers);
     }

@@ -18,6 +18,7 @@
  * TransportTimeoutError after `timeoutMs`.
  */
 
+import { closeSync, fstatSync, openSync, readSync } from "node:fs";
 import { decode as msgpackDecode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
 import {
@@ -30,23 +31,27 @@ import {
   TransportTimeoutError,
   VersionMismatchError,
 } from "../../errors";
-import * as pac_env from "../../generated/pac_env";
 import {
   AutoReset,
   BODY_OFFSET,
   ErrorCode,
   type MessageIds,
   RequestError,
+  type Hello,
   acceptHello,
   encodeError,
   encodeHello,
+  helloResponseInfo,
   messageIds,
+  mismatchText,
+  schemaFromIrText,
 } from "../../protocol";
 import { type ActionType, actionTypeOf, bodyCodec, readActions, stepAction, writeAction } from "../../runtime/core";
 import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../index";
 import {
   CB,
+  CONTROL_SIZE,
   LAYOUT_VERSION,
   MAGIC,
   Region,
@@ -65,6 +70,7 @@ import {
   peerAlive,
   procStartTime,
   publishWord,
+  schemaAreaOfFd,
   waitWordAsync,
 } from "./region";
 import { resultLayout } from "./server";
@@ -172,7 +178,8 @@ function readInfo(region: Region, index: number): Record<string, unknown> {
 export class ShmChannel implements Channel {
   info: Record<string, unknown> = {};
   #checksums: SlotChecksums | null = null;
-  readonly buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
+  /** Response bodies the slots do not hold (HELLO, ERROR, spaces); grown for a discovery HELLO. */
+  buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
   bodyLength = 0;
   readonly generation = 0;
   readonly records: SlotResults;
@@ -226,7 +233,7 @@ export class ShmChannel implements Channel {
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = schema.ir.structs[multi.name]?.fields[0];
     if (multiField === undefined) throw new ConnectError(`${url}: STEP_MULTI_REQ's body has no field`);
-    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ"), seats: multiField.count };
+    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ", multiField.count), seats: multiField.count };
     this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats));
     this.#spaces = bodyCodec(schema, "SPACES_RESP");
     this.#reqOff = off(layout.slot, "sem_action_ready");
@@ -239,12 +246,18 @@ export class ShmChannel implements Channel {
     this.#wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
   }
 
+  /** The schema this channel was opened for (the region's, when it was discovered). */
+  get schema(): SchemaModule {
+    return this.#schema;
+  }
+
   /** Open, validate and lease `url`'s region (retried while it is missing or not READY). */
   static async open(url: string, options: OpenOptions = {}): Promise<ShmChannel> {
     const shm = parseShmUrl(url);
-    const schema = options.schema ?? pac_env.SCHEMA;
-    const layout = ShmLayout.of(schema);
     const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    // no schema: the one the region carries in its schema area (discovery)
+    const schema = options.schema ?? (await readRegionSchema(url, shm, timeoutMs ?? 10_000));
+    const layout = ShmLayout.of(schema);
     const region = await attach(shm, layout, timeoutMs ?? 10_000);
     let channel: ShmChannel | null = null;
     try {
@@ -372,9 +385,11 @@ export class ShmChannel implements Channel {
   /** HELLO: the mode in every slot's action word (docs/shm.md "Auto-reset"); no round trip for disabled. */
   async #hello(body: Uint8Array): Promise<number> {
     let mode: AutoReset;
+    let hello: Hello;
     try {
-      // answered as the region's server would (it speaks this side's protocol version)
-      ({ mode } = acceptHello(body, this.#schema.fingerprint));
+      // answered as the region's server would (it speaks this side's protocol version); the
+      // region was validated against this schema at attach
+      ({ hello, mode } = acceptHello(body, this.#schema));
     } catch (error) {
       if (error instanceof RequestError) return this.#error(error.code, error.text);
       throw error;
@@ -394,7 +409,8 @@ export class ShmChannel implements Channel {
     }
     const info = { ...this.info };
     delete info["autoreset"];
-    const out = encodeHello(this.#schema.fingerprint, info, mode);
+    const out = encodeHello(this.#schema.fingerprint, helloResponseInfo(this.#schema, hello, info), mode);
+    if (BODY_OFFSET + out.byteLength > this.buffer.byteLength) this.buffer = Buffer.alloc(BODY_OFFSET + out.byteLength);
     this.buffer.set(out, BODY_OFFSET);
     this.bodyLength = out.byteLength;
     return this.#ids.HELLO_RESP;
@@ -543,6 +559,70 @@ async function attach(shm: ShmUrl, layout: ShmLayout, timeoutMs: number): Promis
   }
 }
 
+/** The schema name in a region's schema area ("" when it has none or it does not parse). */
+function irName(ir: string | null): string {
+  if (ir === null) return "";
+  try {
+    const name = (JSON.parse(ir) as { name?: unknown }).name;
+    return typeof name === "string" ? name : "";
+  } catch {
+    return "";
+  }
+}
+
+/** A READY region's control block and schema area, or why it cannot be read yet. */
+function readReady(shm: ShmUrl): { control: Buffer; ir: string | null } | string {
+  let fd: number;
+  try {
+    fd = openSync(shm.path, "r");
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return `no region ${shm.path}: is a server running on shm://${shm.name}?`;
+    throw new ConnectError(`cannot open ${shm.path}: ${(error as Error).message}`);
+  }
+  try {
+    const size = fstatSync(fd).size;
+    if (size < CONTROL_SIZE) return `${shm.path} has no control block yet (${size} bytes)`;
+    const control = Buffer.alloc(CONTROL_SIZE);
+    readSync(fd, control, 0, CONTROL_SIZE, 0);
+    const state = control.readUInt32LE(off(CB, "state"));
+    if (state !== RegionState.READY) return `${shm.path} is not ready (state ${state})`;
+    return { control, ir: schemaAreaOfFd(fd, size).ir };
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** The schema a region carries in its schema area, checked against its control block's
+ * fingerprint (waits up to `timeoutMs` for the region to be READY). Python: read_region_schema. */
+export async function readRegionSchema(url: string, shm: ShmUrl, timeoutMs: number): Promise<SchemaModule> {
+  const deadline = Date.now() + timeoutMs;
+  let delay = 2;
+  let found = readReady(shm);
+  while (typeof found === "string") {
+    if (Date.now() + delay > deadline) throw new ConnectError(found);
+    await sleep(delay);
+    delay = Math.min(delay * 2, 100);
+    found = readReady(shm);
+  }
+  const magic = found.control.readUInt32LE(off(CB, "magic"));
+  if (magic !== MAGIC) {
+    const hex = (v: number): string => `0x${v.toString(16).toUpperCase().padStart(8, "0")}`;
+    throw new RegionMismatchError(`shm://${shm.name}`, "magic", hex(MAGIC), hex(magic));
+  }
+  const version = found.control.readUInt32LE(off(CB, "version"));
+  if (version !== LAYOUT_VERSION) {
+    throw new VersionMismatchError(
+      `shm://${shm.name}: control block field version: expected layout version ${LAYOUT_VERSION}, found ${version} ` +
+        "(server and client were built from different shm layouts)",
+    );
+  }
+  if (found.ir === null) {
+    throw new ConnectError(`shm://${shm.name}: the region carries no schema (a server without discovery): pass a schema`);
+  }
+  const announced = found.control.readBigUInt64LE(off(CB, "fingerprint"));
+  return schemaFromIrText(found.ir, announced, `the server at ${url}`);
+}
+
 /** Each control-block field against what this client expects (the Python client's checks). */
 function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
   const layout = region.layout;
@@ -565,7 +645,8 @@ function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
   if (fingerprint !== BigInt.asUintN(64, schema.fingerprint)) {
     const hex = (v: bigint): string => BigInt.asUintN(64, v).toString(16).padStart(16, "0");
     throw new FingerprintMismatchError(
-      `${name}: control block field fingerprint: expected ${hex(schema.fingerprint)} (schema ${schema.name}), found ${hex(fingerprint)}`,
+      `the server at ${name}: ${mismatchText(irName(region.schemaIr), fingerprint, schema.name, schema.fingerprint)} ` +
+        `(control block field fingerprint: expected ${hex(schema.fingerprint)}, found ${hex(fingerprint)})`,
       schema.fingerprint,
       fingerprint,
     );

@@ -8,6 +8,7 @@
  * get the derived cache-line layout. The generated module carries the diagram (`SHM_LAYOUT`).
  *
  *     region = ShmControl, then k x ShmSlot, then k x ShmFinal     (k >= num_envs)
+ *              then the schema area (the IR the region's schema compiles to: discovery)
  *
  * Futex words carry a 31-bit sequence; bit 31 (SLEEP) means "a waiter may sleep on this word".
  */
@@ -15,6 +16,7 @@
 import { closeSync, fstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
 import * as zlib from "node:zlib";
 import type { SchemaModule } from "../../codec";
+import { schemaIrText } from "../../protocol";
 import { ConnectError, ProtocolError } from "../../errors";
 import * as pac_shm from "../../generated/pac_shm";
 import * as protocol from "../../generated/protocol";
@@ -303,9 +305,55 @@ export function noRoomMessage(path: string, size: number, numEnvs: number, free:
   );
 }
 
+// -- the schema area: the region carries its schema (discovery; Python: region.py) ---------------
+//
+//   ... k final areas | IR JSON (utf-8) | zero padding | trailer (the segment's last 16 bytes):
+//                     ^ regionSize(k)                   u32 magic "SCIR", u32 ir_len, 8 zero bytes
+//
+// A multiple of 64 bytes that ends the segment: a client with no schema finds it from the segment
+// size alone, loads the IR and checks it against the control block's fingerprint first.
+
+export const SCHEMA_MAGIC = 0x52494353; // "SCIR"
+export const SCHEMA_TRAILER_SIZE = 16;
+const SCHEMA_AREA_ALIGN = 64;
+
+function schemaAreaSize(irLength: number): number {
+  return Math.ceil((irLength + SCHEMA_TRAILER_SIZE) / SCHEMA_AREA_ALIGN) * SCHEMA_AREA_ALIGN;
+}
+
+/** The schema area of a region of `schema`: its IR JSON, padding, the trailer. */
+export function schemaArea(schema: SchemaModule): Buffer {
+  const text = Buffer.from(schemaIrText(schema), "utf8");
+  const area = Buffer.alloc(schemaAreaSize(text.byteLength));
+  text.copy(area, 0);
+  area.writeUInt32LE(SCHEMA_MAGIC, area.byteLength - SCHEMA_TRAILER_SIZE);
+  area.writeUInt32LE(text.byteLength, area.byteLength - SCHEMA_TRAILER_SIZE + 4);
+  return area;
+}
+
+/** (area size, IR JSON text) of a segment of `size` bytes read through `read(offset, length)`;
+ * `{ size: 0, ir: null }` for a segment without a schema area. */
+export function schemaAreaOf(read: (offset: number, length: number) => Uint8Array, size: number): { size: number; ir: string | null } {
+  if (size < CONTROL_SIZE + SCHEMA_TRAILER_SIZE) return { size: 0, ir: null };
+  const trailer = Buffer.from(read(size - SCHEMA_TRAILER_SIZE, SCHEMA_TRAILER_SIZE));
+  const length = trailer.readUInt32LE(4);
+  const area = schemaAreaSize(length);
+  if (trailer.readUInt32LE(0) !== SCHEMA_MAGIC || area > size - CONTROL_SIZE) return { size: 0, ir: null };
+  return { size: area, ir: Buffer.from(read(size - area, length)).toString("utf8") };
+}
+
+/** `schemaAreaOf` of an open segment file descriptor (pread: nothing but the area is read). */
+export function schemaAreaOfFd(fd: number, size: number): { size: number; ir: string | null } {
+  return schemaAreaOf((offset, length) => {
+    const out = Buffer.alloc(length);
+    readSync(fd, out, 0, length, offset);
+    return out;
+  }, size);
+}
+
 /** Refuse before anything is created when /dev/shm cannot hold `numSlots` slots of `layout`. */
 export function checkRoom(shm: ShmUrl, layout: ShmLayout, numSlots: number): void {
-  const size = layout.regionSize(numSlots);
+  const size = layout.regionSize(numSlots) + schemaArea(layout.schema).byteLength;
   const free = freeShmBytes();
   if (free >= 0 && free < size) throw new ConnectError(noRoomMessage(shm.path, size, numSlots, free, "no space"));
 }
@@ -371,6 +419,8 @@ export class Region {
   readonly dv: DataView;
   /** 32-bit words of the whole mapping, for Atomics (offset / 4). */
   readonly words: Int32Array;
+  /** The IR JSON of the region's schema area (an attaching client; null: none or not read). */
+  schemaIr: string | null = null;
   #mapped = true;
 
   private constructor(shm: ShmUrl, layout: ShmLayout, fd: number, size: number, numSlots: number) {
@@ -397,9 +447,9 @@ export class Region {
    * posix_fallocate (a full /dev/shm is an error here naming what is needed and what is free,
    * never a SIGBUS later) and map it. A stale segment (dead owner) is replaced; a live one never.
    */
-  static create(shm: ShmUrl, layout: ShmLayout, numSlots: number): Region {
+  static create(shm: ShmUrl, layout: ShmLayout, numSlots: number, area: Uint8Array | null = null): Region {
     const nat = native();
-    const size = layout.regionSize(numSlots);
+    const size = layout.regionSize(numSlots) + (area === null ? 0 : area.byteLength);
     const numEnvs = numSlots;
     const url = `shm://${shm.name}`;
     checkRoom(shm, layout, numSlots);
@@ -430,7 +480,9 @@ export class Region {
         if (nat.fchmod(fd, 0o600) !== 0) throw new ConnectError(`fchmod ${shm.path}: ${nat.strerror(nat.errno())}`);
         const err = nat.posixFallocate(fd, 0, size);
         if (err !== 0) throw new ConnectError(noRoomMessage(shm.path, size, numEnvs, freeShmBytes(), nat.strerror(err)));
-        return new Region(shm, layout, fd, size, numSlots);
+        const region = new Region(shm, layout, fd, size, numSlots);
+        if (area !== null) region.bytes.set(area, size - area.byteLength); // the schema it carries
+        return region;
       } catch (error) {
         nat.shmUnlink(shm.segment);
         throw error;
@@ -451,7 +503,10 @@ export class Region {
       if (size < CONTROL_SIZE) throw new ConnectError(`${shm.path} has no control block yet (${size} bytes)`);
       const header = Buffer.alloc(CONTROL_SIZE);
       readSync(fd, header, 0, CONTROL_SIZE, 0);
-      return new Region(shm, layout, fd, size, layout.slotsIn(size) ?? 0);
+      const area = schemaAreaOfFd(fd, size);
+      const region = new Region(shm, layout, fd, size, layout.slotsIn(size - area.size) ?? 0);
+      region.schemaIr = area.ir;
+      return region;
     } finally {
       nat.close(fd);
     }

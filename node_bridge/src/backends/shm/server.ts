@@ -66,6 +66,7 @@ import {
   peerAlive,
   procStartTime,
   publishWord,
+  schemaArea,
   waitWord,
 } from "./region";
 
@@ -253,7 +254,7 @@ export class ShmListener implements Listener {
     const layout = Layouts.of(schema);
     this.layout = layout;
     const plan = resultLayout(schema);
-    const action = stepAction(schema);
+    const action = stepAction(schema, true);
     const actionAt = layout.ir.request_offsets[action.field.name];
     if (actionAt === undefined) throw new ProtocolError(`the shm layout has no offset for the action field ${action.field.name}`);
     this.#actionAt = actionAt;
@@ -274,7 +275,7 @@ export class ShmListener implements Listener {
 
     let region: Region;
     try {
-      region = Region.create(this.shm, layout, this.numSlots);
+      region = Region.create(this.shm, layout, this.numSlots, schemaArea(schema)); // it carries its schema
     } catch (error) {
       spare.close();
       throw error;
