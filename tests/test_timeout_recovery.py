@@ -46,6 +46,13 @@ const say = (value) => process.stdout.write(JSON.stringify(value) + "\\n");
   await lines.next(); // the server continues
   const view = await client.step(0);
   say(Array.from(view.observation));
+  await lines.next(); // the server was terminated
+  try {
+    await client.step(0);
+    say("answered");
+  } catch (error) {
+    say(`${error.name}: ${error.message}`);
+  }
   await client.close();
   process.exit(0);
 })().catch((error) => { say(`failed: ${error.stack}`); process.exit(1); });
@@ -73,6 +80,7 @@ def test_node_client_resynchronises_after_a_timeout(scheme: str, lang: str) -> N
         unique_url(scheme), env="contract", lang=lang, extra=["--schema", "pac_env"]
     )
     with server:
+        expected = _expected_observation(server.url)  # a session of its own, closed again
         index = str(ROOT / "node_bridge" / "dist" / "index.js")
         node = subprocess.Popen(
             ["node", "-e", NODE_CLIENT, index, server.url],
@@ -93,14 +101,21 @@ def test_node_client_resynchronises_after_a_timeout(scheme: str, lang: str) -> N
             node.stdin.write("continued\n")
             node.stdin.flush()
             observation = json.loads(node.stdout.readline())
+            assert server.terminate() == 0
+            node.stdin.write("terminated\n")
+            node.stdin.flush()
+            gone = json.loads(node.stdout.readline())
             assert node.wait(30) == 0
         finally:
             if node.poll() is None:
                 node.kill()
         assert [e.split(":")[0] for e in errors] == ["timeout", "timeout"], errors
         assert all(server.url in e and "the late reply is dropped" in e for e in errors), errors
-        # the timed-out step took effect, its late reply was dropped: the step after is the third
-        assert observation == pytest.approx(_expected_observation(server.url))
+    # the timed-out step took effect, its late reply was dropped: the step after is the third
+    assert observation == pytest.approx(expected)
+    # a server that went away: named by URL, with what to do (zmq may only see silence)
+    assert gone.startswith(("PeerGoneError", "TransportTimeoutError")), gone
+    assert server.url in gone and ("connect again" in gone or "retry" in gone), gone
 
 
 @pytest.mark.parametrize("scheme", ["unix", "shm"])
