@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from transport.backends import backend_for
-from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
+from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolve_schema
 from transport.codec import Schema
 from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
@@ -131,7 +131,11 @@ def connect(
     # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
     # max_body, and a smaller limit asked for applies to the pinned channel opened after it
     first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)
-    channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
+    try:
+        channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
+    except TransportError as exc:
+        explain(exc, url)  # names the URL and what to do
+        raise
     try:
         found, channel.info = handshake(channel, codecs, mode, url=url)
         if codecs is None and (first_max != max_body or not _built_for(channel, found)):
@@ -141,8 +145,10 @@ def connect(
             channel.close()
             channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
             found, channel.info = handshake(channel, found, mode, url=url)
-    except BaseException:
+    except BaseException as exc:
         channel.close()
+        if isinstance(exc, TransportError):
+            explain(exc, url)
         raise
     return Client(channel, found, channel.url or url)
 

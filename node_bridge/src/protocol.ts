@@ -15,6 +15,7 @@ import { type SchemaModule, loadSchema } from "./codec";
 import type { SchemaJson } from "./ir";
 import {
   BadFrameError,
+  EnvError,
   FingerprintMismatchError,
   ProtocolError,
   RemoteError,
@@ -503,6 +504,7 @@ export function errorFromCode(code: number, text: string): RemoteError | Protoco
   if (code === ErrorCode.VERSION_MISMATCH) {
     return new VersionMismatchError(`server refused the session: ${text}`);
   }
+  if (code === ErrorCode.ENV_ERROR) return new EnvError(code, errorName(code), text);
   return new RemoteError(code, errorName(code), text);
 }
 

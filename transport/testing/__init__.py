@@ -11,7 +11,8 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-import transport.testing.checks_discovery  # noqa: F401  (registers its checks)
+import transport.testing.checks_discovery
+import transport.testing.checks_timeouts  # noqa: F401  (registers its checks)
 from transport.testing import checks_edges as checks_edges  # registers its checks
 from transport.testing.checks import (
     CHECKS,
