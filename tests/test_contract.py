@@ -258,7 +258,9 @@ def test_public_names() -> None:
             "model",
             "parametrize",
             "servers",
-            "gymapi_checks",
             "checks_discovery",
+            "checks_edges",
+            "checks_timeouts",
+            "gymapi_checks",
         }
     )

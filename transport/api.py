@@ -14,10 +14,10 @@ from types import FrameType
 from typing import Any
 
 from transport.backends import backend_for
-from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
+from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolve_schema
 from transport.codec import Schema
 from transport.errors import TransportError
-from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec
+from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
 from transport.runtime.core import EnvHost
 from transport.runtime.env import Env, EnvFactory
 
@@ -36,12 +36,17 @@ FINAL_ENTRY_EXTRA = 4
 def largest_request(schema: Schema, num_envs: int) -> tuple[int, str]:
     """The largest fixed-size request a client of a framed server with ``num_envs`` envs sends,
     and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ,
-    RESET_SEED_REQ (their struct sizes) or RESET_SEEDS_REQ (N x 16), whichever is largest."""
+    RESET_SEED_REQ (their struct sizes), RESET_SEEDS_REQ (N x 16), or the HELLO_REQ (12 bytes
+    and a msgpack tail naming the schema, or asking to discover it), whichever is largest."""
     action = body_codec(schema, "STEP_REQ").size
     candidates = [
         (num_envs * action, f"a STEP_BATCH request for {num_envs} envs ({num_envs} x {action})"),
         (body_codec(schema, "STEP_MULTI_REQ").size, "a STEP_MULTI request"),
         (body_codec(schema, "RESET_SEED_REQ").size, "a RESET_SEED request"),
+        (
+            max(len(encode_hello_request(schema)), len(encode_hello_request(None))),
+            "a HELLO request",
+        ),
         (
             num_envs * body_codec(schema, "RESET_SEEDS_REQ").size,
             f"a RESET_SEEDS request for {num_envs} envs",
@@ -130,7 +135,11 @@ def connect(
     # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
     # max_body, and a smaller limit asked for applies to the pinned channel opened after it
     first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)
-    channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
+    try:
+        channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
+    except TransportError as exc:
+        explain(exc, url)  # names the URL and what to do
+        raise
     try:
         found, channel.info = handshake(channel, codecs, mode, url=url)
         if codecs is None and (first_max != max_body or not _built_for(channel, found)):
@@ -140,8 +149,10 @@ def connect(
             channel.close()
             channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
             found, channel.info = handshake(channel, found, mode, url=url)
-    except BaseException:
+    except BaseException as exc:
         channel.close()
+        if isinstance(exc, TransportError):
+            explain(exc, url)
         raise
     return Client(channel, found, channel.url or url)
 

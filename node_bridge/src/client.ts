@@ -16,7 +16,14 @@
 import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
 import type { Spaces } from "./runtime/env";
-import { FingerprintMismatchError, ProtocolError, TransportError } from "./errors";
+import {
+  ConnectError,
+  FingerprintMismatchError,
+  PeerGoneError,
+  ProtocolError,
+  TransportError,
+  TransportTimeoutError,
+} from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
   AUTORESET_MASK,
@@ -77,6 +84,42 @@ function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
     throw new ProtocolError(`message ${message} of schema ${schema.name} has no body struct`);
   }
   return codec;
+}
+
+/** What to do about each client-side transport error, said after its message (Python: `HINTS`). */
+const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => TransportError, string]> = [
+  [
+    ConnectError,
+    "is a server serving this URL? start one with `transport-serve URL` or serve(env, URL), or check the URL",
+  ],
+  [PeerGoneError, "the server closed the connection or died: see the server's log, then connect again"],
+  [
+    TransportTimeoutError,
+    "the connection is kept and the late reply is dropped when it comes: retry, or connect with a " +
+      "larger timeoutMs if the server's envs are slow",
+  ],
+  [
+    ProtocolError,
+    "client and server disagree: check that both use the same transport version and schema, then connect again",
+  ],
+];
+
+/**
+ * `error` with the URL before its message and what to do after it (once; the same object, its
+ * class and fields unchanged): every transport error a client throws names both. Other errors
+ * pass unchanged. Python: `transport.client.explain`.
+ */
+export function explain(error: unknown, url: string): unknown {
+  if (!(error instanceof TransportError)) return error;
+  for (const [kind, hint] of HINTS) {
+    if (error instanceof kind) {
+      if (error.message.includes(hint)) return error;
+      const named = error.message.includes(url) ? error.message : `${url}: ${error.message}`;
+      error.message = `${named} (${hint})`;
+      break;
+    }
+  }
+  return error;
 }
 
 /**
@@ -296,13 +339,18 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {
-    if (this.#closed) throw new TransportError("the client is closed");
+    if (this.#closed) throw new TransportError(`${this.url}: the client is closed`);
     const channel = this.channel;
-    const type = await channel.request(msgType, body);
+    let type: number;
+    try {
+      type = await channel.request(msgType, body);
+    } catch (error) {
+      throw explain(error, this.url);
+    }
     const resp = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
     if (type === this.ids.ERROR) throw decodeError(resp);
     if (type !== expect) {
-      throw new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`);
+      throw explain(new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`), this.url);
     }
     const records = channel.records;
     if (records !== undefined) {
@@ -420,7 +468,12 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
       maxBody: limit,
       ...(schema === undefined ? {} : { schema }),
     });
-  let channel = await open(pinned ?? undefined, firstMax);
+  let channel: Channel;
+  try {
+    channel = await open(pinned ?? undefined, firstMax);
+  } catch (error) {
+    throw explain(error, url);
+  }
   let session: { schema: SchemaModule; info: Record<string, unknown> };
   try {
     session = await handshake(channel, pinned, autoreset, url);
@@ -435,7 +488,7 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
     channel.info = session.info;
   } catch (error) {
     await channel.close();
-    throw error;
+    throw explain(error, url);
   }
   return new Client<View, Value>(channel, session.schema, url);
 }

@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import pickle
 import threading
 import traceback
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from transport.codec import Schema, StructCodec
-from transport.errors import CodecError, ProtocolError
+from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError, ProtocolError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
 from transport.schema.ir import FieldIR
@@ -31,6 +33,16 @@ from transport.schema.ir import FieldIR
 FATE_RESET = "the env was reset"
 FATE_RECREATED = "the env was recreated"
 FATE_FAILED = "the env could not be reset: send a reset"
+
+log = logging.getLogger("transport.server")
+
+ENV_ERROR_TEXT_MAX = 1024
+"""Bytes of an ENV_ERROR text, message and trimmed traceback: the size of an shm slot's
+error_text area (``transport.schema.compiler.ERROR_TEXT_SIZE``), the smallest carrier, so that
+every backend delivers the same text."""
+TRACEBACK_FRAMES = 4
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""Frames of an env's traceback carried to the client: the last ones (the env's own code)."""
 
 Failures = list[tuple[int, Exception]]
 """(env index, exception) of each env that raised; the other envs did their step."""
@@ -173,6 +185,37 @@ def check_action_value(rule: ActionRule, index: int, action: Any, act_n: int) ->
 def describe(exc: BaseException) -> str:
     """An exception as one line: ``ValueError: text``."""
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def remote_traceback(exc: BaseException) -> str:
+    """The last ``TRACEBACK_FRAMES`` frames of ``exc``'s traceback and its one-line form, as the
+    client shows them after the message ("" for an exception without a traceback)."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(_RUNTIME_DIR)  # the runtime's frames say nothing
+    ][-TRACEBACK_FRAMES:]
+    if not frames:
+        return ""
+    return "".join(traceback.format_list(frames)) + describe(exc)
+
+
+def with_traceback(message: str, trace: str, limit: int = ENV_ERROR_TEXT_MAX) -> str:
+    """``message``, then the marker and ``trace`` cut from the front (whole lines, the last frames
+    kept) so the whole text is at most ``limit`` bytes of UTF-8; the message alone when there is
+    no room for a useful part of the trace."""
+    if not trace:
+        return message
+    room = limit - len(message.encode()) - len(REMOTE_TRACEBACK_MARKER.encode())
+    data = trace.encode()
+    if len(data) > room:
+        elided = b"  ...\n"
+        data = data[len(data) - (room - len(elided)) :] if room > 2 * len(elided) else b""
+        cut = data.find(b"\n")
+        data = elided + data[cut + 1 :] if cut >= 0 else b""
+        if len(data) <= len(elided):
+            return message
+    return message + REMOTE_TRACEBACK_MARKER + data.decode("utf-8", "ignore")
 
 
 def records_of(rows: np.ndarray) -> list[np.ndarray]:
@@ -478,7 +521,7 @@ class EnvRuntime:
                 if i not in failed:
                     self.mark_reset(i)
             if failures:
-                raise self._recover(failures, seeds)
+                raise self._recover(failures, seeds, lambda i: _seeded("RESET", seeds[i]))
 
     def reset_seed(self, seed: int) -> None:
         """Reset every env; env i gets ``seed + i``."""
@@ -492,7 +535,7 @@ class EnvRuntime:
             except Exception as exc:
                 seeds: list[int | None] = [None] * self.num_envs
                 seeds[index] = seed
-                raise self._recover_one(index, exc, seeds) from None
+                raise self._recover_one(index, exc, seeds, _seeded("RESET", seed)) from None
             self.mark_reset(index)
 
     def step_one(self, index: int, action: Any) -> bool:
@@ -506,7 +549,8 @@ class EnvRuntime:
             try:
                 return self.runner.step_one(index, action, mode)
             except Exception as exc:
-                raise self._recover_one(index, exc, None) from None
+                request = f"STEP action {_action_text(action)}"
+                raise self._recover_one(index, exc, None, request) from None
 
     def step(self, actions: np.ndarray) -> list[int]:
         """Step every env (one action each); the envs whose SAME_STEP final result was kept."""
@@ -520,7 +564,9 @@ class EnvRuntime:
                 for index in np.flatnonzero(noop).tolist():
                     self._noop(index)
             if failures:
-                raise self._recover(failures, None)
+                raise self._recover(
+                    failures, None, lambda i: f"STEP action {_action_text(actions[i])}"
+                )
         return ended
 
     def step_batch(self) -> StepBatch | None:
@@ -582,7 +628,8 @@ class EnvRuntime:
                 for seat, output in enumerate(outputs):
                     self.runner.write(seat, output)
             except Exception as exc:
-                raise self._recover_one(0, exc, None) from None
+                request = f"STEP_MULTI seat actions {_numbers(actions)}"
+                raise self._recover_one(0, exc, None, request) from None
 
     def observe(self) -> list[dict[str, Any]]:
         """OBSERVE: every env's current result (``observe()``, else its last result) in its row,
@@ -593,7 +640,7 @@ class EnvRuntime:
         with self._lock:
             infos, failures = self.runner.observe()
             if failures:
-                raise self._recover(failures, None)
+                raise self._recover(failures, None, lambda i: "OBSERVE")
         return infos
 
     def close(self) -> None:
@@ -602,32 +649,66 @@ class EnvRuntime:
     # -- recovery ----------------------------------------------------------------------------
 
     def _recover_one(
-        self, index: int, exc: Exception, seeds: Sequence[int | None] | None
+        self, index: int, exc: Exception, seeds: Sequence[int | None] | None, request: str
     ) -> RequestError:
         """``_recover`` for one env; a refusal that is not an env error passes unchanged."""
         if isinstance(exc, RequestError) and exc.code != ErrorCode.ENV_ERROR:
             return exc
-        return self._recover([(index, exc)], seeds)
+        return self._recover([(index, exc)], seeds, lambda i: request)
 
-    def _recover(self, failures: Failures, seeds: Sequence[int | None] | None) -> RequestError:
+    def _recover(
+        self,
+        failures: Failures,
+        seeds: Sequence[int | None] | None,
+        request: Callable[[int], str],
+    ) -> RequestError:
         """Reset (or recreate) each env that raised; the ENV_ERROR to answer.
 
         The text starts with ``env {i}:`` (the first env that failed), so clients can name the
-        env (``EnvError.env_id``). The other envs of the request did step (or reset).
+        env (``EnvError.env_id``), and ends with the first failure's last traceback frames
+        (``with_traceback``). Each failure is logged once, with its whole traceback, the env and
+        the request (``request(i)``: message name and action or seed), on the server's
+        ``transport.server`` logger (stderr unless the application configures logging). The
+        other envs of the request did step (or reset).
         """
         texts = []
+        trace = ""
         for index, exc in failures:
-            if isinstance(exc, RequestError):
-                detail = exc.text.removeprefix(f"env {index}: ")
+            if isinstance(exc, RequestError):  # from a worker process: its text and last frames
+                text = exc.text.removeprefix(f"env {index}: ")
+                detail, _, worker_trace = text.partition(REMOTE_TRACEBACK_MARKER)
+                trace = trace or worker_trace
+                full = ""
+                if worker_trace:
+                    full = f"{detail}\nlast frames, in a worker:\n{worker_trace}"
             else:
                 detail = describe(exc)
+                full = "".join(traceback.format_exception(exc)).rstrip()
+                trace = trace or remote_traceback(exc)
             fate, ok = self.runner.restore(index, None if seeds is None else seeds[index])
             if ok:
                 self.mark_reset(index)
             else:
                 self.mark_lost(index)
             texts.append(f"env {index}: {detail} ({fate})")
-        return RequestError(ErrorCode.ENV_ERROR, "; ".join(texts))
+            log.error(
+                "transport: env %d raised during %s (%s)%s",
+                index,
+                request(index),
+                fate,
+                f"\n{full}" if full else f": {detail}",
+            )
+        return RequestError(ErrorCode.ENV_ERROR, with_traceback("; ".join(texts), trace))
+
+
+def _action_text(action: Any) -> str:
+    """One env's action for a log line: ``3``, or ``[1, 0.5]`` for an array action (as Node)."""
+    return _numbers(action) if np.ndim(action) else _numbers([action])[1:-1]
+
+
+def _seeded(name: str, seed: int | None) -> str:
+    """A request's name for a log line, with its seed when it has one."""
+    return name if seed is None else f"{name} seed {seed}"
 
 
 # -- what a server serves ------------------------------------------------------------------------

@@ -49,6 +49,8 @@ from transport.runtime.core import (
     Failures,
     Runner,
     describe,
+    remote_traceback,
+    with_traceback,
 )
 from transport.runtime.env import Env, Spaces
 from transport.runtime.local import LocalEnvs
@@ -131,6 +133,10 @@ def _wait_ctx(peer_pid: int, spin: int, state: Any = None) -> Any:
         ctx.state = state
         ctx.ready_state = READY
     return ctx
+
+
+_TEXT_MAX = 1000
+"""Bytes of a control record's error_text (the layout above)."""
 
 
 def _write_error(ctl: np.ndarray, text: str) -> None:
@@ -221,8 +227,8 @@ def _worker_main(
             mine[i]["flags"] |= FAILED
             if isinstance(err, RequestError):
                 text = err.text.removeprefix(f"env {lo + i}: ")
-            else:
-                text = describe(err)
+            else:  # the last frames ride along (core._recover puts them after the message)
+                text = with_traceback(describe(err), remote_traceback(err), _TEXT_MAX)
             _write_error(mine[i], text)
         native.publish(lay.done[k], rc)
 

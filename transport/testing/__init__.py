@@ -11,7 +11,14 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-from transport.testing import checks_discovery, gymapi_checks  # noqa: F401  (register checks)
+# the modules that register contract checks (imported by name: `import transport.testing.x`
+# would bind `transport` in this package's public names)
+from transport.testing import (  # noqa: F401
+    checks_discovery,
+    checks_edges,
+    checks_timeouts,
+    gymapi_checks,
+)
 from transport.testing.checks import (
     CHECKS,
     Check,

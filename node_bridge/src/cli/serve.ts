@@ -16,7 +16,8 @@ import { MASKED_ACTION_POLICIES, type MaskedActions } from "../runtime/core";
 import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
-import { type Server, serve } from "../server";
+import { DEFAULT_MAX_BODY } from "../protocol";
+import { MAX_BODY_LIMIT, MAX_NUM_ENVS, type Server, checkServerLimits, serve } from "../server";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
 
@@ -42,7 +43,9 @@ port that was bound).
                  an action the env's mask forbids: reject (MASKED_ACTION, default), pass (the
                  env steps with it) or noop (no step; reward env.maskedActionPenalty, default 0)
 
-Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
+Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments or limits
+(--num-envs 1..65536, --max-body 1..4294967295 and large enough for the schema's requests; a
+step response for every env must fit in max(--max-body, 64 MiB): the rules of the Python CLI).
 `;
 
 interface Args {
@@ -81,6 +84,13 @@ function parseArgs(argv: readonly string[]): Args | null {
       if (!/^[0-9]+$/.test(text)) throw new UsageError(`${name} must be a non-negative integer, got ${JSON.stringify(text)}`);
       return Number(text);
     };
+    // --num-envs and --max-body: any integer parses, then the range rule and text of Python's CLI
+    const ranged = (text: string, name: string, max: number, unit: string): number => {
+      if (!/^[+-]?[0-9]+$/.test(text)) throw new UsageError(`argument ${name}: invalid int value: '${text}'`);
+      const number = Number(text);
+      if (number < 1 || number > max) throw new UsageError(`${name} must be 1..${max}${unit}, not ${BigInt(text)}`);
+      return number;
+    };
     switch (flag) {
       case "--env":
         env = value();
@@ -94,8 +104,7 @@ function parseArgs(argv: readonly string[]): Args | null {
         schema = value();
         break;
       case "--num-envs":
-        numEnvs = integer(value(), "--num-envs");
-        if (numEnvs < 1) throw new UsageError("--num-envs must be at least 1");
+        numEnvs = ranged(value(), "--num-envs", MAX_NUM_ENVS, "");
         break;
       case "--seed": {
         const text = value();
@@ -104,7 +113,7 @@ function parseArgs(argv: readonly string[]): Args | null {
         break;
       }
       case "--max-body":
-        maxBody = integer(value(), "--max-body");
+        maxBody = ranged(value(), "--max-body", MAX_BODY_LIMIT, " bytes");
         break;
       case "--workers":
         workers = integer(value(), "--workers");
@@ -181,6 +190,14 @@ async function main(argv: readonly string[]): Promise<number> {
       const shm = parseShmUrl(args.url);
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
       checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
+    }
+    try {
+      checkServerLimits(schema, args.url, args.numEnvs, args.maxBody ?? DEFAULT_MAX_BODY);
+    } catch (error) {
+      if (!(error instanceof RangeError)) throw error;
+      // a limit with which every client would be refused: exit 2 before anything is created
+      process.stderr.write(`transport-serve: error: ${error.message}\n`);
+      return 2;
     }
     server = await serve(factory, args.url, {
       numEnvs: args.numEnvs,

@@ -22,7 +22,7 @@
  */
 
 import type { AnyStructCodec, SchemaModule } from "../codec";
-import { ProtocolError, TransportError } from "../errors";
+import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
 import type { Spaces } from "./env";
@@ -30,6 +30,41 @@ import type { Spaces } from "./env";
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
 export const FATE_FAILED = "the env could not be reset: send a reset";
+
+/**
+ * Bytes of an ENV_ERROR text, message and trimmed stack: the size of an shm slot's error_text
+ * area (the compiler's ERROR_TEXT_SIZE), the smallest carrier, so every backend delivers the
+ * same text. Python: `ENV_ERROR_TEXT_MAX`.
+ */
+export const ENV_ERROR_TEXT_MAX = 1024;
+/** Frames of an env's stack carried to the client: the innermost ones (the env's own code). */
+export const TRACEBACK_FRAMES = 4;
+const RUNTIME_DIR = __dirname + "/";
+
+/** The first line and the innermost `TRACEBACK_FRAMES` frames of an error's stack ("" if none). */
+export function remoteTraceback(error: unknown): string {
+  if (!(error instanceof Error) || typeof error.stack !== "string") return "";
+  const lines = error.stack.split("\n");
+  // the runtime's own frames (this folder) say nothing about the env
+  const frames = lines.filter((line) => line.trimStart().startsWith("at ") && !line.includes(RUNTIME_DIR));
+  if (frames.length === 0) return "";
+  return [describeError(error), ...frames.slice(0, TRACEBACK_FRAMES)].join("\n");
+}
+
+/**
+ * `message`, then the marker and `trace` cut from the end (whole lines: the innermost frames are
+ * kept) so the whole text is at most `limit` bytes of UTF-8; the message alone when there is no
+ * room for a useful part of the trace. Python: `with_traceback` (which keeps the last lines).
+ */
+export function withTraceback(message: string, trace: string, limit = ENV_ERROR_TEXT_MAX): string {
+  if (trace === "") return message;
+  const room = limit - Buffer.byteLength(message) - Buffer.byteLength(REMOTE_TRACEBACK_MARKER);
+  const lines = trace.split("\n");
+  while (lines.length > 1 && Buffer.byteLength(lines.join("\n")) > room) lines.pop();
+  const kept = lines.join("\n");
+  if (Buffer.byteLength(kept) > room) return message;
+  return message + REMOTE_TRACEBACK_MARKER + kept;
+}
 
 /** Seats of a STEP_MULTI (seed 000's self-play game). */
 export const SEATS = 8;
@@ -632,7 +667,7 @@ export class EnvRuntime {
     try {
       stepSeats(actions, out);
     } catch (error) {
-      throw this.#recover([[0, error]], out, false);
+      throw this.#recover([[0, error]], out, false, () => `STEP_MULTI seat actions [${Array.from(actions).map(String).join(", ")}]`);
     }
     this.#remember(0, out);
     for (let seat = 0; seat < seats; seat++) out.written(seat);
@@ -750,18 +785,53 @@ export class EnvRuntime {
 
   /**
    * Reset (or recreate from the factory) each env that threw; the ERROR to answer. The text
-   * starts with `env {i}:` (the first env that failed), so clients can name the env. A reset
-   * that failed is retried with the same seed; a step's recovery resets unseeded.
+   * starts with `env {i}:` (the first env that failed), so clients can name the env, and ends
+   * with the first failure's innermost stack frames (`withTraceback`). Each failure is written
+   * once to the server's stderr with its whole stack, the env and the request (`request(i)`, by
+   * default the op's message name and action or seed). A reset that failed is retried with the
+   * same seed; a step's recovery resets unseeded.
    */
-  #recover(failures: readonly Failure[], out: Records, keepSeeds: boolean): RequestError {
+  #recover(
+    failures: readonly Failure[],
+    out: Records,
+    keepSeeds: boolean,
+    request: (index: number) => string = (i) => this.#requestName(i),
+  ): RequestError {
     const texts: string[] = [];
     const seeds = this.#seeds.slice();
-    for (const [index, error] of failures) {
-      const detail = failureText(index, error);
+    const named = failures.map(([index]) => request(index)); // before #restore changes the ops
+    let trace = "";
+    failures.forEach(([index, error], k) => {
+      // a worker thread's RequestError carries the last frames after the marker
+      const [detail, workerTrace = ""] = failureText(index, error).split(REMOTE_TRACEBACK_MARKER, 2) as [string, string?];
       const fate = this.#restore(index, keepSeeds ? (seeds[index] ?? null) : null, out);
       texts.push(`env ${index}: ${detail} (${fate})`);
+      let stack = error instanceof Error && !(error instanceof RequestError) ? error.stack : undefined;
+      if (trace === "" && stack !== undefined) trace = remoteTraceback(error);
+      if (workerTrace !== "") {
+        if (trace === "") trace = workerTrace;
+        stack = `${detail}\nlast frames, in a worker:\n${workerTrace}`;
+      }
+      process.stderr.write(
+        `transport: env ${index} raised during ${named[k]} (${fate})` +
+          (stack !== undefined ? `\n${stack}\n` : `: ${detail}\n`),
+      );
+    });
+    return new RequestError(ErrorCode.ENV_ERROR, withTraceback(texts.join("; "), trace));
+  }
+
+  /** The request env `index` was doing, for a log line: its op's message name, action or seed. */
+  #requestName(index: number): string {
+    const op = this.#ops[index];
+    const seed = this.#seeds[index];
+    if (op === Op.STEP) {
+      const k = this.actionRule.elements;
+      const action = Array.from(this.actions.subarray(index * k, index * k + k)).map(String);
+      return `STEP action ${k === 1 ? action[0] : `[${action.join(", ")}]`}`;
     }
-    return new RequestError(ErrorCode.ENV_ERROR, texts.join("; "));
+    if (op === Op.RESET) return seed === null || seed === undefined ? "RESET" : `RESET seed ${seed}`;
+    if (op === Op.OBSERVE) return "OBSERVE";
+    return "a request";
   }
 
   /** Reset env `index` after it threw; if that throws too, recreate it from the factory. */

@@ -361,6 +361,7 @@ class ShmChannel:
         self._info_len = region.strided("info_len")
         self._info = region.strided("info")
         self._last_cmd = -1
+        self._late = False  # a request timed out: ``settle`` before the next one
         results = region.results()
         self._single = results[0, ...]
         self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
@@ -408,6 +409,8 @@ class ShmChannel:
             return self._step_resp, self._empty
         if self._closed:
             raise TransportError("the client is closed")
+        if self._late:  # callers other than Client (connect_many) get the same guard
+            self.settle()
         handler = self._handlers.get(msg_type)
         if handler is None:
             text = f"shm:// carries no message 0x{msg_type:02X}"
@@ -580,6 +583,8 @@ class ShmChannel:
             text = self._error_text[i, :length].tobytes().decode("utf-8", "replace")
             raise _Refused(int(self._status[i]), text)
         if rc == native.TIMEOUT:
+            self._late = True
+            self._last_cmd = -1  # off the hot path until settled (request's general path)
             raise TransportTimeoutError(f"{url}: no response within {self.timeout} s")
         if rc == native.PEER_DEAD:
             raise PeerGoneError(f"{url}: the server (pid {self.owner_pid}) died")
@@ -591,6 +596,21 @@ class ShmChannel:
                 )
             raise PeerGoneError(f"{url}: the server closed the region")
         raise TransportError(f"{url}: futex wait failed ({os.strerror(native.ffi.errno)})")
+
+    def settle(self) -> None:
+        """After a timeout (the Client calls this before its next request): wait, up to the
+        timeout, until the server answered the request that timed out, so that the next request
+        is not written into slots the server may still be reading. The late reply (its results,
+        or its error) is dropped; the server still did what it asked."""
+        rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
+        if rc == native.TIMEOUT:
+            raise TransportTimeoutError(
+                f"shm://{self.shm.name}: the late response to an earlier request did not come "
+                f"within {self.timeout} s"
+            )
+        if rc < 0:
+            self._raise(rc)
+        self._late = False
 
     @property
     def wait_stats(self) -> tuple[int, int]:

@@ -209,6 +209,8 @@ export class ShmChannel implements Channel {
   #leased = false;
   #closed = false;
   #busy = false;
+  /** A request timed out: its late response is waited for before the next request (`#settle`). */
+  #late = false;
 
   private constructor(url: string, shm: ShmUrl, region: Region, schema: SchemaModule, timeoutMs: number | null) {
     this.url = url;
@@ -314,6 +316,7 @@ export class ShmChannel implements Channel {
     if (this.#busy) throw new TransportError("a request is already in flight on this client (await it first)");
     this.#busy = true;
     try {
+      if (this.#late) await this.#settle();
       return await this.#request(msgType, body);
     } finally {
       this.#busy = false;
@@ -419,6 +422,32 @@ export class ShmChannel implements Channel {
   }
 
   /**
+   * After a timeout: wait, up to the timeout, until the server answered the request that timed
+   * out, so the next request is not written into slots the server may still be reading. The late
+   * response (results or error) is dropped; the server still did what it asked. Python:
+   * `ShmChannel.settle`.
+   */
+  async #settle(): Promise<void> {
+    const region = this.region;
+    const layout = this.layout;
+    const seqs = this.#seqs;
+    const deadline = this.timeoutMs === null ? null : Date.now() + this.timeoutMs; // one for all slots
+    for (let i = 0; i < seqs.length; i++) {
+      const timeoutNs = deadline === null ? Number.MAX_SAFE_INTEGER : Math.max(0, deadline - Date.now()) * 1e6;
+      const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, this.#wait);
+      if (rc >= 0) continue;
+      const url = `shm://${this.shm.name}`;
+      if (rc === WAIT_TIMEOUT) {
+        throw new TransportTimeoutError(`${url}: the late response to an earlier request did not come within ${this.timeoutMs} ms`);
+      }
+      if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
+      if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
+      throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+    this.#late = false;
+  }
+
+  /**
    * One request on slots 0..count-1: command, request words, the doorbell, then each slot's
    * response. null when every slot answered status 0; else the ERROR msg_type (body in `buffer`).
    */
@@ -441,7 +470,10 @@ export class ShmChannel implements Channel {
       const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, wait);
       if (rc >= 0) continue;
       const url = `shm://${this.shm.name}`;
-      if (rc === WAIT_TIMEOUT) throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
+      if (rc === WAIT_TIMEOUT) {
+        this.#late = true;
+        throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
+      }
       if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
       if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
       throw new TransportError(`${url}: wait failed (${rc})`);
