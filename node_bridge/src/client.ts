@@ -176,6 +176,29 @@ export async function handshake(
   return { schema: found, info: { ...info, autoreset: autoresetName(autoreset) } };
 }
 
+/** What `reset` takes: one seed (env i gets seed + i), one seed or null per env, or nothing. */
+export type Seeds = bigint | number | null | ReadonlyArray<bigint | number | null>;
+
+/** A RESET_SEEDS_REQ body: one (seed, has_seed) entry per env; null resets that env unseeded. */
+export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | number | null>, numEnvs: number): Buffer {
+  if (seeds.length !== numEnvs) {
+    throw new TransportError(`expected ${numEnvs} seeds (one per env, or null), got ${seeds.length}`);
+  }
+  const codec = bodyCodec(schema, "RESET_SEEDS_REQ");
+  const fields = schema.ir.structs[codec.name]?.fields ?? [];
+  const seedAt = fields.find((f) => f.name === "seed")?.offset ?? 0;
+  const hasAt = fields.find((f) => f.name === "has_seed")?.offset ?? 8;
+  const body = Buffer.alloc(codec.size * numEnvs);
+  seeds.forEach((seed, i) => {
+    if (seed === null) return;
+    const value = BigInt(seed);
+    if (value < 0n || value >= 1n << 64n) throw new TransportError(`a seed must be in 0..2**64-1 or null, not ${seed}`);
+    body.writeBigUInt64LE(value, i * codec.size + seedAt);
+    body[i * codec.size + hasAt] = 1;
+  });
+  return body;
+}
+
 /**
  * A connection to an env server. Call `close()` when done. `View` and `Value` are the result
  * struct's view and value types of the schema (pac_env's by default).
@@ -247,11 +270,13 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   /** Reset every env (env i gets seed + i); one view per env when N > 1. */
-  reset(seed?: bigint | number | null, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
-  reset(seed: bigint | number | null | undefined, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
-  async reset(seed?: bigint | number | null, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
+  reset(seed?: Seeds, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
+  reset(seed: Seeds | undefined, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
+  async reset(seed?: Seeds, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
     if (seed === undefined || seed === null) {
       await this.#exchange(this.ids.RESET_REQ, EMPTY, this.ids.RESET_RESP);
+    } else if (typeof seed === "object") {
+      await this.#exchange(this.ids.RESET_SEEDS_REQ, seedsBody(this.schema, seed, this.numEnvs), this.ids.RESET_RESP);
     } else {
       this.#seed.writeBigUInt64LE(BigInt.asUintN(64, BigInt(seed)), this.#seedAt);
       await this.#exchange(this.ids.RESET_SEED_REQ, this.#seed, this.ids.RESET_RESP);

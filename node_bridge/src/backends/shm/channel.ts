@@ -339,6 +339,18 @@ export class ShmChannel implements Channel {
         }
         return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
       }
+      case ids.RESET_SEEDS_REQ: {
+        // one 16-byte EnvSeed per env (client.ts seedsBody): u64 seed at 0, has_seed at 8
+        const entries = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+        const size = entries.byteLength / n;
+        const region = this.region;
+        for (let i = 0; i < n; i++) {
+          const has = entries[i * size + 8] === 1;
+          region.bytes[region.slotAt(i, "has_seed")] = has ? 1 : 0;
+          if (has) region.dv.setBigUint64(region.slotAt(i, "seed"), entries.readBigUInt64LE(i * size), true);
+        }
+        return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
+      }
       case ids.STEP_REQ:
       case ids.STEP_BATCH_REQ: {
         const count = msgType === ids.STEP_REQ ? 1 : Math.floor(body.byteLength / this.#stepAction.size);
