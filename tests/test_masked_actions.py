@@ -127,11 +127,6 @@ def test_noop_reward_is_the_node_envs_penalty(tmp_path: Path) -> None:
         assert np.array_equal(result["observation"], first["observation"])
 
 
-def test_noop_with_python_workers_is_refused_at_start() -> None:
-    with pytest.raises(ValueError, match="workers=0"):
-        Server(PacEnv, unique_url("unix"), masked_actions="noop", workers=2)
-
-
 def test_an_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="reject, pass, noop"):
         Server(PacEnv, unique_url("unix"), masked_actions="ignore")
@@ -260,11 +255,12 @@ def test_adapters_say_what_to_do_on_a_reject_server() -> None:
     assert server.url in text and "MaskablePPO" in text
 
 
-def test_noop_on_node_worker_threads() -> None:
-    """Node's worker pool skips the masked env too (Python's pool refuses noop at start)."""
+@pytest.mark.parametrize("lang", LANGS)
+def test_noop_on_worker_pools(lang: str) -> None:
+    """A worker pool (Python processes, Node threads) skips the masked env too."""
     extra = ["--masked-actions", "noop", "--workers", "2"]
     with (
-        ServerProcess(unique_url("unix"), env="pac", lang="node", num_envs=4, extra=extra) as s,
+        ServerProcess(unique_url("unix"), env="pac", lang=lang, num_envs=4, extra=extra) as s,
         transport.connect(s.url) as client,
     ):
         first = client.reset(7, copy=True)
@@ -279,3 +275,20 @@ def test_noop_on_node_worker_threads() -> None:
             else:
                 want = env.step(0)
                 assert np.array_equal(result["observation"][i], want["observation"]), i
+        result = client.step([0, 0, 0, 0], copy=True)  # env 1 had not stepped
+        want = local[1].step(0)
+        assert np.array_equal(result["observation"][1], want["observation"])
+
+
+def test_noop_penalty_with_python_worker_processes() -> None:
+    """The penalty of envs that live in worker processes (asked of one env made at start)."""
+    with (
+        Server(
+            PenalizedPac, unique_url("unix"), num_envs=2, workers=2, masked_actions="noop"
+        ).start() as server,
+        transport.connect(server.bound_url) as client,
+    ):
+        first = client.reset(5, copy=True)
+        result = client.step([MASKED, 0], copy=True)
+        assert float(result["reward"][0]) == -0.5
+        assert np.array_equal(result["observation"][0], first["observation"][0])

@@ -738,11 +738,7 @@ class EnvHost:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
         self.masked_actions = check_masked_actions(masked_actions)
-        if masked_actions == "noop" and workers:
-            raise ValueError(
-                "masked_actions='noop' needs the envs in this process (workers=0): a worker pool "
-                "steps every env together; use masked_actions='pass' or 'reject' with workers"
-            )
+        self._penalty: float | None = None  # the envs' penalty, asked of one env (worker pools)
         if workers < 0:
             raise ValueError("workers must be 0 (in-process) or more")
         self.schema = schema
@@ -800,7 +796,7 @@ class EnvHost:
         try:
             env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
             env.spaces()
-            penalty_of(env)
+            self._penalty = penalty_of(env)
         except Exception as exc:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
@@ -848,7 +844,12 @@ class EnvHost:
 
             runner = LocalEnvs(envs, self.result, results, finals, self.factory)
         penalties = None
-        if self.masked_actions == "noop":
+        if self.masked_actions == "noop" and self.workers:  # the envs live in the workers
+            if self._penalty is None:
+                assert self.factory is not None
+                self._penalty = penalty_of(self.factory())
+            penalties = [self._penalty] * self.num_envs
+        elif self.masked_actions == "noop":
             penalties = [penalty_of(env) for env in envs]
         return EnvRuntime(
             runner,
