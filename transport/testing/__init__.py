@@ -16,6 +16,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
 from transport.testing import (  # noqa: F401
     checks_discovery,
     checks_edges,
+    checks_fuzz,
     checks_timeouts,
     gymapi_checks,
 )
