@@ -48,7 +48,8 @@ import {
   toAutoReset,
 } from "./protocol";
 import { decode as msgpackDecode } from "@msgpack/msgpack";
-import { type ActionType, actionTypeOf, writeAction } from "./runtime/core";
+import { type ActionType, actionTypeOf, writeAction, writeArrayAction } from "./runtime/core";
+import { fieldDims } from "./ir";
 import type { Channel, ChannelRecords, Final } from "./stream";
 
 export const DEFAULT_TIMEOUT_MS = 10_000;
@@ -179,6 +180,10 @@ export async function handshake(
 /** What `reset` takes: one seed (env i gets seed + i), one seed or null per env, or nothing. */
 export type Seeds = bigint | number | null | ReadonlyArray<bigint | number | null>;
 
+/** A step's actions: one integer (1-env server) or one per env; for array actions (Box,
+ * MultiDiscrete) one array (1-env server), one per env, or all envs' elements flat. */
+export type Actions = number | ArrayLike<number> | ReadonlyArray<ArrayLike<number>>;
+
 /** A RESET_SEEDS_REQ body: one (seed, has_seed) entry per env; null resets that env unseeded. */
 export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | number | null>, numEnvs: number): Buffer {
   if (seeds.length !== numEnvs) {
@@ -224,6 +229,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly #request: Buffer;
   readonly #actionAt: number;
   readonly #actionType: ActionType;
+  /** The action field is an array (Box, MultiDiscrete): one array of numbers per env. */
+  readonly #arrayAction: boolean;
   readonly #stepSize: number;
   readonly #seed: Buffer;
   readonly #seedAt: number;
@@ -250,7 +257,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     const action = schema.ir.structs[step.name]?.fields.find((f) => f.role === "action");
     if (action === undefined) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
     this.#actionAt = action.offset;
-    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action");
+    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action", 1, true);
+    this.#arrayAction = fieldDims(action).length > 0;
     this.#stepSize = step.size;
     this.#request = Buffer.alloc(step.size * this.numEnvs);
     const seed = bodyCodec(schema, "RESET_SEED_REQ");
@@ -284,11 +292,17 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     return this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true);
   }
 
-  /** Step with one action (1-env server) or one per env (one view per env). */
-  step(actions: number | ArrayLike<number>, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
-  step(actions: number | ArrayLike<number>, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
-  async step(actions: number | ArrayLike<number>, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
+  /** Step with one action (1-env server) or one per env (one view per env). An array action
+   * (Box, MultiDiscrete) is an array of numbers: one for a 1-env server, else one per env (nested,
+   * or flat: env i's elements at i * elements). */
+  step(actions: Actions, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
+  step(actions: Actions, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
+  async step(actions: Actions, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
     const request = this.#request;
+    if (this.#arrayAction) return this.#stepArrays(actions, options);
+    if (typeof actions !== "number" && typeof actions[0] === "object") {
+      throw new TransportError(`schema ${this.schema.name} has one integer action per env, not arrays`);
+    }
     if (typeof actions === "number") {
       if (this.numEnvs !== 1) {
         throw new TransportError(`this server has ${this.numEnvs} envs: pass one action per env`);
@@ -302,6 +316,33 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     }
     for (let i = 0; i < actions.length; i++) {
       writeAction(request, i * this.#stepSize + this.#actionAt, (actions[i] as number) | 0, this.#actionType);
+    }
+    await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
+    return this.#results(this.numEnvs, options.copy === true);
+  }
+
+  async #stepArrays(actions: Actions, options: ResultOptions): Promise<View | View[] | Value | Value[]> {
+    const request = this.#request;
+    const elements = this.#actionType.elements;
+    if (typeof actions === "number") {
+      throw new TransportError(`schema ${this.schema.name} has array actions of ${elements} elements: pass an array`);
+    }
+    const nested = typeof actions[0] === "object";
+    const count = nested ? actions.length : actions.length / elements;
+    if (count !== this.numEnvs || !Number.isInteger(count)) {
+      throw new TransportError(
+        `expected ${this.numEnvs} action(s) of ${elements} elements, got ${nested ? `${actions.length} arrays` : `${actions.length} numbers`}`,
+      );
+    }
+    for (let i = 0; i < count; i++) {
+      const values = nested
+        ? (actions[i] as ArrayLike<number>)
+        : Array.prototype.slice.call(actions as ArrayLike<number>, i * elements, (i + 1) * elements);
+      writeArrayAction(request, i * this.#stepSize + this.#actionAt, values, this.#actionType);
+    }
+    if (this.numEnvs === 1) {
+      await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
+      return this.#results(0, options.copy === true);
     }
     await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
     return this.#results(this.numEnvs, options.copy === true);

@@ -267,6 +267,32 @@ export function writeAction(buf: Uint8Array, at: number, value: number, type: Ac
   for (let b = 0; b < type.size; b++) buf[at + b] = (value >>> (8 * b)) & 0xff;
 }
 
+/** Write one array action (Box: floats; MultiDiscrete: integers), `type.elements` values, at
+ * `buf[at]`, little-endian; the server checks bounds and finiteness (ActionRule). */
+export function writeArrayAction(
+  buf: Uint8Array,
+  at: number,
+  values: ArrayLike<number>,
+  type: ActionType,
+  view: DataView | null = null,
+): void {
+  if (values.length !== type.elements) {
+    throw new RangeError(`an action of this schema has ${type.elements} elements, got ${values.length}`);
+  }
+  const dv = type.float ? (view ?? new DataView(buf.buffer, buf.byteOffset, buf.byteLength)) : null;
+  for (let j = 0; j < type.elements; j++) {
+    const p = at + j * type.elemSize;
+    const v = values[j] as number;
+    if (dv === null) {
+      for (let b = 0; b < type.elemSize; b++) buf[p + b] = ((v | 0) >>> (8 * b)) & 0xff;
+    } else if (type.elemSize === 4) {
+      dv.setFloat32(p, v, true);
+    } else {
+      dv.setFloat64(p, v, true);
+    }
+  }
+}
+
 /** The struct of a message's body; a clear error when the schema lacks it. */
 export function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
   const body = schema.messages[message]?.body;

@@ -46,7 +46,15 @@ import {
   mismatchText,
   schemaFromIrText,
 } from "../../protocol";
-import { type ActionType, actionTypeOf, bodyCodec, readActions, stepAction, writeAction } from "../../runtime/core";
+import {
+  type ActionType,
+  actionTypeOf,
+  bodyCodec,
+  readActions,
+  stepAction,
+  writeAction,
+  writeArrayAction,
+} from "../../runtime/core";
 import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../index";
 import {
@@ -226,15 +234,19 @@ export class ShmChannel implements Channel {
     this.ownerPid = dv.getUint32(off(CB, "owner_pid"), true);
     this.ownerStart = dv.getBigUint64(off(CB, "owner_start_time"), true);
     this.#seqs = new Int32Array(region.numSlots);
-    this.#stepAction = stepAction(schema);
+    this.#stepAction = stepAction(schema, true);
     const actionAt = layout.ir.request_offsets[this.#stepAction.field.name];
     if (actionAt === undefined) throw new ConnectError(`${url}: the shm layout has no offset for ${this.#stepAction.field.name}`);
     this.#actionAt = actionAt;
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = schema.ir.structs[multi.name]?.fields[0];
     if (multiField === undefined) throw new ConnectError(`${url}: STEP_MULTI_REQ's body has no field`);
-    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ", multiField.count), seats: multiField.count };
-    this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats));
+    this.#multi = {
+      at: multiField.offset,
+      type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ", multiField.count, true),
+      seats: multiField.count,
+    };
+    this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats) * this.#stepAction.type.elements);
     this.#spaces = bodyCodec(schema, "SPACES_RESP");
     this.#reqOff = off(layout.slot, "sem_action_ready");
     this.#respOff = off(layout.slot, "sem_result_ready");
@@ -387,11 +399,19 @@ export class ShmChannel implements Channel {
     }
   }
 
-  /** `#actions[0..count)` into the request field of slots 0..count-1. */
+  /** `#actions[0..count)` into the request field of slots 0..count-1 (an array action: its
+   * `elements` values each, from `#actions[i * elements]`). */
   #writeActions(count: number, type: ActionType): void {
     const bytes = this.region.bytes;
     const layout = this.layout;
-    for (let i = 0; i < count; i++) writeAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions[i] as number, type);
+    if (type.elements === 1 && !type.float) {
+      for (let i = 0; i < count; i++) writeAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions[i] as number, type);
+      return;
+    }
+    const k = type.elements;
+    for (let i = 0; i < count; i++) {
+      writeArrayAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions.subarray(i * k, (i + 1) * k), type, this.region.dv);
+    }
   }
 
   /** HELLO: the mode in every slot's action word (docs/shm.md "Auto-reset"); no round trip for disabled. */
@@ -411,7 +431,7 @@ export class ShmChannel implements Channel {
       if (mode === AutoReset.SAME_STEP && !this.region.hasFinals) {
         throw new ConnectError(`${url}: the region has no final-result areas (a server without auto-reset support): same_step needs them`);
       }
-      this.#actions.fill(mode, 0, this.numEnvs);
+      this.#actions.fill(mode, 0, this.numEnvs * this.#stepAction.type.elements); // every element, as Python
       this.#writeActions(this.numEnvs, this.#stepAction.type);
       const type = await this.#roundTrip(SlotCommand.HELLO, this.numEnvs);
       if (type !== null) {
