@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import transport.api as api
-from transport.errors import EnvError, RemoteError
+from transport.errors import REMOTE_TRACEBACK_MARKER, EnvError, RemoteError
 from transport.protocol import ErrorCode, decode_error, encode_error
 from transport.runtime.env import Spaces
 
@@ -106,3 +106,25 @@ def test_decode_error_parses_the_env_id() -> None:
     assert isinstance(anonymous, EnvError) and anonymous.env_id is None
     other = decode_error(encode_error(ErrorCode.MASKED_ACTION, "env 1: action 3 is masked out"))
     assert not isinstance(other, EnvError)
+
+
+def test_decode_error_splits_the_remote_traceback() -> None:
+    text = "env 2: ValueError: boom (the env was reset)"
+    trace = '  File "env.py", line 9, in step\n    raise ValueError("boom")\nValueError: boom'
+    error = decode_error(encode_error(ErrorCode.ENV_ERROR, text + REMOTE_TRACEBACK_MARKER + trace))
+    assert isinstance(error, EnvError) and error.env_id == 2
+    assert error.text == text and error.remote_traceback == trace
+    assert str(error) == f"ENV_ERROR (10): {text}{REMOTE_TRACEBACK_MARKER}{trace}"
+    plain = decode_error(encode_error(ErrorCode.ENV_ERROR, text))
+    assert isinstance(plain, EnvError) and plain.remote_traceback == ""
+    assert str(plain) == f"ENV_ERROR (10): {text}"
+
+
+def test_the_carried_frames_are_the_envs_own(url: str) -> None:
+    with api.connect(url) as client:
+        client.reset()
+        with pytest.raises(EnvError) as info:
+            client.step([1, 1, POISON, 1])
+    trace = info.value.remote_traceback
+    assert "in step" in trace and trace.endswith("ValueError: poisoned action")
+    assert "transport/runtime" not in trace  # the runtime's own frames are left out

@@ -4,6 +4,7 @@ setups a server cannot serve refused when it starts."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,8 @@ def compiled(obs: str = "", act: str = "u8", act_attrs: str = "") -> Schema:
 
 
 def test_optional_attributes_absent_keep_every_fingerprint() -> None:
-    assert pac_env.FINGERPRINT_HEX == "b7769b26a19d4aac"  # seed 000 Appendix A's schema
+    # seed 000 Appendix A's schema (the envelope's RESET_SEEDS_REQ changed it from b7769b26a19d4aac)
+    assert pac_env.FINGERPRINT_HEX == "6c30e96ee85e4cff"
     assert "low" not in str(gridworld.IR) and "allow_nonfinite" not in str(gridworld.IR)
 
 
@@ -283,3 +285,62 @@ def test_node_server_refuses_an_action_type_it_cannot_carry_at_start(tmp_path: P
     assert done.returncode != 0 and "ready" not in done.stdout
     assert "StepRequest" in done.stderr or "action" in done.stderr, done.stderr
     assert "bool" in done.stderr and not Path(url.removeprefix("unix://")).exists()
+
+
+NODE_ARRAY_CLIENT = """
+const { connect } = require(process.argv[1]);
+const actions = JSON.parse(process.argv[3]);
+const plain = (value) => Object.fromEntries(
+  Object.entries(value).map(([k, v]) => [k, ArrayBuffer.isView(v) ? Array.from(v) : v]),
+);
+(async () => {
+  const client = await connect(process.argv[2]);  // no schema: discovered in the handshake
+  const out = { results: [plain(await client.reset(11n, { copy: true }))] };
+  for (const action of actions.good) {
+    out.results.push(plain(await client.step(action, { copy: true })));
+  }
+  try {
+    await client.step(actions.bad);
+    out.bad = "answered";
+  } catch (error) {
+    out.bad = `${error.name}: ${error.message}`;
+  }
+  out.after = plain(await client.step(actions.good[0], { copy: true })).reward;
+  await client.close();
+  process.stdout.write(JSON.stringify(out));
+})().catch((error) => { process.stdout.write(JSON.stringify({ failed: String(error.stack) })); });
+"""
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_node_client_sends_array_actions(scheme: str, lang: str, env: str) -> None:
+    """The Node client steps Box and MultiDiscrete envs (arrays of numbers) with the schema it
+    discovered: the same values as the env run here; a bad action is INVALID_ACTION."""
+    index = str(ROOT / "node_bridge" / "dist" / "index.js")
+    actions = {
+        "good": [a.tolist() for a in GOOD_ACTIONS[env]],
+        "bad": BAD_ACTIONS[env][-1][0].tolist(),
+    }
+    with ServerProcess(unique_url(scheme), env=env, lang=lang) as server:
+        done = subprocess.run(
+            ["node", "-e", NODE_ARRAY_CLIENT, index, server.url, json.dumps(actions)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    got = json.loads(done.stdout or "{}")
+    assert "failed" not in got and done.returncode == 0, (got, done.stderr[-2000:])
+    for result, expected in zip(got["results"], local_trace(env, 11), strict=True):
+        keys = ("grid", "vec") if env == "reach" else ("observation",)
+        observation = {  # TS views are flat, row-major
+            k: np.asarray(result[k], np.float32).reshape(np.shape(expected[k])) for k in keys
+        }
+        same_result(
+            observation if env == "reach" else observation["observation"],
+            float(result["reward"]),
+            expected,
+        )
+    assert got["bad"].startswith("RemoteError") and "INVALID_ACTION" in got["bad"], got["bad"]
+    assert BAD_ACTIONS[env][-1][1] in got["bad"]

@@ -67,6 +67,7 @@ def test_envelope_tables_are_the_protocol_of_docs_protocol_md() -> None:
         "hello": "HELLO_REQ",
         "reset": "RESET_REQ",
         "reset_seed": "RESET_SEED_REQ",
+        "reset_seeds": "RESET_SEEDS_REQ",
         "step": "STEP_REQ",
         "step_multi": "STEP_MULTI_REQ",
         "step_batch": "STEP_BATCH_REQ",
@@ -76,7 +77,7 @@ def test_envelope_tables_are_the_protocol_of_docs_protocol_md() -> None:
     }
     ids = {name: m.id for name, m in ir.messages.items()}
     assert ids["OBSERVE_REQ"] == 0x07 and ids["OBSERVE_RESP"] == 0x08
-    assert sorted(ids.values()) == list(range(0x01, 0x13))
+    assert sorted(ids.values()) == list(range(0x01, 0x14))
     assert ir.messages["STEP_RESP"].body == "$result"
 
 

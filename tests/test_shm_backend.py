@@ -104,6 +104,7 @@ def test_round_trip_segment_mode_and_info(server1: ServerProcess) -> None:
             "num_envs": 1,
             "env": "echo",
             "server": "python",
+            "masked_actions": "reject",
             "autoreset": "disabled",
         }
         assert client.health()

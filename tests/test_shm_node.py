@@ -67,6 +67,7 @@ def test_round_trip_segment_mode_and_info() -> None:
                 "num_envs": 1,
                 "env": "echo",
                 "server": "node",
+                "masked_actions": "reject",
                 "autoreset": "disabled",
             }
             assert client.health()

@@ -38,7 +38,10 @@ CLI_REFUSED = [
     (["--num-envs", "0"], "--num-envs must be 1..65536, not 0"),
     (["--num-envs", "65537"], "--num-envs must be 1..65536, not 65537"),
     (["--num-envs", "30000"], "153540004 bytes, over 67108864"),
-    (["--num-envs", "2", "--max-body", "16"], "raise max_body to at least 32"),
+    (
+        ["--num-envs", "2", "--max-body", "16"],
+        "a HELLO request is 33 bytes; raise max_body to at least 33",
+    ),
     (["--num-envs", "2", "--lang", "node", "--max-body", "0"], "not 0"),  # before exec
 ]
 
@@ -109,11 +112,14 @@ def test_api_refuses_an_shm_name_ending_in_a_newline() -> None:
 
 
 def test_limits_at_the_boundary_are_accepted() -> None:
-    api.check_server_limits(PAC, "unix:///x.sock", num_envs=1, max_body=32)  # STEP_MULTI: 32
+    # the HELLO_REQ: 12 bytes + msgpack {"schema_name": "pac_env"} (21) = 33 > STEP_MULTI's 32
+    api.check_server_limits(PAC, "unix:///x.sock", num_envs=1, max_body=33)
     api.check_server_limits(PAC, "unix:///x.sock", num_envs=30000, max_body=153540004)
     api.check_server_limits(PAC, "shm://x", num_envs=65536, max_body=1)  # no frames in shm
-    with pytest.raises(ValueError, match="raise max_body to at least 32"):
-        api.check_server_limits(PAC, "unix:///x.sock", num_envs=1, max_body=31)
+    with pytest.raises(
+        ValueError, match="a HELLO request is 33 bytes; raise max_body to at least 33"
+    ):
+        api.check_server_limits(PAC, "unix:///x.sock", num_envs=1, max_body=32)
 
 
 def test_cli_with_a_raised_max_body_starts_a_large_server() -> None:

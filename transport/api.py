@@ -16,10 +16,10 @@ from typing import Any
 from transport.backends import backend_for
 from transport.backends.socket_listener import ServerLimits as ServerLimits
 from transport.backends.socket_listener import SocketListener
-from transport.client import DEFAULT_TIMEOUT, Client, handshake, resolve_schema
+from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolve_schema
 from transport.codec import Schema
 from transport.errors import TransportError
-from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec
+from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
 from transport.runtime.core import EnvHost
 from transport.runtime.env import Env, EnvFactory
 
@@ -37,13 +37,22 @@ FINAL_ENTRY_EXTRA = 4
 
 def largest_request(schema: Schema, num_envs: int) -> tuple[int, str]:
     """The largest fixed-size request a client of a framed server with ``num_envs`` envs sends,
-    and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ or
-    RESET_SEED_REQ (their struct sizes), whichever is largest."""
+    and which: a STEP_BATCH of ``N * A`` bytes (A: the STEP_REQ struct), STEP_MULTI_REQ,
+    RESET_SEED_REQ (their struct sizes), RESET_SEEDS_REQ (N x 16), or the HELLO_REQ (12 bytes
+    and a msgpack tail naming the schema, or asking to discover it), whichever is largest."""
     action = body_codec(schema, "STEP_REQ").size
     candidates = [
         (num_envs * action, f"a STEP_BATCH request for {num_envs} envs ({num_envs} x {action})"),
         (body_codec(schema, "STEP_MULTI_REQ").size, "a STEP_MULTI request"),
         (body_codec(schema, "RESET_SEED_REQ").size, "a RESET_SEED request"),
+        (
+            max(len(encode_hello_request(schema)), len(encode_hello_request(None))),
+            "a HELLO request",
+        ),
+        (
+            num_envs * body_codec(schema, "RESET_SEEDS_REQ").size,
+            f"a RESET_SEEDS request for {num_envs} envs",
+        ),
     ]
     return max(candidates, key=lambda item: item[0])
 
@@ -128,7 +137,11 @@ def connect(
     # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
     # max_body, and a smaller limit asked for applies to the pinned channel opened after it
     first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)
-    channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
+    try:
+        channel = backend.open_channel(url, timeout=timeout, max_body=first_max, schema=codecs)
+    except TransportError as exc:
+        explain(exc, url)  # names the URL and what to do
+        raise
     try:
         found, channel.info = handshake(channel, codecs, mode, url=url)
         if codecs is None and (first_max != max_body or not _built_for(channel, found)):
@@ -138,8 +151,10 @@ def connect(
             channel.close()
             channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
             found, channel.info = handshake(channel, found, mode, url=url)
-    except BaseException:
+    except BaseException as exc:
         channel.close()
+        if isinstance(exc, TransportError):
+            explain(exc, url)
         raise
     return Client(channel, found, channel.url or url)
 
@@ -166,6 +181,7 @@ class Server:
         max_body: int = DEFAULT_MAX_BODY,
         workers: int = 0,
         limits: ServerLimits | None = None,
+        masked_actions: str = "reject",
     ) -> None:
         codecs = resolve_schema(schema)
         backend = backend_for(url)  # a bad URL (scheme, shm name) is a ConnectError here
@@ -181,6 +197,7 @@ class Server:
             env_name=env_name,
             seed=seed,
             workers=workers,
+            masked_actions=masked_actions,
         )
         host.check()
         listener: Any = backend.Listener
@@ -268,6 +285,7 @@ def serve(
     ready: Callable[[str], None] | None = None,
     workers: int = 0,
     limits: ServerLimits | None = None,
+    masked_actions: str = "reject",
 ) -> None:
     """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
 
@@ -278,6 +296,9 @@ def serve(
     evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.
     ``limits``: the connection cap and the idle and read timeouts of a unix:// or http://
     server (``ServerLimits``; default 1024 connections, 600 s idle, 30 s to complete a request).
+    ``masked_actions``: what an action the env's mask forbids does: "reject" (MASKED_ACTION
+    error), "pass" (the env steps with it) or "noop" (the env does not step; its previous
+    result comes back with reward ``env.masked_action_penalty``, default 0.0); docs/adapters.md.
     """
     server = Server(
         env_or_factory,
@@ -289,6 +310,7 @@ def serve(
         max_body=max_body,
         workers=workers,
         limits=limits,
+        masked_actions=masked_actions,
     )
     # The wait is a read on a pipe that the C-level signal handler itself writes to
     # (signal.set_wakeup_fd): the kernel may deliver SIGTERM to a server thread rather than the

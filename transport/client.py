@@ -18,7 +18,14 @@ import numpy as np
 
 from transport.backends.base import Channel
 from transport.codec import Schema
-from transport.errors import FingerprintMismatchError, ProtocolError, TransportError
+from transport.errors import (
+    ConnectError,
+    FingerprintMismatchError,
+    PeerGoneError,
+    ProtocolError,
+    TransportError,
+    TransportTimeoutError,
+)
 from transport.protocol import (
     AUTORESET_MASK,
     MESSAGE_IDS,
@@ -37,6 +44,43 @@ from transport.protocol import (
 from transport.runtime.env import Spaces
 
 DEFAULT_TIMEOUT = 10.0
+
+HINTS: tuple[tuple[type[TransportError], str], ...] = (
+    (
+        ConnectError,
+        "is a server serving this URL? start one with `transport-serve URL` or "
+        "transport.serve(env, URL), or check the URL",
+    ),
+    (
+        PeerGoneError,
+        "the server closed the connection or died: see the server's log, then connect again",
+    ),
+    (
+        TransportTimeoutError,
+        "the connection is kept and the late reply is dropped when it comes: retry, or connect "
+        "with a larger timeout= if the server's envs are slow",
+    ),
+    (
+        ProtocolError,
+        "client and server disagree: check that both use the same transport version and "
+        "schema, then connect again",
+    ),
+)
+"""What to do about each client-side transport error, said after its message."""
+
+
+def explain(exc: TransportError, url: str) -> TransportError:
+    """``exc`` with the URL before its message and what to do after it (once; the same object,
+    its type and attributes unchanged): every transport error a client raises names both."""
+    text = str(exc)
+    for kind, hint in HINTS:
+        if isinstance(exc, kind):
+            if hint in text:
+                return exc
+            named = text if url in text else f"{url}: {text}"
+            exc.args = (f"{named} ({hint})",)
+            break
+    return exc
 
 
 class StepView:
@@ -75,6 +119,22 @@ class StepView:
         return f"StepView({', '.join(self._fields)}; envs={shape[0] if shape else 1})"
 
 
+def seeds_body(schema: Schema, seeds: Sequence[int | None], num_envs: int) -> bytearray:
+    """A RESET_SEEDS_REQ body: one (seed, has_seed) entry per env; None resets unseeded."""
+    seeds = list(seeds)
+    if len(seeds) != num_envs:
+        raise ValueError(f"expected {num_envs} seeds (one per env, or None), got {len(seeds)}")
+    for seed in seeds:
+        if seed is not None and (isinstance(seed, bool) or not 0 <= int(seed) < 1 << 64):
+            raise ValueError(f"a seed must be an integer in 0..2**64-1 or None, not {seed!r}")
+    codec = body_codec(schema, "RESET_SEEDS_REQ")
+    body = bytearray(codec.size * num_envs)
+    entries = codec.view(body, 0, count=num_envs)
+    entries["seed"] = [0 if s is None else int(s) for s in seeds]
+    entries["has_seed"] = [s is not None for s in seeds]
+    return body
+
+
 class Client:
     """A connection to an env server. Use as a context manager, or call ``close()``."""
 
@@ -85,6 +145,9 @@ class Client:
         self.ids = MessageIds.from_schema(schema.ir)
         self.num_envs = int(channel.info.get("num_envs", 1))
         self.server_info = dict(channel.info)
+        self.masked_actions = str(
+            channel.info.get("masked_actions", "reject")
+        )  # the server's policy
         self.autoreset = AutoReset[str(channel.info.get("autoreset", "disabled")).upper()]
         self._same_step = self.autoreset == AutoReset.SAME_STEP  # step responses carry finals
         self.finals: list[tuple[int, StepView]] = []
@@ -113,13 +176,23 @@ class Client:
         self._no_finals: list[tuple[int, StepView]] = []
         self._final_views: dict[int, tuple[np.ndarray, StepView]] = {}
         self._closed = False
+        self._late = False  # a request timed out: its late reply is still due (``_settle``)
 
     # -- requests ------------------------------------------------------------------------------
 
-    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
-        """Reset every env (env i gets ``seed + i``); fields have a leading env axis if N > 1."""
+    def reset(
+        self, seed: int | Sequence[int | None] | None = None, *, copy: bool = False
+    ) -> StepView:
+        """Reset every env (env i gets ``seed + i``, or ``seed[i]`` from a list of one seed or
+        None per env: RESET_SEEDS); fields have a leading env axis if N > 1."""
         if seed is None:
             body = self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
+        elif not isinstance(seed, int | np.integer):
+            body = self._exchange(
+                self.ids.RESET_SEEDS_REQ,
+                seeds_body(self.schema, seed, self.num_envs),
+                self.ids.RESET_RESP,
+            )
         else:
             self._seed_codec.encode_into(
                 self._seed_body, 0, {self._seed_codec.ir.fields[0].name: seed}
@@ -131,6 +204,8 @@ class Client:
     def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
         # The hot path: every line here costs each step (measured: benchmarks/RESULTS.md).
+        if self._late:
+            self._settle()  # before the actions go where the late request may still be read
         if (
             isinstance(actions, int)
             or isinstance(actions, np.integer)
@@ -146,13 +221,21 @@ class Client:
             self._actions[:] = actions
             msg_type, expect, count = self._step_batch
         if self._closed:
-            raise TransportError("the client is closed")
-        resp_type, body = self.channel.request(msg_type, self._request)
+            raise TransportError(f"{self.url}: the client is closed")
+        try:
+            resp_type, body = self.channel.request(msg_type, self._request)
+        except TransportError as exc:
+            self._failed(exc)
+            raise
         if resp_type != expect:
             self._unexpected(resp_type, body, expect)
         if self._same_step or copy:
             return self._results(body, count, self._same_step, copy)
-        records = self.channel.result_records(body, self._result, count, False)
+        try:
+            records = self.channel.result_records(body, self._result, count, False)
+        except TransportError as exc:
+            self._failed(exc)
+            raise
         cached = self._views.get(count)
         if cached is None or cached[0] is not records:
             cached = self._views[count] = (records, StepView(records))
@@ -219,21 +302,52 @@ class Client:
 
     def _exchange(self, msg_type: int, body: Any, expect: int) -> memoryview:
         if self._closed:
-            raise TransportError("the client is closed")
-        resp_type, resp = self.channel.request(msg_type, body)
+            raise TransportError(f"{self.url}: the client is closed")
+        if self._late:
+            self._settle()
+        try:
+            resp_type, resp = self.channel.request(msg_type, body)
+        except TransportError as exc:
+            self._failed(exc)
+            raise
         if resp_type != expect:
             self._unexpected(resp_type, resp, expect)
         return resp
+
+    def _failed(self, exc: TransportError) -> None:
+        """A channel's error, explained (``explain``); after a timeout a late reply is due."""
+        if isinstance(exc, TransportTimeoutError):
+            self._late = True
+        explain(exc, self.url)
+
+    def _settle(self) -> None:
+        """After a timeout: a channel whose requests live where the server reads them (shm
+        slots) waits for the late reply before the next request is written (``settle``); the
+        others drop late replies by msg_id or by order on their own."""
+        settle = getattr(self.channel, "settle", None)
+        if settle is not None:
+            try:
+                settle()
+            except TransportError as exc:
+                explain(exc, self.url)
+                raise
+        self._late = False
 
     def _unexpected(self, resp_type: int, resp: memoryview, expect: int) -> None:
         """A response other than the one asked for: the server's ERROR as its typed error."""
         if resp_type == self.ids.ERROR:
             raise decode_error(resp)
-        raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
+        raise explain(
+            ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}"), self.url
+        )
 
     def _results(self, body: memoryview, count: int | None, finals: bool, copy: bool) -> StepView:
         """The response's results as a StepView (cached while the channel's records stay)."""
-        records = self.channel.result_records(body, self._result, count, finals)
+        try:
+            records = self.channel.result_records(body, self._result, count, finals)
+        except TransportError as exc:
+            self._failed(exc)
+            raise
         cached = self._views.get(count)
         if cached is None or cached[0] is not records:
             cached = self._views[count] = (records, StepView(records))

@@ -37,7 +37,7 @@ from transport.errors import (
     ValueRangeError,
     ValueTypeError,
 )
-from transport.schema.ir import INTEGER_RANGES, FieldIR, SchemaIR, StructIR
+from transport.schema.ir import FLAG_ROLES, INTEGER_RANGES, FieldIR, SchemaIR, StructIR
 
 _NUMPY_SCALAR = {
     "u8": "<u1",
@@ -454,6 +454,8 @@ def _validator(codecs: Schema, f: FieldIR) -> Callable[[Any, str], None]:
         return check_struct
 
     check_scalar = _scalar_checker(codecs.ir, f)
+    if f.kind == "int" and f.role in FLAG_ROLES:
+        check_scalar = _flag_checker(check_scalar)
     if not f.is_array:
         return check_scalar
 
@@ -540,6 +542,16 @@ def _int_out_of_range(arr: np.ndarray, lo: int, hi: int) -> np.ndarray:
     low = arr < lo if info.min < lo else np.zeros(arr.shape, dtype=bool)
     high = arr > hi if info.max > hi else np.zeros(arr.shape, dtype=bool)
     return low | high
+
+
+def _flag_checker(check_int: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
+    """An integer field with a flag role also takes ``True`` / ``False`` (stored as 1 / 0)."""
+
+    def check_flag(value: Any, path: str) -> None:
+        if not isinstance(value, bool | np.bool_):
+            check_int(value, path)
+
+    return check_flag
 
 
 def _scalar_checker(schema: SchemaIR, f: FieldIR) -> Callable[[Any, str], None]:

@@ -159,17 +159,28 @@ class RemoteError(TransportError):
         super().__init__(f"{name} ({code}): {text}")
 
 
+REMOTE_TRACEBACK_MARKER = "\n--- server traceback (last frames) ---\n"
+"""Separates an ENV_ERROR text's message from the env's trimmed traceback that follows it (the
+server's runtime writes it; ``EnvError`` splits it off into ``remote_traceback``)."""
+
+
 class EnvError(RemoteError):
     """The server's env raised (ERROR code 10, ENV_ERROR). ``env_id`` is the index of the env
     that failed (the text starts with ``env {i}:``), or None when the server did not say.
+    ``remote_traceback`` holds the last frames of the env's traceback as the server formatted
+    them ("" when it sent none); ``str()`` shows them after the message.
 
     The server reset that env (or recreated it) and the other envs of the request did their
     step: the next request works.
     """
 
     def __init__(self, code: int, name: str, text: str, env_id: int | None = None) -> None:
-        super().__init__(code, name, text)
+        message, _, remote_traceback = text.partition(REMOTE_TRACEBACK_MARKER)
+        super().__init__(code, name, message)
         self.env_id = env_id
+        self.remote_traceback = remote_traceback
+        if remote_traceback:
+            self.args = (f"{self.args[0]}{REMOTE_TRACEBACK_MARKER}{remote_traceback}",)
 
 
 CODEC_ERRORS: dict[str, type[CodecError]] = {

@@ -31,7 +31,8 @@ from gymnasium.vector.utils import batch_space
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
-from transport.errors import AdapterError
+from transport.errors import AdapterError, RemoteError
+from transport.protocol import ErrorCode
 from transport.spaces import (
     action_field_of,
     action_space_of,
@@ -105,6 +106,70 @@ def check_autoreset(client: Client, wire: str) -> None:
             f"{client.url}: the client was connected with autoreset {mode or 'unknown'!r}; this "
             f"adapter needs {wire!r} (transport.connect(url, autoreset={wire!r}))"
         )
+
+
+MASKED_HINT = (
+    "{url} rejects masked actions (its masked-actions policy is 'reject'): a trainer that "
+    "ignores action_masks() (plain SB3 PPO, gymnasium's check_env) needs a server started with "
+    "`transport-serve URL --masked-actions noop` (or pass), or transport.serve(..., "
+    "masked_actions='noop') in a script; sb3-contrib's MaskablePPO works with 'reject' "
+    "(docs/adapters.md)"
+)
+
+
+def step_explained(client: Any, actions: Any) -> StepView:
+    """``client.step(actions)``; a MASKED_ACTION error gets what to do about it appended."""
+    try:
+        view: StepView = client.step(actions)
+    except RemoteError as exc:
+        if exc.code != ErrorCode.MASKED_ACTION:
+            raise
+        hint = MASKED_HINT.format(url=client.url)
+        raise type(exc)(exc.code, exc.name, f"{exc.text}. {hint}") from exc
+    return view
+
+
+RENDER_MODES = ["rgb_array"]
+"""What the adapters render: frames the env serves in its ``info()`` map (``frame_of``)."""
+FRAME_HELP = (
+    "an env that renders returns, from info(), 'frame': the rgb_array frame as bytes (uint8, "
+    "row-major) with 'frame_shape': [height, width, 3] (or 'frame' as nested lists)"
+)
+
+
+def check_render_mode(render_mode: str | None) -> str | None:
+    """``render_mode`` if the adapters can render it (None or "rgb_array"); else AdapterError."""
+    if render_mode is not None and render_mode not in RENDER_MODES:
+        raise AdapterError(
+            f"render_mode={render_mode!r}: the remote adapters render 'rgb_array' frames (or None)"
+        )
+    return render_mode
+
+
+def frame_of(info: dict[str, Any], where: str) -> np.ndarray:
+    """The rgb_array frame an env's ``info()`` map carries (see ``FRAME_HELP``)."""
+    frame = info.get("frame")
+    if frame is None:
+        raise AdapterError(f"{where}: the env's info() map has no 'frame': {FRAME_HELP}")
+    try:
+        if isinstance(frame, bytes | bytearray | memoryview):
+            shape = tuple(int(n) for n in info["frame_shape"])
+            image = np.frombuffer(frame, dtype=np.uint8).reshape(shape).copy()
+        else:
+            image = np.asarray(frame, dtype=np.uint8)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdapterError(
+            f"{where}: the env's frame is not an image ({exc}): {FRAME_HELP}"
+        ) from None
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise AdapterError(f"{where}: the env's frame has shape {image.shape}: {FRAME_HELP}")
+    return image
+
+
+def observe_infos(client: Client) -> list[dict[str, Any]]:
+    """Every env's ``info()`` map (an OBSERVE request: no step, no auto-reset)."""
+    _, infos = client.observe()
+    return infos
 
 
 class ResultFields:
@@ -187,7 +252,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     ``reset(seed=s)`` seeds the server's env; ``reset()`` continues its RNG stream.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": RENDER_MODES}
 
     def __init__(
         self,
@@ -196,7 +261,10 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
         schema: Schema | str | Path | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         observation_bounds: Bounds | None = None,
+        render_mode: str | None = None,
     ) -> None:
+        """``render_mode="rgb_array"``: ``render()`` returns the env's frame (``FRAME_HELP``)."""
+        self.render_mode = check_render_mode(render_mode)
         self.client = _connect(url, schema, timeout, "disabled")
         try:
             check_single_env(self.client)
@@ -221,7 +289,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     def step(
         self, action: np.int64 | int
     ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        view = self.client.step(actions_of(action, self._action))
+        view = step_explained(self.client, actions_of(action, self._action))
         fields = self.fields
         return (
             self._observe(view),
@@ -234,6 +302,12 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     def action_masks(self) -> np.ndarray:
         """The legal actions of the current state (bool, length act_n)."""
         return self._mask.copy()
+
+    def render(self) -> np.ndarray | None:
+        """The env's current rgb_array frame (``render_mode="rgb_array"``), else None."""
+        if self.render_mode is None:
+            return None
+        return frame_of(observe_infos(self.client)[0], self.client.url)
 
     def close(self) -> None:
         self.client.close()
@@ -289,9 +363,12 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         observation_bounds: Bounds | None = None,
         client: Client | None = None,
+        render_mode: str | None = None,
     ) -> None:
         """``client``: drive this connected client (its auto-reset mode must be the one asked
-        for) instead of connecting to ``url``; the adapter closes it."""
+        for) instead of connecting to ``url``; the adapter closes it. ``render_mode``:
+        "rgb_array" makes ``render()`` return each env's frame (``FRAME_HELP``)."""
+        self.render_mode = check_render_mode(render_mode)
         mode = autoreset_mode_of(autoreset_mode)
         if mode == AutoresetMode.DISABLED:
             raise AdapterError(
@@ -310,7 +387,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         except BaseException:
             self.client.close()
             raise
-        self.metadata = {"autoreset_mode": mode, "render_modes": []}
+        self.metadata = {"autoreset_mode": mode, "render_modes": RENDER_MODES}
         self.autoreset_mode = mode
         self.single_observation_space = observation_space_of(self.client.schema, bounds)
         self.single_action_space = action_space_of(self.client.schema, space.act_n)
@@ -325,9 +402,16 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         seed: int | list[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every env; ``seed=s`` gives env i the seed s + i (a list must be s, s+1, ...)."""
-        if isinstance(seed, list):
-            seed = _consecutive(seed)
+        """Reset every env; ``seed=s`` gives env i the seed s + i, a list ``[s0, s1, ...]`` (one
+        int or None per env, as ``SyncVectorEnv``) gives env i ``seeds[i]`` (RESET_SEEDS)."""
+        if isinstance(seed, list | tuple):
+            if len(seed) != self.num_envs:
+                raise AdapterError(
+                    f"reset(seed=[...]) needs one seed (or None) per env: {self.num_envs}, "
+                    f"got {len(seed)}"
+                )
+            view = self.client.reset(None if all(s is None for s in seed) else list(seed))
+            return self._observe(view), self._infos(view)
         if seed is not None:
             self._np_random, self._np_random_seed = gymnasium.utils.seeding.np_random(seed)
         view = self.client.reset(seed)
@@ -336,7 +420,7 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        view = self.client.step(actions_of(actions, self._action, self.num_envs))
+        view = step_explained(self.client, actions_of(actions, self._action, self.num_envs))
         fields = self.fields
         rewards = np.array(view[fields.reward], dtype=np.float64)
         terminated = fields.terminated_of(view)
@@ -349,6 +433,64 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     def action_masks(self) -> np.ndarray:
         """(N, act_n) bool: the legal actions of each env's current state."""
         return self._masks.copy()
+
+    def render(self) -> tuple[np.ndarray, ...] | None:
+        """Each env's current rgb_array frame (``render_mode="rgb_array"``), else None."""
+        if self.render_mode is None:
+            return None
+        url = self.client.url
+        return tuple(
+            frame_of(info, f"{url} env {i}") for i, info in enumerate(observe_infos(self.client))
+        )
+
+    # -- what gymnasium's wrappers ask of a vector env (SyncVectorEnv's call/get_attr/set_attr)
+
+    def _attributes(self) -> dict[str, Any]:
+        """The attributes of each env that the adapter knows without asking the server."""
+        return {
+            "render_mode": self.render_mode,
+            "spec": None,
+            "metadata": {"render_modes": RENDER_MODES},
+            "observation_space": self.single_observation_space,
+            "action_space": self.single_action_space,
+        }
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of each env (a tuple, as ``SyncVectorEnv``): the attributes
+        gymnasium's wrappers read (``render_mode``, ``spec``, ``metadata``, the single spaces);
+        the envs' own attributes live in the server process and are an AdapterError."""
+        known = self._attributes()
+        if name not in known:
+            raise AdapterError(
+                f"RemoteVectorEnv cannot read attribute {name!r} of the envs at "
+                f"{self.client.url}: they live in the server process; readable here: "
+                f"{', '.join(sorted(known))} (call: render, action_masks)"
+            )
+        return tuple(known[name] for _ in range(self.num_envs))
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Always an AdapterError: the envs live in the server process (set them up where the
+        server makes them)."""
+        raise AdapterError(
+            f"RemoteVectorEnv cannot set attribute {name!r} of the envs at {self.client.url}: "
+            "they live in the server process; configure them in the env factory the server runs"
+        )
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``render`` (each env's frame) and ``action_masks`` (each env's mask) as a tuple per
+        env, as ``SyncVectorEnv.call``; the attributes of ``get_attr``; else AdapterError."""
+        if name == "render":
+            frames = self.render()
+            return frames if frames is not None else (None,) * self.num_envs
+        if name == "action_masks":
+            return tuple(self.action_masks())
+        if name in self._attributes():
+            return self.get_attr(name)
+        raise AdapterError(
+            f"RemoteVectorEnv cannot call {name!r} on the envs at {self.client.url}: they live "
+            "in the server process; callable here: render, action_masks (and the attributes "
+            "of get_attr)"
+        )
 
     def close_extras(self, **kwargs: Any) -> None:
         self.client.close()
@@ -395,15 +537,3 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             final_info["_" + name] = ended.copy()
         infos["final_obs"], infos["_final_obs"] = final_obs, ended
         infos["final_info"], infos["_final_info"] = final_info, ended.copy()
-
-
-def _consecutive(seeds: list[int | None]) -> int | None:
-    if all(s is None for s in seeds):
-        return None
-    first = seeds[0]
-    if first is None or any(s != first + i for i, s in enumerate(seeds)):
-        raise AdapterError(
-            f"the server seeds env i with seed + i: pass one int, or a list [s, s+1, ...] "
-            f"(got {seeds})"
-        )
-    return first

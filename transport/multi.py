@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema
+from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema, seeds_body
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, body_codec, decode_error
@@ -167,6 +167,13 @@ class MultiClient:
                 f"the servers of one batch answered different auto-reset modes {modes}"
             )
         self.autoreset = modes.pop()
+        policies = {client.masked_actions for client in clients}
+        if len(policies) != 1:
+            raise ProtocolError(
+                f"the servers of one batch have different masked-action policies {policies}: "
+                "start them with the same --masked-actions"
+            )
+        self.masked_actions = policies.pop()
         self.server_info: dict[str, Any] = {**clients[0].server_info, "num_envs": self.num_envs}
         self.finals: list[tuple[int, StepView]] = []
         """SAME_STEP: (global env id, owned final result) of each episode the last step ended;
@@ -190,16 +197,29 @@ class MultiClient:
     def spaces(self) -> Spaces:
         return self.clients[0].spaces()
 
-    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
-        """Reset every env of every server; global env i gets ``seed + i``."""
+    def reset(
+        self, seed: int | Sequence[int | None] | None = None, *, copy: bool = False
+    ) -> StepView:
+        """Reset every env of every server; global env i gets ``seed + i`` (or ``seed[i]`` from
+        a list of one seed or None per global env)."""
         requests: list[tuple[int, Any, int]] = []
+        base = int(seed) if isinstance(seed, int | np.integer) else None
+        seeds = None if seed is None or isinstance(seed, int | np.integer) else list(seed)
+        if seeds is not None and len(seeds) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} seeds (one per env), got {len(seeds)}")
         for part in self.parts:
             ids = part.client.ids
-            if seed is None:
+            if seeds is not None:
+                mine = seeds[part.env_ids.start : part.env_ids.stop]
+                body = seeds_body(self.schema, mine, part.client.num_envs)
+                requests.append((ids.RESET_SEEDS_REQ, body, ids.RESET_RESP))
+            elif seed is None:
                 requests.append((ids.RESET_REQ, b"", ids.RESET_RESP))
             else:
                 name = part.seed_codec.ir.fields[0].name
-                part.seed_codec.encode_into(part.seed_body, 0, {name: seed + part.env_ids.start})
+                assert base is not None
+                first = base + part.env_ids.start
+                part.seed_codec.encode_into(part.seed_body, 0, {name: first})
                 requests.append((ids.RESET_SEED_REQ, part.seed_body, ids.RESET_RESP))
         self.finals = []
         self._run(requests)

@@ -27,7 +27,17 @@ from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
-from transport.gym import Bounds, ResultFields, observation_bounds_of, resolve_url
+from transport.gym import (
+    SERVE_HINT,
+    Bounds,
+    ResultFields,
+    check_render_mode,
+    frame_of,
+    observation_bounds_of,
+    observe_infos,
+    resolve_url,
+    step_explained,
+)
 from transport.spaces import observation_space_of
 
 
@@ -46,7 +56,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
     """
 
     metadata: dict[str, Any] = {
-        "render_modes": [],
+        "render_modes": ["rgb_array"],
         "name": "transport_remote_aec_v0",
         "is_parallelizable": False,
     }
@@ -62,13 +72,16 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         render_mode: str | None = None,
     ) -> None:
         super().__init__()
+        check_render_mode(render_mode)  # before connecting
         codecs = _default_schema() if schema is None else schema
         self.client = connect(resolve_url(url), codecs, timeout=timeout)
         try:
             if self.client.num_envs != 1:
                 raise AdapterError(
-                    f"{self.client.url} serves {self.client.num_envs} envs per connection; "
-                    "RemoteAECEnv plays one table: start the server with --num-envs 1"
+                    f"{self.client.url} serves {self.client.num_envs} envs per connection and "
+                    "RemoteAECEnv plays one table: serve one env per connection ("
+                    + SERVE_HINT.format(n=1)
+                    + ")"
                 )
             self.fields = ResultFields(self.client)
             if self.fields.mask is None:
@@ -93,7 +106,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         self._names = {value: name.lower() for name, value in by_value}
         self.possible_agents = [name.lower() for name, _ in by_value]
         self.agents = self.possible_agents[:]
-        self.render_mode = render_mode
+        self.render_mode = check_render_mode(render_mode)
         obs_space = spaces.Dict(
             {
                 "observation": observation_space_of(self.client.schema, bounds),
@@ -146,7 +159,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         if action is None:
             raise ValueError(f"{agent} is alive: step it with an action, not None")
         self._cumulative_rewards[agent] = 0.0
-        view = self.client.step(int(action))
+        view = step_explained(self.client, int(action))
         self._absorb(view)
 
     def action_mask(self, agent: str) -> np.ndarray:
@@ -155,8 +168,28 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
             return np.zeros(self._act_n, dtype=np.int8)
         return self.observe(agent)["action_mask"]
 
-    def render(self) -> None:
-        return None
+    def render(self) -> np.ndarray | None:
+        """The table's rgb_array frame (``render_mode="rgb_array"``, see transport.gym's
+        ``FRAME_HELP``), else None."""
+        if self.render_mode is None:
+            return None
+        return frame_of(observe_infos(self.client)[0], self.client.url)
+
+    def state(self) -> np.ndarray:
+        """The game's global state (float32), as the env serves it: the ``'state'`` entry of
+        its ``info()`` map, a sequence of numbers (asked with OBSERVE: no step)."""
+        state = observe_infos(self.client)[0].get("state")
+        if state is None:
+            raise AdapterError(
+                f"{self.client.url}: the env serves no global state: an env that has one "
+                "returns it from info() as {'state': [numbers]}"
+            )
+        try:
+            return np.asarray(state, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise AdapterError(
+                f"{self.client.url}: the env's 'state' is not a sequence of numbers: {exc}"
+            ) from None
 
     def close(self) -> None:
         self.client.close()

@@ -119,6 +119,7 @@ class MessageIds:
     RESET_SEED_REQ: int
     STEP_BATCH_REQ: int
     STEP_BATCH_RESP: int
+    RESET_SEEDS_REQ: int
     OBSERVE_REQ: int
     OBSERVE_RESP: int
 

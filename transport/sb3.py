@@ -6,14 +6,20 @@ and ``infos[i]["terminal_observation"]`` (the final observation, from ``client.f
 ``infos[i]["TimeLimit.truncated"]`` is True when the episode was truncated, not terminated.
 ``action_masks()`` and ``env_method("action_masks")`` give sb3-contrib's MaskablePPO the masks.
 
+``on_env_error="truncate"`` keeps ``learn()`` going when a remote env raises: that env's
+episode ends as truncated (see ``RemoteVecEnv``) and the error is logged; the default
+``"raise"`` lets the ``EnvError`` through.
+
 Observations are copies (SB3 stores them in rollout buffers); use the ``Client`` for zero copy.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 import numpy as np
@@ -27,6 +33,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
+from transport.errors import EnvError
 from transport.gym import (
     Bounds,
     ResultFields,
@@ -35,6 +42,7 @@ from transport.gym import (
     observation_bounds_of,
     resolve_num_envs,
     resolve_url,
+    step_explained,
 )
 from transport.spaces import (
     action_field_of,
@@ -44,6 +52,12 @@ from transport.spaces import (
     observation_space_of,
 )
 
+log = logging.getLogger("transport.sb3")
+
+OnEnvError = Literal["raise", "truncate"]
+_FAILED_ENV = re.compile(r"(?:^|; )env (\d+): ")
+"""Each env an ENV_ERROR text names (``env {i}: ...`` joined by ``; ``)."""
+
 
 class RemoteVecEnv(VecEnv):
     """An SB3 ``VecEnv`` over one connection: one batched message per ``step_wait``.
@@ -51,6 +65,16 @@ class RemoteVecEnv(VecEnv):
     ``num_envs`` must match the server's number of envs (None: ``$TRANSPORT_NUM_ENVS`` or the
     server's). ``seed(s)`` makes the next ``reset()`` give env i the seed s + i. Attributes set
     with ``set_attr`` live on this side, per env index (there is no remote env object).
+
+    ``on_env_error``: what ``step_wait`` does when a remote env raises (``EnvError``; the
+    server has reset that env). ``"raise"`` (default): the error goes to the caller.
+    ``"truncate"``: the step returns every env's current result (one OBSERVE request), and each
+    env that raised ends its episode as truncated: ``done=True``, reward 0, its terminal
+    observation is the reset observation, ``infos[i]["TimeLimit.truncated"] = True`` and
+    ``infos[i]["env_error"]`` the server's message; the error is logged (``transport.sb3``) and
+    training goes on. The other envs' results are those of the step, except that an episode
+    another env ended in that very step shows only its reset observation (its final result was
+    in the lost response). An env the server could not reset raises anyway.
     """
 
     def __init__(
@@ -62,9 +86,13 @@ class RemoteVecEnv(VecEnv):
         timeout: float | None = DEFAULT_TIMEOUT,
         observation_bounds: Bounds | None = None,
         client: Client | None = None,
+        on_env_error: OnEnvError = "raise",
     ) -> None:
         """``client``: drive this client (connected with ``autoreset="same_step"``) instead of
         connecting to ``url``; the VecEnv closes it."""
+        if on_env_error not in ("raise", "truncate"):
+            raise ValueError(f"on_env_error must be 'raise' or 'truncate', not {on_env_error!r}")
+        self.on_env_error: OnEnvError = on_env_error
         if client is None:
             client = connect(resolve_url(url), schema, timeout=timeout, autoreset="same_step")
         else:
@@ -106,7 +134,12 @@ class RemoteVecEnv(VecEnv):
         if self._actions is None:
             raise RuntimeError("step_wait() without step_async()")
         actions, self._actions = self._actions, None
-        view = self.client.step(actions)
+        try:
+            view = step_explained(self.client, actions)
+        except EnvError as exc:
+            if self.on_env_error == "raise":
+                raise
+            return self._truncate_failed(exc)
         fields = self.fields
         rewards = np.array(view[fields.reward], dtype=np.float32)
         terminated = fields.terminated_of(view)
@@ -172,6 +205,36 @@ class RemoteVecEnv(VecEnv):
         return [None for _ in range(self.num_envs)]
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _truncate_failed(self, error: EnvError) -> VecEnvStepReturn:
+        """``on_env_error="truncate"``: every env's current result, each env that raised ended
+        as truncated with the error in its info (see the class docstring)."""
+        failed = sorted({int(i) for i in _FAILED_ENV.findall(error.text)})
+        if not failed or "could not be reset" in error.text:
+            raise error  # no env named, or one left without a state: nothing to go on with
+        log.error("remote env(s) %s raised; their episodes end as truncated: %s", failed, error)
+        view, _ = self.client.observe()
+        fields = self.fields
+        n = self.num_envs
+        rewards = np.array(view[fields.reward], dtype=np.float32).reshape(n)
+        terminated = np.asarray(fields.terminated_of(view)).reshape(n)
+        truncated = np.asarray(fields.truncated_of(view)).reshape(n)
+        dones = terminated | truncated
+        infos = [self._info(view, i) for i in range(n)]
+        for ended in np.flatnonzero(dones).tolist():
+            infos[ended]["TimeLimit.truncated"] = bool(truncated[ended] and not terminated[ended])
+        observations = self._observe(view)
+        for i in failed:
+            rewards[i] = 0.0  # the failed step's reward is unknown
+            dones[i] = True
+            infos[i]["terminal_observation"] = (
+                {name: value[i].copy() for name, value in observations.items()}
+                if isinstance(observations, dict)
+                else observations[i].copy()
+            )
+            infos[i]["TimeLimit.truncated"] = True
+            infos[i]["env_error"] = error.text
+        return observations, rewards, dones, infos
 
     def _mask_getter(self, index: int) -> Any:
         return lambda: self._masks[index].copy()

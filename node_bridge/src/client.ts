@@ -16,7 +16,14 @@
 import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
 import type { Spaces } from "./runtime/env";
-import { FingerprintMismatchError, ProtocolError, TransportError } from "./errors";
+import {
+  ConnectError,
+  FingerprintMismatchError,
+  PeerGoneError,
+  ProtocolError,
+  TransportError,
+  TransportTimeoutError,
+} from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
   AUTORESET_MASK,
@@ -41,7 +48,8 @@ import {
   toAutoReset,
 } from "./protocol";
 import { decode as msgpackDecode } from "@msgpack/msgpack";
-import { type ActionType, actionTypeOf, writeAction } from "./runtime/core";
+import { type ActionType, actionTypeOf, writeAction, writeArrayAction } from "./runtime/core";
+import { fieldDims } from "./ir";
 import type { Channel, ChannelRecords, Final } from "./stream";
 
 export const DEFAULT_TIMEOUT_MS = 10_000;
@@ -77,6 +85,42 @@ function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
     throw new ProtocolError(`message ${message} of schema ${schema.name} has no body struct`);
   }
   return codec;
+}
+
+/** What to do about each client-side transport error, said after its message (Python: `HINTS`). */
+const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => TransportError, string]> = [
+  [
+    ConnectError,
+    "is a server serving this URL? start one with `transport-serve URL` or serve(env, URL), or check the URL",
+  ],
+  [PeerGoneError, "the server closed the connection or died: see the server's log, then connect again"],
+  [
+    TransportTimeoutError,
+    "the connection is kept and the late reply is dropped when it comes: retry, or connect with a " +
+      "larger timeoutMs if the server's envs are slow",
+  ],
+  [
+    ProtocolError,
+    "client and server disagree: check that both use the same transport version and schema, then connect again",
+  ],
+];
+
+/**
+ * `error` with the URL before its message and what to do after it (once; the same object, its
+ * class and fields unchanged): every transport error a client throws names both. Other errors
+ * pass unchanged. Python: `transport.client.explain`.
+ */
+export function explain(error: unknown, url: string): unknown {
+  if (!(error instanceof TransportError)) return error;
+  for (const [kind, hint] of HINTS) {
+    if (error instanceof kind) {
+      if (error.message.includes(hint)) return error;
+      const named = error.message.includes(url) ? error.message : `${url}: ${error.message}`;
+      error.message = `${named} (${hint})`;
+      break;
+    }
+  }
+  return error;
 }
 
 /**
@@ -133,6 +177,33 @@ export async function handshake(
   return { schema: found, info: { ...info, autoreset: autoresetName(autoreset) } };
 }
 
+/** What `reset` takes: one seed (env i gets seed + i), one seed or null per env, or nothing. */
+export type Seeds = bigint | number | null | ReadonlyArray<bigint | number | null>;
+
+/** A step's actions: one integer (1-env server) or one per env; for array actions (Box,
+ * MultiDiscrete) one array (1-env server), one per env, or all envs' elements flat. */
+export type Actions = number | ArrayLike<number> | ReadonlyArray<ArrayLike<number>>;
+
+/** A RESET_SEEDS_REQ body: one (seed, has_seed) entry per env; null resets that env unseeded. */
+export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | number | null>, numEnvs: number): Buffer {
+  if (seeds.length !== numEnvs) {
+    throw new TransportError(`expected ${numEnvs} seeds (one per env, or null), got ${seeds.length}`);
+  }
+  const codec = bodyCodec(schema, "RESET_SEEDS_REQ");
+  const fields = schema.ir.structs[codec.name]?.fields ?? [];
+  const seedAt = fields.find((f) => f.name === "seed")?.offset ?? 0;
+  const hasAt = fields.find((f) => f.name === "has_seed")?.offset ?? 8;
+  const body = Buffer.alloc(codec.size * numEnvs);
+  seeds.forEach((seed, i) => {
+    if (seed === null) return;
+    const value = BigInt(seed);
+    if (value < 0n || value >= 1n << 64n) throw new TransportError(`a seed must be in 0..2**64-1 or null, not ${seed}`);
+    body.writeBigUInt64LE(value, i * codec.size + seedAt);
+    body[i * codec.size + hasAt] = 1;
+  });
+  return body;
+}
+
 /**
  * A connection to an env server. Call `close()` when done. `View` and `Value` are the result
  * struct's view and value types of the schema (pac_env's by default).
@@ -146,6 +217,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly serverInfo: Readonly<Record<string, unknown>>;
   /** The auto-reset mode of this session (from the handshake). */
   readonly autoreset: AutoReset;
+  /** The server's masked-action policy ("reject", "pass", "noop"; an older server: "reject"). */
+  readonly maskedActions: string;
   /**
    * SAME_STEP auto-reset: the env index and owned final result of each episode that ended in
    * the last step; the step's own result holds the reset result for those envs. Empty otherwise.
@@ -156,6 +229,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly #request: Buffer;
   readonly #actionAt: number;
   readonly #actionType: ActionType;
+  /** The action field is an array (Box, MultiDiscrete): one array of numbers per env. */
+  readonly #arrayAction: boolean;
   readonly #stepSize: number;
   readonly #seed: Buffer;
   readonly #seedAt: number;
@@ -175,13 +250,15 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     this.numEnvs = Number.isInteger(n) && n >= 1 ? n : 1;
     this.serverInfo = { ...channel.info };
     this.autoreset = toAutoReset(String(channel.info.autoreset ?? "disabled"));
+    this.maskedActions = String(channel.info.masked_actions ?? "reject");
     this.#result = bodyCodec(schema, "STEP_RESP");
     this.#resultSize = this.#result.size;
     const step = bodyCodec(schema, "STEP_REQ");
     const action = schema.ir.structs[step.name]?.fields.find((f) => f.role === "action");
     if (action === undefined) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
     this.#actionAt = action.offset;
-    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action");
+    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action", 1, true);
+    this.#arrayAction = fieldDims(action).length > 0;
     this.#stepSize = step.size;
     this.#request = Buffer.alloc(step.size * this.numEnvs);
     const seed = bodyCodec(schema, "RESET_SEED_REQ");
@@ -201,11 +278,13 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   /** Reset every env (env i gets seed + i); one view per env when N > 1. */
-  reset(seed?: bigint | number | null, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
-  reset(seed: bigint | number | null | undefined, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
-  async reset(seed?: bigint | number | null, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
+  reset(seed?: Seeds, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
+  reset(seed: Seeds | undefined, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
+  async reset(seed?: Seeds, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
     if (seed === undefined || seed === null) {
       await this.#exchange(this.ids.RESET_REQ, EMPTY, this.ids.RESET_RESP);
+    } else if (typeof seed === "object") {
+      await this.#exchange(this.ids.RESET_SEEDS_REQ, seedsBody(this.schema, seed, this.numEnvs), this.ids.RESET_RESP);
     } else {
       this.#seed.writeBigUInt64LE(BigInt.asUintN(64, BigInt(seed)), this.#seedAt);
       await this.#exchange(this.ids.RESET_SEED_REQ, this.#seed, this.ids.RESET_RESP);
@@ -213,11 +292,17 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     return this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true);
   }
 
-  /** Step with one action (1-env server) or one per env (one view per env). */
-  step(actions: number | ArrayLike<number>, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
-  step(actions: number | ArrayLike<number>, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
-  async step(actions: number | ArrayLike<number>, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
+  /** Step with one action (1-env server) or one per env (one view per env). An array action
+   * (Box, MultiDiscrete) is an array of numbers: one for a 1-env server, else one per env (nested,
+   * or flat: env i's elements at i * elements). */
+  step(actions: Actions, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
+  step(actions: Actions, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
+  async step(actions: Actions, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
     const request = this.#request;
+    if (this.#arrayAction) return this.#stepArrays(actions, options);
+    if (typeof actions !== "number" && typeof actions[0] === "object") {
+      throw new TransportError(`schema ${this.schema.name} has one integer action per env, not arrays`);
+    }
     if (typeof actions === "number") {
       if (this.numEnvs !== 1) {
         throw new TransportError(`this server has ${this.numEnvs} envs: pass one action per env`);
@@ -231,6 +316,33 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     }
     for (let i = 0; i < actions.length; i++) {
       writeAction(request, i * this.#stepSize + this.#actionAt, (actions[i] as number) | 0, this.#actionType);
+    }
+    await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
+    return this.#results(this.numEnvs, options.copy === true);
+  }
+
+  async #stepArrays(actions: Actions, options: ResultOptions): Promise<View | View[] | Value | Value[]> {
+    const request = this.#request;
+    const elements = this.#actionType.elements;
+    if (typeof actions === "number") {
+      throw new TransportError(`schema ${this.schema.name} has array actions of ${elements} elements: pass an array`);
+    }
+    const nested = typeof actions[0] === "object";
+    const count = nested ? actions.length : actions.length / elements;
+    if (count !== this.numEnvs || !Number.isInteger(count)) {
+      throw new TransportError(
+        `expected ${this.numEnvs} action(s) of ${elements} elements, got ${nested ? `${actions.length} arrays` : `${actions.length} numbers`}`,
+      );
+    }
+    for (let i = 0; i < count; i++) {
+      const values = nested
+        ? (actions[i] as ArrayLike<number>)
+        : Array.prototype.slice.call(actions as ArrayLike<number>, i * elements, (i + 1) * elements);
+      writeArrayAction(request, i * this.#stepSize + this.#actionAt, values, this.#actionType);
+    }
+    if (this.numEnvs === 1) {
+      await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
+      return this.#results(0, options.copy === true);
     }
     await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
     return this.#results(this.numEnvs, options.copy === true);
@@ -293,13 +405,18 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   }
 
   async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {
-    if (this.#closed) throw new TransportError("the client is closed");
+    if (this.#closed) throw new TransportError(`${this.url}: the client is closed`);
     const channel = this.channel;
-    const type = await channel.request(msgType, body);
+    let type: number;
+    try {
+      type = await channel.request(msgType, body);
+    } catch (error) {
+      throw explain(error, this.url);
+    }
     const resp = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
     if (type === this.ids.ERROR) throw decodeError(resp);
     if (type !== expect) {
-      throw new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`);
+      throw explain(new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`), this.url);
     }
     const records = channel.records;
     if (records !== undefined) {
@@ -417,7 +534,12 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
       maxBody: limit,
       ...(schema === undefined ? {} : { schema }),
     });
-  let channel = await open(pinned ?? undefined, firstMax);
+  let channel: Channel;
+  try {
+    channel = await open(pinned ?? undefined, firstMax);
+  } catch (error) {
+    throw explain(error, url);
+  }
   let session: { schema: SchemaModule; info: Record<string, unknown> };
   try {
     session = await handshake(channel, pinned, autoreset, url);
@@ -432,7 +554,7 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
     channel.info = session.info;
   } catch (error) {
     await channel.close();
-    throw error;
+    throw explain(error, url);
   }
   return new Client<View, Value>(channel, session.schema, url);
 }

@@ -392,6 +392,23 @@ export function checkInteger(
   }
 }
 
+/**
+ * An integer field whose role is a flag (done, terminated, truncated, action_mask: Python's
+ * `FLAG_ROLES`) also takes `true` / `false`, stored as 1 / 0.
+ */
+export function checkFlag(value: unknown, type: IntegerType, path: string, name: string, index = -1): void {
+  if (typeof value !== "boolean") checkInteger(value, type, path, name, index);
+}
+
+export function checkFlagArray(value: unknown, type: IntegerType, count: number, path: string, name: string): void {
+  const items = checkArray(value, count, path, name);
+  if (items instanceof TYPED_ARRAYS[type]) return; // the element type guarantees the range
+  for (let i = 0; i < count; i++) checkFlag(items[i], type, path, name, i);
+}
+
+/** The roles whose integer fields hold flags (`checkFlag`). */
+export const FLAG_ROLES: ReadonlySet<string> = new Set(["done", "terminated", "truncated", "action_mask"]);
+
 export function checkFloat(
   value: unknown,
   type: FloatType,
@@ -528,11 +545,11 @@ export function checkStructArray(
 // -- writing -------------------------------------------------------------------------------------
 
 /** An integer field's value as a number (values are validated before they are written). */
-export function toNumber(value: number | bigint): number {
-  return typeof value === "bigint" ? Number(value) : value;
+export function toNumber(value: number | bigint | boolean): number {
+  return typeof value === "number" ? value : Number(value); // a flag's boolean is 1 or 0
 }
 
-export function toBigInt(value: number | bigint): bigint {
+export function toBigInt(value: number | bigint | boolean): bigint {
   return typeof value === "bigint" ? value : BigInt(value);
 }
 
@@ -599,7 +616,7 @@ export function writeArray(
   dv: DataView,
   at: number,
   type: NumericType,
-  values: ArrayLike<number | bigint>,
+  values: ArrayLike<number | bigint | boolean>,
   count: number,
 ): void {
   const size = TYPED_ARRAYS[type].BYTES_PER_ELEMENT;
@@ -864,6 +881,8 @@ interface FieldPlan {
   readonly isArray: boolean;
   readonly shape: readonly number[] | null;
   readonly kind: "int" | "float" | "bool" | "enum" | "struct";
+  /** An int field with a flag role: booleans accepted (`checkFlag`). */
+  readonly flag: boolean;
   /** The stored scalar type (int, float, enum); "u8" for bool and struct. */
   readonly scalar: NumericType;
   readonly enumName: string;
@@ -913,6 +932,7 @@ function fieldPlans(
       count: field.count,
       isArray,
       shape: dims.length > 1 ? dims : null,
+      flag: FLAG_ROLES.has(field.role ?? ""),
       enumName: "",
       enumValues: new Set<number>(),
       sub: (): AnyLayout => {
@@ -971,7 +991,10 @@ function runtimeLayout(
         else checkFloat(v, f.scalar as FloatType, path, f.name);
         return;
       case "int":
-        if (f.isArray) checkIntegerArray(v, f.scalar as IntegerType, f.count, path, f.name);
+        if (f.flag) {
+          if (f.isArray) checkFlagArray(v, f.scalar as IntegerType, f.count, path, f.name);
+          else checkFlag(v, f.scalar as IntegerType, path, f.name);
+        } else if (f.isArray) checkIntegerArray(v, f.scalar as IntegerType, f.count, path, f.name);
         else checkInteger(v, f.scalar as IntegerType, path, f.name);
     }
   };

@@ -175,3 +175,30 @@ export class RemoteError extends TransportError {
     this.text = text;
   }
 }
+
+/**
+ * Separates an ENV_ERROR text's message from the env's trimmed stack (or Python traceback) that
+ * follows it: the server's runtime writes it, `EnvError` splits it off (Python: the same marker).
+ */
+export const REMOTE_TRACEBACK_MARKER = "\n--- server traceback (last frames) ---\n";
+
+/**
+ * The server's env threw (ERROR code 10, ENV_ERROR). `envId` is the index of the env that failed
+ * (the text starts with `env {i}:`), or null when the server did not say; `remoteTraceback` the
+ * last frames of its stack as the server formatted them ("" when it sent none), shown after the
+ * message. The server reset (or recreated) that env: the next request works. Python: `EnvError`.
+ */
+export class EnvError extends RemoteError {
+  readonly envId: number | null;
+  readonly remoteTraceback: string;
+
+  constructor(code: number, codeName: string, text: string) {
+    const at = text.indexOf(REMOTE_TRACEBACK_MARKER);
+    const message = at < 0 ? text : text.slice(0, at);
+    super(code, codeName, message);
+    const match = /^env (\d+):/.exec(message);
+    this.envId = match === null ? null : Number(match[1]);
+    this.remoteTraceback = at < 0 ? "" : text.slice(at + REMOTE_TRACEBACK_MARKER.length);
+    if (this.remoteTraceback !== "") this.message += REMOTE_TRACEBACK_MARKER + this.remoteTraceback;
+  }
+}

@@ -18,6 +18,7 @@ export {
   CodecError,
   type CodecErrorCode,
   ConnectError,
+  EnvError,
   FingerprintMismatchError,
   InvalidBoolError,
   InvalidEnumError,

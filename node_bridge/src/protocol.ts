@@ -10,11 +10,12 @@
  * any such schema can ride the same client and server.
  */
 
-import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
+import { encode as msgpackEncode } from "@msgpack/msgpack";
 import { type SchemaModule, loadSchema } from "./codec";
 import type { SchemaJson } from "./ir";
 import {
   BadFrameError,
+  EnvError,
   FingerprintMismatchError,
   ProtocolError,
   RemoteError,
@@ -218,6 +219,131 @@ export function encodeHello(
   return out;
 }
 
+/** The deepest nesting of maps and arrays a HELLO tail may have (the tail map itself is 1). */
+export const HELLO_TAIL_MAX_DEPTH = 32;
+
+const STRICT_UTF8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+
+/**
+ * A HELLO msgpack tail, by the rules Python's `decode_hello` applies (docs/decisions.md): one
+ * map and nothing after it; string keys (at every depth), each once per map; strict UTF-8;
+ * nil, bool, int, float, str, bin, array, map only (no ext); at most HELLO_TAIL_MAX_DEPTH
+ * levels. `@msgpack/msgpack` accepts integer keys and replaces bad UTF-8, so this reads it.
+ */
+export function decodeHelloTail(tail: Uint8Array): Record<string, unknown> {
+  const dv = new DataView(tail.buffer, tail.byteOffset, tail.byteLength);
+  let at = 0;
+  let refusal: string | null = null; // ext or too deep: refused after the shape, as in Python
+  const truncated = (): never => {
+    throw new BadFrameError("HELLO tail is not one msgpack value: truncated");
+  };
+  const take = (n: number): number => {
+    if (at + n > tail.byteLength) truncated();
+    const start = at;
+    at += n;
+    return start;
+  };
+  const str = (n: number): string => {
+    const start = take(n);
+    try {
+      return STRICT_UTF8.decode(tail.subarray(start, start + n));
+    } catch (error) {
+      throw new BadFrameError(`HELLO tail has a string that is not UTF-8: ${(error as Error).message}`);
+    }
+  };
+  const u64 = (start: number, signed: boolean): number | bigint => {
+    const big = signed ? dv.getBigInt64(start) : dv.getBigUint64(start);
+    return Number.isSafeInteger(Number(big)) ? Number(big) : big;
+  };
+  const container = (depth: number): void => {
+    if (depth > HELLO_TAIL_MAX_DEPTH) {
+      // stop here (no unbounded recursion); Python refuses the same tail with the same code
+      throw new BadFrameError(`HELLO tail nests deeper than ${HELLO_TAIL_MAX_DEPTH} maps and arrays`);
+    }
+  };
+  const array = (n: number, depth: number): unknown[] => {
+    container(depth);
+    const out: unknown[] = [];
+    for (let i = 0; i < n; i++) out.push(value(depth + 1));
+    return out;
+  };
+  const map = (n: number, depth: number): Record<string, unknown> => {
+    container(depth);
+    const out: Record<string, unknown> = {};
+    for (let i = 0; i < n; i++) {
+      const keyAt = at;
+      const key = value(depth + 1);
+      if (typeof key !== "string") {
+        const shown = typeof key === "number" || typeof key === "bigint" ? String(key) : `at byte ${keyAt}`;
+        throw new BadFrameError(`HELLO tail has a map key ${shown}: every key must be a string`);
+      }
+      if (Object.prototype.hasOwnProperty.call(out, key)) {
+        throw new BadFrameError(`HELLO tail has the map key ${JSON.stringify(key)} twice`);
+      }
+      Object.defineProperty(out, key, { value: value(depth + 1), enumerable: true, writable: true, configurable: true });
+    }
+    return out;
+  };
+  const ext = (n: number): null => {
+    take(1 + n);
+    refusal ??= "HELLO tail holds an ext type (msgpack ext types are refused)";
+    return null;
+  };
+  const value = (depth: number): unknown => {
+    const b = dv.getUint8(take(1));
+    if (b <= 0x7f) return b;
+    if (b >= 0xe0) return b - 0x100;
+    if ((b & 0xf0) === 0x80) return map(b & 0x0f, depth);
+    if ((b & 0xf0) === 0x90) return array(b & 0x0f, depth);
+    if ((b & 0xe0) === 0xa0) return str(b & 0x1f);
+    switch (b) {
+      case 0xc0: return null;
+      case 0xc2: return false;
+      case 0xc3: return true;
+      case 0xc4: { const n = dv.getUint8(take(1)); return Uint8Array.from(tail.subarray(take(n), at)); }
+      case 0xc5: { const n = dv.getUint16(take(2)); return Uint8Array.from(tail.subarray(take(n), at)); }
+      case 0xc6: { const n = dv.getUint32(take(4)); return Uint8Array.from(tail.subarray(take(n), at)); }
+      case 0xc7: return ext(dv.getUint8(take(1)));
+      case 0xc8: return ext(dv.getUint16(take(2)));
+      case 0xc9: return ext(dv.getUint32(take(4)));
+      case 0xca: return dv.getFloat32(take(4));
+      case 0xcb: return dv.getFloat64(take(8));
+      case 0xcc: return dv.getUint8(take(1));
+      case 0xcd: return dv.getUint16(take(2));
+      case 0xce: return dv.getUint32(take(4));
+      case 0xcf: return u64(take(8), false);
+      case 0xd0: return dv.getInt8(take(1));
+      case 0xd1: return dv.getInt16(take(2));
+      case 0xd2: return dv.getInt32(take(4));
+      case 0xd3: return u64(take(8), true);
+      case 0xd4: return ext(1);
+      case 0xd5: return ext(2);
+      case 0xd6: return ext(4);
+      case 0xd7: return ext(8);
+      case 0xd8: return ext(16);
+      case 0xd9: return str(dv.getUint8(take(1)));
+      case 0xda: return str(dv.getUint16(take(2)));
+      case 0xdb: return str(dv.getUint32(take(4)));
+      case 0xdc: return array(dv.getUint16(take(2)), depth);
+      case 0xdd: return array(dv.getUint32(take(4)), depth);
+      case 0xde: return map(dv.getUint16(take(2)), depth);
+      case 0xdf: return map(dv.getUint32(take(4)), depth);
+      default:
+        throw new BadFrameError(`HELLO tail is not one msgpack value: byte 0x${b.toString(16)} at ${at - 1}`);
+    }
+  };
+  const decoded = value(1);
+  if (at !== tail.byteLength) {
+    throw new BadFrameError(`HELLO tail is not one msgpack value: ${tail.byteLength - at} byte(s) after it`);
+  }
+  if (decoded === null || typeof decoded !== "object" || Array.isArray(decoded) || decoded instanceof Uint8Array) {
+    const kind = decoded === null ? "nil" : Array.isArray(decoded) ? "array" : decoded instanceof Uint8Array ? "bin" : typeof decoded;
+    throw new BadFrameError(`HELLO tail is a msgpack ${kind}, expected a map`);
+  }
+  if (refusal !== null) throw new BadFrameError(refusal);
+  return decoded as Record<string, unknown>;
+}
+
 export function decodeHello(body: Uint8Array): Hello {
   if (body.byteLength < HELLO_SIZE) {
     throw new BadFrameError(
@@ -229,17 +355,7 @@ export function decodeHello(body: Uint8Array): Hello {
   const flags = dv.getUint16(2, true);
   const fingerprint = dv.getBigUint64(4, true);
   let info: Record<string, unknown> = {};
-  if (body.byteLength > HELLO_SIZE) {
-    let decoded: unknown;
-    try {
-      decoded = msgpackDecode(body.subarray(HELLO_SIZE));
-    } catch (error) {
-      throw new BadFrameError(`HELLO tail is not msgpack: ${(error as Error).message}`);
-    }
-    if (decoded !== null && typeof decoded === "object" && !Array.isArray(decoded)) {
-      info = decoded as Record<string, unknown>;
-    }
-  }
+  if (body.byteLength > HELLO_SIZE) info = decodeHelloTail(body.subarray(HELLO_SIZE));
   return { version, flags, fingerprint, info };
 }
 
@@ -388,6 +504,7 @@ export function errorFromCode(code: number, text: string): RemoteError | Protoco
   if (code === ErrorCode.VERSION_MISMATCH) {
     return new VersionMismatchError(`server refused the session: ${text}`);
   }
+  if (code === ErrorCode.ENV_ERROR) return new EnvError(code, errorName(code), text);
   return new RemoteError(code, errorName(code), text);
 }
 

@@ -12,7 +12,9 @@
 
 import { backendFor, type Listener } from "./backends";
 import type { SchemaModule } from "./codec";
-import { DEFAULT_MAX_BODY } from "./protocol";
+import * as pac_env from "./generated/pac_env";
+import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
+import type { MaskedActions } from "./runtime/core";
 import type { EnvOrFactory } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
@@ -53,6 +55,72 @@ export interface ServeOptions {
    */
   readonly workers?: number;
   readonly workerEnv?: WorkerEnvSpec;
+  /**
+   * What an action the env's mask forbids does: "reject" (MASKED_ACTION, default), "pass" (the
+   * env steps with it) or "noop" (no step; the previous result with reward
+   * `env.maskedActionPenalty`, default 0). docs/adapters.md says which trainer needs which.
+   */
+  readonly maskedActions?: MaskedActions;
+}
+
+/** The most envs one server serves per connection (or per shm region), as in Python. */
+export const MAX_NUM_ENVS = 65536;
+/** The largest maxBody: a frame header's body_len is a u32. */
+export const MAX_BODY_LIMIT = 0xffffffff;
+/** SAME_STEP tail: a u32 count, then per ended env a u32 index and its final result. */
+const FINAL_ENTRY_EXTRA = 4;
+
+function bodySize(schema: SchemaModule, message: string): number {
+  const body = schema.messages[message]?.body;
+  return body ? (schema.structs[body]?.size ?? 0) : 0;
+}
+
+/**
+ * Refuse, before anything is created, limits with which a server would start and then refuse
+ * every client: a `RangeError` naming the numbers. The rules and texts of Python's
+ * `check_server_limits` (docs/decisions.md "Start-up validation"): numEnvs in 1..65536; maxBody
+ * in 1..2^32-1; framed backends (all but shm://): the largest request (a STEP_BATCH, STEP_MULTI,
+ * RESET_SEED or the HELLO with its tail) fits maxBody, and the
+ * largest response (a step with same_step finals for every env) fits max(maxBody, 64 MiB).
+ */
+export function checkServerLimits(schema: SchemaModule, url: string, numEnvs: number, maxBody: number): void {
+  if (!Number.isInteger(numEnvs) || numEnvs < 1 || numEnvs > MAX_NUM_ENVS) {
+    throw new RangeError(`num_envs must be 1..${MAX_NUM_ENVS}, not ${numEnvs}`);
+  }
+  if (!Number.isInteger(maxBody) || maxBody < 1 || maxBody > MAX_BODY_LIMIT) {
+    throw new RangeError(`max_body must be 1..${MAX_BODY_LIMIT} bytes, not ${maxBody}`);
+  }
+  if (url.split("://")[0]?.toLowerCase() === "shm") return; // no frames: /dev/shm room is checked on creation
+  const action = bodySize(schema, "STEP_REQ");
+  const requests: Array<[number, string]> = [
+    [numEnvs * action, `a STEP_BATCH request for ${numEnvs} envs (${numEnvs} x ${action})`],
+    [bodySize(schema, "STEP_MULTI_REQ"), "a STEP_MULTI request"],
+    [bodySize(schema, "RESET_SEED_REQ"), "a RESET_SEED request"],
+    // the HELLO_REQ: 12 bytes and a msgpack tail naming the schema (or asking to discover it)
+    [Math.max(encodeHelloRequest(schema).byteLength, encodeHelloRequest(null).byteLength), "a HELLO request"],
+  ];
+  const [needRequest, whatRequest] = requests.reduce((a, b) => (b[0] > a[0] ? b : a));
+  if (needRequest > maxBody) {
+    throw new RangeError(
+      `max_body ${maxBody} is too small for num_envs=${numEnvs} with schema ${schema.name}: ` +
+        `${whatRequest} is ${needRequest} bytes; raise max_body to at least ${needRequest}`,
+    );
+  }
+  const result = bodySize(schema, "STEP_RESP");
+  const multi = schema.messages.STEP_MULTI_REQ?.body;
+  const seats = multi ? (schema.ir.structs[multi]?.fields[0]?.count ?? 0) : 0;
+  const rows = Math.max(numEnvs, seats);
+  const needResponse = rows * result + FINAL_ENTRY_EXTRA + numEnvs * (FINAL_ENTRY_EXTRA + result);
+  const limit = Math.max(maxBody, DEFAULT_MAX_BODY);
+  if (needResponse > limit) {
+    throw new RangeError(
+      `num_envs=${numEnvs} is too many for schema ${schema.name} with max_body ${maxBody}: ` +
+        `a step response for ${numEnvs} envs with same_step finals (${rows} x ${result} + 4 + ` +
+        `${numEnvs} x (4 + ${result})) is ${needResponse} bytes, over ${limit} (the larger of ` +
+        `max_body and the default ${DEFAULT_MAX_BODY} clients accept); serve fewer envs, or raise ` +
+        `max_body to at least ${needResponse} and connect clients with max_body >= ${needResponse}`,
+    );
+  }
 }
 
 /** A running server. */
@@ -76,6 +144,7 @@ export async function serve(
   url: string,
   options: ServeOptions = {},
 ): Promise<Server> {
+  checkServerLimits(options.schema ?? pac_env.SCHEMA, url, options.numEnvs ?? 1, options.maxBody ?? DEFAULT_MAX_BODY);
   const host = new EnvHost(envOrFactory, {
     numEnvs: options.numEnvs ?? 1,
     envName: options.envName ?? "",
@@ -85,6 +154,7 @@ export async function serve(
     ...(options.validate !== undefined ? { validate: options.validate } : {}),
     ...(options.workers ? { workers: options.workers } : {}),
     ...(options.workerEnv ? { workerEnv: options.workerEnv } : {}),
+    ...(options.maskedActions ? { maskedActions: options.maskedActions } : {}),
   });
   const limits = serverLimits(options.limits); // a bad limit fails before anything starts
   const backend = await backendFor(url);

@@ -530,6 +530,8 @@ export class StreamChannel implements Channel {
   #reject: ((error: Error) => void) | null = null;
   #timer: NodeJS.Timeout | null = null;
   #gone = "";
+  /** msg_ids of requests that timed out: their late replies are dropped when they come. */
+  readonly #late = new Set<number>();
 
   constructor(socket: Socket, options: ChannelOptions = {}) {
     this.#socket = socket;
@@ -607,24 +609,32 @@ export class StreamChannel implements Channel {
     }
   }
 
+  /**
+   * The request timed out: it fails, the connection stays (resynchronisation): its late reply is
+   * dropped by msg_id when it comes, and a frame half-read meanwhile is finished by the reader.
+   */
   #onTimeout(): void {
     if (this.#resolve === null) return;
-    this.#abandon(
-      new TransportTimeoutError(`peer sent no complete response for ${this.timeoutMs} ms`),
-    );
+    if (this.#late.size >= 1024) this.#late.clear(); // a server that never answers: bounded
+    this.#late.add(this.#pendingId);
+    this.#fail(new TransportTimeoutError(`peer sent no complete response for ${this.timeoutMs} ms`));
   }
 
   #onData(chunk: Buffer): void {
     const reader = this.#reader;
     reader.push(chunk);
     let ready: boolean;
-    try {
-      ready = reader.next();
-    } catch (error) {
-      this.#abandon(error as Error);
-      return;
+    for (;;) {
+      try {
+        ready = reader.next();
+      } catch (error) {
+        this.#abandon(error as Error);
+        return;
+      }
+      if (!ready) return;
+      if (!this.#late.delete(reader.msgId)) break;
+      // the late reply to a request that timed out: dropped
     }
-    if (!ready) return;
     // an ERROR with msg_id 0 answers no request: the server refused or closed the connection
     // (max_connections, read_timeout) and says why; it is the outstanding request's answer
     const connectionError = reader.msgId === 0 && reader.msgType === MESSAGE_IDS.ERROR;

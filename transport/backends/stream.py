@@ -188,6 +188,7 @@ class StreamChannel(BufferChannel):
         # an ERROR with msg_id 0 answers no request: the server refused or closed the
         # connection (max_connections, read_timeout) and says why; the client raises it
         self.error_type = MESSAGE_IDS.ERROR
+        self._broken = ""  # why the channel cannot be used any more ("": it can)
 
     @property
     def buffer(self) -> bytearray:
@@ -198,16 +199,37 @@ class StreamChannel(BufferChannel):
         return self.framed.generation
 
     def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
+        """Send one frame and return the reply that echoes its msg_id. A reply to an earlier
+        request that timed out arrives first, late: it is dropped (resynchronisation), and a
+        frame half-read when the timeout struck is finished first (the FramedSocket keeps it).
+        """
+        if self._broken:
+            raise PeerGoneError(self._broken)
         msg_id = self._next_id
         self._next_id = (msg_id + 1) & 0xFFFFFFFF
-        self.framed.send_frame(msg_type, msg_id, body)
+        try:
+            self.framed.send_frame(msg_type, msg_id, body)
+        except TransportTimeoutError:
+            # part of the frame may be in the socket: the stream cannot be resynchronised
+            self._broken = "the connection was closed after a send timed out; reconnect"
+            self.framed.close()
+            raise
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        resp_type, resp_id, resp = self.framed.recv_frame(deadline)
-        if resp_id != msg_id and not (resp_id == 0 and resp_type == self.error_type):
-            raise ProtocolError(f"response msg_id {resp_id} does not echo request {msg_id}")
-        return resp_type, resp
+        while True:
+            resp_type, resp_id, resp = self.framed.recv_frame(deadline)
+            if resp_id == msg_id or (resp_id == 0 and resp_type == self.error_type):
+                return resp_type, resp  # msg_id 0: the server refused or closed the connection
+            if not 0 < (msg_id - resp_id) & 0xFFFFFFFF < 1 << 31:
+                raise ProtocolError(f"response msg_id {resp_id} does not echo request {msg_id}")
+            # the late reply to a request that timed out: dropped; wait on, to the deadline
+            if deadline is not None and time.monotonic() > deadline:
+                raise TransportTimeoutError(
+                    f"no reply within {self.timeout} s (a late reply to an earlier request "
+                    "came and was dropped)"
+                )
 
     def close(self) -> None:
+        self._broken = "the channel is closed"
         self.framed.close()
 
 

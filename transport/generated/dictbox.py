@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'dictbox',
  'version': 1,
- 'fingerprint': 'bb475ce9e5936de8',
+ 'fingerprint': '37cf65676f306081',
  'structs': {'StepResult': {'size': 232,
                             'align': 8,
                             'layout': 'natural',
@@ -145,6 +145,19 @@ IR: Final[dict[str, Any]] = {'name': 'dictbox',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -353,7 +366,8 @@ IR: Final[dict[str, Any]] = {'name': 'dictbox',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -377,8 +391,8 @@ IR: Final[dict[str, Any]] = {'name': 'dictbox',
                                   'truncated': 289,
                                   'distance': 292}}}
 
-FINGERPRINT: Final = 0xbb475ce9e5936de8
-FINGERPRINT_HEX: Final = "bb475ce9e5936de8"
+FINGERPRINT: Final = 0x37cf65676f306081
+FINGERPRINT_HEX: Final = "37cf65676f306081"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -403,6 +417,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
 
 
 class ErrorCode(IntEnum):
@@ -458,6 +473,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -473,6 +489,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 64,
     "StepMultiResult": 1856,

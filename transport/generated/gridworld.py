@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'gridworld',
  'version': 1,
- 'fingerprint': 'e1cb7070b02db3ee',
+ 'fingerprint': 'f518f7e2839c7978',
  'structs': {'StepResult': {'size': 296,
                             'align': 8,
                             'layout': 'natural',
@@ -151,6 +151,19 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -358,7 +371,8 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -386,8 +400,8 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                   'visits': 304,
                                   'position': 354}}}
 
-FINGERPRINT: Final = 0xe1cb7070b02db3ee
-FINGERPRINT_HEX: Final = "e1cb7070b02db3ee"
+FINGERPRINT: Final = 0xf518f7e2839c7978
+FINGERPRINT_HEX: Final = "f518f7e2839c7978"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -412,6 +426,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
 
 
 class ErrorCode(IntEnum):
@@ -467,6 +482,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -482,6 +498,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 8,
     "StepMultiResult": 2368,

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': 'f111d3a3c7abf794',
+ 'fingerprint': 'bec8b2320d9f3c3a',
  'structs': {'ResetOptions': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
@@ -252,6 +252,19 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -469,6 +482,7 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'ActionRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'AgentStep', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
               'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}},
  'env': {'result': 'AgentStep',
          'request': 'ActionRequest',
@@ -513,8 +527,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                   'last_discard': 1392,
                                   'dealer_streak': 1396}}}
 
-FINGERPRINT: Final = 0xf111d3a3c7abf794
-FINGERPRINT_HEX: Final = "f111d3a3c7abf794"
+FINGERPRINT: Final = 0xbec8b2320d9f3c3a
+FINGERPRINT_HEX: Final = "bec8b2320d9f3c3a"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -539,6 +553,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
     SCORE_RESP = 0x20
 
 
@@ -626,6 +641,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -644,6 +660,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 16,
     "StepMultiResult": 10688,

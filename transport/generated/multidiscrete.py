@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
  'version': 1,
- 'fingerprint': '968f4a163fe9324d',
+ 'fingerprint': '5863e4b944339e1d',
  'structs': {'StepResult': {'size': 40,
                             'align': 8,
                             'layout': 'natural',
@@ -135,6 +135,19 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -343,7 +356,8 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -365,8 +379,8 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
                                   'truncated': 97,
                                   'matched': 98}}}
 
-FINGERPRINT: Final = 0x968f4a163fe9324d
-FINGERPRINT_HEX: Final = "968f4a163fe9324d"
+FINGERPRINT: Final = 0x5863e4b944339e1d
+FINGERPRINT_HEX: Final = "5863e4b944339e1d"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -391,6 +405,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
 
 
 class ErrorCode(IntEnum):
@@ -446,6 +461,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -461,6 +477,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 24,
     "StepMultiResult": 320,

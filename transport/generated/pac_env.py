@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_env',
  'version': 1,
- 'fingerprint': 'b7769b26a19d4aac',
+ 'fingerprint': '6c30e96ee85e4cff',
  'structs': {'StepResult': {'size': 2557,
                             'align': 1,
                             'layout': 'packed',
@@ -172,6 +172,19 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -508,7 +521,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -546,8 +560,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                   'items_held': 31,
                                   'actions_this_turn': 2572}}}
 
-FINGERPRINT: Final = 0xb7769b26a19d4aac
-FINGERPRINT_HEX: Final = "b7769b26a19d4aac"
+FINGERPRINT: Final = 0x6c30e96ee85e4cff
+FINGERPRINT_HEX: Final = "6c30e96ee85e4cff"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -572,6 +586,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
 
 
 class ErrorCode(IntEnum):
@@ -627,6 +642,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -642,6 +658,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 32,
     "StepMultiResult": 20456,

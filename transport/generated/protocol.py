@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'protocol',
  'version': 1,
- 'fingerprint': 'd412fcb30d78f601',
+ 'fingerprint': 'c2fa146605e6cda5',
  'structs': {'FrameHeader': {'size': 9,
                              'align': 1,
                              'layout': 'packed',
@@ -91,6 +91,19 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -200,7 +213,8 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': '$request', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': '$result', 'batch': True}},
+              'STEP_BATCH_RESP': {'id': 18, 'body': '$result', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
  'errors': {'BAD_FRAME': {'http': 400, 'closes': True},
             'UNKNOWN_MESSAGE': {'http': 404, 'closes': True},
             'BAD_BODY_SIZE': {'http': 400, 'closes': False},
@@ -217,6 +231,7 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
  'http': {'hello': 'HELLO_REQ',
           'reset': 'RESET_REQ',
           'reset_seed': 'RESET_SEED_REQ',
+          'reset_seeds': 'RESET_SEEDS_REQ',
           'step': 'STEP_REQ',
           'step_multi': 'STEP_MULTI_REQ',
           'step_batch': 'STEP_BATCH_REQ',
@@ -224,8 +239,8 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
           'health': 'HEALTH_REQ',
           'spaces': 'SPACES_REQ'}}
 
-FINGERPRINT: Final = 0xd412fcb30d78f601
-FINGERPRINT_HEX: Final = "d412fcb30d78f601"
+FINGERPRINT: Final = 0xc2fa146605e6cda5
+FINGERPRINT_HEX: Final = "c2fa146605e6cda5"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -250,6 +265,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
 
 
 class ErrorCode(IntEnum):
@@ -329,6 +345,7 @@ HTTP_ROUTES: Final[dict[str, str]] = {
     "hello": "HELLO_REQ",
     "reset": "RESET_REQ",
     "reset_seed": "RESET_SEED_REQ",
+    "reset_seeds": "RESET_SEEDS_REQ",
     "step": "STEP_REQ",
     "step_multi": "STEP_MULTI_REQ",
     "step_batch": "STEP_BATCH_REQ",
@@ -343,6 +360,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
@@ -352,5 +370,6 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
 }

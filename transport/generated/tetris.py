@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'tetris',
  'version': 1,
- 'fingerprint': 'd2588b80201ff1f2',
+ 'fingerprint': '90b07419e46b2948',
  'structs': {'StepResult': {'size': 912,
                             'align': 4,
                             'layout': 'natural',
@@ -153,6 +153,19 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                           'offset': 0,
                                           'size': 8,
                                           'count': 1}]},
+             'EnvSeed': {'size': 16,
+                         'align': 1,
+                         'layout': 'packed',
+                         'fields': [{'name': 'seed',
+                                     'type': 'u64',
+                                     'offset': 0,
+                                     'size': 8,
+                                     'count': 1},
+                                    {'name': 'has_seed',
+                                     'type': 'bool',
+                                     'offset': 8,
+                                     'size': 1,
+                                     'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -360,7 +373,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
               'ERROR': {'id': 15, 'body': 'ErrorHead', 'tail': 'utf8'},
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
-              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True}},
+              'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -390,8 +404,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                   'total_lines': 968,
                                   'pieces': 972}}}
 
-FINGERPRINT: Final = 0xd2588b80201ff1f2
-FINGERPRINT_HEX: Final = "d2588b80201ff1f2"
+FINGERPRINT: Final = 0x90b07419e46b2948
+FINGERPRINT_HEX: Final = "90b07419e46b2948"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -416,6 +430,7 @@ class MsgType(IntEnum):
     RESET_SEED_REQ = 0x10
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
+    RESET_SEEDS_REQ = 0x13
 
 
 class ErrorCode(IntEnum):
@@ -471,6 +486,7 @@ ErrorHead: Final[StructCodec] = SCHEMA["ErrorHead"]
 HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
+EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -486,6 +502,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "HealthResult": 1,
     "SpacesResult": 8,
     "ResetRequest": 8,
+    "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 32,
     "StepMultiResult": 7296,

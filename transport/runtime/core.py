@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import pickle
 import threading
 import traceback
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from transport.codec import Schema, StructCodec
-from transport.errors import CodecError, ProtocolError
+from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError, ProtocolError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
 from transport.schema.ir import FieldIR
@@ -32,10 +34,47 @@ FATE_RESET = "the env was reset"
 FATE_RECREATED = "the env was recreated"
 FATE_FAILED = "the env could not be reset: send a reset"
 
+log = logging.getLogger("transport.server")
+
+ENV_ERROR_TEXT_MAX = 1024
+"""Bytes of an ENV_ERROR text, message and trimmed traceback: the size of an shm slot's
+error_text area (``transport.schema.compiler.ERROR_TEXT_SIZE``), the smallest carrier, so that
+every backend delivers the same text."""
+TRACEBACK_FRAMES = 4
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""Frames of an env's traceback carried to the client: the last ones (the env's own code)."""
+
 Failures = list[tuple[int, Exception]]
 """(env index, exception) of each env that raised; the other envs did their step."""
 
 StepBatch = Callable[[np.ndarray], Sequence[StepOutput]]
+
+MASKED_ACTION_POLICIES = ("reject", "pass", "noop")
+"""What a server does with an action its env's mask forbids (``serve(masked_actions=...)``):
+``reject`` answers MASKED_ACTION; ``pass`` steps the env with it; ``noop`` does not step that env
+and returns its previous result with the env's ``masked_action_penalty`` (default 0.0) as
+reward."""
+PENALTY_ATTRIBUTE = "masked_action_penalty"
+
+
+def check_masked_actions(policy: str) -> str:
+    """``policy`` if it is one of ``MASKED_ACTION_POLICIES``; else a ValueError naming them."""
+    if policy not in MASKED_ACTION_POLICIES:
+        raise ValueError(
+            f"masked_actions={policy!r}: expected one of {', '.join(MASKED_ACTION_POLICIES)}"
+        )
+    return policy
+
+
+def penalty_of(env: Any) -> float:
+    """An env's ``masked_action_penalty`` (the reward of a ``noop`` masked action), else 0.0."""
+    value = getattr(env, PENALTY_ATTRIBUTE, 0.0)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{PENALTY_ATTRIBUTE} must be a number, not {value!r}") from None
+
+
 ACTION_CODES = {
     "i8": "b",
     "u8": "B",
@@ -146,6 +185,37 @@ def check_action_value(rule: ActionRule, index: int, action: Any, act_n: int) ->
 def describe(exc: BaseException) -> str:
     """An exception as one line: ``ValueError: text``."""
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def remote_traceback(exc: BaseException) -> str:
+    """The last ``TRACEBACK_FRAMES`` frames of ``exc``'s traceback and its one-line form, as the
+    client shows them after the message ("" for an exception without a traceback)."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(_RUNTIME_DIR)  # the runtime's frames say nothing
+    ][-TRACEBACK_FRAMES:]
+    if not frames:
+        return ""
+    return "".join(traceback.format_list(frames)) + describe(exc)
+
+
+def with_traceback(message: str, trace: str, limit: int = ENV_ERROR_TEXT_MAX) -> str:
+    """``message``, then the marker and ``trace`` cut from the front (whole lines, the last frames
+    kept) so the whole text is at most ``limit`` bytes of UTF-8; the message alone when there is
+    no room for a useful part of the trace."""
+    if not trace:
+        return message
+    room = limit - len(message.encode()) - len(REMOTE_TRACEBACK_MARKER.encode())
+    data = trace.encode()
+    if len(data) > room:
+        elided = b"  ...\n"
+        data = data[len(data) - (room - len(elided)) :] if room > 2 * len(elided) else b""
+        cut = data.find(b"\n")
+        data = elided + data[cut + 1 :] if cut >= 0 else b""
+        if len(data) <= len(elided):
+            return message
+    return message + REMOTE_TRACEBACK_MARKER + data.decode("utf-8", "ignore")
 
 
 def records_of(rows: np.ndarray) -> list[np.ndarray]:
@@ -267,6 +337,26 @@ class Runner:
                 failures.append((i, exc))
         return ended, failures
 
+    def step_except(
+        self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
+    ) -> tuple[list[int], Failures]:
+        """Step every env but those ``skip`` marks (a bool per env: masked ``noop`` actions);
+        (envs whose final result was kept, failures). Runners in this process only."""
+        ended: list[int] = []
+        failures: Failures = []
+        step_one = self.step_one
+        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
+        skipped = skip.tolist() if skip is not None else None
+        for i in range(self.num_envs):
+            if skipped is not None and skipped[i]:
+                continue
+            try:
+                if step_one(i, values[i], mode):
+                    ended.append(i)
+            except Exception as exc:  # the other envs still step
+                failures.append((i, exc))
+        return ended, failures
+
     def observe(self) -> tuple[list[dict[str, Any]], Failures]:
         """Every env's current result and info map (no step, no auto-reset)."""
         infos: list[dict[str, Any]] = []
@@ -297,10 +387,14 @@ class EnvRuntime:
         seats: int,
         first_seed: int | None = None,
         lock: threading.Lock | None = None,
+        masked_actions: str = "reject",
+        penalties: Sequence[float] | None = None,
         action: FieldIR | None = None,
     ) -> None:
         """``action``: the schema's action field (None: one integer, Discrete)."""
         self.runner = runner
+        self.masked_actions = check_masked_actions(masked_actions)
+        self.penalties = [0.0] * runner.num_envs if penalties is None else list(penalties)
         self.num_envs = runner.num_envs
         self.seats = seats
         self.first_seed = first_seed  # the seed of the first unseeded reset (env i: seed + i)
@@ -314,6 +408,8 @@ class EnvRuntime:
         if mask is None or self.action_rule.kind != "discrete":
             mask = None
         self.masks = results[mask.name] if mask else None  # (R, mask_len) view of the results
+        reward = codec.ir.role("reward")
+        self.rewards = results[reward.name] if reward else None  # (R,) view: noop penalties
         self.ends = [results[f.name] for f in codec.ir.episode_end_fields()]
         self.was_reset = np.zeros(self.num_envs, dtype=bool)
         self.all_reset = False
@@ -353,7 +449,9 @@ class EnvRuntime:
 
     # -- checks ------------------------------------------------------------------------------
 
-    def check_action(self, index: int, action: Any) -> None:
+    def check_action(self, index: int, action: Any) -> bool:
+        """Refuse a bad action (RequestError); True when it is masked out and the policy is
+        ``noop`` (the env must not step)."""
         if not self.all_reset and not self.was_reset[index]:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
         if self.is_done(index):
@@ -361,12 +459,17 @@ class EnvRuntime:
         check_action_value(self.action_rule, index, action, self.spaces.act_n)
         masks = self.masks
         if masks is not None and action < masks.shape[1] and not masks[index, action]:
-            raise RequestError(
-                ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
-            )
+            if self.masked_actions == "reject":
+                raise RequestError(
+                    ErrorCode.MASKED_ACTION, f"env {index}: action {action} is masked out"
+                )
+            return self.masked_actions == "noop"
+        return False
 
-    def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> None:
+    def check_actions(self, actions: np.ndarray, *, skip_done: bool = False) -> np.ndarray | None:
         """The same checks for one action per env, vectorised; reports the first bad env.
+        Returns the envs (bool per env) whose masked action the ``noop`` policy turns into no
+        step, or None when there are none.
 
         ``skip_done``: envs whose episode is done are not checked (NEXT_STEP ignores their
         action).
@@ -377,10 +480,16 @@ class EnvRuntime:
         if done is not None and not skip_done:
             bad = done if bad is None else bad | done
         bad_range = self.action_rule.bad(actions[:n], self.spaces.act_n)
+        noop: np.ndarray | None = None
         if self.masks is not None:
             inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
-            masked = self.masks[np.arange(n), inside] == 0
-            bad_range = bad_range | masked
+            masked = (self.masks[np.arange(n), inside] == 0) & (actions < self.masks.shape[1])
+            if self.masked_actions == "reject":
+                bad_range = bad_range | masked
+            elif self.masked_actions == "noop" and masked.any():
+                noop = masked & ~bad_range
+                if skip_done and done is not None:
+                    noop &= ~done
         if skip_done and done is not None:
             bad_range &= ~done
         if (bad is not None and bad.any()) or bad_range.any():
@@ -388,6 +497,13 @@ class EnvRuntime:
             index = int(np.argmax(first))
             action = actions[index]
             self.check_action(index, int(action) if action.ndim == 0 else action)
+        return noop if noop is not None and noop.any() else None
+
+    def _noop(self, index: int) -> None:
+        """A masked action under ``noop``: env ``index`` keeps its previous result (not done: a
+        done env is refused or reset before this) with its penalty as reward."""
+        if self.rewards is not None:
+            self.rewards[index] = self.penalties[index]
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -405,7 +521,7 @@ class EnvRuntime:
                 if i not in failed:
                     self.mark_reset(i)
             if failures:
-                raise self._recover(failures, seeds)
+                raise self._recover(failures, seeds, lambda i: _seeded("RESET", seeds[i]))
 
     def reset_seed(self, seed: int) -> None:
         """Reset every env; env i gets ``seed + i``."""
@@ -419,28 +535,38 @@ class EnvRuntime:
             except Exception as exc:
                 seeds: list[int | None] = [None] * self.num_envs
                 seeds[index] = seed
-                raise self._recover_one(index, exc, seeds) from None
+                raise self._recover_one(index, exc, seeds, _seeded("RESET", seed)) from None
             self.mark_reset(index)
 
     def step_one(self, index: int, action: Any) -> bool:
         """Step env ``index`` alone; True when SAME_STEP kept its final result."""
         mode = self.autoreset
         if not (mode == AutoReset.NEXT_STEP and self.is_done(index)):
-            self.check_action(index, action)
+            if self.check_action(index, action):
+                self._noop(index)
+                return False
         with self._lock:
             try:
                 return self.runner.step_one(index, action, mode)
             except Exception as exc:
-                raise self._recover_one(index, exc, None) from None
+                request = f"STEP action {_action_text(action)}"
+                raise self._recover_one(index, exc, None, request) from None
 
     def step(self, actions: np.ndarray) -> list[int]:
         """Step every env (one action each); the envs whose SAME_STEP final result was kept."""
         mode = self.autoreset
-        self.check_actions(actions, skip_done=mode == AutoReset.NEXT_STEP)
+        noop = self.check_actions(actions, skip_done=mode == AutoReset.NEXT_STEP)
         with self._lock:
-            ended, failures = self.runner.step(actions, mode)
+            if noop is None:
+                ended, failures = self.runner.step(actions, mode)
+            else:
+                ended, failures = self.runner.step_except(actions, mode, noop)
+                for index in np.flatnonzero(noop).tolist():
+                    self._noop(index)
             if failures:
-                raise self._recover(failures, None)
+                raise self._recover(
+                    failures, None, lambda i: f"STEP action {_action_text(actions[i])}"
+                )
         return ended
 
     def step_batch(self) -> StepBatch | None:
@@ -502,7 +628,8 @@ class EnvRuntime:
                 for seat, output in enumerate(outputs):
                     self.runner.write(seat, output)
             except Exception as exc:
-                raise self._recover_one(0, exc, None) from None
+                request = f"STEP_MULTI seat actions {_numbers(actions)}"
+                raise self._recover_one(0, exc, None, request) from None
 
     def observe(self) -> list[dict[str, Any]]:
         """OBSERVE: every env's current result (``observe()``, else its last result) in its row,
@@ -513,7 +640,7 @@ class EnvRuntime:
         with self._lock:
             infos, failures = self.runner.observe()
             if failures:
-                raise self._recover(failures, None)
+                raise self._recover(failures, None, lambda i: "OBSERVE")
         return infos
 
     def close(self) -> None:
@@ -522,32 +649,66 @@ class EnvRuntime:
     # -- recovery ----------------------------------------------------------------------------
 
     def _recover_one(
-        self, index: int, exc: Exception, seeds: Sequence[int | None] | None
+        self, index: int, exc: Exception, seeds: Sequence[int | None] | None, request: str
     ) -> RequestError:
         """``_recover`` for one env; a refusal that is not an env error passes unchanged."""
         if isinstance(exc, RequestError) and exc.code != ErrorCode.ENV_ERROR:
             return exc
-        return self._recover([(index, exc)], seeds)
+        return self._recover([(index, exc)], seeds, lambda i: request)
 
-    def _recover(self, failures: Failures, seeds: Sequence[int | None] | None) -> RequestError:
+    def _recover(
+        self,
+        failures: Failures,
+        seeds: Sequence[int | None] | None,
+        request: Callable[[int], str],
+    ) -> RequestError:
         """Reset (or recreate) each env that raised; the ENV_ERROR to answer.
 
         The text starts with ``env {i}:`` (the first env that failed), so clients can name the
-        env (``EnvError.env_id``). The other envs of the request did step (or reset).
+        env (``EnvError.env_id``), and ends with the first failure's last traceback frames
+        (``with_traceback``). Each failure is logged once, with its whole traceback, the env and
+        the request (``request(i)``: message name and action or seed), on the server's
+        ``transport.server`` logger (stderr unless the application configures logging). The
+        other envs of the request did step (or reset).
         """
         texts = []
+        trace = ""
         for index, exc in failures:
-            if isinstance(exc, RequestError):
-                detail = exc.text.removeprefix(f"env {index}: ")
+            if isinstance(exc, RequestError):  # from a worker process: its text and last frames
+                text = exc.text.removeprefix(f"env {index}: ")
+                detail, _, worker_trace = text.partition(REMOTE_TRACEBACK_MARKER)
+                trace = trace or worker_trace
+                full = ""
+                if worker_trace:
+                    full = f"{detail}\nlast frames, in a worker:\n{worker_trace}"
             else:
                 detail = describe(exc)
+                full = "".join(traceback.format_exception(exc)).rstrip()
+                trace = trace or remote_traceback(exc)
             fate, ok = self.runner.restore(index, None if seeds is None else seeds[index])
             if ok:
                 self.mark_reset(index)
             else:
                 self.mark_lost(index)
             texts.append(f"env {index}: {detail} ({fate})")
-        return RequestError(ErrorCode.ENV_ERROR, "; ".join(texts))
+            log.error(
+                "transport: env %d raised during %s (%s)%s",
+                index,
+                request(index),
+                fate,
+                f"\n{full}" if full else f": {detail}",
+            )
+        return RequestError(ErrorCode.ENV_ERROR, with_traceback("; ".join(texts), trace))
+
+
+def _action_text(action: Any) -> str:
+    """One env's action for a log line: ``3``, or ``[1, 0.5]`` for an array action (as Node)."""
+    return _numbers(action) if np.ndim(action) else _numbers([action])[1:-1]
+
+
+def _seeded(name: str, seed: int | None) -> str:
+    """A request's name for a log line, with its seed when it has one."""
+    return name if seed is None else f"{name} seed {seed}"
 
 
 # -- what a server serves ------------------------------------------------------------------------
@@ -572,9 +733,12 @@ class EnvHost:
         server_lang: str = "python",
         seed: int | None = None,
         workers: int = 0,
+        masked_actions: str = "reject",
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
+        self.masked_actions = check_masked_actions(masked_actions)
+        self._penalty: float | None = None  # the envs' penalty, asked of one env (worker pools)
         if workers < 0:
             raise ValueError("workers must be 0 (in-process) or more")
         self.schema = schema
@@ -632,6 +796,7 @@ class EnvHost:
         try:
             env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
             env.spaces()
+            self._penalty = penalty_of(env)
         except Exception as exc:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
@@ -678,8 +843,22 @@ class EnvHost:
             from transport.runtime.local import LocalEnvs
 
             runner = LocalEnvs(envs, self.result, results, finals, self.factory)
+        penalties = None
+        if self.masked_actions == "noop" and self.workers:  # the envs live in the workers
+            if self._penalty is None:
+                assert self.factory is not None
+                self._penalty = penalty_of(self.factory())
+            penalties = [self._penalty] * self.num_envs
+        elif self.masked_actions == "noop":
+            penalties = [penalty_of(env) for env in envs]
         return EnvRuntime(
-            runner, seats=self.seats, first_seed=self.seed, lock=self._lock, action=self.action
+            runner,
+            seats=self.seats,
+            first_seed=self.seed,
+            lock=self._lock,
+            action=self.action,
+            masked_actions=self.masked_actions,
+            penalties=penalties,
         )
 
 

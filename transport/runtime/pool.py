@@ -11,7 +11,7 @@ out and gathers through one shared mapping:
  0       state u32 (READY 1, CLOSED 2)
  64      worker k's block (64 bytes each): cmd u32 (futex: server -> worker sequence),
          done u32 (futex: worker -> server sequence), op u32, arg u32, mode u32, ok u32
- ctl     N x 1024-byte env control records: action i32 | flags u8 (1 ended, 2 failed)
+ ctl     N x 1024-byte env control records: action i32 | flags u8 (1 ended, 2 failed, 4 skip)
          | has_seed u8 | fate u8 | error_len u16 | seed u64 | error_text u8[1000]
  results N x StepResult (packed, the codec's layout)
  finals  N x StepResult (SAME_STEP final results)
@@ -49,6 +49,8 @@ from transport.runtime.core import (
     Failures,
     Runner,
     describe,
+    remote_traceback,
+    with_traceback,
 )
 from transport.runtime.env import Env, Spaces
 from transport.runtime.local import LocalEnvs
@@ -60,7 +62,7 @@ _FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worke
 
 READY, CLOSED = 1, 2
 OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE = 1, 2, 3, 4, 5
-ENDED, FAILED = 1, 2
+ENDED, FAILED, SKIP = 1, 2, 4  # SKIP: server -> worker, do not step this env (a noop action)
 BLOCK = 64
 CTL_DTYPE = np.dtype(
     {
@@ -133,6 +135,10 @@ def _wait_ctx(peer_pid: int, spin: int, state: Any = None) -> Any:
     return ctx
 
 
+_TEXT_MAX = 1000
+"""Bytes of a control record's error_text (the layout above)."""
+
+
 def _write_error(ctl: np.ndarray, text: str) -> None:
     data = text.encode("utf-8")[: ctl["error_text"].shape[-1]]
     data = data.decode("utf-8", "ignore").encode("utf-8")
@@ -196,10 +202,15 @@ def _worker_main(
             native.publish(lay.done[k], rc)
             return
         mine = ctl[lo:hi]
+        skip = (mine["flags"] & SKIP) != 0 if op == OP_STEP else None
         mine["flags"] = 0
         failures: Failures = []
         if op == OP_STEP:
-            ended, failures = local.step(mine["action"].tolist(), AutoReset(int(block[_W_MODE])))
+            actions, mode = mine["action"].tolist(), AutoReset(int(block[_W_MODE]))
+            if skip is not None and skip.any():
+                ended, failures = local.step_except(actions, mode, skip)
+            else:
+                ended, failures = local.step(actions, mode)
             for i in ended:
                 mine[i]["flags"] = ENDED
         elif op == OP_RESET:
@@ -221,8 +232,8 @@ def _worker_main(
             mine[i]["flags"] |= FAILED
             if isinstance(err, RequestError):
                 text = err.text.removeprefix(f"env {lo + i}: ")
-            else:
-                text = describe(err)
+            else:  # the last frames ride along (core._recover puts them after the message)
+                text = with_traceback(describe(err), remote_traceback(err), _TEXT_MAX)
             _write_error(mine[i], text)
         native.publish(lay.done[k], rc)
 
@@ -411,7 +422,16 @@ class WorkerPool(Runner):
     def step(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset
     ) -> tuple[list[int], Failures]:
+        return self.step_except(actions, mode, None)
+
+    def step_except(
+        self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
+    ) -> tuple[list[int], Failures]:
+        """Step every env but those ``skip`` marks (their workers leave them and their results
+        as they are: masked ``noop`` actions)."""
         self.lay.ctl["action"] = actions
+        if skip is not None:
+            self.lay.ctl["flags"] = np.where(skip, SKIP, 0)
         dead = self._run(OP_STEP, range(self.workers), mode=int(mode))
         failures: Failures = []
         ended = self._collect(failures, set(dead))

@@ -53,6 +53,7 @@ class Session:
         self.step_request = host.step_request
         self.multi_request = body_codec(schema, "STEP_MULTI_REQ")
         self.reset_request = body_codec(schema, "RESET_SEED_REQ")
+        self.seeds_request = body_codec(schema, "RESET_SEEDS_REQ")
         self.spaces_result = body_codec(schema, "SPACES_RESP")
         self.action_name = host.action.name
         # one integer (Discrete) is unpacked; an array action (Box, MultiDiscrete) is viewed
@@ -62,7 +63,12 @@ class Session:
         self.num_envs = n = host.num_envs
         self.hello_done = False
         self.closing = False
-        self.info = {"num_envs": n, "env": host.env_name, "server": host.server_lang}
+        self.info = {
+            "num_envs": n,
+            "env": host.env_name,
+            "server": host.server_lang,
+            "masked_actions": host.masked_actions,
+        }
         envs = host.create_envs()
         rows = max(host.rows(envs), self.multi_request.ir.fields[0].count)
         size = self.result.size
@@ -78,6 +84,7 @@ class Session:
         self._handlers: dict[int, Callable[[memoryview], tuple[int, int]]] = {
             ids.RESET_REQ: self._reset,
             ids.RESET_SEED_REQ: self._reset_seed,
+            ids.RESET_SEEDS_REQ: self._reset_seeds,
             ids.STEP_REQ: self._step,
             ids.STEP_MULTI_REQ: self._step_multi,
             ids.STEP_BATCH_REQ: self._step_batch,
@@ -168,6 +175,19 @@ class Session:
         self._expect_size(body, self.reset_request.size, "RESET_SEED_REQ")
         seed_field = self.reset_request.ir.fields[0].name
         self.runtime.reset_seed(int(self.reset_request.view(body)[seed_field]))
+        return self.ids.RESET_RESP, self.num_envs * self.result.size
+
+    def _reset_seeds(self, body: memoryview) -> tuple[int, int]:
+        """RESET_SEEDS: env i with its own seed (or unseeded): any list of seeds."""
+        self._expect_size(body, self.num_envs * self.seeds_request.size, "RESET_SEEDS_REQ")
+        entries = self.seeds_request.view(body, 0, count=self.num_envs)
+        seeds = [
+            int(seed) if has else None
+            for seed, has in zip(
+                entries["seed"].tolist(), entries["has_seed"].tolist(), strict=True
+            )
+        ]
+        self.runtime.reset(seeds)
         return self.ids.RESET_RESP, self.num_envs * self.result.size
 
     def _step(self, body: memoryview) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import json
 from pathlib import Path, PurePath
 
 from transport.schema.diagram import shm_diagram
-from transport.schema.ir import SCALARS, FieldIR, SchemaIR, StructIR
+from transport.schema.ir import FLAG_ROLES, SCALARS, FieldIR, SchemaIR, StructIR
 
 __all__ = ["emit_typescript", "emit_typescript_index"]
 
@@ -333,6 +333,11 @@ def _emit_interface(ir: SchemaIR, struct: StructIR, *, output: bool) -> str:
     return head + body + "}\n"
 
 
+def _is_flag(f: FieldIR) -> bool:
+    """An integer field whose role is a flag: its input also takes booleans (codec.ts)."""
+    return f.kind == "int" and f.role in FLAG_ROLES
+
+
 def _value_type(ir: SchemaIR, f: FieldIR, output: bool) -> str:
     if f.kind == "struct":
         element = f.elem if output else f"{f.elem}Input"
@@ -347,14 +352,15 @@ def _value_type(ir: SchemaIR, f: FieldIR, output: bool) -> str:
             return "rt.NestedArray<boolean>"
         return "boolean[]" if output else "ArrayLike<boolean>"
     scalar = _scalar_of(ir, f)
+    flag = " | boolean" if not output and _is_flag(f) else ""
     if f.is_array:
         if output:
             return _TYPED_ARRAY[scalar]
-        element = "bigint | number" if scalar in _BIG else "number"
+        element = ("bigint | number" if scalar in _BIG else "number") + flag
         return f"rt.NestedArray<{element}>" if nested else f"ArrayLike<{element}>"
     if scalar in _BIG:
-        return "bigint" if output else "bigint | number"
-    return "number"
+        return "bigint" if output else "bigint | number" + flag
+    return "number" + flag
 
 
 def _view_type(ir: SchemaIR, f: FieldIR) -> str:
@@ -405,7 +411,7 @@ def _validate_field(ir: SchemaIR, struct: StructIR, f: FieldIR) -> str:
         if f.is_array:
             return f"rt.checkEnumArray({value}, {enum}, {f.count}, {where})"
         return f"rt.checkEnum({value}, {enum}, {where})"
-    check = "Float" if f.kind == "float" else "Integer"
+    check = "Float" if f.kind == "float" else "Flag" if _is_flag(f) else "Integer"
     if f.is_array:
         return f'rt.check{check}Array({value}, "{f.elem}", {f.count}, {where})'
     return f'rt.check{check}({value}, "{f.elem}", {where})'

@@ -60,6 +60,8 @@ Bound = str | tuple[str, ...]
 """A declared bound in the IR: one value for every element, or one per element (flat,
 row-major), each written as Python's ``repr`` of the number (an int or a finite float). Text,
 not JSON numbers, so both languages hash the same canonical JSON (which holds integers only)."""
+FLAG_ROLES = frozenset({"done", "terminated", "truncated", "action_mask"})
+"""Roles whose integer fields hold flags (0 or 1): the codecs take booleans there too."""
 
 
 @dataclass(frozen=True)

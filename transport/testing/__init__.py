@@ -11,8 +11,16 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
     pool.close()
 """
 
-import transport.testing.checks_discovery  # (registers its checks)
-import transport.testing.checks_limits  # noqa: F401  (registers the limit checks)
+# the modules that register contract checks (imported by name: `import transport.testing.x`
+# would bind `transport` in this package's public names)
+from transport.testing import (  # noqa: F401
+    checks_discovery,
+    checks_edges,
+    checks_fuzz,
+    checks_limits,
+    checks_timeouts,
+    gymapi_checks,
+)
 from transport.testing.checks import (
     CHECKS,
     Check,

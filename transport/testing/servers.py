@@ -47,6 +47,7 @@ class ServerOptions:
     max_body: int = CONTRACT_MAX_BODY
     limits: tuple[str, ...] = ()
     """Extra ``transport-serve`` flags for the server limits (``--read-timeout 1``, ...)."""
+    masked_actions: str = "reject"
 
 
 class RunningServer(Protocol):
@@ -136,6 +137,7 @@ class ServeProcess:
         max_body: int | None = CONTRACT_MAX_BODY,
         ready_timeout: float = 30.0,
         extra_args: tuple[str, ...] = (),
+        masked_actions: str = "reject",
     ) -> None:
         command = [
             sys.executable,
@@ -156,6 +158,8 @@ class ServeProcess:
         if max_body is not None:
             command += ["--max-body", str(max_body)]
         command += extra_args
+        if masked_actions != "reject":
+            command += ["--masked-actions", masked_actions]
         self.requested_url = self.url = url
         # stderr goes to a file, not a pipe: a long-lived server that logs would otherwise
         # block once the pipe is full (nobody reads it after "ready")
@@ -241,6 +245,7 @@ def serve_process_factory(
             seed=options.seed,
             max_body=options.max_body,
             extra_args=options.limits,
+            masked_actions=options.masked_actions,
         )
 
     return start

@@ -26,6 +26,8 @@ port that was bound).
   transport-serve unix:///tmp/g.sock --env mygame.envs:GridWorld --schema grid.toml --num-envs 16
   transport-serve unix:///tmp/g.sock --env ./dist/grid.js:GridWorld --schema grid.toml --lang node
   transport-serve http://127.0.0.1:8080 --env echo --num-envs 8
+  transport-serve unix:///tmp/pac.sock --env pac --num-envs 8 --masked-actions noop
+                                          for trainers that ignore masks (plain PPO)
   transport-serve "shm://pac?num_envs=32" --env pac       (region /dev/shm/transport-pac)
   transport-serve zmq+ipc:///tmp/pac.zmq --env pac --lang node
   transport-serve "zmq+tcp://0.0.0.0:5555?server_key=keys/server.key_secret&clients=keys/clients"
@@ -92,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--seed", type=int, default=None, help="seed of the first unseeded reset (env i: S + i)"
+    )
+    parser.add_argument(
+        "--masked-actions",
+        choices=("reject", "pass", "noop"),
+        default="reject",
+        help="an action the env's mask forbids: reject it (MASKED_ACTION, default), pass it to "
+        "the env, or noop (the env does not step; reward env.masked_action_penalty)",
     )
     parser.add_argument(
         "--max-body", type=int, default=None, help="largest request body accepted, in bytes"
@@ -177,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("max_connections", "idle_timeout", "read_timeout"):
             if getattr(args, flag) is not None:
                 command += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+        if args.masked_actions != "reject":
+            command += ["--masked-actions", args.masked_actions]
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 
@@ -207,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             ready=ready,
             workers=args.workers,
             limits=limits,
+            masked_actions=args.masked_actions,
         )
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)

@@ -12,10 +12,12 @@ import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
 import { ENV_SCHEMAS, ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
+import { MASKED_ACTION_POLICIES, type MaskedActions } from "../runtime/core";
 import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
-import { type Server, serve } from "../server";
+import { DEFAULT_MAX_BODY } from "../protocol";
+import { MAX_BODY_LIMIT, MAX_NUM_ENVS, type Server, checkServerLimits, serve } from "../server";
 import type { ServerLimits } from "../stream";
 
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
@@ -44,8 +46,13 @@ port that was bound).
   --idle-timeout S       unix/http: seconds a connection may be idle between requests (default 600)
   --read-timeout S       unix/http: seconds a started request has to arrive completely, and a
                  response to be taken (default 30)
+  --masked-actions P
+                 an action the env's mask forbids: reject (MASKED_ACTION, default), pass (the
+                 env steps with it) or noop (no step; reward env.maskedActionPenalty, default 0)
 
-Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments.
+Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments or limits
+(--num-envs 1..65536, --max-body 1..4294967295 and large enough for the schema's requests; a
+step response for every env must fit in max(--max-body, 64 MiB): the rules of the Python CLI).
 `;
 
 interface Args {
@@ -58,6 +65,7 @@ interface Args {
   numEnvsGiven: boolean;
   workers: number;
   limits: Partial<ServerLimits>;
+  maskedActions: MaskedActions;
 }
 
 class UsageError extends Error {}
@@ -79,6 +87,7 @@ function parseArgs(argv: readonly string[]): Args | null {
     }
     return number;
   };
+  let maskedActions: MaskedActions = "reject";
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     if (arg === "-h" || arg === "--help") return null;
@@ -91,6 +100,13 @@ function parseArgs(argv: readonly string[]): Args | null {
     const integer = (text: string, name: string): number => {
       if (!/^[0-9]+$/.test(text)) throw new UsageError(`${name} must be a non-negative integer, got ${JSON.stringify(text)}`);
       return Number(text);
+    };
+    // --num-envs and --max-body: any integer parses, then the range rule and text of Python's CLI
+    const ranged = (text: string, name: string, max: number, unit: string): number => {
+      if (!/^[+-]?[0-9]+$/.test(text)) throw new UsageError(`argument ${name}: invalid int value: '${text}'`);
+      const number = Number(text);
+      if (number < 1 || number > max) throw new UsageError(`${name} must be 1..${max}${unit}, not ${BigInt(text)}`);
+      return number;
     };
     switch (flag) {
       case "--env":
@@ -105,8 +121,7 @@ function parseArgs(argv: readonly string[]): Args | null {
         schema = value();
         break;
       case "--num-envs":
-        numEnvs = integer(value(), "--num-envs");
-        if (numEnvs < 1) throw new UsageError("--num-envs must be at least 1");
+        numEnvs = ranged(value(), "--num-envs", MAX_NUM_ENVS, "");
         break;
       case "--seed": {
         const text = value();
@@ -115,7 +130,7 @@ function parseArgs(argv: readonly string[]): Args | null {
         break;
       }
       case "--max-body":
-        maxBody = integer(value(), "--max-body");
+        maxBody = ranged(value(), "--max-body", MAX_BODY_LIMIT, " bytes");
         break;
       case "--workers":
         workers = integer(value(), "--workers");
@@ -129,13 +144,22 @@ function parseArgs(argv: readonly string[]): Args | null {
       case "--read-timeout":
         limits.readTimeoutMs = positive(value(), "--read-timeout", false) * 1000;
         break;
+      case "--masked-actions": {
+        const text = value();
+        const found = MASKED_ACTION_POLICIES.find((p) => p === text);
+        if (found === undefined) {
+          throw new UsageError(`--masked-actions must be one of ${MASKED_ACTION_POLICIES.join(", ")}, got ${JSON.stringify(text)}`);
+        }
+        maskedActions = found;
+        break;
+      }
       default:
         if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unexpected argument ${JSON.stringify(arg)}`);
         url = arg;
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers, limits };
+  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers, limits, maskedActions };
 }
 
 /** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
@@ -193,6 +217,14 @@ async function main(argv: readonly string[]): Promise<number> {
       if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
       checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
     }
+    try {
+      checkServerLimits(schema, args.url, args.numEnvs, args.maxBody ?? DEFAULT_MAX_BODY);
+    } catch (error) {
+      if (!(error instanceof RangeError)) throw error;
+      // a limit with which every client would be refused: exit 2 before anything is created
+      process.stderr.write(`transport-serve: error: ${error.message}\n`);
+      return 2;
+    }
     server = await serve(factory, args.url, {
       numEnvs: args.numEnvs,
       envName,
@@ -204,6 +236,7 @@ async function main(argv: readonly string[]): Promise<number> {
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
       ...(args.workers ? { workers: args.workers } : {}),
       limits: args.limits,
+      maskedActions: args.maskedActions,
     });
   } catch (error) {
     process.stderr.write(`transport-serve: error: ${(error as Error).message}\n`);

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "gridworld",
   "version": 1,
-  "fingerprint": "e1cb7070b02db3ee",
+  "fingerprint": "f518f7e2839c7978",
   "structs": {
     "StepResult": {
       "size": 296,
@@ -228,6 +228,27 @@ export const IR: SchemaJson = {
           "type": "u64",
           "offset": 0,
           "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "EnvSeed": {
+      "size": 16,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "bool",
+          "offset": 8,
+          "size": 1,
           "count": 1
         }
       ]
@@ -606,6 +627,11 @@ export const IR: SchemaJson = {
       "id": 18,
       "body": "StepResult",
       "batch": true
+    },
+    "RESET_SEEDS_REQ": {
+      "id": 19,
+      "body": "EnvSeed",
+      "batch": true
     }
   },
   "env": {
@@ -647,8 +673,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "e1cb7070b02db3ee";
-export const FINGERPRINT = 0xe1cb7070b02db3een;
+export const FINGERPRINT_HEX = "f518f7e2839c7978";
+export const FINGERPRINT = 0xf518f7e2839c7978n;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -717,6 +743,7 @@ export const MessageId = {
   RESET_SEED_REQ: 16,
   STEP_BATCH_REQ: 17,
   STEP_BATCH_RESP: 18,
+  RESET_SEEDS_REQ: 19,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -1363,6 +1390,78 @@ const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, Reset
 
 export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
 
+// -- EnvSeed: 16 bytes, packed layout, align 1 ----------------------------------------------------
+
+/** EnvSeed as `decode` returns it. */
+export interface EnvSeed {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/** What `EnvSeedCodec.encode` accepts (validated at run time). */
+export interface EnvSeedInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/**
+ * Zero-copy view of a EnvSeed in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class EnvSeedView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+
+  get has_seed(): boolean {
+    return this.#dv.getUint8(this.#at + 8) !== 0;
+  }
+}
+
+const EnvSeedFields = rt.nameSet(["seed", "has_seed"]);
+
+const EnvSeedLayout: rt.StructLayout<EnvSeed, EnvSeedInput, EnvSeedView> = {
+  name: "EnvSeed",
+  size: 16,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkBool(rt.fieldValue(fields, "has_seed", path), path, "has_seed");
+    rt.rejectUnknownFields(fields, EnvSeedFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: EnvSeedInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+    dv.setUint8(at + 8, value.has_seed ? 1 : 0);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkBoolByte(dv, at + 8, path, "has_seed");
+  },
+  readAt(dv: DataView, at: number): EnvSeed {
+    return {
+      seed: dv.getBigUint64(at, true),
+      has_seed: dv.getUint8(at + 8) !== 0,
+    };
+  },
+  viewAt(dv: DataView, at: number): EnvSeedView {
+    return new EnvSeedView(dv, at);
+  },
+};
+
+export const EnvSeedCodec: rt.StructCodec<EnvSeed, EnvSeedInput, EnvSeedView> = rt.defineStruct(EnvSeedLayout);
+
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
 /** ShmControl as `decode` returns it. */
@@ -1954,6 +2053,7 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
   ResetRequest: ResetRequestCodec,
+  EnvSeed: EnvSeedCodec,
   ShmControl: ShmControlCodec,
   StepMultiRequest: StepMultiRequestCodec,
   StepMultiResult: StepMultiResultCodec,

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "pac_env",
   "version": 1,
-  "fingerprint": "b7769b26a19d4aac",
+  "fingerprint": "6c30e96ee85e4cff",
   "structs": {
     "StepResult": {
       "size": 2557,
@@ -249,6 +249,27 @@ export const IR: SchemaJson = {
           "type": "u64",
           "offset": 0,
           "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "EnvSeed": {
+      "size": 16,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "bool",
+          "offset": 8,
+          "size": 1,
           "count": 1
         }
       ]
@@ -804,6 +825,11 @@ export const IR: SchemaJson = {
       "id": 18,
       "body": "StepResult",
       "batch": true
+    },
+    "RESET_SEEDS_REQ": {
+      "id": 19,
+      "body": "EnvSeed",
+      "batch": true
     }
   },
   "env": {
@@ -855,8 +881,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "b7769b26a19d4aac";
-export const FINGERPRINT = 0xb7769b26a19d4aacn;
+export const FINGERPRINT_HEX = "6c30e96ee85e4cff";
+export const FINGERPRINT = 0x6c30e96ee85e4cffn;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -925,6 +951,7 @@ export const MessageId = {
   RESET_SEED_REQ: 16,
   STEP_BATCH_REQ: 17,
   STEP_BATCH_RESP: 18,
+  RESET_SEEDS_REQ: 19,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -965,11 +992,11 @@ export interface StepResultInput {
   /** f32[612] at offset 0 (2448 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[92] at offset 2448 (92 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** f32 at offset 2540 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 2544 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 2545 (1 byte). */
   rank: number;
   /** u16 at offset 2546 (2 bytes). */
@@ -1065,9 +1092,9 @@ const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultV
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
     rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
     rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
     rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
@@ -1615,6 +1642,78 @@ const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, Reset
 
 export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
 
+// -- EnvSeed: 16 bytes, packed layout, align 1 ----------------------------------------------------
+
+/** EnvSeed as `decode` returns it. */
+export interface EnvSeed {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/** What `EnvSeedCodec.encode` accepts (validated at run time). */
+export interface EnvSeedInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/**
+ * Zero-copy view of a EnvSeed in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class EnvSeedView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+
+  get has_seed(): boolean {
+    return this.#dv.getUint8(this.#at + 8) !== 0;
+  }
+}
+
+const EnvSeedFields = rt.nameSet(["seed", "has_seed"]);
+
+const EnvSeedLayout: rt.StructLayout<EnvSeed, EnvSeedInput, EnvSeedView> = {
+  name: "EnvSeed",
+  size: 16,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkBool(rt.fieldValue(fields, "has_seed", path), path, "has_seed");
+    rt.rejectUnknownFields(fields, EnvSeedFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: EnvSeedInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+    dv.setUint8(at + 8, value.has_seed ? 1 : 0);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkBoolByte(dv, at + 8, path, "has_seed");
+  },
+  readAt(dv: DataView, at: number): EnvSeed {
+    return {
+      seed: dv.getBigUint64(at, true),
+      has_seed: dv.getUint8(at + 8) !== 0,
+    };
+  },
+  viewAt(dv: DataView, at: number): EnvSeedView {
+    return new EnvSeedView(dv, at);
+  },
+};
+
+export const EnvSeedCodec: rt.StructCodec<EnvSeed, EnvSeedInput, EnvSeedView> = rt.defineStruct(EnvSeedLayout);
+
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
 /** ShmControl as `decode` returns it. */
@@ -1999,7 +2098,7 @@ export interface ShmSlotInput {
   /** f32 at offset 16 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 20 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 21 (1 byte). */
   rank: number;
   /** u16 at offset 22 (2 bytes). */
@@ -2019,7 +2118,7 @@ export interface ShmSlotInput {
   /** f32[612] at offset 32 (2448 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[92] at offset 2480 (92 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** u8 at offset 2572 (1 byte). */
   actions_this_turn: number;
   /** u8 at offset 2573 (1 byte). */
@@ -2167,7 +2266,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     rt.checkEnum(rt.fieldValue(fields, "command", path), SlotCommandValues, "SlotCommand", path, "command");
     rt.checkInteger(rt.fieldValue(fields, "action", path), "i32", path, "action");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
     rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
     rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
     rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
@@ -2177,7 +2276,7 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
     rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
     rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
     rt.checkInteger(rt.fieldValue(fields, "has_seed", path), "u8", path, "has_seed");
     rt.checkInteger(rt.fieldValue(fields, "status", path), "u16", path, "status");
@@ -2298,7 +2397,7 @@ export interface ShmFinalInput {
   /** f32 at offset 16 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 20 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 21 (1 byte). */
   rank: number;
   /** u16 at offset 22 (2 bytes). */
@@ -2318,7 +2417,7 @@ export interface ShmFinalInput {
   /** f32[612] at offset 32 (2448 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[92] at offset 2480 (92 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** u8 at offset 2572 (1 byte). */
   actions_this_turn: number;
 }
@@ -2403,7 +2502,7 @@ const ShmFinalLayout: rt.StructLayout<ShmFinal, ShmFinalInput, ShmFinalView> = {
     const fields = rt.asFields(value, path);
     rt.checkInteger(rt.fieldValue(fields, "final_seq", path), "u32", path, "final_seq");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
     rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
     rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
     rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
@@ -2413,7 +2512,7 @@ const ShmFinalLayout: rt.StructLayout<ShmFinal, ShmFinalInput, ShmFinalView> = {
     rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
     rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
     rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
     rt.rejectUnknownFields(fields, ShmFinalFields, path);
   },
@@ -2472,6 +2571,7 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
   ResetRequest: ResetRequestCodec,
+  EnvSeed: EnvSeedCodec,
   ShmControl: ShmControlCodec,
   StepMultiRequest: StepMultiRequestCodec,
   StepMultiResult: StepMultiResultCodec,

@@ -721,7 +721,7 @@ export interface SlotInput {
   /** f32 at offset 16 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 20 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 21 (1 byte). */
   rank: number;
   /** u16 at offset 22 (2 bytes). */
@@ -741,7 +741,7 @@ export interface SlotInput {
   /** f32[612] at offset 32 (2448 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[92] at offset 2480 (92 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** u8 at offset 2572 (1 byte). */
   actions_this_turn: number;
   /** u8 at offset 2573 (1 byte). */
@@ -889,7 +889,7 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
     rt.checkEnum(rt.fieldValue(fields, "command", path), SlotCommandValues, "SlotCommand", path, "command");
     rt.checkInteger(rt.fieldValue(fields, "action", path), "i32", path, "action");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
     rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
     rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
     rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
@@ -899,7 +899,7 @@ const SlotLayout: rt.StructLayout<Slot, SlotInput, SlotView> = {
     rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
     rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
     rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
     rt.checkInteger(rt.fieldValue(fields, "has_seed", path), "u8", path, "has_seed");
     rt.checkInteger(rt.fieldValue(fields, "status", path), "u16", path, "status");
@@ -1020,7 +1020,7 @@ export interface FinalAreaInput {
   /** f32 at offset 16 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 20 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 21 (1 byte). */
   rank: number;
   /** u16 at offset 22 (2 bytes). */
@@ -1040,7 +1040,7 @@ export interface FinalAreaInput {
   /** f32[612] at offset 32 (2448 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[92] at offset 2480 (92 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** u8 at offset 2572 (1 byte). */
   actions_this_turn: number;
 }
@@ -1125,7 +1125,7 @@ const FinalAreaLayout: rt.StructLayout<FinalArea, FinalAreaInput, FinalAreaView>
     const fields = rt.asFields(value, path);
     rt.checkInteger(rt.fieldValue(fields, "final_seq", path), "u32", path, "final_seq");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
     rt.checkInteger(rt.fieldValue(fields, "rank", path), "u8", path, "rank");
     rt.checkInteger(rt.fieldValue(fields, "life", path), "u16", path, "life");
     rt.checkInteger(rt.fieldValue(fields, "money", path), "u16", path, "money");
@@ -1135,7 +1135,7 @@ const FinalAreaLayout: rt.StructLayout<FinalArea, FinalAreaInput, FinalAreaView>
     rt.checkInteger(rt.fieldValue(fields, "synergy_count", path), "u8", path, "synergy_count");
     rt.checkInteger(rt.fieldValue(fields, "items_held", path), "u8", path, "items_held");
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 612, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 92, path, "action_mask");
     rt.checkInteger(rt.fieldValue(fields, "actions_this_turn", path), "u8", path, "actions_this_turn");
     rt.rejectUnknownFields(fields, FinalAreaFields, path);
   },

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "protocol",
   "version": 1,
-  "fingerprint": "d412fcb30d78f601",
+  "fingerprint": "c2fa146605e6cda5",
   "structs": {
     "FrameHeader": {
       "size": 9,
@@ -132,6 +132,27 @@ export const IR: SchemaJson = {
           "type": "u64",
           "offset": 0,
           "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "EnvSeed": {
+      "size": 16,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "bool",
+          "offset": 8,
+          "size": 1,
           "count": 1
         }
       ]
@@ -362,6 +383,11 @@ export const IR: SchemaJson = {
       "id": 18,
       "body": "$result",
       "batch": true
+    },
+    "RESET_SEEDS_REQ": {
+      "id": 19,
+      "body": "EnvSeed",
+      "batch": true
     }
   },
   "errors": {
@@ -422,6 +448,7 @@ export const IR: SchemaJson = {
     "hello": "HELLO_REQ",
     "reset": "RESET_REQ",
     "reset_seed": "RESET_SEED_REQ",
+    "reset_seeds": "RESET_SEEDS_REQ",
     "step": "STEP_REQ",
     "step_multi": "STEP_MULTI_REQ",
     "step_batch": "STEP_BATCH_REQ",
@@ -432,8 +459,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "d412fcb30d78f601";
-export const FINGERPRINT = 0xd412fcb30d78f601n;
+export const FINGERPRINT_HEX = "c2fa146605e6cda5";
+export const FINGERPRINT = 0xc2fa146605e6cda5n;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -501,6 +528,7 @@ export const MessageId = {
   RESET_SEED_REQ: 16,
   STEP_BATCH_REQ: 17,
   STEP_BATCH_RESP: 18,
+  RESET_SEEDS_REQ: 19,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -526,6 +554,7 @@ export const HTTP_ROUTES = {
   hello: "HELLO_REQ",
   reset: "RESET_REQ",
   reset_seed: "RESET_SEED_REQ",
+  reset_seeds: "RESET_SEEDS_REQ",
   step: "STEP_REQ",
   step_multi: "STEP_MULTI_REQ",
   step_batch: "STEP_BATCH_REQ",
@@ -966,6 +995,78 @@ const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, Reset
 
 export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
 
+// -- EnvSeed: 16 bytes, packed layout, align 1 ----------------------------------------------------
+
+/** EnvSeed as `decode` returns it. */
+export interface EnvSeed {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/** What `EnvSeedCodec.encode` accepts (validated at run time). */
+export interface EnvSeedInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/**
+ * Zero-copy view of a EnvSeed in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class EnvSeedView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+
+  get has_seed(): boolean {
+    return this.#dv.getUint8(this.#at + 8) !== 0;
+  }
+}
+
+const EnvSeedFields = rt.nameSet(["seed", "has_seed"]);
+
+const EnvSeedLayout: rt.StructLayout<EnvSeed, EnvSeedInput, EnvSeedView> = {
+  name: "EnvSeed",
+  size: 16,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkBool(rt.fieldValue(fields, "has_seed", path), path, "has_seed");
+    rt.rejectUnknownFields(fields, EnvSeedFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: EnvSeedInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+    dv.setUint8(at + 8, value.has_seed ? 1 : 0);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkBoolByte(dv, at + 8, path, "has_seed");
+  },
+  readAt(dv: DataView, at: number): EnvSeed {
+    return {
+      seed: dv.getBigUint64(at, true),
+      has_seed: dv.getUint8(at + 8) !== 0,
+    };
+  },
+  viewAt(dv: DataView, at: number): EnvSeedView {
+    return new EnvSeedView(dv, at);
+  },
+};
+
+export const EnvSeedCodec: rt.StructCodec<EnvSeed, EnvSeedInput, EnvSeedView> = rt.defineStruct(EnvSeedLayout);
+
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
 /** ShmControl as `decode` returns it. */
@@ -1167,5 +1268,6 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
   ResetRequest: ResetRequestCodec,
+  EnvSeed: EnvSeedCodec,
   ShmControl: ShmControlCodec,
 });

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "tetris",
   "version": 1,
-  "fingerprint": "d2588b80201ff1f2",
+  "fingerprint": "90b07419e46b2948",
   "structs": {
     "StepResult": {
       "size": 912,
@@ -222,6 +222,27 @@ export const IR: SchemaJson = {
           "type": "u64",
           "offset": 0,
           "size": 8,
+          "count": 1
+        }
+      ]
+    },
+    "EnvSeed": {
+      "size": 16,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "seed",
+          "type": "u64",
+          "offset": 0,
+          "size": 8,
+          "count": 1
+        },
+        {
+          "name": "has_seed",
+          "type": "bool",
+          "offset": 8,
+          "size": 1,
           "count": 1
         }
       ]
@@ -600,6 +621,11 @@ export const IR: SchemaJson = {
       "id": 18,
       "body": "StepResult",
       "batch": true
+    },
+    "RESET_SEEDS_REQ": {
+      "id": 19,
+      "body": "EnvSeed",
+      "batch": true
     }
   },
   "env": {
@@ -643,8 +669,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "d2588b80201ff1f2";
-export const FINGERPRINT = 0xd2588b80201ff1f2n;
+export const FINGERPRINT_HEX = "90b07419e46b2948";
+export const FINGERPRINT = 0x90b07419e46b2948n;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -713,6 +739,7 @@ export const MessageId = {
   RESET_SEED_REQ: 16,
   STEP_BATCH_REQ: 17,
   STEP_BATCH_RESP: 18,
+  RESET_SEEDS_REQ: 19,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -745,13 +772,13 @@ export interface StepResultInput {
   /** f32[214] at offset 0 (856 bytes, role observation). */
   observation: ArrayLike<number>;
   /** u8[40] at offset 856 (40 bytes, role action_mask). */
-  action_mask: ArrayLike<number>;
+  action_mask: ArrayLike<number | boolean>;
   /** f32 at offset 896 (4 bytes, role reward). */
   reward: number;
   /** u8 at offset 900 (1 byte, role done). */
-  done: number;
+  done: number | boolean;
   /** u8 at offset 901 (1 byte, role truncated). */
-  truncated: number;
+  truncated: number | boolean;
   /** u8 at offset 902 (1 byte). */
   lines: number;
   /** u8 at offset 903 (1 byte). */
@@ -821,10 +848,10 @@ const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultV
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 214, path, "observation");
-    rt.checkIntegerArray(rt.fieldValue(fields, "action_mask", path), "u8", 40, path, "action_mask");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 40, path, "action_mask");
     rt.checkFloat(rt.fieldValue(fields, "reward", path), "f32", path, "reward");
-    rt.checkInteger(rt.fieldValue(fields, "done", path), "u8", path, "done");
-    rt.checkInteger(rt.fieldValue(fields, "truncated", path), "u8", path, "truncated");
+    rt.checkFlag(rt.fieldValue(fields, "done", path), "u8", path, "done");
+    rt.checkFlag(rt.fieldValue(fields, "truncated", path), "u8", path, "truncated");
     rt.checkInteger(rt.fieldValue(fields, "lines", path), "u8", path, "lines");
     rt.checkInteger(rt.fieldValue(fields, "piece", path), "u8", path, "piece");
     rt.checkInteger(rt.fieldValue(fields, "total_lines", path), "u32", path, "total_lines");
@@ -1358,6 +1385,78 @@ const ResetRequestLayout: rt.StructLayout<ResetRequest, ResetRequestInput, Reset
 };
 
 export const ResetRequestCodec: rt.StructCodec<ResetRequest, ResetRequestInput, ResetRequestView> = rt.defineStruct(ResetRequestLayout);
+
+// -- EnvSeed: 16 bytes, packed layout, align 1 ----------------------------------------------------
+
+/** EnvSeed as `decode` returns it. */
+export interface EnvSeed {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/** What `EnvSeedCodec.encode` accepts (validated at run time). */
+export interface EnvSeedInput {
+  /** u64 at offset 0 (8 bytes). */
+  seed: bigint | number;
+  /** bool at offset 8 (1 byte). */
+  has_seed: boolean;
+}
+
+/**
+ * Zero-copy view of a EnvSeed in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class EnvSeedView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get seed(): bigint {
+    return this.#dv.getBigUint64(this.#at, true);
+  }
+
+  get has_seed(): boolean {
+    return this.#dv.getUint8(this.#at + 8) !== 0;
+  }
+}
+
+const EnvSeedFields = rt.nameSet(["seed", "has_seed"]);
+
+const EnvSeedLayout: rt.StructLayout<EnvSeed, EnvSeedInput, EnvSeedView> = {
+  name: "EnvSeed",
+  size: 16,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "seed", path), "u64", path, "seed");
+    rt.checkBool(rt.fieldValue(fields, "has_seed", path), path, "has_seed");
+    rt.rejectUnknownFields(fields, EnvSeedFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: EnvSeedInput): void {
+    dv.setBigUint64(at, rt.toBigInt(value.seed), true);
+    dv.setUint8(at + 8, value.has_seed ? 1 : 0);
+  },
+  checkAt(dv: DataView, at: number, path: string): void {
+    rt.checkBoolByte(dv, at + 8, path, "has_seed");
+  },
+  readAt(dv: DataView, at: number): EnvSeed {
+    return {
+      seed: dv.getBigUint64(at, true),
+      has_seed: dv.getUint8(at + 8) !== 0,
+    };
+  },
+  viewAt(dv: DataView, at: number): EnvSeedView {
+    return new EnvSeedView(dv, at);
+  },
+};
+
+export const EnvSeedCodec: rt.StructCodec<EnvSeed, EnvSeedInput, EnvSeedView> = rt.defineStruct(EnvSeedLayout);
 
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
@@ -1950,6 +2049,7 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   HealthResult: HealthResultCodec,
   SpacesResult: SpacesResultCodec,
   ResetRequest: ResetRequestCodec,
+  EnvSeed: EnvSeedCodec,
   ShmControl: ShmControlCodec,
   StepMultiRequest: StepMultiRequestCodec,
   StepMultiResult: StepMultiResultCodec,

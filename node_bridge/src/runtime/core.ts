@@ -22,7 +22,7 @@
  */
 
 import type { AnyStructCodec, SchemaModule } from "../codec";
-import { ProtocolError, TransportError } from "../errors";
+import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
 import type { Spaces } from "./env";
@@ -30,6 +30,41 @@ import type { Spaces } from "./env";
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
 export const FATE_FAILED = "the env could not be reset: send a reset";
+
+/**
+ * Bytes of an ENV_ERROR text, message and trimmed stack: the size of an shm slot's error_text
+ * area (the compiler's ERROR_TEXT_SIZE), the smallest carrier, so every backend delivers the
+ * same text. Python: `ENV_ERROR_TEXT_MAX`.
+ */
+export const ENV_ERROR_TEXT_MAX = 1024;
+/** Frames of an env's stack carried to the client: the innermost ones (the env's own code). */
+export const TRACEBACK_FRAMES = 4;
+const RUNTIME_DIR = __dirname + "/";
+
+/** The first line and the innermost `TRACEBACK_FRAMES` frames of an error's stack ("" if none). */
+export function remoteTraceback(error: unknown): string {
+  if (!(error instanceof Error) || typeof error.stack !== "string") return "";
+  const lines = error.stack.split("\n");
+  // the runtime's own frames (this folder) say nothing about the env
+  const frames = lines.filter((line) => line.trimStart().startsWith("at ") && !line.includes(RUNTIME_DIR));
+  if (frames.length === 0) return "";
+  return [describeError(error), ...frames.slice(0, TRACEBACK_FRAMES)].join("\n");
+}
+
+/**
+ * `message`, then the marker and `trace` cut from the end (whole lines: the innermost frames are
+ * kept) so the whole text is at most `limit` bytes of UTF-8; the message alone when there is no
+ * room for a useful part of the trace. Python: `with_traceback` (which keeps the last lines).
+ */
+export function withTraceback(message: string, trace: string, limit = ENV_ERROR_TEXT_MAX): string {
+  if (trace === "") return message;
+  const room = limit - Buffer.byteLength(message) - Buffer.byteLength(REMOTE_TRACEBACK_MARKER);
+  const lines = trace.split("\n");
+  while (lines.length > 1 && Buffer.byteLength(lines.join("\n")) > room) lines.pop();
+  const kept = lines.join("\n");
+  if (Buffer.byteLength(kept) > room) return message;
+  return message + REMOTE_TRACEBACK_MARKER + kept;
+}
 
 /** Seats of a STEP_MULTI (seed 000's self-play game). */
 export const SEATS = 8;
@@ -232,6 +267,32 @@ export function writeAction(buf: Uint8Array, at: number, value: number, type: Ac
   for (let b = 0; b < type.size; b++) buf[at + b] = (value >>> (8 * b)) & 0xff;
 }
 
+/** Write one array action (Box: floats; MultiDiscrete: integers), `type.elements` values, at
+ * `buf[at]`, little-endian; the server checks bounds and finiteness (ActionRule). */
+export function writeArrayAction(
+  buf: Uint8Array,
+  at: number,
+  values: ArrayLike<number>,
+  type: ActionType,
+  view: DataView | null = null,
+): void {
+  if (values.length !== type.elements) {
+    throw new RangeError(`an action of this schema has ${type.elements} elements, got ${values.length}`);
+  }
+  const dv = type.float ? (view ?? new DataView(buf.buffer, buf.byteOffset, buf.byteLength)) : null;
+  for (let j = 0; j < type.elements; j++) {
+    const p = at + j * type.elemSize;
+    const v = values[j] as number;
+    if (dv === null) {
+      for (let b = 0; b < type.elemSize; b++) buf[p + b] = ((v | 0) >>> (8 * b)) & 0xff;
+    } else if (type.elemSize === 4) {
+      dv.setFloat32(p, v, true);
+    } else {
+      dv.setFloat64(p, v, true);
+    }
+  }
+}
+
 /** The struct of a message's body; a clear error when the schema lacks it. */
 export function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
   const body = schema.messages[message]?.body;
@@ -353,11 +414,54 @@ function readerOf(schema: SchemaModule, field: FieldJson): { read: Reader; size:
   return { read, size: field.size / field.count };
 }
 
+/**
+ * What a server does with an action its env's mask forbids (Python's `MASKED_ACTION_POLICIES`):
+ * "reject" answers MASKED_ACTION; "pass" steps the env with it; "noop" does not step that env and
+ * returns its previous result with the env's `maskedActionPenalty` (default 0) as reward.
+ */
+export type MaskedActions = "reject" | "pass" | "noop";
+export const MASKED_ACTION_POLICIES: readonly MaskedActions[] = ["reject", "pass", "noop"];
+
+/** `policy` as a MaskedActions; a TransportError naming the choices otherwise. */
+export function checkMaskedActions(policy: string): MaskedActions {
+  const found = MASKED_ACTION_POLICIES.find((p) => p === policy);
+  if (found === undefined) {
+    throw new TransportError(`maskedActions ${JSON.stringify(policy)}: expected one of ${MASKED_ACTION_POLICIES.join(", ")}`);
+  }
+  return found;
+}
+
+/** An env's `maskedActionPenalty` (the reward of a "noop" masked action), else 0. */
+export function penaltyOf(env: unknown): number {
+  const value = (env as { maskedActionPenalty?: unknown } | null)?.maskedActionPenalty ?? 0;
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw new TransportError(`maskedActionPenalty must be a finite number, not ${String(value)}`);
+  }
+  return value;
+}
+
 /** Options of a runtime. */
 export interface RuntimeOptions {
   /** The seed of the first unseeded reset (env i gets seed + i). */
   readonly firstSeed?: bigint | number | null;
+  /** What a masked action does (default "reject"). */
+  readonly maskedActions?: MaskedActions;
+  /** "noop": the reward of a masked action, per env (default 0). */
+  readonly penalties?: readonly number[];
 }
+
+type Writer = (dv: DataView, at: number, value: number) => void;
+
+const WRITERS: Readonly<Record<string, Writer>> = {
+  f32: (dv, at, v) => dv.setFloat32(at, v, true),
+  f64: (dv, at, v) => dv.setFloat64(at, v, true),
+  i8: (dv, at, v) => dv.setInt8(at, v),
+  u8: (dv, at, v) => dv.setUint8(at, v),
+  i16: (dv, at, v) => dv.setInt16(at, v, true),
+  u16: (dv, at, v) => dv.setUint16(at, v, true),
+  i32: (dv, at, v) => dv.setInt32(at, v, true),
+  u32: (dv, at, v) => dv.setUint32(at, v, true),
+};
 
 /** N envs of one client: the checks, seeds, auto-reset, finals, recovery, seats, OBSERVE. */
 export class EnvRuntime {
@@ -379,7 +483,14 @@ export class EnvRuntime {
   readonly actions: Float64Array;
   /** What one action may be (the per-type check). */
   readonly actionRule: ActionRule;
+  /** What a masked action does (the HELLO info's `masked_actions`). */
+  readonly maskedActions: MaskedActions;
 
+  readonly #penalties: readonly number[];
+  /** The result's reward field (written by a "noop" masked action); null without one. */
+  readonly #reward: { at: number; write: Writer } | null;
+  /** Per env: this request's action is a masked "noop" (the env does not step). */
+  readonly #noop: Uint8Array;
   readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
   /** The result fields whose truth ends an episode (`episodeEndFields`). */
   readonly #ends: ReadonlyArray<{ at: number; read: Reader }>;
@@ -420,6 +531,12 @@ export class EnvRuntime {
     this.#seeds = new Array<bigint | null>(n).fill(null);
     this.seats = schema.ir.env?.seats ?? SEATS;
     this.actions = new Float64Array(Math.max(n, this.seats) * this.actionRule.elements);
+    this.maskedActions = checkMaskedActions(options.maskedActions ?? "reject");
+    this.#penalties = options.penalties ?? [];
+    const rewardField = fieldWithRole(schema, this.result.name, "reward");
+    const write = rewardField && rewardField.count === 1 ? WRITERS[elementType(schema, rewardField)] : undefined;
+    this.#reward = rewardField && write ? { at: rewardField.offset, write } : null;
+    this.#noop = new Uint8Array(n);
   }
 
   /** Has env 0 a `stepBatch` this runtime can drive (a 1-env runtime in this thread)? */
@@ -475,9 +592,15 @@ export class EnvRuntime {
     const nextStep = this.autoreset === AutoReset.NEXT_STEP;
     const isDone = this.#isDone;
     const wasReset = this.#wasReset;
+    const noop = this.#noop;
+    let noops = false;
     for (let i = from; i < to; i++) {
+      noop[i] = 0;
       if (nextStep && isDone[i] && wasReset[i]) continue;
-      this.#checkAction(i, actions[i] as number);
+      if (this.#checkAction(i, actions[i] as number)) {
+        noop[i] = 1;
+        noops = true;
+      }
     }
     ops.fill(Op.NONE);
     const seeds = this.#seeds;
@@ -485,11 +608,12 @@ export class EnvRuntime {
       if (nextStep && isDone[i] && wasReset[i]) {
         ops[i] = Op.RESET; // the action of a done env is ignored
         seeds[i] = null;
-      } else {
+      } else if (!noop[i]) {
         ops[i] = Op.STEP;
       }
     }
     let failures = this.#run(out);
+    if (noops) for (let i = from; i < to; i++) if (noop[i]) this.#noopResult(i, out);
     if (this.autoreset === AutoReset.SAME_STEP) {
       let ended = false;
       for (let i = from; i < to; i++) {
@@ -569,7 +693,7 @@ export class EnvRuntime {
     try {
       stepSeats(actions, out);
     } catch (error) {
-      throw this.#recover([[0, error]], out, false);
+      throw this.#recover([[0, error]], out, false, () => `STEP_MULTI seat actions [${Array.from(actions).map(String).join(", ")}]`);
     }
     this.#remember(0, out);
     for (let seat = 0; seat < seats; seat++) out.written(seat);
@@ -644,7 +768,22 @@ export class EnvRuntime {
     this.#isDone[index] = ended;
   }
 
-  #checkAction(index: number, action: number): void {
+  /**
+   * A masked action under "noop": env `index` keeps its previous result (not done: a done env is
+   * refused or reset before this) with its penalty as reward.
+   */
+  #noopResult(index: number, out: Records): void {
+    const reward = this.#reward;
+    if (reward !== null) {
+      const bytes = out.bytes;
+      const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      reward.write(dv, out.at(index) + reward.at, this.#penalties[index] ?? 0);
+    }
+    out.written(index);
+  }
+
+  /** Refuse a bad action (RequestError); true when it is masked out under "noop" (no step). */
+  #checkAction(index: number, action: number): boolean {
     if (!this.#wasReset[index]) {
       throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: step before the first reset`);
     }
@@ -654,7 +793,7 @@ export class EnvRuntime {
     const rule = this.actionRule;
     if (rule.kind !== "discrete") {
       checkActionValue(rule, this.actions, index, this.spaces.actN);
-      return;
+      return false;
     }
     const actN = this.spaces.actN;
     if (!(action >= 0 && action < actN)) {
@@ -662,24 +801,63 @@ export class EnvRuntime {
     }
     const mask = this.#mask;
     if (mask !== null && action < mask.count && !this.#masks[index * mask.count + action]) {
-      throw new RequestError(ErrorCode.MASKED_ACTION, `env ${index}: action ${action} is masked out`);
+      if (this.maskedActions === "reject") {
+        throw new RequestError(ErrorCode.MASKED_ACTION, `env ${index}: action ${action} is masked out`);
+      }
+      return this.maskedActions === "noop";
     }
+    return false;
   }
 
   /**
    * Reset (or recreate from the factory) each env that threw; the ERROR to answer. The text
-   * starts with `env {i}:` (the first env that failed), so clients can name the env. A reset
-   * that failed is retried with the same seed; a step's recovery resets unseeded.
+   * starts with `env {i}:` (the first env that failed), so clients can name the env, and ends
+   * with the first failure's innermost stack frames (`withTraceback`). Each failure is written
+   * once to the server's stderr with its whole stack, the env and the request (`request(i)`, by
+   * default the op's message name and action or seed). A reset that failed is retried with the
+   * same seed; a step's recovery resets unseeded.
    */
-  #recover(failures: readonly Failure[], out: Records, keepSeeds: boolean): RequestError {
+  #recover(
+    failures: readonly Failure[],
+    out: Records,
+    keepSeeds: boolean,
+    request: (index: number) => string = (i) => this.#requestName(i),
+  ): RequestError {
     const texts: string[] = [];
     const seeds = this.#seeds.slice();
-    for (const [index, error] of failures) {
-      const detail = failureText(index, error);
+    const named = failures.map(([index]) => request(index)); // before #restore changes the ops
+    let trace = "";
+    failures.forEach(([index, error], k) => {
+      // a worker thread's RequestError carries the last frames after the marker
+      const [detail, workerTrace = ""] = failureText(index, error).split(REMOTE_TRACEBACK_MARKER, 2) as [string, string?];
       const fate = this.#restore(index, keepSeeds ? (seeds[index] ?? null) : null, out);
       texts.push(`env ${index}: ${detail} (${fate})`);
+      let stack = error instanceof Error && !(error instanceof RequestError) ? error.stack : undefined;
+      if (trace === "" && stack !== undefined) trace = remoteTraceback(error);
+      if (workerTrace !== "") {
+        if (trace === "") trace = workerTrace;
+        stack = `${detail}\nlast frames, in a worker:\n${workerTrace}`;
+      }
+      process.stderr.write(
+        `transport: env ${index} raised during ${named[k]} (${fate})` +
+          (stack !== undefined ? `\n${stack}\n` : `: ${detail}\n`),
+      );
+    });
+    return new RequestError(ErrorCode.ENV_ERROR, withTraceback(texts.join("; "), trace));
+  }
+
+  /** The request env `index` was doing, for a log line: its op's message name, action or seed. */
+  #requestName(index: number): string {
+    const op = this.#ops[index];
+    const seed = this.#seeds[index];
+    if (op === Op.STEP) {
+      const k = this.actionRule.elements;
+      const action = Array.from(this.actions.subarray(index * k, index * k + k)).map(String);
+      return `STEP action ${k === 1 ? action[0] : `[${action.join(", ")}]`}`;
     }
-    return new RequestError(ErrorCode.ENV_ERROR, texts.join("; "));
+    if (op === Op.RESET) return seed === null || seed === undefined ? "RESET" : `RESET seed ${seed}`;
+    if (op === Op.OBSERVE) return "OBSERVE";
+    return "a request";
   }
 
   /** Reset env `index` after it threw; if that throws too, recreate it from the factory. */

@@ -7,7 +7,7 @@
 import type { SchemaModule } from "../codec";
 import { ConnectError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
-import { ActionRule, EnvRuntime, bodyCodec } from "./core";
+import { ActionRule, EnvRuntime, type MaskedActions, bodyCodec, checkMaskedActions, penaltyOf } from "./core";
 import { type Env, type EnvOrFactory, type Spaces, isEnv, makerOf } from "./env";
 import { LocalRunner } from "./local";
 import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
@@ -35,6 +35,8 @@ export interface HostOptions {
   readonly workers?: number;
   /** Where the worker threads get their envs (default: `envName` in `ENVS`). */
   readonly workerEnv?: WorkerEnvSpec;
+  /** What an action the env's mask forbids does (default "reject"; runtime/core.ts). */
+  readonly maskedActions?: MaskedActions;
 }
 
 /** Makes the runtime of each client. */
@@ -45,6 +47,8 @@ export class EnvHost {
   readonly envName: string;
   readonly serverLang: string;
   readonly firstSeed: bigint | null;
+  /** What a masked action does (the HELLO info's `masked_actions`). */
+  readonly maskedActions: MaskedActions;
   /** A fresh env (null: one env instance shared by every client). */
   readonly factory: (() => AnyEnv) | null;
   readonly #shared: AnyEnv | null;
@@ -54,6 +58,8 @@ export class EnvHost {
   readonly #actionElements: number;
   /** The spaces of the pool's envs (asked once of an env made here). */
   #poolSpaces: Spaces | null = null;
+  /** The pool's envs' `maskedActionPenalty` (asked of the same env). */
+  #poolPenalty: number | null = null;
 
   constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
     const numEnvs = options.numEnvs ?? 1;
@@ -74,6 +80,7 @@ export class EnvHost {
     const seed = options.seed;
     this.firstSeed = seed === undefined || seed === null ? null : BigInt(seed);
     this.#validate = options.validate ?? true;
+    this.maskedActions = checkMaskedActions(options.maskedActions ?? "reject");
     this.#workers = options.workers ?? 0;
     this.#workerEnv = {
       envName: this.envName,
@@ -110,21 +117,34 @@ export class EnvHost {
           (factory === null ? " and one shared env (pass an env factory)" : ""),
       );
     }
-    const options = { firstSeed: this.firstSeed };
+    const noop = this.maskedActions === "noop";
+    const options = (penalties: readonly number[]) => ({
+      firstSeed: this.firstSeed,
+      maskedActions: this.maskedActions,
+      ...(noop ? { penalties } : {}),
+    });
     if (factory === null) {
       const codec = bodyCodec(this.schema, "STEP_RESP");
-      const runner = new LocalRunner([this.#shared as AnyEnv], codec, null, this.#validate, this.#actionElements);
-      return new EnvRuntime(this.schema, runner, options);
+      const shared = this.#shared as AnyEnv;
+      const runner = new LocalRunner([shared], codec, null, this.#validate, this.#actionElements);
+      return new EnvRuntime(this.schema, runner, options(noop ? [penaltyOf(shared)] : []));
     }
     if (this.#workers > 0) {
-      const spaces = (this.#poolSpaces ??= factory().spaces()); // the envs live in the pool's threads
+      if (this.#poolSpaces === null || (noop && this.#poolPenalty === null)) {
+        const env = factory(); // the envs live in the pool's threads: ask one made here
+        this.#poolSpaces = env.spaces();
+        this.#poolPenalty = penaltyOf(env);
+      }
+      const spaces = this.#poolSpaces;
       const spec = this.#workerEnv;
       const workers = this.#workers;
-      return new EnvRuntime(this.schema, new PoolRunner(numEnvs, spaces, () => new WorkerPool(spec, numEnvs, workers)), options);
+      const penalties = noop ? new Array<number>(numEnvs).fill(this.#poolPenalty ?? 0) : [];
+      return new EnvRuntime(this.schema, new PoolRunner(numEnvs, spaces, () => new WorkerPool(spec, numEnvs, workers)), options(penalties));
     }
     const envs: AnyEnv[] = [];
     for (let i = 0; i < numEnvs; i++) envs.push(factory());
     const codec = bodyCodec(this.schema, "STEP_RESP");
-    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionElements), options);
+    const penalties = noop ? envs.map(penaltyOf) : [];
+    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionElements), options(penalties));
   }
 }

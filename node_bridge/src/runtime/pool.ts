@@ -34,7 +34,7 @@ import type { SchemaJson } from "../ir";
 import { TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { ErrorCode, RequestError } from "../protocol";
-import { type Failure, FATE_RECREATED, Op, type Records, type Runner, bodyCodec, describeError, failureText } from "./core";
+import { type Failure, FATE_RECREATED, Op, type Records, type Runner, bodyCodec, describeError, failureText, remoteTraceback, withTraceback } from "./core";
 import type { Env, Spaces } from "./env";
 import { EnvTable } from "./local";
 
@@ -228,7 +228,7 @@ export function runWorker(data: WorkerData): void {
   }
   const fail = (i: number, error: unknown): void => {
     buf[lay.ctl(i) + C_FLAGS] = FAILED;
-    lay.writeText(i, Buffer.from(failureText(i, error), "utf-8"));
+    lay.writeText(i, Buffer.from(withTraceback(failureText(i, error), remoteTraceback(error), TEXT_MAX), "utf-8")); // + last frames
   };
   Atomics.store(i32, doneAt, 1); // ready
   Atomics.notify(i32, doneAt);

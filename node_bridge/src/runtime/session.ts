@@ -83,6 +83,9 @@ export class Session implements Records {
   readonly #multiAt: number;
   readonly #seedAt: number;
   readonly #seedSize: number;
+  /** A RESET_SEEDS_REQ entry (one per env): its size and where its seed and has_seed are. */
+  readonly #envSeed: { readonly size: number; readonly seedAt: number; readonly hasAt: number };
+  readonly #envSeeds: Array<bigint | null>;
   readonly #spacesCodec: AnyStructCodec;
   readonly #spacesNames: readonly [string, string];
   /** How many final results the current SAME_STEP response carries. */
@@ -99,7 +102,12 @@ export class Session implements Records {
     this.#observeResp = schema.messages["OBSERVE_RESP"]?.id ?? -1;
     this.numEnvs = runtime.numEnvs;
     this.spaces = runtime.spaces;
-    this.info = { num_envs: this.numEnvs, env: info.envName ?? "", server: info.serverLang ?? "node" };
+    this.info = {
+      num_envs: this.numEnvs,
+      env: info.envName ?? "",
+      server: info.serverLang ?? "node",
+      masked_actions: runtime.maskedActions,
+    };
     this.#resultSize = runtime.result.size;
     const step = stepAction(schema, true);
     this.#action = step.type;
@@ -113,6 +121,13 @@ export class Session implements Records {
     const reset = bodyCodec(schema, "RESET_SEED_REQ");
     this.#seedAt = firstField(schema, reset.name).offset;
     this.#seedSize = reset.size;
+    const seeds = bodyCodec(schema, "RESET_SEEDS_REQ");
+    this.#envSeed = {
+      size: seeds.size,
+      seedAt: firstField(schema, seeds.name, 0).offset,
+      hasAt: firstField(schema, seeds.name, 1).offset,
+    };
+    this.#envSeeds = new Array<bigint | null>(this.numEnvs).fill(null);
     this.#spacesCodec = bodyCodec(schema, "SPACES_RESP");
     this.#spacesNames = [firstField(schema, this.#spacesCodec.name, 0).name, firstField(schema, this.#spacesCodec.name, 1).name];
 
@@ -167,6 +182,7 @@ export class Session implements Records {
       if (
         msgType !== ids.RESET_REQ &&
         msgType !== ids.RESET_SEED_REQ &&
+        msgType !== ids.RESET_SEEDS_REQ &&
         msgType !== ids.STEP_REQ &&
         msgType !== ids.STEP_MULTI_REQ &&
         msgType !== ids.STEP_BATCH_REQ &&
@@ -193,6 +209,8 @@ export class Session implements Records {
           const dv = new DataView(buf.buffer, buf.byteOffset + offset, length);
           return this.#reset(dv.getBigUint64(this.#seedAt, true));
         }
+        case ids.RESET_SEEDS_REQ:
+          return this.#resetSeeds(buf, offset, length);
         case ids.STEP_MULTI_REQ:
           return this.#stepMulti(buf, offset, length);
         case ids.HEALTH_REQ:
@@ -287,6 +305,21 @@ export class Session implements Records {
     if (length !== size) {
       throw new RequestError(ErrorCode.BAD_BODY_SIZE, `${what} body is ${length} bytes, expected ${size}`);
     }
+  }
+
+  /** RESET_SEEDS: env i with its own seed (or unseeded): any list of seeds. */
+  #resetSeeds(buf: Uint8Array, offset: number, length: number): number {
+    const entry = this.#envSeed;
+    this.#expectSize(length, this.numEnvs * entry.size, "RESET_SEEDS_REQ");
+    const dv = new DataView(buf.buffer, buf.byteOffset + offset, length);
+    const seeds = this.#envSeeds;
+    for (let i = 0; i < this.numEnvs; i++) {
+      const at = i * entry.size;
+      seeds[i] = dv.getUint8(at + entry.hasAt) ? dv.getBigUint64(at + entry.seedAt, true) : null;
+    }
+    this.runtime.reset(this, (i) => seeds[i] ?? null);
+    this.bodyLength = this.numEnvs * this.#resultSize;
+    return this.ids.RESET_RESP;
   }
 
   #reset(seed: bigint | null): number {

@@ -180,7 +180,7 @@ describe("encode errors", () => {
     ["out_of_range f32", step({ reward: 3.5e38 }), "out_of_range", "reward"],
     ["wrong_type fraction", step({ stage: 1.5 }), "wrong_type", "stage"],
     ["wrong_type NaN for int", step({ stage: NaN }), "wrong_type", "stage"],
-    ["wrong_type bool for int", step({ done: true }), "wrong_type", "done"],
+    ["wrong_type bool for int", step({ rank: true }), "wrong_type", "rank"],
     ["wrong_type int for bool", agent({ terminated: 1 }), "wrong_type", "terminated"],
     ["invalid_enum", agent({ seat_wind: 4 }), "invalid_enum", "seat_wind"],
     ["out_of_range u64 bigint", hello(2n ** 64n), "out_of_range", "fingerprint"],

@@ -148,7 +148,7 @@ for (const backend of ["unix", "http"] as const) {
       if (backend === "unix") assert.equal(statSync(pathOf(server.url)).mode & 0o777, 0o600);
       const client = await connect(server.url, { timeoutMs: 5000 });
       try {
-        assert.deepEqual(client.serverInfo, { num_envs: 1, env: "echo", server: "node", autoreset: "disabled" });
+        assert.deepEqual(client.serverInfo, { num_envs: 1, env: "echo", server: "node", masked_actions: "reject", autoreset: "disabled" });
         assert.equal(await client.health(), true);
         assert.deepEqual(await client.spaces(), { obsN: 612, actN: 92 });
         const first = (await client.reset(3n)) as pac_env.StepResultView;

@@ -14,6 +14,7 @@ import { decode as msgpackDecode } from "@msgpack/msgpack";
 
 import type { Env, Spaces } from "../runtime/env";
 import { RemoteError, connect, serve, type Server } from "../index";
+import { REMOTE_TRACEBACK_MARKER } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import {
   AutoReset,
@@ -117,10 +118,11 @@ class Driver {
     return out;
   }
 
+  /** The ERROR's code and message (the env's last frames that may follow are left out). */
   error(): { code: number; text: string } {
     const parsed = parseError(this.session.body());
     assert.ok(parsed);
-    return parsed;
+    return { code: parsed.code, text: parsed.text.split(REMOTE_TRACEBACK_MARKER)[0] as string };
   }
 }
 
@@ -131,11 +133,12 @@ describe("HELLO", () => {
       const body = driver.session.body();
       assert.equal(body.readUInt16LE(2), mode);
       const info = msgpackDecode(body.subarray(12)) as Record<string, unknown>;
-      assert.deepEqual(Object.keys(info), ["num_envs", "env", "server", "autoreset", "schema_name"]);
+      assert.deepEqual(Object.keys(info), ["num_envs", "env", "server", "masked_actions", "autoreset", "schema_name"]);
       assert.deepEqual(info, {
         num_envs: 2,
         env: "flaky",
         server: "node",
+        masked_actions: "reject",
         autoreset: ["disabled", "next_step", "same_step"][mode],
         schema_name: "pac_env",
       });

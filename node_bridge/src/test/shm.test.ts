@@ -13,7 +13,7 @@ import { after, describe, test } from "node:test";
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
 import { openChannel, resultLayout, utf8Cut } from "../backends/shm";
-import { ConnectError } from "../errors";
+import { ConnectError, REMOTE_TRACEBACK_MARKER } from "../errors";
 import { EchoEnv, type EchoResult } from "../envs/echo";
 import * as pac_env from "../generated/pac_env";
 import { type Server, serve } from "../server";
@@ -182,7 +182,8 @@ function runFaultClient(url: string): FaultReply {
         region.bytes[region.slotAt(i, "has_seed")] = 0;
         dv.setInt32(region.slotAt(i, "action"), actions[i] ?? 0, true);
       });
-      answers.push([status, status === 0 ? "" : slotText(region, 0)]);
+      // the message only: the env's stack follows it after the marker (tests/test_env_error_reports.py)
+      answers.push([status, status === 0 ? "" : (slotText(region, 0).split(REMOTE_TRACEBACK_MARKER)[0] as string)]);
       return status;
     };
     const steps = (i: number): number => dv.getFloat32(region.slotAt(i, "observation") + 4, true);

@@ -139,6 +139,9 @@ class HttpChannel(BufferChannel):
         self._requests: dict[int, dict[int, bytes]] = {t: {} for t in self._prefixes}
         self._responses: dict[bytes, _ResponseHead] = {}
         self._timeout_dirty = False
+        self._progress = (0, -1, -1)  # (head bytes, body start, body end) of the response read
+        self._owed = 0  # responses still due to requests that timed out (dropped when they come)
+        self._carry = b""  # bytes already received of the first of them
         sock.settimeout(timeout)
 
     @property
@@ -166,6 +169,8 @@ class HttpChannel(BufferChannel):
             sock.settimeout(self.timeout)
             self._timeout_dirty = False
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if self._owed:
+            self._drain(sock, deadline)
         try:
             sent = sock.sendmsg([head, body] if length else [head])
             if sent < len(head) + length:  # a full socket buffer: finish with sendall
@@ -181,9 +186,51 @@ class HttpChannel(BufferChannel):
             raise PeerGoneError(f"the connection failed: {exc}") from exc
         try:
             return self._receive(sock, deadline)
-        except (TransportTimeoutError, PeerGoneError, ProtocolError) as exc:
+        except TransportTimeoutError:
+            raise  # the connection stays: its late response is dropped before the next request
+        except (PeerGoneError, ProtocolError) as exc:
             self._abandon(f"the connection was abandoned after: {exc}")
             raise
+
+    def _drain(self, sock: socket.socket, deadline: float | None) -> None:
+        """Read and drop the responses still due to requests that timed out (HTTP/1.1 answers
+        a connection's requests in order), starting with the bytes kept of the first one; a
+        timeout here keeps what came and raises. The rare path: it allocates."""
+        data = bytearray(self._carry)
+        try:
+            while self._owed:
+                end = data.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(data) > MAX_HEAD:
+                        raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
+                    data += self._recv_more(sock, deadline)
+                    continue
+                head = parse_response_head(bytes(data[:end]))
+                stop = end + 4 + head.content_length
+                while len(data) < stop:
+                    data += self._recv_more(sock, deadline)
+                del data[:stop]
+                if head.close:
+                    raise PeerGoneError("the server closed the connection (Connection: close)")
+                if head.status >= 200:
+                    self._owed -= 1
+        except TransportTimeoutError:
+            self._carry = bytes(data)
+            raise TransportTimeoutError(
+                f"the late response to an earlier request did not come within {self.timeout} s"
+            ) from None
+        except (PeerGoneError, ProtocolError) as exc:
+            self._abandon(f"the connection was abandoned after: {exc}")
+            raise
+        if data:
+            self._abandon("the connection was abandoned: the server sent an unasked response")
+            raise ProtocolError("the server sent a response nobody asked for")
+        self._carry = b""
+
+    def _recv_more(self, sock: socket.socket, deadline: float | None) -> bytes:
+        chunk = bytearray(_RECV_CHUNK)
+        n = self._recv_into(sock, memoryview(chunk), deadline, False)
+        return bytes(chunk[:n])
 
     def _recv_into(
         self, sock: socket.socket, view: memoryview, deadline: float | None, first: bool
@@ -208,6 +255,21 @@ class HttpChannel(BufferChannel):
         return n
 
     def _receive(self, sock: socket.socket, deadline: float | None) -> tuple[int, memoryview]:
+        """The response to the request just sent. On a timeout, the bytes of it that came are
+        kept and it is owed: ``_drain`` drops it before the next request (resynchronisation)."""
+        self._progress = (0, -1, -1)
+        try:
+            return self._read_response(sock, deadline)
+        except TransportTimeoutError:
+            have, start, pos = self._progress
+            if start < 0:  # inside the head
+                self._carry = bytes(self._head_view[:have])
+            else:
+                self._carry = bytes(self._head_view[:start]) + bytes(self._view[BODY_OFFSET:pos])
+            self._owed += 1
+            raise
+
+    def _read_response(self, sock: socket.socket, deadline: float | None) -> tuple[int, memoryview]:
         view = self._head_view
         have = 0
         first = True
@@ -221,6 +283,7 @@ class HttpChannel(BufferChannel):
                     raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
                 scanned = have
                 have += self._recv_into(sock, view[have:], deadline, first)
+                self._progress = (have, -1, -1)
                 first = False
             if end > MAX_HEAD:
                 raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
@@ -237,6 +300,7 @@ class HttpChannel(BufferChannel):
             rest = have - start
             self._head[:rest] = bytes(view[start:have])
             have = rest
+            self._progress = (have, -1, -1)
         length = head.content_length
         if length > self.max_body:
             raise BadFrameError(f"response Content-Length {length} exceeds {self.max_body}")
@@ -252,6 +316,7 @@ class HttpChannel(BufferChannel):
         stop = BODY_OFFSET + length
         pos = BODY_OFFSET + got
         while pos < stop:
+            self._progress = (have, start, pos)
             pos += self._recv_into(sock, target[pos:stop], deadline, False)
         body = target[BODY_OFFSET:stop]
         if head.close:

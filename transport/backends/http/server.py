@@ -24,12 +24,14 @@ from transport.backends.http.wire import (
     _REQUEST_LINE,
     _TOKEN,
     _VALUE,
+    HTTP_VERBS,
     MAX_HEAD,
     MAX_HEADERS,
     METHODS,
     STATUS_OF_ERROR,
     Address,
     _is_loopback,
+    loads_json_body,
     parse_url,
     routes,
 )
@@ -81,6 +83,8 @@ def parse_request_head(head: bytes) -> _RequestHead:
     if match is None:
         raise _BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
     verb, target, minor = match.groups()
+    if verb not in HTTP_VERBS:
+        raise _BadRequest(f"not an HTTP/1.x request line: unknown method {verb[:16]!r}")
     if len(lines) - 1 > MAX_HEADERS:
         raise _BadRequest(f"more than {MAX_HEADERS} header lines")
     content_length: int | None = None
@@ -96,13 +100,13 @@ def parse_request_head(head: bytes) -> _RequestHead:
         if name == b"content-length":
             if _DIGITS.fullmatch(value) is None:
                 raise _BadRequest(f"bad Content-Length {value[:40]!r}")
-            if content_length is not None and content_length != int(value):
-                raise _BadRequest("conflicting Content-Length headers")
+            if content_length is not None:  # as llhttp (Node): even equal values (RFC 9112 6.3)
+                raise _BadRequest("duplicate Content-Length headers")
             content_length = int(value)
         elif name == b"transfer-encoding":
             raise _BadRequest("Transfer-Encoding is not supported: send Content-Length")
-        elif name == b"x-transport-fingerprint":
-            fingerprint = value.lower()
+        elif name == b"x-transport-fingerprint":  # repeated: joined as Node does (then refused)
+            fingerprint = value.lower() if fingerprint is None else fingerprint + b", " + value
         elif name == b"accept":
             accept_json = b"application/json" in value.lower()
         elif name == b"content-type":
@@ -208,7 +212,8 @@ class _Connection:
         """The next request head and the offset of its body in the buffer."""
         scanned = 0
         while True:
-            end = self.buffer.find(b"\r\n\r\n", max(0, scanned - 3), self.have)
+            skip = self._blank_prefix()
+            end = self.buffer.find(b"\r\n\r\n", max(skip, scanned - 3), self.have)
             if end >= 0:
                 break
             scanned = self.have
@@ -218,7 +223,7 @@ class _Connection:
             self._recv()
         if end > MAX_HEAD:
             raise _BadRequest(f"request head is larger than {MAX_HEAD} bytes")
-        raw = bytes(self.view[:end])
+        raw = bytes(self.view[skip:end])
         head = self.heads.get(raw)
         if head is None:
             head = parse_request_head(raw)
@@ -227,18 +232,26 @@ class _Connection:
             self.heads[raw] = head
         return head, end + 4
 
+    def _blank_prefix(self) -> int:
+        """CR and LF bytes before the request line: ignored (RFC 9112 2.2, as llhttp does)."""
+        skip = 0
+        while skip < self.have and self.buffer[skip] in (13, 10):
+            skip += 1
+        return skip
+
     def _check_start(self) -> None:
         """Refuse bytes that cannot start an HTTP request without waiting for a whole head."""
-        if not self.have:
+        skip = self._blank_prefix()
+        if skip == self.have:
             return
-        line_end = self.buffer.find(b"\r\n", 0, self.have)
+        line_end = self.buffer.find(b"\r\n", skip, self.have)
         if line_end >= 0:
-            if _REQUEST_LINE.fullmatch(bytes(self.view[:line_end])) is None:
+            if _REQUEST_LINE.fullmatch(bytes(self.view[skip:line_end])) is None:
                 raise _BadRequest(f"not an HTTP/1.x request line: {bytes(self.view[:80])!r}")
             return
-        start = bytes(self.view[: min(self.have, 18)])
+        start = bytes(self.view[skip : min(self.have, skip + 18)])
         verb = start.partition(b" ")[0]
-        if not re.fullmatch(rb"[A-Z]{0,16}", verb) or (b" " not in start and len(verb) >= 17):
+        if not re.fullmatch(rb"[A-Z-]{0,16}", verb) or (b" " not in start and len(verb) >= 17):
             raise _BadRequest(f"not an HTTP request: {start!r}")
 
     # -- serving ---------------------------------------------------------------------------------
@@ -386,6 +399,9 @@ class _Connection:
             fields.insert(0, ("Content-Type", "application/json"))
         else:
             fields.insert(0, ("Content-Type", "application/octet-stream"))
+        if head is not None and head.verb == b"HEAD":  # the head says the length, no body follows
+            self._send(_response_head(status, fields, len(body), close), b"")
+            return
         self._send(_response_head(status, fields, len(body), close), body)
 
     def _send(self, head: bytes, body: Any) -> None:
@@ -414,7 +430,7 @@ class _Connection:
         text = bytes(body).strip()
         if not text:
             return b""  # no body is no body, whatever its declared type
-        value = json.loads(text)
+        value = loads_json_body(text)
         message = self.schema.ir.messages[METHODS[method]]
         if message.body is None:
             if value not in (None, {}, []):

@@ -4,10 +4,12 @@ URLs (docs/protocol.md "HTTP mapping")."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from transport.errors import ConnectError
@@ -50,10 +52,52 @@ _REASONS = {
 _PEER_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
-_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (/[\x21-\x7e]*) HTTP/1\.([01])")
+_REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,15}) +(/[\x21-\x7e]*) +HTTP/1\.([01])")
+"""Method, origin-form target, HTTP/1.x: separated by one or more spaces, as llhttp (Node) and
+RFC 9112 3 allow."""
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t\x20-\x7e\x80-\xff]*)?")
 _HEX16 = re.compile(rb"[0-9a-fA-F]{16}")
 _DIGITS = re.compile(rb"[0-9]{1,19}")
+
+HTTP_VERBS = frozenset(
+    b"ACL BIND CHECKOUT COPY DELETE GET HEAD LINK LOCK M-SEARCH MERGE MKACTIVITY MKCALENDAR MKCOL "
+    b"MOVE NOTIFY OPTIONS PATCH POST PROPFIND PROPPATCH PURGE PUT QUERY REBIND REPORT SEARCH "
+    b"SOURCE SUBSCRIBE TRACE UNBIND UNLINK UNLOCK UNSUBSCRIBE".split()
+)
+"""The request methods a server parses (then answers 405 unless POST): Node's llhttp list without
+CONNECT; any other token is not an HTTP/1.x request line (400 BAD_FRAME) on both servers."""
+
+JSON_MAX_DEPTH = 32
+"""The deepest nesting of arrays and objects a JSON request body may have (the outer value is
+level 1); deeper is a 400 on both servers (docs/protocol.md), never a dropped connection."""
+
+
+def json_too_deep() -> str:
+    """The one text both servers give a JSON body nested deeper than ``JSON_MAX_DEPTH``."""
+    return f"nests deeper than {JSON_MAX_DEPTH} arrays and objects"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (strict JSON has no NaN or Infinity)")
+
+
+def loads_json_body(text: bytes) -> Any:
+    """A JSON request body (integers exact at any size); ``ValueError`` when it is not JSON or
+    nests deeper than ``JSON_MAX_DEPTH`` (the stdlib parser would raise RecursionError)."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(json_too_deep()) from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > JSON_MAX_DEPTH:
+                raise ValueError(json_too_deep())
+            stack.extend(
+                (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+            )
+    return value
 
 
 # -- URLs ----------------------------------------------------------------------------------------

@@ -203,12 +203,14 @@ class ShmChannel:
             raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
         self._action_name = action.name
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
+        self._seeds_codec = body_codec(schema, "RESET_SEEDS_REQ")
         self._body_requests: tuple[Any, list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
             ids.STEP_REQ: self._step,
             ids.STEP_BATCH_REQ: self._step,
             ids.RESET_REQ: self._reset,
             ids.RESET_SEED_REQ: self._reset,
+            ids.RESET_SEEDS_REQ: self._reset_seeds,
             ids.HELLO_REQ: self._hello,
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
@@ -359,6 +361,7 @@ class ShmChannel:
         self._info_len = region.strided("info_len")
         self._info = region.strided("info")
         self._last_cmd = -1
+        self._late = False  # a request timed out: ``settle`` before the next one
         results = region.results()
         self._single = results[0, ...]
         self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
@@ -406,6 +409,8 @@ class ShmChannel:
             return self._step_resp, self._empty
         if self._closed:
             raise TransportError("the client is closed")
+        if self._late:  # callers other than Client (connect_many) get the same guard
+            self.settle()
         handler = self._handlers.get(msg_type)
         if handler is None:
             text = f"shm:// carries no message 0x{msg_type:02X}"
@@ -501,6 +506,14 @@ class ShmChannel:
         self._exchange(SlotCommand.RESET)
         return self.ids.RESET_RESP, self._empty
 
+    def _reset_seeds(self, body: Any) -> tuple[int, memoryview]:
+        """RESET_SEEDS: each env's own seed (or none) into its slot, one RESET."""
+        entries = self._seeds_codec.view(body, 0, count=self.num_envs)
+        self._seeds[:] = entries["seed"]
+        self._has_seed[:] = entries["has_seed"]
+        self._exchange(SlotCommand.RESET)
+        return self.ids.RESET_RESP, self._empty
+
     def _hello(self, body: Any) -> tuple[int, memoryview]:
         """The handshake: the region was validated at attach; an auto-reset mode other than
         DISABLED is asked with the HELLO slot command (the mode in ``action``)."""
@@ -570,6 +583,8 @@ class ShmChannel:
             text = self._error_text[i, :length].tobytes().decode("utf-8", "replace")
             raise _Refused(int(self._status[i]), text)
         if rc == native.TIMEOUT:
+            self._late = True
+            self._last_cmd = -1  # off the hot path until settled (request's general path)
             raise TransportTimeoutError(f"{url}: no response within {self.timeout} s")
         if rc == native.PEER_DEAD:
             raise PeerGoneError(f"{url}: the server (pid {self.owner_pid}) died")
@@ -581,6 +596,21 @@ class ShmChannel:
                 )
             raise PeerGoneError(f"{url}: the server closed the region")
         raise TransportError(f"{url}: futex wait failed ({os.strerror(native.ffi.errno)})")
+
+    def settle(self) -> None:
+        """After a timeout (the Client calls this before its next request): wait, up to the
+        timeout, until the server answered the request that timed out, so that the next request
+        is not written into slots the server may still be reading. The late reply (its results,
+        or its error) is dropped; the server still did what it asked."""
+        rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
+        if rc == native.TIMEOUT:
+            raise TransportTimeoutError(
+                f"shm://{self.shm.name}: the late response to an earlier request did not come "
+                f"within {self.timeout} s"
+            )
+        if rc < 0:
+            self._raise(rc)
+        self._late = False
 
     @property
     def wait_stats(self) -> tuple[int, int]:

@@ -115,7 +115,11 @@ class Listener:
                 ("fingerprint", self.schema.fingerprint),
             ):
                 region.set(field, value)
-            info: dict[str, Any] = {"env": host.env_name, "server": host.server_lang}
+            info: dict[str, Any] = {
+                "env": host.env_name,
+                "server": host.server_lang,
+                "masked_actions": host.masked_actions,
+            }
             if self.shm.checksum is not None:
                 info["checksum"] = self.shm.checksum
                 self._checksums = SlotChecksums(region)

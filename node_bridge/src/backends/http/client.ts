@@ -119,8 +119,13 @@ export class HttpChannel implements Channel {
     return new Promise<number>((resolve, reject) => {
       let settled = false;
       let timer: NodeJS.Timeout | null = null;
+      let timedOut = false;
       const fail = (error: Error, abandon: boolean): void => {
-        if (settled) return;
+        if (settled) {
+          // a late response that cannot be read to its end: the connection is lost
+          if (abandon && timedOut) this.#abandon(`the connection was abandoned after: ${error.message}`);
+          return;
+        }
         settled = true;
         this.#busy = false;
         if (timer !== null) clearTimeout(timer);
@@ -137,8 +142,12 @@ export class HttpChannel implements Channel {
       });
       if (this.timeoutMs !== null) {
         timer = setTimeout(() => {
-          fail(new TransportTimeoutError(`no complete response within ${this.timeoutMs} ms`), true);
-          req.destroy();
+          // the connection stays (resynchronisation): a request already sent reads its late
+          // response to the end and drops it (HTTP/1.1 answers in order), and the next request
+          // waits in the agent's queue for the connection; one still queued is dropped unsent
+          fail(new TransportTimeoutError(`no complete response within ${this.timeoutMs} ms`), false);
+          if (req.socket) timedOut = true;
+          else req.destroy(); // never sent: its "error" (settled, not timedOut) is ignored
         }, this.timeoutMs);
       }
       req.on("error", (error: NodeJS.ErrnoException) => {
@@ -164,6 +173,7 @@ export class HttpChannel implements Channel {
         }
         let got = 0;
         res.on("data", (chunk: Buffer) => {
+          if (settled) return; // the late response to a request that timed out: dropped
           if (got + chunk.byteLength > declared) {
             fail(new ProtocolError("the server sent bytes beyond the response body"), true);
             req.destroy();
@@ -175,7 +185,12 @@ export class HttpChannel implements Channel {
         res.on("aborted", () => fail(new PeerGoneError("the server closed the connection in the middle of a response"), true));
         res.on("error", () => fail(new PeerGoneError("the server closed the connection in the middle of a response"), true));
         res.on("end", () => {
-          if (settled) return;
+          if (settled) {
+            if ((res.headers.connection ?? "").toLowerCase().includes("close")) {
+              this.#abandon("the server closed the connection (Connection: close)");
+            }
+            return;
+          }
           if (got !== declared) {
             fail(new PeerGoneError("the server closed the connection in the middle of a response"), true);
             return;

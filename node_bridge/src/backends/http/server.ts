@@ -20,7 +20,7 @@ import {
   serverLimits,
 } from "../../stream";
 import type { Listener, ListenOptions } from "../index";
-import { HEX16, MAX_HEAD, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseUrl } from "./wire";
+import { HEX16, MAX_HEAD, MAX_HEADERS, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
 
 // -- server --------------------------------------------------------------------------------------
 
@@ -117,6 +117,18 @@ export class HttpServer {
     linger(socket);
   }
 
+  /** CONNECT (a tunnel request): refused as the Python server refuses its request line. */
+  onConnect(req: http.IncomingMessage, socket: net.Socket): void {
+    const body = encodeError(ErrorCode.BAD_FRAME, `not an HTTP/1.x request line: unknown method ${JSON.stringify(req.method ?? "")}`);
+    socket.write(
+      "HTTP/1.1 400 Bad Request\r\nContent-Type: application/octet-stream\r\n" +
+        `X-Transport-Error: ${ErrorCode.BAD_FRAME}\r\nContent-Length: ${body.byteLength}\r\n` +
+        "Connection: close\r\n\r\n",
+    );
+    socket.write(body);
+    linger(socket);
+  }
+
   onClientError(error: NodeJS.ErrnoException, socket: net.Socket): void {
     if ((socket as TaggedSocket)[REFUSED]) return; // already answered 503 and lingering
     const code = error.code ?? "";
@@ -126,11 +138,17 @@ export class HttpServer {
     }
     const raw = (error as { rawPacket?: Buffer }).rawPacket;
     const preview = raw ? JSON.stringify(raw.subarray(0, 80).toString("latin1")) : "";
+    const reason = (error as { reason?: string }).reason ?? "";
+    // the Python server's texts for the same refusals (transport/backends/http/server.py)
     let text: string;
     if (code === "HPE_HEADER_OVERFLOW") text = `request head is larger than ${MAX_HEAD} bytes`;
-    else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" || code === "HPE_INVALID_TRANSFER_ENCODING") {
+    else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" && reason.startsWith("Duplicate")) {
+      text = "duplicate Content-Length headers";
+    } else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" || code === "HPE_INVALID_TRANSFER_ENCODING") {
       text = "Transfer-Encoding is not supported: send Content-Length";
-    } else text = `not an HTTP/1.x request (${code || error.message}): ${preview}`;
+    } else if (code === "HPE_INVALID_CONTENT_LENGTH") text = `bad Content-Length (${reason})`;
+    else if (code === "HPE_INVALID_HEADER_TOKEN") text = `malformed header line (${reason}): ${preview}`;
+    else text = `not an HTTP/1.x request (${code || error.message}): ${preview}`;
     const body = encodeError(ErrorCode.BAD_FRAME, text);
     const head =
       "HTTP/1.1 400 Bad Request\r\nContent-Type: application/octet-stream\r\n" +
@@ -151,6 +169,17 @@ export class HttpServer {
       return;
     }
     conn.watch?.reading(); // the head is in: the body must follow within readTimeoutMs
+    if (req.httpVersionMajor !== 1 || !(req.url ?? "").startsWith("/")) {
+      // as the Python server: only HTTP/1.x with an origin-form target is a request line
+      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
+        `not an HTTP/1.x request line: ${JSON.stringify(`${req.method ?? ""} ${(req.url ?? "").slice(0, 80)} HTTP/${req.httpVersion}`)}`,
+        true, accept);
+      return;
+    }
+    if (req.rawHeaders.length / 2 > MAX_HEADERS) {
+      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, `more than ${MAX_HEADERS} header lines`, true, accept);
+      return;
+    }
     if (req.headers["transfer-encoding"] !== undefined) {
       this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
         "Transfer-Encoding is not supported: send Content-Length", true, accept);
@@ -214,7 +243,8 @@ export class HttpServer {
     const ids = this.ids;
     const isHello = msgType === ids.HELLO_REQ;
     const header = req.headers["x-transport-fingerprint"];
-    const fingerprint = typeof header === "string" ? header.trim().toLowerCase() : undefined;
+    // only spaces and tabs are header whitespace (String.trim would also drop U+00A0, as Python does not)
+    const fingerprint = typeof header === "string" ? header.replace(/^[ \t]+|[ \t]+$/g, "").toLowerCase() : undefined;
     if (fingerprint === undefined) {
       if (!isHello) {
         this.#refuse(res, conn, 400, ErrorCode.HELLO_REQUIRED,
@@ -370,7 +400,7 @@ export class HttpServer {
   #encodeJsonBody(method: string, raw: Buffer): Buffer {
     const text = raw.toString("utf8").trim();
     if (!text) return EMPTY; // no body is no body, whatever its declared type
-    const value: unknown = JSON.parse(text);
+    const value: unknown = parseJsonBody(text); // exact u64s, bounded depth (as Python's)
     const message = this.schema.messages[METHODS[method] as string];
     if (message === undefined || message.body === null) {
       const empty =
@@ -410,7 +440,7 @@ export class HttpServer {
         else out.results = records;
       }
     }
-    return Buffer.from(`${JSON.stringify(jsonable(out))}\n`, "utf8");
+    return Buffer.from(`${stringifyJson(jsonable(out))}\n`, "utf8");
   }
 }
 
@@ -471,12 +501,17 @@ export async function listen(
     requestTimeout: 0,
     headersTimeout: 0,
     maxHeaderSize: MAX_HEAD,
+    requireHostHeader: false, // as the Python server: Host names nothing here (docs/protocol.md)
   });
   server.keepAliveTimeout = 0;
+  server.maxHeadersCount = 0; // keep every header line (MAX_HEAD bounds them) so that more than MAX_HEADERS is refused
   server.on("connection", (socket: net.Socket) => handler.onConnection(socket));
   server.on("request", (req, res) => handler.onRequest(req, res));
   server.on("checkContinue", (req, res) => handler.onRequest(req, res, true));
+  // an Expect other than 100-continue is ignored, as by the Python server (no built-in 417)
+  server.on("checkExpectation", (req, res) => handler.onRequest(req, res));
   server.on("clientError", (error, socket) => handler.onClientError(error, socket as net.Socket));
+  server.on("connect", (req: http.IncomingMessage, socket: net.Socket) => handler.onConnect(req, socket));
   await new Promise<void>((resolve, reject) => {
     const onError = (error: NodeJS.ErrnoException): void => {
       handler.guard.close();

@@ -28,6 +28,8 @@ export const REASONS: Readonly<Record<number, string>> = {
 
 /** Largest request head (request line + headers) the server accepts, as on the Python side. */
 export const MAX_HEAD = 16 << 10;
+/** Most header lines a request may have, as on the Python side (more: 400 BAD_FRAME, closed). */
+export const MAX_HEADERS = 64;
 export const HEX16 = /^[0-9a-f]{16}$/;
 
 // -- URLs ----------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ export function jsonable(value: unknown): unknown {
     return value;
   }
   if (typeof value === "bigint") {
-    return Number.isSafeInteger(Number(value)) ? Number(value) : value.toString();
+    return Number.isSafeInteger(Number(value)) ? Number(value) : value; // exact: stringifyJson
   }
   if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
     return Array.from(value as unknown as ArrayLike<number | bigint>, jsonable);
@@ -122,4 +124,115 @@ export function jsonable(value: unknown): unknown {
     return out;
   }
   return value;
+}
+
+/**
+ * The deepest nesting of arrays and objects a JSON request body may have (the outer value is
+ * level 1); deeper is a 400 on both servers (Python: `JSON_MAX_DEPTH`, docs/protocol.md).
+ */
+export const JSON_MAX_DEPTH = 32;
+
+/** The one text both servers give a JSON body nested deeper than `JSON_MAX_DEPTH`. */
+export const JSON_TOO_DEEP = `nests deeper than ${JSON_MAX_DEPTH} arrays and objects`;
+
+const JSON_NUMBER = /-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
+const JSON_SPACE = /[ \t\n\r]*/y;
+
+/**
+ * Parse a JSON request body as Python's `json.loads` reads it: an integer literal outside the
+ * safe range becomes an exact `bigint` (JSON.parse would round a u64 seed or fingerprint), and
+ * nesting deeper than `JSON_MAX_DEPTH` is an error. Strings and the rest are JSON.parse's.
+ */
+export function parseJsonBody(text: string): unknown {
+  let at = 0;
+  const fail = (what: string): never => {
+    throw new SyntaxError(`${what} at position ${at}`);
+  };
+  const space = (): void => {
+    JSON_SPACE.lastIndex = at;
+    JSON_SPACE.exec(text);
+    at = JSON_SPACE.lastIndex;
+  };
+  const value = (depth: number): unknown => {
+    space();
+    const c = text[at];
+    if (c === "{" || c === "[") {
+      if (depth > JSON_MAX_DEPTH) throw new SyntaxError(JSON_TOO_DEEP);
+      at++;
+      const close = c === "{" ? "}" : "]";
+      const out: unknown[] = [];
+      const obj: Record<string, unknown> = {};
+      space();
+      if (text[at] === close) {
+        at++;
+        return c === "{" ? obj : out;
+      }
+      for (;;) {
+        if (c === "{") {
+          space();
+          if (text[at] !== '"') fail("expected a string key");
+          const key = string();
+          space();
+          if (text[at] !== ":") fail("expected ':'");
+          at++;
+          Object.defineProperty(obj, key, { value: value(depth + 1), enumerable: true, writable: true, configurable: true });
+        } else {
+          out.push(value(depth + 1));
+        }
+        space();
+        if (text[at] === ",") {
+          at++;
+          continue;
+        }
+        if (text[at] === close) {
+          at++;
+          return c === "{" ? obj : out;
+        }
+        fail(`expected ',' or '${close}'`);
+      }
+    }
+    if (c === '"') return string();
+    if (text.startsWith("true", at)) return (at += 4), true;
+    if (text.startsWith("false", at)) return (at += 5), false;
+    if (text.startsWith("null", at)) return (at += 4), null;
+    JSON_NUMBER.lastIndex = at;
+    const match = JSON_NUMBER.exec(text);
+    if (match === null) return fail("unexpected character");
+    at = JSON_NUMBER.lastIndex;
+    const literal = match[0];
+    const number = Number(literal);
+    if (match[1] === undefined && match[2] === undefined && !Number.isSafeInteger(number)) return BigInt(literal);
+    return number;
+  };
+  const string = (): string => {
+    const start = at;
+    at++;
+    for (;;) {
+      const quote = text.indexOf('"', at);
+      if (quote < 0) fail("unterminated string");
+      let slashes = 0;
+      while (text[quote - 1 - slashes] === "\\") slashes++;
+      at = quote + 1;
+      if (slashes % 2 === 0) break;
+    }
+    return JSON.parse(text.slice(start, at)) as string; // escapes and control characters: JSON.parse's rules
+  };
+  const out = value(1);
+  space();
+  if (at !== text.length) fail("unexpected data after the JSON value");
+  return out;
+}
+
+/**
+ * JSON text of a `jsonable` value with bigints written as exact integer literals, as Python's
+ * json.dumps writes its ints (JSON.stringify refuses bigints).
+ */
+export function stringifyJson(value: unknown): string {
+  if (typeof value === "bigint") return value.toString();
+  if (Array.isArray(value)) return `[${value.map(stringifyJson).join(",")}]`;
+  if (value !== null && typeof value === "object") {
+    const parts = Object.entries(value).map(([key, item]) => `${JSON.stringify(key)}:${stringifyJson(item)}`);
+    return `{${parts.join(",")}}`;
+  }
+  return JSON.stringify(value) ?? "null";
 }

@@ -46,7 +46,15 @@ import {
   mismatchText,
   schemaFromIrText,
 } from "../../protocol";
-import { type ActionType, actionTypeOf, bodyCodec, readActions, stepAction, writeAction } from "../../runtime/core";
+import {
+  type ActionType,
+  actionTypeOf,
+  bodyCodec,
+  readActions,
+  stepAction,
+  writeAction,
+  writeArrayAction,
+} from "../../runtime/core";
 import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../index";
 import {
@@ -209,6 +217,8 @@ export class ShmChannel implements Channel {
   #leased = false;
   #closed = false;
   #busy = false;
+  /** A request timed out: its late response is waited for before the next request (`#settle`). */
+  #late = false;
 
   private constructor(url: string, shm: ShmUrl, region: Region, schema: SchemaModule, timeoutMs: number | null) {
     this.url = url;
@@ -224,15 +234,19 @@ export class ShmChannel implements Channel {
     this.ownerPid = dv.getUint32(off(CB, "owner_pid"), true);
     this.ownerStart = dv.getBigUint64(off(CB, "owner_start_time"), true);
     this.#seqs = new Int32Array(region.numSlots);
-    this.#stepAction = stepAction(schema);
+    this.#stepAction = stepAction(schema, true);
     const actionAt = layout.ir.request_offsets[this.#stepAction.field.name];
     if (actionAt === undefined) throw new ConnectError(`${url}: the shm layout has no offset for ${this.#stepAction.field.name}`);
     this.#actionAt = actionAt;
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = schema.ir.structs[multi.name]?.fields[0];
     if (multiField === undefined) throw new ConnectError(`${url}: STEP_MULTI_REQ's body has no field`);
-    this.#multi = { at: multiField.offset, type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ", multiField.count), seats: multiField.count };
-    this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats));
+    this.#multi = {
+      at: multiField.offset,
+      type: actionTypeOf(schema, multiField, "STEP_MULTI_REQ", multiField.count, true),
+      seats: multiField.count,
+    };
+    this.#actions = new Float64Array(Math.max(region.numSlots, this.#multi.seats) * this.#stepAction.type.elements);
     this.#spaces = bodyCodec(schema, "SPACES_RESP");
     this.#reqOff = off(layout.slot, "sem_action_ready");
     this.#respOff = off(layout.slot, "sem_result_ready");
@@ -314,6 +328,7 @@ export class ShmChannel implements Channel {
     if (this.#busy) throw new TransportError("a request is already in flight on this client (await it first)");
     this.#busy = true;
     try {
+      if (this.#late) await this.#settle();
       return await this.#request(msgType, body);
     } finally {
       this.#busy = false;
@@ -333,6 +348,18 @@ export class ShmChannel implements Channel {
         for (let i = 0; i < n; i++) {
           region.bytes[region.slotAt(i, "has_seed")] = seed === null ? 0 : 1;
           if (seed !== null) region.dv.setBigUint64(region.slotAt(i, "seed"), BigInt.asUintN(64, seed + BigInt(i)), true);
+        }
+        return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
+      }
+      case ids.RESET_SEEDS_REQ: {
+        // one 16-byte EnvSeed per env (client.ts seedsBody): u64 seed at 0, has_seed at 8
+        const entries = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+        const size = entries.byteLength / n;
+        const region = this.region;
+        for (let i = 0; i < n; i++) {
+          const has = entries[i * size + 8] === 1;
+          region.bytes[region.slotAt(i, "has_seed")] = has ? 1 : 0;
+          if (has) region.dv.setBigUint64(region.slotAt(i, "seed"), entries.readBigUInt64LE(i * size), true);
         }
         return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
       }
@@ -372,11 +399,19 @@ export class ShmChannel implements Channel {
     }
   }
 
-  /** `#actions[0..count)` into the request field of slots 0..count-1. */
+  /** `#actions[0..count)` into the request field of slots 0..count-1 (an array action: its
+   * `elements` values each, from `#actions[i * elements]`). */
   #writeActions(count: number, type: ActionType): void {
     const bytes = this.region.bytes;
     const layout = this.layout;
-    for (let i = 0; i < count; i++) writeAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions[i] as number, type);
+    if (type.elements === 1 && !type.float) {
+      for (let i = 0; i < count; i++) writeAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions[i] as number, type);
+      return;
+    }
+    const k = type.elements;
+    for (let i = 0; i < count; i++) {
+      writeArrayAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions.subarray(i * k, (i + 1) * k), type, this.region.dv);
+    }
   }
 
   /** HELLO: the mode in every slot's action word (docs/shm.md "Auto-reset"); no round trip for disabled. */
@@ -396,7 +431,7 @@ export class ShmChannel implements Channel {
       if (mode === AutoReset.SAME_STEP && !this.region.hasFinals) {
         throw new ConnectError(`${url}: the region has no final-result areas (a server without auto-reset support): same_step needs them`);
       }
-      this.#actions.fill(mode, 0, this.numEnvs);
+      this.#actions.fill(mode, 0, this.numEnvs * this.#stepAction.type.elements); // every element, as Python
       this.#writeActions(this.numEnvs, this.#stepAction.type);
       const type = await this.#roundTrip(SlotCommand.HELLO, this.numEnvs);
       if (type !== null) {
@@ -416,6 +451,32 @@ export class ShmChannel implements Channel {
   /** The server is alive and the region READY (no round trip). */
   #alive(): boolean {
     return Atomics.load(this.region.words, this.region.cbWord("state")) === RegionState.READY && peerAlive(this.ownerPid, this.ownerStart);
+  }
+
+  /**
+   * After a timeout: wait, up to the timeout, until the server answered the request that timed
+   * out, so the next request is not written into slots the server may still be reading. The late
+   * response (results or error) is dropped; the server still did what it asked. Python:
+   * `ShmChannel.settle`.
+   */
+  async #settle(): Promise<void> {
+    const region = this.region;
+    const layout = this.layout;
+    const seqs = this.#seqs;
+    const deadline = this.timeoutMs === null ? null : Date.now() + this.timeoutMs; // one for all slots
+    for (let i = 0; i < seqs.length; i++) {
+      const timeoutNs = deadline === null ? Number.MAX_SAFE_INTEGER : Math.max(0, deadline - Date.now()) * 1e6;
+      const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, this.#wait);
+      if (rc >= 0) continue;
+      const url = `shm://${this.shm.name}`;
+      if (rc === WAIT_TIMEOUT) {
+        throw new TransportTimeoutError(`${url}: the late response to an earlier request did not come within ${this.timeoutMs} ms`);
+      }
+      if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
+      if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
+      throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+    this.#late = false;
   }
 
   /**
@@ -441,7 +502,10 @@ export class ShmChannel implements Channel {
       const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, wait);
       if (rc >= 0) continue;
       const url = `shm://${this.shm.name}`;
-      if (rc === WAIT_TIMEOUT) throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
+      if (rc === WAIT_TIMEOUT) {
+        this.#late = true;
+        throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
+      }
       if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
       if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
       throw new TransportError(`${url}: wait failed (${rc})`);

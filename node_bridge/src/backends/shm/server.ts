@@ -249,7 +249,7 @@ export class ShmListener implements Listener {
     this.url = url;
     this.shm = parseShmUrl(url);
     this.#host = host;
-    this.#serverInfo = { env: host.envName, server: host.serverLang };
+    this.#serverInfo = { env: host.envName, server: host.serverLang, masked_actions: host.maskedActions };
     const schema = host.schema;
     const layout = Layouts.of(schema);
     this.layout = layout;
