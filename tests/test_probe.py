@@ -383,3 +383,20 @@ def test_probe_a_users_server_with_its_schema(tmp_path: Path) -> None:
     (row,) = json.loads(done.stdout)["rows"]
     assert (row["backend"], row["batch"], row["payload_bytes"]) == ("unix", 4, 4 * 912)
     assert run_probe("--schema", tetris, "--quick").returncode == 2  # --schema needs --url
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+def test_raw_zmq_ipc_servers_remove_their_socket_file_when_stopped_at_once(lang: str) -> None:
+    """Regression (CI: a quick run left /tmp/tprobe-*.raw.ipc): a SIGTERM right after "ready"
+    found Node's default action (the handler came after the line) and Python blocked in a recv
+    that a signal on one of libzmq's threads does not interrupt (killed after 10 s)."""
+    from transport.probe.raw import RawServer
+
+    if lang == "node" and shutil.which("node") is None:
+        pytest.skip("node is missing")
+    for i in range(8):
+        server = RawServer("zmq+ipc", lang, f"trawstop-{os.getpid()}-{i}", 8, 64)
+        path = server.address.removeprefix("ipc://")
+        server.close()
+        assert server.proc.returncode in (0, -15), server.proc.returncode  # not killed
+        assert not os.path.exists(path), f"{lang} raw server {i} left {path}"

@@ -49,12 +49,18 @@ def serve_zmq(address: str, response_bytes: int) -> None:
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
+    # a SIGTERM that lands on one of libzmq's threads does not interrupt a blocking recv: wake
+    # up now and then so that Python runs the handler (the socket file is removed below)
+    router.setsockopt(zmq.RCVTIMEO, 200)
     try:
         router.bind(address)
         print(f"ready {address}", flush=True)
         response = bytes(response_bytes)
         while True:
-            identity, _request = router.recv_multipart(copy=False)
+            try:
+                identity, _request = router.recv_multipart(copy=False)
+            except zmq.Again:
+                continue
             router.send_multipart([identity, response], copy=False)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -44,13 +44,15 @@ function serveUnix(path: string, requestBytes: number, response: Buffer): void {
 
 async function serveZmq(address: string, response: Buffer): Promise<void> {
   const router = new Router({ linger: 0 });
-  await router.bind(address);
-  console.log(`ready ${address}`);
+  // the handler first: a SIGTERM right after "ready" must not find the default action (which
+  // ends the process without removing the socket file)
   process.on("SIGTERM", () => {
     router.close();
     if (address.startsWith("ipc://")) removeFile(address.slice("ipc://".length));
     process.exit(0);
   });
+  await router.bind(address);
+  console.log(`ready ${address}`);
   for await (const [identity] of router) {
     await router.send([identity as Buffer, response]);
   }
