@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from transport.async_batch import AsyncCalls, Received
 from transport.backends.base import Channel
 from transport.codec import Schema
 from transport.errors import (
@@ -275,6 +276,41 @@ class Client:
         count = None if self.num_envs == 1 else self.num_envs
         view = self._results(body[:results_len], count, False, copy)
         return view, [dict(info) if isinstance(info, dict) else {} for info in infos]
+
+    # -- asynchronous batches (transport/async_batch.py) ----------------------------------------
+
+    def send(
+        self, actions: Sequence[Any] | np.ndarray, env_ids: Sequence[int] | np.ndarray
+    ) -> None:
+        """Start stepping envs ``env_ids`` (action ``actions[k]`` for env ``env_ids[k]``);
+        ``recv`` returns their results as they finish. An env already in flight is refused."""
+        self._async_calls().send(actions, env_ids)
+
+    def recv(self, batch_size: int | None = None, *, copy: bool = False) -> Received:
+        """The first ``batch_size`` (default ``self.batch_size``: N) in-flight envs to finish,
+        or all in flight if fewer: results, env ids and SAME_STEP finals (``Received``)."""
+        return self._async_calls().recv(batch_size or self.batch_size, copy)
+
+    def async_reset(self, seed: int | None = None) -> None:
+        """Reset every env (env i: ``seed + i``) for ``recv`` to return (nothing in flight)."""
+        self._async_calls().reset(seed)
+
+    def _async_calls(self) -> AsyncCalls:
+        calls = self.__dict__.get("_async")
+        if calls is None:
+            calls = self.__dict__["_async"] = AsyncCalls(self)
+        return calls
+
+    @property
+    def batch_size(self) -> int:
+        """``recv``'s default batch size (EnvPool's ``batch_size``): N unless set."""
+        return int(self.__dict__.get("_batch_size", self.num_envs))
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        if not 1 <= value <= self.num_envs:
+            raise ValueError(f"batch_size must be in 1..{self.num_envs}, got {value}")
+        self.__dict__["_batch_size"] = value
 
     def spaces(self) -> Spaces:
         codec = body_codec(self.schema, "SPACES_RESP")

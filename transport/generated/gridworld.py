@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'gridworld',
  'version': 1,
- 'fingerprint': 'f518f7e2839c7978',
+ 'fingerprint': '7f014818f171a8c6',
  'structs': {'StepResult': {'size': 296,
                             'align': 8,
                             'layout': 'natural',
@@ -164,6 +164,14 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                      'offset': 8,
                                      'size': 1,
                                      'count': 1}]},
+             'RecvRequest': {'size': 4,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'batch_size',
+                                         'type': 'u32',
+                                         'offset': 0,
+                                         'size': 4,
+                                         'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -343,7 +351,8 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                     'ENV_ERROR': 10,
                                     'BAD_BATCH': 11,
                                     'NOT_RESET': 12,
-                                    'INTERNAL': 13}},
+                                    'INTERNAL': 13,
+                                    'ASYNC_STATE': 14}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -372,7 +381,12 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
-              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
+              'SEND_REQ': {'id': 20, 'body': 'StepRequest', 'tail': 'msgpack', 'batch': True},
+              'SEND_RESP': {'id': 21, 'body': None},
+              'RECV_REQ': {'id': 22, 'body': 'RecvRequest'},
+              'RECV_RESP': {'id': 23, 'body': 'StepResult', 'tail': 'msgpack', 'batch': True},
+              'ASYNC_RESET_REQ': {'id': 24, 'body': 'EnvSeed'}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -400,8 +414,8 @@ IR: Final[dict[str, Any]] = {'name': 'gridworld',
                                   'visits': 304,
                                   'position': 354}}}
 
-FINGERPRINT: Final = 0xf518f7e2839c7978
-FINGERPRINT_HEX: Final = "f518f7e2839c7978"
+FINGERPRINT: Final = 0x7f014818f171a8c6
+FINGERPRINT_HEX: Final = "7f014818f171a8c6"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -427,6 +441,11 @@ class MsgType(IntEnum):
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
     RESET_SEEDS_REQ = 0x13
+    SEND_REQ = 0x14
+    SEND_RESP = 0x15
+    RECV_REQ = 0x16
+    RECV_RESP = 0x17
+    ASYNC_RESET_REQ = 0x18
 
 
 class ErrorCode(IntEnum):
@@ -445,6 +464,7 @@ class ErrorCode(IntEnum):
     BAD_BATCH = 11
     NOT_RESET = 12
     INTERNAL = 13
+    ASYNC_STATE = 14
 
 
 class AutoReset(IntEnum):
@@ -483,6 +503,7 @@ HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
+RecvRequest: Final[StructCodec] = SCHEMA["RecvRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -499,6 +520,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "SpacesResult": 8,
     "ResetRequest": 8,
     "EnvSeed": 16,
+    "RecvRequest": 4,
     "ShmControl": 64,
     "StepMultiRequest": 8,
     "StepMultiResult": 2368,

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
  'version': 1,
- 'fingerprint': 'bec8b2320d9f3c3a',
+ 'fingerprint': 'af624bc024b0152e',
  'structs': {'ResetOptions': {'size': 16,
                               'align': 8,
                               'layout': 'natural',
@@ -265,6 +265,14 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                      'offset': 8,
                                      'size': 1,
                                      'count': 1}]},
+             'RecvRequest': {'size': 4,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'batch_size',
+                                         'type': 'u32',
+                                         'offset': 0,
+                                         'size': 4,
+                                         'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -453,7 +461,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                     'ENV_ERROR': 10,
                                     'BAD_BATCH': 11,
                                     'NOT_RESET': 12,
-                                    'INTERNAL': 13}},
+                                    'INTERNAL': 13,
+                                    'ASYNC_STATE': 14}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -483,6 +492,11 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
               'STEP_BATCH_REQ': {'id': 17, 'body': 'ActionRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'AgentStep', 'batch': True},
               'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
+              'SEND_REQ': {'id': 20, 'body': 'ActionRequest', 'tail': 'msgpack', 'batch': True},
+              'SEND_RESP': {'id': 21, 'body': None},
+              'RECV_REQ': {'id': 22, 'body': 'RecvRequest'},
+              'RECV_RESP': {'id': 23, 'body': 'AgentStep', 'tail': 'msgpack', 'batch': True},
+              'ASYNC_RESET_REQ': {'id': 24, 'body': 'EnvSeed'},
               'SCORE_RESP': {'id': 32, 'body': 'ScoreUpdate'}},
  'env': {'result': 'AgentStep',
          'request': 'ActionRequest',
@@ -527,8 +541,8 @@ IR: Final[dict[str, Any]] = {'name': 'mahjong_env',
                                   'last_discard': 1392,
                                   'dealer_streak': 1396}}}
 
-FINGERPRINT: Final = 0xbec8b2320d9f3c3a
-FINGERPRINT_HEX: Final = "bec8b2320d9f3c3a"
+FINGERPRINT: Final = 0xaf624bc024b0152e
+FINGERPRINT_HEX: Final = "af624bc024b0152e"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -554,6 +568,11 @@ class MsgType(IntEnum):
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
     RESET_SEEDS_REQ = 0x13
+    SEND_REQ = 0x14
+    SEND_RESP = 0x15
+    RECV_REQ = 0x16
+    RECV_RESP = 0x17
+    ASYNC_RESET_REQ = 0x18
     SCORE_RESP = 0x20
 
 
@@ -601,6 +620,7 @@ class ErrorCode(IntEnum):
     BAD_BATCH = 11
     NOT_RESET = 12
     INTERNAL = 13
+    ASYNC_STATE = 14
 
 
 class AutoReset(IntEnum):
@@ -642,6 +662,7 @@ HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
+RecvRequest: Final[StructCodec] = SCHEMA["RecvRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -661,6 +682,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "SpacesResult": 8,
     "ResetRequest": 8,
     "EnvSeed": 16,
+    "RecvRequest": 4,
     "ShmControl": 64,
     "StepMultiRequest": 16,
     "StepMultiResult": 10688,

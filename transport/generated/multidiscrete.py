@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
  'version': 1,
- 'fingerprint': '5863e4b944339e1d',
+ 'fingerprint': '9319d22ca2339132',
  'structs': {'StepResult': {'size': 40,
                             'align': 8,
                             'layout': 'natural',
@@ -148,6 +148,14 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
                                      'offset': 8,
                                      'size': 1,
                                      'count': 1}]},
+             'RecvRequest': {'size': 4,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'batch_size',
+                                         'type': 'u32',
+                                         'offset': 0,
+                                         'size': 4,
+                                         'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -328,7 +336,8 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
                                     'ENV_ERROR': 10,
                                     'BAD_BATCH': 11,
                                     'NOT_RESET': 12,
-                                    'INTERNAL': 13}},
+                                    'INTERNAL': 13,
+                                    'ASYNC_STATE': 14}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -357,7 +366,12 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
-              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
+              'SEND_REQ': {'id': 20, 'body': 'StepRequest', 'tail': 'msgpack', 'batch': True},
+              'SEND_RESP': {'id': 21, 'body': None},
+              'RECV_REQ': {'id': 22, 'body': 'RecvRequest'},
+              'RECV_RESP': {'id': 23, 'body': 'StepResult', 'tail': 'msgpack', 'batch': True},
+              'ASYNC_RESET_REQ': {'id': 24, 'body': 'EnvSeed'}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -379,8 +393,8 @@ IR: Final[dict[str, Any]] = {'name': 'multidiscrete',
                                   'truncated': 97,
                                   'matched': 98}}}
 
-FINGERPRINT: Final = 0x5863e4b944339e1d
-FINGERPRINT_HEX: Final = "5863e4b944339e1d"
+FINGERPRINT: Final = 0x9319d22ca2339132
+FINGERPRINT_HEX: Final = "9319d22ca2339132"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -406,6 +420,11 @@ class MsgType(IntEnum):
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
     RESET_SEEDS_REQ = 0x13
+    SEND_REQ = 0x14
+    SEND_RESP = 0x15
+    RECV_REQ = 0x16
+    RECV_RESP = 0x17
+    ASYNC_RESET_REQ = 0x18
 
 
 class ErrorCode(IntEnum):
@@ -424,6 +443,7 @@ class ErrorCode(IntEnum):
     BAD_BATCH = 11
     NOT_RESET = 12
     INTERNAL = 13
+    ASYNC_STATE = 14
 
 
 class AutoReset(IntEnum):
@@ -462,6 +482,7 @@ HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
+RecvRequest: Final[StructCodec] = SCHEMA["RecvRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -478,6 +499,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "SpacesResult": 8,
     "ResetRequest": 8,
     "EnvSeed": 16,
+    "RecvRequest": 4,
     "ShmControl": 64,
     "StepMultiRequest": 24,
     "StepMultiResult": 320,

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'pac_env',
  'version': 1,
- 'fingerprint': '6c30e96ee85e4cff',
+ 'fingerprint': '7f1be4e3b718a454',
  'structs': {'StepResult': {'size': 2557,
                             'align': 1,
                             'layout': 'packed',
@@ -185,6 +185,14 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                      'offset': 8,
                                      'size': 1,
                                      'count': 1}]},
+             'RecvRequest': {'size': 4,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'batch_size',
+                                         'type': 'u32',
+                                         'offset': 0,
+                                         'size': 4,
+                                         'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -493,7 +501,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                     'ENV_ERROR': 10,
                                     'BAD_BATCH': 11,
                                     'NOT_RESET': 12,
-                                    'INTERNAL': 13}},
+                                    'INTERNAL': 13,
+                                    'ASYNC_STATE': 14}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -522,7 +531,12 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
-              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
+              'SEND_REQ': {'id': 20, 'body': 'StepRequest', 'tail': 'msgpack', 'batch': True},
+              'SEND_RESP': {'id': 21, 'body': None},
+              'RECV_REQ': {'id': 22, 'body': 'RecvRequest'},
+              'RECV_RESP': {'id': 23, 'body': 'StepResult', 'tail': 'msgpack', 'batch': True},
+              'ASYNC_RESET_REQ': {'id': 24, 'body': 'EnvSeed'}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -560,8 +574,8 @@ IR: Final[dict[str, Any]] = {'name': 'pac_env',
                                   'items_held': 31,
                                   'actions_this_turn': 2572}}}
 
-FINGERPRINT: Final = 0x6c30e96ee85e4cff
-FINGERPRINT_HEX: Final = "6c30e96ee85e4cff"
+FINGERPRINT: Final = 0x7f1be4e3b718a454
+FINGERPRINT_HEX: Final = "7f1be4e3b718a454"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -587,6 +601,11 @@ class MsgType(IntEnum):
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
     RESET_SEEDS_REQ = 0x13
+    SEND_REQ = 0x14
+    SEND_RESP = 0x15
+    RECV_REQ = 0x16
+    RECV_RESP = 0x17
+    ASYNC_RESET_REQ = 0x18
 
 
 class ErrorCode(IntEnum):
@@ -605,6 +624,7 @@ class ErrorCode(IntEnum):
     BAD_BATCH = 11
     NOT_RESET = 12
     INTERNAL = 13
+    ASYNC_STATE = 14
 
 
 class AutoReset(IntEnum):
@@ -643,6 +663,7 @@ HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
+RecvRequest: Final[StructCodec] = SCHEMA["RecvRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -659,6 +680,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "SpacesResult": 8,
     "ResetRequest": 8,
     "EnvSeed": 16,
+    "RecvRequest": 4,
     "ShmControl": 64,
     "StepMultiRequest": 32,
     "StepMultiResult": 20456,

@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'protocol',
  'version': 1,
- 'fingerprint': 'c2fa146605e6cda5',
+ 'fingerprint': '56c38e229d8fb96b',
  'structs': {'FrameHeader': {'size': 9,
                              'align': 1,
                              'layout': 'packed',
@@ -104,6 +104,14 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
                                      'offset': 8,
                                      'size': 1,
                                      'count': 1}]},
+             'RecvRequest': {'size': 4,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'batch_size',
+                                         'type': 'u32',
+                                         'offset': 0,
+                                         'size': 4,
+                                         'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -185,7 +193,8 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
                                     'ENV_ERROR': 10,
                                     'BAD_BATCH': 11,
                                     'NOT_RESET': 12,
-                                    'INTERNAL': 13}},
+                                    'INTERNAL': 13,
+                                    'ASYNC_STATE': 14}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -214,7 +223,12 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': '$request', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': '$result', 'batch': True},
-              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
+              'SEND_REQ': {'id': 20, 'body': '$request', 'tail': 'msgpack', 'batch': True},
+              'SEND_RESP': {'id': 21, 'body': None},
+              'RECV_REQ': {'id': 22, 'body': 'RecvRequest'},
+              'RECV_RESP': {'id': 23, 'body': '$result', 'tail': 'msgpack', 'batch': True},
+              'ASYNC_RESET_REQ': {'id': 24, 'body': 'EnvSeed'}},
  'errors': {'BAD_FRAME': {'http': 400, 'closes': True},
             'UNKNOWN_MESSAGE': {'http': 404, 'closes': True},
             'BAD_BODY_SIZE': {'http': 400, 'closes': False},
@@ -227,7 +241,8 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
             'ENV_ERROR': {'http': 500, 'closes': False},
             'BAD_BATCH': {'http': 422, 'closes': False},
             'NOT_RESET': {'http': 422, 'closes': False},
-            'INTERNAL': {'http': 500, 'closes': False}},
+            'INTERNAL': {'http': 500, 'closes': False},
+            'ASYNC_STATE': {'http': 409, 'closes': False}},
  'http': {'hello': 'HELLO_REQ',
           'reset': 'RESET_REQ',
           'reset_seed': 'RESET_SEED_REQ',
@@ -237,10 +252,13 @@ IR: Final[dict[str, Any]] = {'name': 'protocol',
           'step_batch': 'STEP_BATCH_REQ',
           'observe': 'OBSERVE_REQ',
           'health': 'HEALTH_REQ',
-          'spaces': 'SPACES_REQ'}}
+          'spaces': 'SPACES_REQ',
+          'send': 'SEND_REQ',
+          'recv': 'RECV_REQ',
+          'async_reset': 'ASYNC_RESET_REQ'}}
 
-FINGERPRINT: Final = 0xc2fa146605e6cda5
-FINGERPRINT_HEX: Final = "c2fa146605e6cda5"
+FINGERPRINT: Final = 0x56c38e229d8fb96b
+FINGERPRINT_HEX: Final = "56c38e229d8fb96b"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -266,6 +284,11 @@ class MsgType(IntEnum):
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
     RESET_SEEDS_REQ = 0x13
+    SEND_REQ = 0x14
+    SEND_RESP = 0x15
+    RECV_REQ = 0x16
+    RECV_RESP = 0x17
+    ASYNC_RESET_REQ = 0x18
 
 
 class ErrorCode(IntEnum):
@@ -284,6 +307,7 @@ class ErrorCode(IntEnum):
     BAD_BATCH = 11
     NOT_RESET = 12
     INTERNAL = 13
+    ASYNC_STATE = 14
 
 
 class AutoReset(IntEnum):
@@ -328,6 +352,7 @@ HTTP_STATUS: Final[dict[int, int]] = {
     ErrorCode.BAD_BATCH: 422,
     ErrorCode.NOT_RESET: 422,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.ASYNC_STATE: 409,
 }
 # [errors]: after these the server closes the connection
 CLOSING_ERRORS: Final[frozenset[int]] = frozenset(
@@ -352,6 +377,9 @@ HTTP_ROUTES: Final[dict[str, str]] = {
     "observe": "OBSERVE_REQ",
     "health": "HEALTH_REQ",
     "spaces": "SPACES_REQ",
+    "send": "SEND_REQ",
+    "recv": "RECV_REQ",
+    "async_reset": "ASYNC_RESET_REQ",
 }
 
 FrameHeader: Final[StructCodec] = SCHEMA["FrameHeader"]
@@ -361,6 +389,7 @@ HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
+RecvRequest: Final[StructCodec] = SCHEMA["RecvRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
@@ -371,5 +400,6 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "SpacesResult": 8,
     "ResetRequest": 8,
     "EnvSeed": 16,
+    "RecvRequest": 4,
     "ShmControl": 64,
 }

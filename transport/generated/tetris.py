@@ -12,7 +12,7 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'tetris',
  'version': 1,
- 'fingerprint': '90b07419e46b2948',
+ 'fingerprint': 'c39db8b06055a524',
  'structs': {'StepResult': {'size': 912,
                             'align': 4,
                             'layout': 'natural',
@@ -166,6 +166,14 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                      'offset': 8,
                                      'size': 1,
                                      'count': 1}]},
+             'RecvRequest': {'size': 4,
+                             'align': 1,
+                             'layout': 'packed',
+                             'fields': [{'name': 'batch_size',
+                                         'type': 'u32',
+                                         'offset': 0,
+                                         'size': 4,
+                                         'count': 1}]},
              'ShmControl': {'size': 64,
                             'align': 8,
                             'layout': 'natural',
@@ -345,7 +353,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                     'ENV_ERROR': 10,
                                     'BAD_BATCH': 11,
                                     'NOT_RESET': 12,
-                                    'INTERNAL': 13}},
+                                    'INTERNAL': 13,
+                                    'ASYNC_STATE': 14}},
            'AutoReset': {'type': 'u16',
                          'values': {'DISABLED': 0, 'NEXT_STEP': 1, 'SAME_STEP': 2}},
            'SlotCommand': {'type': 'u32',
@@ -374,7 +383,12 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
               'RESET_SEED_REQ': {'id': 16, 'body': 'ResetRequest'},
               'STEP_BATCH_REQ': {'id': 17, 'body': 'StepRequest', 'batch': True},
               'STEP_BATCH_RESP': {'id': 18, 'body': 'StepResult', 'batch': True},
-              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True}},
+              'RESET_SEEDS_REQ': {'id': 19, 'body': 'EnvSeed', 'batch': True},
+              'SEND_REQ': {'id': 20, 'body': 'StepRequest', 'tail': 'msgpack', 'batch': True},
+              'SEND_RESP': {'id': 21, 'body': None},
+              'RECV_REQ': {'id': 22, 'body': 'RecvRequest'},
+              'RECV_RESP': {'id': 23, 'body': 'StepResult', 'tail': 'msgpack', 'batch': True},
+              'ASYNC_RESET_REQ': {'id': 24, 'body': 'EnvSeed'}},
  'env': {'result': 'StepResult',
          'request': 'StepRequest',
          'multi_request': 'StepMultiRequest',
@@ -404,8 +418,8 @@ IR: Final[dict[str, Any]] = {'name': 'tetris',
                                   'total_lines': 968,
                                   'pieces': 972}}}
 
-FINGERPRINT: Final = 0x90b07419e46b2948
-FINGERPRINT_HEX: Final = "90b07419e46b2948"
+FINGERPRINT: Final = 0xc39db8b06055a524
+FINGERPRINT_HEX: Final = "c39db8b06055a524"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -431,6 +445,11 @@ class MsgType(IntEnum):
     STEP_BATCH_REQ = 0x11
     STEP_BATCH_RESP = 0x12
     RESET_SEEDS_REQ = 0x13
+    SEND_REQ = 0x14
+    SEND_RESP = 0x15
+    RECV_REQ = 0x16
+    RECV_RESP = 0x17
+    ASYNC_RESET_REQ = 0x18
 
 
 class ErrorCode(IntEnum):
@@ -449,6 +468,7 @@ class ErrorCode(IntEnum):
     BAD_BATCH = 11
     NOT_RESET = 12
     INTERNAL = 13
+    ASYNC_STATE = 14
 
 
 class AutoReset(IntEnum):
@@ -487,6 +507,7 @@ HealthResult: Final[StructCodec] = SCHEMA["HealthResult"]
 SpacesResult: Final[StructCodec] = SCHEMA["SpacesResult"]
 ResetRequest: Final[StructCodec] = SCHEMA["ResetRequest"]
 EnvSeed: Final[StructCodec] = SCHEMA["EnvSeed"]
+RecvRequest: Final[StructCodec] = SCHEMA["RecvRequest"]
 ShmControl: Final[StructCodec] = SCHEMA["ShmControl"]
 StepMultiRequest: Final[StructCodec] = SCHEMA["StepMultiRequest"]
 StepMultiResult: Final[StructCodec] = SCHEMA["StepMultiResult"]
@@ -503,6 +524,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "SpacesResult": 8,
     "ResetRequest": 8,
     "EnvSeed": 16,
+    "RecvRequest": 4,
     "ShmControl": 64,
     "StepMultiRequest": 32,
     "StepMultiResult": 7296,

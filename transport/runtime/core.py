@@ -357,6 +357,24 @@ class Runner:
                 failures.append((i, exc))
         return ended, failures
 
+    def submit(self, ids: Sequence[int], actions: Sequence[Any], mode: AutoReset) -> None:
+        """Asynchronous batches: start stepping envs ``ids``; ``poll`` reports each as it ends.
+        In this process the envs step now, in order (a worker pool steps them concurrently)."""
+        done = self.__dict__.setdefault("_completed", [])
+        for i, action in zip(ids, actions, strict=True):
+            try:
+                done.append((i, self.step_one(i, action, mode), None))
+            except Exception as exc:  # the other envs still step
+                done.append((i, False, exc))
+
+    def poll(self, want: int) -> list[tuple[int, bool, Exception | None]]:
+        """At least ``want`` submitted envs that finished (env, final result kept, failure),
+        waiting for them; never more than were submitted."""
+        done: list[tuple[int, bool, Exception | None]] = self.__dict__.setdefault("_completed", [])
+        taken = done[:want]
+        del done[:want]
+        return taken
+
     def observe(self) -> tuple[list[dict[str, Any]], Failures]:
         """Every env's current result and info map (no step, no auto-reset)."""
         infos: list[dict[str, Any]] = []

@@ -32,6 +32,7 @@ from transport.protocol import (
     encode_error,
     encode_hello_response,
 )
+from transport.runtime.async_session import AsyncHandlers
 from transport.runtime.core import ACTION_CODES, EnvHost
 
 
@@ -93,6 +94,9 @@ class Session:
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
         }
+        self._async = AsyncHandlers.of(self)
+        if self._async is not None:
+            self._other.update(self._async.handlers)
         observe = schema.ir.messages.get("OBSERVE_REQ")
         response = schema.ir.messages.get("OBSERVE_RESP")
         if observe is not None and response is not None:
@@ -125,6 +129,8 @@ class Session:
                 return resp_type, memoryview(data)
             if not self.hello_done:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
+            if self._async is not None and self._async.batches.count:
+                self._async.batches.check_idle(f"msg_type 0x{msg_type:02X}")
             resp_type, length = handler(body)
             return resp_type, self._body[:length]
         except RequestError as exc:

@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "dictbox",
   "version": 1,
-  "fingerprint": "37cf65676f306081",
+  "fingerprint": "d0233b469fe03dd3",
   "structs": {
     "StepResult": {
       "size": 232,
@@ -233,6 +233,20 @@ export const IR: SchemaJson = {
           "type": "bool",
           "offset": 8,
           "size": 1,
+          "count": 1
+        }
+      ]
+    },
+    "RecvRequest": {
+      "size": 4,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "batch_size",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
           "count": 1
         }
       ]
@@ -504,7 +518,8 @@ export const IR: SchemaJson = {
         "ENV_ERROR": 10,
         "BAD_BATCH": 11,
         "NOT_RESET": 12,
-        "INTERNAL": 13
+        "INTERNAL": 13,
+        "ASYNC_STATE": 14
       }
     },
     "AutoReset": {
@@ -620,6 +635,30 @@ export const IR: SchemaJson = {
       "id": 19,
       "body": "EnvSeed",
       "batch": true
+    },
+    "SEND_REQ": {
+      "id": 20,
+      "body": "StepRequest",
+      "tail": "msgpack",
+      "batch": true
+    },
+    "SEND_RESP": {
+      "id": 21,
+      "body": null
+    },
+    "RECV_REQ": {
+      "id": 22,
+      "body": "RecvRequest"
+    },
+    "RECV_RESP": {
+      "id": 23,
+      "body": "StepResult",
+      "tail": "msgpack",
+      "batch": true
+    },
+    "ASYNC_RESET_REQ": {
+      "id": 24,
+      "body": "EnvSeed"
     }
   },
   "env": {
@@ -657,8 +696,8 @@ export const IR: SchemaJson = {
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "37cf65676f306081";
-export const FINGERPRINT = 0x37cf65676f306081n;
+export const FINGERPRINT_HEX = "d0233b469fe03dd3";
+export const FINGERPRINT = 0xd0233b469fe03dd3n;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -675,6 +714,7 @@ export const ErrorCode = {
   BAD_BATCH: 11,
   NOT_RESET: 12,
   INTERNAL: 13,
+  ASYNC_STATE: 14,
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
@@ -728,6 +768,11 @@ export const MessageId = {
   STEP_BATCH_REQ: 17,
   STEP_BATCH_RESP: 18,
   RESET_SEEDS_REQ: 19,
+  SEND_REQ: 20,
+  SEND_RESP: 21,
+  RECV_REQ: 22,
+  RECV_RESP: 23,
+  ASYNC_RESET_REQ: 24,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -1422,6 +1467,67 @@ const EnvSeedLayout: rt.StructLayout<EnvSeed, EnvSeedInput, EnvSeedView> = {
 
 export const EnvSeedCodec: rt.StructCodec<EnvSeed, EnvSeedInput, EnvSeedView> = rt.defineStruct(EnvSeedLayout);
 
+// -- RecvRequest: 4 bytes, packed layout, align 1 -------------------------------------------------
+
+/** RecvRequest as `decode` returns it. */
+export interface RecvRequest {
+  /** u32 at offset 0 (4 bytes). */
+  batch_size: number;
+}
+
+/** What `RecvRequestCodec.encode` accepts (validated at run time). */
+export interface RecvRequestInput {
+  /** u32 at offset 0 (4 bytes). */
+  batch_size: number;
+}
+
+/**
+ * Zero-copy view of a RecvRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class RecvRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get batch_size(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+}
+
+const RecvRequestFields = rt.nameSet(["batch_size"]);
+
+const RecvRequestLayout: rt.StructLayout<RecvRequest, RecvRequestInput, RecvRequestView> = {
+  name: "RecvRequest",
+  size: 4,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "batch_size", path), "u32", path, "batch_size");
+    rt.rejectUnknownFields(fields, RecvRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: RecvRequestInput): void {
+    dv.setUint32(at, rt.toNumber(value.batch_size), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): RecvRequest {
+    return {
+      batch_size: dv.getUint32(at, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): RecvRequestView {
+    return new RecvRequestView(dv, at);
+  },
+};
+
+export const RecvRequestCodec: rt.StructCodec<RecvRequest, RecvRequestInput, RecvRequestView> = rt.defineStruct(RecvRequestLayout);
+
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
 /** ShmControl as `decode` returns it. */
@@ -2020,6 +2126,7 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   SpacesResult: SpacesResultCodec,
   ResetRequest: ResetRequestCodec,
   EnvSeed: EnvSeedCodec,
+  RecvRequest: RecvRequestCodec,
   ShmControl: ShmControlCodec,
   StepMultiRequest: StepMultiRequestCodec,
   StepMultiResult: StepMultiResultCodec,

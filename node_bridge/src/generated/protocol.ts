@@ -8,7 +8,7 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "protocol",
   "version": 1,
-  "fingerprint": "c2fa146605e6cda5",
+  "fingerprint": "56c38e229d8fb96b",
   "structs": {
     "FrameHeader": {
       "size": 9,
@@ -157,6 +157,20 @@ export const IR: SchemaJson = {
         }
       ]
     },
+    "RecvRequest": {
+      "size": 4,
+      "align": 1,
+      "layout": "packed",
+      "fields": [
+        {
+          "name": "batch_size",
+          "type": "u32",
+          "offset": 0,
+          "size": 4,
+          "count": 1
+        }
+      ]
+    },
     "ShmControl": {
       "size": 64,
       "align": 8,
@@ -272,7 +286,8 @@ export const IR: SchemaJson = {
         "ENV_ERROR": 10,
         "BAD_BATCH": 11,
         "NOT_RESET": 12,
-        "INTERNAL": 13
+        "INTERNAL": 13,
+        "ASYNC_STATE": 14
       }
     },
     "AutoReset": {
@@ -388,6 +403,30 @@ export const IR: SchemaJson = {
       "id": 19,
       "body": "EnvSeed",
       "batch": true
+    },
+    "SEND_REQ": {
+      "id": 20,
+      "body": "$request",
+      "tail": "msgpack",
+      "batch": true
+    },
+    "SEND_RESP": {
+      "id": 21,
+      "body": null
+    },
+    "RECV_REQ": {
+      "id": 22,
+      "body": "RecvRequest"
+    },
+    "RECV_RESP": {
+      "id": 23,
+      "body": "$result",
+      "tail": "msgpack",
+      "batch": true
+    },
+    "ASYNC_RESET_REQ": {
+      "id": 24,
+      "body": "EnvSeed"
     }
   },
   "errors": {
@@ -442,6 +481,10 @@ export const IR: SchemaJson = {
     "INTERNAL": {
       "http": 500,
       "closes": false
+    },
+    "ASYNC_STATE": {
+      "http": 409,
+      "closes": false
     }
   },
   "http": {
@@ -454,13 +497,16 @@ export const IR: SchemaJson = {
     "step_batch": "STEP_BATCH_REQ",
     "observe": "OBSERVE_REQ",
     "health": "HEALTH_REQ",
-    "spaces": "SPACES_REQ"
+    "spaces": "SPACES_REQ",
+    "send": "SEND_REQ",
+    "recv": "RECV_REQ",
+    "async_reset": "ASYNC_RESET_REQ"
   }
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "c2fa146605e6cda5";
-export const FINGERPRINT = 0xc2fa146605e6cda5n;
+export const FINGERPRINT_HEX = "56c38e229d8fb96b";
+export const FINGERPRINT = 0x56c38e229d8fb96bn;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -477,6 +523,7 @@ export const ErrorCode = {
   BAD_BATCH: 11,
   NOT_RESET: 12,
   INTERNAL: 13,
+  ASYNC_STATE: 14,
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
@@ -529,6 +576,11 @@ export const MessageId = {
   STEP_BATCH_REQ: 17,
   STEP_BATCH_RESP: 18,
   RESET_SEEDS_REQ: 19,
+  SEND_REQ: 20,
+  SEND_RESP: 21,
+  RECV_REQ: 22,
+  RECV_RESP: 23,
+  ASYNC_RESET_REQ: 24,
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
@@ -547,6 +599,7 @@ export const ERRORS = {
   BAD_BATCH: { http: 422, closes: false },
   NOT_RESET: { http: 422, closes: false },
   INTERNAL: { http: 500, closes: false },
+  ASYNC_STATE: { http: 409, closes: false },
 } as const;
 
 /** [http]: POST /v1/<method> -> the request message it carries. */
@@ -561,6 +614,9 @@ export const HTTP_ROUTES = {
   observe: "OBSERVE_REQ",
   health: "HEALTH_REQ",
   spaces: "SPACES_REQ",
+  send: "SEND_REQ",
+  recv: "RECV_REQ",
+  async_reset: "ASYNC_RESET_REQ",
 } as const;
 
 // -- FrameHeader: 9 bytes, packed layout, align 1 -------------------------------------------------
@@ -1067,6 +1123,67 @@ const EnvSeedLayout: rt.StructLayout<EnvSeed, EnvSeedInput, EnvSeedView> = {
 
 export const EnvSeedCodec: rt.StructCodec<EnvSeed, EnvSeedInput, EnvSeedView> = rt.defineStruct(EnvSeedLayout);
 
+// -- RecvRequest: 4 bytes, packed layout, align 1 -------------------------------------------------
+
+/** RecvRequest as `decode` returns it. */
+export interface RecvRequest {
+  /** u32 at offset 0 (4 bytes). */
+  batch_size: number;
+}
+
+/** What `RecvRequestCodec.encode` accepts (validated at run time). */
+export interface RecvRequestInput {
+  /** u32 at offset 0 (4 bytes). */
+  batch_size: number;
+}
+
+/**
+ * Zero-copy view of a RecvRequest in a buffer: scalars are read on every access; numeric
+ * arrays are typed arrays over the buffer when aligned (a copy otherwise, see
+ * rt.viewArray); bool arrays are their raw bytes.
+ */
+export class RecvRequestView {
+  readonly #dv: DataView;
+  readonly #at: number;
+
+  constructor(dv: DataView, at: number) {
+    this.#dv = dv;
+    this.#at = at;
+  }
+
+  get batch_size(): number {
+    return this.#dv.getUint32(this.#at, true);
+  }
+}
+
+const RecvRequestFields = rt.nameSet(["batch_size"]);
+
+const RecvRequestLayout: rt.StructLayout<RecvRequest, RecvRequestInput, RecvRequestView> = {
+  name: "RecvRequest",
+  size: 4,
+  validateAt(value: unknown, path: string): void {
+    const fields = rt.asFields(value, path);
+    rt.checkInteger(rt.fieldValue(fields, "batch_size", path), "u32", path, "batch_size");
+    rt.rejectUnknownFields(fields, RecvRequestFields, path);
+  },
+  writeAt(dv: DataView, at: number, value: RecvRequestInput): void {
+    dv.setUint32(at, rt.toNumber(value.batch_size), true);
+  },
+  checkAt(): void {
+    // no bools, enums or floats to check
+  },
+  readAt(dv: DataView, at: number): RecvRequest {
+    return {
+      batch_size: dv.getUint32(at, true),
+    };
+  },
+  viewAt(dv: DataView, at: number): RecvRequestView {
+    return new RecvRequestView(dv, at);
+  },
+};
+
+export const RecvRequestCodec: rt.StructCodec<RecvRequest, RecvRequestInput, RecvRequestView> = rt.defineStruct(RecvRequestLayout);
+
 // -- ShmControl: 64 bytes, natural layout, align 8 ------------------------------------------------
 
 /** ShmControl as `decode` returns it. */
@@ -1269,5 +1386,6 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
   SpacesResult: SpacesResultCodec,
   ResetRequest: ResetRequestCodec,
   EnvSeed: EnvSeedCodec,
+  RecvRequest: RecvRequestCodec,
   ShmControl: ShmControlCodec,
 });

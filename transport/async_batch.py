@@ -1,0 +1,110 @@
+"""Asynchronous batches on the client (EnvPool's ``send`` / ``recv``): ``Client.send`` starts
+stepping some envs, ``Client.recv`` returns the first results that are ready with their env ids.
+
+The wire messages are SEND_REQ / RECV_REQ / ASYNC_RESET_REQ (schema/protocol.toml); every rule
+(env ids in range and sent once, "RECV needs something in flight") is the server's env runtime's
+(transport/runtime/async_batches.py), so both client languages get the same errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import msgpack
+import numpy as np
+
+from transport.errors import ProtocolError
+from transport.protocol import body_codec
+
+if TYPE_CHECKING:
+    from transport.client import Client, StepView
+
+
+class Received(NamedTuple):
+    """One RECV: B results (a leading axis of B; views valid until the next request unless
+    copied), the env id of each row, and the SAME_STEP final results of the episodes that ended
+    (env id, owned result)."""
+
+    results: StepView
+    env_ids: np.ndarray
+    finals: list[tuple[int, StepView]]
+
+
+class AsyncCalls:
+    """The encoders and decoders of one client's asynchronous calls."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        msgs = client.schema.ir.messages
+        missing = [
+            n for n in ("SEND_REQ", "RECV_REQ", "ASYNC_RESET_REQ", "RECV_RESP") if n not in msgs
+        ]
+        if missing:
+            raise ProtocolError(
+                f"schema {client.schema.name} has no asynchronous batches ({', '.join(missing)})"
+            )
+        self.send_req, self.send_resp = msgs["SEND_REQ"].id, msgs["SEND_RESP"].id
+        self.recv_req, self.recv_resp = msgs["RECV_REQ"].id, msgs["RECV_RESP"].id
+        self.reset_req = msgs["ASYNC_RESET_REQ"].id
+        self.request = body_codec(client.schema, "STEP_REQ")
+        action = self.request.ir.role("action")
+        assert action is not None  # the client checked it
+        self.action_name = action.name
+        self.result = body_codec(client.schema, "STEP_RESP")
+        self.recv_codec = body_codec(client.schema, "RECV_REQ")
+        self.seed_codec = body_codec(client.schema, "ASYNC_RESET_REQ")
+        self.buffer = bytearray(self.request.size * client.num_envs)
+
+    def send(
+        self, actions: Sequence[Any] | np.ndarray, env_ids: Sequence[int] | np.ndarray
+    ) -> None:
+        ids = [int(i) for i in np.asarray(env_ids).reshape(-1).tolist()]
+        k = len(ids)
+        if k == 0 or k > self.client.num_envs:
+            raise ValueError(f"send takes 1..{self.client.num_envs} env ids, got {k}")
+        if len(actions) != k:
+            raise ValueError(f"send got {len(actions)} actions for {k} env ids")
+        size = self.request.size
+        body = memoryview(self.buffer)[: k * size]
+        body[:] = b"\x00" * (k * size)
+        self.request.view(body, count=k)[self.action_name] = actions
+        self.client._exchange(self.send_req, bytes(body) + msgpack.packb(ids), self.send_resp)
+
+    def recv(self, batch_size: int, copy: bool) -> Received:
+        from transport.client import StepView
+
+        body = memoryview(bytearray(self.recv_codec.size))
+        self.recv_codec.view(body)["batch_size"] = batch_size
+        resp = self.client._exchange(self.recv_req, body, self.recv_resp)
+        size = self.result.size
+        try:
+            # the tail: msgpack [env ids, ended ids, final results]; it starts after B results
+            for b in range(1, batch_size + 1):
+                if resp.nbytes >= b * size and resp[b * size] == 0x93:
+                    try:
+                        tail = msgpack.unpackb(bytes(resp[b * size :]))
+                    except Exception:
+                        continue
+                    if isinstance(tail, list) and len(tail) == 3 and len(tail[0]) == b:
+                        break
+            else:
+                raise ValueError("no env ids")
+        except (ValueError, IndexError) as exc:
+            raise ProtocolError(f"RECV_RESP of {resp.nbytes} bytes: bad tail ({exc})") from None
+        ids, ended, final_bytes = tail
+        records = self.result.view(resp, 0, count=b)
+        if copy:
+            records = records.copy()
+        finals = []
+        for k, index in enumerate(ended):
+            record = self.result.view(bytearray(final_bytes[k * size : (k + 1) * size]))
+            finals.append((int(index), StepView(record)))
+        return Received(StepView(records), np.asarray(ids, dtype=np.int64), finals)
+
+    def reset(self, seed: int | None) -> None:
+        body = memoryview(bytearray(self.seed_codec.size))
+        view = self.seed_codec.view(body)
+        view["seed"] = 0 if seed is None else seed
+        view["has_seed"] = seed is not None
+        self.client._exchange(self.reset_req, body, self.send_resp)

@@ -1,0 +1,124 @@
+"""Asynchronous batches in the env runtime: SEND steps some envs without waiting, RECV returns
+the first results that are ready (EnvPool's ``send`` / ``recv``, gymnasium's ``AsyncState``).
+
+Every rule of the asynchronous API lives here, once: which env ids a SEND may carry (in range,
+each once, none already in flight), the action checks (those of a lock-step STEP), auto-reset
+(the runner's ``step_one``), "RECV needs something in flight", and env-error recovery. The
+runner decides how envs run: in this process they step at SEND; a worker pool steps them
+concurrently and reports each as it finishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transport.protocol import AutoReset, ErrorCode, RequestError
+from transport.runtime.core import EnvRuntime
+
+
+def _async_state(text: str) -> RequestError:
+    return RequestError(ErrorCode.ASYNC_STATE, text)
+
+
+class AsyncBatches:
+    """One client's envs in flight (sent, their result not received yet)."""
+
+    def __init__(self, runtime: EnvRuntime) -> None:
+        self.runtime = runtime
+        self.num_envs = runtime.num_envs
+        self.in_flight = np.zeros(self.num_envs, dtype=bool)
+        self.count = 0
+        self._ready: list[tuple[int, bool]] = []  # finished without a step (reset, noop)
+
+    def check_idle(self, what: str) -> None:
+        """A lock-step request while envs are in flight is refused (their results would mix)."""
+        if self.count:
+            raise _async_state(
+                f"{what} while {self.count} env(s) are in flight: RECV their results first"
+            )
+
+    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+        """Start stepping env ``ids[k]`` with ``actions[k]``; every check comes first, so a
+        refused SEND starts nothing."""
+        n = self.num_envs
+        if len(ids) == 0:
+            raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env")
+        if len(ids) != len(actions):
+            raise RequestError(
+                ErrorCode.BAD_BATCH, f"SEND_REQ carries {len(actions)} actions, {len(ids)} env ids"
+            )
+        outside = (ids < 0) | (ids >= n)
+        if outside.any():
+            bad = int(ids[int(np.argmax(outside))])
+            raise RequestError(ErrorCode.BAD_BATCH, f"env id {bad} is outside 0..{n - 1}")
+        unique, counts = np.unique(ids, return_counts=True)
+        if (counts > 1).any():
+            twice = int(unique[int(np.argmax(counts > 1))])
+            raise _async_state(f"env {twice} appears twice in one SEND_REQ")
+        busy = self.in_flight[ids]
+        if busy.any():
+            env = int(ids[int(np.argmax(busy))])
+            raise _async_state(
+                f"env {env} is already in flight: RECV its result before sending it again"
+            )
+        rt = self.runtime
+        mode = rt.autoreset
+        id_list = [int(i) for i in ids.tolist()]
+        values: list[Any] = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+        noop: list[int] = []
+        for i, action in zip(id_list, values, strict=True):
+            if not (mode == AutoReset.NEXT_STEP and rt.is_done(i)) and rt.check_action(i, action):
+                noop.append(i)
+        stepped = [(i, a) for i, a in zip(id_list, values, strict=True) if i not in noop]
+        for i in noop:
+            rt._noop(i)
+            self._ready.append((i, False))
+        self.in_flight[ids] = True
+        self.count += len(id_list)
+        if stepped:
+            rt.runner.submit([i for i, _ in stepped], [a for _, a in stepped], mode)
+
+    def reset(self, seed: int | None) -> None:
+        """ASYNC_RESET: reset every env (env i: ``seed + i``); RECV returns them."""
+        self.check_idle("ASYNC_RESET_REQ")
+        rt = self.runtime
+        if seed is None:
+            rt.reset()
+        else:
+            rt.reset_seed(seed)
+        self._ready = [(i, False) for i in range(self.num_envs)]
+        self.in_flight[:] = True
+        self.count = self.num_envs
+
+    def recv(self, batch_size: int) -> tuple[list[int], list[int]]:
+        """The first ``min(batch_size, in flight)`` envs that finished: (env ids, the ids of
+        those whose SAME_STEP final result was kept). Their results are in the runtime's rows."""
+        if self.count == 0:
+            raise _async_state(
+                "RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first"
+            )
+        if batch_size < 1:
+            raise RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1")
+        want = min(batch_size, self.count)
+        out = self._ready[:want]
+        del self._ready[:want]
+        failures = []
+        if len(out) < want:
+            for i, ended, exc in self.runtime.runner.poll(want - len(out)):
+                if exc is None:
+                    out.append((i, ended))
+                else:
+                    failures.append((i, exc))
+        for i, _ in failures:
+            self.in_flight[i] = False
+            self.count -= 1
+        if failures:
+            self._ready[:0] = out  # the others come with the next RECV
+            rt = self.runtime
+            raise rt._recover(failures, None, lambda i: "SEND (asynchronous step)")
+        ids = [i for i, _ in out]
+        self.in_flight[ids] = False
+        self.count -= len(ids)
+        return ids, [i for i, ended in out if ended]

@@ -1,0 +1,96 @@
+"""The stream protocol's asynchronous-batch messages (SEND, RECV, ASYNC_RESET) for a
+``Session``: body checks and decoding here, every env rule in ``AsyncBatches``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgpack
+import numpy as np
+
+from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
+from transport.runtime.async_batches import AsyncBatches
+
+if TYPE_CHECKING:
+    from transport.runtime.session import Session
+
+
+class AsyncHandlers:
+    """SEND_REQ, RECV_REQ and ASYNC_RESET_REQ of one session (None when the schema has none)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.batches = AsyncBatches(session.runtime)
+        ir = session.schema.ir
+        msgs = ir.messages
+        self.send_resp = msgs["SEND_RESP"].id
+        self.recv_resp = msgs["RECV_RESP"].id
+        self.recv_request = body_codec(session.schema, "RECV_REQ")
+        self.seed_request = body_codec(session.schema, "ASYNC_RESET_REQ")
+        self.handlers: dict[int, Callable[[memoryview], tuple[int, bytes]]] = {
+            msgs["SEND_REQ"].id: self.send,
+            msgs["RECV_REQ"].id: self.recv,
+            msgs["ASYNC_RESET_REQ"].id: self.reset,
+        }
+
+    @staticmethod
+    def of(session: Session) -> AsyncHandlers | None:
+        msgs = session.schema.ir.messages
+        names = ("SEND_REQ", "SEND_RESP", "RECV_REQ", "RECV_RESP", "ASYNC_RESET_REQ")
+        return AsyncHandlers(session) if all(n in msgs for n in names) else None
+
+    def send(self, body: memoryview) -> tuple[int, bytes]:
+        """K requests, then a msgpack array of K env ids."""
+        s = self.session
+        size = s.step_request.size
+        n = s.num_envs
+        k = -1
+        for count in range(1, n + 1):  # the tail starts after K whole requests
+            if body.nbytes < count * size:
+                break
+            try:
+                ids = msgpack.unpackb(bytes(body[count * size :]))
+            except Exception:
+                continue
+            if isinstance(ids, list) and len(ids) == count:
+                k = count
+                break
+        if k < 0:
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                f"SEND_REQ of {body.nbytes} bytes is not K requests of {size} bytes and a "
+                "msgpack array of K env ids (1 <= K <= num_envs)",
+            )
+        if not all(isinstance(i, int) for i in ids):
+            raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
+        actions = s.step_request.view(body, count=k)[s.action_name]
+        self.batches.send(np.asarray(ids, dtype=np.int64), np.array(actions))
+        return self.send_resp, b""
+
+    def recv(self, body: memoryview) -> tuple[int, bytes]:
+        """B results, then msgpack [env ids, ended env ids, their final results' bytes]."""
+        s = self.session
+        s._expect_size(body, self.recv_request.size, "RECV_REQ")
+        batch_size = int(self.recv_request.view(body)["batch_size"])
+        ids, ended = self.batches.recv(batch_size)
+        results = s.runtime.runner.results[: n_rows(s)]
+        data = results[ids].tobytes()
+        finals = b""
+        if ended and s.runtime.autoreset == AutoReset.SAME_STEP:
+            size = s.result.size
+            finals = b"".join(bytes(s._finals_buffer[i * size : (i + 1) * size]) for i in ended)
+        else:
+            ended = []
+        return self.recv_resp, data + msgpack.packb([ids, ended, finals])
+
+    def reset(self, body: memoryview) -> tuple[int, bytes]:
+        s = self.session
+        s._expect_size(body, self.seed_request.size, "ASYNC_RESET_REQ")
+        entry = self.seed_request.view(body)
+        self.batches.reset(int(entry["seed"]) if entry["has_seed"] else None)
+        return self.send_resp, b""
+
+
+def n_rows(session: Session) -> int:
+    return session.num_envs
