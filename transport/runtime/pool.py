@@ -61,14 +61,27 @@ _FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worke
 # -- worker processes ----------------------------------------------------------------------------
 
 READY, CLOSED = 1, 2
-OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE = 1, 2, 3, 4, 5
+OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE, OP_ASYNC = 1, 2, 3, 4, 5, 6
+# an env's async_state word (asynchronous batches): the server sets PENDING, its worker DONE
+IDLE, PENDING, DONE = 0, 1, 2
+DOORBELL = 8  # u32 at this offset of the first block: bumped by a worker per finished env
 ENDED, FAILED, SKIP = 1, 2, 4  # SKIP: server -> worker, do not step this env (a noop action)
 BLOCK = 64
 CTL_DTYPE = np.dtype(
     {
-        "names": ["action", "flags", "has_seed", "fate", "error_len", "seed", "error_text"],
-        "formats": ["<i4", "u1", "u1", "u1", "<u2", "<u8", ("u1", 1000)],
-        "offsets": [0, 4, 5, 6, 8, 16, 24],
+        "names": [
+            "action",
+            "flags",
+            "has_seed",
+            "fate",
+            "async_flags",
+            "error_len",
+            "async_state",
+            "seed",
+            "error_text",
+        ],
+        "formats": ["<i4", "u1", "u1", "u1", "u1", "<u2", "<u4", "<u8", ("u1", 1000)],
+        "offsets": [0, 4, 5, 6, 7, 8, 12, 16, 24],
         "itemsize": 1024,
     }
 )
@@ -93,6 +106,10 @@ class _Layout:
         self.cmd = [native.word(buf, BLOCK * (1 + k)) for k in range(workers)]
         self.done = [native.word(buf, BLOCK * (1 + k) + 4) for k in range(workers)]
         self.ctl = np.ndarray((num_envs,), dtype=CTL_DTYPE, buffer=buf, offset=self.ctl_off)
+        self.async_state = [
+            native.word(buf, self.ctl_off + i * CTL_DTYPE.itemsize + 12) for i in range(num_envs)
+        ]
+        self.doorbell = native.word(buf, DOORBELL)
         self.results = codec.view(buf, self.results_off, count=num_envs)
         self.finals = codec.view(buf, self.finals_off, count=num_envs)
         self.result_records = [
@@ -188,6 +205,31 @@ def _worker_main(
     ctx = _wait_ctx(parent_pid, spin, lay.state)
     native.publish(lay.done[k], 1)  # ready
     last = 0
+    mode = AutoReset.DISABLED
+
+    def step_pending() -> None:
+        """Step every env of this worker that the server marked PENDING (asynchronous
+        batches), each reported as soon as it finishes; again until none is pending."""
+        found = True
+        while found:
+            found = False
+            for j in range(hi - lo):
+                i = lo + j
+                if native.load_acquire(lay.async_state[i]) != PENDING:
+                    continue
+                found = True
+                record = ctl[i]
+                record["async_flags"] = 0
+                try:
+                    if local.step_one(j, int(record["action"]), mode):
+                        record["async_flags"] = ENDED
+                except Exception as exc:
+                    record["async_flags"] = FAILED
+                    text = with_traceback(describe(exc), remote_traceback(exc), _TEXT_MAX)
+                    _write_error(record, text)
+                native.store_release(lay.async_state[i], DONE)
+                _bump(lay.doorbell)
+
     wait = native.lib.tp_wait_change
     while True:
         rc = int(wait(ctx, lay.cmd[k], last, 1_000_000_000))
@@ -197,6 +239,10 @@ def _worker_main(
             return
         last = rc
         op = int(block[_W_OP])
+        if op == OP_ASYNC:
+            mode = AutoReset(int(block[_W_MODE]))
+            step_pending()
+            continue
         if op == OP_CLOSE:
             local.close_envs()
             native.publish(lay.done[k], rc)
@@ -236,6 +282,16 @@ def _worker_main(
                 text = with_traceback(describe(err), remote_traceback(err), _TEXT_MAX)
             _write_error(mine[i], text)
         native.publish(lay.done[k], rc)
+        step_pending()  # sent while this worker did something else (a RESTORE)
+
+
+def _bump(word: Any) -> None:
+    """Add one to a u32 word shared by every worker, and wake the server if it waits."""
+    while True:
+        value = native.load_acquire(word)
+        if native.compare_exchange(word, value, (value + 1) & 0xFFFFFFFF):
+            break
+    native.futex_wake(word)
 
 
 class WorkerPool(Runner):
@@ -441,6 +497,77 @@ class WorkerPool(Runner):
         if dead:
             self._died(dead, failures)
         return ended, failures
+
+    # -- asynchronous batches ----------------------------------------------------------------
+
+    def submit(self, ids: Sequence[int], actions: Sequence[Any], mode: AutoReset) -> None:
+        """Mark each env PENDING with its action and wake its worker; workers step them
+        concurrently and mark each DONE as it finishes (``poll``)."""
+        if self._closed:
+            raise TransportError("the worker pool is closed")
+        pending = self.__dict__.setdefault("_pending", set())
+        ctl, states = self.lay.ctl, self.lay.async_state
+        workers = set()
+        for i, action in zip(ids, actions, strict=True):
+            ctl[i]["action"] = action
+            native.store_release(states[i], PENDING)
+            pending.add(i)
+            workers.add(self._owner[i])
+        for k in workers:
+            block = self.lay.blocks[k]
+            block[_W_OP] = OP_ASYNC
+            block[_W_MODE] = int(mode)
+            self._seq[k] = (self._seq[k] + 1) & native.SEQ_MASK
+            native.publish(self.lay.cmd[k], self._seq[k])
+
+    def poll(self, want: int) -> list[tuple[int, bool, Exception | None]]:
+        """Wait until ``want`` submitted envs are DONE (spin, then futex slices on the
+        doorbell with a liveness check of the workers that own them: a dead worker fails its
+        envs, never a hang); returns every finished env (at least ``want``)."""
+        pending: set[int] = self.__dict__.setdefault("_pending", set())
+        done: list[tuple[int, bool, Exception | None]] = self.__dict__.setdefault("_completed", [])
+        states, doorbell = self.lay.async_state, self.lay.doorbell
+        spins = 0
+        while len(done) < want and pending:
+            ring = native.load_acquire(doorbell)
+            for i in sorted(pending):
+                if native.load_acquire(states[i]) == DONE:
+                    done.append(self._finished(i))
+                    pending.discard(i)
+            if len(done) >= want or not pending:
+                break
+            if spins < self.spin:
+                spins += 1
+                continue
+            native.futex_wait(doorbell, ring, 0.05)
+            dead = [k for k in {self._owner[i] for i in pending} if not self._procs[k].is_alive()]
+            if dead:
+                failures: Failures = []
+                self._died(dead, failures)
+                for i, exc in failures:
+                    if i in pending:
+                        pending.discard(i)
+                        native.store_release(states[i], IDLE)
+                        done.append((i, False, exc))
+        taken = done[:want]
+        del done[:want]
+        return taken
+
+    def _finished(self, i: int) -> tuple[int, bool, Exception | None]:
+        """Env i's result (and SAME_STEP final result) into the runtime's rows."""
+        record = self.lay.ctl[i]
+        flags = int(record["async_flags"])
+        native.store_release(self.lay.async_state[i], IDLE)
+        if flags & FAILED:
+            text = bytes(record["error_text"][: int(record["error_len"])]).decode(
+                "utf-8", "replace"
+            )
+            return i, False, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")
+        self.records[i][...] = self.lay.result_records[i]
+        ended = bool(flags & ENDED)
+        if ended:
+            self.final_records[i][...] = self.lay.final_records[i]
+        return i, ended, None
 
     def observe(self) -> tuple[list[dict[str, Any]], Failures]:
         dead = self._run(OP_OBSERVE, range(self.workers))
