@@ -41,7 +41,13 @@ SCHEMES = ["unix", "http", "zmq+ipc", "zmq+tcp", "shm"]
 SCHEMAS = ["pac_env", "tetris", "mahjong_env"]
 TARGETS = [(scheme, lang) for scheme in SCHEMES for lang in ("python", "node")]
 
-GAPS: dict[tuple[str, ...], str] = {}
+GAPS: dict[tuple[str, ...], str] = {
+    # asynchronous batches (issue 14 item 1): Python stream servers only so far
+    ("*", "node", "*", "async_batches"): "asynchronous batches: not in the Node server yet",
+    ("*", "node", "*", "async_misuse"): "asynchronous batches: not in the Node server yet",
+    ("shm", "python", "*", "async_batches"): "asynchronous batches: no shm slot commands yet",
+    ("shm", "python", "*", "async_misuse"): "asynchronous batches: no shm slot commands yet",
+}
 """(scheme, server language, schema, check) -> why it fails today ("*" matches anything).
 Empty: every backend passes every check in both server languages over every schema."""
 
