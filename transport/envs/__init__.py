@@ -11,6 +11,7 @@ from transport.runtime.env import Env
 
 ENVS: dict[str, str] = {
     "echo": "transport.envs.echo:EchoEnv",
+    "heavy_tail": "transport.envs.heavy_tail:HeavyTailEnv",  # heavy-tailed step times
     "pac": "transport.envs.pac:PacEnv",
     "mahjong": "transport.envs.mahjong:MahjongEnv",
     "reach": "transport.envs.rich_spaces:ReachEnv",  # Dict observation, Box action
@@ -20,6 +21,7 @@ ENVS: dict[str, str] = {
 
 SCHEMAS: dict[str, str] = {
     "echo": "pac_env",
+    "heavy_tail": "pac_env",
     "pac": "pac_env",
     "mahjong": "mahjong_env",
     "reach": "dictbox",

@@ -64,6 +64,7 @@ READY, CLOSED = 1, 2
 OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE, OP_ASYNC = 1, 2, 3, 4, 5, 6
 # an env's async_state word (asynchronous batches): the server sets PENDING, its worker DONE
 IDLE, PENDING, DONE = 0, 1, 2
+ASYNC_SPIN = 4  # polls of the DONE words before ``poll`` sleeps on the doorbell
 DOORBELL = 8  # u32 at this offset of the first block: bumped by a worker per finished env
 ENDED, FAILED, SKIP = 1, 2, 4  # SKIP: server -> worker, do not step this env (a noop action)
 BLOCK = 64
@@ -536,7 +537,7 @@ class WorkerPool(Runner):
                     pending.discard(i)
             if len(done) >= want or not pending:
                 break
-            if spins < self.spin:
+            if spins < ASYNC_SPIN:  # a Python spin steals a core from the workers: short
                 spins += 1
                 continue
             native.futex_wait(doorbell, ring, 0.05)
