@@ -1,0 +1,143 @@
+"""Asynchronous batches (send / recv) on worker pools: the same bytes as lock-step, each env
+reported once, a killed worker a typed error in bounded time. The backend contract checks are
+in transport/testing/checks_async.py."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import transport.api as api
+from transport.errors import EnvError, RemoteError
+from transport.protocol import ErrorCode
+
+from .servers import ServerProcess, unique_unix_url
+from .test_workers import children
+
+NUM_ENVS = 4
+
+
+def row_bytes(results: object, k: int) -> bytes:
+    return b"".join(
+        np.ascontiguousarray(results[name][k]).tobytes()  # type: ignore[index]
+        for name in results  # type: ignore[attr-defined]
+    )
+
+
+def lockstep_trace(url: str, mode: str, rounds: int) -> list[bytes]:
+    """Every env's results round by round, stepped in lock-step (env i's action from its mask)."""
+    out: list[bytes] = []
+    with api.connect(url, timeout=20, autoreset=mode) as client:
+        result = client.reset(seed=3)
+        out += [row_bytes(result, i) for i in range(NUM_ENVS)]
+        rngs = [random.Random(i) for i in range(NUM_ENVS)]
+        for _ in range(rounds):
+            masks = result.action_mask
+            actions = [rngs[i].choice(np.flatnonzero(masks[i]).tolist()) for i in range(NUM_ENVS)]
+            result = client.step(actions)
+            out += [row_bytes(result, i) for i in range(NUM_ENVS)]
+            out += [bytes([i]) + row_bytes(f, ()) for i, f in client.finals]  # type: ignore[arg-type]
+    return out
+
+
+def async_trace(url: str, mode: str, rounds: int, batch: int) -> list[bytes]:
+    """The same schedule with send / recv(batch): rows put back in env order each round."""
+    out: list[bytes] = []
+    with api.connect(url, timeout=20, autoreset=mode) as client:
+        rngs = [random.Random(i) for i in range(NUM_ENVS)]
+        client.async_reset(seed=3)
+        for rnd in range(rounds + 1):
+            rows: dict[int, bytes] = {}
+            masks: dict[int, np.ndarray] = {}
+            finals: list[bytes] = []
+            while len(rows) < NUM_ENVS:
+                got = client.recv(batch, copy=True)
+                ids = got.env_ids.tolist()
+                assert 1 <= len(ids) <= batch
+                for k, i in enumerate(ids):
+                    assert i not in rows, f"env {i} came back twice"
+                    rows[i] = row_bytes(got.results, k)
+                    masks[i] = np.array(got.results.action_mask[k])
+                finals += [bytes([i]) + row_bytes(f, ()) for i, f in got.finals]  # type: ignore[arg-type]
+            out += [rows[i] for i in range(NUM_ENVS)] + sorted(finals)
+            if rnd == rounds:
+                break
+            ids = list(range(NUM_ENVS))
+            actions = [rngs[i].choice(np.flatnonzero(masks[i]).tolist()) for i in ids]
+            client.send(actions, ids)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_async_on_a_worker_pool_equals_lockstep(mode: str) -> None:
+    rounds = 40
+    with ServerProcess(unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=3) as local:
+        expected = lockstep_trace(local.url, mode, rounds)
+        assert async_trace(local.url, mode, rounds, batch=NUM_ENVS) == expected
+    with ServerProcess(
+        unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=3, extra=["--workers", "2"]
+    ) as pooled:
+        got = async_trace(pooled.url, mode, rounds, batch=NUM_ENVS // 2)
+    assert len(got) == len(expected)
+    assert got == expected
+
+
+def test_heavy_tail_pool_returns_each_env_once() -> None:
+    with (
+        ServerProcess(
+            unique_unix_url(), env="heavy_tail", num_envs=8, extra=["--workers", "4"]
+        ) as s,
+        api.connect(s.url, timeout=20) as client,
+    ):
+        client.async_reset(seed=1)
+        seen: list[int] = []
+        while len(seen) < 8:
+            seen += client.recv(3).env_ids.tolist()
+        assert sorted(seen) == list(range(8))
+        for _ in range(30):
+            client.send([1] * 8, list(range(8)))
+            back: list[int] = []
+            while len(back) < 8:
+                ids = client.recv(4).env_ids.tolist()
+                assert len(ids) <= 4
+                back += ids
+            assert sorted(back) == list(range(8))
+        with pytest.raises(RemoteError) as info:
+            client.recv()
+        assert info.value.code == ErrorCode.ASYNC_STATE
+
+
+def test_a_killed_worker_fails_recv_in_bounded_time() -> None:
+    with (
+        ServerProcess(
+            unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=1, extra=["--workers", "2"]
+        ) as s,
+        api.connect(s.url, timeout=20, autoreset="next_step") as client,
+    ):
+        client.async_reset(seed=1)
+        got = client.recv(NUM_ENVS)
+        deadline = time.monotonic() + 20
+        while len(workers := children(s.proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)  # envs 2..3
+        masks = got.results.action_mask
+        order = got.env_ids.tolist()
+        actions = [int(np.flatnonzero(masks[k])[0]) for k in range(NUM_ENVS)]
+        client.send(actions, order)
+        failed = False
+        back: list[int] = []
+        while len(back) < NUM_ENVS - 2 or not failed:
+            try:
+                back += client.recv(NUM_ENVS).env_ids.tolist()
+            except EnvError as exc:
+                assert "worker process 1" in exc.text and "died" in exc.text
+                failed = True
+        assert sorted(back) == [0, 1]
+        client.send([0, 0], [2, 3])  # the recreated envs step again
+        assert sorted(client.recv(NUM_ENVS).env_ids.tolist()) == [2, 3]
