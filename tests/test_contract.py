@@ -43,8 +43,6 @@ TARGETS = [(scheme, lang) for scheme in SCHEMES for lang in ("python", "node")]
 
 GAPS: dict[tuple[str, ...], str] = {
     # asynchronous batches (issue 14 item 1): Python stream servers only so far
-    ("*", "node", "*", "async_batches"): "asynchronous batches: not in the Node server yet",
-    ("*", "node", "*", "async_misuse"): "asynchronous batches: not in the Node server yet",
     ("shm", "python", "*", "async_batches"): "asynchronous batches: no shm slot commands yet",
     ("shm", "python", "*", "async_misuse"): "asynchronous batches: no shm slot commands yet",
 }

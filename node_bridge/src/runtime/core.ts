@@ -544,6 +544,11 @@ export class EnvRuntime {
     return this.numEnvs === 1 && this.runner.stepSeats !== null;
   }
 
+  /** Whether env `index` failed in the last request (asynchronous batches: report it at RECV). */
+  failedLast(index: number): boolean {
+    return this.#failed[index] === 1;
+  }
+
   /** Whether env `index` has been reset (and not lost since). */
   wasReset(index: number): boolean {
     return this.#wasReset[index] === 1;
@@ -585,8 +590,8 @@ export class EnvRuntime {
    * checked first (NEXT_STEP: a done env's action is ignored, not checked), then every env
    * steps; SAME_STEP keeps an ending step's result as a final and resets the env.
    */
-  step(out: Records, from = 0, to = this.numEnvs): void {
-    this.#whole(from, to);
+  step(out: Records, from = 0, to = this.numEnvs, only: Uint8Array | null = null): void {
+    if (only === null) this.#whole(from, to);
     const actions = this.actions;
     const ops = this.#ops;
     const nextStep = this.autoreset === AutoReset.NEXT_STEP;
@@ -596,6 +601,7 @@ export class EnvRuntime {
     let noops = false;
     for (let i = from; i < to; i++) {
       noop[i] = 0;
+      if (only !== null && !only[i]) continue; // asynchronous batches: the envs sent
       if (nextStep && isDone[i] && wasReset[i]) continue;
       if (this.#checkAction(i, actions[i] as number)) {
         noop[i] = 1;
@@ -605,6 +611,7 @@ export class EnvRuntime {
     ops.fill(Op.NONE);
     const seeds = this.#seeds;
     for (let i = from; i < to; i++) {
+      if (only !== null && !only[i]) continue;
       if (nextStep && isDone[i] && wasReset[i]) {
         ops[i] = Op.RESET; // the action of a done env is ignored
         seeds[i] = null;

@@ -14,7 +14,7 @@
  * result)); OBSERVE_RESP is the N results followed by a msgpack array of the N `info()` maps.
  */
 
-import { encode as msgpackEncode } from "@msgpack/msgpack";
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError } from "../errors";
 import {
@@ -46,6 +46,7 @@ import {
   readActions,
   stepAction,
 } from "./core";
+import { AsyncBatches } from "./async_batches";
 import type { EnvOrFactory, Spaces } from "./env";
 import { EnvHost, type HostOptions } from "./host";
 
@@ -90,6 +91,8 @@ export class Session implements Records {
   readonly #spacesNames: readonly [string, string];
   /** How many final results the current SAME_STEP response carries. */
   #finals = 0;
+  /** Asynchronous batches (SEND / RECV / ASYNC_RESET): created on first use. */
+  #async: AsyncBatches | null = null;
   #frames = new Map<number, Buffer>();
   #bodies = new Map<number, Buffer>();
 
@@ -188,7 +191,10 @@ export class Session implements Records {
         msgType !== ids.STEP_BATCH_REQ &&
         msgType !== ids.HEALTH_REQ &&
         msgType !== ids.SPACES_REQ &&
-        msgType !== this.#observeReq
+        msgType !== this.#observeReq &&
+        msgType !== ids.SEND_REQ &&
+        msgType !== ids.RECV_REQ &&
+        msgType !== ids.ASYNC_RESET_REQ
       ) {
         throw new RequestError(
           ErrorCode.UNKNOWN_MESSAGE,
@@ -196,6 +202,12 @@ export class Session implements Records {
         );
       }
       if (!this.helloDone) throw new RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first");
+      if (msgType === ids.SEND_REQ) return this.#send(buf, offset, length);
+      if (msgType === ids.RECV_REQ) return this.#recv(buf, offset, length);
+      if (msgType === ids.ASYNC_RESET_REQ) return this.#asyncReset(buf, offset, length);
+      if (this.#async !== null && this.#async.count && msgType !== ids.HEALTH_REQ && msgType !== ids.SPACES_REQ) {
+        this.#async.checkIdle(`msg_type 0x${msgType.toString(16).toUpperCase().padStart(2, "0")}`);
+      }
       switch (msgType) {
         case ids.STEP_REQ:
           return this.#step(buf, offset, length);
@@ -378,6 +390,84 @@ export class Session implements Records {
     readActions(this.runtime.actions, buf, offset + this.#actionAt, size, this.numEnvs, this.#action);
     this.#stepAll(this.numEnvs);
     return this.ids.STEP_BATCH_RESP;
+  }
+
+  // -- asynchronous batches (runtime/async_batches.ts holds the rules) ---------------------------
+
+  #asyncBatches(): AsyncBatches {
+    if (this.#async === null) this.#async = new AsyncBatches(this.runtime);
+    return this.#async;
+  }
+
+  /** SEND_REQ: K requests, then a msgpack array of their K env ids. */
+  #send(buf: Uint8Array, offset: number, length: number): number {
+    const size = this.#stepRequestSize;
+    let ids: number[] | null = null;
+    for (let k = 1; k <= this.numEnvs && k * size < length; k++) {
+      if (buf[offset + k * size] !== (k < 16 ? 0x90 + k : 0xdc)) continue;
+      try {
+        const tail = msgpackDecode(buf.subarray(offset + k * size, offset + length));
+        if (Array.isArray(tail) && tail.length === k && tail.every((i) => typeof i === "number")) {
+          ids = tail as number[];
+          break;
+        }
+      } catch {
+        continue;
+      }
+    }
+    if (ids === null) {
+      throw new RequestError(
+        ErrorCode.BAD_BATCH,
+        `SEND_REQ of ${length} bytes is not K requests of ${size} bytes and a msgpack array of K env ids (1 <= K <= num_envs)`,
+      );
+    }
+    const batches = this.#asyncBatches();
+    const k = ids.length;
+    const actions = this.runtime.actions;
+    const elements = this.runtime.actionRule.elements;
+    const scratch = new Float64Array(k * elements);
+    readActions(scratch, buf, offset + this.#actionAt, size, k, this.#action);
+    for (let j = 0; j < k; j++) {
+      const i = ids[j] as number;
+      if (Number.isInteger(i) && i >= 0 && i < this.numEnvs) {
+        actions.set(scratch.subarray(j * elements, (j + 1) * elements), i * elements);
+      }
+    }
+    batches.send(ids);
+    this.bodyLength = 0;
+    return this.ids.SEND_RESP;
+  }
+
+  /** RECV_RESP: B results, then msgpack [env ids, ended env ids, their final results' bytes]. */
+  #recv(buf: Uint8Array, offset: number, length: number): number {
+    this.#expectSize(length, 4, "RECV_REQ");
+    const batchSize = new DataView(buf.buffer, buf.byteOffset + offset, length).getUint32(0, true);
+    const batches = this.#asyncBatches();
+    const ids = batches.recv(batchSize);
+    const size = this.#resultSize;
+    const records = batches.records;
+    const sameStep = this.autoreset === AutoReset.SAME_STEP;
+    const ended = sameStep ? ids.filter((i) => records.ended[i]) : [];
+    const finals = new Uint8Array(ended.length * size);
+    ended.forEach((i, k) => finals.set(records.finals.subarray(i * size, (i + 1) * size), k * size));
+    const tail = msgpackEncode([ids, ended, finals]);
+    const total = ids.length * size + tail.byteLength;
+    if (BODY_OFFSET + total > this.buffer.byteLength) this.detachBuffer(BODY_OFFSET + total);
+    ids.forEach((i, k) => this.buffer.set(records.bytes.subarray(i * size, (i + 1) * size), BODY_OFFSET + k * size));
+    this.buffer.set(tail, BODY_OFFSET + ids.length * size);
+    this.bodyLength = total;
+    return this.ids.RECV_RESP;
+  }
+
+  /** ASYNC_RESET_REQ: reset every env (env i: seed + i) for RECV to return. */
+  #asyncReset(buf: Uint8Array, offset: number, length: number): number {
+    const entry = this.#envSeed;
+    this.#expectSize(length, entry.size, "ASYNC_RESET_REQ");
+    const dv = new DataView(buf.buffer, buf.byteOffset + offset, length);
+    const seed = dv.getUint8(entry.hasAt) ? dv.getBigUint64(entry.seedAt, true) : null;
+    this.#asyncBatches().reset(seed);
+    this.bodyLength = 0;
+    return this.ids.SEND_RESP;
   }
 
   #spacesRequest(length: number): number {

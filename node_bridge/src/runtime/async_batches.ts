@@ -1,0 +1,134 @@
+/**
+ * Asynchronous batches in the env runtime (Python: transport/runtime/async_batches.py): SEND
+ * steps some envs, RECV returns the first results that are ready with their env ids. Every
+ * rule lives here: env ids in range and once per SEND, none already in flight, RECV needs
+ * something in flight, lock-step requests refused while envs are in flight; action checks and
+ * auto-reset are the runtime's `step` over the envs sent. In this server the envs step at SEND
+ * (in order): RECV returns them in that order.
+ */
+
+import { ErrorCode, RequestError } from "../protocol";
+import type { EnvRuntime, Records } from "./core";
+
+/** The rows asynchronous steps write into: env i's result, and its SAME_STEP final result. */
+class AsyncRecords implements Records {
+  readonly bytes: Uint8Array;
+  readonly finals: Uint8Array;
+  readonly ended: Uint8Array;
+
+  constructor(
+    numEnvs: number,
+    readonly size: number,
+  ) {
+    this.bytes = new Uint8Array(numEnvs * size);
+    this.finals = new Uint8Array(numEnvs * size);
+    this.ended = new Uint8Array(numEnvs);
+  }
+
+  at(index: number): number {
+    return index * this.size;
+  }
+
+  written(): void {
+    // in place
+  }
+
+  keepFinal(index: number): void {
+    const at = index * this.size;
+    this.finals.set(this.bytes.subarray(at, at + this.size), at);
+    this.ended[index] = 1;
+  }
+}
+
+function asyncState(text: string): RequestError {
+  return new RequestError(ErrorCode.ASYNC_STATE, text);
+}
+
+/** One client's envs in flight (sent, their result not received yet). */
+export class AsyncBatches {
+  readonly numEnvs: number;
+  readonly inFlight: Uint8Array;
+  count = 0;
+  readonly records: AsyncRecords;
+  readonly #ready: number[] = [];
+  readonly #only: Uint8Array;
+  #error: RequestError | null = null;
+
+  constructor(readonly runtime: EnvRuntime) {
+    this.numEnvs = runtime.numEnvs;
+    this.inFlight = new Uint8Array(this.numEnvs);
+    this.#only = new Uint8Array(this.numEnvs);
+    this.records = new AsyncRecords(this.numEnvs, runtime.result.size);
+  }
+
+  /** A lock-step request while envs are in flight is refused (their results would mix). */
+  checkIdle(what: string): void {
+    if (this.count) throw asyncState(`${what} while ${this.count} env(s) are in flight: RECV their results first`);
+  }
+
+  /**
+   * Step env `ids[k]` with the action the caller put at `runtime.actions[ids[k]]`; every check
+   * comes first, so a refused SEND starts nothing.
+   */
+  send(ids: readonly number[]): void {
+    const n = this.numEnvs;
+    if (ids.length === 0) throw new RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env");
+    for (const i of ids) {
+      if (!Number.isInteger(i) || i < 0 || i >= n) throw new RequestError(ErrorCode.BAD_BATCH, `env id ${i} is outside 0..${n - 1}`);
+    }
+    const only = this.#only;
+    only.fill(0);
+    for (const i of ids) {
+      if (only[i]) throw asyncState(`env ${i} appears twice in one SEND_REQ`);
+      only[i] = 1;
+    }
+    for (const i of ids) {
+      if (this.inFlight[i]) throw asyncState(`env ${i} is already in flight: RECV its result before sending it again`);
+    }
+    const records = this.records;
+    for (const i of ids) records.ended[i] = 0;
+    try {
+      this.runtime.step(records, 0, n, only);
+    } catch (error) {
+      // the runtime refused every env (a bad action): nothing is in flight
+      if (!(error instanceof RequestError) || error.code !== ErrorCode.ENV_ERROR) throw error;
+      // env errors: the others stepped; the failed envs are reported by the next RECV
+      this.#error = error;
+      for (const i of ids) {
+        if (this.runtime.failedLast(i)) only[i] = 0;
+      }
+    }
+    for (const i of ids) {
+      if (!only[i]) continue;
+      this.inFlight[i] = 1;
+      this.count++;
+      this.#ready.push(i);
+    }
+  }
+
+  /** ASYNC_RESET: reset every env (env i: `seed + i`); RECV returns them. */
+  reset(seed: bigint | null): void {
+    this.checkIdle("ASYNC_RESET_REQ");
+    this.runtime.resetAll(this.records, seed);
+    this.records.ended.fill(0);
+    this.#ready.length = 0;
+    for (let i = 0; i < this.numEnvs; i++) this.#ready.push(i);
+    this.inFlight.fill(1);
+    this.count = this.numEnvs;
+  }
+
+  /** The first `min(batchSize, in flight)` envs that finished, in the order they finished. */
+  recv(batchSize: number): number[] {
+    const error = this.#error;
+    if (error !== null) {
+      this.#error = null;
+      throw error;
+    }
+    if (this.count === 0) throw asyncState("RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first");
+    if (batchSize < 1) throw new RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1");
+    const ids = this.#ready.splice(0, Math.min(batchSize, this.count));
+    for (const i of ids) this.inFlight[i] = 0;
+    this.count -= ids.length;
+    return ids;
+  }
+}
