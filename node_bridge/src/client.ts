@@ -47,7 +47,7 @@ import {
   readU32,
   toAutoReset,
 } from "./protocol";
-import { decode as msgpackDecode } from "@msgpack/msgpack";
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import { type ActionType, actionTypeOf, writeAction, writeArrayAction } from "./runtime/core";
 import { fieldDims } from "./ir";
 import type { Channel, ChannelRecords, Final } from "./stream";
@@ -402,6 +402,64 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       infos = decoded as Array<Record<string, unknown>>;
     }
     return { results: this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true), infos };
+  }
+
+  // -- asynchronous batches (docs/client.md; the rules are the server runtime's) -----------------
+
+  /**
+   * Start stepping envs `envIds` (action `actions[k]` for env `envIds[k]`): `recv` returns their
+   * results as they finish. An env already in flight is refused (ASYNC_STATE).
+   */
+  async send(actions: ArrayLike<number>, envIds: ArrayLike<number>): Promise<void> {
+    const k = envIds.length;
+    if (k < 1 || k > this.numEnvs) throw new TransportError(`send takes 1..${this.numEnvs} env ids, got ${k}`);
+    if (actions.length !== k) throw new TransportError(`send got ${actions.length} actions for ${k} env ids`);
+    if (this.#arrayAction) throw new TransportError(`schema ${this.schema.name}: send takes one integer action per env`);
+    const size = this.#stepSize;
+    const body = Buffer.alloc(k * size);
+    for (let j = 0; j < k; j++) writeAction(body, j * size + this.#actionAt, (actions[j] as number) | 0, this.#actionType);
+    const ids = Array.from(envIds, (i) => Number(i));
+    await this.#exchange(this.ids.SEND_REQ, Buffer.concat([body, msgpackEncode(ids)]), this.ids.SEND_RESP);
+  }
+
+  /**
+   * The first `batchSize` (default N) in-flight envs to finish, or all in flight if fewer: owned
+   * results, the env id of each, and (SAME_STEP) the final results of the episodes that ended.
+   */
+  async recv(batchSize: number = this.numEnvs): Promise<{ results: Value[]; envIds: number[]; finals: Final<Value>[] }> {
+    const request = Buffer.alloc(4);
+    request.writeUInt32LE(batchSize, 0);
+    const resp = await this.#exchange(this.ids.RECV_REQ, request, this.ids.RECV_RESP);
+    const size = this.#resultSize;
+    for (let b = 1; b <= batchSize && b * size < resp.byteLength; b++) {
+      if (resp[b * size] !== 0x93) continue;
+      let tail: unknown;
+      try {
+        tail = msgpackDecode(resp.subarray(b * size));
+      } catch {
+        continue;
+      }
+      if (!Array.isArray(tail) || tail.length !== 3 || !Array.isArray(tail[0]) || tail[0].length !== b) continue;
+      const [ids, ended, finalBytes] = tail as [number[], number[], Uint8Array];
+      const results: Value[] = [];
+      for (let k = 0; k < b; k++) results.push(this.#result.decode(resp, k * size, false) as Value);
+      const finals: Final<Value>[] = ended.map((index, k) => ({
+        index,
+        result: this.#result.decode(Buffer.from(finalBytes.subarray(k * size, (k + 1) * size)), 0, false) as Value,
+      }));
+      return { results, envIds: ids, finals };
+    }
+    throw new ProtocolError(`RECV_RESP of ${resp.byteLength} bytes: no tail of env ids`);
+  }
+
+  /** Reset every env (env i: seed + i) for `recv` to return (nothing may be in flight). */
+  async asyncReset(seed: number | bigint | null = null): Promise<void> {
+    const body = Buffer.alloc(16);
+    if (seed !== null) {
+      body.writeBigUInt64LE(BigInt(seed), 0);
+      body[8] = 1;
+    }
+    await this.#exchange(this.ids.ASYNC_RESET_REQ, body, this.ids.SEND_RESP);
   }
 
   async #exchange(msgType: number, body: Uint8Array, expect: number): Promise<Buffer> {

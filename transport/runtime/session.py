@@ -125,6 +125,9 @@ class Session:
                     )
                 if not self.hello_done:
                     raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
+                if self._async is not None and msg_type not in self._async.handlers:
+                    if msg_type not in (self.ids.HEALTH_REQ, self.ids.SPACES_REQ):
+                        self._async.batches.check_idle(f"msg_type 0x{msg_type:02X}")
                 resp_type, data = other(body)
                 return resp_type, memoryview(data)
             if not self.hello_done:
