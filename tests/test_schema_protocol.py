@@ -55,6 +55,7 @@ def test_envelope_tables_are_the_protocol_of_docs_protocol_md() -> None:
         "BAD_BATCH": 422,
         "NOT_RESET": 422,
         "INTERNAL": 500,
+        "ASYNC_STATE": 409,
     }
     assert {n for n, e in ir.errors.items() if e.closes} == {
         "BAD_FRAME",
@@ -74,10 +75,13 @@ def test_envelope_tables_are_the_protocol_of_docs_protocol_md() -> None:
         "observe": "OBSERVE_REQ",
         "health": "HEALTH_REQ",
         "spaces": "SPACES_REQ",
+        "send": "SEND_REQ",
+        "recv": "RECV_REQ",
+        "async_reset": "ASYNC_RESET_REQ",
     }
     ids = {name: m.id for name, m in ir.messages.items()}
     assert ids["OBSERVE_REQ"] == 0x07 and ids["OBSERVE_RESP"] == 0x08
-    assert sorted(ids.values()) == list(range(0x01, 0x14))
+    assert sorted(ids.values()) == list(range(0x01, 0x19))
     assert ir.messages["STEP_RESP"].body == "$result"
 
 

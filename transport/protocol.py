@@ -122,6 +122,11 @@ class MessageIds:
     RESET_SEEDS_REQ: int
     OBSERVE_REQ: int
     OBSERVE_RESP: int
+    SEND_REQ: int
+    SEND_RESP: int
+    RECV_REQ: int
+    RECV_RESP: int
+    ASYNC_RESET_REQ: int
 
     @classmethod
     def from_schema(cls, schema: SchemaIR) -> MessageIds:
