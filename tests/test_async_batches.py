@@ -141,3 +141,35 @@ def test_a_killed_worker_fails_recv_in_bounded_time() -> None:
         assert sorted(back) == [0, 1]
         client.send([0, 0], [2, 3])  # the recreated envs step again
         assert sorted(client.recv(NUM_ENVS).env_ids.tolist()) == [2, 3]
+
+
+def test_gymnasium_async_vector_env_over_a_worker_pool() -> None:
+    from transport.gym import RemoteAsyncVectorEnv
+
+    with ServerProcess(
+        unique_unix_url(), env="echo", num_envs=NUM_ENVS, extra=["--workers", "2"]
+    ) as s:
+        envs = RemoteAsyncVectorEnv(s.url, NUM_ENVS, batch_size=2)
+        try:
+            envs.async_reset(seed=0)
+            steps = np.zeros(NUM_ENVS, dtype=int)
+            for _ in range(20):
+                seen: list[int] = []
+                while len(seen) < NUM_ENVS:
+                    obs, rewards, terminated, truncated, infos = envs.recv()
+                    ids = infos["env_id"]
+                    assert len(ids) <= 2 and obs.shape == (len(ids), 612)
+                    assert (obs[:, 0] == np.where(steps[ids] > 0, ids + 1, 0)).all()
+                    assert (obs[:, 1] == steps[ids]).all()
+                    assert (rewards == obs[:, 0] / 4).all() and not (terminated | truncated).any()
+                    seen += ids.tolist()
+                assert sorted(seen) == list(range(NUM_ENVS))
+                envs.send(np.arange(NUM_ENVS) + 1, np.arange(NUM_ENVS))
+                steps += 1
+            seen = []
+            while len(seen) < NUM_ENVS:
+                seen += envs.recv()[4]["env_id"].tolist()
+            obs, *_ = envs.step(np.zeros(NUM_ENVS, dtype=int))  # lock-step again
+            assert (obs[:, 1] == steps + 1).all()
+        finally:
+            envs.close()

@@ -537,3 +537,56 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             final_info["_" + name] = ended.copy()
         infos["final_obs"], infos["_final_obs"] = final_obs, ended
         infos["final_info"], infos["_final_info"] = final_info, ended.copy()
+
+
+class RemoteAsyncVectorEnv(RemoteVectorEnv):
+    """``RemoteVectorEnv`` plus EnvPool's asynchronous API (docs/client.md, "Asynchronous
+    batches"): ``async_reset()``, ``send(actions, env_ids)`` and ``recv()``, which returns the
+    first ``batch_size`` envs to finish with ``infos["env_id"]``. ``reset`` / ``step`` stay
+    lock-step (refused with ASYNC_STATE while envs are in flight)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        num_envs: int | None = None,
+        *,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(url, num_envs, **kwargs)
+        self.batch_size = batch_size or self.num_envs
+        self.client.batch_size = self.batch_size
+
+    def async_reset(self, seed: int | None = None) -> None:
+        """Reset every env (env i: ``seed + i``); ``recv`` returns them."""
+        self.client.async_reset(seed)
+
+    def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
+        """Step env ``env_ids[k]`` with ``actions[k]``, without waiting."""
+        self.client.send(np.asarray(actions), np.asarray(env_ids))
+
+    def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """(obs, rewards, terminated, truncated, infos) of the first ``batch_size`` envs to
+        finish, rows in ``infos["env_id"]`` order; SAME_STEP adds ``infos["final_obs"]``."""
+        got = self.client.recv(self.batch_size)
+        view, ids = got.results, got.env_ids
+        fields = self.fields
+        count = len(ids)
+        rewards = np.array(view[fields.reward], dtype=np.float64).reshape(count)
+        terminated = fields.terminated_of(view).reshape(count)
+        truncated = fields.truncated_of(view).reshape(count)
+        infos: dict[str, Any] = {"env_id": ids.copy()}
+        for name in fields.info:
+            infos[name] = np.array(view[name], copy=True).reshape(count)
+        if got.finals:
+            final_obs = np.full(count, None, dtype=object)
+            row = {int(i): k for k, i in enumerate(ids.tolist())}
+            for index, final in got.finals:
+                k = row[index]
+                rewards[k] = float(final[fields.reward])
+                terminated[k] = bool(fields.terminated_of(final))
+                truncated[k] = bool(fields.truncated_of(final))
+                final_obs[k] = observation_of(final, fields.observations)
+            infos["final_obs"] = final_obs
+        obs = observation_of(view, fields.observations, count)
+        return obs, rewards, terminated, truncated, infos  # type: ignore[return-value]
