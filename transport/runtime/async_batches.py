@@ -49,23 +49,24 @@ class AsyncBatches:
             raise RequestError(
                 ErrorCode.BAD_BATCH, f"SEND_REQ carries {len(actions)} actions, {len(ids)} env ids"
             )
-        outside = (ids < 0) | (ids >= n)
-        if outside.any():
-            bad = int(ids[int(np.argmax(outside))])
-            raise RequestError(ErrorCode.BAD_BATCH, f"env id {bad} is outside 0..{n - 1}")
-        unique, counts = np.unique(ids, return_counts=True)
-        if (counts > 1).any():
-            twice = int(unique[int(np.argmax(counts > 1))])
-            raise _async_state(f"env {twice} appears twice in one SEND_REQ")
-        busy = self.in_flight[ids]
-        if busy.any():
-            env = int(ids[int(np.argmax(busy))])
-            raise _async_state(
-                f"env {env} is already in flight: RECV its result before sending it again"
-            )
+        id_list = [int(i) for i in ids.tolist()]
+        for i in id_list:
+            if not 0 <= i < n:
+                raise RequestError(ErrorCode.BAD_BATCH, f"env id {i} is outside 0..{n - 1}")
+        if len(set(id_list)) != len(id_list):
+            seen: set[int] = set()
+            for i in id_list:
+                if i in seen:
+                    raise _async_state(f"env {i} appears twice in one SEND_REQ")
+                seen.add(i)
+        in_flight = self.in_flight
+        for i in id_list:
+            if in_flight[i]:
+                raise _async_state(
+                    f"env {i} is already in flight: RECV its result before sending it again"
+                )
         rt = self.runtime
         mode = rt.autoreset
-        id_list = [int(i) for i in ids.tolist()]
         values: list[Any] = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
         noop: list[int] = []
         for i, action in zip(id_list, values, strict=True):
@@ -75,7 +76,8 @@ class AsyncBatches:
         for i in noop:
             rt._noop(i)
             self._ready.append((i, False))
-        self.in_flight[ids] = True
+        for i in id_list:
+            in_flight[i] = True
         self.count += len(id_list)
         if stepped:
             rt.runner.submit([i for i, _ in stepped], [a for _, a in stepped], mode)

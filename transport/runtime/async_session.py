@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -45,23 +45,14 @@ class AsyncHandlers:
         s = self.session
         size = s.step_request.size
         n = s.num_envs
-        k = -1
-        for count in range(1, n + 1):  # the tail starts after K whole requests
-            if body.nbytes < count * size:
-                break
-            try:
-                ids = msgpack.unpackb(bytes(body[count * size :]))
-            except Exception:
-                continue
-            if isinstance(ids, list) and len(ids) == count:
-                k = count
-                break
-        if k < 0:
+        ids = _env_ids(body, size, n)
+        if ids is None:
             raise RequestError(
                 ErrorCode.BAD_BATCH,
                 f"SEND_REQ of {body.nbytes} bytes is not K requests of {size} bytes and a "
                 "msgpack array of K env ids (1 <= K <= num_envs)",
             )
+        k = len(ids)
         if not all(isinstance(i, int) for i in ids):
             raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
         actions = s.step_request.view(body, count=k)[s.action_name]
@@ -74,7 +65,7 @@ class AsyncHandlers:
         s._expect_size(body, self.recv_request.size, "RECV_REQ")
         batch_size = int(self.recv_request.view(body)["batch_size"])
         ids, ended = self.batches.recv(batch_size)
-        results = s.runtime.runner.results[: n_rows(s)]
+        results = s.runtime.runner.results[: s.num_envs]
         data = results[ids].tobytes()
         finals = b""
         if ended and s.runtime.autoreset == AutoReset.SAME_STEP:
@@ -92,5 +83,20 @@ class AsyncHandlers:
         return self.send_resp, b""
 
 
-def n_rows(session: Session) -> int:
-    return session.num_envs
+def _env_ids(body: memoryview, size: int, n: int) -> list[Any] | None:
+    """SEND_REQ's tail: the msgpack array of K env ids after K requests (K from the array
+    header: 0x90 | K below 16, else 0xDC and a big-endian u16)."""
+    for k in range(1, n + 1):
+        at = k * size
+        if at >= body.nbytes:
+            return None
+        head = body[at]
+        if head != (0x90 | k if k < 16 else 0xDC):
+            continue
+        try:
+            ids = msgpack.unpackb(body[at:])
+        except Exception:
+            continue
+        if isinstance(ids, list) and len(ids) == k:
+            return ids
+    return None

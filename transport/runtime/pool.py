@@ -509,8 +509,8 @@ class WorkerPool(Runner):
         pending = self.__dict__.setdefault("_pending", set())
         ctl, states = self.lay.ctl, self.lay.async_state
         workers = set()
-        for i, action in zip(ids, actions, strict=True):
-            ctl[i]["action"] = action
+        ctl["action"][list(ids)] = actions
+        for i in ids:
             native.store_release(states[i], PENDING)
             pending.add(i)
             workers.add(self._owner[i])
@@ -531,7 +531,7 @@ class WorkerPool(Runner):
         spins = 0
         while len(done) < want and pending:
             ring = native.load_acquire(doorbell)
-            for i in sorted(pending):
+            for i in list(pending):
                 if native.load_acquire(states[i]) == DONE:
                     done.append(self._finished(i))
                     pending.discard(i)
