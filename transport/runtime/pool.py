@@ -65,6 +65,7 @@ OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE, OP_ASYNC = 1, 2, 3, 4, 5, 6
 # an env's async_state word (asynchronous batches): the server sets PENDING, its worker DONE
 IDLE, PENDING, DONE = 0, 1, 2
 ASYNC_SPIN = 4  # polls of the DONE words before ``poll`` sleeps on the doorbell
+WAKE_AT = 12  # u32: the doorbell value the server waits for (workers below it do not wake it)
 DOORBELL = 8  # u32 at this offset of the first block: bumped by a worker per finished env
 ENDED, FAILED, SKIP = 1, 2, 4  # SKIP: server -> worker, do not step this env (a noop action)
 BLOCK = 64
@@ -111,6 +112,7 @@ class _Layout:
             native.word(buf, self.ctl_off + i * CTL_DTYPE.itemsize + 12) for i in range(num_envs)
         ]
         self.doorbell = native.word(buf, DOORBELL)
+        self.wake_at = native.word(buf, WAKE_AT)
         self.results = codec.view(buf, self.results_off, count=num_envs)
         self.finals = codec.view(buf, self.finals_off, count=num_envs)
         self.result_records = [
@@ -229,7 +231,7 @@ def _worker_main(
                     text = with_traceback(describe(exc), remote_traceback(exc), _TEXT_MAX)
                     _write_error(record, text)
                 native.store_release(lay.async_state[i], DONE)
-                _bump(lay.doorbell)
+                _bump(lay.doorbell, lay.wake_at)
 
     wait = native.lib.tp_wait_change
     while True:
@@ -286,13 +288,16 @@ def _worker_main(
         step_pending()  # sent while this worker did something else (a RESTORE)
 
 
-def _bump(word: Any) -> None:
-    """Add one to a u32 word shared by every worker, and wake the server if it waits."""
+def _bump(word: Any, wake_at: Any) -> None:
+    """Add one to a u32 word shared by every worker; wake the server once it reaches the
+    value the server waits for (fewer wake-ups: each would take a core from a worker)."""
     while True:
         value = native.load_acquire(word)
-        if native.compare_exchange(word, value, (value + 1) & 0xFFFFFFFF):
+        bumped = (value + 1) & 0xFFFFFFFF
+        if native.compare_exchange(word, value, bumped):
             break
-    native.futex_wake(word)
+    if (bumped - native.load_acquire(wake_at)) & 0x80000000 == 0:  # bumped >= wake_at
+        native.futex_wake(word)
 
 
 class WorkerPool(Runner):
@@ -540,6 +545,8 @@ class WorkerPool(Runner):
             if spins < ASYNC_SPIN:  # a Python spin steals a core from the workers: short
                 spins += 1
                 continue
+            # wake me after the completions still needed (an early wake-up only rescans)
+            native.store_release(self.lay.wake_at, (ring + want - len(done)) & 0xFFFFFFFF)
             native.futex_wait(doorbell, ring, 0.05)
             dead = [k for k in {self._owner[i] for i in pending} if not self._procs[k].is_alive()]
             if dead:
