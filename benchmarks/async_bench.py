@@ -202,7 +202,7 @@ def puffer_async(num_envs: int, workers: int, seconds: float) -> dict[str, float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="each spin (time-boxed)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="each spin (time-boxed)")
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="for the peer comparison")
     parser.add_argument("--json", action="store_true")
@@ -220,6 +220,9 @@ def main() -> int:
         skipped["PufferLib"] = puffer
     else:
         rows[f"PufferLib Multiprocessing B={n // 2} (W={args.workers})"] = puffer
+    deep = transport_runs(4 * n, args.workers, s, ["lockstep", "async"])
+    rows[f"transport lock-step, N={4 * n} (W={args.workers})"] = deep["lockstep"]
+    rows[f"transport async B={2 * n}, N={4 * n} (W={args.workers})"] = deep["async"]
     workers: dict[int, Any] = {args.workers: main_run}
     for w in (1, 4, 8):
         if w != args.workers and w <= n:
@@ -233,6 +236,7 @@ def main() -> int:
         "seconds_per_spin": s,
         "rows": rows,
         "async_over_lockstep": asyn / lock,
+        "async_over_lockstep_deep": deep["async"]["steps_per_s"] / deep["lockstep"]["steps_per_s"],
         "async_over_best_peer": asyn
         / max(r["steps_per_s"] for name, r in rows.items() if not name.startswith("transport")),
         "workers": {
@@ -253,6 +257,7 @@ def main() -> int:
         print(f"{name:40} {r['steps_per_s']:10.0f} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f}")
     print(f"async / lock-step: {report['async_over_lockstep']:.2f}x")
     print(f"async / best peer: {report['async_over_best_peer']:.2f}x")
+    print(f"async / lock-step at N={4 * n}: {report['async_over_lockstep_deep']:.2f}x")
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     for w, r in report["workers"].items():
