@@ -173,3 +173,30 @@ def test_gymnasium_async_vector_env_over_a_worker_pool() -> None:
             assert (obs[:, 1] == steps + 1).all()
         finally:
             envs.close()
+
+
+def test_a_killed_workers_idle_envs_are_reset_for_the_next_send() -> None:
+    """Env 3 is not in flight when its worker dies: its fresh env is reset at once, so the
+    next send to it steps a reset env (it used to step a never-reset env and fail)."""
+    with (
+        ServerProcess(
+            unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=1, extra=["--workers", "2"]
+        ) as s,
+        api.connect(s.url, timeout=20, autoreset="next_step") as client,
+    ):
+        client.async_reset(seed=1)
+        got = client.recv(NUM_ENVS, copy=True)
+        masks = {i: got.results.action_mask[k] for k, i in enumerate(got.env_ids.tolist())}
+        deadline = time.monotonic() + 20
+        while len(workers := children(s.proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(workers[1], signal.SIGKILL)  # envs 2..3
+        client.send([int(np.flatnonzero(masks[i])[0]) for i in (0, 1, 2)], [0, 1, 2])
+        back: list[int] = []
+        with pytest.raises(EnvError):
+            while True:
+                back += client.recv(NUM_ENVS).env_ids.tolist()
+        back += client.recv(NUM_ENVS).env_ids.tolist()
+        assert sorted(back) == [0, 1]
+        client.send([int(np.flatnonzero(masks[3])[0])], [3])
+        assert client.recv().env_ids.tolist() == [3]

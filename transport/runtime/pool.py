@@ -557,6 +557,8 @@ class WorkerPool(Runner):
                         pending.discard(i)
                         native.store_release(states[i], IDLE)
                         done.append((i, False, exc))
+                    else:  # not in flight: nobody would reset the fresh env, so reset it now
+                        self.restore(i, None)
         taken = done[:want]
         del done[:want]
         return taken
