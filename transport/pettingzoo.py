@@ -275,8 +275,8 @@ class TablesStep:
     final_agent: np.ndarray
     """int64 [N]: the seat named by the ended game's final result, -1 where no game ended."""
     infos: list[dict[str, Any]]
-    """One dict per table: its scalar info fields (those of the ended game's final result
-    where a game ended)."""
+    """One dict per table: the scalar info fields of its current result; where a game ended,
+    ``"final_info"`` holds those of the ended game's final result (gymnasium's name)."""
 
 
 class RemoteAECTables:
@@ -391,7 +391,7 @@ class RemoteAECTables:
             final_agent[index] = seat
             terminated[index] = bool(fields.terminated_of(final))
             truncated[index] = bool(fields.truncated_of(final)) and not terminated[index]
-            infos[index] = {name: final[name].item() for name in fields.info}
+            infos[index]["final_info"] = {name: final[name].item() for name in fields.info}
         if self.copy:
             observation = observation.copy()
         return TablesStep(

@@ -1,0 +1,163 @@
+"""Many mahjong tables on one connection (issue 14 item 4, seed 003): ``RemoteAECTables``.
+
+Real servers (``transport-serve URL --env mahjong --num-envs 8``) over unix, zmq+ipc, shm and
+http. There is no Node mahjong env (node_bridge/src/envs/ has none), so the servers are Python.
+Each table must play exactly the game a local ``MahjongEnv`` plays with the same seed and
+actions, across its auto-resets, and pay each seat what the game's scores say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+from transport.api import Server
+from transport.envs.mahjong import A_WIN, MahjongEnv
+from transport.errors import AdapterError, RemoteError, TransportError
+from transport.generated import mahjong_env, pac_env
+from transport.pettingzoo import RemoteAECEnv, RemoteAECTables, TablesStep
+
+from .servers import ServerProcess, unique_url
+from .test_pettingzoo_adapter import RiggedMahjong
+
+TABLES = 8
+
+
+@pytest.fixture(scope="module", params=["unix", "zmq+ipc", "shm", "http"])
+def url(request: pytest.FixtureRequest) -> Iterator[str]:
+    with ServerProcess(unique_url(request.param), env="mahjong", num_envs=TABLES) as server:
+        yield server.url
+
+
+def random_actions(step: TablesStep, rng: np.random.Generator) -> list[int]:
+    """A legal action per table, taking a win when one is offered."""
+    return [
+        A_WIN if mask[A_WIN] else int(rng.choice(np.flatnonzero(mask))) for mask in step.action_mask
+    ]
+
+
+def test_eight_tables_play_the_local_games_and_restart_alone(url: str) -> None:
+    """Every table plays the local game of its seed (seed + i), restarts on its own when its
+    game ends (the others go on), and pays each seat its change of score."""
+    local = [MahjongEnv() for _ in range(TABLES)]
+    records = [mahjong_env.SCHEMA["AgentStep"].zeros() for _ in range(TABLES)]
+    with RemoteAECTables(url) as tables:
+        assert tables.num_tables == TABLES and tables.possible_agents[0] == "player_0"
+        step = tables.reset(seed=11)
+        for i, env in enumerate(local):
+            env.reset_into(11 + i, records[i])
+        rng = np.random.default_rng(1)
+        ended_alone = 0
+        games = 0
+        for _ in range(300):
+            for i in range(TABLES):
+                assert step.agent[i] == records[i]["agent"]
+                assert np.array_equal(step.observation[i], records[i]["observation"])
+                assert np.array_equal(step.action_mask[i], records[i]["action_mask"])
+            actions = random_actions(step, rng)
+            step = tables.step(actions)
+            for i, env in enumerate(local):
+                before = env.scores.copy()
+                env.step_into(actions[i], records[i])
+                if records[i]["terminated"]:
+                    assert step.terminated[i] and not step.truncated[i]
+                    assert step.rewards[i].tolist() == (env.scores - before).tolist()
+                    assert step.final_agent[i] == records[i]["agent"]
+                    assert step.infos[i]["final_info"]["episode_id"] == env.episode
+                    env.reset_into(None, records[i])  # the server's auto-reset: unseeded
+                    assert step.infos[i]["turn"] == 0  # the next game, already dealt
+                    games += 1
+                else:
+                    assert not step.terminated[i] and not step.rewards[i].any()
+                    assert step.final_agent[i] == -1 and "final_info" not in step.infos[i]
+            if step.terminated.any() and not step.terminated.all():
+                ended_alone += 1
+        assert games >= TABLES and ended_alone > 0
+
+
+def test_random_play_wins_and_scores() -> None:
+    """A short random-play run on 8 tables: games end in wins that pay +3 / -1 (zero-sum)."""
+    with (
+        ServerProcess(unique_url("unix"), env="mahjong", num_envs=TABLES) as server,
+        RemoteAECTables(server.url, copy=False) as tables,
+    ):
+        rng = np.random.default_rng(0)
+        step = tables.reset(seed=0)
+        games = wins = 0
+        totals = np.zeros(tables.num_seats)
+        for _ in range(1000):
+            step = tables.step(random_actions(step, rng))
+            games += int(step.terminated.sum())
+            won = step.rewards.max(axis=1) > 0
+            wins += int(won.sum())
+            for row in step.rewards[won]:
+                assert sorted(row.tolist()) == [-1.0, -1.0, -1.0, 3.0]
+            totals += step.rewards.sum(axis=0)
+        assert games > 50 and wins > 0
+        assert totals.sum() == 0.0
+
+
+def test_a_win_at_some_tables_restarts_only_those() -> None:
+    """East holds a winning hand at every table: the even tables win, the odd ones discard."""
+    url = unique_url("unix")
+    with (
+        Server(RiggedMahjong, url, schema=mahjong_env.SCHEMA, num_envs=4).start(),
+        RemoteAECTables(url) as tables,
+    ):
+        step = tables.reset(seed=3)
+        assert (step.agent == 0).all() and step.action_mask[:, A_WIN].all()
+        discard = int(np.flatnonzero(step.action_mask[1, :34])[0])
+        step = tables.step([A_WIN, discard, A_WIN, discard])
+        assert step.terminated.tolist() == [True, False, True, False]
+        assert step.rewards.tolist() == [
+            [3.0, -1.0, -1.0, -1.0],
+            [0.0] * 4,
+            [3.0, -1.0, -1.0, -1.0],
+            [0.0] * 4,
+        ]
+        assert step.final_agent.tolist() == [0, -1, 0, -1]
+        assert step.infos[0]["final_info"]["hand_value"] == 3.0
+        # the winners' tables were dealt again (East to act), the others play on
+        assert step.agent[0] == 0 and step.agent[2] == 0 and step.infos[0]["turn"] == 0
+        assert step.infos[1]["turn"] == 1 and step.infos[3]["turn"] == 1
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    with (
+        ServerProcess(unique_url("unix"), env="mahjong", num_envs=2) as server,
+        RemoteAECTables(server.url) as tables,
+    ):
+        step = tables.reset(seed=0)
+        with pytest.raises(ValueError, match="expected 2 actions"):
+            tables.step([0])
+        illegal = int(np.flatnonzero(step.action_mask[0] == 0)[0])
+        legal = int(np.flatnonzero(step.action_mask[1])[0])
+        with pytest.raises(RemoteError, match="mask"):
+            tables.step([illegal, legal])
+        with pytest.raises(AdapterError, match="serves 2 env"):
+            RemoteAECTables(server.url, num_tables=8)
+        with pytest.raises(AdapterError, match="RemoteAECTables"):
+            RemoteAECEnv(server.url)  # one table per connection: it names the tables wrapper
+
+
+def test_a_schema_without_seats_is_refused() -> None:
+    with ServerProcess(unique_url("unix"), env="echo", num_envs=2) as server:
+        with pytest.raises(AdapterError, match="enum field 'agent'"):
+            RemoteAECTables(server.url, schema=pac_env.SCHEMA)
+
+
+@pytest.mark.parametrize("scheme", ["http", "zmq+tcp"])  # a killed server leaves no file here
+def test_a_dead_server_is_an_error_not_a_hang(scheme: str) -> None:
+    server = ServerProcess(unique_url(scheme), env="mahjong", num_envs=TABLES)
+    try:
+        with RemoteAECTables(server.url, timeout=2.0) as tables:
+            step = tables.reset(seed=0)
+            server.kill()
+            with pytest.raises(TransportError):
+                tables.step(random_actions(step, np.random.default_rng(0)))
+    finally:
+        server.kill()
