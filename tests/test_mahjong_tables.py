@@ -161,3 +161,40 @@ def test_a_dead_server_is_an_error_not_a_hang(scheme: str) -> None:
                 tables.step(random_actions(step, np.random.default_rng(0)))
     finally:
         server.kill()
+
+
+def test_a_table_plays_what_the_aec_adapter_plays() -> None:
+    """Table 0 of the tables wrapper and ``RemoteAECEnv`` (which passes pettingzoo's api_test,
+    tests/test_pettingzoo_adapter.py) see the same turns, masks and final rewards, and deal the
+    same next game after an unseeded reset."""
+    with (
+        ServerProcess(unique_url("unix"), env="mahjong") as one,
+        ServerProcess(unique_url("zmq+ipc"), env="mahjong", num_envs=2) as two,
+    ):
+        aec = RemoteAECEnv(one.url)
+        try:
+            with RemoteAECTables(two.url) as tables:
+                step = tables.reset(seed=5)
+                aec.reset(seed=5)
+                rng = np.random.default_rng(2)
+                for _ in range(2000):
+                    seat = tables.possible_agents[int(step.agent[0])]
+                    assert aec.agent_selection == seat
+                    observation = aec.observe(seat)
+                    assert np.array_equal(observation["observation"], step.observation[0])
+                    assert np.array_equal(observation["action_mask"], step.action_mask[0])
+                    actions = random_actions(step, rng)
+                    step = tables.step(actions)
+                    aec.step(actions[0])
+                    if step.terminated[0]:
+                        break
+                assert step.terminated[0] and all(aec.terminations.values())
+                assert [aec.rewards[a] for a in aec.possible_agents] == step.rewards[0].tolist()
+                while aec.agents:
+                    aec.step(None)
+                aec.reset()  # unseeded: the server's env deals its next game, as auto-reset does
+                seat = tables.possible_agents[int(step.agent[0])]
+                assert aec.agent_selection == seat
+                assert np.array_equal(aec.observe(seat)["observation"], step.observation[0])
+        finally:
+            aec.close()
