@@ -22,7 +22,7 @@ Rules (simplified mahjong: no flowers, no kongs, no scoring patterns):
   its reward (3.0); on a draw it names the seat that would have drawn, with reward 0. Every
   other result has reward 0. The AEC adapter gives the other seats -reward / 3 (zero-sum).
   Claims make wins happen: in 600 seeded hands, random legal play wins 25 and a greedy player
-  (win when it can, claim what it can, discard its least connected tile) 596
+  (win when it can, claim what it can, discard its least connected tile) 595
   (tests/test_pettingzoo_adapter.py ``test_wins_happen_and_score``).
 
 Observation (290 f32 in [0, 1], from the point of view of the seat in ``agent``): own hand
