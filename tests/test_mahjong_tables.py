@@ -1,9 +1,9 @@
 """Many mahjong tables on one connection (issue 14 item 4, seed 003): ``RemoteAECTables``.
 
-Real servers (``transport-serve URL --env mahjong --num-envs 8``) over unix, zmq+ipc, shm and
-http. There is no Node mahjong env (node_bridge/src/envs/ has none), so the servers are Python.
-Each table must play exactly the game a local ``MahjongEnv`` plays with the same seed and
-actions, across its auto-resets, and pay each seat what the game's scores say.
+Real servers (``transport-serve URL --env mahjong --num-envs 8``, Python and Node) over unix,
+zmq+ipc, shm and http. Each table must play exactly the game a local ``MahjongEnv`` plays with
+the same seed and actions, across its auto-resets, and pay each seat what the game's scores
+say; the Node twin (node_bridge/src/envs/mahjong.ts) must give the same bytes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("pettingzoo")
 
+import transport.api as api
 from transport.api import Server
 from transport.envs.mahjong import A_WIN, MahjongEnv
 from transport.errors import AdapterError, RemoteError, TransportError
@@ -27,9 +28,18 @@ from .test_pettingzoo_adapter import RiggedMahjong
 TABLES = 8
 
 
-@pytest.fixture(scope="module", params=["unix", "zmq+ipc", "shm", "http"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        (scheme, lang)
+        for lang in ("python", "node")
+        for scheme in ("unix", "zmq+ipc", "shm", "http")
+    ],
+    ids=lambda param: "-".join(param),
+)
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with ServerProcess(unique_url(request.param), env="mahjong", num_envs=TABLES) as server:
+    scheme, lang = request.param
+    with ServerProcess(unique_url(scheme), env="mahjong", num_envs=TABLES, lang=lang) as server:
         yield server.url
 
 
@@ -198,3 +208,28 @@ def test_a_table_plays_what_the_aec_adapter_plays() -> None:
                 assert np.array_equal(aec.observe(seat)["observation"], step.observation[0])
         finally:
             aec.close()
+
+
+def trace(url: str, steps: int) -> list[bytes]:
+    """Every result record (and every final result) of ``steps`` random steps of 4 tables."""
+    records: list[bytes] = []
+    with api.connect(url, mahjong_env.SCHEMA, timeout=10, autoreset="same_step") as client:
+        rng = np.random.default_rng(4)
+        view = client.reset(seed=21)
+        records.append(view.record.tobytes())
+        for _ in range(steps):
+            actions = [int(rng.choice(np.flatnonzero(mask))) for mask in view.action_mask]
+            view = client.step(actions)
+            records.append(view.record.tobytes())
+            records += [final.record.tobytes() for _, final in client.finals]
+    return records
+
+
+def test_python_and_node_tables_give_identical_bytes() -> None:
+    """The Node twin deals and plays the same games: every record identical, finals included."""
+    traces = {}
+    for lang in ("python", "node"):
+        with ServerProcess(unique_url("unix"), env="mahjong", num_envs=4, lang=lang) as server:
+            traces[lang] = trace(server.url, 600)
+    assert len(traces["python"]) > 601  # some games ended: their final results are in the trace
+    assert traces["python"] == traces["node"]
