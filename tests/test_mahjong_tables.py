@@ -107,6 +107,7 @@ def test_random_play_wins_and_scores() -> None:
             for row in step.rewards[won]:
                 assert sorted(row.tolist()) == [-1.0, -1.0, -1.0, 3.0]
             totals += step.rewards.sum(axis=0)
+            assert not np.signbit(step.rewards[~won]).any()  # a draw pays 0, not -0.0
         assert games > 50 and wins > 0
         assert totals.sum() == 0.0
 

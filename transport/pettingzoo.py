@@ -385,8 +385,8 @@ class RemoteAECTables:
         for index, final in finals:
             seat = int(self._seats(np.asarray([final[self.agent_field]]))[0])
             reward = float(final[fields.reward])
-            share = -reward / (self.num_seats - 1) if self.num_seats > 1 else 0.0
-            rewards[index] = share
+            if reward and self.num_seats > 1:  # a draw pays 0, not -0.0
+                rewards[index] = -reward / (self.num_seats - 1)
             rewards[index, seat] = reward
             final_agent[index] = seat
             terminated[index] = bool(fields.terminated_of(final))
