@@ -234,3 +234,17 @@ def test_python_and_node_tables_give_identical_bytes() -> None:
             traces[lang] = trace(server.url, 600)
     assert len(traces["python"]) > 601  # some games ended: their final results are in the trace
     assert traces["python"] == traces["node"]
+
+
+def test_one_table_has_the_same_shapes() -> None:
+    """A 1-env server: every array still has one leading table axis, after reset and step."""
+    with (
+        ServerProcess(unique_url("unix"), env="mahjong") as server,
+        RemoteAECTables(server.url) as tables,
+    ):
+        for _ in range(2):
+            step = tables.reset(seed=0)
+            assert step.observation.shape == (1, 290) and step.action_mask.shape == (1, 104)
+            step = tables.step([int(np.flatnonzero(step.action_mask[0])[0])])
+            assert step.observation.shape == (1, 290) and step.action_mask.shape == (1, 104)
+            assert step.agent.shape == (1,) and step.rewards.shape == (1, 4)

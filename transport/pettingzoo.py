@@ -355,11 +355,10 @@ class RemoteAECTables:
     # -- internals -----------------------------------------------------------------------------
 
     def _rows(self, view: StepView, name: str) -> np.ndarray:
-        """Field ``name`` with a leading table axis (a 1-env server's results have none)."""
-        value = np.asarray(view[name])
-        if self.client.num_envs == 1:
-            value = value[np.newaxis]
-        return value
+        """Field ``name`` with one leading table axis (a 1-env server's reset result has none,
+        its batched step result one: both become ``[1, ...]``)."""
+        shape = view.record.dtype[name].shape
+        return np.asarray(view[name]).reshape((self.num_tables, *shape))
 
     def _seats(self, values: np.ndarray) -> np.ndarray:
         seats = values.astype(np.int64)
