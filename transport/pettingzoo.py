@@ -33,7 +33,6 @@ from transport.gym import (
     SERVE_HINT,
     Bounds,
     ResultFields,
-    check_num_envs,
     check_render_mode,
     frame_of,
     observation_bounds_of,
@@ -307,7 +306,14 @@ class RemoteAECTables:
         codecs = _default_schema() if schema is None else schema
         self.client = connect(resolve_url(url), codecs, timeout=timeout, autoreset="same_step")
         try:
-            self.num_tables = check_num_envs(self.client, num_tables)
+            if num_tables is not None and num_tables != self.client.num_envs:
+                raise AdapterError(
+                    f"{self.client.url} serves {self.client.num_envs} env(s) (tables) per "
+                    f"connection, RemoteAECTables was asked for {num_tables}: pass "
+                    f"num_tables={self.client.num_envs} (or None: the server's count), or "
+                    + SERVE_HINT.format(n=num_tables)
+                )
+            self.num_tables = self.client.num_envs
             self.fields = ResultFields(self.client)
             if self.fields.mask is None:
                 raise AdapterError("RemoteAECTables needs a result field with role action_mask")
