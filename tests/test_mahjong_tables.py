@@ -149,7 +149,7 @@ def test_bad_input_is_a_clear_error() -> None:
         legal = int(np.flatnonzero(step.action_mask[1])[0])
         with pytest.raises(RemoteError, match="mask"):
             tables.step([illegal, legal])
-        with pytest.raises(AdapterError, match="serves 2 env.*num_tables=2"):
+        with pytest.raises(AdapterError, match=r"serves 2 env.*num_tables=2"):
             RemoteAECTables(server.url, num_tables=8)
         with pytest.raises(AdapterError, match="RemoteAECTables"):
             RemoteAECEnv(server.url)  # one table per connection: it names the tables wrapper
