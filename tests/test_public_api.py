@@ -21,6 +21,8 @@ PINNED = [
     "Env",
     "EnvError",
     "EnvFactory",
+    "EpisodeBatch",
+    "EpisodeCollector",
     "FingerprintMismatchError",
     "InvalidBoolError",
     "InvalidEnumError",
@@ -50,6 +52,7 @@ PINNED = [
     "connect",
     "connect_many",
     "load_schema",
+    "request_episodes",
     "serve",
 ]
 

@@ -12,6 +12,7 @@ from pathlib import Path as _Path
 from transport.api import Server, ServerLimits, connect, serve
 from transport.client import Client, StepView
 from transport.codec import Schema, StructCodec
+from transport.collector import EpisodeBatch, EpisodeCollector, request_episodes
 from transport.errors import (
     AdapterError,
     ArrayLengthError,
@@ -64,6 +65,8 @@ __all__ = [
     "Env",
     "EnvError",
     "EnvFactory",
+    "EpisodeBatch",
+    "EpisodeCollector",
     "FingerprintMismatchError",
     "InvalidBoolError",
     "InvalidEnumError",
@@ -93,5 +96,6 @@ __all__ = [
     "connect",
     "connect_many",
     "load_schema",
+    "request_episodes",
     "serve",
 ]
