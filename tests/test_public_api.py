@@ -28,6 +28,7 @@ PINNED = [
     "InvalidEnumError",
     "MissingFieldError",
     "MultiClient",
+    "NoProgressError",
     "NonCanonicalError",
     "PeerGoneError",
     "ProtocolError",
