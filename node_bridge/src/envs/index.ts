@@ -6,10 +6,12 @@
 import type { StepResultInput } from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
 import { EchoEnv } from "./echo";
+import { FramesEnv } from "./frames";
 import { PacEnv } from "./pac";
 import { LockEnv, ReachEnv } from "./rich_spaces";
 
 export { EchoEnv } from "./echo";
+export { FramesEnv } from "./frames";
 export { PacEnv } from "./pac";
 export { LockEnv, ReachEnv } from "./rich_spaces";
 
@@ -18,7 +20,8 @@ export const ENVS: Record<string, EnvFactory<StepResultInput> | EnvFactory<unkno
   pac: () => new PacEnv(),
   reach: () => new ReachEnv(), // Dict observation, Box action (schema dictbox)
   lock: () => new LockEnv(), // MultiDiscrete action (schema multidiscrete)
+  frames: () => new FramesEnv(), // decision-boundary runs (schema frames)
 };
 
 /** The schema a reference env speaks when it is not pac_env (as Python's SCHEMAS). */
-export const ENV_SCHEMAS: Readonly<Record<string, string>> = { reach: "dictbox", lock: "multidiscrete" };
+export const ENV_SCHEMAS: Readonly<Record<string, string>> = { reach: "dictbox", lock: "multidiscrete", frames: "frames" };
