@@ -76,4 +76,5 @@ class FramesEnv:
             "frames": frames,
             "events": np.array(events, dtype=np.uint32),
             "decisions": self.decisions,
+            "action_mask": np.ones(4, dtype=np.uint8),  # every action is legal
         }

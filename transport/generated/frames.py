@@ -12,8 +12,8 @@ from transport.schema.ir import ir_from_json
 
 IR: Final[dict[str, Any]] = {'name': 'frames',
  'version': 1,
- 'fingerprint': '5a23d86dbbbffe22',
- 'structs': {'StepResult': {'size': 64,
+ 'fingerprint': 'fde4eba662e04b71',
+ 'structs': {'StepResult': {'size': 68,
                             'align': 4,
                             'layout': 'natural',
                             'fields': [{'name': 'observation',
@@ -56,7 +56,13 @@ IR: Final[dict[str, Any]] = {'name': 'frames',
                                         'type': 'u32',
                                         'offset': 60,
                                         'size': 4,
-                                        'count': 1}]},
+                                        'count': 1},
+                                       {'name': 'action_mask',
+                                        'type': 'u8[4]',
+                                        'offset': 64,
+                                        'size': 4,
+                                        'count': 4,
+                                        'role': 'action_mask'}]},
              'StepRequest': {'size': 1,
                              'align': 1,
                              'layout': 'natural',
@@ -234,15 +240,15 @@ IR: Final[dict[str, Any]] = {'name': 'frames',
                                               'size': 8,
                                               'count': 8,
                                               'role': 'action'}]},
-             'StepMultiResult': {'size': 512,
+             'StepMultiResult': {'size': 544,
                                  'align': 4,
                                  'layout': 'natural',
                                  'fields': [{'name': 'results',
                                              'type': 'StepResult[8]',
                                              'offset': 0,
-                                             'size': 512,
+                                             'size': 544,
                                              'count': 8}]},
-             'ShmSlot': {'size': 1472,
+             'ShmSlot': {'size': 1536,
                          'align': 8,
                          'layout': 'natural',
                          'fields': [{'name': 'sem_action_ready',
@@ -298,19 +304,19 @@ IR: Final[dict[str, Any]] = {'name': 'frames',
                                     {'name': 'result',
                                      'type': 'StepResult',
                                      'offset': 128,
-                                     'size': 64,
+                                     'size': 68,
                                      'count': 1},
                                     {'name': 'error_text',
                                      'type': 'u8[1024]',
-                                     'offset': 192,
+                                     'offset': 256,
                                      'size': 1024,
                                      'count': 1024},
                                     {'name': 'info',
                                      'type': 'u8[256]',
-                                     'offset': 1216,
+                                     'offset': 1280,
                                      'size': 256,
                                      'count': 256}]},
-             'ShmFinal': {'size': 128,
+             'ShmFinal': {'size': 192,
                           'align': 4,
                           'layout': 'natural',
                           'fields': [{'name': 'final_seq',
@@ -321,7 +327,7 @@ IR: Final[dict[str, Any]] = {'name': 'frames',
                                      {'name': 'result',
                                       'type': 'StepResult',
                                       'offset': 64,
-                                      'size': 64,
+                                      'size': 68,
                                       'count': 1}]}},
  'enums': {'ErrorCode': {'type': 'u16',
                          'values': {'BAD_FRAME': 1,
@@ -384,17 +390,19 @@ IR: Final[dict[str, Any]] = {'name': 'frames',
                             'truncated': 165,
                             'frames': 168,
                             'events': 172,
-                            'decisions': 188},
+                            'decisions': 188,
+                            'action_mask': 192},
          'final_result_offsets': {'observation': 64,
                                   'reward': 96,
                                   'terminated': 100,
                                   'truncated': 101,
                                   'frames': 104,
                                   'events': 108,
-                                  'decisions': 124}}}
+                                  'decisions': 124,
+                                  'action_mask': 128}}}
 
-FINGERPRINT: Final = 0x5a23d86dbbbffe22
-FINGERPRINT_HEX: Final = "5a23d86dbbbffe22"
+FINGERPRINT: Final = 0xfde4eba662e04b71
+FINGERPRINT_HEX: Final = "fde4eba662e04b71"
 SCHEMA: Final = Schema(ir_from_json(IR))
 
 
@@ -483,7 +491,7 @@ ShmSlot: Final[StructCodec] = SCHEMA["ShmSlot"]
 ShmFinal: Final[StructCodec] = SCHEMA["ShmFinal"]
 
 STRUCT_SIZES: Final[dict[str, int]] = {
-    "StepResult": 64,
+    "StepResult": 68,
     "StepRequest": 1,
     "FrameHeader": 9,
     "Hello": 12,
@@ -494,19 +502,19 @@ STRUCT_SIZES: Final[dict[str, int]] = {
     "EnvSeed": 16,
     "ShmControl": 64,
     "StepMultiRequest": 8,
-    "StepMultiResult": 512,
-    "ShmSlot": 1472,
-    "ShmFinal": 128,
+    "StepMultiResult": 544,
+    "ShmSlot": 1536,
+    "ShmFinal": 192,
 }
 
 
 # shm region of schema frames (derived layout): k slots, k >= num_envs
 #
-#   0                 64 + i*1472              64 + k*1472 + i*128
+#   0                 64 + i*1536              64 + k*1536 + i*192
 #   +-----------------+------------------+-----+---------------------+-----+
-#   | ShmControl (64) | ShmSlot i (1472) | ... | ShmFinal i (128)    | ... |
+#   | ShmControl (64) | ShmSlot i (1536) | ... | ShmFinal i (192)    | ... |
 #   +-----------------+------------------+-----+---------------------+-----+
-#   region size = 64 + k * (1472 + 128) bytes
+#   region size = 64 + k * (1536 + 192) bytes
 #
 # ShmControl (64 bytes)
 #   offset    size  part        field
@@ -524,7 +532,7 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #       56       4  control     doorbell
 #       60       4  control     client_pid
 #
-# ShmSlot (1472 bytes)
+# ShmSlot (1536 bytes)
 #   offset    size  part        field
 #        0       4  control     sem_action_ready
 #        4       4  control     sem_result_ready
@@ -547,10 +555,12 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #      168       4  result      frames
 #      172      16  result      events
 #      188       4  result      decisions
-#      192    1024  error text  error_text
-#     1216     256  info        info
+#      192       4  result      action_mask
+#      196      60  (padding)
+#      256    1024  error text  error_text
+#     1280     256  info        info
 #
-# ShmFinal (128 bytes)
+# ShmFinal (192 bytes)
 #   offset    size  part        field
 #        0       4  control     final_seq
 #        4      60  (padding)
@@ -562,10 +572,12 @@ STRUCT_SIZES: Final[dict[str, int]] = {
 #      104       4  result      frames
 #      108      16  result      events
 #      124       4  result      decisions
+#      128       4  result      action_mask
+#      132      60  (padding)
 SHM_PROFILE: Final = "derived"
 SHM_CONTROL_SIZE: Final = 64
-SHM_SLOT_SIZE: Final = 1472
-SHM_FINAL_SIZE: Final = 128
+SHM_SLOT_SIZE: Final = 1536
+SHM_FINAL_SIZE: Final = 192
 SHM_REQUEST_OFFSETS: Final[dict[str, int]] = {
     "action": 64,
 }
@@ -577,6 +589,7 @@ SHM_RESULT_OFFSETS: Final[dict[str, int]] = {
     "frames": 168,
     "events": 172,
     "decisions": 188,
+    "action_mask": 192,
 }
 SHM_FINAL_RESULT_OFFSETS: Final[dict[str, int]] = {
     "observation": 64,
@@ -586,4 +599,5 @@ SHM_FINAL_RESULT_OFFSETS: Final[dict[str, int]] = {
     "frames": 104,
     "events": 108,
     "decisions": 124,
+    "action_mask": 128,
 }

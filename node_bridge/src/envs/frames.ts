@@ -84,6 +84,7 @@ export class FramesEnv implements Env<StepResultInput> {
       frames,
       events,
       decisions: this.#decisions,
+      action_mask: [1, 1, 1, 1], // every action is legal
     };
   }
 }

@@ -8,10 +8,10 @@ import type { SchemaJson } from "../ir";
 export const IR: SchemaJson = {
   "name": "frames",
   "version": 1,
-  "fingerprint": "5a23d86dbbbffe22",
+  "fingerprint": "fde4eba662e04b71",
   "structs": {
     "StepResult": {
-      "size": 64,
+      "size": 68,
       "align": 4,
       "layout": "natural",
       "fields": [
@@ -69,6 +69,14 @@ export const IR: SchemaJson = {
           "offset": 60,
           "size": 4,
           "count": 1
+        },
+        {
+          "name": "action_mask",
+          "type": "u8[4]",
+          "offset": 64,
+          "size": 4,
+          "count": 4,
+          "role": "action_mask"
         }
       ]
     },
@@ -348,7 +356,7 @@ export const IR: SchemaJson = {
       ]
     },
     "StepMultiResult": {
-      "size": 512,
+      "size": 544,
       "align": 4,
       "layout": "natural",
       "fields": [
@@ -356,13 +364,13 @@ export const IR: SchemaJson = {
           "name": "results",
           "type": "StepResult[8]",
           "offset": 0,
-          "size": 512,
+          "size": 544,
           "count": 8
         }
       ]
     },
     "ShmSlot": {
-      "size": 1472,
+      "size": 1536,
       "align": 8,
       "layout": "natural",
       "fields": [
@@ -440,27 +448,27 @@ export const IR: SchemaJson = {
           "name": "result",
           "type": "StepResult",
           "offset": 128,
-          "size": 64,
+          "size": 68,
           "count": 1
         },
         {
           "name": "error_text",
           "type": "u8[1024]",
-          "offset": 192,
+          "offset": 256,
           "size": 1024,
           "count": 1024
         },
         {
           "name": "info",
           "type": "u8[256]",
-          "offset": 1216,
+          "offset": 1280,
           "size": 256,
           "count": 256
         }
       ]
     },
     "ShmFinal": {
-      "size": 128,
+      "size": 192,
       "align": 4,
       "layout": "natural",
       "fields": [
@@ -475,7 +483,7 @@ export const IR: SchemaJson = {
           "name": "result",
           "type": "StepResult",
           "offset": 64,
-          "size": 64,
+          "size": 68,
           "count": 1
         }
       ]
@@ -639,7 +647,8 @@ export const IR: SchemaJson = {
       "truncated": 165,
       "frames": 168,
       "events": 172,
-      "decisions": 188
+      "decisions": 188,
+      "action_mask": 192
     },
     "final_result_offsets": {
       "observation": 64,
@@ -648,14 +657,15 @@ export const IR: SchemaJson = {
       "truncated": 101,
       "frames": 104,
       "events": 108,
-      "decisions": 124
+      "decisions": 124,
+      "action_mask": 128
     }
   }
 };
 
 /** The schema fingerprint: first 8 bytes of SHA-256 of the canonical layout IR. */
-export const FINGERPRINT_HEX = "5a23d86dbbbffe22";
-export const FINGERPRINT = 0x5a23d86dbbbffe22n;
+export const FINGERPRINT_HEX = "fde4eba662e04b71";
+export const FINGERPRINT = 0xfde4eba662e04b71n;
 
 /** Enum ErrorCode (stored as u16). */
 export const ErrorCode = {
@@ -728,7 +738,7 @@ export const MessageId = {
 } as const;
 export type MessageId = (typeof MessageId)[keyof typeof MessageId];
 
-// -- StepResult: 64 bytes, natural layout, align 4 ------------------------------------------------
+// -- StepResult: 68 bytes, natural layout, align 4 ------------------------------------------------
 
 /** StepResult as `decode` returns it. */
 export interface StepResult {
@@ -746,6 +756,8 @@ export interface StepResult {
   events: Uint32Array;
   /** u32 at offset 60 (4 bytes). */
   decisions: number;
+  /** u8[4] at offset 64 (4 bytes, role action_mask). */
+  action_mask: Uint8Array;
 }
 
 /** What `StepResultCodec.encode` accepts (validated at run time). */
@@ -764,6 +776,8 @@ export interface StepResultInput {
   events: ArrayLike<number>;
   /** u32 at offset 60 (4 bytes). */
   decisions: number;
+  /** u8[4] at offset 64 (4 bytes, role action_mask). */
+  action_mask: ArrayLike<number | boolean>;
 }
 
 /**
@@ -807,13 +821,17 @@ export class StepResultView {
   get decisions(): number {
     return this.#dv.getUint32(this.#at + 60, true);
   }
+
+  get action_mask(): Uint8Array {
+    return rt.viewArray(this.#dv, this.#at + 64, "u8", 4);
+  }
 }
 
-const StepResultFields = rt.nameSet(["observation", "reward", "terminated", "truncated", "frames", "events", "decisions"]);
+const StepResultFields = rt.nameSet(["observation", "reward", "terminated", "truncated", "frames", "events", "decisions", "action_mask"]);
 
 const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultView> = {
   name: "StepResult",
-  size: 64,
+  size: 68,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkFloatArray(rt.fieldValue(fields, "observation", path), "f32", 8, path, "observation");
@@ -823,6 +841,7 @@ const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultV
     rt.checkInteger(rt.fieldValue(fields, "frames", path), "u32", path, "frames");
     rt.checkIntegerArray(rt.fieldValue(fields, "events", path), "u32", 4, path, "events");
     rt.checkInteger(rt.fieldValue(fields, "decisions", path), "u32", path, "decisions");
+    rt.checkFlagArray(rt.fieldValue(fields, "action_mask", path), "u8", 4, path, "action_mask");
     rt.rejectUnknownFields(fields, StepResultFields, path);
   },
   writeAt(dv: DataView, at: number, value: StepResultInput): void {
@@ -833,6 +852,7 @@ const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultV
     dv.setUint32(at + 40, rt.toNumber(value.frames), true);
     rt.writeArray(dv, at + 44, "u32", value.events, 4);
     dv.setUint32(at + 60, rt.toNumber(value.decisions), true);
+    rt.writeArray(dv, at + 64, "u8", value.action_mask, 4);
   },
   checkAt(dv: DataView, at: number, path: string): void {
     rt.checkFloatsBits(dv, at, "f32", 8, path, "observation");
@@ -849,6 +869,7 @@ const StepResultLayout: rt.StructLayout<StepResult, StepResultInput, StepResultV
       frames: dv.getUint32(at + 40, true),
       events: rt.readArray(dv, at + 44, "u32", 4),
       decisions: dv.getUint32(at + 60, true),
+      action_mask: rt.readArray(dv, at + 64, "u8", 4),
     };
   },
   viewAt(dv: DataView, at: number): StepResultView {
@@ -1677,17 +1698,17 @@ const StepMultiRequestLayout: rt.StructLayout<StepMultiRequest, StepMultiRequest
 
 export const StepMultiRequestCodec: rt.StructCodec<StepMultiRequest, StepMultiRequestInput, StepMultiRequestView> = rt.defineStruct(StepMultiRequestLayout);
 
-// -- StepMultiResult: 512 bytes, natural layout, align 4 ------------------------------------------
+// -- StepMultiResult: 544 bytes, natural layout, align 4 ------------------------------------------
 
 /** StepMultiResult as `decode` returns it. */
 export interface StepMultiResult {
-  /** StepResult[8] at offset 0 (512 bytes). */
+  /** StepResult[8] at offset 0 (544 bytes). */
   results: StepResult[];
 }
 
 /** What `StepMultiResultCodec.encode` accepts (validated at run time). */
 export interface StepMultiResultInput {
-  /** StepResult[8] at offset 0 (512 bytes). */
+  /** StepResult[8] at offset 0 (544 bytes). */
   results: ArrayLike<StepResultInput>;
 }
 
@@ -1714,7 +1735,7 @@ const StepMultiResultFields = rt.nameSet(["results"]);
 
 const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInput, StepMultiResultView> = {
   name: "StepMultiResult",
-  size: 512,
+  size: 544,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkStructArray(StepResultLayout, rt.fieldValue(fields, "results", path), 8, path, "results");
@@ -1738,7 +1759,7 @@ const StepMultiResultLayout: rt.StructLayout<StepMultiResult, StepMultiResultInp
 
 export const StepMultiResultCodec: rt.StructCodec<StepMultiResult, StepMultiResultInput, StepMultiResultView> = rt.defineStruct(StepMultiResultLayout);
 
-// -- ShmSlot: 1472 bytes, natural layout, align 8 -------------------------------------------------
+// -- ShmSlot: 1536 bytes, natural layout, align 8 -------------------------------------------------
 
 /** ShmSlot as `decode` returns it. */
 export interface ShmSlot {
@@ -1762,11 +1783,11 @@ export interface ShmSlot {
   checksum: number;
   /** StepRequest at offset 64 (1 byte). */
   request: StepRequest;
-  /** StepResult at offset 128 (64 bytes). */
+  /** StepResult at offset 128 (68 bytes). */
   result: StepResult;
-  /** u8[1024] at offset 192 (1024 bytes). */
+  /** u8[1024] at offset 256 (1024 bytes). */
   error_text: Uint8Array;
-  /** u8[256] at offset 1216 (256 bytes). */
+  /** u8[256] at offset 1280 (256 bytes). */
   info: Uint8Array;
 }
 
@@ -1792,11 +1813,11 @@ export interface ShmSlotInput {
   checksum: number;
   /** StepRequest at offset 64 (1 byte). */
   request: StepRequestInput;
-  /** StepResult at offset 128 (64 bytes). */
+  /** StepResult at offset 128 (68 bytes). */
   result: StepResultInput;
-  /** u8[1024] at offset 192 (1024 bytes). */
+  /** u8[1024] at offset 256 (1024 bytes). */
   error_text: ArrayLike<number>;
-  /** u8[256] at offset 1216 (256 bytes). */
+  /** u8[256] at offset 1280 (256 bytes). */
   info: ArrayLike<number>;
 }
 
@@ -1859,11 +1880,11 @@ export class ShmSlotView {
   }
 
   get error_text(): Uint8Array {
-    return rt.viewArray(this.#dv, this.#at + 192, "u8", 1024);
+    return rt.viewArray(this.#dv, this.#at + 256, "u8", 1024);
   }
 
   get info(): Uint8Array {
-    return rt.viewArray(this.#dv, this.#at + 1216, "u8", 256);
+    return rt.viewArray(this.#dv, this.#at + 1280, "u8", 256);
   }
 }
 
@@ -1871,7 +1892,7 @@ const ShmSlotFields = rt.nameSet(["sem_action_ready", "sem_result_ready", "comma
 
 const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
   name: "ShmSlot",
-  size: 1472,
+  size: 1536,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkInteger(rt.fieldValue(fields, "sem_action_ready", path), "u32", path, "sem_action_ready");
@@ -1901,8 +1922,8 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
     dv.setUint32(at + 28, rt.toNumber(value.checksum), true);
     StepRequestLayout.writeAt(dv, at + 64, value.request);
     StepResultLayout.writeAt(dv, at + 128, value.result);
-    rt.writeArray(dv, at + 192, "u8", value.error_text, 1024);
-    rt.writeArray(dv, at + 1216, "u8", value.info, 256);
+    rt.writeArray(dv, at + 256, "u8", value.error_text, 1024);
+    rt.writeArray(dv, at + 1280, "u8", value.info, 256);
   },
   checkAt(dv: DataView, at: number, path: string): void {
     rt.checkEnumStored(dv, at + 8, "u32", SlotCommandValues, "SlotCommand", path, "command");
@@ -1921,8 +1942,8 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
       checksum: dv.getUint32(at + 28, true),
       request: StepRequestLayout.readAt(dv, at + 64),
       result: StepResultLayout.readAt(dv, at + 128),
-      error_text: rt.readArray(dv, at + 192, "u8", 1024),
-      info: rt.readArray(dv, at + 1216, "u8", 256),
+      error_text: rt.readArray(dv, at + 256, "u8", 1024),
+      info: rt.readArray(dv, at + 1280, "u8", 256),
     };
   },
   viewAt(dv: DataView, at: number): ShmSlotView {
@@ -1932,13 +1953,13 @@ const ShmSlotLayout: rt.StructLayout<ShmSlot, ShmSlotInput, ShmSlotView> = {
 
 export const ShmSlotCodec: rt.StructCodec<ShmSlot, ShmSlotInput, ShmSlotView> = rt.defineStruct(ShmSlotLayout);
 
-// -- ShmFinal: 128 bytes, natural layout, align 4 -------------------------------------------------
+// -- ShmFinal: 192 bytes, natural layout, align 4 -------------------------------------------------
 
 /** ShmFinal as `decode` returns it. */
 export interface ShmFinal {
   /** u32 at offset 0 (4 bytes). */
   final_seq: number;
-  /** StepResult at offset 64 (64 bytes). */
+  /** StepResult at offset 64 (68 bytes). */
   result: StepResult;
 }
 
@@ -1946,7 +1967,7 @@ export interface ShmFinal {
 export interface ShmFinalInput {
   /** u32 at offset 0 (4 bytes). */
   final_seq: number;
-  /** StepResult at offset 64 (64 bytes). */
+  /** StepResult at offset 64 (68 bytes). */
   result: StepResultInput;
 }
 
@@ -1977,7 +1998,7 @@ const ShmFinalFields = rt.nameSet(["final_seq", "result"]);
 
 const ShmFinalLayout: rt.StructLayout<ShmFinal, ShmFinalInput, ShmFinalView> = {
   name: "ShmFinal",
-  size: 128,
+  size: 192,
   validateAt(value: unknown, path: string): void {
     const fields = rt.asFields(value, path);
     rt.checkInteger(rt.fieldValue(fields, "final_seq", path), "u32", path, "final_seq");
@@ -2024,11 +2045,11 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 
 // shm region of schema frames (derived layout): k slots, k >= num_envs
 //
-//   0                 64 + i*1472              64 + k*1472 + i*128
+//   0                 64 + i*1536              64 + k*1536 + i*192
 //   +-----------------+------------------+-----+---------------------+-----+
-//   | ShmControl (64) | ShmSlot i (1472) | ... | ShmFinal i (128)    | ... |
+//   | ShmControl (64) | ShmSlot i (1536) | ... | ShmFinal i (192)    | ... |
 //   +-----------------+------------------+-----+---------------------+-----+
-//   region size = 64 + k * (1472 + 128) bytes
+//   region size = 64 + k * (1536 + 192) bytes
 //
 // ShmControl (64 bytes)
 //   offset    size  part        field
@@ -2046,7 +2067,7 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 //       56       4  control     doorbell
 //       60       4  control     client_pid
 //
-// ShmSlot (1472 bytes)
+// ShmSlot (1536 bytes)
 //   offset    size  part        field
 //        0       4  control     sem_action_ready
 //        4       4  control     sem_result_ready
@@ -2069,10 +2090,12 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 //      168       4  result      frames
 //      172      16  result      events
 //      188       4  result      decisions
-//      192    1024  error text  error_text
-//     1216     256  info        info
+//      192       4  result      action_mask
+//      196      60  (padding)
+//      256    1024  error text  error_text
+//     1280     256  info        info
 //
-// ShmFinal (128 bytes)
+// ShmFinal (192 bytes)
 //   offset    size  part        field
 //        0       4  control     final_seq
 //        4      60  (padding)
@@ -2084,11 +2107,13 @@ export const SCHEMA: rt.SchemaModule = rt.defineSchema(IR, FINGERPRINT, {
 //      104       4  result      frames
 //      108      16  result      events
 //      124       4  result      decisions
+//      128       4  result      action_mask
+//      132      60  (padding)
 export const SHM_LAYOUT = {
   profile: "derived",
   controlSize: 64,
-  slotSize: 1472,
-  finalSize: 128,
+  slotSize: 1536,
+  finalSize: 192,
   requestOffsets: {
     action: 64,
   },
@@ -2100,6 +2125,7 @@ export const SHM_LAYOUT = {
     frames: 168,
     events: 172,
     decisions: 188,
+    action_mask: 192,
   },
   finalResultOffsets: {
     observation: 64,
@@ -2109,5 +2135,6 @@ export const SHM_LAYOUT = {
     frames: 104,
     events: 108,
     decisions: 124,
+    action_mask: 128,
   },
 } as const;
