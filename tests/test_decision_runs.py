@@ -150,3 +150,35 @@ def test_schema_rules_for_the_new_roles() -> None:
         compile_schema(no_frames)
     with pytest.raises(SchemaError, match="max_frames"):
         compile_schema(text.replace("max_frames = 64", "max_frames = 0"))
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_auto_resets_are_not_stalls(mode: str, lang: str) -> None:
+    """A reset's result has frames 0: the watchdog counts only the envs that stepped, so
+    episodes that end and auto-reset (either mode) never look like no progress."""
+    with (
+        ServerProcess(unique_url("unix"), env="frames", num_envs=2, lang=lang) as server,
+        transport.connect(server.url, autoreset=mode) as client,
+    ):
+        client.reset(1)
+        ends = 0
+        for _ in range(80):  # three episodes of 24 decisions per env
+            view = client.step([0, 1])
+            ends += int(view.terminated.sum()) + len(client.finals)
+        assert ends >= 4
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_the_watchdog_runs_with_worker_pools(lang: str) -> None:
+    with (
+        ServerProcess(
+            unique_url("unix"), env="frames", num_envs=2, lang=lang, extra=["--workers", "2"]
+        ) as server,
+        transport.connect(server.url) as client,
+    ):
+        client.reset(2)
+        with pytest.raises(NoProgressError) as caught:
+            client.step([0, SPIN])
+        assert caught.value.env_id == 1
+        assert client.step([0, 0]).frames.min() >= 1  # env 1 restarted in its worker
