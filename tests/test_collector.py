@@ -149,3 +149,26 @@ def test_a_policy_error_reaches_the_trainer() -> None:
         pytest.raises(RuntimeError, match="policy exploded"),
     ):
         collector.request_episodes(timeout=60)
+
+
+def test_every_job_seeded_by_its_index_on_one_env_servers() -> None:
+    """Over 1-env servers (a MultiClient of three, mixed languages and backends) each env is
+    reset alone for its job: job j starts from seed + j, whichever env ran it."""
+    from transport.envs.pac import PacEnv
+
+    with (
+        ServerProcess(unique_url("unix"), env="pac") as one,
+        ServerProcess(unique_url("shm"), env="pac", lang="node") as two,
+        ServerProcess(unique_url("zmq+tcp"), env="pac") as three,
+        transport.connect_many([one.url, two.url, three.url], autoreset="next_step") as multi,
+    ):
+        batch = request_episodes(multi, 7, pac_policy, max_len=20, seed=40)
+        with transport.connect(one.url, autoreset="next_step") as solo:
+            alone = request_episodes(solo, 7, pac_policy, max_len=20, seed=40)
+    check_batch(batch, 7, 20)
+    assert batch.seeds.tolist() == [40 + j for j in batch.job_ids.tolist()]
+    for row, seed in enumerate(batch.seeds.tolist()):
+        first = np.asarray(PacEnv().reset(seed)["observation"], dtype=np.float32)
+        np.testing.assert_array_equal(batch.observations[row, 0], first)
+    # one env running every job in turn: the same episodes (job j is a function of seed + j)
+    assert alone.tobytes() == batch.tobytes()

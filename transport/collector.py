@@ -10,9 +10,11 @@ over every backend and server language. The client must be connected with
 ``autoreset="next_step"``: the step after an episode's end resets that env server-side.
 
 Determinism: the envs are stepped in lock step, so which env runs which job is a function of the
-episode lengths alone, never of wall-clock timing; job j of the first N starts from seed
-``seed + j`` (one RESET_SEEDS), and later jobs on env i continue env i's own seeded RNG stream.
-The same seed, client shape and policy give the same EpisodeBatch bytes.
+episode lengths alone, never of wall-clock timing. Job j starts from seed ``seed + j`` when its
+env has a connection of its own (a 1-env Client, or a MultiClient over 1-env servers: that env
+is reset alone); on an N-env server only the first N jobs are seeded so (one RESET_SEEDS), and
+later jobs on env i continue env i's own seeded stream, since the client API resets every env
+of a server at once. The same seed, client shape and policy give the same EpisodeBatch bytes.
 """
 
 from __future__ import annotations
@@ -197,8 +199,26 @@ class EpisodeCollector:
         timing) while ``max(1, prefetch)`` complete batches wait for the trainer."""
         return self._completed - self._next_batch >= max(1, self.prefetch)
 
+    def _solo_clients(self) -> list[Client | None]:
+        """Per env: its own 1-env connection when it has one (a 1-env Client, or a
+        MultiClient's 1-env server), which can reset it alone with its job's seed."""
+        client = self.client
+        if isinstance(client, Client):
+            return [client] if client.num_envs == 1 else [None] * client.num_envs
+        solo: list[Client | None] = [None] * self.num_envs
+        for part in client.parts:
+            if part.client.num_envs == 1:
+                solo[part.env_ids.start] = part.client
+        return solo
+
+    def _reset_alone(self, client: Client, seed: int, obs: np.ndarray, index: int) -> None:
+        """Reset one env with its job's seed; its first observation goes to ``obs[index]``."""
+        view = client.reset(seed)
+        obs[index] = np.asarray(view[self.fields.observation]).reshape(obs.shape[1:])
+
     def _produce(self) -> None:
         n = self.num_envs
+        solo = self._solo_clients()
         seeds = [self.seed + j for j in range(n)]
         view = self.client.reset(seeds)
         obs = self._obs(view)
@@ -219,7 +239,12 @@ class EpisodeCollector:
             # never parked, since a lock step would step it anyway
             for i in range(n):
                 if running[i] is None and draining[i] == 0 and not resetting[i]:
-                    running[i] = _Episode(next_job, -1, self.max_len, obs, action_template)
+                    alone = solo[i]
+                    seed = -1
+                    if alone is not None:  # every job's seed is its index: seed + job
+                        seed = self.seed + next_job
+                        self._reset_alone(alone, seed, obs, i)
+                    running[i] = _Episode(next_job, seed, self.max_len, obs, action_template)
                     next_job += 1
             playing = np.array(
                 [i for i in range(n) if not resetting[i]],
@@ -265,8 +290,8 @@ class EpisodeCollector:
                     episode.final_observation[...] = obs[i]
                     finished.append(episode)
                     running[i] = None
-                    resetting[i] = ended
-                    draining[i] = 0 if ended else 1
+                    resetting[i] = ended and solo[i] is None  # else reset alone, seeded
+                    draining[i] = 0 if ended or solo[i] is not None else 1
             if finished:
                 with self._cond:
                     for episode in finished:
@@ -279,7 +304,8 @@ class EpisodeCollector:
                     self._cond.notify_all()
 
     def _obs(self, view: StepView) -> np.ndarray:
-        obs = np.asarray(view[self.fields.observation])
+        """Every env's observation: a copy (the view is overwritten by the next request)."""
+        obs = np.array(view[self.fields.observation])
         return obs.reshape(self.num_envs, *obs.shape[1:]) if self.num_envs > 1 else obs[None]
 
     def _action_shape(self, obs: np.ndarray) -> tuple[int, ...]:
