@@ -96,9 +96,10 @@ class EpisodeCollector:
     independent of when the trainer asks) while ``max(1, prefetch)`` complete batches wait.
     Jobs of later batches start as soon as an env is free, so memory is bounded by the jobs
     that finish while the oldest incomplete one runs (at most N x max_len). ``max_len`` cuts an
-    episode (``truncated``); the cut env keeps stepping with the policy until its episode ends (the
-    public API resets every env of a server at once), those steps are not recorded, and
-    ``drain_limit`` bounds them (an env that never ends is an AdapterError, not a hang).
+    episode (``truncated``). An env with its own connection is then reset at once; on an N-env
+    server (the client API resets every env of a server at once) the cut env keeps stepping
+    with the policy until its episode ends, unrecorded, and ``drain_limit`` bounds that (an env
+    that never ends is an AdapterError, not a hang).
     """
 
     def __init__(
