@@ -321,21 +321,7 @@ class Runner:
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset
     ) -> tuple[list[int], Failures]:
         """Step every env; (envs whose final result was kept, failures)."""
-        ended: list[int] = []
-        failures: Failures = []
-        step_one = self.step_one
-        if isinstance(actions, np.ndarray):
-            # one integer each (Discrete), else an owned array per env (Box, MultiDiscrete)
-            values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
-        else:
-            values = actions
-        for i in range(self.num_envs):
-            try:
-                if step_one(i, values[i], mode):
-                    ended.append(i)
-            except Exception as exc:  # the other envs still step
-                failures.append((i, exc))
-        return ended, failures
+        return self.step_except(actions, mode, None)
 
     def step_except(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
@@ -345,7 +331,11 @@ class Runner:
         ended: list[int] = []
         failures: Failures = []
         step_one = self.step_one
-        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
+        if isinstance(actions, np.ndarray):
+            # one integer each (Discrete), else an owned array per env (Box, MultiDiscrete)
+            values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+        else:
+            values = actions
         skipped = skip.tolist() if skip is not None else None
         for i in range(self.num_envs):
             if skipped is not None and skipped[i]:
