@@ -182,3 +182,40 @@ def test_the_watchdog_runs_with_worker_pools(lang: str) -> None:
             client.step([0, SPIN])
         assert caught.value.env_id == 1
         assert client.step([0, 0]).frames.min() >= 1  # env 1 restarted in its worker
+
+
+NODE_CLIENT = """
+const { connect, NoProgressError } = require(process.argv[1]);
+(async () => {
+  const client = await connect(process.argv[2]);
+  await client.reset(1n);
+  try {
+    await client.step(3);
+    console.log(JSON.stringify({ raised: false }));
+  } catch (e) {
+    const typed = e instanceof NoProgressError;
+    const out = { raised: typed, env: e.envId, requests: e.requests, state: e.lastState };
+    console.log(JSON.stringify(out));
+  }
+  await client.close();
+})();
+"""
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_node_client_raises_no_progress_error(lang: str) -> None:
+    """The Node client parses either server language's watchdog text into NoProgressError."""
+    import json
+    import subprocess
+
+    index = str(FRAMES_TOML.parents[1] / "node_bridge" / "dist" / "index.js")
+    with ServerProcess(unique_url("unix"), env="frames", lang=lang) as server:
+        done = subprocess.run(
+            ["node", "-e", NODE_CLIENT, index, server.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    got = json.loads(done.stdout or "{}")
+    assert got.get("raised") is True, done.stdout + done.stderr
+    assert got["env"] == 0 and got["requests"] == [1, 1] and got["state"]["frames"] == 64
