@@ -14,6 +14,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
 # the modules that register contract checks (imported by name: `import transport.testing.x`
 # would bind `transport` in this package's public names)
 from transport.testing import (  # noqa: F401
+    checks_collector,
     checks_discovery,
     checks_edges,
     checks_fuzz,
