@@ -39,9 +39,18 @@ class RiggedMahjong(MahjongEnv):
             self.hands[0, kind] += 1
 
 
-@pytest.fixture(scope="module", params=["unix", "http", "zmq+ipc", "zmq+tcp", "shm"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        (scheme, lang)
+        for lang in ("python", "node")
+        for scheme in ("unix", "http", "zmq+ipc", "zmq+tcp", "shm")
+    ],
+    ids=lambda param: "-".join(param),
+)
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with ServerProcess(unique_url(request.param), env="mahjong") as server:
+    scheme, lang = request.param
+    with ServerProcess(unique_url(scheme), env="mahjong", lang=lang) as server:
         yield server.url
 
 

@@ -21,11 +21,14 @@ PINNED = [
     "Env",
     "EnvError",
     "EnvFactory",
+    "EpisodeBatch",
+    "EpisodeCollector",
     "FingerprintMismatchError",
     "InvalidBoolError",
     "InvalidEnumError",
     "MissingFieldError",
     "MultiClient",
+    "NoProgressError",
     "NonCanonicalError",
     "PeerGoneError",
     "ProtocolError",
@@ -50,6 +53,7 @@ PINNED = [
     "connect",
     "connect_many",
     "load_schema",
+    "request_episodes",
     "serve",
 ]
 

@@ -12,6 +12,7 @@ from pathlib import Path as _Path
 from transport.api import Server, ServerLimits, connect, serve
 from transport.client import Client, StepView
 from transport.codec import Schema, StructCodec
+from transport.collector import EpisodeBatch, EpisodeCollector, request_episodes
 from transport.errors import (
     AdapterError,
     ArrayLengthError,
@@ -25,6 +26,7 @@ from transport.errors import (
     InvalidEnumError,
     MissingFieldError,
     NonCanonicalError,
+    NoProgressError,
     PeerGoneError,
     ProtocolError,
     RegionMismatchError,
@@ -64,11 +66,14 @@ __all__ = [
     "Env",
     "EnvError",
     "EnvFactory",
+    "EpisodeBatch",
+    "EpisodeCollector",
     "FingerprintMismatchError",
     "InvalidBoolError",
     "InvalidEnumError",
     "MissingFieldError",
     "MultiClient",
+    "NoProgressError",
     "NonCanonicalError",
     "PeerGoneError",
     "ProtocolError",
@@ -93,5 +98,6 @@ __all__ = [
     "connect",
     "connect_many",
     "load_schema",
+    "request_episodes",
     "serve",
 ]

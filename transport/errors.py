@@ -7,6 +7,8 @@ languages refuse the same input for the same reason.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TransportError(Exception):
     """Base class of every error raised by the transport library."""
@@ -181,6 +183,27 @@ class EnvError(RemoteError):
         self.remote_traceback = remote_traceback
         if remote_traceback:
             self.args = (f"{self.args[0]}{REMOTE_TRACEBACK_MARKER}{remote_traceback}",)
+
+
+class NoProgressError(EnvError):
+    """An env of a decision-boundary run stopped advancing (the server's no-progress watchdog:
+    frames 0 for ``stall_requests`` requests in a row, or no decision within ``max_frames``).
+    ``requests``: the env's request numbers since its reset that made no progress (first, last);
+    ``last_state``: the env's last result (scalar and counter fields). The server reset the env.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        name: str,
+        text: str,
+        env_id: int | None,
+        requests: tuple[int, int],
+        last_state: dict[str, Any],
+    ) -> None:
+        super().__init__(code, name, text, env_id)
+        self.requests = requests
+        self.last_state = last_state
 
 
 CODEC_ERRORS: dict[str, type[CodecError]] = {

@@ -20,6 +20,7 @@ Configuration: ``url=None`` reads ``$TRANSPORT_URL``; ``num_envs=None`` reads
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, SupportsFloat
 
@@ -31,7 +32,7 @@ from gymnasium.vector.utils import batch_space
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
-from transport.errors import AdapterError, RemoteError
+from transport.errors import AdapterError, NoProgressError, RemoteError
 from transport.protocol import ErrorCode
 from transport.spaces import (
     action_field_of,
@@ -172,6 +173,25 @@ def observe_infos(client: Client) -> list[dict[str, Any]]:
     return infos
 
 
+NO_PROGRESS_POLICIES = ("raise", "truncate")
+"""What an adapter does with a NoProgressError (decision-boundary runs, the server's watchdog):
+raise it (default), or end the stalled env's episode as truncated (the server restarted it)."""
+
+
+def check_no_progress(policy: str) -> str:
+    if policy not in NO_PROGRESS_POLICIES:
+        raise ValueError(f"on_no_progress must be 'raise' or 'truncate', not {policy!r}")
+    return policy
+
+
+def stalled_envs(error: NoProgressError) -> list[int]:
+    """The envs an ENV_ERROR text names as stalled (``env {i}: ...NoProgressError...``)."""
+    return sorted({int(i) for i in _STALLED_ENV.findall(error.text)})
+
+
+_STALLED_ENV = re.compile(r"(?:^|; )env (\d+): [^;]*NoProgressError")
+
+
 class ResultFields:
     """The roles of a schema's result struct: which field is the observation, the mask, ..."""
 
@@ -262,9 +282,13 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
         timeout: float | None = DEFAULT_TIMEOUT,
         observation_bounds: Bounds | None = None,
         render_mode: str | None = None,
+        on_no_progress: str = "raise",
     ) -> None:
-        """``render_mode="rgb_array"``: ``render()`` returns the env's frame (``FRAME_HELP``)."""
+        """``render_mode="rgb_array"``: ``render()`` returns the env's frame (``FRAME_HELP``).
+        ``on_no_progress="truncate"``: a stalled env (NoProgressError) ends its episode as
+        truncated instead of raising (docs/adapters.md "Decision-boundary runs")."""
         self.render_mode = check_render_mode(render_mode)
+        self.on_no_progress = check_no_progress(on_no_progress)
         self.client = _connect(url, schema, timeout, "disabled")
         try:
             check_single_env(self.client)
@@ -289,7 +313,15 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     def step(
         self, action: np.int64 | int
     ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        view = step_explained(self.client, actions_of(action, self._action))
+        try:
+            view = step_explained(self.client, actions_of(action, self._action))
+        except NoProgressError as exc:
+            if self.on_no_progress == "raise":
+                raise
+            # the server restarted the env: its first observation, the episode truncated
+            view, _ = self.client.observe()
+            info = {**self._info(view), "no_progress": str(exc), "last_state": exc.last_state}
+            return self._observe(view), 0.0, False, True, info
         fields = self.fields
         return (
             self._observe(view),
@@ -364,11 +396,15 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         observation_bounds: Bounds | None = None,
         client: Client | None = None,
         render_mode: str | None = None,
+        on_no_progress: str = "raise",
     ) -> None:
         """``client``: drive this connected client (its auto-reset mode must be the one asked
         for) instead of connecting to ``url``; the adapter closes it. ``render_mode``:
-        "rgb_array" makes ``render()`` return each env's frame (``FRAME_HELP``)."""
+        "rgb_array" makes ``render()`` return each env's frame (``FRAME_HELP``).
+        ``on_no_progress="truncate"``: a stalled env (NoProgressError) ends its episode as
+        truncated instead of raising (docs/adapters.md "Decision-boundary runs")."""
         self.render_mode = check_render_mode(render_mode)
+        self.on_no_progress = check_no_progress(on_no_progress)
         mode = autoreset_mode_of(autoreset_mode)
         if mode == AutoresetMode.DISABLED:
             raise AdapterError(
@@ -420,7 +456,12 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        view = step_explained(self.client, actions_of(actions, self._action, self.num_envs))
+        try:
+            view = step_explained(self.client, actions_of(actions, self._action, self.num_envs))
+        except NoProgressError as exc:
+            if self.on_no_progress == "raise":
+                raise
+            return self._truncate_stalled(exc)
         fields = self.fields
         rewards = np.array(view[fields.reward], dtype=np.float64)
         terminated = fields.terminated_of(view)
@@ -496,6 +537,30 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         self.client.close()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _truncate_stalled(
+        self, error: NoProgressError
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """``on_no_progress="truncate"``: every env's current result (one OBSERVE); each stalled
+        env (restarted by the server) shows its first observation, reward 0, truncated, and
+        ``infos["no_progress"]`` (the error text, "" elsewhere)."""
+        stalled = stalled_envs(error)
+        if not stalled or "could not be reset" in error.text:
+            raise error
+        view, _ = self.client.observe()
+        fields = self.fields
+        n = self.num_envs
+        rewards = np.array(view[fields.reward], dtype=np.float64).reshape(n)
+        terminated = np.asarray(fields.terminated_of(view)).reshape(n).copy()
+        truncated = np.asarray(fields.truncated_of(view)).reshape(n).copy()
+        infos = self._infos(view)
+        infos["no_progress"] = np.array([""] * n, dtype=object)
+        infos["_no_progress"] = np.zeros(n, dtype=bool)
+        for i in stalled:
+            rewards[i], terminated[i], truncated[i] = 0.0, False, True
+            infos["no_progress"][i] = error.text
+            infos["_no_progress"][i] = True
+        return self._observe(view), rewards, terminated, truncated, infos
 
     def _observe(self, view: StepView) -> np.ndarray:
         if self.fields.mask is not None:

@@ -16,6 +16,8 @@ Rewards (the contract a turn-based server follows, see transport/envs/mahjong.py
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from gymnasium import spaces
 from pettingzoo import AECEnv
 
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, StepView
+from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
 from transport.gym import (
@@ -79,7 +81,8 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
             if self.client.num_envs != 1:
                 raise AdapterError(
                     f"{self.client.url} serves {self.client.num_envs} envs per connection and "
-                    "RemoteAECEnv plays one table: serve one env per connection ("
+                    "RemoteAECEnv plays one table: play them all with RemoteAECTables (one "
+                    "request steps every table), or serve one env per connection ("
                     + SERVE_HINT.format(n=1)
                     + ")"
                 )
@@ -226,3 +229,183 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         self.agent_selection = agent
         if terminated or truncated:
             self._deads_step_first()
+
+
+# -- many tables per connection ----------------------------------------------------------------
+
+
+def _agent_names(client: Client, agent_field: str) -> list[str]:
+    """The seats of a turn-based schema: the value names (lower case, by value) of the enum
+    field ``agent_field`` of its result struct; a clear error when there is none."""
+    result = client.schema.ir.structs[client.schema.ir.messages["STEP_RESP"].body or ""]
+    field = next((f for f in result.fields if f.name == agent_field), None)
+    enum = client.schema.ir.enums.get(field.elem) if field is not None else None
+    if field is None or enum is None:
+        raise AdapterError(
+            f"the result struct {result.name} needs an enum field {agent_field!r} "
+            "naming the agent that acts next"
+        )
+    if sorted(enum.values.values()) != list(range(len(enum.values))):
+        raise AdapterError(f"the enum {enum.name} of {agent_field!r} must number its seats 0..n-1")
+    return [name.lower() for name, _ in sorted(enum.values.items(), key=lambda item: item[1])]
+
+
+@dataclass
+class TablesStep:
+    """What every table shows after a reset or a step: row ``i`` is table ``i``.
+
+    ``observation`` and ``action_mask`` are those of the seat that acts next (``agent``); after a
+    game ended (``terminated | truncated``) they belong to the table's next game, already dealt,
+    and ``rewards`` holds what each seat scored in the game that ended (``final_agent`` names the
+    seat its final result named: the winner, or on a draw the seat that would have drawn)."""
+
+    agent: np.ndarray
+    """int64 [N]: the seat (index into ``possible_agents``) that acts next at each table."""
+    observation: np.ndarray
+    """[N, obs_n]: what that seat sees."""
+    action_mask: np.ndarray
+    """int8 [N, act_n]: its legal actions."""
+    rewards: np.ndarray
+    """float32 [N, seats]: each seat's reward from this step (non-zero when a game ended)."""
+    terminated: np.ndarray
+    """bool [N]: the table's game ended with this step (and restarted)."""
+    truncated: np.ndarray
+    """bool [N]: the table's game was cut short with this step (and restarted)."""
+    final_agent: np.ndarray
+    """int64 [N]: the seat named by the ended game's final result, -1 where no game ended."""
+    infos: list[dict[str, Any]]
+    """One dict per table: the scalar info fields of its current result; where a game ended,
+    ``"final_info"`` holds those of the ended game's final result (gymnasium's name)."""
+
+
+class RemoteAECTables:
+    """N tables of a remote turn-based game on one connection, stepped in one request.
+
+    A vectorised AEC env for multi-agent training (seed 003: 8 parallel tables): the server is a
+    multi-env server of a turn-based schema (``transport-serve URL --env mahjong --num-envs 8``),
+    one env per table. Every table always awaits one action (from the seat in ``agent``), so
+    ``step(actions)`` takes one action per table and steps them all in one request. A finished
+    table restarts at once (the server's same-step auto-reset) while the others go on; its
+    final per-seat rewards are in that step's ``rewards``: the seat named in the final result
+    gets its ``reward``, every other seat ``-reward / (seats - 1)`` (zero-sum, as
+    ``RemoteAECEnv`` pays). Arrays are copies unless ``copy=False`` (views valid until the next
+    call: no copy of the observations).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        schema: Schema | str | Path | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        agent_field: str = "agent",
+        num_tables: int | None = None,
+        observation_bounds: Bounds | None = None,
+        copy: bool = True,
+    ) -> None:
+        codecs = _default_schema() if schema is None else schema
+        self.client = connect(resolve_url(url), codecs, timeout=timeout, autoreset="same_step")
+        try:
+            if num_tables is not None and num_tables != self.client.num_envs:
+                raise AdapterError(
+                    f"{self.client.url} serves {self.client.num_envs} env(s) (tables) per "
+                    f"connection, RemoteAECTables was asked for {num_tables}: pass "
+                    f"num_tables={self.client.num_envs} (or None: the server's count), or "
+                    + SERVE_HINT.format(n=num_tables)
+                )
+            self.num_tables = self.client.num_envs
+            self.fields = ResultFields(self.client)
+            if self.fields.mask is None:
+                raise AdapterError("RemoteAECTables needs a result field with role action_mask")
+            self.possible_agents = _agent_names(self.client, agent_field)
+            space = self.client.spaces()
+            bounds = observation_bounds_of(self.client, observation_bounds)
+        except BaseException:
+            self.client.close()
+            raise
+        self.agent_field = agent_field
+        self.copy = copy
+        self.num_seats = len(self.possible_agents)
+        self.observation_space = observation_space_of(self.client.schema, bounds)
+        self.action_space = spaces.Discrete(space.act_n)
+        self._act_n = space.act_n
+        self._actions = np.zeros(self.num_tables, dtype=np.int64)
+        self.last: TablesStep | None = None
+
+    def reset(self, seed: int | None = None) -> TablesStep:
+        """Deal a new game at every table (table ``i`` gets ``seed + i``)."""
+        view = self.client.reset(seed)
+        self.last = self._tables(view, [])
+        return self.last
+
+    def step(self, actions: Sequence[int] | np.ndarray) -> TablesStep:
+        """One action per table, for the seat that acts there (``last.agent``)."""
+        if len(actions) != self.num_tables:
+            raise ValueError(
+                f"expected {self.num_tables} actions (one per table), got {len(actions)}"
+            )
+        self._actions[:] = actions
+        view = step_explained(self.client, self._actions)
+        self.last = self._tables(view, self.client.finals)
+        return self.last
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> RemoteAECTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _rows(self, view: StepView, name: str) -> np.ndarray:
+        """Field ``name`` with one leading table axis (a 1-env server's reset result has none,
+        its batched step result one: both become ``[1, ...]``)."""
+        shape = view.record.dtype[name].shape
+        return np.asarray(view[name]).reshape((self.num_tables, *shape))
+
+    def _seats(self, values: np.ndarray) -> np.ndarray:
+        seats = values.astype(np.int64)
+        bad = (seats < 0) | (seats >= self.num_seats)
+        if bad.any():
+            raise AdapterError(
+                f"the server named seat {int(seats[bad][0])}, not one of 0..{self.num_seats - 1}"
+            )
+        return seats
+
+    def _tables(self, view: StepView, finals: list[tuple[int, StepView]]) -> TablesStep:
+        fields = self.fields
+        n = self.num_tables
+        observation = self._rows(view, fields.observation)
+        agent = self._seats(self._rows(view, self.agent_field))
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        rewards = np.zeros((n, self.num_seats), dtype=np.float32)
+        final_agent = np.full(n, -1, dtype=np.int64)
+        infos: list[dict[str, Any]] = []
+        for i in range(n):
+            infos.append({name: self._rows(view, name)[i].item() for name in fields.info})
+        for index, final in finals:
+            seat = int(self._seats(np.asarray([final[self.agent_field]]))[0])
+            reward = float(final[fields.reward])
+            if reward and self.num_seats > 1:  # a draw pays 0, not -0.0
+                rewards[index] = -reward / (self.num_seats - 1)
+            rewards[index, seat] = reward
+            final_agent[index] = seat
+            terminated[index] = bool(fields.terminated_of(final))
+            truncated[index] = bool(fields.truncated_of(final)) and not terminated[index]
+            infos[index]["final_info"] = {name: final[name].item() for name in fields.info}
+        if self.copy:
+            observation = observation.copy()
+        return TablesStep(
+            agent=agent,
+            observation=observation,
+            action_mask=self._rows(view, fields.mask or "")[:, : self._act_n].astype(np.int8),
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            final_agent=final_agent,
+            infos=infos,
+        )

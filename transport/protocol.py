@@ -24,6 +24,7 @@ from transport.errors import (
     BadFrameError,
     EnvError,
     FingerprintMismatchError,
+    NoProgressError,
     ProtocolError,
     RemoteError,
     VersionMismatchError,
@@ -360,11 +361,21 @@ def error_from_code(code: int, text: str) -> RemoteError | ProtocolError:
         name = "UNKNOWN"
     if code == ErrorCode.ENV_ERROR:
         match = _ENV_PREFIX.match(text)
-        return EnvError(code, name, text, int(match.group(1)) if match else None)
+        env_id = int(match.group(1)) if match else None
+        stalled = _NO_PROGRESS.search(text)
+        if stalled is not None:  # the runtime's watchdog (decision-boundary runs)
+            requests = (int(stalled.group(1)), int(stalled.group(2)))
+            state = json.loads(stalled.group(3))
+            return NoProgressError(code, name, text, env_id, requests, state)
+        return EnvError(code, name, text, env_id)
     return RemoteError(code, name, text)
 
 
 _ENV_PREFIX = re.compile(r"env (\d+):")
+_NO_PROGRESS = re.compile(
+    r"NoProgressError: no progress: .*?\(requests (\d+)\.\.(\d+) since reset\); "
+    r"last state: (\{[^{}]*\})"
+)
 """ENV_ERROR texts start with ``env {i}:``, naming the env that raised."""
 
 

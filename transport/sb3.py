@@ -33,11 +33,12 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
-from transport.errors import EnvError
+from transport.errors import EnvError, NoProgressError
 from transport.gym import (
     Bounds,
     ResultFields,
     check_autoreset,
+    check_no_progress,
     check_num_envs,
     observation_bounds_of,
     resolve_num_envs,
@@ -87,12 +88,15 @@ class RemoteVecEnv(VecEnv):
         observation_bounds: Bounds | None = None,
         client: Client | None = None,
         on_env_error: OnEnvError = "raise",
+        on_no_progress: OnEnvError = "raise",
     ) -> None:
         """``client``: drive this client (connected with ``autoreset="same_step"``) instead of
         connecting to ``url``; the VecEnv closes it."""
         if on_env_error not in ("raise", "truncate"):
             raise ValueError(f"on_env_error must be 'raise' or 'truncate', not {on_env_error!r}")
         self.on_env_error: OnEnvError = on_env_error
+        # a stalled env (NoProgressError, decision-boundary runs): "truncate" as on_env_error's
+        self.on_no_progress: OnEnvError = check_no_progress(on_no_progress)  # type: ignore[assignment]
         if client is None:
             client = connect(resolve_url(url), schema, timeout=timeout, autoreset="same_step")
         else:
@@ -137,7 +141,8 @@ class RemoteVecEnv(VecEnv):
         try:
             view = step_explained(self.client, actions)
         except EnvError as exc:
-            if self.on_env_error == "raise":
+            stalled = isinstance(exc, NoProgressError) and self.on_no_progress == "truncate"
+            if self.on_env_error == "raise" and not stalled:
                 raise
             return self._truncate_failed(exc)
         fields = self.fields

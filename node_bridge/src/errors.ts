@@ -202,3 +202,23 @@ export class EnvError extends RemoteError {
     if (this.remoteTraceback !== "") this.message += REMOTE_TRACEBACK_MARKER + this.remoteTraceback;
   }
 }
+
+/**
+ * An env of a decision-boundary run stopped advancing (the server's no-progress watchdog: frames
+ * 0 for `stall_requests` requests in a row, or no decision within `max_frames`). `requests`: the
+ * env's request numbers since its reset that made no progress [first, last]; `lastState`: its
+ * last result (scalar and counter fields). The server reset the env. Python: `NoProgressError`.
+ */
+export class NoProgressError extends EnvError {
+  readonly requests: readonly [number, number];
+  readonly lastState: Readonly<Record<string, unknown>>;
+
+  constructor(code: number, codeName: string, text: string, requests: readonly [number, number], lastState: Record<string, unknown>) {
+    super(code, codeName, text);
+    this.requests = requests;
+    this.lastState = lastState;
+  }
+}
+
+/** The watchdog's structured ENV_ERROR text (both server languages write it alike). */
+export const NO_PROGRESS_TEXT = /NoProgressError: no progress: .*?\(requests (\d+)\.\.(\d+) since reset\); last state: (\{[^{}]*\})/;

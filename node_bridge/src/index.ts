@@ -23,6 +23,7 @@ export {
   InvalidBoolError,
   InvalidEnumError,
   MissingFieldError,
+  NoProgressError,
   NonCanonicalError,
   PeerGoneError,
   ProtocolError,

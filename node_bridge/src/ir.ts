@@ -93,6 +93,10 @@ export interface EnvJson {
   readonly multi_result: string;
   /** Seats of a STEP_MULTI. */
   readonly seats: number;
+  /** Decision-boundary runs: at most this many frames a request (only when declared). */
+  readonly max_frames?: number;
+  /** The no-progress watchdog: frames == 0 this many requests in a row (only when declared). */
+  readonly stall_requests?: number;
 }
 
 /**

@@ -16,6 +16,8 @@ import type { SchemaJson } from "./ir";
 import {
   BadFrameError,
   EnvError,
+  NO_PROGRESS_TEXT,
+  NoProgressError,
   FingerprintMismatchError,
   ProtocolError,
   RemoteError,
@@ -504,7 +506,14 @@ export function errorFromCode(code: number, text: string): RemoteError | Protoco
   if (code === ErrorCode.VERSION_MISMATCH) {
     return new VersionMismatchError(`server refused the session: ${text}`);
   }
-  if (code === ErrorCode.ENV_ERROR) return new EnvError(code, errorName(code), text);
+  if (code === ErrorCode.ENV_ERROR) {
+    const stalled = NO_PROGRESS_TEXT.exec(text); // the runtime's watchdog (decision-boundary runs)
+    if (stalled !== null) {
+      const state = JSON.parse(stalled[3] as string) as Record<string, unknown>;
+      return new NoProgressError(code, errorName(code), text, [Number(stalled[1]), Number(stalled[2])], state);
+    }
+    return new EnvError(code, errorName(code), text);
+  }
   return new RemoteError(code, errorName(code), text);
 }
 

@@ -16,6 +16,7 @@ ENVS: dict[str, str] = {
     "mahjong": "transport.envs.mahjong:MahjongEnv",
     "reach": "transport.envs.rich_spaces:ReachEnv",  # Dict observation, Box action
     "lock": "transport.envs.rich_spaces:LockEnv",  # MultiDiscrete action
+    "frames": "transport.envs.frames:FramesEnv",  # decision-boundary runs (schema frames)
     "contract": "transport.testing.contract_env:ContractEnv",  # takes the schema: serve_cli
 }
 
@@ -26,6 +27,7 @@ SCHEMAS: dict[str, str] = {
     "mahjong": "mahjong_env",
     "reach": "dictbox",
     "lock": "multidiscrete",
+    "frames": "frames",
 }
 """The schema (a module of ``transport.generated``) each reference env speaks."""
 

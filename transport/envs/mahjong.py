@@ -6,7 +6,10 @@ A turn-based game for the PettingZoo AEC adapter (``transport.pettingzoo.RemoteA
 Rules (simplified mahjong: no flowers, no kongs, no scoring patterns):
 
 - 136 tiles: 34 kinds x 4 (0-8 characters, 9-17 dots, 18-26 bamboo, 27-33 honours). A seeded
-  shuffle; each seat gets 13 tiles, then East (seat 0) draws a 14th and acts first.
+  shuffle (``_shuffled_tiles``: mulberry32 seeded as the pac env seeds it, so that the Node twin,
+  node_bridge/src/envs/mahjong.ts, deals the same tiles; reset without a seed keeps the
+  generator running); seat s gets tiles 13s .. 13s + 12, the wall is the rest, drawn from its
+  end; East (seat 0) draws a 14th and acts first.
 - The seat to act holds 14 tiles (melded sets included). Actions 0-33: discard one tile of that
   kind (legal when held in hand); 102 (win): legal when the hand and the melds form four sets
   (a pung of three equal tiles, or a chow of three consecutive tiles of one suit) and a pair.
@@ -21,9 +24,10 @@ Rules (simplified mahjong: no flowers, no kongs, no scoring patterns):
   +3 and costs each other seat 1. The final result names the winner in ``agent`` and carries
   its reward (3.0); on a draw it names the seat that would have drawn, with reward 0. Every
   other result has reward 0. The AEC adapter gives the other seats -reward / 3 (zero-sum).
-  Claims make wins happen: in 600 seeded hands, random legal play wins 25 and a greedy player
-  (win when it can, claim what it can, discard its least connected tile) 596
-  (tests/test_pettingzoo_adapter.py ``test_wins_happen_and_score``).
+  Claims make wins happen: in 600 seeded hands (seeds 0..599), random legal play wins 20 (51
+  when it takes every win offered) and a greedy player (win when it can, claim what it can,
+  discard its least connected tile) 597 (tests/test_pettingzoo_adapter.py
+  ``test_wins_happen_and_score``; docs/adapters.md "Many tables per connection").
 
 Observation (290 f32 in [0, 1], from the point of view of the seat in ``agent``): own hand
 counts / 4 (34) | flowers (8, always 0) | the discards of the next, opposite and previous seats,
@@ -37,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from transport.envs.pac import M32, seed_state
 from transport.runtime.env import Spaces
 
 OBS_N = 290
@@ -124,7 +129,7 @@ class MahjongEnv:
     """One table. ``reset_into`` / ``step_into`` write the result in place."""
 
     def __init__(self) -> None:
-        self.rng = np.random.default_rng(0)
+        self.rng = seed_state(0)  # mulberry32 state: a fresh env's first deal is seed 0's
         self.hands = np.zeros((N_SEATS, N_KINDS), dtype=np.int64)  # concealed tiles
         self.melded = np.zeros((N_SEATS, N_KINDS), dtype=np.int64)  # tiles in exposed melds
         self.melds: list[list[tuple[int, int, list[int]]]] = [[] for _ in range(N_SEATS)]
@@ -144,10 +149,27 @@ class MahjongEnv:
 
     # -- the game ------------------------------------------------------------------------------
 
+    def _next(self) -> int:
+        """mulberry32: the next 32-bit output (the pac env's generator, portable to Node)."""
+        s = (self.rng + 0x6D2B79F5) & M32
+        self.rng = s
+        t = ((s ^ (s >> 15)) * (s | 1)) & M32
+        t ^= (t + (((t ^ (t >> 7)) * (t | 61)) & M32)) & M32
+        return (t ^ (t >> 14)) & M32
+
+    def _shuffled_tiles(self) -> npt.NDArray[np.int64]:
+        """The 136 tiles (kind k four times, in kind order), Fisher-Yates shuffled from the top:
+        for i = 135 .. 1, swap tile i with tile next() % (i + 1)."""
+        tiles = [kind for kind in range(N_KINDS) for _ in range(4)]
+        for i in range(len(tiles) - 1, 0, -1):
+            j = self._next() % (i + 1)
+            tiles[i], tiles[j] = tiles[j], tiles[i]
+        return np.array(tiles, dtype=np.int64)
+
     def _deal(self, seed: int | None) -> None:
         if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        tiles = self.rng.permutation(np.repeat(np.arange(N_KINDS), 4))
+            self.rng = seed_state(seed)
+        tiles = self._shuffled_tiles()
         self.hands[:] = 0
         self.melded[:] = 0
         self.melds = [[] for _ in range(N_SEATS)]

@@ -321,21 +321,7 @@ class Runner:
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset
     ) -> tuple[list[int], Failures]:
         """Step every env; (envs whose final result was kept, failures)."""
-        ended: list[int] = []
-        failures: Failures = []
-        step_one = self.step_one
-        if isinstance(actions, np.ndarray):
-            # one integer each (Discrete), else an owned array per env (Box, MultiDiscrete)
-            values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
-        else:
-            values = actions
-        for i in range(self.num_envs):
-            try:
-                if step_one(i, values[i], mode):
-                    ended.append(i)
-            except Exception as exc:  # the other envs still step
-                failures.append((i, exc))
-        return ended, failures
+        return self.step_except(actions, mode, None)
 
     def step_except(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
@@ -345,7 +331,11 @@ class Runner:
         ended: list[int] = []
         failures: Failures = []
         step_one = self.step_one
-        values = actions.tolist() if isinstance(actions, np.ndarray) else actions
+        if isinstance(actions, np.ndarray):
+            # one integer each (Discrete), else an owned array per env (Box, MultiDiscrete)
+            values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+        else:
+            values = actions
         skipped = skip.tolist() if skip is not None else None
         for i in range(self.num_envs):
             if skipped is not None and skipped[i]:
@@ -431,11 +421,14 @@ class EnvRuntime:
         self.ends = [results[f.name] for f in codec.ir.episode_end_fields()]
         self.was_reset = np.zeros(self.num_envs, dtype=bool)
         self.all_reset = False
+        self.watchdog: ProgressWatchdog | None = None  # decision-boundary runs (host.runtime)
         self._no_seeds: list[int | None] = [None] * self.num_envs
 
     # -- state -------------------------------------------------------------------------------
 
     def mark_reset(self, index: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.reset(index)
         self.was_reset[index] = True
         self.all_reset = bool(self.was_reset.all())
 
@@ -564,23 +557,40 @@ class EnvRuntime:
                 self._noop(index)
                 return False
         with self._lock:
+            reset = mode == AutoReset.NEXT_STEP and self.is_done(index)
             try:
-                return self.runner.step_one(index, action, mode)
+                ended = self.runner.step_one(index, action, mode)
             except Exception as exc:
                 request = f"STEP action {_action_text(action)}"
                 raise self._recover_one(index, exc, None, request) from None
+            if self.watchdog is not None:
+                skip = np.zeros(self.num_envs, dtype=bool)
+                skip[index] = reset or ended
+                stalled = self.watchdog.check([index], skip)
+                if stalled:
+                    request = f"STEP action {_action_text(action)}"
+                    raise self._recover(stalled, None, lambda i: request)
+            return ended
 
     def step(self, actions: np.ndarray) -> list[int]:
         """Step every env (one action each); the envs whose SAME_STEP final result was kept."""
         mode = self.autoreset
         noop = self.check_actions(actions, skip_done=mode == AutoReset.NEXT_STEP)
         with self._lock:
+            resetting = self.done_mask() if mode == AutoReset.NEXT_STEP else None
             if noop is None:
                 ended, failures = self.runner.step(actions, mode)
             else:
                 ended, failures = self.runner.step_except(actions, mode, noop)
                 for index in np.flatnonzero(noop).tolist():
                     self._noop(index)
+            if not failures and self.watchdog is not None:
+                skip = np.zeros(self.num_envs, dtype=bool)
+                for skipped in (resetting, noop):
+                    if skipped is not None:
+                        skip |= skipped[: self.num_envs]
+                skip[ended] = True
+                failures = self.watchdog.check(range(self.num_envs), skip)
             if failures:
                 raise self._recover(
                     failures, None, lambda i: f"STEP action {_action_text(actions[i])}"
@@ -869,7 +879,7 @@ class EnvHost:
             penalties = [self._penalty] * self.num_envs
         elif self.masked_actions == "noop":
             penalties = [penalty_of(env) for env in envs]
-        return EnvRuntime(
+        runtime = EnvRuntime(
             runner,
             seats=self.seats,
             first_seed=self.seed,
@@ -878,6 +888,8 @@ class EnvHost:
             masked_actions=self.masked_actions,
             penalties=penalties,
         )
+        runtime.watchdog = ProgressWatchdog.of(self.schema, results)
+        return runtime
 
 
 def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, at: int) -> None:
@@ -888,3 +900,94 @@ def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, a
         raise RequestError(
             ErrorCode.ENV_ERROR, f"env {index}: returned bad values: {exc}"
         ) from None
+
+
+# -- decision-boundary runs: the no-progress watchdog ---------------------------------------
+
+
+class NoProgressError(RuntimeError):
+    """An env stopped advancing (the server side; the client raises
+    ``transport.errors.NoProgressError`` from the ENV_ERROR text this one's message makes)."""
+
+
+class ProgressWatchdog:
+    """The no-progress watchdog of decision-boundary runs (seed 004), for schemas that declare
+    ``[env] max_frames`` / ``stall_requests`` and a result field with role ``frames``.
+
+    After each step it reads every stepped env's ``frames``: ``frames == 0`` for
+    ``stall_requests`` requests in a row, or ``frames >= max_frames`` (no decision within the
+    budget), is a ``NoProgressError`` whose text carries the env's request numbers since its
+    reset and its last state (the result's scalar and counter fields, JSON). The runtime then
+    recovers from it as from any env exception: the env is reset, the client gets ENV_ERROR.
+    """
+
+    def __init__(
+        self, results: np.ndarray, frames: str, max_frames: int | None, stall: int | None
+    ) -> None:
+        self.results = results
+        self.frames = results[frames]
+        self.max_frames = max_frames
+        self.stall = stall
+        n = len(results)
+        self.requests = np.zeros(n, dtype=np.int64)  # steps since the env's last reset
+        self.zeros = np.zeros(n, dtype=np.int64)  # frames == 0 in a row
+        names = results.dtype.names or ()
+        self.state = [
+            name
+            for name in names
+            if (results.dtype[name].shape == () and results.dtype[name].kind in "iubf")
+            or (results.dtype[name].base.kind in "iu" and len(results.dtype[name].shape) == 1)
+        ]
+
+    @staticmethod
+    def of(schema: Schema, results: np.ndarray) -> ProgressWatchdog | None:
+        """The watchdog a schema declares (None: no decision-boundary runs declared)."""
+        env = schema.ir.env
+        if env is None or (env.max_frames is None and env.stall_requests is None):
+            return None
+        frames = schema[env.result].ir.role("frames")
+        if frames is None:
+            return None
+        return ProgressWatchdog(results, frames.name, env.max_frames, env.stall_requests)
+
+    def reset(self, index: int) -> None:
+        self.requests[index] = 0
+        self.zeros[index] = 0
+
+    def check(self, indices: Sequence[int], skip: np.ndarray | None) -> Failures:
+        """Count one request of each env in ``indices`` (``skip[i]``: it was reset, not
+        stepped); the envs that made no progress, with their NoProgressError."""
+        failures: Failures = []
+        for index in indices:
+            if skip is not None and skip[index]:
+                self.reset(index)
+                continue
+            self.requests[index] += 1
+            frames = int(self.frames[index])
+            seq = int(self.requests[index])
+            if self.max_frames is not None and frames >= self.max_frames:
+                why = f"no decision within {self.max_frames} frames (ran {frames})"
+                first = seq
+            elif frames == 0:
+                self.zeros[index] += 1
+                if self.stall is None or self.zeros[index] < self.stall:
+                    continue
+                why = f"frames 0 for {self.zeros[index]} requests in a row"
+                first = seq - int(self.zeros[index]) + 1
+            else:
+                self.zeros[index] = 0
+                continue
+            failures.append((index, NoProgressError(self.text(index, why, first, seq))))
+            self.reset(index)
+        return failures
+
+    def text(self, index: int, why: str, first: int, last: int) -> str:
+        """The structured text a client parses (both languages write it alike)."""
+        import json
+
+        record = self.results[index]
+        state = {name: np.asarray(record[name]).tolist() for name in self.state}
+        return (
+            f"no progress: {why} (requests {first}..{last} since reset); "
+            f"last state: {json.dumps(state, separators=(',', ':'))}"
+        )

@@ -44,7 +44,7 @@ _STRUCT_KEYS = {"layout", "size", "fields", "doc"}
 _FIELD_KEYS = {"name", "type", "offset", "role", "doc", "low", "high", "allow_nonfinite"}
 _ENUM_KEYS = {"type", "values", "doc"}
 _MESSAGE_KEYS = {"id", "body", "tail", "batch", "doc"}
-_ENV_KEYS = {"result", "request", "seats", "shm"}
+_ENV_KEYS = {"result", "request", "seats", "shm", "max_frames", "stall_requests"}
 _PROFILE_KEYS = {"control", "slot", "final"}
 _ERROR_KEYS = {"http", "closes"}
 _TOP_KEYS = {"schema", "structs", "enums", "messages", "env", "shm_profile", "errors", "http"}
@@ -324,7 +324,16 @@ class _Compiler:
             MULTI_REQUEST, "actions", f"{action.elem}[{dims}]", "action", seats
         )
         multi_result = self._multi(MULTI_RESULT, "results", f"{result.name}[{seats}]", None, seats)
-        env = EnvIR(result.name, request.name, multi_request, multi_result, seats)
+        max_frames, stall_requests = self._decision_runs(table, result)
+        env = EnvIR(
+            result.name,
+            request.name,
+            multi_request,
+            multi_result,
+            seats,
+            max_frames,
+            stall_requests,
+        )
 
         profile = table.get("shm")
         control = self.structs[SHM_CONTROL]
@@ -423,6 +432,30 @@ class _Compiler:
                     )
                 texts.append(repr(float(v)))
         return tuple(texts) if isinstance(value, list) else texts[0]
+
+    def _decision_runs(self, table: dict[str, Any], result: StructIR) -> tuple[int | None, ...]:
+        """[env] max_frames / stall_requests (decision-boundary runs): positive integers, and
+        the result struct then needs a u32 field with role "frames"."""
+        values: list[int | None] = []
+        for key in ("max_frames", "stall_requests"):
+            value = table.get(key)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**32
+            ):
+                raise self.error(f"[env] {key} must be an integer 1..2**32-1, not {value!r}")
+            values.append(value)
+        frames = result.role("frames")
+        if any(v is not None for v in values) and frames is None:
+            raise self.error(
+                '[env] max_frames / stall_requests need a result field with role "frames"',
+                struct=result.name,
+            )
+        if frames is not None and (frames.elem != "u32" or frames.is_array):
+            raise self.error('role "frames" needs type u32', result.name, frames.name)
+        events = result.role("events")
+        if events is not None and (not events.is_array or events.kind != "int"):
+            raise self.error('role "events" needs an integer array', result.name, events.name)
+        return values[0], values[1]
 
     def _multi(self, name: str, field: str, type_str: str, role: str | None, seats: int) -> str:
         """A multi-seat struct: checked when the schema declares it, else derived."""

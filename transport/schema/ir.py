@@ -47,9 +47,13 @@ ROLES = (
     "terminated",
     "truncated",
     "done",
+    "frames",
+    "events",
 )
 """Field roles an RL adapter looks for; at most one field per role in a struct, except
-``observation`` (several observation fields make a gymnasium ``Dict`` space)."""
+``observation`` (several observation fields make a gymnasium ``Dict`` space). ``frames`` (u32:
+frames an env ran in one request) and ``events`` (integer array: event counters) are for
+decision-boundary runs (docs/schema.md)."""
 MULTI_ROLES = frozenset({"observation"})
 """Roles several fields of one struct may take."""
 BOUNDED_ROLES = frozenset({"observation", "action"})
@@ -211,15 +215,23 @@ class EnvIR:
     multi_request: str  # STEP_MULTI_REQ body: declared, or derived (action type [seats])
     multi_result: str  # STEP_MULTI_RESP body: declared, or derived (result [seats])
     seats: int  # seats of a STEP_MULTI
+    max_frames: int | None = None  # decision-boundary runs: at most this many frames a request
+    stall_requests: int | None = None  # the watchdog: frames == 0 this many requests in a row
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "result": self.result,
             "request": self.request,
             "multi_request": self.multi_request,
             "multi_result": self.multi_result,
             "seats": self.seats,
         }
+        # only when declared: the IR (and fingerprint) of every other schema is unchanged
+        if self.max_frames is not None:
+            out["max_frames"] = self.max_frames
+        if self.stall_requests is not None:
+            out["stall_requests"] = self.stall_requests
+        return out
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> EnvIR:
@@ -229,6 +241,8 @@ class EnvIR:
             data["multi_request"],
             data["multi_result"],
             data["seats"],
+            data.get("max_frames"),
+            data.get("stall_requests"),
         )
 
 

@@ -15,6 +15,7 @@ named checks over a deterministic env, the way trio ships its stream checks (doc
 # would bind `transport` in this package's public names)
 from transport.testing import (  # noqa: F401
     checks_async,
+    checks_collector,
     checks_discovery,
     checks_edges,
     checks_fuzz,

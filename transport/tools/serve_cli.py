@@ -37,7 +37,7 @@ port that was bound).
 
 Envs: echo (a deterministic result derived from the action: pure transport cost), pac (a
 seeded synthetic game on the pac_env schema, identical bytes from the Python and Node servers)
-and mahjong (a four-seat turn-based tile game on the mahjong_env schema; Python only).
+and mahjong (a four-seat turn-based tile game on the mahjong_env schema; identical in both).
 zmq+tcp refuses a non-loopback address without CURVE keys (URL query or TRANSPORT_ZMQ_*
 variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq keygen DIR`
 (docs/zmq.md).

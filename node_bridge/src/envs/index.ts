@@ -6,19 +6,30 @@
 import type { StepResultInput } from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
 import { EchoEnv } from "./echo";
+import { FramesEnv } from "./frames";
+import { MahjongEnv } from "./mahjong";
 import { PacEnv } from "./pac";
 import { LockEnv, ReachEnv } from "./rich_spaces";
 
 export { EchoEnv } from "./echo";
+export { FramesEnv } from "./frames";
+export { MahjongEnv } from "./mahjong";
 export { PacEnv } from "./pac";
 export { LockEnv, ReachEnv } from "./rich_spaces";
 
 export const ENVS: Record<string, EnvFactory<StepResultInput> | EnvFactory<unknown>> = {
   echo: () => new EchoEnv(),
   pac: () => new PacEnv(),
+  mahjong: () => new MahjongEnv(), // four seats taking turns (schema mahjong_env)
   reach: () => new ReachEnv(), // Dict observation, Box action (schema dictbox)
   lock: () => new LockEnv(), // MultiDiscrete action (schema multidiscrete)
+  frames: () => new FramesEnv(), // decision-boundary runs (schema frames)
 };
 
 /** The schema a reference env speaks when it is not pac_env (as Python's SCHEMAS). */
-export const ENV_SCHEMAS: Readonly<Record<string, string>> = { reach: "dictbox", lock: "multidiscrete" };
+export const ENV_SCHEMAS: Readonly<Record<string, string>> = {
+  reach: "dictbox",
+  lock: "multidiscrete",
+  mahjong: "mahjong_env",
+  frames: "frames",
+};

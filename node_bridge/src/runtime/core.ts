@@ -500,6 +500,8 @@ export class EnvRuntime {
   readonly #ops: Uint8Array;
   readonly #failed: Uint8Array;
   readonly #seeds: Array<bigint | null>;
+  /** Decision-boundary runs: the no-progress watchdog the schema declares (else null). */
+  readonly watchdog: ProgressWatchdog | null;
   #seatActions: Int32Array | null = null;
   #dv: DataView | null = null;
   #dvBytes: Uint8Array | null = null;
@@ -537,6 +539,7 @@ export class EnvRuntime {
     const write = rewardField && rewardField.count === 1 ? WRITERS[elementType(schema, rewardField)] : undefined;
     this.#reward = rewardField && write ? { at: rewardField.offset, write } : null;
     this.#noop = new Uint8Array(n);
+    this.watchdog = ProgressWatchdog.of(schema, n);
   }
 
   /** Has env 0 a `stepBatch` this runtime can drive (a 1-env runtime in this thread)? */
@@ -577,6 +580,7 @@ export class EnvRuntime {
     }
     const failures = this.#run(out);
     for (let i = from; i < to; i++) if (!this.#failed[i]) this.#wasReset[i] = 1;
+    for (let i = from; i < to; i++) this.watchdog?.reset(i);
     if (failures !== null) throw this.#recover(failures, out, true);
   }
 
@@ -620,6 +624,8 @@ export class EnvRuntime {
       }
     }
     let failures = this.#run(out);
+    // the watchdog counts the envs that stepped (not reset, not a noop, not failed)
+    const stepped = this.watchdog === null ? null : ops.map((op, i) => (op === Op.STEP && !this.#failed[i] ? 1 : 0));
     if (noops) for (let i = from; i < to; i++) if (noop[i]) this.#noopResult(i, out);
     if (this.autoreset === AutoReset.SAME_STEP) {
       let ended = false;
@@ -634,10 +640,15 @@ export class EnvRuntime {
           const reset = ops[i] === Op.STEP && !this.#failed[i] && isDone[i];
           ops[i] = reset ? Op.RESET : Op.NONE;
           seeds[i] = null;
+          if (reset && stepped !== null) stepped[i] = 0; // its result is the reset's
         }
         const more = this.#run(out);
         if (more !== null) failures = failures === null ? more : [...failures, ...more].sort((a, b) => a[0] - b[0]);
       }
+    }
+    if (failures === null && stepped !== null && this.watchdog !== null) {
+      failures = this.watchdog.check(out, stepped, from, to);
+      if (failures !== null) for (const [i] of failures) ops[i] = Op.STEP; // named as the STEP it was
     }
     if (failures !== null) throw this.#recover(failures, out, false);
   }
@@ -879,6 +890,7 @@ export class EnvRuntime {
       this.#seeds[index] = seed;
       if (this.#run(out) === null) {
         this.#wasReset[index] = 1;
+        this.watchdog?.reset(index);
         return fate;
       }
     }
@@ -889,4 +901,111 @@ export class EnvRuntime {
 
 function noSeed(): null {
   return null;
+}
+
+// -- decision-boundary runs: the no-progress watchdog ---------------------------------------------
+
+/**
+ * An env stopped advancing (the server side; clients raise their own `NoProgressError` from the
+ * ENV_ERROR text this one's message makes). Python: `transport.runtime.core.NoProgressError`.
+ */
+export class NoProgressError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "NoProgressError";
+  }
+}
+
+/**
+ * The no-progress watchdog of decision-boundary runs (seed 004), for schemas that declare
+ * `[env] max_frames` / `stall_requests` and a result field with role `frames`. After each step it
+ * reads every stepped env's `frames`: 0 for `stall_requests` requests in a row, or `>= max_frames`
+ * (no decision within the budget), is a NoProgressError whose text carries the env's request
+ * numbers since its reset and its last state (JSON), and the runtime recovers from it as from any
+ * env exception (the env is reset; the client gets ENV_ERROR). Python: `ProgressWatchdog`.
+ */
+export class ProgressWatchdog {
+  readonly #frames: { at: number; read: Reader };
+  readonly #state: ReadonlyArray<{ name: string; at: number; read: Reader; size: number; count: number; array: boolean; bool: boolean }>;
+  readonly #maxFrames: number | null;
+  readonly #stall: number | null;
+  readonly #requests: Float64Array;
+  readonly #zeros: Float64Array;
+
+  private constructor(schema: SchemaModule, struct: string, frames: FieldJson, numEnvs: number) {
+    const env = schema.ir.env;
+    this.#maxFrames = env?.max_frames ?? null;
+    this.#stall = env?.stall_requests ?? null;
+    this.#frames = { at: frames.offset, read: readerOf(schema, frames).read };
+    const state = [];
+    for (const field of schema.ir.structs[struct]?.fields ?? []) {
+      const type = elementType(schema, field);
+      const array = field.count !== 1 || field.type.includes("[");
+      const integer = /^[iu]\d+$/.test(type);
+      if (READERS[type] === undefined || (array && (!integer || fieldDims(field).length !== 1))) continue;
+      const { read, size } = readerOf(schema, field);
+      state.push({ name: field.name, at: field.offset, read, size, count: field.count, array, bool: type === "bool" });
+    }
+    this.#state = state;
+    this.#requests = new Float64Array(numEnvs);
+    this.#zeros = new Float64Array(numEnvs);
+  }
+
+  /** The watchdog a schema declares (null: no decision-boundary runs declared). */
+  static of(schema: SchemaModule, numEnvs: number): ProgressWatchdog | null {
+    const env = schema.ir.env;
+    if (env === undefined || (env.max_frames === undefined && env.stall_requests === undefined)) return null;
+    const frames = fieldWithRole(schema, env.result, "frames");
+    return frames === null ? null : new ProgressWatchdog(schema, env.result, frames, numEnvs);
+  }
+
+  reset(index: number): void {
+    this.#requests[index] = 0;
+    this.#zeros[index] = 0;
+  }
+
+  /** Count one request of each env i in [from, to) with `stepped[i]`; the envs that made no progress. */
+  check(out: Records, stepped: Uint8Array, from: number, to: number): Failure[] | null {
+    const bytes = out.bytes;
+    const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    let failures: Failure[] | null = null;
+    for (let i = from; i < to; i++) {
+      if (!stepped[i]) {
+        this.reset(i);
+        continue;
+      }
+      const seq = ++(this.#requests[i] as number);
+      const frames = Number(this.#frames.read(dv, out.at(i) + this.#frames.at));
+      let why: string;
+      let first = seq;
+      if (this.#maxFrames !== null && frames >= this.#maxFrames) {
+        why = `no decision within ${this.#maxFrames} frames (ran ${frames})`;
+      } else if (frames === 0) {
+        const zeros = ++(this.#zeros[i] as number);
+        if (this.#stall === null || zeros < this.#stall) continue;
+        why = `frames 0 for ${zeros} requests in a row`;
+        first = seq - zeros + 1;
+      } else {
+        this.#zeros[i] = 0;
+        continue;
+      }
+      (failures ??= []).push([i, new NoProgressError(this.#text(dv, out.at(i), why, first, seq))]);
+      this.reset(i);
+    }
+    return failures;
+  }
+
+  /** The structured text a client parses (the same shape as Python's). */
+  #text(dv: DataView, at: number, why: string, first: number, last: number): string {
+    const state: Record<string, unknown> = {};
+    for (const f of this.#state) {
+      const values = [];
+      for (let k = 0; k < f.count; k++) {
+        const v = f.read(dv, at + f.at + k * f.size);
+        values.push(f.bool ? Boolean(v) : Number(v));
+      }
+      state[f.name] = f.array ? values : values[0];
+    }
+    return `no progress: ${why} (requests ${first}..${last} since reset); last state: ${JSON.stringify(state)}`;
+  }
 }

@@ -14,7 +14,7 @@ import { TransportError } from "../errors";
 const API = [
   "ArrayLengthError", "AutoReset", "BadFrameError", "BufferSizeError", "CLOSING_ERRORS", "CODEC_ERROR_CODES", "Client",
   "CodecError", "ConnectError", "DEFAULT_MAX_BODY", "EnvError", "ErrorCode", "FingerprintMismatchError", "InvalidBoolError",
-  "InvalidEnumError", "MissingFieldError", "NonCanonicalError", "PROTOCOL_VERSION", "PeerGoneError", "ProtocolError",
+  "InvalidEnumError", "MissingFieldError", "NoProgressError", "NonCanonicalError", "PROTOCOL_VERSION", "PeerGoneError", "ProtocolError",
   "RegionMismatchError", "RemoteError", "SCHEMAS", "SchemaError", "TransportError", "TransportTimeoutError",
   "UnknownFieldError", "ValueRangeError", "ValueTypeError", "VersionMismatchError", "canonicalJson",
   "computeFingerprint", "connect", "fingerprintHex", "fingerprintOf", "gridworld", "loadSchema", "loadSchemaFile", "mahjong_env",
