@@ -59,7 +59,7 @@ def test_pac_env_matches_seed_appendix_a() -> None:
         0x0E,
         0x0F,
     ]
-    assert sorted(ids.values()) == list(range(0x01, 0x14))
+    assert sorted(ids.values()) == list(range(0x01, 0x19))  # Appendix A, then 0x10-0x18
 
 
 def test_pac_shm_matches_seed_appendix_b() -> None:
