@@ -336,10 +336,8 @@ class Runner:
             values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
         else:
             values = actions
-        skipped = skip.tolist() if skip is not None else None
-        for i in range(self.num_envs):
-            if skipped is not None and skipped[i]:
-                continue
+        stepped = range(self.num_envs) if skip is None else np.flatnonzero(~skip).tolist()
+        for i in stepped:
             try:
                 if step_one(i, values[i], mode):
                     ended.append(i)
@@ -412,6 +410,8 @@ class EnvRuntime:
         codec, results = runner.codec, runner.results
         mask = codec.ir.role("action_mask")
         self.action_rule = ActionRule(action)
+        self._discrete = self.action_rule.kind == "discrete"  # the hot path's common case
+        self._env_index = np.arange(runner.num_envs)
         # the mask is over Discrete actions; an array action has none
         if mask is None or self.action_rule.kind != "discrete":
             mask = None
@@ -467,7 +467,11 @@ class EnvRuntime:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
         if self.is_done(index):
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: episode is done; reset first")
-        check_action_value(self.action_rule, index, action, self.spaces.act_n)
+        if self._discrete:  # check_action_value's first case, inline (each step)
+            if not 0 <= action < self.spaces.act_n:
+                check_action_value(self.action_rule, index, action, self.spaces.act_n)
+        else:
+            check_action_value(self.action_rule, index, action, self.spaces.act_n)
         masks = self.masks
         if masks is not None and action < masks.shape[1] and not masks[index, action]:
             if self.masked_actions == "reject":
@@ -490,11 +494,19 @@ class EnvRuntime:
         done = self.done_mask()
         if done is not None and not skip_done:
             bad = done if bad is None else bad | done
-        bad_range = self.action_rule.bad(actions[:n], self.spaces.act_n)
+        if len(actions) != n:
+            actions = actions[:n]
+        if self._discrete:  # ActionRule.bad's first case, inline (each step)
+            bad_range = (actions < 0) | (actions >= self.spaces.act_n)
+        else:
+            bad_range = self.action_rule.bad(actions, self.spaces.act_n)
         noop: np.ndarray | None = None
         if self.masks is not None:
-            inside = np.minimum(np.maximum(actions, 0), self.masks.shape[1] - 1)
-            masked = (self.masks[np.arange(n), inside] == 0) & (actions < self.masks.shape[1])
+            width = self.masks.shape[1]
+            inside = np.minimum(np.maximum(actions, 0), width - 1)
+            masked = self.masks[self._env_index, inside] == 0
+            if width < self.spaces.act_n:  # actions past the mask are not masked
+                masked &= actions < width
             if self.masked_actions == "reject":
                 bad_range = bad_range | masked
             elif self.masked_actions == "noop" and masked.any():
@@ -557,16 +569,17 @@ class EnvRuntime:
                 self._noop(index)
                 return False
         with self._lock:
-            reset = mode == AutoReset.NEXT_STEP and self.is_done(index)
+            watchdog = self.watchdog
+            reset = watchdog is not None and mode == AutoReset.NEXT_STEP and self.is_done(index)
             try:
                 ended = self.runner.step_one(index, action, mode)
             except Exception as exc:
                 request = f"STEP action {_action_text(action)}"
                 raise self._recover_one(index, exc, None, request) from None
-            if self.watchdog is not None:
+            if watchdog is not None:
                 skip = np.zeros(self.num_envs, dtype=bool)
                 skip[index] = reset or ended
-                stalled = self.watchdog.check([index], skip)
+                stalled = watchdog.check([index], skip)
                 if stalled:
                     request = f"STEP action {_action_text(action)}"
                     raise self._recover(stalled, None, lambda i: request)
