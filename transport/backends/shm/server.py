@@ -264,7 +264,9 @@ class Listener:
             if count == n and cmd == SlotCommand.STEP:
                 if n > 1:
                     self._stamp(runtime.step(self._env_actions))
-                elif runtime.step_one(0, self._action_at(0)):
+                elif runtime.step_one(
+                    0, int(self._actions[0]) if self._scalar_action else self._action_at(0)
+                ):
                     self._final_seqs[0] = self._seqs[0]
             elif count == n and cmd == SlotCommand.RESET:
                 runtime.reset(self._seeds())
