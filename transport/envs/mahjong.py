@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from transport.envs.pac import M32, seed_state
+from transport.envs.pac import mulberry32, seed_state
 from transport.runtime.env import Spaces
 
 OBS_N = 290
@@ -150,12 +150,9 @@ class MahjongEnv:
     # -- the game ------------------------------------------------------------------------------
 
     def _next(self) -> int:
-        """mulberry32: the next 32-bit output (the pac env's generator, portable to Node)."""
-        s = (self.rng + 0x6D2B79F5) & M32
-        self.rng = s
-        t = ((s ^ (s >> 15)) * (s | 1)) & M32
-        t ^= (t + (((t ^ (t >> 7)) * (t | 61)) & M32)) & M32
-        return (t ^ (t >> 14)) & M32
+        """The pac env's generator (mulberry32), portable to Node."""
+        self.rng, out = mulberry32(self.rng)
+        return out
 
     def _shuffled_tiles(self) -> npt.NDArray[np.int64]:
         """The 136 tiles (kind k four times, in kind order), Fisher-Yates shuffled from the top:

@@ -134,6 +134,15 @@ def seed_state(seed: int) -> int:
     return fmix32(lo ^ fmix32(hi ^ 0x9E3779B9))
 
 
+def mulberry32(state: int) -> tuple[int, int]:
+    """One mulberry32 step: (the next state, its 32-bit output); the envs' portable generator
+    (Node: ``mulberry32`` in node_bridge/src/envs/pac.ts)."""
+    s = (state + 0x6D2B79F5) & M32
+    t = ((s ^ (s >> 15)) * (s | 1)) & M32
+    t ^= (t + (((t ^ (t >> 7)) * (t | 61)) & M32)) & M32
+    return s, (t ^ (t >> 14)) & M32
+
+
 class PacEnv:
     """The pac reference env (rules in the module docstring); writes results in place."""
 
@@ -156,12 +165,8 @@ class PacEnv:
     # -- RNG ---------------------------------------------------------------------------------
 
     def _next(self) -> int:
-        """mulberry32: the next 32-bit output."""
-        s = (self.rng + 0x6D2B79F5) & M32
-        self.rng = s
-        t = ((s ^ (s >> 15)) * (s | 1)) & M32
-        t ^= (t + (((t ^ (t >> 7)) * (t | 61)) & M32)) & M32
-        return (t ^ (t >> 14)) & M32
+        self.rng, out = mulberry32(self.rng)
+        return out
 
     def _rand(self, n: int) -> int:
         return self._next() % n

@@ -15,7 +15,7 @@
 
 import type { AgentStepInput } from "../generated/mahjong_env";
 import type { Env, Spaces } from "../runtime/env";
-import { seedState } from "./pac";
+import { mulberry32, seedState } from "./pac";
 
 export const OBS_N = 290;
 export const ACT_N = 104;
@@ -188,13 +188,9 @@ export class MahjongEnv implements Env<MahjongResult> {
 
   // -- the game ----------------------------------------------------------------------------------
 
-  /** mulberry32: the next 32-bit output (unsigned). */
+  /** The pac env's generator (mulberry32), portable to Python. */
   #next(): number {
-    const s = (this.rng + 0x6d2b79f5) >>> 0;
-    this.rng = s;
-    let t = Math.imul(s ^ (s >>> 15), s | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
+    return mulberry32(this);
   }
 
   #hand(seat: number): Int32Array {

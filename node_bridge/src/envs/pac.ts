@@ -116,6 +116,16 @@ export function seedState(seed: bigint): number {
   return fmix32(lo ^ fmix32(hi ^ 0x9e3779b9));
 }
 
+/** One mulberry32 step on `holder.rng` (unsigned 32-bit state): advances it and returns the
+ * 32-bit output; the envs' portable generator (Python: `mulberry32` in transport/envs/pac.py). */
+export function mulberry32(holder: { rng: number }): number {
+  const s = (holder.rng + 0x6d2b79f5) >>> 0;
+  holder.rng = s;
+  let t = Math.imul(s ^ (s >>> 15), s | 1);
+  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+  return (t ^ (t >>> 14)) >>> 0;
+}
+
 /** The result object a PacEnv returns: the same object, overwritten by every call. */
 export interface PacResult extends StepResultInput {
   observation: Float32Array;
@@ -197,13 +207,8 @@ export class PacEnv implements Env<PacResult> {
 
   // -- RNG ---------------------------------------------------------------------------------------
 
-  /** mulberry32: the next 32-bit output (unsigned). */
   #next(): number {
-    const s = (this.rng + 0x6d2b79f5) >>> 0;
-    this.rng = s;
-    let t = Math.imul(s ^ (s >>> 15), s | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
+    return mulberry32(this);
   }
 
   #rand(n: number): number {
