@@ -18,6 +18,8 @@ item 9 asks for at most 1.2x), else over the C floor (transport/probe/floor.py).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -89,6 +91,12 @@ class RawServer:
                 self.proc.wait(10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        # the server removes its socket file itself, but a SIGTERM that lands while it is
+        # already cleaning up (its client just left) can cut that short: the parent finishes it
+        path = getattr(self, "address", "").removeprefix("ipc://")
+        if path.startswith("/"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _read_exactly(sock: socket.socket, buf: memoryview, size: int) -> None:
