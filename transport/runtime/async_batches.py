@@ -22,6 +22,47 @@ def _async_state(text: str) -> RequestError:
     return RequestError(ErrorCode.ASYNC_STATE, text)
 
 
+# -- the rules, as pure functions: the runtime's AsyncBatches and the shm channel (whose slots
+# carry each env's request on their own, docs/shm.md "Asynchronous batches") both call them
+
+
+def check_idle(count: int, what: str) -> None:
+    """A lock-step request while envs are in flight is refused (their results would mix)."""
+    if count:
+        raise _async_state(f"{what} while {count} env(s) are in flight: RECV their results first")
+
+
+def check_send(ids: list[int], num_envs: int, in_flight: np.ndarray) -> None:
+    """A SEND of env ``ids``: at least one, each in range, each once, none in flight."""
+    n = num_envs
+    if len(ids) == 0:
+        raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env")
+    for i in ids:
+        if not 0 <= i < n:
+            raise RequestError(ErrorCode.BAD_BATCH, f"env id {i} is outside 0..{n - 1}")
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        for i in ids:
+            if i in seen:
+                raise _async_state(f"env {i} appears twice in one SEND_REQ")
+            seen.add(i)
+    for i in ids:
+        if in_flight[i]:
+            raise _async_state(
+                f"env {i} is already in flight: RECV its result before sending it again"
+            )
+
+
+def check_recv(count: int, batch_size: int) -> int:
+    """How many results a RECV returns: ``min(batch_size, in flight)``; refused with none in
+    flight or a batch size below 1."""
+    if count == 0:
+        raise _async_state("RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first")
+    if batch_size < 1:
+        raise RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1")
+    return min(batch_size, count)
+
+
 class AsyncBatches:
     """One client's envs in flight (sent, their result not received yet)."""
 
@@ -33,38 +74,18 @@ class AsyncBatches:
         self._ready: list[tuple[int, bool]] = []  # finished without a step (reset, noop)
 
     def check_idle(self, what: str) -> None:
-        """A lock-step request while envs are in flight is refused (their results would mix)."""
-        if self.count:
-            raise _async_state(
-                f"{what} while {self.count} env(s) are in flight: RECV their results first"
-            )
+        check_idle(self.count, what)
 
     def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
         """Start stepping env ``ids[k]`` with ``actions[k]``; every check comes first, so a
         refused SEND starts nothing."""
-        n = self.num_envs
-        if len(ids) == 0:
-            raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env")
         if len(ids) != len(actions):
             raise RequestError(
                 ErrorCode.BAD_BATCH, f"SEND_REQ carries {len(actions)} actions, {len(ids)} env ids"
             )
         id_list = [int(i) for i in ids.tolist()]
-        for i in id_list:
-            if not 0 <= i < n:
-                raise RequestError(ErrorCode.BAD_BATCH, f"env id {i} is outside 0..{n - 1}")
-        if len(set(id_list)) != len(id_list):
-            seen: set[int] = set()
-            for i in id_list:
-                if i in seen:
-                    raise _async_state(f"env {i} appears twice in one SEND_REQ")
-                seen.add(i)
+        check_send(id_list, self.num_envs, self.in_flight)
         in_flight = self.in_flight
-        for i in id_list:
-            if in_flight[i]:
-                raise _async_state(
-                    f"env {i} is already in flight: RECV its result before sending it again"
-                )
         rt = self.runtime
         mode = rt.autoreset
         values: list[Any] = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
@@ -84,7 +105,7 @@ class AsyncBatches:
 
     def reset(self, seed: int | None) -> None:
         """ASYNC_RESET: reset every env (env i: ``seed + i``); RECV returns them."""
-        self.check_idle("ASYNC_RESET_REQ")
+        check_idle(self.count, "ASYNC_RESET_REQ")
         rt = self.runtime
         if seed is None:
             rt.reset()
@@ -97,13 +118,7 @@ class AsyncBatches:
     def recv(self, batch_size: int) -> tuple[list[int], list[int]]:
         """The first ``min(batch_size, in flight)`` envs that finished: (env ids, the ids of
         those whose SAME_STEP final result was kept). Their results are in the runtime's rows."""
-        if self.count == 0:
-            raise _async_state(
-                "RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first"
-            )
-        if batch_size < 1:
-            raise RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1")
-        want = min(batch_size, self.count)
+        want = check_recv(self.count, batch_size)
         out = self._ready[:want]
         del self._ready[:want]
         failures = []

@@ -44,6 +44,41 @@ function asyncState(text: string): RequestError {
   return new RequestError(ErrorCode.ASYNC_STATE, text);
 }
 
+// -- the rules, as pure functions: AsyncBatches and the shm channel (whose slots carry each
+// env's request on their own, docs/shm.md "Asynchronous batches") both call them
+
+/** A lock-step request while envs are in flight is refused (their results would mix). */
+export function checkIdle(count: number, what: string): void {
+  if (count) throw asyncState(`${what} while ${count} env(s) are in flight: RECV their results first`);
+}
+
+/**
+ * A SEND of env `ids`: at least one, each in range, each once, none in flight. `seen` (N bytes,
+ * scratch) ends with a 1 at each id sent.
+ */
+export function checkSend(ids: readonly number[], numEnvs: number, inFlight: Uint8Array, seen: Uint8Array): void {
+  const n = numEnvs;
+  if (ids.length === 0) throw new RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env");
+  for (const i of ids) {
+    if (!Number.isInteger(i) || i < 0 || i >= n) throw new RequestError(ErrorCode.BAD_BATCH, `env id ${i} is outside 0..${n - 1}`);
+  }
+  seen.fill(0);
+  for (const i of ids) {
+    if (seen[i]) throw asyncState(`env ${i} appears twice in one SEND_REQ`);
+    seen[i] = 1;
+  }
+  for (const i of ids) {
+    if (inFlight[i]) throw asyncState(`env ${i} is already in flight: RECV its result before sending it again`);
+  }
+}
+
+/** How many results a RECV returns: min(batchSize, in flight); refused with none in flight. */
+export function checkRecv(count: number, batchSize: number): number {
+  if (count === 0) throw asyncState("RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first");
+  if (batchSize < 1) throw new RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1");
+  return Math.min(batchSize, count);
+}
+
 /** One client's envs in flight (sent, their result not received yet). */
 export class AsyncBatches {
   readonly numEnvs: number;
@@ -63,7 +98,7 @@ export class AsyncBatches {
 
   /** A lock-step request while envs are in flight is refused (their results would mix). */
   checkIdle(what: string): void {
-    if (this.count) throw asyncState(`${what} while ${this.count} env(s) are in flight: RECV their results first`);
+    checkIdle(this.count, what);
   }
 
   /**
@@ -72,19 +107,8 @@ export class AsyncBatches {
    */
   send(ids: readonly number[]): void {
     const n = this.numEnvs;
-    if (ids.length === 0) throw new RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env");
-    for (const i of ids) {
-      if (!Number.isInteger(i) || i < 0 || i >= n) throw new RequestError(ErrorCode.BAD_BATCH, `env id ${i} is outside 0..${n - 1}`);
-    }
     const only = this.#only;
-    only.fill(0);
-    for (const i of ids) {
-      if (only[i]) throw asyncState(`env ${i} appears twice in one SEND_REQ`);
-      only[i] = 1;
-    }
-    for (const i of ids) {
-      if (this.inFlight[i]) throw asyncState(`env ${i} is already in flight: RECV its result before sending it again`);
-    }
+    checkSend(ids, n, this.inFlight, only);
     const records = this.records;
     for (const i of ids) records.ended[i] = 0;
     try {
@@ -108,7 +132,7 @@ export class AsyncBatches {
 
   /** ASYNC_RESET: reset every env (env i: `seed + i`); RECV returns them. */
   reset(seed: bigint | null): void {
-    this.checkIdle("ASYNC_RESET_REQ");
+    checkIdle(this.count, "ASYNC_RESET_REQ");
     this.runtime.resetAll(this.records, seed);
     this.records.ended.fill(0);
     this.#ready.length = 0;
@@ -124,9 +148,7 @@ export class AsyncBatches {
       this.#error = null;
       throw error;
     }
-    if (this.count === 0) throw asyncState("RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first");
-    if (batchSize < 1) throw new RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1");
-    const ids = this.#ready.splice(0, Math.min(batchSize, this.count));
+    const ids = this.#ready.splice(0, checkRecv(this.count, batchSize));
     for (const i of ids) this.inFlight[i] = 0;
     this.count -= ids.length;
     return ids;
