@@ -29,7 +29,7 @@ import {
   packHeader,
   readU32,
 } from "./protocol";
-import type { Session } from "./runtime/session";
+import { LATER, type Session } from "./runtime/session";
 
 /** Seconds a refused connection is drained before it is destroyed (the peer reads the ERROR). */
 const LINGER_MS = 1000;
@@ -401,9 +401,10 @@ export function serveConnection(
     return ok;
   };
 
+  let waiting = false; // a response is pending (Session.later): the next frames wait for it
   const pump = (): void => {
     let answered = false;
-    while (!blocked && !done) {
+    while (!blocked && !done && !waiting) {
       let ready: boolean;
       try {
         ready = reader.next();
@@ -417,23 +418,39 @@ export function serveConnection(
       if (!ready) break;
       answered = true;
       const type = session.handle(reader.msgType, reader.body, reader.offset, reader.length);
+      if (type === LATER) {
+        waiting = true;
+        const msgId = reader.msgId;
+        void (session.later as Promise<number>).then((later) => {
+          waiting = false;
+          if (done) return;
+          const ok = send(session.frame(later, msgId));
+          if (session.closing) finish();
+          else if (!ok) pause();
+          pump();
+        });
+        break;
+      }
       const ok = send(session.frame(type, reader.msgId));
       if (session.closing) {
         finish();
         return;
       }
-      if (!ok) {
-        blocked = true;
-        stats.pauses += 1;
-        stats.paused += 1;
-        socket.pause();
-        socket.once("drain", onDrain);
-      }
+      if (!ok) pause();
     }
     if (watch === null || done) return;
     if (blocked) watch.sending();
     else if (reader.available === 0) watch.idle(socket.bytesRead);
     else watch.reading(answered); // the rest of a frame: its clock starts with its first bytes
+  };
+
+  /** The socket did not take a whole response: stop reading until it drains. */
+  const pause = (): void => {
+    blocked = true;
+    stats.pauses += 1;
+    stats.paused += 1;
+    socket.pause();
+    socket.once("drain", onDrain);
   };
 
   const onDrain = (): void => {

@@ -7,12 +7,14 @@ import type { StepResultInput } from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
 import { EchoEnv } from "./echo";
 import { FramesEnv } from "./frames";
+import { HeavyTailEnv } from "./heavy_tail";
 import { MahjongEnv } from "./mahjong";
 import { PacEnv } from "./pac";
 import { LockEnv, ReachEnv } from "./rich_spaces";
 
 export { EchoEnv } from "./echo";
 export { FramesEnv } from "./frames";
+export { HeavyTailEnv } from "./heavy_tail";
 export { MahjongEnv } from "./mahjong";
 export { PacEnv } from "./pac";
 export { LockEnv, ReachEnv } from "./rich_spaces";
@@ -24,6 +26,7 @@ export const ENVS: Record<string, EnvFactory<StepResultInput> | EnvFactory<unkno
   reach: () => new ReachEnv(), // Dict observation, Box action (schema dictbox)
   lock: () => new LockEnv(), // MultiDiscrete action (schema multidiscrete)
   frames: () => new FramesEnv(), // decision-boundary runs (schema frames)
+  heavy_tail: () => new HeavyTailEnv(), // heavy-tailed step times (asynchronous batches)
 };
 
 /** The schema a reference env speaks when it is not pac_env (as Python's SCHEMAS). */

@@ -3,12 +3,14 @@
  * steps some envs, RECV returns the first results that are ready with their env ids. Every
  * rule lives here: env ids in range and once per SEND, none already in flight, RECV needs
  * something in flight, lock-step requests refused while envs are in flight; action checks and
- * auto-reset are the runtime's `step` over the envs sent. In this server the envs step at SEND
- * (in order): RECV returns them in that order.
+ * auto-reset are the runtime's (`step`, `planAsync`). In this thread (LocalRunner) the envs
+ * step at SEND, in order, and RECV returns them in that order; on a concurrent runner (worker
+ * threads) SEND submits them and RECV returns the first that finished, in finishing order,
+ * awaiting the pool without blocking the event loop.
  */
 
 import { ErrorCode, RequestError } from "../protocol";
-import type { EnvRuntime, Records } from "./core";
+import { type AsyncDone, type EnvRuntime, type Failure, Op, type Records } from "./core";
 
 /** The rows asynchronous steps write into: env i's result, and its SAME_STEP final result. */
 class AsyncRecords implements Records {
@@ -87,12 +89,15 @@ export class AsyncBatches {
   readonly records: AsyncRecords;
   readonly #ready: number[] = [];
   readonly #only: Uint8Array;
+  /** Each env's op of the current SEND (concurrent runners). */
+  readonly #ops: Uint8Array;
   #error: RequestError | null = null;
 
   constructor(readonly runtime: EnvRuntime) {
     this.numEnvs = runtime.numEnvs;
     this.inFlight = new Uint8Array(this.numEnvs);
     this.#only = new Uint8Array(this.numEnvs);
+    this.#ops = new Uint8Array(this.numEnvs);
     this.records = new AsyncRecords(this.numEnvs, runtime.result.size);
   }
 
@@ -110,6 +115,22 @@ export class AsyncBatches {
     const only = this.#only;
     checkSend(ids, n, this.inFlight, only);
     const records = this.records;
+    const pool = this.runtime.runner.concurrent;
+    if (pool !== undefined) {
+      // worker threads: every check first (a refused SEND starts nothing), then submit
+      const ops = this.#ops;
+      this.runtime.planAsync(ids, ops, records);
+      const submit: number[] = [];
+      for (const i of ids) {
+        records.ended[i] = 0;
+        this.inFlight[i] = 1;
+        this.count++;
+        if (ops[i] === Op.NONE) this.#ready.push(i); // a masked "noop": its result is written
+        else submit.push(i);
+      }
+      if (submit.length) pool.submit(submit, ops, this.runtime.actions, this.runtime.autoreset);
+      return;
+    }
     for (const i of ids) records.ended[i] = 0;
     try {
       this.runtime.step(records, 0, n, only);
@@ -141,14 +162,49 @@ export class AsyncBatches {
     this.count = this.numEnvs;
   }
 
-  /** The first `min(batchSize, in flight)` envs that finished, in the order they finished. */
-  recv(batchSize: number): number[] {
+  /**
+   * The first `min(batchSize, in flight)` envs that finished, in the order they finished: at
+   * once when they are ready, else a promise (a concurrent runner still stepping them). An env
+   * that failed is the RECV's ENV_ERROR after recovery (the runtime's, as for a lock-step step);
+   * the envs that finished with it come with the next RECV.
+   */
+  recv(batchSize: number): number[] | Promise<number[]> {
     const error = this.#error;
     if (error !== null) {
       this.#error = null;
       throw error;
     }
-    const ids = this.#ready.splice(0, checkRecv(this.count, batchSize));
+    const want = checkRecv(this.count, batchSize);
+    const ids = this.#ready.splice(0, want);
+    const pool = this.runtime.runner.concurrent;
+    if (pool === undefined || ids.length === want) return this.#deliver(ids, []);
+    const done = pool.take(want - ids.length, this.records);
+    const missing = want - ids.length - done.length;
+    if (missing <= 0) return this.#deliver(ids, done);
+    return pool.poll(missing, this.records).then((more) => this.#deliver(ids, [...done, ...more]));
+  }
+
+  /** Take `ids` (ready) and `done` (finished in the pool) out of flight; throw the recovery of failures. */
+  #deliver(ids: number[], done: readonly AsyncDone[]): number[] {
+    const runtime = this.runtime;
+    let failures: Failure[] | null = null;
+    for (const d of done) {
+      if (d.error === null) {
+        runtime.finishAsync(d.index, this.records);
+        ids.push(d.index);
+      } else {
+        (failures ??= []).push([d.index, d.error]);
+      }
+    }
+    if (failures !== null) {
+      for (const [i] of failures) {
+        this.inFlight[i] = 0;
+        this.count--;
+      }
+      this.#ready.unshift(...ids); // the others come with the next RECV
+      failures.sort((a, b) => a[0] - b[0]);
+      throw runtime.recoverAsync(failures, this.records);
+    }
     for (const i of ids) this.inFlight[i] = 0;
     this.count -= ids.length;
     return ids;

@@ -138,9 +138,44 @@ export interface Runner {
   readonly stepSeats: ((actions: Int32Array, out: Records) => void) | null;
   /** Start what the runner needs now (worker threads) rather than at the first request. */
   start?(): unknown;
+  /**
+   * Set when the envs run concurrently (a worker pool): asynchronous batches submit envs to it
+   * and take each as it finishes. Absent: the envs step at SEND, in this thread.
+   */
+  readonly concurrent?: ConcurrentRunner;
   /** Env i's `info()` map (`{}` without it). */
   info(index: number): Record<string, unknown>;
   close(): void;
+}
+
+/** An env an asynchronous op finished: its result is in the caller's records (error null), or what it threw. */
+export interface AsyncDone {
+  readonly index: number;
+  /** SAME_STEP: its step ended an episode; the final result was kept (`Records.keepFinal`). */
+  readonly ended: boolean;
+  readonly error: unknown;
+}
+
+/**
+ * A runner whose envs run concurrently (worker threads): each submitted env steps on its own
+ * and is reported as soon as it finishes (Python: `WorkerPool.submit` / `poll`).
+ */
+export interface ConcurrentRunner {
+  /** Start env `ids[k]`'s op `ops[i]` (STEP with `actions[i]`, or RESET unseeded) under `mode`. */
+  submit(ids: readonly number[], ops: Uint8Array, actions: Float64Array, mode: AutoReset): void;
+  /** Up to `want` finished envs, without waiting; their results are copied into `out`. */
+  take(want: number, out: Records): AsyncDone[];
+  /** `want` finished envs (fewer only when fewer are submitted), waiting without blocking the event loop. */
+  poll(want: number, out: Records): Promise<AsyncDone[]>;
+  /** Envs submitted and not taken yet. */
+  readonly submitted: number;
+}
+
+/** Reads whether a result record ends an episode (the schema's done, else terminated / truncated). */
+export function episodeEndReader(schema: SchemaModule): (dv: DataView, at: number) => boolean {
+  const result = bodyCodec(schema, "STEP_RESP");
+  const ends = episodeEndFields(schema.ir.structs[result.name]).map((f) => ({ at: f.offset, read: readerOf(schema, f).read }));
+  return (dv, at) => ends.some((end) => end.read(dv, at + end.at) !== 0);
 }
 
 /**
@@ -651,6 +686,43 @@ export class EnvRuntime {
       if (failures !== null) for (const [i] of failures) ops[i] = Op.STEP; // named as the STEP it was
     }
     if (failures !== null) throw this.#recover(failures, out, false);
+  }
+
+  /**
+   * Asynchronous batches on a concurrent runner: check the actions of env `ids` (every one
+   * first, as `step`: a refused SEND starts nothing) and choose each env's op into `ops[i]`:
+   * STEP; RESET for a done env under NEXT_STEP (its action is ignored); NONE for a masked
+   * "noop" action, whose result is written into `out` now.
+   */
+  planAsync(ids: readonly number[], ops: Uint8Array, out: Records): void {
+    const nextStep = this.autoreset === AutoReset.NEXT_STEP;
+    const isDone = this.#isDone;
+    const wasReset = this.#wasReset;
+    const noop = this.#noop;
+    const actions = this.actions;
+    for (const i of ids) {
+      noop[i] = 0;
+      if (nextStep && isDone[i] && wasReset[i]) continue;
+      if (this.#checkAction(i, actions[i] as number)) noop[i] = 1;
+    }
+    for (const i of ids) {
+      if (nextStep && isDone[i] && wasReset[i]) ops[i] = Op.RESET;
+      else if (noop[i]) {
+        ops[i] = Op.NONE;
+        this.#noopResult(i, out);
+      } else ops[i] = Op.STEP;
+    }
+  }
+
+  /** Env `index` finished an asynchronous op and its result is in `out`: remember its mask and episode end. */
+  finishAsync(index: number, out: Records): void {
+    this.#remember(index, out);
+    out.written(index);
+  }
+
+  /** Recover the envs that failed asynchronous ops (reset, else recreate); the ERROR to answer. */
+  recoverAsync(failures: readonly Failure[], out: Records): RequestError {
+    return this.#recover(failures, out, false, () => "SEND (asynchronous step)");
   }
 
   /** Refuse a STEP_MULTI this runtime cannot take: it needs `seats` envs or one env with stepBatch. */

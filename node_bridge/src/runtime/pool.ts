@@ -6,19 +6,30 @@
  * from `ENVS` (or from `module`'s `exportName` factory), so each env keeps its own RNG stream
  * for the pool's lifetime and the results are byte for byte those of the in-thread runner. A
  * worker runs an `EnvTable` (local.ts) over its envs: the same per-env operations. One
- * SharedArrayBuffer carries everything; a request fans out and gathers synchronously:
+ * SharedArrayBuffer carries everything; a lock-step request fans out and gathers synchronously:
  *
  * ```
- * 0        state i32 (READY 1, CLOSED 2)
+ * 0        state i32 (READY 1, CLOSED 2) | doorbell i32 at 8 (bumped per finished asynchronous
+ *          env) | wake_at i32 at 12 (the doorbell value the main thread waits for) | mode i32 at 16
  * 64       worker k's block (64 bytes): cmd i32 (main -> worker sequence), done i32 (worker ->
- *          main sequence), task, arg, ok, dead
+ *          main sequence), task, arg, bell (bumped with every command and submit), ok, dead
  * ctl      N x 1024-byte env records: action f64 | seed_neg u8 at 7 | failed u8 | has_seed u8
  *          | op u8 | error_len u16 at 12 | seed u64 at 16 | text u8[1000] at 24
+ * async    N x i32 state (IDLE 0, PENDING 1, DONE 2) | N x i32 finish ticket | N x u8 op | N x u8 flags
  * results  N x the result struct (the codec's packed layout), copied into the runtime's records
+ * finals   N x the result struct (SAME_STEP final results of asynchronous steps)
  * ```
  *
- * The main thread writes ops and actions, bumps the `cmd` of each worker that has work
- * (Atomics.notify), then Atomics.wait on each `done` in 50 ms slices. A worker records env
+ * The main thread writes ops and actions, bumps the `cmd` of each worker that has work (and its
+ * `bell`, Atomics.notify), then Atomics.wait on each `done` in 50 ms slices.
+ *
+ * Asynchronous batches (`submit` / `take` / `poll`, Python's `submit` / `poll`): the main thread
+ * marks each env PENDING with its op and rings its worker's bell; a worker steps its PENDING envs
+ * one by one (a lock-step command waiting is served between two), and marks each DONE as soon as
+ * it finishes (SAME_STEP: the final result kept, the env reset, in the worker), then bumps the
+ * doorbell (Atomics.notify once it reaches `wake_at`). The main thread never blocks its event
+ * loop for them: `poll` awaits `Atomics.waitAsync` on the doorbell in 50 ms slices, checking the
+ * workers' `dead` words. A worker records env
  * errors with their texts (the runtime recovers them). A worker that dies (process.exit in env
  * code, an uncaught error) sets its `dead` word on its way out: its envs fail with
  * `env i: worker thread k (thread id T, envs a..b) died`, the worker is replaced by a fresh one,
@@ -33,8 +44,22 @@ import { type SchemaModule, loadSchema as loadSchemaIr } from "../codec";
 import type { SchemaJson } from "../ir";
 import { TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
-import { ErrorCode, RequestError } from "../protocol";
-import { type Failure, FATE_RECREATED, Op, type Records, type Runner, bodyCodec, describeError, failureText, remoteTraceback, withTraceback } from "./core";
+import { AutoReset, ErrorCode, RequestError } from "../protocol";
+import {
+  type AsyncDone,
+  type ConcurrentRunner,
+  type Failure,
+  FATE_RECREATED,
+  Op,
+  type Records,
+  type Runner,
+  bodyCodec,
+  describeError,
+  episodeEndReader,
+  failureText,
+  remoteTraceback,
+  withTraceback,
+} from "./core";
 import type { Env, Spaces } from "./env";
 import { EnvTable } from "./local";
 
@@ -45,6 +70,19 @@ const CLOSED = 2;
 const TASK_RUN = 1;
 const TASK_INFO = 2;
 const FAILED = 2;
+/** An asynchronous step's flags: its episode ended (SAME_STEP, final kept); it threw. */
+const ASYNC_ENDED = 1;
+const ASYNC_FAILED = 2;
+// an env's asynchronous state: the main thread sets PENDING, its worker DONE
+const IDLE = 0;
+const PENDING = 1;
+const DONE = 2;
+// i32 words of the header
+const DOORBELL = 2;
+const WAKE_AT = 3;
+const MODE = 4;
+/** Milliseconds of one asynchronous wait before the workers' liveness is checked again. */
+const POLL_SLICE_MS = 50;
 const BLOCK = 64;
 const CTL = 1024;
 const TEXT_AT = 24;
@@ -54,6 +92,7 @@ const W_CMD = 0;
 const W_DONE = 1;
 const W_TASK = 2;
 const W_ARG = 3;
+const W_BELL = 4;
 const W_OK = 5;
 const W_DEAD = 6;
 // bytes of an env record
@@ -85,6 +124,11 @@ interface WorkerData {
   readonly spec: WorkerEnvSpec;
 }
 
+/** `Atomics.waitAsync` (Node 16+; the project's TypeScript lib predates its declaration). */
+const waitAsync = (Atomics as unknown as {
+  waitAsync(array: Int32Array, index: number, value: number, timeoutMs: number): { async: boolean; value: Promise<string> | string };
+}).waitAsync;
+
 function align(n: number, to = 64): number {
   return Math.ceil(n / to) * to;
 }
@@ -108,13 +152,26 @@ class Layout {
   readonly bytes: Uint8Array;
   readonly dv: DataView;
   readonly ctlAt: number;
+  /** i32 index of env 0's asynchronous state word (env i: + i) and finish ticket (+ N + i). */
+  readonly stateWord: number;
+  readonly ticketWord: number;
+  /** Bytes: env i's asynchronous op and flags. */
+  readonly asyncOpAt: number;
+  readonly asyncFlagsAt: number;
   readonly resultsAt: number;
+  readonly finalsAt: number;
   readonly size: number;
 
   constructor(readonly sab: SharedArrayBuffer | null, numEnvs: number, workers: number, readonly resultSize: number) {
     this.ctlAt = BLOCK * (1 + workers);
-    this.resultsAt = align(this.ctlAt + numEnvs * CTL);
-    this.size = align(this.resultsAt + numEnvs * resultSize);
+    const statesAt = align(this.ctlAt + numEnvs * CTL);
+    this.stateWord = statesAt / 4;
+    this.ticketWord = this.stateWord + numEnvs;
+    this.asyncOpAt = statesAt + 8 * numEnvs;
+    this.asyncFlagsAt = this.asyncOpAt + numEnvs;
+    this.resultsAt = align(this.asyncFlagsAt + numEnvs);
+    this.finalsAt = align(this.resultsAt + numEnvs * resultSize);
+    this.size = align(this.finalsAt + numEnvs * resultSize);
     const buf = sab ?? new SharedArrayBuffer(this.size);
     this.sab = buf;
     this.i32 = new Int32Array(buf);
@@ -132,6 +189,10 @@ class Layout {
 
   result(i: number): number {
     return this.resultsAt + i * this.resultSize;
+  }
+
+  final(i: number): number {
+    return this.finalsAt + i * this.resultSize;
   }
 
   writeText(i: number, data: Uint8Array): void {
@@ -199,14 +260,19 @@ export function loadFactory(spec: WorkerEnvSpec): () => Env<unknown> {
 /** The body of a worker thread (worker_main.ts): run envs [lo, hi)'s operations on command. */
 export function runWorker(data: WorkerData): void {
   const { numEnvs, workers, k, spec } = data;
-  const codec = bodyCodec(loadSchema(spec), "STEP_RESP");
+  const schema = loadSchema(spec);
+  const codec = bodyCodec(schema, "STEP_RESP");
+  const ended = episodeEndReader(schema);
   const lay = new Layout(data.sab, numEnvs, workers, codec.size);
   const i32 = lay.i32;
   const cmdAt = lay.word(k, W_CMD);
   const doneAt = lay.word(k, W_DONE);
+  const bellAt = lay.word(k, W_BELL);
   const markDead = (): void => {
     Atomics.store(i32, lay.word(k, W_DEAD), 1);
     Atomics.notify(i32, doneAt);
+    Atomics.add(i32, DOORBELL, 1); // a main thread awaiting asynchronous envs looks now
+    Atomics.notify(i32, DOORBELL);
   };
   process.on("exit", markDead);
   const [lo, hi] = split(numEnvs, workers)[k] as readonly [number, number];
@@ -226,41 +292,83 @@ export function runWorker(data: WorkerData): void {
     process.off("exit", markDead);
     return;
   }
+  const errorText = (i: number, error: unknown): Uint8Array =>
+    Buffer.from(withTraceback(failureText(i, error), remoteTraceback(error), TEXT_MAX), "utf-8"); // + last frames
   const fail = (i: number, error: unknown): void => {
     buf[lay.ctl(i) + C_FLAGS] = FAILED;
-    lay.writeText(i, Buffer.from(withTraceback(failureText(i, error), remoteTraceback(error), TEXT_MAX), "utf-8")); // + last frames
+    lay.writeText(i, errorText(i, error));
+  };
+  let cursor = lo; // the next env to look at for PENDING (round robin: none starves)
+  /** The next PENDING env of this worker, or -1. */
+  const nextPending = (): number => {
+    for (let n = 0; n < hi - lo; n++) {
+      const i = cursor;
+      cursor = cursor + 1 === hi ? lo : cursor + 1;
+      if (Atomics.load(i32, lay.stateWord + i) === PENDING) return i;
+    }
+    return -1;
+  };
+  /** Step env i (its asynchronous op), mark it DONE and ring the doorbell. */
+  const stepAsync = (i: number): void => {
+    const op = buf[lay.asyncOpAt + i] as number;
+    const at = lay.result(i);
+    let flags = 0;
+    try {
+      table.apply(i, op, lay.dv.getFloat64(lay.ctl(i), true), null, buf, at);
+      if (op === Op.STEP && Atomics.load(i32, MODE) === AutoReset.SAME_STEP && ended(lay.dv, at)) {
+        buf.copyWithin(lay.final(i), at, at + codec.size); // the final result, then the reset's
+        flags = ASYNC_ENDED;
+        table.apply(i, Op.RESET, 0, null, buf, at);
+      }
+    } catch (error) {
+      flags = ASYNC_FAILED;
+      lay.writeText(i, errorText(i, error));
+    }
+    buf[lay.asyncFlagsAt + i] = flags;
+    const ticket = Atomics.add(i32, DOORBELL, 1) + 1;
+    i32[lay.ticketWord + i] = ticket;
+    Atomics.store(i32, lay.stateWord + i, DONE); // publishes the result, flags and ticket
+    if (((ticket - Atomics.load(i32, WAKE_AT)) | 0) >= 0) Atomics.notify(i32, DOORBELL);
   };
   Atomics.store(i32, doneAt, 1); // ready
   Atomics.notify(i32, doneAt);
   let last = 0;
   for (;;) {
-    Atomics.wait(i32, cmdAt, last);
+    const bell = Atomics.load(i32, bellAt); // read first: any later ring makes the wait return
     if (Atomics.load(i32, 0) === CLOSED) break;
     const seq = Atomics.load(i32, cmdAt);
-    if (seq === last) continue;
-    last = seq;
-    if (i32[lay.word(k, W_TASK)] === TASK_INFO) {
-      const i = i32[lay.word(k, W_ARG)] as number;
-      try {
-        lay.writeText(i, msgpackEncode(table.info(i)));
-      } catch (error) {
-        lay.writeText(i, msgpackEncode({ error: describeError(error) }));
-      }
-    } else {
-      for (let i = lo; i < hi; i++) {
-        const at = lay.ctl(i);
-        buf[at + C_FLAGS] = 0;
-        const op = buf[at + C_OP] as number;
-        if (op === Op.NONE) continue;
+    if (seq !== last) {
+      last = seq;
+      if (i32[lay.word(k, W_TASK)] === TASK_INFO) {
+        const i = i32[lay.word(k, W_ARG)] as number;
         try {
-          table.apply(i, op, lay.dv.getFloat64(at, true), lay.seed(i), buf, lay.result(i));
+          lay.writeText(i, msgpackEncode(table.info(i)));
         } catch (error) {
-          fail(i, error); // the other envs still do theirs
+          lay.writeText(i, msgpackEncode({ error: describeError(error) }));
+        }
+      } else {
+        for (let i = lo; i < hi; i++) {
+          const at = lay.ctl(i);
+          buf[at + C_FLAGS] = 0;
+          const op = buf[at + C_OP] as number;
+          if (op === Op.NONE) continue;
+          try {
+            table.apply(i, op, lay.dv.getFloat64(at, true), lay.seed(i), buf, lay.result(i));
+          } catch (error) {
+            fail(i, error); // the other envs still do theirs
+          }
         }
       }
+      Atomics.store(i32, doneAt, seq);
+      Atomics.notify(i32, doneAt);
+      continue;
     }
-    Atomics.store(i32, doneAt, seq);
-    Atomics.notify(i32, doneAt);
+    const i = nextPending();
+    if (i >= 0) {
+      stepAsync(i); // then look for a command again: a lock-step request waits one env step at most
+      continue;
+    }
+    Atomics.wait(i32, bellAt, bell);
   }
   process.off("exit", markDead);
   table.close();
@@ -276,11 +384,16 @@ export class WorkerPool {
   readonly #ranges: Array<readonly [number, number]>;
   readonly #owner: number[];
   readonly #threads: Array<Worker | null>;
+  readonly #threadIds: number[] = [];
   readonly #seq: number[];
   readonly #busy: Uint8Array;
   /** Envs of a replaced worker, until the runtime's recovery has reset them. */
   readonly #replaced = new Set<number>();
   readonly #startTimeout: number;
+  /** Envs submitted (asynchronous batches) and not DONE yet. */
+  readonly #pending = new Set<number>();
+  /** Envs DONE, their results copied out, not taken yet (finishing order). */
+  readonly #completed: AsyncDone[] = [];
   #closed = false;
 
   constructor(spec: WorkerEnvSpec, numEnvs: number, workers: number, options: { startTimeoutMs?: number } = {}) {
@@ -319,6 +432,7 @@ export class WorkerPool {
     thread.unref();
     thread.on("error", () => undefined); // reported through the dead word
     this.#threads[k] = thread;
+    this.#threadIds[k] = thread.threadId;
   }
 
   #awaitStart(k: number): void {
@@ -355,6 +469,138 @@ export class WorkerPool {
     return Array.from({ length: hi - lo }, (_, j) => lo + j);
   }
 
+  /** Wake worker k: a command or a submitted env is waiting for it. */
+  #ring(k: number): void {
+    const at = this.#lay.word(k, W_BELL);
+    Atomics.add(this.#lay.i32, at, 1);
+    Atomics.notify(this.#lay.i32, at);
+  }
+
+  // -- asynchronous batches --------------------------------------------------------------------
+
+  /** Envs submitted and not taken yet (stepping, or finished and waiting in #completed). */
+  get submitted(): number {
+    return this.#pending.size + this.#completed.length;
+  }
+
+  /**
+   * Mark env `ids[k]` PENDING with its op (`ops[i]`: STEP with `actions[i]`, or RESET unseeded)
+   * and ring its worker's bell; the workers step them concurrently and report each as it
+   * finishes (`take`, `poll`).
+   */
+  submit(ids: readonly number[], ops: Uint8Array, actions: Float64Array, mode: AutoReset): void {
+    if (this.#closed) throw new TransportError("the worker pool is closed");
+    const lay = this.#lay;
+    const i32 = lay.i32;
+    const wake = this.#busy;
+    wake.fill(0);
+    Atomics.store(i32, MODE, mode);
+    for (const i of ids) {
+      if (this.#pending.has(i)) throw new TransportError(`env ${i} is already submitted`);
+      lay.bytes[lay.asyncOpAt + i] = ops[i] as number;
+      lay.dv.setFloat64(lay.ctl(i), actions[i] as number, true);
+      Atomics.store(i32, lay.stateWord + i, PENDING); // after its op and action
+      this.#pending.add(i);
+      wake[this.#owner[i] as number] = 1;
+    }
+    for (let k = 0; k < this.workers; k++) if (wake[k]) this.#ring(k);
+  }
+
+  /** Up to `want` finished envs, without waiting (results copied into `out`), in finishing order. */
+  take(want: number, out: Records): AsyncDone[] {
+    this.#collect(out);
+    return this.#completed.splice(0, want);
+  }
+
+  /**
+   * `want` finished envs (fewer only when fewer are submitted): awaits the doorbell with
+   * `Atomics.waitAsync` in slices, so the event loop keeps serving; a worker that died fails
+   * its submitted envs (and is replaced), never a hang.
+   */
+  async poll(want: number, out: Records): Promise<AsyncDone[]> {
+    const i32 = this.#lay.i32;
+    for (;;) {
+      const ring = Atomics.load(i32, DOORBELL);
+      this.#collect(out);
+      const missing = want - this.#completed.length;
+      if (missing <= 0 || this.#pending.size === 0) return this.#completed.splice(0, want);
+      Atomics.store(i32, WAKE_AT, (ring + missing) | 0); // wake me once enough have finished
+      const waited = waitAsync(i32, DOORBELL, ring, POLL_SLICE_MS);
+      if (waited.async) await waited.value;
+    }
+  }
+
+  /** Move every DONE env into #completed (finishing order), results into `out`; fail the envs of dead workers. */
+  #collect(out: Records): void {
+    if (this.#closed) throw new TransportError("the worker pool is closed");
+    const lay = this.#lay;
+    const i32 = lay.i32;
+    let found: number[] | null = null;
+    let dead = false;
+    for (const i of this.#pending) {
+      if (Atomics.load(i32, lay.stateWord + i) === DONE) (found ??= []).push(i);
+      else if (Atomics.load(i32, lay.word(this.#owner[i] as number, W_DEAD))) dead = true;
+    }
+    if (found !== null) {
+      found.sort((a, b) => ((i32[lay.ticketWord + a] as number) - (i32[lay.ticketWord + b] as number)) | 0);
+      for (const i of found) this.#completed.push(this.#finished(i, out));
+    }
+    if (dead) this.#asyncDied();
+  }
+
+  /** Env i's DONE result (and SAME_STEP final) into `out`; its state back to IDLE. */
+  #finished(i: number, out: Records): AsyncDone {
+    const lay = this.#lay;
+    const bytes = lay.bytes;
+    const size = this.resultSize;
+    this.#pending.delete(i);
+    Atomics.store(lay.i32, lay.stateWord + i, IDLE);
+    const flags = bytes[lay.asyncFlagsAt + i] as number;
+    if (flags & ASYNC_FAILED) {
+      const text = Buffer.from(lay.text(i)).toString("utf-8");
+      return { index: i, ended: false, error: new RequestError(ErrorCode.ENV_ERROR, `env ${i}: ${text}`) };
+    }
+    const at = out.at(i);
+    if (flags & ASYNC_ENDED) {
+      out.bytes.set(bytes.subarray(lay.final(i), lay.final(i) + size), at);
+      out.written(i);
+      out.keepFinal(i);
+    }
+    out.bytes.set(bytes.subarray(lay.result(i), lay.result(i) + size), at);
+    return { index: i, ended: (flags & ASYNC_ENDED) !== 0, error: null };
+  }
+
+  /**
+   * Workers that died while envs were submitted to them: each submitted env of theirs finishes
+   * with the failure that names it, the worker is replaced, and its other envs (fresh ones,
+   * which nobody would reset) are reset now.
+   */
+  #asyncDied(): void {
+    const lay = this.#lay;
+    const busy = this.#busy;
+    busy.fill(0);
+    for (let k = 0; k < this.workers; k++) if (Atomics.load(lay.i32, lay.word(k, W_DEAD))) busy[k] = 2;
+    const failures: Failure[] = [];
+    this.#replaceDead(failures);
+    const fresh = new Uint8Array(this.numEnvs);
+    let others = false;
+    for (const [i, error] of failures) {
+      if (this.#pending.delete(i)) {
+        Atomics.store(lay.i32, lay.stateWord + i, IDLE);
+        this.#completed.push({ index: i, ended: false, error });
+      } else {
+        fresh[i] = Op.RESET;
+        this.#replaced.delete(i);
+        others = true;
+      }
+    }
+    if (others) {
+      const size = this.resultSize;
+      const scratch: Records = { bytes: new Uint8Array(this.numEnvs * size), at: (i) => i * size, written: () => undefined, keepFinal: () => undefined };
+      this.run(fresh, new Float64Array(this.numEnvs), new Array<bigint | null>(this.numEnvs).fill(null), scratch);
+    }
+  }
+
   /** Send `task` to the workers marked in #busy and wait for each; true for those that died. */
   #send(task: number, arg: number): boolean {
     if (this.#closed) throw new TransportError("the worker pool is closed");
@@ -368,7 +614,7 @@ export class WorkerPool {
       const seq = ((this.#seq[k] as number) + 1) & 0x3fffffff || 2;
       this.#seq[k] = seq;
       Atomics.store(i32, lay.word(k, W_CMD), seq);
-      Atomics.notify(i32, lay.word(k, W_CMD));
+      this.#ring(k);
     }
     let anyDead = false;
     for (let k = 0; k < this.workers; k++) {
@@ -399,7 +645,7 @@ export class WorkerPool {
       if (this.#busy[k] !== 2) continue;
       this.#busy[k] = 0;
       const thread = this.#threads[k];
-      const id = thread?.threadId ?? -1;
+      const id = this.#threadIds[k] ?? -1; // threadId reads -1 once the thread has exited
       void thread?.terminate();
       const envs = this.#describe(k);
       for (const i of this.envIds(k)) {
@@ -473,10 +719,7 @@ export class WorkerPool {
     this.#closed = true;
     const lay = this.#lay;
     Atomics.store(lay.i32, 0, CLOSED);
-    for (let k = 0; k < this.workers; k++) {
-      Atomics.add(lay.i32, lay.word(k, W_CMD), 0);
-      Atomics.notify(lay.i32, lay.word(k, W_CMD));
-    }
+    for (let k = 0; k < this.workers; k++) this.#ring(k);
     for (const thread of this.#threads) {
       if (thread !== null) void thread.terminate();
     }
@@ -490,8 +733,10 @@ const closePools = new FinalizationRegistry<WorkerPool>((pool) => pool.close());
  * client that only says hello costs no threads; it is closed with the runner (or when the runner
  * is garbage).
  */
-export class PoolRunner implements Runner {
+export class PoolRunner implements Runner, ConcurrentRunner {
   readonly numEnvs: number;
+  /** Asynchronous batches step the envs concurrently in the threads (this runner). */
+  readonly concurrent: ConcurrentRunner = this;
   readonly canRecreate = true;
   readonly wholeBatchOnly = true;
   readonly stepSeats = null;
@@ -524,6 +769,22 @@ export class PoolRunner implements Runner {
 
   takeReplaced(index: number): string | null {
     return this.#pool?.takeReplaced(index) ?? null;
+  }
+
+  submit(ids: readonly number[], ops: Uint8Array, actions: Float64Array, mode: AutoReset): void {
+    this.start().submit(ids, ops, actions, mode);
+  }
+
+  take(want: number, out: Records): AsyncDone[] {
+    return this.start().take(want, out);
+  }
+
+  poll(want: number, out: Records): Promise<AsyncDone[]> {
+    return this.start().poll(want, out);
+  }
+
+  get submitted(): number {
+    return this.#pool?.submitted ?? 0;
   }
 
   info(index: number): Record<string, unknown> {

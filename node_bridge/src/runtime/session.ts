@@ -10,6 +10,11 @@
  * Python's: HELLO first, then per message the body size and the batch size; the env checks
  * (reset first, action range and mask, ...) are the runtime's.
  *
+ * A RECV whose envs are still stepping in worker threads is answered later: `handle` returns
+ * `LATER` and `later` resolves to the response msg_type once the body is in the buffer; the
+ * backend sends it then (the event loop serves other connections meanwhile). A request that
+ * arrives on the same session before that is answered after it, in order.
+ *
  * Responses: SAME_STEP appends the final results as a tail (`u32 k`, k x (`u32 env index`,
  * result)); OBSERVE_RESP is the N results followed by a msgpack array of the N `info()` maps.
  */
@@ -50,6 +55,9 @@ import { AsyncBatches } from "./async_batches";
 import type { EnvOrFactory, Spaces } from "./env";
 import { EnvHost, type HostOptions } from "./host";
 
+/** `Session.handle`'s answer when the response is not ready yet: await `Session.later`. */
+export const LATER = -1;
+
 /** The HELLO info a session announces (key order is Python's). */
 export interface SessionInfo {
   readonly envName?: string;
@@ -72,6 +80,11 @@ export class Session implements Records {
   buffer: Buffer;
   /** Length of the current response body (at BODY_OFFSET). */
   bodyLength = 0;
+  /**
+   * Set while a response is pending (`handle` returned LATER): resolves to its msg_type once its
+   * body is in the buffer (an ERROR body for a refusal: it never rejects).
+   */
+  later: Promise<number> | null = null;
 
   readonly #observeReq: number;
   readonly #observeResp: number;
@@ -179,6 +192,46 @@ export class Session implements Records {
    * must be closed after sending it.
    */
   handle(msgType: number, buf: Uint8Array, offset: number, length: number): number {
+    if (this.later !== null) return this.#queue(msgType, buf, offset, length);
+    return this.#handleNow(msgType, buf, offset, length);
+  }
+
+  /** A response pending: answer this request after it (its body copied: the backend reuses its buffer). */
+  #queue(msgType: number, buf: Uint8Array, offset: number, length: number): number {
+    const body = Buffer.from(buf.subarray(offset, offset + length));
+    const before = this.later as Promise<number>;
+    // a macrotask later: the backend has sent the previous response out of the buffer
+    const next = before.then(() => new Promise<void>((resolve) => setImmediate(resolve)));
+    return this.#answerLater(
+      next.then(() => {
+        this.later = null;
+        return this.#answerNow(msgType, body);
+      }),
+    );
+  }
+
+  /** Answer a queued request: its msg_type, or the promise of it (a RECV that waits in turn). */
+  #answerNow(msgType: number, body: Buffer): number | Promise<number> {
+    const type = this.#handleNow(msgType, body, 0, body.byteLength);
+    return type === LATER && this.later !== null ? this.later : type;
+  }
+
+  /** Answer with `work`'s msg_type when it settles (a rejection becomes an ERROR body): LATER. */
+  #answerLater(work: Promise<number>): number {
+    const settled = work.then(
+      (type) => type,
+      (error: unknown) =>
+        error instanceof RequestError ? this.error(error.code, error.text) : this.error(ErrorCode.INTERNAL, describeError(error)),
+    );
+    const later: Promise<number> = settled.then((type) => {
+      if (this.later === later) this.later = null;
+      return type;
+    });
+    this.later = later;
+    return LATER;
+  }
+
+  #handleNow(msgType: number, buf: Uint8Array, offset: number, length: number): number {
     const ids = this.ids;
     try {
       if (msgType === ids.HELLO_REQ) return this.#helloRequest(buf, offset, length);
@@ -443,7 +496,14 @@ export class Session implements Records {
     this.#expectSize(length, 4, "RECV_REQ");
     const batchSize = new DataView(buf.buffer, buf.byteOffset + offset, length).getUint32(0, true);
     const batches = this.#asyncBatches();
-    const ids = batches.recv(batchSize);
+    const got = batches.recv(batchSize);
+    if (got instanceof Promise) return this.#answerLater(got.then((ids) => this.#recvBody(ids)));
+    return this.#recvBody(got);
+  }
+
+  /** The RECV_RESP body of envs `ids` (their results are in the async records). */
+  #recvBody(ids: readonly number[]): number {
+    const batches = this.#asyncBatches();
     const size = this.#resultSize;
     const records = batches.records;
     const sameStep = this.autoreset === AutoReset.SAME_STEP;

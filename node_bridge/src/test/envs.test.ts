@@ -47,7 +47,7 @@ function playPac(
 
 describe("ENVS registry", () => {
   test("has echo and pac, each with 612 observations and 92 actions (and the rich-spaces envs)", () => {
-    assert.deepEqual(Object.keys(ENVS).sort(), ["echo", "frames", "lock", "mahjong", "pac", "reach"]);
+    assert.deepEqual(Object.keys(ENVS).sort(), ["echo", "frames", "heavy_tail", "lock", "mahjong", "pac", "reach"]);
     for (const name of ["echo", "pac"]) {
       assert.deepEqual((ENVS[name] as () => { spaces(): unknown })().spaces(), { obsN: 612, actN: 92 });
     }

@@ -8,7 +8,7 @@ import type { AnyStructCodec, SchemaModule } from "../../codec";
 import { ConnectError } from "../../errors";
 import { DEFAULT_MAX_BODY, ErrorCode, type MessageIds, decodeHello, encodeError, encodeHello, errorName, fingerprintHex16, messageIds, parseError } from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
-import { type Session, sessionsOf } from "../../runtime/session";
+import { LATER, type Session, sessionsOf } from "../../runtime/session";
 import {
   ConnectionGuard,
   type ConnectionStats,
@@ -293,6 +293,20 @@ export class HttpServer {
       }
     }
     const type = session.handle(msgType, body, at, length);
+    if (type === LATER) {
+      // a RECV waiting for worker threads: answer when it is ready (other requests go on)
+      void (session.later as Promise<number>).then((later) => {
+        if (!res.headersSent && !res.destroyed) this.#reply(res, conn, accept, later);
+      });
+      return;
+    }
+    this.#reply(res, conn, accept, type);
+  }
+
+  /** Send the session's response of msg_type `type` (an ERROR body with its HTTP status). */
+  #reply(res: http.ServerResponse, conn: Connection, accept: boolean, type: number): void {
+    const session = conn.session;
+    const ids = this.ids;
     if (type === ids.ERROR) {
       this.#replyError(res, conn, accept);
       return;

@@ -8,7 +8,7 @@ import * as zmq from "zeromq";
 import { ConnectError } from "../../errors";
 import { CLOSING_ERRORS, DEFAULT_MAX_BODY, ErrorCode, HEADER_SIZE, encodeError, messageIds, packHeader, readU32 } from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
-import { type Session, sessionsOf } from "../../runtime/session";
+import { LATER, type Session, sessionsOf } from "../../runtime/session";
 import { type ConnectionStats, newStats } from "../../stream";
 import type { Listener, ListenOptions } from "../index";
 import { commonOptions, Address, EMPTY, ENV_SERVER_SECRET, MAX_SESSIONS, ZAP_ENDPOINT, binary, errorCode, parseUrl, sendable, serverCurve, z85Encode } from "./wire";
@@ -255,6 +255,14 @@ export class ZmqListener implements Listener {
       return;
     }
     const type = session.handle(msgType, body, 0, bodyLen);
+    if (type === LATER) {
+      // a RECV waiting for worker threads: answer when it is ready (other clients go on)
+      void (session.later as Promise<number>).then((later) => {
+        if (session.closing) this.#sessions.delete(key);
+        this.#reply(sock, identity, key, envelope, later, msgId, session.body(), session);
+      });
+      return;
+    }
     if (session.closing) this.#sessions.delete(key);
     this.#reply(sock, identity, key, envelope, type, msgId, session.body(), session);
   }

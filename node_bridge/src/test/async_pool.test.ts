@@ -1,0 +1,255 @@
+/**
+ * Asynchronous batches on a Node server whose envs run in worker threads (`transport-serve URL
+ * --lang node --workers 2`, a real server process over unix): SEND submits the envs to the pool,
+ * RECV returns the first that finished (a slow env does not hold back the others), results are
+ * those of lock-step per env id, misuse codes are unchanged, and an env that throws (or a worker
+ * thread that dies) is the RECV's ENV_ERROR while the next request works.
+ *
+ * This file is also the module the server's worker threads load `makeGated` from: its tests run
+ * only when it is the main module (node --test), not when a server requires it.
+ */
+
+import assert from "node:assert/strict";
+import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { test } from "node:test";
+
+import { EchoEnv, type EchoResult } from "../envs/echo";
+import { type Client, RemoteError, connect } from "../index";
+import { ErrorCode } from "../protocol";
+
+const N = 4;
+/** Actions of the gated env: SLOW waits for the gate file, POISON throws, EXIT ends the thread. */
+const SLOW = 50;
+const POISON = 7;
+const EXIT = 8;
+const GATE_ENV = "TRANSPORT_TEST_GATE";
+const SLEEPER = new Int32Array(new SharedArrayBuffer(4));
+
+/** Echo, but SLOW waits (up to 20 s) until the file `$TRANSPORT_TEST_GATE` exists. */
+class GatedEnv extends EchoEnv {
+  override step(action: number): EchoResult {
+    if (action === POISON) throw new TypeError("poisoned action");
+    if (action === EXIT) process.exit(3);
+    if (action === SLOW) {
+      const gate = process.env[GATE_ENV] ?? "";
+      const deadline = Date.now() + 20_000;
+      while (!existsSync(gate)) {
+        if (Date.now() > deadline) throw new Error(`the gate ${gate} never opened`);
+        Atomics.wait(SLEEPER, 0, 0, 2);
+      }
+    }
+    return super.step(action);
+  }
+}
+
+export function makeGated(): GatedEnv {
+  return new GatedEnv();
+}
+
+const NODE_ROOT = resolve(__dirname, "..", "..");
+const SERVE = join(NODE_ROOT, "dist", "cli", "serve.js");
+
+function unixUrl(): string {
+  return `unix://${join(tmpdir(), `transport-apool-${randomBytes(6).toString("hex")}.sock`)}`;
+}
+
+/** A real Node server process (`serve.js URL ARGS`), with `env` added to its environment. */
+class NodeServer {
+  readonly proc: ChildProcessWithoutNullStreams;
+  stderr = "";
+
+  constructor(
+    readonly url: string,
+    args: readonly string[],
+    env: Record<string, string> = {},
+  ) {
+    this.proc = spawn(process.execPath, [SERVE, url, ...args], { env: { ...process.env, ...env }, stdio: ["pipe", "pipe", "pipe"] });
+    this.proc.stderr.on("data", (chunk: Buffer) => {
+      this.stderr += chunk.toString();
+    });
+  }
+
+  async ready(): Promise<void> {
+    await new Promise<void>((ok, fail) => {
+      let out = "";
+      const timer = setTimeout(() => fail(new Error(`no ready line in 30 s: ${this.stderr}`)), 30_000);
+      this.proc.stdout.on("data", (chunk: Buffer) => {
+        out += chunk.toString();
+        if (out.includes("\n")) {
+          clearTimeout(timer);
+          if (out.startsWith("ready ")) ok();
+          else fail(new Error(out + this.stderr));
+        }
+      });
+      this.proc.once("exit", (code) => fail(new Error(`the server exited (${code}): ${this.stderr}`)));
+    });
+  }
+
+  async stop(): Promise<void> {
+    if (this.proc.exitCode !== null) return;
+    const exited = new Promise<void>((ok) => this.proc.once("exit", () => ok()));
+    this.proc.kill("SIGTERM");
+    await exited;
+  }
+}
+
+async function withServer(args: readonly string[], env: Record<string, string>, body: (url: string) => Promise<void>): Promise<void> {
+  const server = new NodeServer(unixUrl(), args, env);
+  try {
+    await server.ready();
+    await body(server.url);
+  } finally {
+    await server.stop();
+  }
+  assert.equal(existsSync(server.url.slice("unix://".length)), false, "the socket file was left behind");
+}
+
+const bytesOf = (r: unknown): string => JSON.stringify(r, (_, v) => (ArrayBuffer.isView(v) ? Array.from(v as Uint8Array) : v));
+
+function allowed(result: unknown, salt: number): number {
+  const mask = Array.from((result as { action_mask: Uint8Array }).action_mask);
+  const legal = mask.flatMap((m, a) => (m ? [a] : []));
+  return legal[salt % legal.length] as number;
+}
+
+/**
+ * Per env id: its result after each round of send(all) / recv(batch) until every env came back
+ * (SAME_STEP: its final results too), each env acting on its own last result.
+ */
+async function asyncRuns(client: Client, rounds: number, batch: number, seed: number): Promise<string[][]> {
+  const runs: string[][] = Array.from({ length: N }, () => []);
+  const last = new Array<unknown>(N);
+  await client.asyncReset(seed);
+  for (let round = 0; round <= rounds; round++) {
+    const back = new Set<number>();
+    while (back.size < N) {
+      const got = await client.recv(batch);
+      assert.ok(got.envIds.length >= 1 && got.envIds.length <= batch, `recv returned ${got.envIds.length}`);
+      got.envIds.forEach((i, k) => {
+        assert.ok(!back.has(i), `env ${i} came back twice in round ${round}`);
+        back.add(i);
+        last[i] = got.results[k];
+        for (const f of got.finals) if (f.index === i) (runs[i] as string[]).push(`final ${bytesOf(f.result)}`);
+        (runs[i] as string[]).push(bytesOf(got.results[k]));
+      });
+    }
+    if (round === rounds) break;
+    const ids = [3, 1, 0, 2]; // not in env order
+    await client.send(ids.map((i) => allowed(last[i], round + i)), ids);
+  }
+  return runs;
+}
+
+/** The same runs in lock-step (reset, then step every env). */
+async function lockstepRuns(client: Client, rounds: number, seed: number): Promise<string[][]> {
+  const runs: string[][] = Array.from({ length: N }, () => []);
+  let results = (await client.reset(seed, { copy: true })) as unknown[];
+  for (let round = 0; round <= rounds; round++) {
+    results.forEach((r, i) => (runs[i] as string[]).push(bytesOf(r)));
+    if (round === rounds) break;
+    const out = await client.step(results.map((r, i) => allowed(r, round + i)), { copy: true });
+    for (const f of client.finals) (runs[f.index] as string[]).push(`final ${bytesOf(f.result)}`);
+    results = out as unknown[];
+  }
+  return runs;
+}
+
+function isCode(code: ErrorCode): (e: unknown) => boolean {
+  return (e: unknown) => e instanceof RemoteError && e.code === code;
+}
+
+if (require.main === module) {
+  for (const [env, mode] of [
+    ["heavy_tail", "next_step"],
+    ["pac", "next_step"],
+    ["pac", "same_step"],
+  ] as const) {
+    test(`${env} in 2 worker threads, ${mode}: each env's async results are its lock-step results`, async () => {
+      await withServer(["--env", env, "--num-envs", String(N), "--workers", "2"], {}, async (url) => {
+        const client = await connect(url, { timeoutMs: 20_000, autoreset: mode });
+        try {
+          const got = await asyncRuns(client, 25, 2, 11);
+          const expected = await lockstepRuns(client, 25, 11);
+          assert.deepEqual(got, expected);
+        } finally {
+          await client.close();
+        }
+      });
+    });
+  }
+
+  test("a slow env does not hold back the others: the first RECV returns the envs that finished", async () => {
+    const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
+    const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
+    await withServer(["--env", module, "--num-envs", String(N), "--workers", "2"], { [GATE_ENV]: gate }, async (url) => {
+      const client = await connect(url, { timeoutMs: 20_000 });
+      try {
+        await client.asyncReset(0);
+        assert.deepEqual((await client.recv(N)).envIds, [0, 1, 2, 3]);
+        // worker 0 has envs 0 and 1, worker 1 envs 2 and 3: env 0 waits for the gate
+        await client.send([SLOW, 1, 2, 3], [0, 1, 2, 3]);
+        const first = await client.recv(2);
+        assert.deepEqual(first.envIds, [2, 3]);
+        assert.deepEqual(first.results.map((r) => Array.from((r as EchoResult).observation.subarray(0, 2))), [[2, 1], [3, 1]]);
+        writeFileSync(gate, "open");
+        const second = await client.recv(2);
+        assert.deepEqual(second.envIds, [0, 1]);
+        assert.deepEqual(second.results.map((r) => Array.from((r as EchoResult).observation.subarray(0, 2))), [[SLOW, 1], [1, 1]]);
+      } finally {
+        rmSync(gate, { force: true });
+        await client.close();
+      }
+    });
+  });
+
+  test("misuse is refused with the same codes as in one thread; env errors are the RECV's ENV_ERROR", async () => {
+    const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
+    await withServer(["--env", module, "--num-envs", String(N), "--workers", "2"], {}, async (url) => {
+      const client = await connect(url, { timeoutMs: 20_000 });
+      try {
+        await assert.rejects(client.recv(1), isCode(ErrorCode.ASYNC_STATE));
+        await client.asyncReset(0);
+        await assert.rejects(client.step([1, 1, 1, 1]), isCode(ErrorCode.ASYNC_STATE));
+        assert.deepEqual((await client.recv(N)).envIds, [0, 1, 2, 3]);
+        await assert.rejects(client.send([1], [N]), isCode(ErrorCode.BAD_BATCH));
+        await assert.rejects(client.send([1, 1], [2, 2]), isCode(ErrorCode.ASYNC_STATE));
+        await client.send([1], [2]);
+        await assert.rejects(client.send([1], [2]), isCode(ErrorCode.ASYNC_STATE));
+        await assert.rejects(client.send([200], [0]), isCode(ErrorCode.INVALID_ACTION));
+        assert.deepEqual((await client.recv(4)).envIds, [2]);
+
+        // an env that throws: ENV_ERROR naming it (reset); the others come with the next RECV
+        await client.send([POISON, 1, 1, 1], [0, 1, 2, 3]);
+        await assert.rejects(client.recv(N), (e: unknown) => {
+          assert.ok(e instanceof RemoteError && e.code === ErrorCode.ENV_ERROR, String(e));
+          assert.match(e.message, /env 0: TypeError: poisoned action.*\(the env was reset\)/s);
+          return true;
+        });
+        assert.deepEqual((await client.recv(N)).envIds.sort(), [1, 2, 3]);
+        await assert.rejects(client.recv(1), isCode(ErrorCode.ASYNC_STATE));
+
+        // a worker thread that dies: its envs fail by name, a new thread takes over
+        await client.send([EXIT], [2]);
+        await assert.rejects(client.recv(1), (e: unknown) => {
+          assert.ok(e instanceof RemoteError && e.code === ErrorCode.ENV_ERROR, String(e));
+          assert.match(e.message, /env 2: worker thread 1 \(thread id \d+, envs 2\.\.3\) died.*new worker thread/s);
+          return true;
+        });
+        await client.send([5, 6, 7 - 1, 9], [0, 1, 2, 3]);
+        const after = await client.recv(N);
+        assert.deepEqual([...after.envIds].sort(), [0, 1, 2, 3]);
+        const byId = new Map(after.envIds.map((i, k) => [i, Array.from((after.results[k] as EchoResult).observation.subarray(0, 2))]));
+        assert.deepEqual(byId.get(2), [6, 1]); // a fresh env, reset by the recovery
+        assert.deepEqual(byId.get(3), [9, 1]); // a fresh env, reset when its thread was replaced
+        // lock-step works again once nothing is in flight
+        assert.equal(((await client.step([1, 1, 1, 1])) as unknown[]).length, N);
+      } finally {
+        await client.close();
+      }
+    });
+  });
+}
