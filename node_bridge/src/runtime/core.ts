@@ -167,6 +167,11 @@ export interface ConcurrentRunner {
   take(want: number, out: Records): AsyncDone[];
   /** `want` finished envs (fewer only when fewer are submitted), waiting without blocking the event loop. */
   poll(want: number, out: Records): Promise<AsyncDone[]>;
+  /**
+   * Block this thread up to `timeoutMs` until another submitted env finishes (the shm server's
+   * loop, which waits synchronously in short slices anyway); returns at once if one is ready.
+   */
+  waitSync(timeoutMs: number): void;
   /** Envs submitted and not taken yet. */
   readonly submitted: number;
 }

@@ -530,6 +530,18 @@ export class WorkerPool {
     }
   }
 
+  /** Block up to `timeoutMs` until a submitted env finishes (returns at once when one has). */
+  waitSync(timeoutMs: number): void {
+    const lay = this.#lay;
+    const i32 = lay.i32;
+    const ring = Atomics.load(i32, DOORBELL);
+    if (this.#completed.length) return;
+    for (const i of this.#pending) if (Atomics.load(i32, lay.stateWord + i) === DONE) return;
+    if (this.#pending.size === 0) return;
+    Atomics.store(i32, WAKE_AT, (ring + 1) | 0);
+    Atomics.wait(i32, DOORBELL, ring, timeoutMs);
+  }
+
   /** Move every DONE env into #completed (finishing order), results into `out`; fail the envs of dead workers. */
   #collect(out: Records): void {
     if (this.#closed) throw new TransportError("the worker pool is closed");
@@ -781,6 +793,10 @@ export class PoolRunner implements Runner, ConcurrentRunner {
 
   poll(want: number, out: Records): Promise<AsyncDone[]> {
     return this.start().poll(want, out);
+  }
+
+  waitSync(timeoutMs: number): void {
+    this.#pool?.waitSync(timeoutMs);
   }
 
   get submitted(): number {

@@ -26,6 +26,14 @@
  * OBSERVE (the results rewritten in place, each env's `info()` map in its slot's `info` area
  * when it fits, else `info_len` 0), STEP_MULTI (slots 0..seats-1). A request on every env slot
  * with one command is one runtime call; anything else is answered slot by slot.
+ *
+ * Asynchronous batches (docs/shm.md): an shm client's SEND is a STEP on a subset of the slots.
+ * In this thread each of those envs steps at once; when the lease's envs run in worker threads
+ * (`--workers K`) the server checks each slot's action, submits the envs to the pool and
+ * publishes each slot as its env finishes (status, SAME_STEP final, then the response word),
+ * while it keeps reading new doorbell rings: a slot in flight (its request word != its response
+ * word until published) is not submitted again. While envs are in flight the loop waits on the
+ * pool's doorbell in 1 ms slices and looks at the region's doorbell between them.
  */
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
@@ -35,7 +43,9 @@ import { ProtocolError } from "../../errors";
 import { type AutoReset, ErrorCode, RequestError } from "../../protocol";
 import {
   type ActionType,
+  type AsyncDone,
   type EnvRuntime,
+  Op,
   type Records,
   bodyCodec,
   checkAutoreset,
@@ -227,6 +237,11 @@ export class ShmListener implements Listener {
   readonly #host: EnvHost;
   readonly #records: SlotRecords;
   readonly #pending: Uint8Array;
+  /** Slots submitted to the lease's worker pool and not published yet (asynchronous batches). */
+  readonly #inFlight: Uint8Array;
+  #inFlightCount = 0;
+  /** Each slot's op of an asynchronous submit (scratch). */
+  readonly #ops: Uint8Array;
   readonly #seqs: Int32Array;
   readonly #doorbellAt: number;
   readonly #clientPidWord: number;
@@ -265,6 +280,8 @@ export class ShmListener implements Listener {
     this.#seats = spare.hasSeats ? spare.seats : 0;
     this.numSlots = Math.max(numEnvs, this.#seats);
     this.#pending = new Uint8Array(this.numSlots);
+    this.#inFlight = new Uint8Array(this.numSlots);
+    this.#ops = new Uint8Array(this.numSlots);
     this.#seqs = new Int32Array(this.numSlots);
     this.#doorbellAt = off(CB, "doorbell");
     this.#clientPidWord = off(CB, "client_pid") >> 2;
@@ -315,6 +332,8 @@ export class ShmListener implements Listener {
   /** The client said SHUTDOWN or died: its envs go; slot 0's info area says the server's info
    * again (OBSERVE wrote env info there), as a new client reads it at attach. */
   #dropLease(): void {
+    this.#inFlight.fill(0); // their client is gone (or said SHUTDOWN): nobody waits for them
+    this.#inFlightCount = 0;
     this.#lease?.runtime.close();
     this.#lease = null;
     if (!this.#closed) this.#writeInfo(0, this.#serverInfo); // closed: the region is unmapped
@@ -331,6 +350,20 @@ export class ShmListener implements Listener {
     const burstEnd = performance.now() + 20;
     try {
       for (;;) {
+        if (this.#inFlightCount > 0) {
+          // envs in worker threads: publish those that finished, serve new rings, wait 1 ms on the pool
+          this.#publishFinished();
+          const ring = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK;
+          if (ring !== this.#last) {
+            this.#last = ring;
+            this.#serveBatch();
+          } else if (this.#inFlightCount > 0) {
+            this.#lease?.runtime.runner.concurrent?.waitSync(1);
+          }
+          if (this.#closed) return;
+          if (performance.now() >= burstEnd) break;
+          continue;
+        }
         const rc = waitWord(region, this.#doorbellAt, this.#last, false, sliceNs, {
           spin: this.#idle ? 0 : policy.spin, // an idle server sleeps at once
           sliceMs: policy.futexSliceMs,
@@ -374,7 +407,7 @@ export class ShmListener implements Listener {
       const base = layout.slotBase(i);
       const req = Atomics.load(words, (base + reqOff) >> 2) & SEQ_MASK;
       const resp = Atomics.load(words, (base + respOff) >> 2) & SEQ_MASK;
-      if (req !== resp) {
+      if (req !== resp && !this.#inFlight[i]) {
         pending[i] = 1;
         seqs[i] = req; // answer exactly this request, even if a newer one follows
         count++;
@@ -489,10 +522,11 @@ export class ShmListener implements Listener {
     region.dv.setUint16(region.slotAt(index, "info_len"), fits ? data.byteLength : 0, true);
   }
 
-  /** Slots with different commands, or a subset: each answered on its own. */
+  /** Slots with different commands, or a subset: each answered on its own (a pool's STEPs: submitted). */
   #mixed(runtime: EnvRuntime): void {
     const region = this.region;
     const dv = region.dv;
+    if (runtime.runner.concurrent !== undefined) this.#submit(runtime);
     for (let i = 0; i < this.numSlots; i++) {
       if (!this.#pending[i]) continue;
       let code = 0;
@@ -522,6 +556,83 @@ export class ShmListener implements Listener {
         }
       }
       dv.setUint16(region.slotAt(i, "status"), code, true);
+    }
+  }
+
+  /**
+   * The pending STEP slots of env slots go to the worker pool together (every action checked
+   * first, as a SEND: a refusal answers them all with it); they leave `#pending` and are
+   * published as their envs finish. A masked "noop" action is answered now (no step).
+   */
+  #submit(runtime: EnvRuntime): void {
+    const pool = runtime.runner.concurrent;
+    if (pool === undefined) return;
+    const region = this.region;
+    const pending = this.#pending;
+    const ids: number[] = [];
+    for (let i = 0; i < this.numEnvs; i++) {
+      if (pending[i] && region.dv.getUint32(region.slotAt(i, "command"), true) === SlotCommand.STEP) ids.push(i);
+    }
+    if (ids.length === 0) return;
+    for (const i of ids) this.#readActions(runtime, i, i + 1);
+    const ops = this.#ops;
+    try {
+      runtime.planAsync(ids, ops, this.#records);
+    } catch (error) {
+      if (!(error instanceof RequestError)) throw error;
+      for (const i of ids) {
+        this.#writeText(i, error.text);
+        region.dv.setUint16(region.slotAt(i, "status"), error.code, true);
+        pending[i] = 0;
+        this.#publishSlot(i);
+      }
+      return;
+    }
+    const submit: number[] = [];
+    for (const i of ids) {
+      pending[i] = 0;
+      if (ops[i] === Op.NONE) {
+        region.dv.setUint16(region.slotAt(i, "status"), 0, true);
+        this.#publishSlot(i);
+      } else {
+        submit.push(i);
+        this.#inFlight[i] = 1;
+      }
+    }
+    this.#inFlightCount += submit.length;
+    if (submit.length) pool.submit(submit, ops, runtime.actions, runtime.autoreset);
+  }
+
+  /** Publish slot i's response (its status and results are written): checksum, then the word. */
+  #publishSlot(i: number): void {
+    this.#checksums?.stamp(i);
+    publishWord(this.region, this.layout.slotBase(i) + off(this.layout.slot, "sem_result_ready"), this.#seqs[i] as number);
+  }
+
+  /** Publish each slot whose env finished in the pool: its result (or its env's error after recovery), status, word. */
+  #publishFinished(): void {
+    const runtime = this.#lease?.runtime;
+    const pool = runtime?.runner.concurrent;
+    if (runtime === undefined || pool === undefined) return;
+    const done: AsyncDone[] = pool.take(this.numSlots, this.#records);
+    if (done.length === 0) return;
+    const region = this.region;
+    for (const d of done) {
+      const i = d.index;
+      let code = 0;
+      if (d.error === null) {
+        runtime.finishAsync(i, this.#records);
+      } else {
+        const error = runtime.recoverAsync([[i, d.error]], this.#records);
+        code = error.code;
+        this.#writeText(i, error.text);
+      }
+      region.dv.setUint16(region.slotAt(i, "status"), code, true);
+      if (this.#inFlight[i]) {
+        this.#inFlight[i] = 0;
+        this.#inFlightCount--;
+      }
+      this.#publishSlot(i); // results, status, final, word
     }
   }
 
