@@ -15,6 +15,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
+import { spawnSync } from "node:child_process";
 import { test } from "node:test";
 
 import { EchoEnv, type EchoResult } from "../envs/echo";
@@ -52,6 +53,41 @@ export function makeGated(): GatedEnv {
 
 const NODE_ROOT = resolve(__dirname, "..", "..");
 const SERVE = join(NODE_ROOT, "dist", "cli", "serve.js");
+const ROOT = resolve(NODE_ROOT, "..");
+const PYTHON = process.env.PYTHON ?? join(ROOT, ".venv", "bin", "python");
+const HAVE_PYTHON = spawnSync(PYTHON, ["-c", "import transport"], { cwd: ROOT }).status === 0;
+
+/**
+ * The Python shm client's side of the shm test (argv: URL, gate file; 5 envs: worker 0 has envs
+ * 0..2, worker 1 envs 3 and 4): a gated env among fast ones, sent as a subset (a SEND of every
+ * env is a lock-step STEP to an shm server); prints JSON of what came back.
+ */
+const SHM_CLIENT = `
+import json, sys
+import transport
+url, gate = sys.argv[1], sys.argv[2]
+out = {}
+def rows(got):
+    return [[int(i), [float(v) for v in got.results["observation"][k][:2]]] for k, i in enumerate(got.env_ids.tolist())]
+with transport.connect(url, timeout=20.0) as c:
+    c.async_reset(0)
+    out["reset"] = sorted(c.recv(5).env_ids.tolist())
+    c.send([${SLOW}, 3, 4], [0, 3, 4])
+    out["first"] = sorted(rows(c.recv(2)))
+    c.send([9], [3])  # a new SEND while env 0 is in flight
+    out["second"] = rows(c.recv(1))
+    open(gate, "w").write("open")
+    out["rest"] = rows(c.recv(1))
+    try:
+        c.send([${POISON}, 2], [1, 2])
+        c.recv(2)
+    except transport.errors.RemoteError as e:
+        out["error"] = [int(e.code), str(e)]
+    out["later"] = rows(c.recv(2))
+    c.send([4, 4], [1, 4])
+    out["after"] = sorted(c.recv(2).env_ids.tolist())
+print(json.dumps(out))
+`;
 
 function unixUrl(): string {
   return `unix://${join(tmpdir(), `transport-apool-${randomBytes(6).toString("hex")}.sock`)}`;
@@ -204,6 +240,33 @@ if (require.main === module) {
         await client.close();
       }
     });
+  });
+
+  test("shm with worker threads: a SEND of a subset goes to the pool, each slot answered as its env finishes", { skip: HAVE_PYTHON ? false : "no Python transport" }, async () => {
+    const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
+    const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
+    const url = `shm://apool-${randomBytes(5).toString("hex")}?num_envs=5`;
+    const server = new NodeServer(url, ["--env", module, "--workers", "2"], { [GATE_ENV]: gate });
+    try {
+      await server.ready();
+      const client = spawnSync(PYTHON, ["-c", SHM_CLIENT, url, gate], { cwd: ROOT, encoding: "utf8", timeout: 60_000 });
+      assert.equal(client.status, 0, client.stderr);
+      const out = JSON.parse(client.stdout) as Record<string, unknown>;
+      assert.deepEqual(out["reset"], [0, 1, 2, 3, 4]);
+      // env 0 waits for the gate: envs 3 and 4 (worker 1) come first, and env 3 again
+      assert.deepEqual(out["first"], [[3, [3, 1]], [4, [4, 1]]]);
+      assert.deepEqual(out["second"], [[3, [9, 2]]]);
+      assert.deepEqual(out["rest"], [[0, [SLOW, 1]]]);
+      const [code, text] = out["error"] as [number, string];
+      assert.equal(code, ErrorCode.ENV_ERROR);
+      assert.match(text, /env 1: TypeError: poisoned action.*\(the env was reset\)/s);
+      assert.deepEqual(out["later"], [[2, [2, 1]]]); // env 2 finished beside the failed env 1
+      assert.deepEqual(out["after"], [1, 4]);
+    } finally {
+      rmSync(gate, { force: true });
+      await server.stop();
+    }
+    assert.equal(existsSync(`/dev/shm/transport-${url.slice("shm://".length, url.indexOf("?"))}`), false, "the segment was left behind");
   });
 
   test("misuse is refused with the same codes as in one thread; env errors are the RECV's ENV_ERROR", async () => {
