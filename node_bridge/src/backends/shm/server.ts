@@ -33,7 +33,7 @@
  * publishes each slot as its env finishes (status, SAME_STEP final, then the response word),
  * while it keeps reading new doorbell rings: a slot in flight (its request word != its response
  * word until published) is not submitted again. While envs are in flight the loop waits on the
- * pool's doorbell in 1 ms slices and looks at the region's doorbell between them.
+ * pool's doorbell in 0.2 ms slices and looks at the region's doorbell between them.
  */
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
@@ -215,6 +215,11 @@ class SlotRecords implements Records {
 }
 
 const MODE = new Float64Array(1);
+/**
+ * Milliseconds of one wait on the worker pool's doorbell while envs are in flight: a new SEND
+ * (the region's doorbell) waits at most this long to be submitted (Atomics cannot wait on both).
+ */
+const IN_FLIGHT_SLICE_MS = 0.2;
 
 /** One lease holder's envs. */
 interface Lease {
@@ -351,14 +356,14 @@ export class ShmListener implements Listener {
     try {
       for (;;) {
         if (this.#inFlightCount > 0) {
-          // envs in worker threads: publish those that finished, serve new rings, wait 1 ms on the pool
+          // envs in worker threads: publish those that finished, serve new rings, wait a slice on the pool
           this.#publishFinished();
           const ring = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK;
           if (ring !== this.#last) {
             this.#last = ring;
             this.#serveBatch();
           } else if (this.#inFlightCount > 0) {
-            this.#lease?.runtime.runner.concurrent?.waitSync(1);
+            this.#lease?.runtime.runner.concurrent?.waitSync(IN_FLIGHT_SLICE_MS);
           }
           if (this.#closed) return;
           if (performance.now() >= burstEnd) break;
