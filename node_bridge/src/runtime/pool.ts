@@ -129,6 +129,10 @@ const waitAsync = (Atomics as unknown as {
   waitAsync(array: Int32Array, index: number, value: number, timeoutMs: number): { async: boolean; value: Promise<string> | string };
 }).waitAsync;
 
+function noop(): void {
+  // a timer that only keeps the event loop alive
+}
+
 function align(n: number, to = 64): number {
   return Math.ceil(n / to) * to;
 }
@@ -526,7 +530,11 @@ export class WorkerPool {
       if (missing <= 0 || this.#pending.size === 0) return this.#completed.splice(0, want);
       Atomics.store(i32, WAKE_AT, (ring + missing) | 0); // wake me once enough have finished
       const waited = waitAsync(i32, DOORBELL, ring, POLL_SLICE_MS);
-      if (waited.async) await waited.value;
+      if (waited.async) {
+        const alive = setTimeout(noop, POLL_SLICE_MS * 2); // a pending waitAsync does not keep the event loop alive
+        await waited.value;
+        clearTimeout(alive);
+      }
     }
   }
 

@@ -18,9 +18,12 @@ import { join, resolve } from "node:path";
 import { spawnSync } from "node:child_process";
 import { test } from "node:test";
 
+import { encode as msgpackEncode } from "@msgpack/msgpack";
 import { EchoEnv, type EchoResult } from "../envs/echo";
+import * as pac_env from "../generated/pac_env";
 import { type Client, RemoteError, connect } from "../index";
-import { ErrorCode } from "../protocol";
+import { AutoReset, ErrorCode, MESSAGE_IDS as IDS, encodeHello } from "../protocol";
+import { LATER, sessionFactory } from "../runtime/session";
 
 const N = 4;
 /** Actions of the gated env: SLOW waits for the gate file, POISON throws, EXIT ends the thread. */
@@ -97,12 +100,15 @@ function unixUrl(): string {
 class NodeServer {
   readonly proc: ChildProcessWithoutNullStreams;
   stderr = "";
+  /** The URL clients connect to (the ready line's: http://127.0.0.1:0 gets its port). */
+  url: string;
 
   constructor(
-    readonly url: string,
+    url: string,
     args: readonly string[],
     env: Record<string, string> = {},
   ) {
+    this.url = url;
     this.proc = spawn(process.execPath, [SERVE, url, ...args], { env: { ...process.env, ...env }, stdio: ["pipe", "pipe", "pipe"] });
     this.proc.stderr.on("data", (chunk: Buffer) => {
       this.stderr += chunk.toString();
@@ -117,7 +123,10 @@ class NodeServer {
         out += chunk.toString();
         if (out.includes("\n")) {
           clearTimeout(timer);
-          if (out.startsWith("ready ")) ok();
+          if (out.startsWith("ready ")) {
+            this.url = (out.split("\n")[0] as string).slice("ready ".length).trim();
+            ok();
+          }
           else fail(new Error(out + this.stderr));
         }
       });
@@ -133,15 +142,20 @@ class NodeServer {
   }
 }
 
-async function withServer(args: readonly string[], env: Record<string, string>, body: (url: string) => Promise<void>): Promise<void> {
-  const server = new NodeServer(unixUrl(), args, env);
+async function withServer(
+  args: readonly string[],
+  env: Record<string, string>,
+  body: (url: string) => Promise<void>,
+  url = unixUrl(),
+): Promise<void> {
+  const server = new NodeServer(url, args, env);
   try {
     await server.ready();
     await body(server.url);
   } finally {
     await server.stop();
   }
-  assert.equal(existsSync(server.url.slice("unix://".length)), false, "the socket file was left behind");
+  if (url.startsWith("unix://")) assert.equal(existsSync(url.slice("unix://".length)), false, "the socket file was left behind");
 }
 
 const bytesOf = (r: unknown): string => JSON.stringify(r, (_, v) => (ArrayBuffer.isView(v) ? Array.from(v as Uint8Array) : v));
@@ -194,6 +208,12 @@ async function lockstepRuns(client: Client, rounds: number, seed: number): Promi
   return runs;
 }
 
+/** The env ids of a RECV_RESP body of one result (the msgpack tail's first array). */
+function msgpackTail(body: Buffer): string {
+  const size = pac_env.StepResultCodec.size;
+  return String(body[size + 2]); // fixarray of 3, fixarray of 1, the id
+}
+
 function isCode(code: ErrorCode): (e: unknown) => boolean {
   return (e: unknown) => e instanceof RemoteError && e.code === code;
 }
@@ -218,29 +238,45 @@ if (require.main === module) {
     });
   }
 
-  test("a slow env does not hold back the others: the first RECV returns the envs that finished", async () => {
-    const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
-    const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
-    await withServer(["--env", module, "--num-envs", String(N), "--workers", "2"], { [GATE_ENV]: gate }, async (url) => {
-      const client = await connect(url, { timeoutMs: 20_000 });
-      try {
-        await client.asyncReset(0);
-        assert.deepEqual((await client.recv(N)).envIds, [0, 1, 2, 3]);
-        // worker 0 has envs 0 and 1, worker 1 envs 2 and 3: env 0 waits for the gate
-        await client.send([SLOW, 1, 2, 3], [0, 1, 2, 3]);
-        const first = await client.recv(2);
-        assert.deepEqual(first.envIds, [2, 3]);
-        assert.deepEqual(first.results.map((r) => Array.from((r as EchoResult).observation.subarray(0, 2))), [[2, 1], [3, 1]]);
-        writeFileSync(gate, "open");
-        const second = await client.recv(2);
-        assert.deepEqual(second.envIds, [0, 1]);
-        assert.deepEqual(second.results.map((r) => Array.from((r as EchoResult).observation.subarray(0, 2))), [[SLOW, 1], [1, 1]]);
-      } finally {
-        rmSync(gate, { force: true });
-        await client.close();
-      }
+  const streamUrls: ReadonlyArray<readonly [string, () => string]> = [
+    ["unix", unixUrl],
+    ["http", () => "http://127.0.0.1:0"],
+    ["zmq+ipc", () => `zmq+ipc://${join(tmpdir(), `transport-apool-${randomBytes(6).toString("hex")}`)}`],
+  ];
+  for (const [scheme, makeUrl] of streamUrls) {
+    test(`${scheme}: a slow env does not hold back the others: the first RECV returns the envs that finished`, async () => {
+      const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
+      const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
+      await withServer(["--env", module, "--num-envs", String(N), "--workers", "2"], { [GATE_ENV]: gate }, async (url) => {
+        const client = await connect(url, { timeoutMs: 20_000 });
+        try {
+          await client.asyncReset(0);
+          assert.deepEqual((await client.recv(N)).envIds, [0, 1, 2, 3]);
+          // worker 0 has envs 0 and 1, worker 1 envs 2 and 3: env 0 waits for the gate
+          await client.send([SLOW, 1, 2, 3], [0, 1, 2, 3]);
+          const first = await client.recv(2);
+          assert.deepEqual(first.envIds, [2, 3]);
+          assert.deepEqual(first.results.map((r) => Array.from((r as EchoResult).observation.subarray(0, 2))), [[2, 1], [3, 1]]);
+          const waiting = client.recv(2); // env 0 (gated) and env 1 behind it
+          // the server keeps serving: another client's lock-step requests are answered meanwhile
+          const other = await connect(url, { timeoutMs: 20_000 });
+          try {
+            await other.reset(5);
+            assert.equal(((await other.step([1, 2, 3, 4])) as unknown[]).length, N);
+          } finally {
+            await other.close();
+          }
+          writeFileSync(gate, "open");
+          const second = await waiting;
+          assert.deepEqual(second.envIds, [0, 1]);
+          assert.deepEqual(second.results.map((r) => Array.from((r as EchoResult).observation.subarray(0, 2))), [[SLOW, 1], [1, 1]]);
+        } finally {
+          rmSync(gate, { force: true });
+          await client.close();
+        }
+      }, makeUrl());
     });
-  });
+  }
 
   test("shm with worker threads: a SEND of a subset goes to the pool, each slot answered as its env finishes", { skip: HAVE_PYTHON ? false : "no Python transport" }, async () => {
     const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
@@ -267,6 +303,47 @@ if (require.main === module) {
       await server.stop();
     }
     assert.equal(existsSync(`/dev/shm/transport-${url.slice("shm://".length, url.indexOf("?"))}`), false, "the segment was left behind");
+  });
+
+  test("a request that arrives while a RECV waits is answered after it, in order (Session.later)", async () => {
+    const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
+    const before = process.env[GATE_ENV];
+    process.env[GATE_ENV] = gate; // the worker threads copy the environment when they start
+    const session = sessionFactory(makeGated, {
+      numEnvs: N,
+      workers: 2,
+      workerEnv: { module: __filename, exportName: "makeGated" },
+    })();
+    try {
+      const hello = encodeHello(pac_env.SCHEMA.fingerprint, undefined, AutoReset.DISABLED);
+      assert.equal(session.handle(IDS.HELLO_REQ, hello, 0, hello.byteLength), IDS.HELLO_RESP);
+      const seed = Buffer.alloc(16);
+      assert.equal(session.handle(IDS.ASYNC_RESET_REQ, seed, 0, 16), IDS.SEND_RESP);
+      const recvReq = (b: number): Buffer => Buffer.from(Uint32Array.of(b).buffer);
+      assert.equal(session.handle(IDS.RECV_REQ, recvReq(N), 0, 4), IDS.RECV_RESP);
+      const send = Buffer.concat([Buffer.from(Int32Array.of(SLOW, 1).buffer), Buffer.from(msgpackEncode([0, 2]))]);
+      assert.equal(session.handle(IDS.SEND_REQ, send, 0, send.byteLength), IDS.SEND_RESP);
+      const first = session.handle(IDS.RECV_REQ, recvReq(1), 0, 4); // env 2: at once, or once stepped
+      assert.equal(first === LATER ? await (session.later as Promise<number>) : first, IDS.RECV_RESP);
+      assert.equal(msgpackTail(session.body()), "2");
+      assert.equal(session.handle(IDS.RECV_REQ, recvReq(1), 0, 4), LATER); // env 0: gated
+      const recv = session.later as Promise<number>;
+      const health = new Uint8Array(0);
+      assert.equal(session.handle(IDS.HEALTH_REQ, health, 0, 0), LATER); // queued behind the RECV
+      const queued = session.later as Promise<number>;
+      const order: string[] = [];
+      void recv.then((type) => order.push(`recv ${type} ${msgpackTail(session.body())}`));
+      void queued.then((type) => order.push(`health ${type}`));
+      writeFileSync(gate, "open");
+      await queued;
+      assert.deepEqual(order, [`recv ${IDS.RECV_RESP} 0`, `health ${IDS.HEALTH_RESP}`]);
+      assert.equal(session.later, null);
+    } finally {
+      rmSync(gate, { force: true });
+      if (before === undefined) delete process.env[GATE_ENV];
+      else process.env[GATE_ENV] = before;
+      session.runtime.close();
+    }
   });
 
   test("misuse is refused with the same codes as in one thread; env errors are the RECV's ENV_ERROR", async () => {
