@@ -603,18 +603,11 @@ export class WorkerPool {
     const failures: Failure[] = [];
     this.#replaceDead(failures);
     const fresh = new Uint8Array(this.numEnvs);
-    let others = false;
-    for (const [i, error] of failures) {
-      if (this.#pending.delete(i)) {
-        Atomics.store(lay.i32, lay.stateWord + i, IDLE);
-        this.#completed.push({ index: i, ended: false, error });
-      } else {
-        fresh[i] = Op.RESET;
-        this.#replaced.delete(i);
-        others = true;
-      }
+    for (const [i] of failures) {
+      fresh[i] = Op.RESET; // not in flight here: a fresh env nobody would reset
+      this.#replaced.delete(i);
     }
-    if (others) {
+    if (failures.length) {
       const size = this.resultSize;
       const scratch: Records = { bytes: new Uint8Array(this.numEnvs * size), at: (i) => i * size, written: () => undefined, keepFinal: () => undefined };
       this.run(fresh, new Float64Array(this.numEnvs), new Array<bigint | null>(this.numEnvs).fill(null), scratch);
@@ -659,7 +652,10 @@ export class WorkerPool {
     return anyDead;
   }
 
-  /** Replace the dead workers (busy 2); each of their envs fails by name. */
+  /**
+   * Replace the dead workers (busy 2); each of their envs fails by name: into `failures`, or,
+   * for an env submitted asynchronously, as its finished result (the RECV recovers it).
+   */
   #replaceDead(failures: Failure[]): void {
     for (let k = 0; k < this.workers; k++) {
       if (this.#busy[k] !== 2) continue;
@@ -669,8 +665,14 @@ export class WorkerPool {
       void thread?.terminate();
       const envs = this.#describe(k);
       for (const i of this.envIds(k)) {
-        failures.push([i, new RequestError(ErrorCode.ENV_ERROR, `env ${i}: worker thread ${k} (thread id ${id}, envs ${envs}) died`)]);
+        const error = new RequestError(ErrorCode.ENV_ERROR, `env ${i}: worker thread ${k} (thread id ${id}, envs ${envs}) died`);
         this.#replaced.add(i);
+        if (this.#pending.delete(i)) {
+          Atomics.store(this.#lay.i32, this.#lay.stateWord + i, IDLE);
+          this.#completed.push({ index: i, ended: false, error });
+        } else {
+          failures.push([i, error]);
+        }
       }
       this.#spawn(k);
       this.#awaitStart(k);
