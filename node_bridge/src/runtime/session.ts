@@ -81,8 +81,9 @@ export class Session implements Records {
   /** Length of the current response body (at BODY_OFFSET). */
   bodyLength = 0;
   /**
-   * Set while a response is pending (`handle` returned LATER): resolves to its msg_type once its
-   * body is in the buffer (an ERROR body for a refusal: it never rejects).
+   * Right after `handle` returned LATER: that response's promise, which resolves to its msg_type
+   * once its body is in the buffer (an ERROR body for a refusal: it never rejects); null when no
+   * response is pending.
    */
   later: Promise<number> | null = null;
 
@@ -104,6 +105,10 @@ export class Session implements Records {
   readonly #spacesNames: readonly [string, string];
   /** How many final results the current SAME_STEP response carries. */
   #finals = 0;
+  /** The last pending response (requests arriving meanwhile are answered after it). */
+  #tail: Promise<number> | null = null;
+  /** The promise a handler leaves when it returns LATER (taken by `handle`). */
+  #waiting: Promise<number> | null = null;
   /** Asynchronous batches (SEND / RECV / ASYNC_RESET): created on first use. */
   #async: AsyncBatches | null = null;
   #frames = new Map<number, Buffer>();
@@ -192,41 +197,46 @@ export class Session implements Records {
    * must be closed after sending it.
    */
   handle(msgType: number, buf: Uint8Array, offset: number, length: number): number {
-    if (this.later !== null) return this.#queue(msgType, buf, offset, length);
-    return this.#handleNow(msgType, buf, offset, length);
+    if (this.#tail !== null) {
+      // a response is pending: answer this one after it, in order (its body copied: the
+      // backend reuses its buffer), a macrotask later (the backend has sent the previous one)
+      const body = Buffer.from(buf.subarray(offset, offset + length));
+      const turn = this.#tail.then(() => new Promise<void>((resolve) => setImmediate(resolve)));
+      return this.#pend(turn.then(() => this.#handleQueued(msgType, body)));
+    }
+    const type = this.#handleNow(msgType, buf, offset, length);
+    return type === LATER ? this.#pend(this.#takeWaiting()) : type;
   }
 
-  /** A response pending: answer this request after it (its body copied: the backend reuses its buffer). */
-  #queue(msgType: number, buf: Uint8Array, offset: number, length: number): number {
-    const body = Buffer.from(buf.subarray(offset, offset + length));
-    const before = this.later as Promise<number>;
-    // a macrotask later: the backend has sent the previous response out of the buffer
-    const next = before.then(() => new Promise<void>((resolve) => setImmediate(resolve)));
-    return this.#answerLater(
-      next.then(() => {
-        this.later = null;
-        return this.#answerNow(msgType, body);
-      }),
-    );
-  }
-
-  /** Answer a queued request: its msg_type, or the promise of it (a RECV that waits in turn). */
-  #answerNow(msgType: number, body: Buffer): number | Promise<number> {
+  /** A queued request's msg_type, or the promise of it (a RECV that waits in turn). */
+  #handleQueued(msgType: number, body: Buffer): number | Promise<number> {
     const type = this.#handleNow(msgType, body, 0, body.byteLength);
-    return type === LATER && this.later !== null ? this.later : type;
+    return type === LATER ? this.#takeWaiting() : type;
+  }
+
+  /** The promise the handler that returned LATER left (its response's msg_type). */
+  #takeWaiting(): Promise<number> {
+    const waiting = this.#waiting;
+    this.#waiting = null;
+    if (waiting === null) throw new Error("a handler returned LATER without a promise");
+    return waiting;
   }
 
   /** Answer with `work`'s msg_type when it settles (a rejection becomes an ERROR body): LATER. */
-  #answerLater(work: Promise<number>): number {
+  #pend(work: Promise<number>): number {
     const settled = work.then(
       (type) => type,
       (error: unknown) =>
         error instanceof RequestError ? this.error(error.code, error.text) : this.error(ErrorCode.INTERNAL, describeError(error)),
     );
     const later: Promise<number> = settled.then((type) => {
-      if (this.later === later) this.later = null;
+      if (this.#tail === later) {
+        this.#tail = null; // the last pending response: requests are answered at once again
+        this.later = null;
+      }
       return type;
     });
+    this.#tail = later;
     this.later = later;
     return LATER;
   }
@@ -497,7 +507,10 @@ export class Session implements Records {
     const batchSize = new DataView(buf.buffer, buf.byteOffset + offset, length).getUint32(0, true);
     const batches = this.#asyncBatches();
     const got = batches.recv(batchSize);
-    if (got instanceof Promise) return this.#answerLater(got.then((ids) => this.#recvBody(ids)));
+    if (got instanceof Promise) {
+      this.#waiting = got.then((ids) => this.#recvBody(ids));
+      return LATER;
+    }
     return this.#recvBody(got);
   }
 

@@ -331,12 +331,15 @@ if (require.main === module) {
       const health = new Uint8Array(0);
       assert.equal(session.handle(IDS.HEALTH_REQ, health, 0, 0), LATER); // queued behind the RECV
       const queued = session.later as Promise<number>;
+      assert.equal(session.handle(IDS.SPACES_REQ, health, 0, 0), LATER); // and this one behind it
+      const last = session.later as Promise<number>;
       const order: string[] = [];
       void recv.then((type) => order.push(`recv ${type} ${msgpackTail(session.body())}`));
       void queued.then((type) => order.push(`health ${type}`));
+      void last.then((type) => order.push(`spaces ${type}`));
       writeFileSync(gate, "open");
-      await queued;
-      assert.deepEqual(order, [`recv ${IDS.RECV_RESP} 0`, `health ${IDS.HEALTH_RESP}`]);
+      await last;
+      assert.deepEqual(order, [`recv ${IDS.RECV_RESP} 0`, `health ${IDS.HEALTH_RESP}`, `spaces ${IDS.SPACES_RESP}`]);
       assert.equal(session.later, null);
     } finally {
       rmSync(gate, { force: true });
