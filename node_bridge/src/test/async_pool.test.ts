@@ -305,6 +305,41 @@ if (require.main === module) {
     assert.equal(existsSync(`/dev/shm/transport-${url.slice("shm://".length, url.indexOf("?"))}`), false, "the segment was left behind");
   });
 
+  test("shm with worker threads: a client that dies with an env in flight is reclaimed; the next client works", { skip: HAVE_PYTHON ? false : "no Python transport" }, async () => {
+    const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
+    const url = `shm://apool-${randomBytes(5).toString("hex")}?num_envs=5`;
+    const gate = join(tmpdir(), `transport-apool-never-${randomBytes(6).toString("hex")}`); // never opened
+    const server = new NodeServer(url, ["--env", module, "--workers", "2"], { [GATE_ENV]: gate });
+    try {
+      await server.ready();
+      const dying = `
+import os, transport, sys
+c = transport.connect(sys.argv[1], timeout=20.0)
+c.async_reset(0)
+c.recv(5)
+c.send([${SLOW}, 1], [0, 3])
+c.recv(1)
+os._exit(0)  # dies holding the lease, env 0 still stepping
+`;
+      const first = spawnSync(PYTHON, ["-c", dying, url], { cwd: ROOT, encoding: "utf8", timeout: 60_000 });
+      assert.equal(first.status, 0, first.stderr);
+      const next = `
+import sys, transport
+with transport.connect(sys.argv[1], timeout=10.0) as c:  # below the stuck env's 20 s: reclaimed while it runs
+    c.reset(1)
+    c.step([1, 2, 3, 4, 5])
+    print("stepped")
+`;
+      const second = spawnSync(PYTHON, ["-c", next, url], { cwd: ROOT, encoding: "utf8", timeout: 60_000 });
+      assert.equal(second.status, 0, second.stderr);
+      assert.equal(second.stdout.trim(), "stepped");
+      for (let k = 0; k < 100 && !server.stderr.includes("is gone"); k++) await new Promise((ok) => setTimeout(ok, 50)); // spawnSync held the pipe's data
+      assert.match(server.stderr, /client pid \d+ is gone; reclaiming its lease/);
+    } finally {
+      await server.stop();
+    }
+  });
+
   test("a request that arrives while a RECV waits is answered after it, in order (Session.later)", async () => {
     const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
     const before = process.env[GATE_ENV];

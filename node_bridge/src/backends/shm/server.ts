@@ -245,6 +245,8 @@ export class ShmListener implements Listener {
   /** Slots submitted to the lease's worker pool and not published yet (asynchronous batches). */
   readonly #inFlight: Uint8Array;
   #inFlightCount = 0;
+  /** When the loop next looks for a dead client while envs are in flight (performance.now ms). */
+  #housekeepAt = 0;
   /** Each slot's op of an asynchronous submit (scratch). */
   readonly #ops: Uint8Array;
   readonly #seqs: Int32Array;
@@ -366,7 +368,16 @@ export class ShmListener implements Listener {
             this.#lease?.runtime.runner.concurrent?.waitSync(IN_FLIGHT_SLICE_MS);
           }
           if (this.#closed) return;
-          if (performance.now() >= burstEnd) break;
+          if (Atomics.load(region.words, region.cbWord("state")) !== RegionState.READY) {
+            this.#stop(); // as a wait that found the region not READY (WAIT_CLOSED)
+            return;
+          }
+          const now = performance.now();
+          if (now >= this.#housekeepAt) {
+            this.#housekeepAt = now + policy.futexSliceMs; // a dead client is found while envs run too
+            this.#housekeeping();
+          }
+          if (now >= burstEnd) break;
           continue;
         }
         const rc = waitWord(region, this.#doorbellAt, this.#last, false, sliceNs, {
