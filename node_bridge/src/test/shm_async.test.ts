@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { readFileSync, readdirSync } from "node:fs";
+import { resolve } from "node:path";
 import { after, describe, test } from "node:test";
 
 import { native } from "../backends/shm/native";
@@ -17,7 +18,10 @@ import { PREFIX, SHM_DIR, parseShmUrl } from "../backends/shm/region";
 import type * as pac_env from "../generated/pac_env";
 import { type Client, PeerGoneError, RemoteError, TransportTimeoutError, connect } from "../index";
 import { ErrorCode } from "../protocol";
+import { POISON } from "../testing/faulty";
 import { HAVE_PYTHON, ServerProcess } from "../testing/servers";
+
+const FAULTY = resolve(__dirname, "..", "testing", "faulty.js");
 
 const N = 4;
 const B = N / 2;
@@ -35,8 +39,11 @@ after(async () => {
   assert.deepEqual(left, [], "no segment of these tests is left in /dev/shm");
 });
 
-async function started(lang: "node" | "python", url: string): Promise<ServerProcess> {
-  const server = await ServerProcess.start(lang, url, "--env", "pac");
+async function started(lang: "node" | "python" | "faulty", url: string): Promise<ServerProcess> {
+  const server =
+    lang === "faulty"
+      ? await ServerProcess.start({ module: FAULTY, factory: "makeFaulty", numEnvs: 3 }, url)
+      : await ServerProcess.start(lang, url, "--env", "pac");
   servers.push(server);
   return server;
 }
@@ -56,7 +63,7 @@ function hexOf(result: pac_env.StepResult): string {
 
 /** Each env's results (and SAME_STEP finals, tagged) over `steps` lock-step steps from reset(seed). */
 async function lockstep(client: Client, seed: number, steps: number): Promise<string[][]> {
-  const traces: string[][] = Array.from({ length: N }, () => []);
+  const traces: string[][] = Array.from({ length: client.numEnvs }, () => []);
   let results = (await client.reset(seed, { copy: true })) as pac_env.StepResult[];
   for (let t = 0; ; t++) {
     results.forEach((r, i) => traces[i]!.push(hexOf(r)));
@@ -70,16 +77,17 @@ async function lockstep(client: Client, seed: number, steps: number): Promise<st
  * The same per-env traces through asyncReset / send / recv(B), pipelined as EnvPool is used:
  * each env that comes back is sent again at once, until every env did `steps` steps.
  */
-async function pipelined(client: Client, seed: number, steps: number): Promise<{ traces: string[][]; batches: number }> {
-  const traces: string[][] = Array.from({ length: N }, () => []);
-  const done = new Array<number>(N).fill(0);
+async function pipelined(client: Client, seed: number, steps: number, b = B): Promise<{ traces: string[][]; batches: number }> {
+  const n = client.numEnvs;
+  const traces: string[][] = Array.from({ length: n }, () => []);
+  const done = new Array<number>(n).fill(0);
   await client.asyncReset(seed);
-  let flying = N;
+  let flying = n;
   let batches = 0;
   while (flying > 0) {
-    const got = await client.recv(B);
+    const got = await client.recv(b);
     batches++;
-    assert.ok(got.envIds.length >= 1 && got.envIds.length <= B, `recv returned ${got.envIds.length} results`);
+    assert.ok(got.envIds.length >= 1 && got.envIds.length <= b, `recv returned ${got.envIds.length} results`);
     assert.equal(got.results.length, got.envIds.length);
     flying -= got.envIds.length;
     const ids: number[] = [];
@@ -248,6 +256,52 @@ for (const lang of LANGS) {
     });
   });
 }
+
+describe("shm:// asynchronous batches: checksums, env errors, many envs (Node server)", () => {
+  test("?checksum=crc32: RECV checks the slots it returns", async () => {
+    const server = await started("node", shmUrl(N, "&checksum=crc32"));
+    const client = await connect(server.url, { timeoutMs: 10_000, autoreset: "next_step" });
+    try {
+      const got = await pipelined(client, 8, 10);
+      assert.deepEqual(got.traces, await lockstep(client, 8, 10));
+    } finally {
+      await client.close();
+      await server.stop();
+    }
+  });
+
+  test("an env that throws: its RECV is ENV_ERROR naming it, the other env comes back", async () => {
+    const server = await started("faulty", shmUrl(3));
+    const client = await connect(server.url, { timeoutMs: 10_000 });
+    try {
+      await client.reset();
+      await client.send([1, POISON], [0, 1]);
+      await rejectsWith(client.recv(2), ErrorCode.ENV_ERROR, /^env 1: TypeError: poisoned action \(the env was reset\)$/);
+      const rest = await client.recv(2);
+      assert.deepEqual(rest.envIds, [0]);
+      assert.equal((rest.results[0] as pac_env.StepResult).observation[0], 1);
+      const next = (await client.step([2, 3, 4], { copy: true })) as pac_env.StepResult[];
+      assert.deepEqual(next.map((r) => r.observation[0]), [2, 3, 4]);
+    } finally {
+      await client.close();
+      await server.stop();
+    }
+  });
+
+  for (const n of [20, 130]) {
+    test(`${n} envs (${n > 128 ? "more unanswered words than one futex_waitv takes" : "a msgpack array16 of env ids"})`, async () => {
+      const server = await started("node", shmUrl(n, "&wait=futex"));
+      const client = await connect(server.url, { timeoutMs: 10_000, autoreset: "next_step" });
+      try {
+        const got = await pipelined(client, 2, 4, n / 2);
+        assert.deepEqual(got.traces, await lockstep(client, 2, 4));
+      } finally {
+        await client.close();
+        await server.stop();
+      }
+    });
+  }
+});
 
 describe("shm:// asynchronous batches without futex_waitv (one word in short slices)", () => {
   test("the pipelined trace still equals lock-step (Node server)", async () => {
