@@ -15,6 +15,7 @@ import { after, describe, test } from "node:test";
 
 import { native } from "../backends/shm/native";
 import { PREFIX, SHM_DIR, parseShmUrl } from "../backends/shm/region";
+import * as gridworld from "../generated/gridworld";
 import type * as pac_env from "../generated/pac_env";
 import { type Client, PeerGoneError, RemoteError, TransportTimeoutError, connect } from "../index";
 import { ErrorCode } from "../protocol";
@@ -22,6 +23,8 @@ import { POISON } from "../testing/faulty";
 import { HAVE_PYTHON, ServerProcess } from "../testing/servers";
 
 const FAULTY = resolve(__dirname, "..", "testing", "faulty.js");
+const ENVS = resolve(__dirname, "..", "testing", "envs.js");
+const GRIDWORLD = resolve(__dirname, "..", "generated", "gridworld.js");
 
 const N = 4;
 const B = N / 2;
@@ -39,11 +42,13 @@ after(async () => {
   assert.deepEqual(left, [], "no segment of these tests is left in /dev/shm");
 });
 
-async function started(lang: "node" | "python" | "faulty", url: string): Promise<ServerProcess> {
+async function started(lang: "node" | "python" | "faulty" | "gridworld", url: string): Promise<ServerProcess> {
   const server =
     lang === "faulty"
       ? await ServerProcess.start({ module: FAULTY, factory: "makeFaulty", numEnvs: 3 }, url)
-      : await ServerProcess.start(lang, url, "--env", "pac");
+      : lang === "gridworld"
+        ? await ServerProcess.start({ module: ENVS, factory: "makeGridWorld", numEnvs: N, schemaModule: GRIDWORLD }, url)
+        : await ServerProcess.start(lang, url, "--env", "pac");
   servers.push(server);
   return server;
 }
@@ -282,6 +287,23 @@ describe("shm:// asynchronous batches: checksums, env errors, many envs (Node se
       assert.equal((rest.results[0] as pac_env.StepResult).observation[0], 1);
       const next = (await client.step([2, 3, 4], { copy: true })) as pac_env.StepResult[];
       assert.deepEqual(next.map((r) => r.observation[0]), [2, 3, 4]);
+    } finally {
+      await client.close();
+      await server.stop();
+    }
+  });
+
+  test("a derived layout (gridworld: results whole in the slots), same_step finals", async () => {
+    const server = await started("gridworld", shmUrl());
+    const client = (await connect<unknown, unknown>(server.url, {
+      schema: gridworld.SCHEMA,
+      timeoutMs: 10_000,
+      autoreset: "same_step",
+    })) as unknown as Client;
+    try {
+      const got = await pipelined(client, 6, 60);
+      assert.ok(got.traces.flat().some((line) => line.startsWith("final ")), "some episodes ended");
+      assert.deepEqual(got.traces, await lockstep(client, 6, 60));
     } finally {
       await client.close();
       await server.stop();
