@@ -17,7 +17,7 @@ import { native } from "../backends/shm/native";
 import { PREFIX, SHM_DIR, parseShmUrl } from "../backends/shm/region";
 import * as gridworld from "../generated/gridworld";
 import type * as pac_env from "../generated/pac_env";
-import { type Client, PeerGoneError, RemoteError, TransportTimeoutError, connect } from "../index";
+import { type Client, PeerGoneError, RemoteError, TransportError, TransportTimeoutError, connect } from "../index";
 import { ErrorCode } from "../protocol";
 import { POISON } from "../testing/faulty";
 import { HAVE_PYTHON, ServerProcess } from "../testing/servers";
@@ -235,6 +235,24 @@ for (const lang of LANGS) {
         assert.equal(((await client.step([0, 0, 0, 0], { copy: true })) as pac_env.StepResult[]).length, N);
       } finally {
         await client.close();
+        await server.stop();
+      }
+    });
+
+    test("close() while a RECV waits: the RECV fails (TransportError), the process lives on", async () => {
+      const server = await started(lang, shmUrl(N, "&wait=futex"));
+      const client = await connect(server.url, { timeoutMs: 30_000 });
+      try {
+        await client.asyncReset(1);
+        await client.recv(N);
+        await silence(server);
+        await client.send([0], [2]);
+        const waiting = client.recv(1);
+        await new Promise((ok) => setTimeout(ok, 100)); // the RECV sleeps in the kernel
+        await client.close();
+        await within(assert.rejects(waiting, (e: unknown) => e instanceof TransportError && /closed while a RECV waited/.test(e.message)), 10_000, "RECV after close");
+      } finally {
+        server.proc.kill("SIGCONT");
         await server.stop();
       }
     });

@@ -681,6 +681,8 @@ export class ShmChannel implements Channel {
         const address = (w[2] as number) + (w[3] as number) * 0x1_0000_0000;
         await nat.futexWaitAsync(address, w[0] as number, timespec);
       }
+      // close() while this RECV slept unmapped the region: touching it now would be a SIGSEGV
+      if (!this.region.mapped) throw new TransportError(`shm://${this.shm.name}: the client was closed while a RECV waited`);
     }
   }
 
