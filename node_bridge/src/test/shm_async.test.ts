@@ -13,6 +13,7 @@ import { readFileSync, readdirSync } from "node:fs";
 import { resolve } from "node:path";
 import { after, describe, test } from "node:test";
 
+import { ShmChannel } from "../backends/shm/channel";
 import { native } from "../backends/shm/native";
 import { PREFIX, SHM_DIR, parseShmUrl } from "../backends/shm/region";
 import * as gridworld from "../generated/gridworld";
@@ -193,9 +194,13 @@ for (const lang of LANGS) {
         await rejectsWith(client.send([0], [N]), ErrorCode.BAD_BATCH, /outside 0\.\.3/);
         await client.send([actions[0]!, actions[2]!], [0, 2]);
         await rejectsWith(client.send([actions[2]!], [2]), ErrorCode.ASYNC_STATE, /already in flight/);
+        const region = (client.channel as ShmChannel).region;
+        const requestWords = (): number[] => Array.from({ length: N }, (_, i) => Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2));
+        const before = requestWords();
         await rejectsWith(client.step(actions), ErrorCode.ASYNC_STATE, /in flight/);
         await rejectsWith(client.reset(), ErrorCode.ASYNC_STATE, /in flight/);
         await rejectsWith(client.asyncReset(1), ErrorCode.ASYNC_STATE, /in flight/);
+        assert.deepEqual(requestWords(), before, "a refused request publishes nothing");
         assert.equal(await client.health(), true); // not a lock-step request
         const first = await client.recv(1);
         const second = await client.recv(5); // min(B, in flight): the one left
