@@ -43,13 +43,13 @@ after(async () => {
   assert.deepEqual(left, [], "no segment of these tests is left in /dev/shm");
 });
 
-async function started(lang: "node" | "python" | "faulty" | "gridworld", url: string): Promise<ServerProcess> {
+async function started(lang: "node" | "python" | "faulty" | "gridworld", url: string, ...args: string[]): Promise<ServerProcess> {
   const server =
     lang === "faulty"
       ? await ServerProcess.start({ module: FAULTY, factory: "makeFaulty", numEnvs: 3 }, url)
       : lang === "gridworld"
         ? await ServerProcess.start({ module: ENVS, factory: "makeGridWorld", numEnvs: N, schemaModule: GRIDWORLD }, url)
-        : await ServerProcess.start(lang, url, "--env", "pac");
+        : await ServerProcess.start(lang, url, "--env", "pac", ...args);
   servers.push(server);
   return server;
 }
@@ -346,6 +346,20 @@ describe("shm:// asynchronous batches: checksums, env errors, many envs (Node se
       }
     });
   }
+});
+
+describe("shm:// asynchronous batches, Python server with worker processes", { skip: HAVE_PYTHON ? false : "no Python transport" }, () => {
+  test("pipelined send / recv: each slot answered as its env finishes, lock-step's results", async () => {
+    const server = await started("python", shmUrl(), "--workers", "2");
+    const client = await connect(server.url, { timeoutMs: 10_000, autoreset: "same_step" });
+    try {
+      const got = await pipelined(client, 12, 30);
+      assert.deepEqual(got.traces, await lockstep(client, 12, 30));
+    } finally {
+      await client.close();
+      await server.stop();
+    }
+  });
 });
 
 describe("shm:// asynchronous batches without futex_waitv (one word in short slices)", () => {
