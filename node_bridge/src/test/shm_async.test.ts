@@ -262,6 +262,25 @@ for (const lang of LANGS) {
       }
     });
 
+    test("close() while a lock-step step waits: the step fails once answered, the lease is released", async () => {
+      const server = await started(lang, shmUrl(N, "&wait=futex"));
+      const client = await connect(server.url, { timeoutMs: 30_000 });
+      try {
+        await client.reset(1);
+        await silence(server);
+        const waiting = client.step([0, 0, 0, 0]);
+        await new Promise((ok) => setTimeout(ok, 100)); // the step sleeps in FUTEX_WAIT
+        await client.close();
+        server.proc.kill("SIGCONT"); // answered now: the step ends, then the region is unmapped
+        await within(assert.rejects(waiting, (e: unknown) => e instanceof TransportError && /closed during this request/.test(e.message)), 10_000, "step after close");
+        const next = await connect(server.url, { timeoutMs: 5_000 }); // the lease was released
+        await next.close();
+      } finally {
+        server.proc.kill("SIGCONT");
+        await server.stop();
+      }
+    });
+
     test("a server killed while the client waits in RECV is PeerGoneError", async () => {
       const server = await started(lang, shmUrl());
       const client = await connect(server.url, { timeoutMs: 30_000 });

@@ -382,9 +382,13 @@ export class ShmChannel implements Channel {
     this.#busy = true;
     try {
       if (this.#late) await this.#settle();
-      return await this.#request(msgType, body);
+      const type = await this.#request(msgType, body);
+      // close() came while this request waited: its results are in a region about to be unmapped
+      if (this.#closed) throw new TransportError(`shm://${this.shm.name}: the client was closed during this request`);
+      return type;
     } finally {
       this.#busy = false;
+      if (this.#closed) this.#release(); // close() left the unmapping to this request's end
     }
   }
 
@@ -686,8 +690,8 @@ export class ShmChannel implements Channel {
         const address = (w[2] as number) + (w[3] as number) * 0x1_0000_0000;
         await nat.futexWaitAsync(address, w[0] as number, timespec);
       }
-      // close() while this RECV slept unmapped the region: touching it now would be a SIGSEGV
-      if (!this.region.mapped) throw new TransportError(`shm://${this.shm.name}: the client was closed while a RECV waited`);
+      // close() came while this RECV slept: end it now (the region is unmapped when it returns)
+      if (this.#closed) throw new TransportError(`shm://${this.shm.name}: the client was closed while a RECV waited`);
     }
   }
 
@@ -962,11 +966,17 @@ export class ShmChannel implements Channel {
     return this.#ids.ERROR;
   }
 
-  /** SHUTDOWN (the server drops this lease's envs; at most 1 s), release the lease, unmap. */
+  /**
+   * SHUTDOWN (the server drops this lease's envs; at most 1 s), release the lease, unmap. During
+   * a request the release is that request's, when it ends (a RECV within one wait slice; a
+   * lock-step request when answered, timed out or its server dead): unmapping under a wait
+   * would crash the process (SIGSEGV) when the wait reads its words again.
+   */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    if (!this.#busy && this.#alive()) {
+    if (this.#busy) return;
+    if (this.#alive()) {
       try {
         await this.#roundTrip(SlotCommand.SHUTDOWN, this.numEnvs, 1000);
       } catch {
