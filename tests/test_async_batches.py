@@ -219,6 +219,9 @@ def test_a_recv_timeout_leaves_the_envs_in_flight(scheme: str) -> None:
         actions = [int(np.flatnonzero(masks[k])[0]) for k in range(NUM_ENVS)]
         ids = got.env_ids.tolist()
         os.kill(s.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # the signal takes effect when the kernel next runs it
+        while _state(s.proc.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             with pytest.raises(TransportTimeoutError):  # unix: at send (SEND_RESP); shm: at recv
                 client.send(actions[:2], ids[:2])
@@ -231,3 +234,9 @@ def test_a_recv_timeout_leaves_the_envs_in_flight(scheme: str) -> None:
             client.recv()
         assert info.value.code == ErrorCode.ASYNC_STATE
         client.step([0] * NUM_ENVS)  # lock-step works again
+
+
+def _state(pid: int) -> str:
+    """The process state letter of /proc/<pid>/stat (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
