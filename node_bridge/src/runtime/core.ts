@@ -81,6 +81,19 @@ export const Op = {
 } as const;
 export type Op = (typeof Op)[keyof typeof Op];
 
+/**
+ * ENV_ERROR after recovery, naming the envs that failed (the others did their op): the shm
+ * server answers only their slots (Python: `RequestError.env_ids`).
+ */
+export class EnvFailureError extends RequestError {
+  constructor(
+    text: string,
+    readonly envIds: readonly number[],
+  ) {
+    super(ErrorCode.ENV_ERROR, text);
+  }
+}
+
 /** A failure of one env during a request: its index and what it threw. */
 export type Failure = readonly [index: number, error: unknown];
 
@@ -938,7 +951,7 @@ export class EnvRuntime {
           (stack !== undefined ? `\n${stack}\n` : `: ${detail}\n`),
       );
     });
-    return new RequestError(ErrorCode.ENV_ERROR, withTraceback(texts.join("; "), trace));
+    return new EnvFailureError(withTraceback(texts.join("; "), trace), failures.map(([index]) => index));
   }
 
   /** The request env `index` was doing, for a log line: its op's message name, action or seed. */

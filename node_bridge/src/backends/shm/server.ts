@@ -44,6 +44,7 @@ import { type AutoReset, ErrorCode, RequestError } from "../../protocol";
 import {
   type ActionType,
   type AsyncDone,
+  EnvFailureError,
   type EnvRuntime,
   Op,
   type Records,
@@ -461,7 +462,17 @@ export class ShmListener implements Listener {
         status = -1; // statuses written per slot
       }
     } catch (error) {
-      if (error instanceof RequestError) {
+      if (error instanceof EnvFailureError && all) {
+        // the failed envs' slots carry the error; the others did their step (a lock-step client
+        // reads the first failed slot; an asynchronous one each env's own), as the Python server
+        status = -1;
+        for (let i = 0; i < k; i++) if (pending[i]) region.dv.setUint16(region.slotAt(i, "status"), 0, true);
+        for (const i of error.envIds) {
+          if (!pending[i]) continue;
+          region.dv.setUint16(region.slotAt(i, "status"), error.code, true);
+          this.#writeText(i, error.text);
+        }
+      } else if (error instanceof RequestError) {
         status = error.code;
         this.#errorAll(error.text);
       } else {
