@@ -183,7 +183,8 @@ function runFaultClient(url: string): FaultReply {
         dv.setInt32(region.slotAt(i, "action"), actions[i] ?? 0, true);
       });
       // the message only: the env's stack follows it after the marker (tests/test_env_error_reports.py)
-      answers.push([status, status === 0 ? "" : (slotText(region, 0).split(REMOTE_TRACEBACK_MARKER)[0] as string)]);
+      const failed = [0, 1, 2].find((i) => dv.getUint16(region.slotAt(i, "status"), true) !== 0) ?? 0; // an env error: its slots only
+      answers.push([status, status === 0 ? "" : (slotText(region, failed).split(REMOTE_TRACEBACK_MARKER)[0] as string)]);
       return status;
     };
     const steps = (i: number): number => dv.getFloat32(region.slotAt(i, "observation") + 4, true);
