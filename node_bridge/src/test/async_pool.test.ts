@@ -305,6 +305,29 @@ if (require.main === module) {
     assert.equal(existsSync(`/dev/shm/transport-${url.slice("shm://".length, url.indexOf("?"))}`), false, "the segment was left behind");
   });
 
+  test("shm with worker threads, from the Node client: a subset SEND answered as each env finishes", async () => {
+    const gate = join(tmpdir(), `transport-apool-gate-${randomBytes(6).toString("hex")}`);
+    const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
+    const url = `shm://apool-${randomBytes(5).toString("hex")}?num_envs=5`;
+    await withServer(["--env", module, "--workers", "2"], { [GATE_ENV]: gate }, async (served) => {
+      const client = await connect(served, { timeoutMs: 20_000 });
+      try {
+        await client.asyncReset(0);
+        assert.deepEqual([...(await client.recv(5)).envIds].sort(), [0, 1, 2, 3, 4]);
+        await client.send([SLOW, 3, 4], [0, 3, 4]); // worker 0 has envs 0..2, worker 1 envs 3 and 4
+        const first = await client.recv(2);
+        assert.deepEqual([...first.envIds].sort(), [3, 4]);
+        writeFileSync(gate, "open");
+        const rest = await client.recv(1);
+        assert.deepEqual(rest.envIds, [0]);
+        assert.deepEqual(Array.from((rest.results[0] as EchoResult).observation.subarray(0, 2)), [SLOW, 1]);
+      } finally {
+        rmSync(gate, { force: true });
+        await client.close();
+      }
+    }, url);
+  });
+
   test("shm with worker threads: a client that dies with an env in flight is reclaimed; the next client works", { skip: HAVE_PYTHON ? false : "no Python transport" }, async () => {
     const module = `${join(__dirname, "async_pool.test.js")}:makeGated`;
     const url = `shm://apool-${randomBytes(5).toString("hex")}?num_envs=5`;
