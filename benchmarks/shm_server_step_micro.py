@@ -1,14 +1,16 @@
 """In-process micro-benchmark of the Python shm server's per-step work (no client process).
 
-  PYTHONPATH=TREE python benchmarks/shm_server_step_micro.py [--steps 20000] [--repeat 9]
+  PYTHONPATH=TREE python benchmarks/shm_server_step_micro.py [--envs 1] [--steps 20000]
+      [--repeat 9]
 
-Creates an shm:// region served by ``Listener`` (echo env, pac_env schema, one env), takes the
-lease for this process and then plays the client in the same thread: write the action and the
-STEP command into slot 0, bump the request word, call ``Listener._serve_batch`` once. Prints the
-best of ``--repeat`` runs in ns per step: the client's writes alone, and with ``_serve_batch``;
-their difference is the server's Python work per batch-1 step (what a probe round trip adds on
-top of the futex wake-ups). Runs on this tree and on trees back to 296e6f6 (both Listener module
-layouts), so two commits can be compared in one sitting (PYTHONPATH picks the tree).
+Creates an shm:// region served by ``Listener`` (echo env, pac_env schema, ``--envs`` envs),
+takes the lease for this process and then plays the client in the same thread: write the actions
+and the STEP command into the slots, bump their request words, call ``Listener._serve_batch``
+once. Prints the best of ``--repeat`` runs in ns per step: the client's writes alone, and with
+``_serve_batch``; their difference is the server's Python work per step of a batch (what a
+probe round trip adds on top of the futex wake-ups). Runs on this tree and on trees back to
+296e6f6 (both Listener module layouts), so two commits can be compared in one sitting
+(PYTHONPATH picks the tree).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import timeit
 from typing import Any
 
 
-def started_listener(url: str) -> Any:
+def started_listener(url: str, num_envs: int = 1) -> Any:
     """A started Listener of the tree on sys.path (the runtime layout, else 296e6f6's)."""
     from transport.envs import env_factory
     from transport.generated import pac_env
@@ -33,9 +35,10 @@ def started_listener(url: str) -> Any:
 
         from transport.backends.shm import Listener
 
-        listener = Listener(url, SessionFactory(pac_env.SCHEMA, env_factory("echo")))
+        sessions = SessionFactory(pac_env.SCHEMA, env_factory("echo"), num_envs=num_envs)
+        listener = Listener(url, sessions)
     else:
-        host = EnvHost(pac_env.SCHEMA, env_factory("echo"), env_name="echo")
+        host = EnvHost(pac_env.SCHEMA, env_factory("echo"), num_envs=num_envs, env_name="echo")
         host.check()
         listener = Listener(url, host)
     listener.start()
@@ -44,10 +47,12 @@ def started_listener(url: str) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", type=int, default=1, help="envs stepped per batch")
     parser.add_argument("--steps", type=int, default=20000, help="steps per timed run")
     parser.add_argument("--repeat", type=int, default=9, help="timed runs (the best is kept)")
     args = parser.parse_args()
-    listener = started_listener(f"shm://step-micro-{os.getpid()}")
+    n = args.envs
+    listener = started_listener(f"shm://step-micro-{os.getpid()}", n)
     try:
         slot_command = sys.modules[type(listener).__module__].SlotCommand
         region = listener.region
@@ -60,14 +65,14 @@ def main() -> None:
         sequence = [0]
 
         def send(cmd: int, value: int) -> None:
-            command[0] = cmd
-            action[0] = value
+            command[:n] = cmd
+            action[:n] = value
             sequence[0] += 1
-            request_word[0] = sequence[0]
+            request_word[:n] = sequence[0]
 
         send(int(slot_command.RESET), 0)
         serve_batch()
-        assert int(status[0]) == 0, "the reset was refused"
+        assert not status[:n].any(), "the reset was refused"
         step = int(slot_command.STEP)
 
         def client_part() -> None:
@@ -82,7 +87,7 @@ def main() -> None:
             best = min(timeit.repeat(fn, number=args.steps, repeat=args.repeat))
             timings[name] = best / args.steps * 1e9
         round_trip()
-        assert int(status[0]) == 0, "the step was refused"
+        assert not status[:n].any(), "the step was refused"
         timings["_serve_batch"] = timings["client + _serve_batch"] - timings["client writes"]
         for name, ns in timings.items():
             print(f"{name:24s} {ns:7.0f} ns")
