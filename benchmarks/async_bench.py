@@ -27,7 +27,7 @@ import gymnasium
 import numpy as np
 
 import transport
-from transport.envs.heavy_tail import HeavyTailEnv
+from transport.envs.heavy_tail import FAST_S, SLOW_FACTOR, SLOW_ONE_IN, HeavyTailEnv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVE = os.path.join(ROOT, ".venv", "bin", "transport-serve")
@@ -90,8 +90,34 @@ def _server(url: str, num_envs: int, workers: int) -> subprocess.Popen[str]:
     return proc
 
 
-def transport_runs(num_envs: int, workers: int, seconds: float, modes: list[str]) -> dict[str, Any]:
-    url = f"unix:///tmp/async-bench-{os.getpid()}-{workers}.sock"
+def ideal_ratio(num_envs: int, workers: int, cores: int = 2, samples: int = 4000) -> float:
+    """The most async can gain over lock-step on ``cores`` cores, from the env's step-time law
+    alone (no transport cost, no other load): a lock-step batch ends when its last worker ends
+    (worker k's work is the sum of its envs' steps; the cores are shared fairly among the
+    workers still busy), while async never lets a core idle (total work / min(cores, W))."""
+    rng = np.random.default_rng(0)
+    per = num_envs // workers
+    slow = rng.integers(0, SLOW_ONE_IN, (samples, workers, per)) == 0
+    work = np.where(slow, FAST_S * SLOW_FACTOR, FAST_S).sum(axis=2)
+    lockstep = 0.0
+    for jobs in np.sort(work, axis=1):  # processor sharing: the shortest job ends first
+        t, done = 0.0, 0.0
+        for k, job in enumerate(jobs):
+            rate = min(1.0, cores / (len(jobs) - k))
+            t += (job - done) / rate
+            done = job
+        lockstep += t
+    busy = work.sum() / min(cores, workers)
+    return float(lockstep / busy)
+
+
+def transport_runs(
+    num_envs: int, workers: int, seconds: float, modes: list[str], scheme: str = "unix"
+) -> dict[str, Any]:
+    if scheme == "shm":
+        url = f"shm://async-bench-{os.getpid()}-{workers}?num_envs={num_envs}"
+    else:
+        url = f"unix:///tmp/async-bench-{os.getpid()}-{workers}.sock"
     proc = _server(url, num_envs, workers)
     out: dict[str, Any] = {}
     try:
@@ -212,6 +238,9 @@ def main() -> int:
     main_run = transport_runs(n, args.workers, s, ["lockstep", "async"])
     rows[f"transport lock-step (W={args.workers})"] = main_run["lockstep"]
     rows[f"transport async B={n // 2} (W={args.workers})"] = main_run["async"]
+    shm_run = transport_runs(n, args.workers, s, ["lockstep", "async"], scheme="shm")
+    rows[f"transport shm lock-step (W={args.workers})"] = shm_run["lockstep"]
+    rows[f"transport shm async B={n // 2} (W={args.workers})"] = shm_run["async"]
     rows["gymnasium AsyncVectorEnv"] = gym_async(n, s)
     rows["SB3 SubprocVecEnv"] = sb3_subproc(n, s)
     skipped = {"EnvPool": "runs only its own C++ envs: it cannot host this Python env"}
@@ -236,6 +265,10 @@ def main() -> int:
         "seconds_per_spin": s,
         "rows": rows,
         "async_over_lockstep": asyn / lock,
+        "shm_async_over_lockstep": shm_run["async"]["steps_per_s"]
+        / shm_run["lockstep"]["steps_per_s"],
+        "ideal_async_over_lockstep": ideal_ratio(n, args.workers, os.cpu_count() or 1),
+        "ideal_async_over_lockstep_deep": ideal_ratio(4 * n, args.workers, os.cpu_count() or 1),
         "async_over_lockstep_deep": deep["async"]["steps_per_s"] / deep["lockstep"]["steps_per_s"],
         "async_over_best_peer": asyn
         / max(r["steps_per_s"] for name, r in rows.items() if not name.startswith("transport")),
@@ -255,7 +288,13 @@ def main() -> int:
     print(f"{'run':40} {'steps/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
     for name, r in rows.items():
         print(f"{name:40} {r['steps_per_s']:10.0f} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f}")
-    print(f"async / lock-step: {report['async_over_lockstep']:.2f}x")
+    print(f"async / lock-step: {report['async_over_lockstep']:.2f}x (unix)")
+    print(f"async / lock-step: {report['shm_async_over_lockstep']:.2f}x (shm)")
+    print(
+        f"ideal async / lock-step (idle-free workers, no transport): "
+        f"{report['ideal_async_over_lockstep']:.2f}x at N={n}, "
+        f"{report['ideal_async_over_lockstep_deep']:.2f}x at N={4 * n}, W={args.workers}"
+    )
     print(f"async / best peer: {report['async_over_best_peer']:.2f}x")
     print(f"async / lock-step at N={4 * n}: {report['async_over_lockstep_deep']:.2f}x")
     for name, why in skipped.items():

@@ -42,11 +42,7 @@ SCHEMES = ["unix", "http", "zmq+ipc", "zmq+tcp", "shm"]
 SCHEMAS = ["pac_env", "tetris", "mahjong_env"]
 TARGETS = [(scheme, lang) for scheme in SCHEMES for lang in ("python", "node")]
 
-GAPS: dict[tuple[str, ...], str] = {
-    # asynchronous batches (issue 14 item 1): stream backends only so far
-    ("shm", "*", "*", "async_batches"): "asynchronous batches: no shm slot commands yet",
-    ("shm", "*", "*", "async_misuse"): "asynchronous batches: no shm slot commands yet",
-}
+GAPS: dict[tuple[str, ...], str] = {}
 """(scheme, server language, schema, check) -> why it fails today ("*" matches anything).
 Empty: every backend passes every check in both server languages over every schema."""
 

@@ -270,6 +270,11 @@ class Schema:
         for name, struct in schema.structs.items():
             self.structs[name] = StructCodec(self, struct)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its IR (codecs are rebuilt): a factory holding a schema can go to worker
+        processes."""
+        return (type(self), (self.ir,))
+
     def dtype_of(self, struct: str) -> np.dtype[Any]:
         """The NumPy dtype of a struct (nested structs resolved in any declaration order)."""
         if struct not in self._dtypes:

@@ -227,6 +227,162 @@ int tp_client_roundtrip(tp_ctx *ctx, int64_t timeout_ns) {
     return tp_client_wait(ctx, timeout_ns);
 }
 
+/* -- asynchronous batches ------------------------------------------------------------------ */
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449 /* the same number on every architecture (Linux 5.16+) */
+#endif
+#define TP_FUTEX_32 2
+#define TP_WAITV_MAX 128        /* the kernel's limit per call */
+#define TP_WAITV_FALLBACK_NS 200000 /* without futex_waitv: one word, slices of 200 us */
+
+struct tp_waitv {
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved;
+};
+
+static int waitv_missing = 0;
+
+/* Sleep until one of `count` words no longer holds its value in `vals`, a wake-up, or
+ * `timeout_ns`: FUTEX_WAITV (shared futexes). An older kernel: FUTEX_WAIT on the first word
+ * in short slices (the others are seen at the next look). 0 or TP_ERRNO. */
+static int wait_words(uint32_t **words, const uint32_t *vals, uint32_t count, int64_t timeout_ns) {
+    if (count > TP_WAITV_MAX) count = TP_WAITV_MAX;
+    if (!waitv_missing) {
+        struct tp_waitv w[TP_WAITV_MAX];
+        for (uint32_t j = 0; j < count; j++) {
+            w[j].val = vals[j];
+            w[j].uaddr = (uint64_t)(uintptr_t)words[j];
+            w[j].flags = TP_FUTEX_32;
+            w[j].reserved = 0;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t at = (int64_t)ts.tv_nsec + timeout_ns;
+        ts.tv_sec += at / 1000000000LL;
+        ts.tv_nsec = at % 1000000000LL;
+        long rc = syscall(SYS_futex_waitv, w, count, 0, &ts, CLOCK_MONOTONIC);
+        if (rc >= 0 || errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT) return TP_OK;
+        if (errno != ENOSYS) return TP_ERRNO;
+        waitv_missing = 1;
+    }
+    int64_t slice = timeout_ns < TP_WAITV_FALLBACK_NS ? timeout_ns : TP_WAITV_FALLBACK_NS;
+    return tp_futex_wait(words[0], vals[0], slice) == TP_ERRNO ? TP_ERRNO : TP_OK;
+}
+
+/* Client: publish one request in each slot of `ids` (command and request fields are written)
+ * and ring the doorbell once; no wait (the slots are in flight). */
+void tp_client_send(tp_ctx *ctx, const uint32_t *ids, uint32_t count) {
+    for (uint32_t k = 0; k < count; k++) {
+        uint32_t i = ids[k];
+        uint32_t seq = (ctx->seqs[i] + 1) & TP_MASK;
+        ctx->seqs[i] = seq;
+        __atomic_store_n(SLOT_WORD(ctx, i, ctx->req_off), seq, __ATOMIC_RELEASE);
+    }
+    ctx->doorbell_seq = (ctx->doorbell_seq + 1) & TP_MASK;
+    if (tp_publish_word(ctx->doorbell, ctx->doorbell_seq)) ctx->wakes++;
+}
+
+/* Client: wait until `want` of the slots flagged in `in_flight` (ctx->n of them) are answered
+ * (response word == seqs[i]); their indexes go to `out` in scan order, from slot `start`
+ * round. Spin, then per slice: CLOSED, TIMEOUT, PEER_DEAD checks as in wait_loop, SLEEP set on
+ * every unanswered word (CAS) and one FUTEX_WAITV on them. Returns the count found (== want,
+ * or fewer when fewer are in flight) or a negative error. */
+int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
+                       uint32_t *out, int64_t timeout_ns) {
+    uint32_t *words[TP_WAITV_MAX];
+    uint32_t vals[TP_WAITV_MAX];
+    int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+    int64_t spins = 0;
+    int checked = 0;
+    uint32_t n = ctx->n;
+    for (;;) {
+        uint32_t found = 0, waiting = 0, unanswered = 0;
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t i = (start + k) % n;
+            if (!in_flight[i]) continue;
+            uint32_t *resp = SLOT_WORD(ctx, i, ctx->resp_off);
+            uint32_t v = __atomic_load_n(resp, __ATOMIC_ACQUIRE);
+            if ((v & TP_MASK) == ctx->seqs[i]) {
+                if (found < want) out[found++] = i;
+            } else {
+                unanswered++;
+                if (waiting < TP_WAITV_MAX) {
+                    words[waiting] = resp;
+                    vals[waiting] = v;
+                    waiting++;
+                }
+            }
+        }
+        if (found >= want || unanswered == 0) return (int)found;
+        /* a look at each word counts, and the budget is an eighth of a round trip's: results
+         * that come "whenever an env is done" rarely come within a spin, and a spinning client
+         * takes a core from the envs (measured: benchmarks/RESULTS.md, shm async) */
+        if (spins * 8 < ctx->spin) {
+            spins += 1 + unanswered;
+            tp_relax();
+            if ((spins & (TP_YIELD_EVERY - 1)) == 0) sched_yield();
+            continue;
+        }
+        if (ctx->state != NULL &&
+            __atomic_load_n(ctx->state, __ATOMIC_ACQUIRE) != ctx->ready_state)
+            return TP_CLOSED;
+        int64_t now = now_ns();
+        if (now >= deadline) return TP_TIMEOUT;
+        if (checked && ctx->peer_pid != 0 && !tp_peer_alive(ctx->peer_pid, ctx->peer_start))
+            return TP_PEER_DEAD;
+        checked = 1;
+        int moved = 0;
+        for (uint32_t j = 0; j < waiting && !moved; j++) {
+            uint32_t v = vals[j];
+            if (v & TP_SLEEP) continue;
+            if (!__atomic_compare_exchange_n(words[j], &v, v | TP_SLEEP, 0, __ATOMIC_SEQ_CST,
+                                             __ATOMIC_SEQ_CST))
+                moved = 1; /* answered meanwhile: look again */
+            else
+                vals[j] = v | TP_SLEEP;
+        }
+        if (moved) continue;
+        int64_t slice = deadline - now;
+        if (ctx->slice_ns > 0 && slice > ctx->slice_ns) slice = ctx->slice_ns;
+        ctx->sleeps++;
+        if (wait_words(words, vals, waiting, slice) == TP_ERRNO) return TP_ERRNO;
+    }
+}
+
+/* Server with envs in worker processes: wait until word `a` (the doorbell, SLEEP protocol)
+ * moves from `a_last` or word `b` (the pool's completion counter, woken by its workers) moves
+ * from `b_last`. 1: a moved, 2: b moved (a first), 0: neither within timeout_ns, or an error
+ * (CLOSED when the region's state left READY). */
+int tp_wait_either(tp_ctx *ctx, uint32_t *a, uint32_t a_last, uint32_t *b, uint32_t b_last,
+                   int64_t timeout_ns) {
+    int64_t deadline = now_ns() + timeout_ns;
+    for (int64_t spins = 0;; spins++) {
+        uint32_t va = __atomic_load_n(a, __ATOMIC_ACQUIRE);
+        if ((va & TP_MASK) != (a_last & TP_MASK)) return 1;
+        uint32_t vb = __atomic_load_n(b, __ATOMIC_ACQUIRE);
+        if (vb != b_last) return 2;
+        (void)spins; /* no spin: the workers need the cores more than this wait does */
+        if (ctx->state != NULL &&
+            __atomic_load_n(ctx->state, __ATOMIC_ACQUIRE) != ctx->ready_state)
+            return TP_CLOSED;
+        int64_t now = now_ns();
+        if (now >= deadline) return 0;
+        if (!(va & TP_SLEEP)) {
+            if (!__atomic_compare_exchange_n(a, &va, va | TP_SLEEP, 0, __ATOMIC_SEQ_CST,
+                                             __ATOMIC_SEQ_CST))
+                continue;
+            va |= TP_SLEEP;
+        }
+        uint32_t *words[2] = {a, b};
+        uint32_t vals[2] = {va, vb};
+        ctx->sleeps++;
+        if (wait_words(words, vals, 2, deadline - now) == TP_ERRNO) return TP_ERRNO;
+    }
+}
+
 /* Server: mark the slots whose request word differs from their response word; returns their
  * count. *same_cmd: the command they all carry, or -1 when they differ. */
 int tp_server_pending(tp_ctx *ctx, uint8_t *pending, uint32_t cmd_off, int32_t *same_cmd) {

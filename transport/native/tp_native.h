@@ -53,6 +53,13 @@ int64_t tp_wait_change(tp_ctx *ctx, uint32_t *word, uint32_t last, int64_t timeo
 int tp_client_roundtrip(tp_ctx *ctx, int64_t timeout_ns);
 int tp_client_wait(tp_ctx *ctx, int64_t timeout_ns);
 int tp_server_pending(tp_ctx *ctx, uint8_t *pending, uint32_t cmd_off, int32_t *same_cmd);
+/* Asynchronous batches (docs/shm.md): publish the requests of some slots without waiting, and
+ * wait for any `want` of the slots in flight. */
+void tp_client_send(tp_ctx *ctx, const uint32_t *ids, uint32_t count);
+int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
+                       uint32_t *out, int64_t timeout_ns);
+int tp_wait_either(tp_ctx *ctx, uint32_t *a, uint32_t a_last, uint32_t *b, uint32_t b_last,
+                   int64_t timeout_ns);
 int tp_server_publish(tp_ctx *ctx, const uint8_t *pending, int32_t status);
 void tp_wake_all(tp_ctx *ctx);
 

@@ -115,6 +115,28 @@ class AsyncBatches:
         self.in_flight[:] = True
         self.count = self.num_envs
 
+    def harvest(
+        self, check_workers: bool = False
+    ) -> tuple[list[int], list[int], list[tuple[int, RequestError]]]:
+        """Without waiting: (envs finished, those whose SAME_STEP final result was kept, envs
+        that failed with their error); all leave flight (a server that publishes each env as it
+        finishes: shm). A failed env is recovered as a RECV would."""
+        out = self._ready
+        self._ready = []
+        failed: list[tuple[int, RequestError]] = []
+        rt = self.runtime
+        for i, ended, exc in rt.runner.poll_ready(check_workers):
+            if exc is None:
+                out.append((i, ended))
+            else:
+                failed.append((i, rt._recover_one(i, exc, None, "SEND (asynchronous step)")))
+        for i, _ in out:
+            self.in_flight[i] = False
+        for i, _ in failed:
+            self.in_flight[i] = False
+        self.count -= len(out) + len(failed)
+        return [i for i, _ in out], [i for i, ended in out if ended], failed
+
     def recv(self, batch_size: int) -> tuple[list[int], list[int]]:
         """The first ``min(batch_size, in flight)`` envs that finished: (env ids, the ids of
         those whose SAME_STEP final result was kept). Their results are in the runtime's rows."""

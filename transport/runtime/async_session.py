@@ -45,7 +45,7 @@ class AsyncHandlers:
         s = self.session
         size = s.step_request.size
         n = s.num_envs
-        ids = _env_ids(body, size, n)
+        ids = send_env_ids(body, size, n)
         if ids is None:
             raise RequestError(
                 ErrorCode.BAD_BATCH,
@@ -83,7 +83,7 @@ class AsyncHandlers:
         return self.send_resp, b""
 
 
-def _env_ids(body: memoryview, size: int, n: int) -> list[Any] | None:
+def send_env_ids(body: memoryview, size: int, n: int) -> list[Any] | None:
     """SEND_REQ's tail: the msgpack array of K env ids after K requests (K from the array
     header: 0x90 | K below 16, else 0xDC and a big-endian u16)."""
     for k in range(1, n + 1):

@@ -371,6 +371,18 @@ class Runner:
         del done[:want]
         return taken
 
+    concurrent = False
+    """True when submitted envs run while the caller goes on (a worker pool): a server then
+    publishes each as ``poll_ready`` reports it, while it keeps reading requests."""
+
+    def poll_ready(self, check_workers: bool = False) -> list[tuple[int, bool, Exception | None]]:
+        """Every submitted env that finished by now, without waiting (``check_workers``: also
+        fail the envs of workers that died)."""
+        done: list[tuple[int, bool, Exception | None]] = self.__dict__.setdefault("_completed", [])
+        taken = done[:]
+        del done[:]
+        return taken
+
     def observe(self) -> tuple[list[dict[str, Any]], Failures]:
         """Every env's current result and info map (no step, no auto-reset)."""
         infos: list[dict[str, Any]] = []

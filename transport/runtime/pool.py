@@ -526,6 +526,40 @@ class WorkerPool(Runner):
             self._seq[k] = (self._seq[k] + 1) & native.SEQ_MASK
             native.publish(self.lay.cmd[k], self._seq[k])
 
+    concurrent = True
+
+    def poll_ready(self, check_workers: bool = False) -> list[tuple[int, bool, Exception | None]]:
+        """Every submitted env that is DONE now (no wait); ``check_workers``: the envs of a
+        worker that died fail (the shm server asks when its wait times out)."""
+        pending: set[int] = self.__dict__.setdefault("_pending", set())
+        done: list[tuple[int, bool, Exception | None]] = self.__dict__.setdefault("_completed", [])
+        states = self.lay.async_state
+        for i in list(pending):
+            if native.load_acquire(states[i]) == DONE:
+                done.append(self._finished(i))
+                pending.discard(i)
+        if check_workers and pending:
+            self._fail_dead(pending, done)
+        taken = done[:]
+        del done[:]
+        return taken
+
+    def _fail_dead(self, pending: set[int], done: list[tuple[int, bool, Exception | None]]) -> None:
+        """The envs in flight in a worker that died fail (it is replaced; ``_died``)."""
+        states = self.lay.async_state
+        dead = [k for k in {self._owner[i] for i in pending} if not self._procs[k].is_alive()]
+        if not dead:
+            return
+        failures: Failures = []
+        self._died(dead, failures)
+        for i, exc in failures:
+            if i in pending:
+                pending.discard(i)
+                native.store_release(states[i], IDLE)
+                done.append((i, False, exc))
+            else:  # not in flight: nobody would reset the fresh env, so reset it now
+                self.restore(i, None)
+
     def poll(self, want: int) -> list[tuple[int, bool, Exception | None]]:
         """Wait until ``want`` submitted envs are DONE (spin, then futex slices on the
         doorbell with a liveness check of the workers that own them: a dead worker fails its
@@ -548,17 +582,7 @@ class WorkerPool(Runner):
             # wake me after the completions still needed (an early wake-up only rescans)
             native.store_release(self.lay.wake_at, (ring + want - len(done)) & 0xFFFFFFFF)
             native.futex_wait(doorbell, ring, 0.05)
-            dead = [k for k in {self._owner[i] for i in pending} if not self._procs[k].is_alive()]
-            if dead:
-                failures: Failures = []
-                self._died(dead, failures)
-                for i, exc in failures:
-                    if i in pending:
-                        pending.discard(i)
-                        native.store_release(states[i], IDLE)
-                        done.append((i, False, exc))
-                    else:  # not in flight: nobody would reset the fresh env, so reset it now
-                        self.restore(i, None)
+            self._fail_dead(pending, done)
         taken = done[:want]
         del done[:want]
         return taken

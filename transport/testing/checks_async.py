@@ -4,19 +4,25 @@ RECV returns at most B, every env id comes back exactly once, misuse is ASYNC_ST
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 
 import numpy as np
 
-from transport.errors import RemoteError
+from transport.errors import ConnectError, PeerGoneError, RemoteError
 from transport.protocol import AutoReset, ErrorCode
 from transport.testing.checks import (
+    DEAD_TIMEOUT,
     SEATS_ENVS,
+    WATCHDOG,
     CheckContext,
     _check,
     _pick,
+    _watchdog,
 )
 from transport.testing.model import ExpectedSession, field_differences
+from transport.testing.servers import RunningServer, ServerOptions
 
 
 def _expect_rows(got: np.ndarray, ids: list[int], model: ExpectedSession, what: str) -> None:
@@ -37,20 +43,17 @@ def _expect_code(call: object, code: ErrorCode, what: str) -> None:
     raise AssertionError(f"{what}: answered, expected {code.name}")
 
 
-@_check(per_schema=True)
-def check_async_batches(ctx: CheckContext) -> None:
-    """send/recv with B = N/2 under next_step auto-reset: each RECV has at most B results, every
-    env id comes back once per send, and every byte is the lock-step result of that env."""
-    server = ctx.server(SEATS_ENVS)
-    mode = AutoReset.NEXT_STEP
+def _async_rounds(ctx: CheckContext, server: RunningServer, mode: AutoReset, rounds: int) -> None:
+    """async_reset, then ``rounds`` SENDs of the envs the last RECVs returned, each RECV of at
+    most B = N/2: every env comes back once per SEND with the bytes of its lock-step result
+    (and, SAME_STEP, its final result when its episode ended)."""
     rng = random.Random(7)
-    with ctx.connect(server, autoreset="next_step") as client:
+    with ctx.connect(server, autoreset=mode.name.lower()) as client:
         n = client.num_envs
         batch = max(1, n // 2)
         model = ExpectedSession(ctx.schema, n, server_seed=None, autoreset=mode)
         model.reset(31)
         client.async_reset(31)
-        ready: list[int] = []
         seen: list[int] = []
         while len(seen) < n:
             got = client.recv(batch)
@@ -60,13 +63,17 @@ def check_async_batches(ctx: CheckContext) -> None:
             seen += ids
         assert sorted(seen) == list(range(n)), f"async reset returned envs {sorted(seen)}"
         ready = seen
-        for rnd in range(6):
+        finals_seen = 0
+        for rnd in range(rounds):
             picked = _pick(model, rng)
             send_ids = ready[: max(1, len(ready))]
             actions = [picked[i] for i in send_ids]
             # the model steps only the envs sent (lock-step semantics per env)
+            expected_finals = {}
             for i, a in zip(send_ids, actions, strict=True):
-                _step_model_env(model, i, a)
+                final = _step_model_env(model, i, a)
+                if final is not None:
+                    expected_finals[i] = final
             client.send(actions, send_ids)
             back: list[int] = []
             while len(back) < len(send_ids):
@@ -75,18 +82,51 @@ def check_async_batches(ctx: CheckContext) -> None:
                 assert 1 <= len(ids) <= batch, f"round {rnd}: recv returned {len(ids)} results"
                 assert not set(ids) & set(back), f"round {rnd}: env ids {ids} came back twice"
                 _expect_rows(got.results.record, ids, model, f"round {rnd}")
+                for env, final_view in got.finals:
+                    assert env in expected_finals, f"round {rnd}: env {env} has no final result"
+                    problems = field_differences(
+                        final_view.record,
+                        expected_finals.pop(env),
+                        f"round {rnd}, final of env {env}",
+                    )
+                    assert not problems, "; ".join(problems[:5])
+                    finals_seen += 1
                 back += ids
+            assert not expected_finals, f"round {rnd}: no final result for envs {expected_finals}"
             assert sorted(back) == sorted(send_ids), f"round {rnd}: got {back}, sent {send_ids}"
             ready = back
+        if mode == AutoReset.SAME_STEP:
+            assert finals_seen, f"{rounds} rounds ended no episode: the check tests no final result"
 
 
-def _step_model_env(model: ExpectedSession, i: int, action: int) -> None:
-    """One env of the model steps (NEXT_STEP: an ended env resets instead)."""
+@_check(per_schema=True)
+def check_async_batches(ctx: CheckContext) -> None:
+    """send/recv with B = N/2 under next_step auto-reset: each RECV has at most B results, every
+    env id comes back once per send, and every byte is the lock-step result of that env."""
+    _async_rounds(ctx, ctx.server(SEATS_ENVS), AutoReset.NEXT_STEP, 6)
+
+
+@_check(per_schema=False)
+def check_async_worker_pool(ctx: CheckContext) -> None:
+    """The same over a server whose envs run in 2 worker processes (Node: worker threads) and
+    under same_step auto-reset: each env is answered as it finishes, with its lock-step bytes
+    and its final result when its episode ended."""
+    server = ctx.factory(ctx.schema, 4, ServerOptions(workers=2))
+    _async_rounds(ctx, server, AutoReset.SAME_STEP, 12)
+
+
+def _step_model_env(model: ExpectedSession, i: int, action: int) -> np.ndarray | None:
+    """One env of the model steps (NEXT_STEP: an ended env resets instead); its SAME_STEP final
+    result when the step ended its episode."""
     env = model.envs[i]
     if model.autoreset == AutoReset.NEXT_STEP and model.done(i):
         model.results[i] = env.reset(None)
-        return
-    model.results[i] = env.step(int(action))
+        return None
+    model.results[i] = result = env.step(int(action))
+    if model.autoreset == AutoReset.SAME_STEP and model.done(i):
+        model.results[i] = env.reset(None)
+        return result
+    return None
 
 
 @_check(per_schema=False)
@@ -110,3 +150,33 @@ def check_async_misuse(ctx: CheckContext) -> None:
         client.send([0], [1])
         assert client.recv(4).env_ids.tolist() == [1]
         client.step([0] * n)  # lock-step works again
+
+
+@_check(per_schema=False)
+def check_async_dead_server(ctx: CheckContext) -> None:
+    """A server killed (SIGKILL) while the client uses asynchronous batches: the next
+    send/recv fails with PeerGoneError (or ConnectError) in bounded time, never a hang."""
+    server = ctx.server(2, dedicated=True)
+    try:
+        client = ctx.connect(server, timeout=DEAD_TIMEOUT, autoreset="next_step")
+        try:
+            client.async_reset(5)
+            while len(client.recv(2).env_ids) < 2:
+                pass
+            os.kill(server.pid, signal.SIGKILL)
+            server.wait(20.0)
+
+            def send_and_recv() -> None:
+                client.send([0, 0], [0, 1])
+                client.recv(2)
+
+            try:
+                _watchdog(WATCHDOG, send_and_recv, "send/recv to a killed server")
+            except (PeerGoneError, ConnectError):
+                pass
+            else:
+                raise AssertionError("a killed server answered send/recv")
+        finally:
+            client.close()
+    finally:
+        server.kill()

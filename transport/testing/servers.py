@@ -48,6 +48,8 @@ class ServerOptions:
     limits: tuple[str, ...] = ()
     """Extra ``transport-serve`` flags for the server limits (``--read-timeout 1``, ...)."""
     masked_actions: str = "reject"
+    workers: int = 0
+    """``--workers K``: the envs run in K worker processes (Node: threads); 0 in this one."""
 
 
 class RunningServer(Protocol):
@@ -244,7 +246,8 @@ def serve_process_factory(
             num_envs=num_envs,
             seed=options.seed,
             max_body=options.max_body,
-            extra_args=options.limits,
+            extra_args=options.limits
+            + (("--workers", str(options.workers)) if options.workers else ()),
             masked_actions=options.masked_actions,
         )
 

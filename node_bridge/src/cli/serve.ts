@@ -209,7 +209,11 @@ async function main(argv: readonly string[]): Promise<number> {
     const schema = schemaPath === null ? pac_env.SCHEMA : schemaFromPath(schemaPath);
     const { factory, envName, workerEnv } =
       args.env === "contract"
-        ? { factory: () => new ContractEnv(schema), envName: "contract", workerEnv: null }
+        ? {
+            factory: () => new ContractEnv(schema),
+            envName: "contract",
+            workerEnv: { module: join(__dirname, "..", "envs", "contract_worker.js"), exportName: "contract" },
+          }
         : loadEnv(args.env);
     if (args.url.toLowerCase().startsWith("shm://")) {
       // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots

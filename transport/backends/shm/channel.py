@@ -56,6 +56,8 @@ from transport.protocol import (
     encode_hello_response,
     mismatch_text,
 )
+from transport.runtime.async_batches import check_idle, check_recv, check_send
+from transport.runtime.async_session import send_env_ids
 
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1
@@ -204,6 +206,7 @@ class ShmChannel:
         self._action_name = action.name
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
         self._seeds_codec = body_codec(schema, "RESET_SEEDS_REQ")
+        self._async_seed = body_codec(schema, "ASYNC_RESET_REQ")
         self._body_requests: tuple[Any, list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._handlers: dict[int, Callable[[Any], tuple[int, memoryview]]] = {
             ids.STEP_REQ: self._step,
@@ -215,12 +218,26 @@ class ShmChannel:
             ids.HEALTH_REQ: self._health,
             ids.SPACES_REQ: self._spaces,
             ids.STEP_MULTI_REQ: self._step_multi,
+            ids.SEND_REQ: self._send,
+            ids.RECV_REQ: self._recv,
+            ids.ASYNC_RESET_REQ: self._async_reset,
         }
         observe = schema.ir.messages.get("OBSERVE_REQ")
         if observe is not None:
             self._observe_resp = schema.ir.messages["OBSERVE_RESP"].id
             self._handlers[observe.id] = self._observe
+        # refused while envs are in flight (the runtime's rule: their results would mix)
+        self._lock_step = {
+            ids.STEP_REQ,
+            ids.STEP_BATCH_REQ,
+            ids.RESET_REQ,
+            ids.RESET_SEED_REQ,
+            ids.RESET_SEEDS_REQ,
+            ids.STEP_MULTI_REQ,
+        } | ({observe.id} if observe is not None else set())
         self._multi = body_codec(schema, "STEP_MULTI_REQ")
+        self._recv_codec = body_codec(schema, "RECV_REQ")
+        self._result_codec = body_codec(schema, "STEP_RESP")
         self._empty = memoryview(b"")
         self.region = self._open(10.0 if timeout is None else timeout)
         try:
@@ -362,6 +379,17 @@ class ShmChannel:
         self._info = region.strided("info")
         self._last_cmd = -1
         self._late = False  # a request timed out: ``settle`` before the next one
+        # asynchronous batches: the slots sent and not received yet (docs/shm.md)
+        self._in_flight = np.zeros(n, dtype=np.uint8)
+        self._in_flight_ptr = native.ffi.cast(
+            "uint8_t *", native.ffi.from_buffer(self._in_flight, require_writable=True)
+        )
+        self._async_count = 0
+        self._async_next = 0  # RECV scans from here (round robin: no env starves)
+        self._async_ids = np.zeros(n, dtype=np.uint32)
+        self._async_ids_ptr = native.ffi.cast(
+            "uint32_t *", native.ffi.from_buffer(self._async_ids, require_writable=True)
+        )
         results = region.results()
         self._single = results[0, ...]
         self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
@@ -416,7 +444,11 @@ class ShmChannel:
             text = f"shm:// carries no message 0x{msg_type:02X}"
             return self.ids.ERROR, memoryview(encode_error(ErrorCode.UNKNOWN_MESSAGE, text))
         try:
+            if self._async_count and msg_type in self._lock_step:
+                check_idle(self._async_count, f"msg_type 0x{msg_type:02X}")
             return handler(body)
+        except RequestError as refused:
+            return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
         except _Refused as refused:
             return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
 
@@ -486,6 +518,102 @@ class ShmChannel:
             infos.append(msgpack.unpackb(data) if data else {})
         results_len = self.layout.result.size * self.num_envs
         return self._observe_resp, memoryview(bytes(results_len) + msgpack.packb(infos))
+
+    # -- asynchronous batches (docs/shm.md): each slot carries its env's request on its own --
+
+    def _send(self, body: Any) -> tuple[int, memoryview]:
+        """SEND: each env's request into its slot, published without waiting (in flight)."""
+        n, size = self.num_envs, self._step_request.size
+        view = memoryview(body).cast("B")
+        found = send_env_ids(view, size, n)
+        if found is None:
+            raise RequestError(
+                ErrorCode.BAD_BATCH,
+                f"SEND_REQ of {view.nbytes} bytes is not K requests of {size} bytes and a "
+                "msgpack array of K env ids (1 <= K <= num_envs)",
+            )
+        if not all(isinstance(i, int) for i in found):
+            raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
+        check_send(found, n, self._in_flight)
+        k = len(found)
+        records = self._step_request.view(view, count=k)
+        slots = self._requests[found]
+        for name in self._step_request.dtype.names or ():
+            slots[name] = records[name]
+        self._requests[found] = slots
+        self._commands[found] = SlotCommand.STEP
+        self._last_cmd = -1  # the slots' commands may differ now
+        out = self._async_ids
+        out[:k] = found
+        self._in_flight[found] = 1
+        self._async_count += k
+        native.lib.tp_client_send(self._ctx, self._async_ids_ptr, k)
+        return self.ids.SEND_RESP, self._empty
+
+    def _recv(self, body: Any) -> tuple[int, memoryview]:
+        """RECV: wait for any ``min(B, in flight)`` answered slots; the stream RECV_RESP body."""
+        if len(body) != self._recv_codec.size:
+            raise RequestError(
+                ErrorCode.BAD_BODY_SIZE,
+                f"RECV_REQ body is {len(body)} bytes, expected {self._recv_codec.size}",
+            )
+        want = check_recv(self._async_count, int(self._recv_codec.view(body)["batch_size"]))
+        self._ctx.n = self.num_envs
+        rc = native.lib.tp_client_wait_any(
+            self._ctx,
+            self._in_flight_ptr,
+            want,
+            self._async_next,
+            self._async_ids_ptr,
+            self._timeout_ns,
+        )
+        if rc < 0:
+            self._raise(rc)
+        ids = self._async_ids[:rc].tolist()
+        self._async_next = (ids[-1] + 1) % self.num_envs
+        for i in ids:  # an answered error: that env leaves flight, the others stay answered
+            if self._status[i]:
+                self._in_flight[i] = 0
+                self._async_count -= 1
+                self._raise(i + 1)
+        if self._checksums is not None:
+            for i in ids:
+                if not self._checksums.matches(i):
+                    raise ProtocolError(
+                        f"shm://{self.shm.name}: slot {i}'s result does not match the checksum "
+                        "its server wrote: do not trust this result"
+                    )
+        self._in_flight[ids] = 0
+        self._async_count -= len(ids)
+        # the wire layout (the result codec's), row by row from the slots' layout
+        codec, rows = self._result_codec, self._rows[self.num_envs]
+        ended: list[int] = []
+        if self._same_step:
+            ended = [i for i in ids if self._final_seqs[i] == self._seqs[i]]
+        data = bytearray(codec.size * (len(ids) + len(ended)))
+        out = codec.view(data, count=len(ids) + len(ended))
+        for name in codec.dtype.names or ():
+            out[name][: len(ids)] = rows[name][ids]
+            for k, i in enumerate(ended):
+                out[name][len(ids) + k] = self._final_records[i][name]
+        results_len = codec.size * len(ids)
+        tail = msgpack.packb([ids, ended, bytes(data[results_len:])])
+        return self.ids.RECV_RESP, memoryview(bytes(data[:results_len]) + tail)
+
+    def _async_reset(self, body: Any) -> tuple[int, memoryview]:
+        """ASYNC_RESET: a RESET of every slot; RECV then hands the results out."""
+        check_idle(self._async_count, "ASYNC_RESET_REQ")
+        entry = self._async_seed.view(body)
+        if entry["has_seed"]:
+            seed = int(entry["seed"])
+            self._seeds[:] = [(seed + i) & U64 for i in range(self.num_envs)]
+            self._has_seed[:] = 1
+        else:
+            self._has_seed[:] = 0
+        self._exchange(SlotCommand.RESET)
+        self._in_flight[:] = 1
+        self._async_count = self.num_envs
+        return self.ids.SEND_RESP, self._empty
 
     def _find_finals(self) -> None:
         """The server stamped final_seq = this request's sequence for each ended episode."""

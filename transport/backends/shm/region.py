@@ -472,6 +472,9 @@ class SlotChecksums:
     def stamp(self, index: int) -> None:
         self.words[index] = zlib.crc32(self.spans[index])
 
+    def matches(self, index: int) -> bool:
+        return bool(zlib.crc32(self.spans[index]) == self.words[index])
+
     def first_bad(self, count: int) -> int:
         """The first of slots 0..count-1 whose result bytes do not match their word, or -1."""
         crc, spans, words = zlib.crc32, self.spans, self.words

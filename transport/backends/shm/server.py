@@ -37,6 +37,7 @@ from transport.backends.shm.region import (
 from transport.codec import Schema
 from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, ErrorCode, RequestError
+from transport.runtime.async_batches import AsyncBatches
 from transport.runtime.core import EnvHost, EnvRuntime, describe
 
 log = logging.getLogger("transport.shm")
@@ -44,11 +45,13 @@ _CLIENT_PID_WORD = CB["client_pid"].offset // 4
 
 
 class _Lease:
-    """The client holding the region's lease and its envs' runtime."""
+    """The client holding the region's lease, its envs' runtime and, when a worker pool runs
+    them, the envs in flight there (asynchronous batches: slots answered as each env ends)."""
 
     def __init__(self, runtime: EnvRuntime, client_pid: int) -> None:
         self.runtime = runtime
         self.client_pid = client_pid
+        self.batches = AsyncBatches(runtime) if runtime.runner.concurrent else None
 
 
 class Listener:
@@ -134,6 +137,10 @@ class Listener:
         self._pending_ptr = native.ffi.cast(
             "uint8_t *", native.ffi.from_buffer(self._pending, require_writable=True)
         )
+        self._done = np.zeros(slots, dtype=np.uint8)  # slots answered as their env ends
+        self._done_ptr = native.ffi.cast(
+            "uint8_t *", native.ffi.from_buffer(self._done, require_writable=True)
+        )
         self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
         self._actions = region.requests()[host.action.name]
         self._env_actions = self._actions[: self.num_envs]
@@ -193,6 +200,14 @@ class Listener:
         last = self._doorbell_at_start  # read before READY: a ring right after it is seen
         try:
             while not self._closed.is_set():
+                lease = self.lease
+                if lease is not None and lease.batches is not None and lease.batches.count:
+                    last = self._wait_in_flight(lease.batches, last, idle_ns)
+                    if last >= 0:
+                        continue
+                    if not self._closed.is_set():
+                        self._stray_state()
+                    return
                 rc = wait(ctx, doorbell, last, idle_ns)
                 if rc >= 0:
                     last = rc
@@ -248,10 +263,13 @@ class Listener:
         count = native.lib.tp_server_pending(
             self._ctx, self._pending_ptr, self.layout.slot_fields["command"].offset, self._same_cmd
         )
+        lease = self.lease
+        if lease is not None and lease.batches is not None and lease.batches.count:
+            self._pending[lease.batches.in_flight] = 0  # answered when their env ends
+            count = int(np.count_nonzero(self._pending))
         if count == 0:
             return
         pid = int(region.words[_CLIENT_PID_WORD])
-        lease = self.lease
         if lease is None or lease.client_pid != pid:
             lease = self._new_lease(pid) if pid else None
         cmd = int(self._same_cmd[0])
@@ -345,7 +363,12 @@ class Listener:
         return [seeds[i] if has_seed[i] else None for i in range(self.num_envs)]
 
     def _mixed(self, runtime: EnvRuntime) -> None:
-        """Slots with different commands, or a subset: each answered on its own."""
+        """Slots with different commands, or a subset: each answered on its own (a worker
+        pool's STEPs: submitted together, each answered when its env ends)."""
+        lease = self.lease
+        batches = lease.batches if lease is not None else None
+        if batches is not None:
+            self._submit(batches)
         for i in np.flatnonzero(self._pending).tolist():
             code = 0
             try:
@@ -367,6 +390,72 @@ class Listener:
                 code = int(ErrorCode.INTERNAL)
                 self._error_len[i] = write_text(self._error_text[i], describe(exc))
             self._status[i] = code
+
+    # -- asynchronous batches on a worker pool (docs/shm.md) ------------------------------------
+
+    def _submit(self, batches: AsyncBatches) -> None:
+        """The pending STEP slots go to the pool at once; they leave ``_pending`` (answered by
+        ``_publish_finished``), unless the runtime refuses them (answered now, with the error)."""
+        pending = np.flatnonzero(self._pending)
+        steps = pending[self._commands[pending] == SlotCommand.STEP]
+        if steps.size == 0:
+            return
+        try:
+            batches.send(steps, self._actions[steps])
+        except RequestError as exc:
+            for i in steps.tolist():
+                self._status[i] = int(exc.code)
+                self._error_len[i] = write_text(self._error_text[i], exc.text)
+            self._pending[steps] = 0
+            self._publish(steps.tolist())
+            return
+        self._pending[steps] = 0
+        self._publish_finished(batches)
+
+    def _publish_finished(self, batches: AsyncBatches, check_workers: bool = False) -> None:
+        """Answer the slots of the envs that ended by now (status, final_seq, response word)."""
+        ids, ended, failed = batches.harvest(check_workers)
+        if not ids and not failed:
+            return
+        for i in ids:
+            self._status[i] = 0
+        self._stamp(ended)
+        for i, exc in failed:
+            self._status[i] = int(exc.code)
+            self._error_len[i] = write_text(self._error_text[i], exc.text)
+        self._publish(ids + [i for i, _ in failed])
+
+    def _publish(self, ids: list[int]) -> None:
+        done = self._done
+        done[:] = 0
+        done[ids] = 1
+        if self._checksums is not None:
+            for i in ids:
+                self._checksums.stamp(i)
+        native.lib.tp_server_publish(self._ctx, self._done_ptr, -1)
+
+    def _wait_in_flight(self, batches: AsyncBatches, last: int, idle_ns: int) -> int:
+        """Envs run in the pool: wait for the doorbell (new requests) or a finished env,
+        whichever comes first; returns the doorbell sequence handled (-1: the region closed)."""
+        region = self.region
+        assert region is not None
+        pool = self.lease.runtime.runner if self.lease is not None else None
+        lay = pool.lay  # type: ignore[union-attr]
+        ring = native.load_acquire(lay.doorbell)
+        native.store_release(lay.wake_at, (ring + 1) & 0xFFFFFFFF)
+        wait = native.lib.tp_wait_either
+        rc = wait(self._ctx, region.doorbell, last, lay.doorbell, ring, idle_ns)
+        if rc == 1:
+            last = native.load_acquire(region.doorbell) & native.SEQ_MASK
+            self._serve_batch()
+        elif rc == 2:
+            self._publish_finished(batches)
+        elif rc == 0:
+            self._publish_finished(batches, check_workers=True)
+            self._housekeeping()
+        elif rc == native.CLOSED:
+            return -1
+        return last
 
     def _housekeeping(self) -> None:
         """Idle: reclaim the lease of a dead client (its envs are dropped)."""
