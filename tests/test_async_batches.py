@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import transport.api as api
-from transport.errors import EnvError, RemoteError
+from transport.errors import EnvError, RemoteError, TransportTimeoutError
 from transport.protocol import ErrorCode
 
-from .servers import ServerProcess, unique_unix_url
+from .servers import ServerProcess, unique_unix_url, unique_url
 from .test_workers import children
 
 NUM_ENVS = 4
@@ -73,24 +73,26 @@ def async_trace(url: str, mode: str, rounds: int, batch: int) -> list[bytes]:
     return out
 
 
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
-def test_async_on_a_worker_pool_equals_lockstep(mode: str) -> None:
+def test_async_on_a_worker_pool_equals_lockstep(mode: str, scheme: str) -> None:
     rounds = 40
-    with ServerProcess(unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=3) as local:
+    with ServerProcess(unique_url(scheme), env="pac", num_envs=NUM_ENVS, seed=3) as local:
         expected = lockstep_trace(local.url, mode, rounds)
         assert async_trace(local.url, mode, rounds, batch=NUM_ENVS) == expected
     with ServerProcess(
-        unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=3, extra=["--workers", "2"]
+        unique_url(scheme), env="pac", num_envs=NUM_ENVS, seed=3, extra=["--workers", "2"]
     ) as pooled:
         got = async_trace(pooled.url, mode, rounds, batch=NUM_ENVS // 2)
     assert len(got) == len(expected)
     assert got == expected
 
 
-def test_heavy_tail_pool_returns_each_env_once() -> None:
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_heavy_tail_pool_returns_each_env_once(scheme: str) -> None:
     with (
         ServerProcess(
-            unique_unix_url(), env="heavy_tail", num_envs=8, extra=["--workers", "4"]
+            unique_url(scheme), env="heavy_tail", num_envs=8, extra=["--workers", "4"]
         ) as s,
         api.connect(s.url, timeout=20) as client,
     ):
@@ -112,10 +114,11 @@ def test_heavy_tail_pool_returns_each_env_once() -> None:
         assert info.value.code == ErrorCode.ASYNC_STATE
 
 
-def test_a_killed_worker_fails_recv_in_bounded_time() -> None:
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_a_killed_worker_fails_recv_in_bounded_time(scheme: str) -> None:
     with (
         ServerProcess(
-            unique_unix_url(), env="pac", num_envs=NUM_ENVS, seed=1, extra=["--workers", "2"]
+            unique_url(scheme), env="pac", num_envs=NUM_ENVS, seed=1, extra=["--workers", "2"]
         ) as s,
         api.connect(s.url, timeout=20, autoreset="next_step") as client,
     ):
@@ -200,3 +203,40 @@ def test_a_killed_workers_idle_envs_are_reset_for_the_next_send() -> None:
         assert sorted(back) == [0, 1]
         client.send([int(np.flatnonzero(masks[3])[0])], [3])
         assert client.recv().env_ids.tolist() == [3]
+
+
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_a_recv_timeout_leaves_the_envs_in_flight(scheme: str) -> None:
+    """A server that stops answering (SIGSTOP): recv times out, the envs stay in flight, and
+    once it answers again the next recv returns them (nothing lost or answered twice)."""
+    with (
+        ServerProcess(unique_url(scheme), env="pac", num_envs=NUM_ENVS, seed=1) as s,
+        api.connect(s.url, timeout=0.5, autoreset="next_step") as client,
+    ):
+        client.async_reset(seed=1)
+        got = client.recv(NUM_ENVS)
+        masks = got.results.action_mask
+        actions = [int(np.flatnonzero(masks[k])[0]) for k in range(NUM_ENVS)]
+        ids = got.env_ids.tolist()
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # the signal takes effect when the kernel next runs it
+        while _state(s.proc.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            with pytest.raises(TransportTimeoutError):  # unix: at send (SEND_RESP); shm: at recv
+                client.send(actions[:2], ids[:2])
+                client.recv(NUM_ENVS)
+        finally:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        back = client.recv(NUM_ENVS).env_ids.tolist()
+        assert sorted(back) == sorted(ids[:2])
+        with pytest.raises(RemoteError) as info:
+            client.recv()
+        assert info.value.code == ErrorCode.ASYNC_STATE
+        client.step([0] * NUM_ENVS)  # lock-step works again
+
+
+def _state(pid: int) -> str:
+    """The process state letter of /proc/<pid>/stat (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]

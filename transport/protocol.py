@@ -382,9 +382,10 @@ _NO_PROGRESS = re.compile(
 class RequestError(Exception):
     """Raised inside a server's dispatcher: becomes one ERROR response (never leaves the server)."""
 
-    def __init__(self, code: ErrorCode, text: str) -> None:
+    def __init__(self, code: ErrorCode, text: str, env_ids: tuple[int, ...] = ()) -> None:
         self.code = code
         self.text = text
+        self.env_ids = env_ids  # ENV_ERROR: the envs that failed (the others did their step)
         super().__init__(f"{code.name}: {text}")
 
 

@@ -137,6 +137,20 @@ int tp_publish_word(uint32_t *word, uint32_t value) {
     return 0;
 }
 
+/* Before a waiter sleeps: TP_CLOSED once the region's state left READY, TP_TIMEOUT past the
+ * deadline, TP_PEER_DEAD when the peer died (from the second look on: `*checked`), else TP_OK;
+ * `*now` is the time it read. */
+static int sleep_checks(tp_ctx *ctx, int64_t deadline, int *checked, int64_t *now) {
+    if (ctx->state != NULL && __atomic_load_n(ctx->state, __ATOMIC_ACQUIRE) != ctx->ready_state)
+        return TP_CLOSED;
+    *now = now_ns();
+    if (*now >= deadline) return TP_TIMEOUT;
+    if (*checked && ctx->peer_pid != 0 && !tp_peer_alive(ctx->peer_pid, ctx->peer_start))
+        return TP_PEER_DEAD;
+    *checked = 1;
+    return TP_OK;
+}
+
 /* The one wait loop. Returns the word's sequence (>= 0) once cond holds, or an error:
  * cond: (value & MASK) == target when `want_equal`, != target otherwise. */
 static int64_t wait_loop(tp_ctx *ctx, uint32_t *word, uint32_t target, int want_equal,
@@ -159,14 +173,9 @@ static int64_t wait_loop(tp_ctx *ctx, uint32_t *word, uint32_t target, int want_
             }
             continue;
         }
-        if (ctx->state != NULL &&
-            __atomic_load_n(ctx->state, __ATOMIC_ACQUIRE) != ctx->ready_state)
-            return TP_CLOSED;
-        int64_t now = now_ns();
-        if (now >= deadline) return TP_TIMEOUT;
-        if (checked && ctx->peer_pid != 0 && !tp_peer_alive(ctx->peer_pid, ctx->peer_start))
-            return TP_PEER_DEAD;
-        checked = 1;
+        int64_t now;
+        int rc = sleep_checks(ctx, deadline, &checked, &now);
+        if (rc != TP_OK) return rc;
         if (!(v & TP_SLEEP)) {
             if (!__atomic_compare_exchange_n(word, &v, v | TP_SLEEP, 0, __ATOMIC_SEQ_CST,
                                              __ATOMIC_SEQ_CST))
@@ -326,14 +335,9 @@ int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uin
             if ((spins & (TP_YIELD_EVERY - 1)) == 0) sched_yield();
             continue;
         }
-        if (ctx->state != NULL &&
-            __atomic_load_n(ctx->state, __ATOMIC_ACQUIRE) != ctx->ready_state)
-            return TP_CLOSED;
-        int64_t now = now_ns();
-        if (now >= deadline) return TP_TIMEOUT;
-        if (checked && ctx->peer_pid != 0 && !tp_peer_alive(ctx->peer_pid, ctx->peer_start))
-            return TP_PEER_DEAD;
-        checked = 1;
+        int64_t now;
+        int rc = sleep_checks(ctx, deadline, &checked, &now);
+        if (rc != TP_OK) return rc;
         int moved = 0;
         for (uint32_t j = 0; j < waiting && !moved; j++) {
             uint32_t v = vals[j];

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgpack
 import numpy as np
@@ -46,15 +46,7 @@ class AsyncHandlers:
         size = s.step_request.size
         n = s.num_envs
         ids = send_env_ids(body, size, n)
-        if ids is None:
-            raise RequestError(
-                ErrorCode.BAD_BATCH,
-                f"SEND_REQ of {body.nbytes} bytes is not K requests of {size} bytes and a "
-                "msgpack array of K env ids (1 <= K <= num_envs)",
-            )
         k = len(ids)
-        if not all(isinstance(i, int) for i in ids):
-            raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
         actions = s.step_request.view(body, count=k)[s.action_name]
         self.batches.send(np.asarray(ids, dtype=np.int64), np.array(actions))
         return self.send_resp, b""
@@ -83,13 +75,13 @@ class AsyncHandlers:
         return self.send_resp, b""
 
 
-def send_env_ids(body: memoryview, size: int, n: int) -> list[Any] | None:
-    """SEND_REQ's tail: the msgpack array of K env ids after K requests (K from the array
-    header: 0x90 | K below 16, else 0xDC and a big-endian u16)."""
+def send_env_ids(body: memoryview, size: int, n: int) -> list[int]:
+    """SEND_REQ's env ids: the msgpack array of K integers after K requests (K from the array
+    header: 0x90 | K below 16, else 0xDC and a big-endian u16); BAD_BATCH for any other body."""
     for k in range(1, n + 1):
         at = k * size
         if at >= body.nbytes:
-            return None
+            break
         head = body[at]
         if head != (0x90 | k if k < 16 else 0xDC):
             continue
@@ -98,5 +90,11 @@ def send_env_ids(body: memoryview, size: int, n: int) -> list[Any] | None:
         except Exception:
             continue
         if isinstance(ids, list) and len(ids) == k:
+            if not all(isinstance(i, int) for i in ids):
+                raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
             return ids
-    return None
+    raise RequestError(
+        ErrorCode.BAD_BATCH,
+        f"SEND_REQ of {body.nbytes} bytes is not K requests of {size} bytes and a msgpack "
+        "array of K env ids (1 <= K <= num_envs)",
+    )

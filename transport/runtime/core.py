@@ -802,7 +802,11 @@ class EnvRuntime:
                 fate,
                 f"\n{full}" if full else f": {detail}",
             )
-        return RequestError(ErrorCode.ENV_ERROR, with_traceback("; ".join(texts), trace))
+        return RequestError(
+            ErrorCode.ENV_ERROR,
+            with_traceback("; ".join(texts), trace),
+            tuple(index for index, _ in failures),
+        )
 
 
 def _action_text(action: Any) -> str:

@@ -526,14 +526,6 @@ class ShmChannel:
         n, size = self.num_envs, self._step_request.size
         view = memoryview(body).cast("B")
         found = send_env_ids(view, size, n)
-        if found is None:
-            raise RequestError(
-                ErrorCode.BAD_BATCH,
-                f"SEND_REQ of {view.nbytes} bytes is not K requests of {size} bytes and a "
-                "msgpack array of K env ids (1 <= K <= num_envs)",
-            )
-        if not all(isinstance(i, int) for i in found):
-            raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
         check_send(found, n, self._in_flight)
         k = len(found)
         records = self._step_request.view(view, count=k)
@@ -567,15 +559,20 @@ class ShmChannel:
             self._async_ids_ptr,
             self._timeout_ns,
         )
+        if rc == native.TIMEOUT:  # the envs stay in flight: a later RECV returns them
+            raise TransportTimeoutError(
+                f"shm://{self.shm.name}: no env finished within {self.timeout} s "
+                f"({self._async_count} in flight)"
+            )
         if rc < 0:
             self._raise(rc)
         ids = self._async_ids[:rc].tolist()
         self._async_next = (ids[-1] + 1) % self.num_envs
-        for i in ids:  # an answered error: that env leaves flight, the others stay answered
-            if self._status[i]:
-                self._in_flight[i] = 0
-                self._async_count -= 1
-                self._raise(i + 1)
+        failed = [i for i in ids if self._status[i]]
+        if failed:  # the answered errors: their envs leave flight, the others stay answered
+            self._in_flight[failed] = 0
+            self._async_count -= len(failed)
+            self._raise(failed[0] + 1)
         if self._checksums is not None:
             for i in ids:
                 if not self._checksums.matches(i):
@@ -729,7 +726,10 @@ class ShmChannel:
         """After a timeout (the Client calls this before its next request): wait, up to the
         timeout, until the server answered the request that timed out, so that the next request
         is not written into slots the server may still be reading. The late reply (its results,
-        or its error) is dropped; the server still did what it asked."""
+        or its error) is dropped; the server still did what it asked. Nothing to wait for after
+        a RECV's timeout: its envs stay in flight for the next RECV."""
+        if not self._late:
+            return
         rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
         if rc == native.TIMEOUT:
             raise TransportTimeoutError(

@@ -301,8 +301,18 @@ class Listener:
                 self._mixed(runtime)
                 status = -1  # statuses written per slot
         except RequestError as exc:
-            status = int(exc.code)
-            self._error(exc.text)
+            if exc.env_ids and count == self.num_envs:
+                # the failed envs' slots carry the error; the others did their step (a
+                # lock-step client reads the first failed slot; an async one each env's own)
+                failed = [i for i in exc.env_ids if self._pending[i]]
+                self._status[np.flatnonzero(self._pending)] = 0
+                for i in failed:
+                    self._status[i] = int(exc.code)
+                    self._error_len[i] = write_text(self._error_text[i], exc.text)
+                status = -1
+            else:
+                status = int(exc.code)
+                self._error(exc.text)
         except Exception as exc:  # a bug must not take the server down (env errors: runtime)
             status = int(ErrorCode.INTERNAL)
             self._error(describe(exc))

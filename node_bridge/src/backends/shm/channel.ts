@@ -16,10 +16,17 @@
  * thread (the event loop keeps running); between slices the region's state and the server's
  * liveness are checked, so a dead server is PeerGoneError within about one slice and a silent one
  * TransportTimeoutError after `timeoutMs`.
+ *
+ * Asynchronous batches (docs/shm.md "Asynchronous batches"): SEND_REQ publishes STEP on the slots
+ * of the env ids it names and returns at once (those envs are *in flight*); RECV_REQ waits for any
+ * `min(B, in flight)` of them (FUTEX_WAITV on their response words) and answers the stream
+ * RECV_RESP body; ASYNC_RESET_REQ is a RESET round trip after which every env is in flight. The
+ * rules are the env runtime's (`checkSend`, `checkRecv`, `checkIdle`).
  */
 
 import { closeSync, fstatSync, openSync, readSync } from "node:fs";
-import { decode as msgpackDecode } from "@msgpack/msgpack";
+import * as zlib from "node:zlib";
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
 import {
   ConnectError,
@@ -55,6 +62,7 @@ import {
   writeAction,
   writeArrayAction,
 } from "../../runtime/core";
+import { checkIdle, checkRecv, checkSend } from "../../runtime/async_batches";
 import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../index";
 import {
@@ -65,6 +73,7 @@ import {
   Region,
   RegionState,
   SEQ_MASK,
+  SLEEP_BIT,
   ShmLayout,
   type ShmUrl,
   SlotChecksums,
@@ -81,7 +90,23 @@ import {
   schemaAreaOfFd,
   waitWordAsync,
 } from "./region";
+import { FUTEX2_SIZE_U32, FUTEX_WAITV_MAX, FUTEX_WAITV_WORDS, native } from "./native";
 import { resultLayout } from "./server";
+
+/** One result field's place in the packed result, in a slot and in a final area. */
+interface ResultRun {
+  readonly packed: number;
+  readonly slot: number;
+  readonly final: number;
+  readonly size: number;
+}
+
+/** One spin iteration's cost (a C PAUSE: the unit of WaitPolicy.spin), as region.ts counts it. */
+const SPIN_NS = 25;
+/** RECV's spin budget is the wait policy's divided by this (docs/decisions.md, "any B of N"). */
+const WAIT_ANY_SPIN_SHARE = 8;
+/** Without futex_waitv, a RECV sleeps on one of its words in slices this short (ms). */
+const ONE_WORD_SLICE_MS = 0.2;
 
 /** Zero-copy views of the results in the slots, and the finals of the last step. */
 class SlotResults implements ChannelRecords {
@@ -219,6 +244,23 @@ export class ShmChannel implements Channel {
   #busy = false;
   /** A request timed out: its late response is waited for before the next request (`#settle`). */
   #late = false;
+  /** Asynchronous batches: 1 for each env sent (or async-reset) that no RECV returned yet. */
+  readonly #inFlight: Uint8Array;
+  /** How many envs are in flight (0: lock-step requests are allowed). */
+  #flying = 0;
+  /** checkSend's scratch (one byte per env). */
+  readonly #seen: Uint8Array;
+  /** Where the next RECV starts its scan (after the last env the previous one returned). */
+  #scanFrom = 0;
+  /** The env ids a RECV found answered, in the order found. */
+  readonly #found: number[] = [];
+  /** The result struct's fields: packed result <- slot (RECV results), <- final area (finals). */
+  readonly #runs: readonly ResultRun[];
+  readonly #resultSize: number;
+  /** The packed result lies whole at this slot offset, or -1 (copied field by field). */
+  readonly #inPlace: number;
+  /** RECV's `struct futex_waitv` array (FUTEX_WAITV_WORDS u32 per waited word). */
+  readonly #waiters = new Uint32Array(FUTEX_WAITV_MAX * FUTEX_WAITV_WORDS);
 
   private constructor(url: string, shm: ShmUrl, region: Region, schema: SchemaModule, timeoutMs: number | null) {
     this.url = url;
@@ -253,6 +295,17 @@ export class ShmChannel implements Channel {
     this.#cmdOff = off(layout.slot, "command");
     this.#statusOff = off(layout.slot, "status");
     this.records = new SlotResults(region, schema, this.numEnvs, this.#seqs);
+    this.#inFlight = new Uint8Array(this.numEnvs);
+    this.#seen = new Uint8Array(this.numEnvs);
+    const plan = resultLayout(schema);
+    this.#resultSize = plan.codec.size;
+    this.#inPlace = plan.inPlace;
+    this.#runs = (schema.ir.structs[plan.codec.name]?.fields ?? []).map((f) => ({
+      packed: f.offset,
+      slot: layout.ir.result_offsets[f.name] as number, // resultLayout checked that both exist
+      final: layout.ir.final_result_offsets[f.name] as number,
+      size: f.size,
+    }));
     this.#doorbell = Atomics.load(region.words, off(CB, "doorbell") >> 2) & SEQ_MASK;
     const policy = shm.wait;
     this.#wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
@@ -329,26 +382,26 @@ export class ShmChannel implements Channel {
     this.#busy = true;
     try {
       if (this.#late) await this.#settle();
-      return await this.#request(msgType, body);
+      const type = await this.#request(msgType, body);
+      // close() came while this request waited: its results are in a region about to be unmapped
+      if (this.#closed) throw new TransportError(`shm://${this.shm.name}: the client was closed during this request`);
+      return type;
     } finally {
       this.#busy = false;
+      if (this.#closed) this.#release(); // close() left the unmapping to this request's end
     }
   }
 
   async #request(msgType: number, body: Uint8Array): Promise<number> {
     const ids = this.#ids;
     const n = this.numEnvs;
+    if (this.#flying !== 0 && this.#refusedInFlight(msgType)) return this.#ids.ERROR;
     switch (msgType) {
       case ids.HELLO_REQ:
         return this.#hello(body);
       case ids.RESET_REQ:
       case ids.RESET_SEED_REQ: {
-        const seed = msgType === ids.RESET_REQ ? null : Buffer.from(body.buffer, body.byteOffset, body.byteLength).readBigUInt64LE(0);
-        const region = this.region;
-        for (let i = 0; i < n; i++) {
-          region.bytes[region.slotAt(i, "has_seed")] = seed === null ? 0 : 1;
-          if (seed !== null) region.dv.setBigUint64(region.slotAt(i, "seed"), BigInt.asUintN(64, seed + BigInt(i)), true);
-        }
+        this.#writeSeeds(msgType === ids.RESET_REQ ? null : Buffer.from(body.buffer, body.byteOffset, body.byteLength).readBigUInt64LE(0));
         return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
       }
       case ids.RESET_SEEDS_REQ: {
@@ -386,6 +439,12 @@ export class ShmChannel implements Channel {
         this.buffer[BODY_OFFSET] = this.#alive() ? 1 : 0;
         this.bodyLength = 1;
         return ids.HEALTH_RESP;
+      case ids.SEND_REQ:
+        return this.#send(body);
+      case ids.RECV_REQ:
+        return this.#recv(body);
+      case ids.ASYNC_RESET_REQ:
+        return this.#asyncReset(body);
       case ids.SPACES_REQ: {
         const dv = this.region.dv;
         const names = (this.#schema.ir.structs[this.#spaces.name]?.fields ?? []).map((f) => f.name);
@@ -397,6 +456,372 @@ export class ShmChannel implements Channel {
       default:
         return this.#error(ErrorCode.UNKNOWN_MESSAGE, `shm:// cannot carry msg_type 0x${msgType.toString(16).padStart(2, "0")}`);
     }
+  }
+
+  /** RESET seeds in every env's slot: env i gets `seed + i` (null: unseeded). */
+  #writeSeeds(seed: bigint | null): void {
+    const region = this.region;
+    for (let i = 0; i < this.numEnvs; i++) {
+      region.bytes[region.slotAt(i, "has_seed")] = seed === null ? 0 : 1;
+      if (seed !== null) region.dv.setBigUint64(region.slotAt(i, "seed"), BigInt.asUintN(64, seed + BigInt(i)), true);
+    }
+  }
+
+  // -- asynchronous batches (docs/shm.md "Asynchronous batches"; the rules: runtime/async_batches.ts)
+
+  /**
+   * While envs are in flight only SEND, RECV, ASYNC_RESET (which check on their own), HEALTH and
+   * SPACES go on; any other request is refused with checkIdle's ASYNC_STATE (an ERROR body in
+   * `buffer`: true), without touching a slot.
+   */
+  #refusedInFlight(msgType: number): boolean {
+    const ids = this.#ids;
+    if (
+      msgType === ids.SEND_REQ ||
+      msgType === ids.RECV_REQ ||
+      msgType === ids.ASYNC_RESET_REQ ||
+      msgType === ids.HEALTH_REQ ||
+      msgType === ids.SPACES_REQ
+    ) {
+      return false;
+    }
+    return this.#refused(() => checkIdle(this.#flying, `msg_type 0x${msgType.toString(16).toUpperCase().padStart(2, "0")}`));
+  }
+
+  /** Run a runtime rule: true (an ERROR body in `buffer`) when it refuses with a RequestError. */
+  #refused(rule: () => void): boolean {
+    try {
+      rule();
+      return false;
+    } catch (error) {
+      if (!(error instanceof RequestError)) throw error;
+      this.#error(error.code, error.text);
+      return true;
+    }
+  }
+
+  /**
+   * SEND_REQ (K step requests, then a msgpack array of their K env ids): each action into its
+   * env's slot, STEP, the slot's request word, one doorbell ring; no wait (the envs are in flight).
+   */
+  #send(body: Uint8Array): number {
+    const n = this.numEnvs;
+    const { field, type, size } = this.#stepAction;
+    let envIds: number[] | null = null;
+    for (let k = 1; k <= n && k * size < body.byteLength; k++) {
+      if (body[k * size] !== (k < 16 ? 0x90 + k : 0xdc)) continue; // fixarray, else array 16
+      try {
+        const tail = msgpackDecode(body.subarray(k * size));
+        if (Array.isArray(tail) && tail.length === k && tail.every((i) => typeof i === "number")) {
+          envIds = tail as number[];
+          break;
+        }
+      } catch {
+        continue;
+      }
+    }
+    if (envIds === null) {
+      return this.#error(
+        ErrorCode.BAD_BATCH,
+        `SEND_REQ of ${body.byteLength} bytes is not K requests of ${size} bytes and a msgpack array of K env ids (1 <= K <= num_envs)`,
+      );
+    }
+    const sent = envIds;
+    if (this.#refused(() => checkSend(sent, n, this.#inFlight, this.#seen))) return this.#ids.ERROR;
+    const k = sent.length;
+    const actions = this.#actions;
+    readActions(actions, body, field.offset, size, k, type);
+    const region = this.region;
+    const words = region.words;
+    const layout = this.layout;
+    const elements = type.elements;
+    for (let j = 0; j < k; j++) {
+      const base = layout.slotBase(sent[j] as number);
+      if (elements === 1 && !type.float) writeAction(region.bytes, base + this.#actionAt, actions[j] as number, type);
+      else writeArrayAction(region.bytes, base + this.#actionAt, actions.subarray(j * elements, (j + 1) * elements), type, region.dv);
+      words[(base + this.#cmdOff) >> 2] = SlotCommand.STEP;
+    }
+    const seqs = this.#seqs;
+    for (let j = 0; j < k; j++) {
+      const i = sent[j] as number;
+      const seq = ((seqs[i] as number) + 1) & SEQ_MASK;
+      seqs[i] = seq;
+      Atomics.store(words, (layout.slotBase(i) + this.#reqOff) >> 2, seq); // publishes the slot's request
+      this.#inFlight[i] = 1;
+    }
+    this.#flying += k;
+    this.#doorbell = (this.#doorbell + 1) & SEQ_MASK;
+    publishWord(region, off(CB, "doorbell"), this.#doorbell);
+    this.bodyLength = 0;
+    return this.#ids.SEND_RESP;
+  }
+
+  /**
+   * ASYNC_RESET_REQ (EnvSeed: u64 seed, u8 has_seed): refused while envs are in flight; else a
+   * RESET round trip of every env (env i: seed + i) whose results RECV then hands out.
+   */
+  async #asyncReset(body: Uint8Array): Promise<number> {
+    const n = this.numEnvs;
+    if (this.#refused(() => checkIdle(this.#flying, "ASYNC_RESET_REQ"))) return this.#ids.ERROR;
+    if (body.byteLength !== 16) return this.#error(ErrorCode.BAD_BODY_SIZE, `ASYNC_RESET_REQ body is ${body.byteLength} bytes, expected 16`);
+    const entry = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+    this.#writeSeeds(entry[8] === 1 ? entry.readBigUInt64LE(0) : null);
+    let type: number | null;
+    try {
+      type = await this.#roundTrip(SlotCommand.RESET, n, this.timeoutMs, false);
+    } catch (error) {
+      if (!(error instanceof TransportTimeoutError)) throw error;
+      // the resets were sent: a later RECV waits for (and returns) them, as after a SEND
+      this.#inFlight.fill(1);
+      this.#flying = n;
+      throw new TransportTimeoutError(`${error.message} (ASYNC_RESET: the ${n} envs are in flight; RECV returns them)`);
+    }
+    if (type !== null) return type; // refused: nothing in flight
+    this.#inFlight.fill(1);
+    this.#flying = n;
+    this.bodyLength = 0;
+    return this.#ids.SEND_RESP;
+  }
+
+  /**
+   * RECV_REQ (u32 batch size B): wait for any `min(B, in flight)` in-flight envs to be answered,
+   * then the stream RECV_RESP body: their results in the order found (scanning from where the
+   * last RECV stopped), then msgpack [env ids, ended env ids, their final results' bytes]. A slot
+   * answered with a status leaves flight and is this RECV's ERROR (the others stay in flight).
+   * A timeout leaves every env in flight (a later RECV returns them).
+   */
+  async #recv(body: Uint8Array): Promise<number> {
+    if (body.byteLength !== 4) return this.#error(ErrorCode.BAD_BODY_SIZE, `RECV_REQ body is ${body.byteLength} bytes, expected 4`);
+    const batchSize = Buffer.from(body.buffer, body.byteOffset, 4).readUInt32LE(0);
+    let want = 0;
+    if (this.#refused(() => (want = checkRecv(this.#flying, batchSize)))) return this.#ids.ERROR;
+    const rc = await this.#waitAny(want);
+    if (rc < 0) {
+      const url = `shm://${this.shm.name}`;
+      if (rc === WAIT_TIMEOUT) {
+        throw new TransportTimeoutError(
+          `${url}: RECV got ${this.#answered(want)} of ${want} results within ${this.timeoutMs} ms ` +
+            `(the ${this.#flying} env(s) stay in flight: a later RECV returns them)`,
+        );
+      }
+      if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
+      if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
+      throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+    return this.#gather(want);
+  }
+
+  /**
+   * How many in-flight envs are answered (scanning stops at `want`); `want` when one of them was
+   * answered with a status (the RECV returns that error at once).
+   */
+  #answered(want: number): number {
+    const words = this.region.words;
+    const dv = this.region.dv;
+    const layout = this.layout;
+    const inFlight = this.#inFlight;
+    const seqs = this.#seqs;
+    let count = 0;
+    for (let i = 0; i < this.numEnvs; i++) {
+      if (!inFlight[i]) continue;
+      const base = layout.slotBase(i);
+      if ((Atomics.load(words, (base + this.#respOff) >> 2) & SEQ_MASK) !== seqs[i]) continue;
+      if (dv.getUint16(base + this.#statusOff, true) !== 0) return want;
+      if (++count >= want) return count;
+    }
+    return count;
+  }
+
+  /**
+   * Wait until `#answered(want) >= want`: spin (an eighth of the wait policy's budget), then sleep on every
+   * unanswered in-flight response word at once (FUTEX_WAITV, SLEEP set on each first, as the
+   * one-word wait does), checking the region's state, the deadline and the server's liveness
+   * between slices. 0, or WAIT_TIMEOUT / WAIT_CLOSED / WAIT_PEER_DEAD.
+   */
+  async #waitAny(want: number): Promise<number> {
+    if (this.#answered(want) >= want) return 0;
+    const nat = native();
+    const wait = this.#wait;
+    const start = performance.now();
+    const deadline = this.timeoutMs === null ? Number.POSITIVE_INFINITY : start + this.timeoutMs;
+    if (wait.spin > 0) {
+      // an eighth of a round trip's budget, as the Python client's tp_client_wait_any: results
+      // that come "whenever an env is done" rarely come within a spin, and a spinning client
+      // takes a core from the envs (each scan of the in-flight words costs its share of time)
+      const spinUntil = start + (wait.spin * SPIN_NS) / WAIT_ANY_SPIN_SHARE / 1e6;
+      for (let spins = 1; ; spins++) {
+        if (this.#answered(want) >= want) return 0;
+        if ((spins & 255) === 0) {
+          nat.schedYield(); // a server sharing this core runs now
+          const now = performance.now();
+          if (now >= spinUntil || now >= deadline) break;
+        }
+      }
+    }
+    const words = this.region.words;
+    const stateIndex = this.region.cbWord("state");
+    const waitv = nat.futexWaitvAsync;
+    const timespec = { tv_sec: 0, tv_nsec: 0 };
+    let checked = false;
+    for (;;) {
+      if (this.#answered(want) >= want) return 0;
+      if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
+      const now = performance.now();
+      if (now >= deadline) return WAIT_TIMEOUT;
+      if (checked && !peerAlive(this.ownerPid, this.ownerStart)) return WAIT_PEER_DEAD;
+      checked = true;
+      const sleeping = this.#armWaiters();
+      if (sleeping < 0) continue; // a word moved while SLEEP was being set: look again
+      let ms = Math.max(0, Math.min(Math.max(1, wait.sliceMs), deadline - now));
+      if (waitv !== null) {
+        // more unanswered words than one futex_waitv takes: the others are seen within 1 ms
+        if (sleeping > FUTEX_WAITV_MAX) ms = Math.min(ms, 1);
+        const until = process.hrtime.bigint() + BigInt(Math.ceil(ms * 1e6)); // CLOCK_MONOTONIC
+        timespec.tv_sec = Number(until / 1_000_000_000n);
+        timespec.tv_nsec = Number(until % 1_000_000_000n);
+        await waitv(this.#waiters, Math.min(sleeping, FUTEX_WAITV_MAX), timespec);
+      } else {
+        // no futex_waitv (Linux < 5.16, or a seccomp filter): the first word, in short slices
+        ms = Math.min(ms, ONE_WORD_SLICE_MS);
+        const ns = Math.ceil(ms * 1e6);
+        timespec.tv_sec = Math.floor(ns / 1e9);
+        timespec.tv_nsec = ns % 1e9;
+        const w = this.#waiters;
+        const address = (w[2] as number) + (w[3] as number) * 0x1_0000_0000;
+        await nat.futexWaitAsync(address, w[0] as number, timespec);
+      }
+      // close() came while this RECV slept: end it now (the region is unmapped when it returns)
+      if (this.#closed) throw new TransportError(`shm://${this.shm.name}: the client was closed while a RECV waited`);
+    }
+  }
+
+  /**
+   * Set SLEEP (CAS, no lost wake-up: the server's publish is an exchange of the same word) on
+   * every unanswered in-flight response word and list the first FUTEX_WAITV_MAX of them in
+   * `#waiters`, scanning from `#scanFrom`. Their count, or -1 when one was answered meanwhile.
+   */
+  #armWaiters(): number {
+    const region = this.region;
+    const words = region.words;
+    const layout = this.layout;
+    const inFlight = this.#inFlight;
+    const seqs = this.#seqs;
+    const waiters = this.#waiters;
+    const n = this.numEnvs;
+    let count = 0;
+    for (let s = 0, i = this.#scanFrom; s < n; s++, i = i + 1 === n ? 0 : i + 1) {
+      if (!inFlight[i]) continue;
+      const at = layout.slotBase(i) + this.#respOff;
+      const target = seqs[i] as number;
+      let v = Atomics.load(words, at >> 2);
+      for (;;) {
+        if ((v & SEQ_MASK) === target) return -1;
+        if (v & SLEEP_BIT) break;
+        const old = Atomics.compareExchange(words, at >> 2, v, v | SLEEP_BIT);
+        if (old === v) {
+          v |= SLEEP_BIT;
+          break;
+        }
+        v = old;
+      }
+      if (count < FUTEX_WAITV_MAX) {
+        const address = region.addressOf(at);
+        const e = count * FUTEX_WAITV_WORDS;
+        waiters[e] = v >>> 0; // val (u64)
+        waiters[e + 1] = 0;
+        waiters[e + 2] = address % 0x1_0000_0000; // uaddr (u64)
+        waiters[e + 3] = Math.floor(address / 0x1_0000_0000);
+        waiters[e + 4] = FUTEX2_SIZE_U32; // flags: a shared 32-bit futex
+        waiters[e + 5] = 0;
+      }
+      count++;
+    }
+    return count;
+  }
+
+  /**
+   * The RECV_RESP body of `want` answered in-flight envs (found from `#scanFrom` on; an answered
+   * error instead leaves flight and becomes the ERROR body), which leave flight.
+   */
+  #gather(want: number): number {
+    const region = this.region;
+    const words = region.words;
+    const dv = region.dv;
+    const layout = this.layout;
+    const inFlight = this.#inFlight;
+    const seqs = this.#seqs;
+    const n = this.numEnvs;
+    const found = this.#found;
+    found.length = 0;
+    for (let s = 0, i = this.#scanFrom; s < n && found.length < want; s++, i = i + 1 === n ? 0 : i + 1) {
+      if (!inFlight[i]) continue;
+      const base = layout.slotBase(i);
+      if ((Atomics.load(words, (base + this.#respOff) >> 2) & SEQ_MASK) !== seqs[i]) continue;
+      const status = dv.getUint16(base + this.#statusOff, true);
+      if (status !== 0) {
+        // this env's step failed: it leaves flight; the answered ones found before it stay
+        inFlight[i] = 0;
+        this.#flying--;
+        const length = Math.min(dv.getUint16(region.slotAt(i, "error_len"), true), layout.errorTextMax);
+        const at = region.slotAt(i, "error_text");
+        return this.#error(status, Buffer.from(region.bytes.subarray(at, at + length)).toString("utf8"));
+      }
+      found.push(i);
+    }
+    for (const i of found) inFlight[i] = 0;
+    this.#flying -= found.length;
+    this.#scanFrom = found.length ? ((found[found.length - 1] as number) + 1) % n : this.#scanFrom;
+    if (this.#checksums !== null) {
+      for (const i of found) {
+        if (this.#checksumOk(i)) continue;
+        throw new ProtocolError(
+          `shm://${this.shm.name}: slot ${i}'s result does not match the checksum its server wrote: ` +
+            "another process wrote into the region after the server published it (or a forged " +
+            "response); do not trust this result",
+        );
+      }
+    }
+    const size = this.#resultSize;
+    const ended: number[] = [];
+    if (region.hasFinals) {
+      for (const i of found) {
+        if ((Atomics.load(words, (region.finalAt(i) + layout.finalSeqAt) >> 2) & SEQ_MASK) === seqs[i]) ended.push(i);
+      }
+    }
+    const finals = new Uint8Array(ended.length * size);
+    ended.forEach((i, k) => this.#copyResult(finals, k * size, region.finalAt(i), true));
+    const tail = msgpackEncode([found, ended, finals]);
+    const total = found.length * size + tail.byteLength;
+    if (BODY_OFFSET + total > this.buffer.byteLength) this.buffer = Buffer.alloc(BODY_OFFSET + total);
+    const out = this.buffer;
+    found.forEach((i, k) => this.#copyResult(out, BODY_OFFSET + k * size, layout.slotBase(i), false));
+    out.set(tail, BODY_OFFSET + found.length * size);
+    this.bodyLength = total;
+    return this.#ids.RECV_RESP;
+  }
+
+  /** The packed result at `out[at]` from a slot (at byte `base`) or a final area (`final`). */
+  #copyResult(out: Uint8Array, at: number, base: number, final: boolean): void {
+    const bytes = this.region.bytes;
+    const size = this.#resultSize;
+    if (!final && this.#inPlace >= 0) {
+      out.set(bytes.subarray(base + this.#inPlace, base + this.#inPlace + size), at);
+      return;
+    }
+    out.fill(0, at, at + size); // canonical: zeroed padding between the fields
+    for (const run of this.#runs) {
+      const from = base + (final ? run.final : run.slot);
+      out.set(bytes.subarray(from, from + run.size), at + run.packed);
+    }
+  }
+
+  /** Slot `index`'s result bytes match the crc32 its server wrote (`?checksum=crc32`). */
+  #checksumOk(index: number): boolean {
+    const { dv, bytes, layout } = this.region;
+    const base = layout.slotBase(index);
+    const [lo, hi] = layout.resultSpan;
+    const crc32 = (zlib as unknown as { crc32: (data: Uint8Array) => number }).crc32;
+    return crc32(bytes.subarray(base + lo, base + hi)) === dv.getUint32(base + layout.checksumAt, true);
   }
 
   /** `#actions[0..count)` into the request field of slots 0..count-1 (an array action: its
@@ -465,6 +890,8 @@ export class ShmChannel implements Channel {
     const seqs = this.#seqs;
     const deadline = this.timeoutMs === null ? null : Date.now() + this.timeoutMs; // one for all slots
     for (let i = 0; i < seqs.length; i++) {
+      // an env in flight is not late: its result is awaited (and returned) by a RECV
+      if (i < this.numEnvs && this.#inFlight[i]) continue;
       const timeoutNs = deadline === null ? Number.MAX_SAFE_INTEGER : Math.max(0, deadline - Date.now()) * 1e6;
       const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, this.#wait);
       if (rc >= 0) continue;
@@ -483,7 +910,7 @@ export class ShmChannel implements Channel {
    * One request on slots 0..count-1: command, request words, the doorbell, then each slot's
    * response. null when every slot answered status 0; else the ERROR msg_type (body in `buffer`).
    */
-  async #roundTrip(command: number, count: number, timeoutMs = this.timeoutMs): Promise<number | null> {
+  async #roundTrip(command: number, count: number, timeoutMs = this.timeoutMs, lateOnTimeout = true): Promise<number | null> {
     const region = this.region;
     const words = region.words;
     const layout = this.layout;
@@ -503,7 +930,7 @@ export class ShmChannel implements Channel {
       if (rc >= 0) continue;
       const url = `shm://${this.shm.name}`;
       if (rc === WAIT_TIMEOUT) {
-        this.#late = true;
+        if (lateOnTimeout) this.#late = true;
         throw new TransportTimeoutError(`${url}: no response within ${timeoutMs} ms`);
       }
       if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
@@ -539,11 +966,17 @@ export class ShmChannel implements Channel {
     return this.#ids.ERROR;
   }
 
-  /** SHUTDOWN (the server drops this lease's envs; at most 1 s), release the lease, unmap. */
+  /**
+   * SHUTDOWN (the server drops this lease's envs; at most 1 s), release the lease, unmap. During
+   * a request the release is that request's, when it ends (a RECV within one wait slice; a
+   * lock-step request when answered, timed out or its server dead): unmapping under a wait
+   * would crash the process (SIGSEGV) when the wait reads its words again.
+   */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    if (!this.#busy && this.#alive()) {
+    if (this.#busy) return;
+    if (this.#alive()) {
       try {
         await this.#roundTrip(SlotCommand.SHUTDOWN, this.numEnvs, 1000);
       } catch {

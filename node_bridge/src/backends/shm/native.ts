@@ -33,9 +33,20 @@ export const EINTR = 4;
 export const ETIMEDOUT = 110;
 export const EEXIST = 17;
 export const ENOENT = 2;
+export const ENOSYS = 38;
+export const EINVAL = 22;
+/** futex_waitv's per-word flag: a 32-bit futex (shared: no FUTEX_PRIVATE_FLAG). */
+export const FUTEX2_SIZE_U32 = 2;
+/** The kernel's limit on the words of one futex_waitv (FUTEX_WAITV_MAX). */
+export const FUTEX_WAITV_MAX = 128;
+/** One `struct futex_waitv` { u64 val; u64 uaddr; u32 flags; u32 __reserved } in u32 units. */
+export const FUTEX_WAITV_WORDS = 6;
+const CLOCK_MONOTONIC = 1;
 
 /** SYS_futex for the architectures Node ships on Linux. */
 const SYS_FUTEX: Readonly<Record<string, number>> = { x64: 202, arm64: 98, ia32: 240, arm: 240 };
+/** SYS_futex_waitv (Linux 5.16+): the same number on every architecture (the unified table). */
+const SYS_FUTEX_WAITV: Readonly<Record<string, number>> = { x64: 449, arm64: 449 };
 
 export interface Native {
   readonly koffi: any;
@@ -57,6 +68,13 @@ export interface Native {
    * running while it sleeps (a client whose server may share its thread).
    */
   futexWaitAsync(address: number, value: number, timeout: { tv_sec: number; tv_nsec: number }): Promise<number>;
+  /**
+   * futex_waitv (Linux 5.16+) on a libuv pool thread: sleep until any of `count` words (the
+   * `struct futex_waitv` entries in `waiters`, FUTEX_WAITV_WORDS u32 each) is woken or no longer
+   * holds its value, at most until `deadline` (an absolute CLOCK_MONOTONIC time). null when the
+   * kernel (or a seccomp filter) does not offer the call: the caller waits on one word instead.
+   */
+  readonly futexWaitvAsync: ((waiters: Uint32Array, count: number, deadline: { tv_sec: number; tv_nsec: number }) => Promise<number>) | null;
   schedYield(): number;
   errno(): number;
   strerror(errno: number): string;
@@ -104,6 +122,7 @@ export function native(): Native {
     "uint32_t",
   ]) as Fn & { async: Fn };
   const schedYield = fn(libc, "int sched_yield()");
+  const futexWaitvAsync = waitvOf(koffi, libc, timespec);
   const strerror = fn(libc, "const char *strerror(int errnum)");
   loaded = {
     koffi,
@@ -127,9 +146,32 @@ export function native(): Native {
           else resolve(Number(rc));
         });
       }),
+    futexWaitvAsync,
     schedYield: () => schedYield() as number,
     errno: () => koffi.errno() as number,
     strerror: (errno) => String(strerror(errno)),
   };
   return loaded;
+}
+
+/**
+ * The async futex_waitv call, or null when the kernel lacks it: probed once with no words, which
+ * a kernel that has the call refuses with EINVAL (ENOSYS: too old; EPERM: a seccomp filter).
+ */
+function waitvOf(koffi: any, libc: any, timespec: any): Native["futexWaitvAsync"] {
+  const nr = SYS_FUTEX_WAITV[process.arch];
+  if (nr === undefined) return null;
+  // syscall(SYS_futex_waitv, waiters, nr_futexes, flags, timeout, clockid): fixed arguments, so
+  // koffi can call it on a pool thread (a variadic function cannot be called asynchronously)
+  const syscall = libc.func("syscall", "long", ["long", "void *", "uint32_t", "uint32_t", koffi.pointer(timespec), "int32_t"]) as Fn & {
+    async: Fn;
+  };
+  if (Number(syscall(nr, null, 0, 0, null, CLOCK_MONOTONIC)) !== -1 || (koffi.errno() as number) !== EINVAL) return null;
+  return (waiters, count, deadline) =>
+    new Promise<number>((resolve, reject) => {
+      syscall.async(nr, waiters, count, 0, deadline, CLOCK_MONOTONIC, (error: unknown, rc: unknown) => {
+        if (error) reject(error instanceof Error ? error : new Error(String(error)));
+        else resolve(Number(rc));
+      });
+    });
 }
