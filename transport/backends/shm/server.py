@@ -42,6 +42,9 @@ from transport.runtime.core import EnvHost, EnvRuntime, describe
 
 log = logging.getLogger("transport.shm")
 _CLIENT_PID_WORD = CB["client_pid"].offset // 4
+# the slot commands as module names: on Python 3.11 each SlotCommand.X lookup costs ~50 ns
+_STEP, _RESET, _HELLO = SlotCommand.STEP, SlotCommand.RESET, SlotCommand.HELLO
+_OBSERVE, _STEP_MULTI, _SHUTDOWN = SlotCommand.OBSERVE, SlotCommand.STEP_MULTI, SlotCommand.SHUTDOWN
 
 
 class _Lease:
@@ -77,6 +80,7 @@ class Listener:
         self._serving = False
         self.stop_reason: str | None = None  # why serve_forever returned without close()
         self.lease: _Lease | None = None
+        self._flying: AsyncBatches | None = None  # the lease's envs in a pool, while any are
         self._spare: EnvRuntime | None = None
 
     # -- creation ----------------------------------------------------------------------------
@@ -142,6 +146,8 @@ class Listener:
             "uint8_t *", native.ffi.from_buffer(self._done, require_writable=True)
         )
         self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
+        self._command_offset = layout.slot_fields["command"].offset
+        self._words = region.words
         self._actions = region.requests()[host.action.name]
         self._env_actions = self._actions[: self.num_envs]
         # an array action (Box, MultiDiscrete): the HELLO mode is in its first element
@@ -200,9 +206,8 @@ class Listener:
         last = self._doorbell_at_start  # read before READY: a ring right after it is seen
         try:
             while not self._closed.is_set():
-                lease = self.lease
-                if lease is not None and lease.batches is not None and lease.batches.count:
-                    last = self._wait_in_flight(lease.batches, last, idle_ns)
+                if self._flying is not None:
+                    last = self._wait_in_flight(self._flying, last, idle_ns)
                     if last >= 0:
                         continue
                     if not self._closed.is_set():
@@ -258,44 +263,41 @@ class Listener:
         log.error("%s", self.stop_reason)
 
     def _serve_batch(self) -> None:
-        region = self.region
-        assert region is not None
-        count = native.lib.tp_server_pending(
-            self._ctx, self._pending_ptr, self.layout.slot_fields["command"].offset, self._same_cmd
-        )
-        lease = self.lease
-        if lease is not None and lease.batches is not None and lease.batches.count:
-            self._pending[lease.batches.in_flight] = 0  # answered when their env ends
+        ctx, pending = self._ctx, self._pending_ptr
+        count = native.lib.tp_server_pending(ctx, pending, self._command_offset, self._same_cmd)
+        if self._flying is not None:
+            self._pending[self._flying.in_flight] = 0  # answered when their env ends
             count = int(np.count_nonzero(self._pending))
         if count == 0:
             return
-        pid = int(region.words[_CLIENT_PID_WORD])
+        lease = self.lease
+        pid = self._words.item(_CLIENT_PID_WORD)
         if lease is None or lease.client_pid != pid:
             lease = self._new_lease(pid) if pid else None
-        cmd = int(self._same_cmd[0])
+        cmd = self._same_cmd[0]
         status = 0
         try:
             if lease is None:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first")
             runtime = lease.runtime
             n = self.num_envs
-            if count == n and cmd == SlotCommand.STEP:
+            if count == n and cmd == _STEP:
                 if n > 1:
                     self._stamp(runtime.step(self._env_actions))
                 elif runtime.step_one(
-                    0, int(self._actions[0]) if self._scalar_action else self._action_at(0)
+                    0, self._actions.item(0) if self._scalar_action else self._action_at(0)
                 ):
                     self._final_seqs[0] = self._seqs[0]
-            elif count == n and cmd == SlotCommand.RESET:
+            elif count == n and cmd == _RESET:
                 runtime.reset(self._seeds())
-            elif count == n and cmd == SlotCommand.HELLO:
+            elif count == n and cmd == _HELLO:
                 runtime.set_autoreset(int(self._modes[0]))
-            elif count == n and cmd == SlotCommand.OBSERVE:
+            elif count == n and cmd == _OBSERVE:
                 for i, info in enumerate(runtime.observe()):
                     self._write_info(i, msgpack.packb(info))
-            elif cmd == SlotCommand.STEP_MULTI and count == runtime.seats and self._pending[0]:
+            elif cmd == _STEP_MULTI and count == runtime.seats and self._pending[0]:
                 self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
-            elif cmd == SlotCommand.SHUTDOWN:
+            elif cmd == _SHUTDOWN:
                 self._drop_lease()
             else:
                 self._mixed(runtime)
@@ -317,9 +319,9 @@ class Listener:
             status = int(ErrorCode.INTERNAL)
             self._error(describe(exc))
         if self._checksums is not None:
-            for pending in np.flatnonzero(self._pending).tolist():
-                self._checksums.stamp(pending)
-        native.lib.tp_server_publish(self._ctx, self._pending_ptr, status)
+            for index in np.flatnonzero(self._pending).tolist():
+                self._checksums.stamp(index)
+        native.lib.tp_server_publish(ctx, pending, status)
 
     def _error(self, text: str) -> None:
         for i in np.flatnonzero(self._pending):
@@ -333,6 +335,7 @@ class Listener:
         runtime = self._spare if self._spare is not None else self._new_runtime()
         self._spare = None
         self.lease = _Lease(runtime, pid)
+        self._flying = None
         return self.lease
 
     def _drop_lease(self) -> None:
@@ -340,7 +343,7 @@ class Listener:
         area says the server's info again (OBSERVE wrote env info there)."""
         if self.lease is not None:
             self.lease.runtime.close()
-        self.lease = None
+        self.lease = self._flying = None
         self._write_info(0, self._server_info)
 
     def _write_info(self, index: int, data: bytes) -> None:
@@ -420,11 +423,14 @@ class Listener:
             self._publish(steps.tolist())
             return
         self._pending[steps] = 0
+        self._flying = batches
         self._publish_finished(batches)
 
     def _publish_finished(self, batches: AsyncBatches, check_workers: bool = False) -> None:
         """Answer the slots of the envs that ended by now (status, final_seq, response word)."""
         ids, ended, failed = batches.harvest(check_workers)
+        if batches.count == 0:
+            self._flying = None
         if not ids and not failed:
             return
         for i in ids:
@@ -511,10 +517,18 @@ class Listener:
             self.lease.runtime.close()
         if self._spare is not None:
             self._spare.close()
-        self.lease = self._spare = None
+        self.lease = self._spare = self._flying = None
         self.results = self.finals = np.zeros(0)
         self._final_seqs = np.zeros(0, dtype=np.uint32)
-        for name in ("_actions", "_modes", "_has_seed", "_slot_seeds", "_commands", "_status"):
+        for name in (
+            "_actions",
+            "_modes",
+            "_has_seed",
+            "_slot_seeds",
+            "_commands",
+            "_status",
+            "_words",
+        ):
             if hasattr(self, name):
                 delattr(self, name)
         self._error_len = self._error_text = np.zeros(0)
