@@ -602,6 +602,28 @@ function bytesOfSource(source: ArrayBufferView): Uint8Array {
   return bytes;
 }
 
+/** The index of the first NaN bit pattern among `count` f32 words, or -1 (a small monomorphic
+ * loop of integer compares: the engine optimises it apart from writeArray's many shapes). */
+function firstNaN32(words: Uint32Array, count: number): number {
+  for (let i = 0; i < count; i++) {
+    if (((words[i] as number) & 0x7fffffff) > 0x7f800000) return i;
+  }
+  return -1;
+}
+
+const SOURCE_WORDS = new WeakMap<ArrayBufferView, Uint32Array>();
+
+/** The u32 words over a 4-byte-aligned source (f32 bit patterns), or null when unaligned. */
+function wordsOfSource(source: ArrayBufferView): Uint32Array | null {
+  let words = SOURCE_WORDS.get(source);
+  if (words === undefined) {
+    if (source.byteOffset % 4 !== 0 || source.byteLength % 4 !== 0) return null;
+    words = new Uint32Array(source.buffer, source.byteOffset, source.byteLength / 4);
+    SOURCE_WORDS.set(source, words);
+  }
+  return words;
+}
+
 function bytesOfTarget(dv: DataView): Uint8Array {
   let bytes = TARGET_BYTES.get(dv);
   if (bytes === undefined) {
@@ -626,10 +648,21 @@ export function writeArray(
     const length = count * size;
     bytesOfTarget(dv).set(bytes.byteLength === length ? bytes : bytes.subarray(0, length), at);
     if (type === "f32" || type === "f64") {
+      // a NaN is written as the canonical one (its payload is not kept)
       const write = ELEMENT_WRITERS[type];
-      for (let i = 0; i < count; i++) {
-        const value = values[i] as number;
-        if (value !== value) write(dv, at + i * size, value);
+      const bits = type === "f32" ? wordsOfSource(source) : null;
+      if (bits !== null) {
+        const first = firstNaN32(bits, count);
+        if (first >= 0) {
+          for (let i = first; i < count; i++) {
+            if (((bits[i] as number) & 0x7fffffff) > 0x7f800000) write(dv, at + i * size, NaN);
+          }
+        }
+      } else {
+        for (let i = 0; i < count; i++) {
+          const value = values[i] as number;
+          if (value !== value) write(dv, at + i * size, value);
+        }
       }
     }
     return;
