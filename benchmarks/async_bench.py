@@ -78,8 +78,8 @@ def _spin(seconds: float, call: Callable[[], int]) -> dict[str, float]:
     }
 
 
-def _server(url: str, num_envs: int, workers: int) -> subprocess.Popen[str]:
-    cmd = [SERVE, url, "--env", "heavy_tail", "--num-envs", str(num_envs)]
+def _server(url: str, num_envs: int, workers: int, lang: str = "python") -> subprocess.Popen[str]:
+    cmd = [SERVE, url, "--env", "heavy_tail", "--num-envs", str(num_envs), "--lang", lang]
     cmd += ["--workers", str(workers), "--seed", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
@@ -112,13 +112,19 @@ def ideal_ratio(num_envs: int, workers: int, cores: int = 2, samples: int = 4000
 
 
 def transport_runs(
-    num_envs: int, workers: int, seconds: float, modes: list[str], scheme: str = "unix"
+    num_envs: int,
+    workers: int,
+    seconds: float,
+    modes: list[str],
+    scheme: str = "unix",
+    lang: str = "python",
 ) -> dict[str, Any]:
+    """Lock-step and async spins against one ``heavy_tail`` server (``lang``) over ``scheme``."""
     if scheme == "shm":
         url = f"shm://async-bench-{os.getpid()}-{workers}?num_envs={num_envs}"
     else:
         url = f"unix:///tmp/async-bench-{os.getpid()}-{workers}.sock"
-    proc = _server(url, num_envs, workers)
+    proc = _server(url, num_envs, workers, lang)
     out: dict[str, Any] = {}
     try:
         with transport.connect(url, autoreset="next_step", timeout=30) as client:
@@ -136,7 +142,9 @@ def transport_runs(
                 batch = max(1, num_envs // 2)
                 client.async_reset(1)
                 first = client.recv(num_envs)
-                client.send(rng.integers(0, 92, num_envs), first.env_ids)
+                # in two halves: over shm a SEND of every env is a lock-step step to the server
+                client.send(rng.integers(0, 92, batch), first.env_ids[:batch])
+                client.send(rng.integers(0, 92, num_envs - batch), first.env_ids[batch:])
 
                 def async_step() -> int:
                     got = client.recv(batch)

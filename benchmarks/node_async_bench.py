@@ -14,72 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
-import numpy as np
-
-import transport
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from async_bench import _spin, ideal_ratio
+from async_bench import ideal_ratio, transport_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVE = os.path.join(ROOT, ".venv", "bin", "transport-serve")
 
 
-def _node_server(url: str, num_envs: int, workers: int) -> subprocess.Popen[str]:
-    """A Node heavy_tail server with ``workers`` worker threads (prints ``ready URL``)."""
-    cmd = [SERVE, url, "--lang", "node", "--env", "heavy_tail", "--num-envs", str(num_envs)]
-    cmd += ["--workers", str(workers), "--seed", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("ready"):
-        proc.kill()
-        raise RuntimeError(f"transport-serve --lang node did not start: {line!r}")
-    return proc
-
-
 def node_runs(scheme: str, num_envs: int, workers: int, seconds: float) -> dict[str, Any]:
-    """Lock-step and async spins against one Node server over ``scheme`` (unix or shm)."""
-    tag = f"node-async-bench-{os.getpid()}"
-    url = f"shm://{tag}?num_envs={num_envs}" if scheme == "shm" else f"unix:///tmp/{tag}.sock"
-    proc = _node_server(url, num_envs, workers)
-    out: dict[str, Any] = {}
-    try:
-        with transport.connect(url, autoreset="next_step", timeout=30) as client:
-            rng = np.random.default_rng(0)
-            client.reset(1)
-            actions = rng.integers(0, 92, num_envs)
-
-            def lockstep() -> int:
-                client.step(actions)
-                return num_envs
-
-            out["lockstep"] = _spin(seconds, lockstep)
-            batch = max(1, num_envs // 2)
-            client.async_reset(1)
-            first = client.recv(num_envs)
-            client.send(rng.integers(0, 92, batch), first.env_ids[:batch])
-            client.send(rng.integers(0, 92, num_envs - batch), first.env_ids[batch:])
-
-            def async_step() -> int:
-                got = client.recv(batch)
-                ids = got.env_ids
-                client.send(rng.integers(0, 92, len(ids)), ids)
-                return len(ids)
-
-            out["async"] = _spin(seconds, async_step)
-            while True:  # drain what is in flight
-                try:
-                    client.recv(num_envs)
-                except transport.errors.RemoteError:
-                    break
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """Lock-step then async on a Node heavy_tail server with ``workers`` worker threads."""
+    out = transport_runs(num_envs, workers, seconds, ["lockstep", "async"], scheme, lang="node")
     out["ratio"] = out["async"]["steps_per_s"] / out["lockstep"]["steps_per_s"]
     return out
 
