@@ -219,3 +219,29 @@ def test_node_client_raises_no_progress_error(lang: str) -> None:
     got = json.loads(done.stdout or "{}")
     assert got.get("raised") is True, done.stdout + done.stderr
     assert got["env"] == 0 and got["requests"] == [1, 1] and got["state"]["frames"] == 64
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_the_watchdog_counts_asynchronous_steps(scheme: str, workers: int, lang: str) -> None:
+    """send / recv count toward the watchdog as lock-step steps do: a jammed env fails its third
+    stalled request with NoProgressError (in process and in worker processes or threads)."""
+    extra = ["--workers", str(workers)] if workers else []
+    with (
+        ServerProcess(unique_url(scheme), env="frames", num_envs=2, lang=lang, extra=extra) as s,
+        transport.connect(s.url, autoreset="next_step") as client,
+    ):
+        client.async_reset(2)
+        assert sorted(client.recv(2).env_ids.tolist()) == [0, 1]
+        client.send([JAM], [0])  # env 0 runs 0 frames from now on (its 1st request)
+        client.recv(1)
+        client.send([0], [0])
+        client.recv(1)
+        client.send([0], [0])
+        with pytest.raises(NoProgressError) as caught:
+            client.recv(1)
+        assert caught.value.env_id == 0
+        assert caught.value.requests == (1, 3)
+        client.send([0], [0])  # the server restarted env 0: it advances again
+        assert client.recv(1).results.frames.min() >= 1

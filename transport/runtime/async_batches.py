@@ -70,6 +70,7 @@ class AsyncBatches:
         self.runtime = runtime
         self.num_envs = runtime.num_envs
         self.in_flight = np.zeros(self.num_envs, dtype=bool)
+        self.stepped = np.zeros(self.num_envs, dtype=bool)  # sent to step (not reset, noop)
         self.count = 0
         self._ready: list[tuple[int, bool]] = []  # finished without a step (reset, noop)
 
@@ -94,8 +95,13 @@ class AsyncBatches:
             if not (mode == AutoReset.NEXT_STEP and rt.is_done(i)) and rt.check_action(i, action):
                 noop.append(i)
         stepped = [(i, a) for i, a in zip(id_list, values, strict=True) if i not in noop]
+        for i, _ in stepped:
+            self.stepped[i] = not (mode == AutoReset.NEXT_STEP and rt.is_done(i))
         for i in noop:
             rt._noop(i)
+            self.stepped[i] = False
+            if rt.watchdog is not None:
+                rt.watchdog.reset(i)
             self._ready.append((i, False))
         for i in id_list:
             in_flight[i] = True
@@ -125,7 +131,7 @@ class AsyncBatches:
         self._ready = []
         failed: list[tuple[int, RequestError]] = []
         rt = self.runtime
-        for i, ended, exc in rt.runner.poll_ready(check_workers):
+        for i, ended, exc in self._progress(rt.runner.poll_ready(check_workers)):
             if exc is None:
                 out.append((i, ended))
             else:
@@ -137,6 +143,25 @@ class AsyncBatches:
         self.count -= len(out) + len(failed)
         return [i for i, _ in out], [i for i, ended in out if ended], failed
 
+    def _progress(
+        self, done: list[tuple[int, bool, Exception | None]]
+    ) -> list[tuple[int, bool, Exception | None]]:
+        """The no-progress watchdog's look at envs whose asynchronous step just ended, as a
+        lock-step step has it: an env that made no progress fails with its NoProgressError."""
+        watchdog = self.runtime.watchdog
+        if watchdog is None:
+            return done
+        out: list[tuple[int, bool, Exception | None]] = []
+        for i, ended, exc in done:
+            if exc is None and self.stepped[i] and not ended:
+                stalled = watchdog.check((i,), None)
+                if stalled:
+                    exc = stalled[0][1]
+            elif exc is None:  # reset (NEXT_STEP), or its result is the reset's (SAME_STEP)
+                watchdog.reset(i)
+            out.append((i, ended, exc))
+        return out
+
     def recv(self, batch_size: int) -> tuple[list[int], list[int]]:
         """The first ``min(batch_size, in flight)`` envs that finished: (env ids, the ids of
         those whose SAME_STEP final result was kept). Their results are in the runtime's rows."""
@@ -145,7 +170,7 @@ class AsyncBatches:
         del self._ready[:want]
         failures = []
         if len(out) < want:
-            for i, ended, exc in self.runtime.runner.poll(want - len(out)):
+            for i, ended, exc in self._progress(self.runtime.runner.poll(want - len(out))):
                 if exc is None:
                     out.append((i, ended))
                 else:

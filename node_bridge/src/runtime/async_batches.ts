@@ -189,11 +189,11 @@ export class AsyncBatches {
     const runtime = this.runtime;
     let failures: Failure[] | null = null;
     for (const d of done) {
-      if (d.error === null) {
-        runtime.finishAsync(d.index, this.records);
+      const stalled = d.error === null ? runtime.finishAsync(d, this.records, this.#ops[d.index] === Op.STEP) : null;
+      if (d.error === null && stalled === null) {
         ids.push(d.index);
       } else {
-        (failures ??= []).push([d.index, d.error]);
+        (failures ??= []).push(stalled ?? [d.index, d.error]);
       }
     }
     if (failures !== null) {

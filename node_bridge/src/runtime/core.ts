@@ -552,6 +552,7 @@ export class EnvRuntime {
   readonly #wasReset: Uint8Array;
   readonly #ops: Uint8Array;
   readonly #failed: Uint8Array;
+  readonly #oneEnv: Uint8Array; // finishAsync: the env the watchdog counts
   readonly #seeds: Array<bigint | null>;
   /** Decision-boundary runs: the no-progress watchdog the schema declares (else null). */
   readonly watchdog: ProgressWatchdog | null;
@@ -583,6 +584,7 @@ export class EnvRuntime {
     this.#wasReset = new Uint8Array(n);
     this.#ops = new Uint8Array(n);
     this.#failed = new Uint8Array(n);
+    this.#oneEnv = new Uint8Array(n);
     this.#seeds = new Array<bigint | null>(n).fill(null);
     this.seats = schema.ir.env?.seats ?? SEATS;
     this.actions = new Float64Array(Math.max(n, this.seats) * this.actionRule.elements);
@@ -703,7 +705,13 @@ export class EnvRuntime {
       failures = this.watchdog.check(out, stepped, from, to);
       if (failures !== null) for (const [i] of failures) ops[i] = Op.STEP; // named as the STEP it was
     }
-    if (failures !== null) throw this.#recover(failures, out, false);
+    if (failures !== null) {
+      const error = this.#recover(failures, out, false);
+      // the recovery ran ops of its own: `failedLast` says again which envs failed this step
+      // (an asynchronous SEND takes them out of flight and reports them at RECV)
+      for (const [i] of failures) this.#failed[i] = 1;
+      throw error;
+    }
   }
 
   /**
@@ -732,10 +740,26 @@ export class EnvRuntime {
     }
   }
 
-  /** Env `index` finished an asynchronous op and its result is in `out`: remember its mask and episode end. */
-  finishAsync(index: number, out: Records): void {
+  /**
+   * Env `index` finished an asynchronous op (`done`) and its result is in `out`: remember its
+   * mask and episode end, and count it in the no-progress watchdog as a lock-step step is
+   * (`stepped`: its op was a STEP; a reset, or a SAME_STEP end whose result is the reset's,
+   * restarts the count). The env's NoProgressError when it made no progress, else null.
+   */
+  finishAsync(done: AsyncDone, out: Records, stepped: boolean): Failure | null {
+    const index = done.index;
     this.#remember(index, out);
     out.written(index);
+    const watchdog = this.watchdog;
+    if (watchdog === null) return null;
+    if (!stepped || done.ended) {
+      watchdog.reset(index);
+      return null;
+    }
+    const one = this.#oneEnv;
+    one.fill(0);
+    one[index] = 1;
+    return watchdog.check(out, one, index, index + 1)?.[0] ?? null;
   }
 
   /** Recover the envs that failed asynchronous ops (reset, else recreate); the ERROR to answer. */

@@ -647,10 +647,9 @@ export class ShmListener implements Listener {
     for (const d of done) {
       const i = d.index;
       let code = 0;
-      if (d.error === null) {
-        runtime.finishAsync(i, this.#records);
-      } else {
-        const error = runtime.recoverAsync([[i, d.error]], this.#records);
+      const stalled = d.error === null ? runtime.finishAsync(d, this.#records, this.#ops[i] === Op.STEP) : null;
+      if (d.error !== null || stalled !== null) {
+        const error = runtime.recoverAsync([stalled ?? [i, d.error]], this.#records);
         code = error.code;
         this.#writeText(i, error.text);
       }
