@@ -9,6 +9,8 @@
  * awaiting the pool without blocking the event loop.
  */
 
+import { decode as msgpackDecode } from "@msgpack/msgpack";
+
 import { ErrorCode, RequestError } from "../protocol";
 import { type AsyncDone, type EnvRuntime, type Failure, Op, type Records } from "./core";
 
@@ -72,6 +74,26 @@ export function checkSend(ids: readonly number[], numEnvs: number, inFlight: Uin
   for (const i of ids) {
     if (inFlight[i]) throw asyncState(`env ${i} is already in flight: RECV its result before sending it again`);
   }
+}
+
+/**
+ * SEND_REQ's env ids: the msgpack array of K numbers after K requests of `size` bytes (K from
+ * the array header: fixarray below 16, else array 16); BAD_BATCH for any other body.
+ */
+export function sendEnvIds(body: Uint8Array, size: number, numEnvs: number): number[] {
+  for (let k = 1; k <= numEnvs && k * size < body.byteLength; k++) {
+    if (body[k * size] !== (k < 16 ? 0x90 + k : 0xdc)) continue;
+    try {
+      const tail = msgpackDecode(body.subarray(k * size));
+      if (Array.isArray(tail) && tail.length === k && tail.every((i) => typeof i === "number")) return tail as number[];
+    } catch {
+      continue;
+    }
+  }
+  throw new RequestError(
+    ErrorCode.BAD_BATCH,
+    `SEND_REQ of ${body.byteLength} bytes is not K requests of ${size} bytes and a msgpack array of K env ids (1 <= K <= num_envs)`,
+  );
 }
 
 /** How many results a RECV returns: min(batchSize, in flight); refused with none in flight. */

@@ -19,7 +19,7 @@
  * result)); OBSERVE_RESP is the N results followed by a msgpack array of the N `info()` maps.
  */
 
-import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
+import { encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError } from "../errors";
 import {
@@ -51,7 +51,7 @@ import {
   readActions,
   stepAction,
 } from "./core";
-import { AsyncBatches } from "./async_batches";
+import { AsyncBatches, sendEnvIds } from "./async_batches";
 import type { EnvOrFactory, Spaces } from "./env";
 import { EnvHost, type HostOptions } from "./host";
 
@@ -465,25 +465,7 @@ export class Session implements Records {
   /** SEND_REQ: K requests, then a msgpack array of their K env ids. */
   #send(buf: Uint8Array, offset: number, length: number): number {
     const size = this.#stepRequestSize;
-    let ids: number[] | null = null;
-    for (let k = 1; k <= this.numEnvs && k * size < length; k++) {
-      if (buf[offset + k * size] !== (k < 16 ? 0x90 + k : 0xdc)) continue;
-      try {
-        const tail = msgpackDecode(buf.subarray(offset + k * size, offset + length));
-        if (Array.isArray(tail) && tail.length === k && tail.every((i) => typeof i === "number")) {
-          ids = tail as number[];
-          break;
-        }
-      } catch {
-        continue;
-      }
-    }
-    if (ids === null) {
-      throw new RequestError(
-        ErrorCode.BAD_BATCH,
-        `SEND_REQ of ${length} bytes is not K requests of ${size} bytes and a msgpack array of K env ids (1 <= K <= num_envs)`,
-      );
-    }
+    const ids = sendEnvIds(buf.subarray(offset, offset + length), size, this.numEnvs);
     const batches = this.#asyncBatches();
     const k = ids.length;
     const actions = this.runtime.actions;

@@ -62,7 +62,7 @@ import {
   writeAction,
   writeArrayAction,
 } from "../../runtime/core";
-import { checkIdle, checkRecv, checkSend } from "../../runtime/async_batches";
+import { checkIdle, checkRecv, checkSend, sendEnvIds } from "../../runtime/async_batches";
 import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../index";
 import {
@@ -507,27 +507,12 @@ export class ShmChannel implements Channel {
   #send(body: Uint8Array): number {
     const n = this.numEnvs;
     const { field, type, size } = this.#stepAction;
-    let envIds: number[] | null = null;
-    for (let k = 1; k <= n && k * size < body.byteLength; k++) {
-      if (body[k * size] !== (k < 16 ? 0x90 + k : 0xdc)) continue; // fixarray, else array 16
-      try {
-        const tail = msgpackDecode(body.subarray(k * size));
-        if (Array.isArray(tail) && tail.length === k && tail.every((i) => typeof i === "number")) {
-          envIds = tail as number[];
-          break;
-        }
-      } catch {
-        continue;
-      }
-    }
-    if (envIds === null) {
-      return this.#error(
-        ErrorCode.BAD_BATCH,
-        `SEND_REQ of ${body.byteLength} bytes is not K requests of ${size} bytes and a msgpack array of K env ids (1 <= K <= num_envs)`,
-      );
-    }
-    const sent = envIds;
-    if (this.#refused(() => checkSend(sent, n, this.#inFlight, this.#seen))) return this.#ids.ERROR;
+    let sent: number[] = [];
+    const check = (): void => {
+      sent = sendEnvIds(body, size, n);
+      checkSend(sent, n, this.#inFlight, this.#seen);
+    };
+    if (this.#refused(check)) return this.#ids.ERROR;
     const k = sent.length;
     const actions = this.#actions;
     readActions(actions, body, field.offset, size, k, type);
