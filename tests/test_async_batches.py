@@ -146,11 +146,12 @@ def test_a_killed_worker_fails_recv_in_bounded_time(scheme: str) -> None:
         assert sorted(client.recv(NUM_ENVS).env_ids.tolist()) == [2, 3]
 
 
-def test_gymnasium_async_vector_env_over_a_worker_pool() -> None:
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_gymnasium_async_vector_env_over_a_worker_pool(scheme: str) -> None:
     from transport.gym import RemoteAsyncVectorEnv
 
     with ServerProcess(
-        unique_unix_url(), env="echo", num_envs=NUM_ENVS, extra=["--workers", "2"]
+        unique_url(scheme), env="echo", num_envs=NUM_ENVS, extra=["--workers", "2"]
     ) as s:
         envs = RemoteAsyncVectorEnv(s.url, NUM_ENVS, batch_size=2)
         try:
