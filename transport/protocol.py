@@ -88,6 +88,13 @@ MAX_ERROR_TEXT = 0xFFFF
 
 AUTORESET_MASK = 0x3
 FINAL_COUNT = struct.Struct("<I")
+
+
+def carries_finals(mode: AutoReset) -> bool:
+    """Whether responses under ``mode`` carry final results (a shm region needs final areas)."""
+    return mode == AutoReset.SAME_STEP
+
+
 """SAME_STEP tail after the N results: u32 k, then k x (u32 env index, result struct)."""
 
 CLOSING_ERRORS: Final[frozenset[int]] = envelope.CLOSING_ERRORS

@@ -66,6 +66,15 @@ export function episodeEndFields(struct: StructJson | undefined): FieldJson[] {
   return fields.filter((f) => f.role === "terminated" || f.role === "truncated");
 }
 
+/**
+ * The shm control block's obs_size / act_size for a result struct (seed 000 Appendix B): the
+ * element counts of its observation and action_mask fields (0: none).
+ */
+export function controlSizes(struct: StructJson | undefined): readonly [number, number] {
+  const fields = struct?.fields ?? [];
+  return [fields.find((f) => f.role === "observation")?.count ?? 0, fields.find((f) => f.role === "action_mask")?.count ?? 0];
+}
+
 export interface EnumJson {
   readonly type: string;
   readonly values: Readonly<Record<string, number>>;

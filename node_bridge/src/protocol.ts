@@ -67,6 +67,11 @@ export function autoresetName(mode: AutoReset): AutoResetName {
   return AUTORESET_NAMES[mode] as AutoResetName;
 }
 
+/** Whether responses under `mode` carry final results (a shm region needs final areas). */
+export function carriesFinals(mode: AutoReset): boolean {
+  return mode === AutoReset.SAME_STEP;
+}
+
 /** A mode from its name (any case) or number; throws a TypeError for anything else. */
 export function toAutoReset(mode: AutoReset | AutoResetName | string | number): AutoReset {
   const index =

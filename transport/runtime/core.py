@@ -379,6 +379,12 @@ class Runner:
     """True when submitted envs run while the caller goes on (a worker pool): a server then
     publishes each as ``poll_ready`` reports it, while it keeps reading requests."""
 
+    def completion_word(self) -> tuple[Any, int]:
+        """A concurrent runner's word that changes when a submitted env finishes, and its value
+        now, armed so that the next finish wakes a FUTEX_WAIT on it (a server waits on it with
+        its own doorbell)."""
+        raise NotImplementedError
+
     def poll_ready(self, check_workers: bool = False) -> list[tuple[int, bool, Exception | None]]:
         """Every submitted env that finished by now, without waiting (``check_workers``: also
         fail the envs of workers that died)."""

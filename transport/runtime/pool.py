@@ -528,6 +528,12 @@ class WorkerPool(Runner):
 
     concurrent = True
 
+    def completion_word(self) -> tuple[Any, int]:
+        """The doorbell the workers bump per finished env, armed: the next one wakes a waiter."""
+        ring = native.load_acquire(self.lay.doorbell)
+        native.store_release(self.lay.wake_at, (ring + 1) & 0xFFFFFFFF)
+        return self.lay.doorbell, ring
+
     def poll_ready(self, check_workers: bool = False) -> list[tuple[int, bool, Exception | None]]:
         """Every submitted env that is DONE now (no wait); ``check_workers``: the envs of a
         worker that died fail (the shm server asks when its wait times out)."""

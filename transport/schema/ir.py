@@ -157,6 +157,15 @@ class StructIR:
             return (done,)
         return tuple(f for f in (self.role("terminated"), self.role("truncated")) if f is not None)
 
+    def control_sizes(self) -> tuple[int, int]:
+        """The shm control block's ``obs_size`` / ``act_size`` for this result struct (seed 000
+        Appendix B): the element counts of its observation and action_mask fields (0: none)."""
+        observation, mask = self.role("observation"), self.role("action_mask")
+        return (
+            observation.count if observation is not None else 0,
+            mask.count if mask is not None else 0,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "size": self.size,

@@ -52,6 +52,7 @@ from transport.protocol import (
     RequestError,
     accept_hello,
     body_codec,
+    carries_finals,
     encode_error,
     encode_hello_response,
     mismatch_text,
@@ -196,7 +197,6 @@ class ShmChannel:
         self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
         self._closed = True
         self._leased = False
-        self._same_step = False
         ids = MessageIds.from_schema(schema.ir)
         self.ids = ids
         self._step_request = body_codec(schema, "STEP_REQ")
@@ -397,9 +397,11 @@ class ShmChannel:
         if region.num_slots >= seats:
             self._rows[seats] = results[:seats]
         self._ended: list[tuple[int, np.ndarray]] = []
+        self._has_finals = region.has_finals
         if region.has_finals:
             final_seqs, finals = region.finals()
             self._final_seqs = final_seqs[:n]
+            self._finals = finals[:n]
             self._final_records = [finals[i, ...] for i in range(n)]
         self._roundtrip = native.lib.tp_client_roundtrip
         info_len = int(region.slots[0]["info_len"])
@@ -528,11 +530,8 @@ class ShmChannel:
         found = send_env_ids(view, size, n)
         check_send(found, n, self._in_flight)
         k = len(found)
-        records = self._step_request.view(view, count=k)
-        slots = self._requests[found]
-        for name in self._step_request.dtype.names or ():
-            slots[name] = records[name]
-        self._requests[found] = slots
+        # wire records into the slots' layout: one structured assignment (fields by position)
+        self._requests[found] = self._step_request.view(view, count=k)
         self._commands[found] = SlotCommand.STEP
         self._last_cmd = -1  # the slots' commands may differ now
         out = self._async_ids
@@ -582,18 +581,16 @@ class ShmChannel:
                     )
         self._in_flight[ids] = 0
         self._async_count -= len(ids)
-        # the wire layout (the result codec's), row by row from the slots' layout
-        codec, rows = self._result_codec, self._rows[self.num_envs]
-        ended: list[int] = []
-        if self._same_step:
-            ended = [i for i in ids if self._final_seqs[i] == self._seqs[i]]
-        data = bytearray(codec.size * (len(ids) + len(ended)))
-        out = codec.view(data, count=len(ids) + len(ended))
-        for name in codec.dtype.names or ():
-            out[name][: len(ids)] = rows[name][ids]
-            for k, i in enumerate(ended):
-                out[name][len(ids) + k] = self._final_records[i][name]
-        results_len = codec.size * len(ids)
+        # the results in the wire layout (the result codec's), then the SAME_STEP finals: the
+        # final areas stamped with this request's sequence (only a SAME_STEP end stamps one)
+        codec, k = self._result_codec, len(ids)
+        ended = [i for i in ids if self._final_seqs[i] == self._seqs[i]] if self._has_finals else []
+        data = bytearray(codec.size * (k + len(ended)))
+        out = codec.view(data, count=k + len(ended))
+        out[:k] = self._rows[self.num_envs][ids]  # structured assignment: fields by position
+        if ended:
+            out[k:] = self._finals[ended]
+        results_len = codec.size * k
         tail = msgpack.packb([ids, ended, bytes(data[results_len:])])
         return self.ids.RECV_RESP, memoryview(bytes(data[:results_len]) + tail)
 
@@ -647,10 +644,10 @@ class ShmChannel:
         except RequestError as refused:
             return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
         url = f"shm://{self.shm.name}"
-        if mode == AutoReset.SAME_STEP and not self.region.has_finals:
+        if carries_finals(mode) and not self.region.has_finals:
             raise ConnectError(
                 f"{url}: the region has no final-result areas (a server without auto-reset "
-                "support): same_step needs them"
+                f"support): {mode.name.lower()} needs them"
             )
         if mode != AutoReset.DISABLED:
             self._actions[:] = int(mode)
@@ -660,7 +657,6 @@ class ShmChannel:
                 raise ConnectError(
                     f"{url}: the server refused auto-reset mode {mode.name.lower()}: {refused.text}"
                 ) from None
-        self._same_step = mode == AutoReset.SAME_STEP
         reply = encode_hello_response(self.schema, hello, self._server_info, int(mode))
         return self.ids.HELLO_RESP, memoryview(reply)
 
@@ -780,6 +776,7 @@ class ShmChannel:
             "_status",
             "_final_seqs",
             "_final_records",
+            "_finals",
             "_body_requests",
             "_request_rows",
             "_requests",

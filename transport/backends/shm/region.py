@@ -99,8 +99,7 @@ class ShmLayout:
         result_dtype, result_base = _placed(result, shm.result_offsets)
         final_dtype, final_base = _placed(result, shm.final_result_offsets)
         request_dtype, request_base = _placed(request, shm.request_offsets)
-        observation = result.ir.role("observation")
-        mask = result.ir.role("action_mask")
+        obs_size, act_size = result.ir.control_sizes()
         layout = ShmLayout(
             schema=schema,
             slot=schema[shm.slot],
@@ -121,8 +120,8 @@ class ShmLayout:
                 max(shm.result_offsets[f.name] + f.size for f in result.ir.fields),
             ),
             seats=env.seats,
-            obs_size=observation.count if observation is not None else 0,
-            act_size=mask.count if mask is not None else 0,
+            obs_size=obs_size,
+            act_size=act_size,
         )
         _LAYOUTS[schema.fingerprint] = layout
         return layout

@@ -455,12 +455,8 @@ class Listener:
         whichever comes first; returns the doorbell sequence handled (-1: the region closed)."""
         region = self.region
         assert region is not None
-        pool = self.lease.runtime.runner if self.lease is not None else None
-        lay = pool.lay  # type: ignore[union-attr]
-        ring = native.load_acquire(lay.doorbell)
-        native.store_release(lay.wake_at, (ring + 1) & 0xFFFFFFFF)
-        wait = native.lib.tp_wait_either
-        rc = wait(self._ctx, region.doorbell, last, lay.doorbell, ring, idle_ns)
+        word, ring = batches.runtime.runner.completion_word()
+        rc = native.lib.tp_wait_either(self._ctx, region.doorbell, last, word, ring, idle_ns)
         if rc == 1:
             last = native.load_acquire(region.doorbell) & native.SEQ_MASK
             self._serve_batch()

@@ -46,6 +46,8 @@ import {
   RequestError,
   type Hello,
   acceptHello,
+  autoresetName,
+  carriesFinals,
   encodeError,
   encodeHello,
   helloResponseInfo,
@@ -838,15 +840,15 @@ export class ShmChannel implements Channel {
     }
     const url = `shm://${this.shm.name}`;
     if (mode !== AutoReset.DISABLED) {
-      if (mode === AutoReset.SAME_STEP && !this.region.hasFinals) {
-        throw new ConnectError(`${url}: the region has no final-result areas (a server without auto-reset support): same_step needs them`);
+      if (carriesFinals(mode) && !this.region.hasFinals) {
+        throw new ConnectError(`${url}: the region has no final-result areas (a server without auto-reset support): ${autoresetName(mode)} needs them`);
       }
       this.#actions.fill(mode, 0, this.numEnvs * this.#stepAction.type.elements); // every element, as Python
       this.#writeActions(this.numEnvs, this.#stepAction.type);
       const type = await this.#roundTrip(SlotCommand.HELLO, this.numEnvs);
       if (type !== null) {
         const text = Buffer.from(this.buffer.subarray(BODY_OFFSET + 4, BODY_OFFSET + this.bodyLength)).toString("utf8");
-        throw new ConnectError(`${url}: the server refused auto-reset mode ${["disabled", "next_step", "same_step"][mode]}: ${text}`);
+        throw new ConnectError(`${url}: the server refused auto-reset mode ${autoresetName(mode)}: ${text}`);
       }
     }
     const info = { ...this.info };

@@ -20,7 +20,7 @@ import { schemaIrText } from "../../protocol";
 import { ConnectError, ProtocolError } from "../../errors";
 import * as pac_shm from "../../generated/pac_shm";
 import * as protocol from "../../generated/protocol";
-import type { FieldJson, ShmJson } from "../../ir";
+import { controlSizes, type FieldJson, type ShmJson } from "../../ir";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
 export const MAGIC = 0x50414354; // "PACT"
@@ -64,7 +64,7 @@ export class ShmLayout {
   readonly finalSeqAt: number;
   readonly errorTextMax: number;
   readonly infoMax: number;
-  /** The control block's obs_size / act_size: element counts of the observation and action_mask roles. */
+  /** The control block's obs_size / act_size (`controlSizes` of the result struct). */
   readonly obsSize: number;
   readonly actSize: number;
   /** The slot's `checksum` word and its result bytes [start, end): what ?checksum=crc32 covers. */
@@ -83,8 +83,7 @@ export class ShmLayout {
     this.infoMax = this.slot["info"]!.count;
     const resultName = schema.ir.env?.result ?? schema.messages["STEP_RESP"]?.body ?? "";
     const fields = structs[resultName]?.fields ?? [];
-    this.obsSize = fields.find((f) => f.role === "observation")?.count ?? 0;
-    this.actSize = fields.find((f) => f.role === "action_mask")?.count ?? 0;
+    [this.obsSize, this.actSize] = controlSizes(structs[resultName]);
     this.checksumAt = off(this.slot, "checksum");
     const at = fields.map((f) => ir.result_offsets[f.name] ?? 0);
     this.resultSpan = [Math.min(...at), Math.max(...fields.map((f, i) => (at[i] as number) + f.size))];
