@@ -15,6 +15,7 @@ from transport.channels.board import PolicyBoard
 from transport.channels.control import Member, MemberStatus, RunControl
 from transport.channels.errors import (
     ChannelClosedError,
+    ChannelCorruptError,
     ChannelError,
     ChannelInUseError,
     ChannelMismatchError,
@@ -30,6 +31,7 @@ from transport.channels.wait import WaitPolicy
 __all__ = [
     "Batch",
     "ChannelClosedError",
+    "ChannelCorruptError",
     "ChannelError",
     "ChannelInUseError",
     "ChannelMismatchError",

@@ -20,6 +20,16 @@ and flips ``active``: readers keep reading the previous version during a publish
 SEQLOCK has one slot: a reader that overlaps a publish retries. Either way a reader checks the
 slot's seq before and after its copy, so it never returns a torn or mixed version, and keeps a
 read only if its version is announced, so the versions a reader sees never go back.
+
+A publish checks every array (present, shape, dtype, an array at all) before it touches a
+slot, so a failed publish changes nothing. A publish that dies half way (an exception mid-copy,
+a SIGKILL) leaves its slot odd; the next publisher of the lease (the same one, or one that took
+the lease of a dead one) first *repairs* the board: an odd slot is zeroed and marked empty
+(version 0, seq even again and higher than before, so a reader that overlapped retries), the
+announced version is the highest one a whole slot or the publisher itself holds, ``active``
+points at the newest whole slot. Readers treat a word the protocol never writes (``active``
+out of range, a version that went back, one beyond 2**63) as ChannelCorruptError, an empty slot
+of a board that announced a version as "no whole version here" (retry).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import numpy as np
 
 from transport import native
 from transport.channels.errors import (
+    ChannelCorruptError,
     ChannelInUseError,
     ChannelMismatchError,
     ChannelTimeoutError,
@@ -54,6 +65,8 @@ _WORDS = {f.name: WORDS_OFFSET + f.offset for f in layout.BoardWords.ir.fields}
 Mode = layout.BoardMode
 MAX_DIMS: int = layout.BoardEntry.ir.field("shape").count
 NAME_MAX: int = layout.BoardEntry.ir.field("name").count
+MASK64 = 2**64 - 1
+MAX_VERSION = 2**63 - 1  # a version word beyond it was never published: a scribble
 
 
 def as_numpy(value: Any) -> np.ndarray:
@@ -130,6 +143,10 @@ class PolicyBoard:
         self._ctx.state = segment.state_word
         self._ctx.ready_state = 1
         self._writer = False
+        self._dirty = True  # the publisher repairs before its next publish
+        self._published: int | None = None  # the last version this publisher announced
+        self._active_slot = 0  # the slot this publisher made active
+        self._last = 0  # the last version this reader returned
 
     @property
     def name(self) -> str:
@@ -219,30 +236,112 @@ class PolicyBoard:
             raise ChannelInUseError(f"{seg.path}: another publisher took the lease meanwhile")
         self._hdr["writer_start_time"] = native.proc_start_time(me)
         self._writer = True
+        self._dirty = True
+        self._published = None
+
+    def _sources(self, arrays: Mapping[str, Any]) -> list[np.ndarray]:
+        """Every array of the table as NumPy, checked (present, an array, shape, a dtype that
+        casts same_kind) before the slot is touched: a publish that raises changes nothing."""
+        if not isinstance(arrays, Mapping):
+            raise ChannelMismatchError(f"publish: a mapping of arrays, got {type(arrays).__name__}")
+        missing = [s.name for s in self.specs if s.name not in arrays]
+        if missing:
+            raise ChannelMismatchError(f"publish: missing arrays {missing}")
+        sources = []
+        for spec in self.specs:
+            try:
+                src = as_numpy(arrays[spec.name])
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise ChannelMismatchError(f"{spec.name}: not an array ({exc})") from exc
+            if src.shape != spec.shape:
+                raise ChannelMismatchError(f"{spec.name}: shape {src.shape}, expected {spec.shape}")
+            if not np.can_cast(src.dtype, spec.dtype, casting="same_kind"):
+                raise ChannelMismatchError(
+                    f"{spec.name}: dtype {src.dtype} does not cast to {spec.dtype} (same_kind)"
+                )
+            sources.append(src)
+        return sources
+
+    def _target(self) -> int:
+        return 1 - self._active_slot if self.mode == Mode.DOUBLE_BUFFER else 0
+
+    def _needs_repair(self) -> bool:
+        """Anything this publisher did not leave as it is: a publish of its own that died half
+        way, a new lease, or words another process wrote."""
+        if self._dirty or native.load64_acquire(self._version) != self._published:
+            return True
+        if (
+            self.mode == Mode.DOUBLE_BUFFER
+            and native.load_acquire(self._active) != self._active_slot
+        ):
+            return True
+        return bool(native.load64_acquire(self._seq[self._target()]) & 1)
+
+    def _repair(self) -> None:
+        """Under the lease, before publishing: an odd slot (a publish died in it) is zeroed and
+        marked empty, its seq even again and higher (a reader that overlapped retries); the
+        announced version is the highest of the whole slots' and this publisher's own (a word
+        beyond MAX_VERSION is ignored); DOUBLE_BUFFER readers are pointed at the newest whole
+        slot."""
+        best_version, best_slot = 0, 0
+        for slot in range(self.slot_count):
+            seq = native.load64_acquire(self._seq[slot])
+            version = native.load64_acquire(self._slot_version[slot])
+            if seq & 1 or version > MAX_VERSION:
+                begin = ((seq + 1) | 1) & MASK64  # odd, and not a value a reader saw
+                native.store64_release(self._seq[slot], begin)
+                native.fence_release()
+                for view in self.slots[slot].values():
+                    view[...] = 0
+                native.store64_release(self._slot_version[slot], 0)
+                native.store64_release(self._seq[slot], (begin + 1) & MASK64)
+                version = 0
+            if version > best_version:
+                best_version, best_slot = version, slot
+        if self._published is None:
+            word = native.load64_acquire(self._version)
+            announced = max(best_version, word if word <= MAX_VERSION else 0)
+        else:
+            announced = max(best_version, self._published)
+        if self.mode == Mode.DOUBLE_BUFFER:
+            native.store_release(self._active, best_slot)
+        self._active_slot = best_slot if self.mode == Mode.DOUBLE_BUFFER else 0
+        native.store64_release(self._version, announced)
+        self._published = announced
+        self._dirty = False
+        native.publish(self._notify, (native.load_acquire(self._notify) + 1) & native.SEQ_MASK)
+
+    def next_version(self) -> int:
+        """The version the next :meth:`publish` gets (to make arrays that carry it). Takes the
+        publisher lease on first use (a new publisher first repairs what a dead one left)."""
+        if not self._writer:
+            self._take_lease()
+        if self._needs_repair():
+            self._repair()
+        assert self._published is not None
+        return self._published + 1
 
     def publish(self, arrays: Mapping[str, Any]) -> int:
         """Copy every named array in as the next version (readers never see it half-written);
-        returns that version. Takes the publisher lease on first use."""
-        if not self._writer:
-            self._take_lease()
-        missing = [s.name for s in self.specs if s.name not in arrays]
-        if missing:
-            raise KeyError(f"publish: missing arrays {missing}")
-        version = native.load64_acquire(self._version) + 1
-        slot = 1 - native.load_acquire(self._active) if self.mode == Mode.DOUBLE_BUFFER else 0
-        seq = native.load64_acquire(self._seq[slot])
-        native.store64_release(self._seq[slot], seq + 1)  # odd: being written
+        returns that version. Takes the publisher lease on first use. Arrays that do not match
+        the table raise ChannelMismatchError before anything is written."""
+        sources = self._sources(arrays)
+        version = self.next_version()
+        if version > MAX_VERSION:
+            raise ChannelCorruptError(f"{self.segment.path}: version {version} is out of range")
+        slot = self._target()
+        begin = ((native.load64_acquire(self._seq[slot]) + 1) | 1) & MASK64  # odd: being written
+        self._dirty = True  # until the slot is whole again: an exception leaves it odd
+        native.store64_release(self._seq[slot], begin)
         native.fence_release()
         views = self.slots[slot]
-        for spec in self.specs:
-            src = as_numpy(arrays[spec.name])
-            if src.shape != spec.shape:
-                raise ChannelMismatchError(f"{spec.name}: shape {src.shape}, expected {spec.shape}")
+        for spec, src in zip(self.specs, sources, strict=True):
             np.copyto(views[spec.name], src, casting="same_kind")
         native.store64_release(self._slot_version[slot], version)
-        native.store64_release(self._seq[slot], seq + 2)  # even: stable
+        native.store64_release(self._seq[slot], (begin + 1) & MASK64)  # even: stable
         native.store_release(self._active, slot)
         native.store64_release(self._version, version)
+        self._active_slot, self._published, self._dirty = slot, version, False
         native.publish(self._notify, (native.load_acquire(self._notify) + 1) & native.SEQ_MASK)
         return version
 
@@ -279,13 +378,14 @@ class PolicyBoard:
         deadline = time.monotonic() + timeout
         attempt = 0
         while True:
-            slot = native.load_acquire(self._active) if self.mode == Mode.DOUBLE_BUFFER else 0
+            slot = self._read_slot()
             before = native.load64_acquire(self._seq[slot])
             if before % 2 == 0:
                 version = native.load64_acquire(self._slot_version[slot])
                 copy_into(self.slots[slot])
                 native.fence_acquire()
-                if native.load64_acquire(self._seq[slot]) == before and self._announced(version):
+                if native.load64_acquire(self._seq[slot]) == before and self._accept(version):
+                    self._last = version
                     return version
             attempt += 1
             if time.monotonic() > deadline:
@@ -298,12 +398,44 @@ class PolicyBoard:
             else:
                 os.sched_yield()
 
+    def _read_slot(self) -> int:
+        """The slot to read: ``active`` (DOUBLE_BUFFER) or 0; out of range is corrupt."""
+        if self.mode != Mode.DOUBLE_BUFFER:
+            return 0
+        slot = native.load_acquire(self._active)
+        if slot not in (0, 1):
+            raise ChannelCorruptError(f"{self.segment.path}: active slot {slot} (0 or 1)")
+        return int(slot)
+
     def _announced(self, version: int) -> bool:
         """A stable slot may hold a version the publisher completed but has not yet announced
         (``active`` and the version word come after the slot): a reader that took ``active``
         just before two publishes finds it there. Returning it could make the next read go back
-        one version, so such a read is retried; announced versions never decrease."""
-        return version <= native.load64_acquire(self._version)
+        one version, so such a read is retried; announced versions never decrease. An empty
+        slot (version 0: zeroed by a repair) of a board that announced a version has no whole
+        version in it."""
+        announced = native.load64_acquire(self._version)
+        return version <= announced and (version > 0 or announced == 0)
+
+    def _accept(self, version: int) -> bool:
+        """Whether a stable read of ``version`` may be returned (else retry); a version word
+        out of range or below what this reader already returned is ChannelCorruptError."""
+        announced = native.load64_acquire(self._version)
+        if announced > MAX_VERSION or version > MAX_VERSION:
+            raise ChannelCorruptError(
+                f"{self.segment.path}: version {max(announced, version)} is out of range"
+            )
+        if announced < self._last:
+            raise ChannelCorruptError(
+                f"{self.segment.path}: the version went back from {self._last} to {announced}"
+            )
+        if not self._announced(version):
+            return False
+        if version < self._last:
+            raise ChannelCorruptError(
+                f"{self.segment.path}: read version {version} went back from {self._last}"
+            )
+        return True
 
     def _check_writer(self) -> None:
         pid = int(self._hdr["writer_pid"])
@@ -347,7 +479,7 @@ class PolicyBoard:
     def snapshot(self) -> Iterator[tuple[int, dict[str, np.ndarray], Any]]:
         """Zero-copy: ``(version, views, still_valid)`` of the active slot. Use the views, then
         call ``still_valid()``: False means a publish overlapped (discard what was computed)."""
-        slot = native.load_acquire(self._active) if self.mode == Mode.DOUBLE_BUFFER else 0
+        slot = self._read_slot()
         before = native.load64_acquire(self._seq[slot])
         version = native.load64_acquire(self._slot_version[slot])
 

@@ -35,3 +35,9 @@ class ChannelTimeoutError(ChannelError, TransportTimeoutError):
 
 class TornReadError(ChannelError):
     """A board read kept racing publishes for longer than its retry budget."""
+
+
+class ChannelCorruptError(ChannelError):
+    """A word of the segment holds a value its protocol never writes (a board's ``active`` slot
+    out of range, a version that went backwards): something other than the channel's own code
+    wrote it. Raised instead of reading on; the board's publisher repairs such words."""

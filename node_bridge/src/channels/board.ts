@@ -10,11 +10,20 @@
  * A reader copies the active slot and keeps the copy only if the slot's seq was even and
  * unchanged across it (never a torn or mixed version) and its version is announced (the
  * versions a reader sees never go back).
+ *
+ * A publish checks every array before it touches a slot (a failed publish changes nothing). A
+ * publish that died half way leaves its slot odd: the next publisher of the lease first repairs
+ * the board (board.py `_repair`: the odd slot zeroed and marked empty, version 0, seq even and
+ * higher; the announced version the highest whole one; `active` at the newest whole slot).
+ * Readers raise ChannelCorruptError on a word the protocol never writes (`active` out of range,
+ * a version that went back or beyond 2**63).
  */
 
 import { createHash } from "node:crypto";
 import {
+  ChannelError,
   ChannelInUseError,
+  ChannelMismatchError,
   ChannelTimeoutError,
   PeerDiedError,
   SEQ_MASK,
@@ -36,6 +45,13 @@ const TABLE_OFFSET = 384;
 const ENTRY_FIELDS = layout.IR.structs["BoardEntry"]!.fields as readonly FieldJson[];
 const NAME_MAX = ENTRY_FIELDS.find((f) => f.name === "name")!.count;
 const MAX_DIMS = ENTRY_FIELDS.find((f) => f.name === "shape")!.count;
+const MASK64 = (1n << 64n) - 1n;
+/** A version word beyond it was never published: a scribble (board.py MAX_VERSION). */
+export const MAX_VERSION = (1n << 63n) - 1n;
+
+/** A word of the board holds a value its protocol never writes (`active` out of range, a
+ * version that went back): transport/channels/errors.py ChannelCorruptError. */
+export class ChannelCorruptError extends ChannelError {}
 
 type Typed = Float32Array | Float64Array | Int8Array | Int16Array | Int32Array | Uint8Array | Uint16Array | Uint32Array | BigInt64Array | BigUint64Array;
 
@@ -114,6 +130,10 @@ export class PolicyBoard {
   readonly dataOffset: number;
   readonly stride: number;
   #writer = false;
+  #dirty = true; // the publisher repairs before its next publish
+  #published: bigint | null = null; // the last version this publisher announced
+  #activeSlot = 0; // the slot this publisher made active
+  #last = 0n; // the last version this reader returned
 
   private constructor(segment: Segment) {
     this.segment = segment;
@@ -221,7 +241,23 @@ export class PolicyBoard {
   }
 
   private activeSlot(): number {
-    return this.mode === "double_buffer" ? Atomics.load(this.segment.i32, W["active"]! >> 2) : 0;
+    if (this.mode !== "double_buffer") return 0;
+    const slot = Atomics.load(this.segment.i32, W["active"]! >> 2);
+    if (slot !== 0 && slot !== 1) throw new ChannelCorruptError(`${this.segment.path}: active slot ${slot >>> 0} (0 or 1)`);
+    return slot;
+  }
+
+  /** Whether a stable read of `version` may be returned (else retry): it is announced, and not
+   * the empty slot a repair left; a version out of range or going back is corrupt. */
+  private accept(version: bigint): boolean {
+    const announced = this.version;
+    if (announced > MAX_VERSION || version > MAX_VERSION) {
+      throw new ChannelCorruptError(`${this.segment.path}: version ${announced > version ? announced : version} is out of range`);
+    }
+    if (announced < this.#last) throw new ChannelCorruptError(`${this.segment.path}: the version went back from ${this.#last} to ${announced}`);
+    if (version > announced || (version === 0n && announced !== 0n)) return false;
+    if (version < this.#last) throw new ChannelCorruptError(`${this.segment.path}: read version ${version} went back from ${this.#last}`);
+    return true;
   }
 
   /** Copy the latest consistent version into `out` (allocated on first use); returns the
@@ -240,7 +276,10 @@ export class PolicyBoard {
         for (const [name, view] of Object.entries(views)) (target[name] as Typed).set(view as never);
         // a stable slot may hold a completed version not yet announced (a reader that took
         // `active` just before two publishes): keep only announced ones, so reads never go back
-        if (Atomics.load(u64, seqIndex) === before && version <= this.version) return { version, arrays: target };
+        if (Atomics.load(u64, seqIndex) === before && this.accept(version)) {
+          this.#last = version;
+          return { version, arrays: target };
+        }
       }
       if (performance.now() > deadline) {
         const pid = this.segment.dv.getUint32(B["writer_pid"]!, true);
@@ -253,36 +292,136 @@ export class PolicyBoard {
     }
   }
 
-  /** Publish the next version from typed arrays named like the table (takes the lease). */
+  private takeLease(): void {
+    const seg = this.segment;
+    const pidIndex = B["writer_pid"]! >> 2;
+    const pid = Atomics.load(seg.i32, pidIndex) >>> 0;
+    if (pid !== 0 && pid !== process.pid && peerAlive(pid, seg.dv.getBigUint64(B["writer_start_time"]!, true))) {
+      throw new ChannelInUseError(`${seg.path}: the publisher lease is held by live pid ${pid}`);
+    }
+    if (pid === process.pid) {
+      this.#writer = true;
+      return;
+    }
+    if (Atomics.compareExchange(seg.i32, pidIndex, pid | 0, process.pid) !== (pid | 0)) {
+      throw new ChannelInUseError(`${seg.path}: another publisher took the lease meanwhile`);
+    }
+    seg.dv.setBigUint64(B["writer_start_time"]!, procStartTime(process.pid), true);
+    this.#writer = true;
+    this.#dirty = true;
+    this.#published = null;
+  }
+
+  /** Every array checked (present, array-like, its length, numbers or bigints as the slot
+   * wants) before the slot is touched: a publish that throws changes nothing. */
+  private sources(arrays: unknown, views: Record<string, Typed>): [string, ArrayLike<number> | ArrayLike<bigint>][] {
+    if (typeof arrays !== "object" || arrays === null) throw new ChannelMismatchError(`publish: an object of arrays, got ${String(arrays)}`);
+    const named = arrays as Record<string, unknown>;
+    const missing = this.specs.filter((s) => named[s.name] === undefined).map((s) => s.name);
+    if (missing.length > 0) throw new ChannelMismatchError(`publish: missing arrays ${missing.join(", ")}`);
+    const out: [string, ArrayLike<number> | ArrayLike<bigint>][] = [];
+    for (const spec of this.specs) {
+      const view = views[spec.name]!;
+      const src = named[spec.name] as { length?: unknown } | null;
+      const length = typeof src === "object" && src !== null ? src.length : undefined;
+      if (typeof length !== "number") throw new ChannelMismatchError(`${spec.name}: not an array`);
+      if (length !== view.length) throw new ChannelMismatchError(`${spec.name}: ${length} elements, expected ${view.length}`);
+      const wantsBigint = view instanceof BigInt64Array || view instanceof BigUint64Array;
+      const kind = wantsBigint ? "bigint" : "number";
+      let ok: boolean;
+      if (ArrayBuffer.isView(src)) ok = (src instanceof BigInt64Array || src instanceof BigUint64Array) === wantsBigint;
+      else {
+        ok = true;
+        const list = src as unknown as ArrayLike<unknown>;
+        for (let i = 0; i < length && ok; i++) ok = typeof list[i] === kind;
+      }
+      if (!ok) throw new ChannelMismatchError(`${spec.name}: ${spec.dtype} takes ${kind}s`);
+      out.push([spec.name, src as unknown as ArrayLike<number> | ArrayLike<bigint>]);
+    }
+    return out;
+  }
+
+  private target(): number {
+    return this.mode === "double_buffer" ? 1 - this.#activeSlot : 0;
+  }
+
+  /** Anything this publisher did not leave as it is (board.py `_needs_repair`). */
+  private needsRepair(): boolean {
+    const seg = this.segment;
+    if (this.#dirty || this.version !== this.#published) return true;
+    if (this.mode === "double_buffer" && Atomics.load(seg.i32, W["active"]! >> 2) !== this.#activeSlot) return true;
+    return (Atomics.load(seg.u64, W[`slot${this.target()}_seq`]! >> 3) & 1n) === 1n;
+  }
+
+  /** board.py `_repair`: odd slots zeroed and marked empty (seq even and higher), the announced
+   * version the highest whole one (or this publisher's own), `active` at the newest whole slot. */
+  private repair(): void {
+    const seg = this.segment;
+    const u64 = seg.u64;
+    let bestVersion = 0n;
+    let bestSlot = 0;
+    for (let slot = 0; slot < this.slotCount; slot++) {
+      const seqIndex = W[`slot${slot}_seq`]! >> 3;
+      const versionIndex = W[`slot${slot}_version`]! >> 3;
+      const seq = Atomics.load(u64, seqIndex);
+      let version = Atomics.load(u64, versionIndex);
+      if ((seq & 1n) === 1n || version > MAX_VERSION) {
+        const begin = ((seq + 1n) | 1n) & MASK64;
+        Atomics.store(u64, seqIndex, begin);
+        const at = this.dataOffset + slot * this.stride;
+        seg.bytes.fill(0, at, at + this.stride);
+        Atomics.store(u64, versionIndex, 0n);
+        Atomics.store(u64, seqIndex, (begin + 1n) & MASK64);
+        version = 0n;
+      }
+      if (version > bestVersion) {
+        bestVersion = version;
+        bestSlot = slot;
+      }
+    }
+    let announced: bigint;
+    if (this.#published === null) {
+      const word = this.version;
+      announced = word <= MAX_VERSION && word > bestVersion ? word : bestVersion;
+    } else announced = this.#published > bestVersion ? this.#published : bestVersion;
+    if (this.mode === "double_buffer") Atomics.store(seg.i32, W["active"]! >> 2, bestSlot);
+    this.#activeSlot = this.mode === "double_buffer" ? bestSlot : 0;
+    Atomics.store(u64, W["version"]! >> 3, announced);
+    this.#published = announced;
+    this.#dirty = false;
+    seg.publishWord(W["notify"]!, (Atomics.load(seg.i32, W["notify"]! >> 2) + 1) & SEQ_MASK);
+  }
+
+  /** The version the next `publish` gets (to make arrays that carry it); takes the lease on
+   * first use (a new publisher first repairs what a dead one left). */
+  nextVersion(): bigint {
+    if (!this.#writer) this.takeLease();
+    if (this.needsRepair()) this.repair();
+    return this.#published! + 1n;
+  }
+
+  /** Publish the next version from typed arrays named like the table (takes the lease). Arrays
+   * that do not match the table throw ChannelMismatchError before anything is written. */
   publish(arrays: Readonly<Record<string, ArrayLike<number> | ArrayLike<bigint>>>): bigint {
     const seg = this.segment;
-    if (!this.#writer) {
-      const pidIndex = B["writer_pid"]! >> 2;
-      const pid = Atomics.load(seg.i32, pidIndex) >>> 0;
-      if (pid !== 0 && pid !== process.pid && peerAlive(pid, seg.dv.getBigUint64(B["writer_start_time"]!, true))) {
-        throw new ChannelInUseError(`${seg.path}: the publisher lease is held by live pid ${pid}`);
-      }
-      if (Atomics.compareExchange(seg.i32, pidIndex, pid | 0, process.pid) !== (pid | 0)) {
-        throw new ChannelInUseError(`${seg.path}: another publisher took the lease meanwhile`);
-      }
-      seg.dv.setBigUint64(B["writer_start_time"]!, procStartTime(process.pid), true);
-      this.#writer = true;
-    }
     const u64 = seg.u64;
-    const version = this.version + 1n;
-    const slot = this.mode === "double_buffer" ? 1 - Atomics.load(seg.i32, W["active"]! >> 2) : 0;
+    const sources = this.sources(arrays, this.slotViews(0));
+    const version = this.nextVersion();
+    if (version > MAX_VERSION) throw new ChannelCorruptError(`${seg.path}: version ${version} is out of range`);
+    const slot = this.target();
     const seqIndex = W[`slot${slot}_seq`]! >> 3;
-    const seq = Atomics.load(u64, seqIndex);
-    Atomics.store(u64, seqIndex, seq + 1n);
-    for (const [name, view] of Object.entries(this.slotViews(slot))) {
-      const src = arrays[name];
-      if (src === undefined) throw new RangeError(`publish: missing array ${name}`);
-      (view as Typed).set(src as never);
-    }
+    const begin = ((Atomics.load(u64, seqIndex) + 1n) | 1n) & MASK64; // odd: being written
+    this.#dirty = true; // until the slot is whole again: an exception leaves it odd
+    Atomics.store(u64, seqIndex, begin);
+    const views = this.slotViews(slot);
+    for (const [name, src] of sources) views[name]!.set(src as never);
     Atomics.store(u64, W[`slot${slot}_version`]! >> 3, version);
-    Atomics.store(u64, seqIndex, seq + 2n);
+    Atomics.store(u64, seqIndex, (begin + 1n) & MASK64);
     Atomics.store(seg.i32, W["active"]! >> 2, slot);
     Atomics.store(u64, W["version"]! >> 3, version);
+    this.#activeSlot = slot;
+    this.#published = version;
+    this.#dirty = false;
     seg.publishWord(W["notify"]!, (Atomics.load(seg.i32, W["notify"]! >> 2) + 1) & SEQ_MASK);
     return version;
   }

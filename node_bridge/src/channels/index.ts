@@ -1,6 +1,6 @@
 /** Actor-learner channels (docs/channels.md): experience rings, the policy board, run control. */
 
-export { PolicyBoard, tableFingerprint, tableOf } from "./board";
+export { ChannelCorruptError, MAX_VERSION, PolicyBoard, tableFingerprint, tableOf } from "./board";
 export type { ArraySpec, ArrayTemplate } from "./board";
 export { Member, RunControl } from "./control";
 export type { MemberState, MemberStatus, RunControlOptions } from "./control";
