@@ -324,3 +324,163 @@ def test_conformance_checks_the_users_schema_in_both_languages(project: Path) ->
     report = json.loads(checked.stdout)
     assert report["ok"] is True and report["totals"]["failed"] == 0, report["totals"]
     assert report["totals"]["ok"] > 0 and "lantern_maze" in json.dumps(report["schemas"])
+
+
+# -- issue 26 item 5: the package as a consumer gets it ------------------------------------------
+
+BOX_ENV_TS = """
+// A user's Box env in TypeScript, compiled in the user's project without @types/node: array
+// actions arrive as Float64Arrays, seeds as bigints (docs/node.md, "A user's env").
+import { type Env, type Spaces, serve } from "@transport/node-bridge";
+import { dictbox } from "@transport/node-bridge/generated";
+import { Ring } from "@transport/node-bridge/channels";
+
+export class Drift implements Env<dictbox.StepResultInput> {
+  x = 0;
+  y = 0;
+  readonly out: dictbox.StepResultInput = {
+    grid: new Float32Array(50), vec: new Float32Array(4), reward: 0, terminated: false,
+    truncated: false, distance: 0,
+  };
+
+  spaces(): Spaces {
+    return { obsN: 54, actN: 2 };
+  }
+
+  reset(seed?: bigint): dictbox.StepResultInput {
+    const s: bigint = seed ?? 0n;
+    this.x = Number(s % 5n);
+    this.y = 0;
+    return this.view();
+  }
+
+  step(action: Float64Array): dictbox.StepResultInput {
+    this.x = Math.min(4, Math.max(0, this.x + action[0]!));
+    this.y = Math.min(4, Math.max(0, this.y + action[1]!));
+    return this.view();
+  }
+
+  view(): dictbox.StepResultInput {
+    (this.out.vec as Float32Array).set([this.x / 4, this.y / 4, 1, 1]);
+    this.out.distance = Math.hypot(4 - this.x, 4 - this.y);
+    this.out.reward = -0.1;
+    return this.out;
+  }
+}
+
+export const channels: string = typeof Ring;
+
+export async function start(url: string): Promise<{ url: string; close(): Promise<void> }> {
+  return serve(() => new Drift(), url, { schema: dictbox.SCHEMA, numEnvs: 2, envName: "drift" });
+}
+"""
+
+BOX_MAIN_JS = """
+const { start, channels } = require("./out/box_env.js");
+(async () => {
+  if (channels !== "function") throw new Error("channels not imported");
+  const server = await start(process.argv[2]);
+  process.stdout.write(`ready ${server.url}\\n`);
+  process.on("SIGTERM", async () => { await server.close(); process.exit(0); });
+})().catch((error) => { process.stderr.write(String(error.stack)); process.exit(1); });
+"""
+
+CONSUMER_TSCONFIG = {
+    "compilerOptions": {
+        "strict": True,
+        "module": "node16",
+        "moduleResolution": "node16",
+        "target": "ES2022",
+        "lib": ["ES2022"],
+        "types": [],
+        "skipLibCheck": True,
+        "outDir": "out",
+    },
+    "files": ["box_env.ts"],
+}
+
+
+def test_the_bin_is_executable_and_outside_what_a_rebuild_recreates(project: Path) -> None:
+    """The bin's file is not under dist/ (which a build deletes and re-emits 0644), is
+    executable in the source tree, and the installed bin runs."""
+    manifest = json.loads((BRIDGE / "package.json").read_text())
+    for target in manifest["bin"].values():
+        assert not target.startswith("dist/"), f"{target}: a rebuild drops its execute bit"
+        assert os.access(BRIDGE / target, os.X_OK), f"{target} is not executable"
+    installed = project / "node_modules" / ".bin" / "transport-serve-node"
+    done = _run([str(installed), "--help"], project, timeout=60)
+    assert done.returncode == 0 and "usage" in done.stdout, done.stdout + done.stderr
+
+
+def test_channels_and_generated_import_by_their_documented_names(project: Path) -> None:
+    """docs/channels.md: ``@transport/node-bridge/channels`` and ``/generated``."""
+    script = (
+        'const { Ring, PolicyBoard, RunControl } = require("@transport/node-bridge/channels");'
+        'const { experience } = require("@transport/node-bridge/generated");'
+        "console.log([Ring, PolicyBoard, RunControl].map((f) => typeof f).join(),"
+        " experience.TransitionCodec.size);"
+    )
+    done = _run(["node", "-e", script], project, timeout=60)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.split() == ["function,function,function", "1816"], done.stdout
+
+
+def test_a_typescript_box_env_compiles_without_types_node_and_serves(project: Path) -> None:
+    """A TS env with ``step(action: Float64Array)`` and ``reset(seed?: bigint)`` type-checks
+    against the installed package (tsc --strict, no @types/node in the project), runs with node,
+    and a Python trainer steps it with Box actions over shm."""
+    assert not (project / "node_modules" / "@types" / "node").exists(), "@types/node installed"
+    (project / "box_env.ts").write_text(BOX_ENV_TS)
+    (project / "box_main.js").write_text(BOX_MAIN_JS)
+    (project / "tsconfig.json").write_text(json.dumps(CONSUMER_TSCONFIG))
+    tsc = BRIDGE / "node_modules" / "typescript" / "bin" / "tsc"
+    compiled = _run(["node", str(tsc), "-p", "."], project)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    url = unique_url("shm") + "?num_envs=2"
+    proc = subprocess.Popen(
+        ["node", "box_main.js", url],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("ready "), f"{line!r} {proc.stderr.read() if proc.stderr else ''}"
+        with transport.connect(line.split(" ", 1)[1], timeout=10) as client:
+            assert client.schema.name == "dictbox" and client.num_envs == 2
+            first = client.reset(7, copy=True)  # env 0: seed 7 -> x = 2; env 1: seed 8 -> x = 3
+            np.testing.assert_allclose(first.vec[:, 0], [0.5, 0.75])
+            after = client.step(np.array([[1.0, 0.5], [-1.0, 1.0]], np.float32), copy=True)
+            np.testing.assert_allclose(after.vec[:, :2], [[0.75, 0.125], [0.5, 0.25]])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_a_folder_install_links_a_bin_that_a_rebuild_keeps(tmp_path: Path) -> None:
+    """``npm install path/to/node_bridge`` (a link to the checkout): the installed bin resolves
+    to a file outside dist/ (a rebuild deletes dist/ and re-emits it 0644) and runs."""
+    require_lang("node")
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    (tmp_path / "package.json").write_text(
+        '{"name": "linked", "version": "1.0.0", "private": true}'
+    )
+    installed = _run(
+        [npm, "install", "--offline", "--no-audit", "--no-fund", str(BRIDGE)], tmp_path, timeout=120
+    )
+    if installed.returncode != 0:
+        pytest.skip(f"npm install --offline of the folder failed: {installed.stderr[-400:]}")
+    bin_link = tmp_path / "node_modules" / ".bin" / "transport-serve-node"
+    target = bin_link.resolve()
+    assert target.is_relative_to(BRIDGE.resolve()), target
+    assert "dist" not in target.relative_to(BRIDGE.resolve()).parts, target
+    assert os.access(target, os.X_OK)
+    done = _run([str(bin_link), "--help"], tmp_path, timeout=60)
+    assert done.returncode == 0 and "usage" in done.stdout, done.stdout + done.stderr

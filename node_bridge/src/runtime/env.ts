@@ -11,13 +11,23 @@ export interface Spaces {
 }
 
 /**
+ * One action as the runtime passes it to `step`: a number for a scalar (Discrete) action field,
+ * a Float64Array (an owned copy, one element per array element, in row-major order) for an
+ * array action field (Box `f32[2]`, MultiDiscrete `u8[3]`). An env declares the one its schema
+ * has: `step(action: number)` and `step(action: Float64Array)` both implement `Env`.
+ */
+export type Action = number | Float64Array;
+
+/**
  * One environment. `reset` and `step` return the step result; an env may return the same
  * object every time (mutated in place): the runtime encodes it before calling the env again.
+ * Seeds are bigints (the wire's u64): `reset(seed)` gets env i's seed (the client's seed + i),
+ * `reset()` an unseeded reset.
  */
 export interface Env<R = unknown> {
   spaces(): Spaces;
   reset(seed?: bigint): R;
-  step(action: number): R;
+  step(action: Action): R;
   /**
    * Optional: one action per seat of a multi-player game (seed 000's self-play), one result per
    * seat. A 1-env server whose env has it answers STEP_MULTI (8 seats) with one call; the

@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -76,6 +76,22 @@ export type Ir = SchemaJson;
 export type C = Client;
 `;
 
+/** A user's Box env (schema dictbox): array actions as Float64Arrays, bigint seeds; the channels
+ * and generated modules by their documented names. Compiled with no @types/node (issue 26). */
+const BOX_TS = `
+import { type Env, type Spaces } from "@transport/node-bridge";
+import { dictbox } from "@transport/node-bridge/generated";
+import { Ring } from "@transport/node-bridge/channels";
+export class Drift implements Env<dictbox.StepResultInput> {
+  x = 0;
+  readonly out: dictbox.StepResultInput = { grid: new Float32Array(50), vec: new Float32Array(4), reward: 0, terminated: false, truncated: false, distance: 0 };
+  spaces(): Spaces { return { obsN: 54, actN: 2 }; }
+  reset(seed?: bigint): dictbox.StepResultInput { this.x = Number((seed ?? 0n) % 5n); return this.out; }
+  step(action: Float64Array): dictbox.StepResultInput { this.x += action[0]!; this.out.distance = 4 - this.x; return this.out; }
+}
+export const ring: string = typeof Ring;
+`;
+
 describe("node_bridge as an npm package", () => {
   before(() => {
     const pack = run(NPM, ["pack", "--ignore-scripts", "--pack-destination", work], BRIDGE);
@@ -105,6 +121,44 @@ describe("node_bridge as an npm package", () => {
     writeFileSync(join(project, "env.js"), USER_ENV);
     writeFileSync(join(project, "main.js"), USER_MAIN);
     writeFileSync(join(project, "user.ts"), USER_TS);
+    writeFileSync(join(project, "box.ts"), BOX_TS);
+  });
+
+  test("its bin lives outside dist/ (a rebuild re-emits dist/ 0644) and is executable", () => {
+    const manifest = JSON.parse(readFileSync(join(BRIDGE, "package.json"), "utf8")) as { bin: Record<string, string> };
+    for (const target of Object.values(manifest.bin)) {
+      assert.ok(!target.startsWith("dist/"), `${target}: a rebuild drops its execute bit`);
+      assert.ok((statSync(join(BRIDGE, target)).mode & 0o111) !== 0, `${target} is not executable`);
+    }
+    const tarball = readdirSync(work).find((f) => f.endsWith(".tgz"))!;
+    const listing = run("tar", ["-tvzf", join(work, tarball)], work).out.split("\n");
+    const bin = listing.find((line) => line.endsWith("package/bin/transport-serve-node.js"));
+    assert.ok(bin?.startsWith("-rwx"), `bin mode in the tarball: ${bin}`);
+  });
+
+  test("the channels and generated modules import by their documented names", (t) => {
+    if (installed) return t.skip("not installed");
+    const script =
+      'const { Ring, PolicyBoard, RunControl } = require("@transport/node-bridge/channels");' +
+      'const { experience } = require("@transport/node-bridge/generated");' +
+      "console.log([Ring, PolicyBoard, RunControl].map((f) => typeof f).join(), experience.TransitionCodec.size);";
+    const result = run(process.execPath, ["-e", script], project, 60_000);
+    assert.equal(result.status, 0, result.out);
+    assert.equal(result.out.trim(), "function,function,function 1816");
+  });
+
+  test("a TypeScript Box env (Float64Array actions, bigint seeds) type-checks without @types/node", (t) => {
+    if (installed) return t.skip("not installed");
+    assert.ok(!existsSync(join(project, "node_modules", "@types", "node")), "@types/node is installed in the project");
+    writeFileSync(
+      join(project, "tsconfig.json"),
+      JSON.stringify({
+        compilerOptions: { strict: true, module: "node16", moduleResolution: "node16", target: "ES2022", lib: ["ES2022"], types: [], skipLibCheck: true, noEmit: true },
+        files: ["box.ts"],
+      }),
+    );
+    const result = run(process.execPath, [join(BRIDGE, "node_modules", "typescript", "bin", "tsc"), "-p", "."], project);
+    assert.equal(result.status, 0, result.out);
   });
 
   test("the tarball holds the built package and no tests", () => {
@@ -114,6 +168,7 @@ describe("node_bridge as an npm package", () => {
     assert.ok(list.includes("package/dist/index.d.ts"));
     assert.ok(list.includes("package/dist/runtime/worker_main.js"));
     assert.ok(list.includes("package/dist/cli/serve.js"));
+    assert.ok(list.includes("package/bin/transport-serve-node.js"));
     assert.ok(!list.some((f) => f.startsWith("package/dist/test/")), "no tests in the package");
   });
 
