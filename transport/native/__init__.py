@@ -11,6 +11,7 @@ blocks the other Python threads, and no wait spins in Python bytecode.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,11 @@ def _load() -> tuple[Any, Any]:
                 "transport.native._native is not built and cannot be compiled here "
                 f"({exc}); run `pip install -e .` on a machine with gcc and Python headers"
             ) from exc
+    if not hasattr(lib, "tp_privatize"):  # the newest function: a build older than the C source
+        raise ImportError(
+            "transport.native._native was built from an older tp_native.c (it lacks "
+            "tp_privatize): rebuild it with `pip install -e .` (or ./dev setup)"
+        )
     return ffi, lib
 
 
@@ -136,6 +142,76 @@ def unguard(handle: int) -> None:
 def guard_lost(handle: int) -> bool:
     """True once a truncation replaced the guarded mapping with private zero pages."""
     return bool(lib.tp_guard_lost(handle))
+
+
+class _Unmap:
+    """The destructor of a ``SharedMapping``'s owner (the last view of it is gone): unguard,
+    then munmap. It holds nothing but the size and the guard handle (no cycle, no view)."""
+
+    __slots__ = ("_munmap", "_unguard", "guard", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.guard = -1
+        self._unguard = lib.tp_guard_remove  # held: this may run late in interpreter shutdown
+        self._munmap = lib.tp_unmap
+
+    def __call__(self, base: Any) -> None:
+        if self.guard >= 0:
+            self._unguard(self.guard)
+            self.guard = -1
+        self._munmap(base, self.size)
+
+
+class SharedMapping:
+    """``size`` bytes of ``fd`` mapped shared (read-write) and guarded against truncation.
+
+    ``buffer`` is the writable buffer every view is made of (``np.ndarray(buffer=...)``,
+    ``memoryview``): each view holds it, it holds the mapping's owner, and the owner unmaps when
+    it dies, so the memory lives exactly as long as the last view of it (docs/shm.md,
+    "Lifetimes"). ``close()`` ends this process's use of the segment at once: without views
+    left it unmaps; with views left it replaces the shared pages by a private copy of their
+    contents (``tp_privatize``), which the views keep until they die.
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        base = lib.tp_map_shared(fd, size)
+        if base == ffi.NULL:
+            err = ffi.errno
+            raise OSError(err, f"mmap of {size} bytes: {os.strerror(err)}")
+        self.size = size
+        self._unmap = _Unmap(size)
+        self._owner: Any = ffi.gc(base, self._unmap, size=size)
+        self.buffer: Any = ffi.buffer(self._owner, size)
+        self.guard = guard(self.buffer)
+        self._unmap.guard = self.guard
+        # the count that means "no view": measured now, when only this object holds the buffer,
+        # with the expression close() uses (so how the interpreter counts cancels out)
+        self._alone = sys.getrefcount(self.buffer)
+
+    @property
+    def closed(self) -> bool:
+        return self.buffer is None
+
+    def close(self) -> bool:
+        """Unmap now (True) when no view of the mapping is left, else privatize it for the
+        views (False). Either way this process no longer reads or writes the segment."""
+        if self.buffer is None:
+            return True
+        # any reference beyond this object's is a view (NumPy arrays, memoryviews and
+        # ffi.from_buffer objects all hold the buffer they view)
+        alone = sys.getrefcount(self.buffer) <= self._alone
+        self.buffer = None
+        owner, self._owner = self._owner, None  # from now on only the views hold the owner
+        if alone:
+            ffi.release(owner)  # the destructor runs now: unguard, munmap
+            return True
+        rc = int(lib.tp_privatize(owner, self.size))
+        if rc == 0:  # private pages now: nothing of the segment is left to guard
+            lib.tp_guard_remove(self._unmap.guard)
+            self._unmap.guard = -1
+        # rc < 0 (no memory for the copy): the shared mapping stays, guarded, for the views
+        return False
 
 
 def shm_create(name: str, size: int) -> int:

@@ -519,6 +519,40 @@ int tp_guard_lost(int handle) {
     return i >= 0 && guards[i].lost;
 }
 
+/* -- mapping lifetimes (docs/shm.md, "Lifetimes") -------------------------------------------
+ * A region's results are views straight into its mapping, and a caller may keep them past
+ * close(). So close() never leaves a hole under a view: when views may remain, the shared pages
+ * are replaced in place, at the same address and atomically (mremap over them), by a private
+ * copy of their current contents. The views keep reading the values they had at close, writes
+ * through them reach no other process, the segment's pages are no longer held by this process,
+ * and the private copy is unmapped with tp_unmap once the last view is gone. */
+
+/* mmap(MAP_SHARED, read-write) of `length` bytes of `fd`; NULL (errno set) on failure. */
+char *tp_map_shared(int fd, uint64_t length) {
+    void *base = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return base == MAP_FAILED ? NULL : (char *)base;
+}
+
+/* munmap; 0 or -errno. */
+int tp_unmap(char *base, uint64_t length) {
+    return munmap(base, length) == 0 ? 0 : -errno;
+}
+
+/* Replace [base, base + length) by a private anonymous copy of its contents (see above); 0 or
+ * -errno (the original mapping is then untouched). A guarded mapping should stay guarded
+ * while this copies: a truncated segment faults here, and the guard turns that into zeros. */
+int tp_privatize(char *base, uint64_t length) {
+    void *copy = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) return -errno;
+    memcpy(copy, base, length);
+    if (mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
+        int err = errno;
+        munmap(copy, length);
+        return -err;
+    }
+    return 0;
+}
+
 /* -- segments -------------------------------------------------------------------------------- */
 
 /* Create a segment 0600 with O_EXCL and reserve its pages (posix_fallocate: a full /dev/shm is

@@ -74,6 +74,12 @@ int tp_guard_add(char *base, uint64_t length);
 void tp_guard_remove(int guard);
 int tp_guard_lost(int guard);
 
+/* Mapping lifetimes: map a segment shared; unmap; replace a mapping in place by a private copy
+ * of its contents (close() with views still alive: docs/shm.md, "Lifetimes"). */
+char *tp_map_shared(int fd, uint64_t length);
+int tp_unmap(char *base, uint64_t length);
+int tp_privatize(char *base, uint64_t length);
+
 int tp_shm_create(const char *name, uint64_t size);
 int tp_shm_open(const char *name, int writable);
 int tp_shm_unlink(const char *name);

@@ -66,6 +66,26 @@ _CLIENT_PID_WORD = CB["client_pid"].offset // 4
 
 
 _STEP = int(SlotCommand.STEP)
+_REGION_VIEWS = (
+    "_single",
+    "_commands",
+    "_actions",
+    "_has_seed",
+    "_seeds",
+    "_status",
+    "_error_len",
+    "_error_text",
+    "_info_len",
+    "_info",
+    "_final_seqs",
+    "_final_records",
+    "_finals",
+    "_body_requests",
+    "_request_rows",
+    "_requests",
+    "_rows",
+)
+"""The channel's attributes that view the region (dropped at close, see ``_release``)."""
 
 
 def _ir_name(ir: bytes | None) -> str:
@@ -176,7 +196,8 @@ class ShmChannel:
     slots. ``result_records`` are views into the region (``observation`` of an N-env step is an
     (N, obs) view whose row stride is the slot size); SAME_STEP final results are views of the
     final areas, valid until that env's next episode ends. One lease per region: attaching takes
-    it, ``close()`` says SHUTDOWN and gives it back.
+    it, ``close()`` says SHUTDOWN and gives it back. Results kept past ``close()`` stay readable
+    (a private copy of the region, freed with the last of them: docs/shm.md, "Lifetimes").
     """
 
     def __init__(
@@ -357,7 +378,9 @@ class ShmChannel:
 
     def _setup(self) -> None:
         region, n = self.region, self.num_envs
-        self._seqs = np.ascontiguousarray(region.strided("sem_action_ready"), dtype=np.uint32)
+        # owned, never a view of the region (one slot's strided view is contiguous already): the
+        # wait context points at it, and it must outlive the mapping
+        self._seqs = np.array(region.strided("sem_action_ready"), dtype=np.uint32, copy=True)
         self._seqs &= native.SEQ_MASK
         self._ctx = wait_ctx(region, self.policy, self._seqs)
         self._ctx.n = n  # requests go to the envs' slots (STEP_MULTI: to one slot per seat)
@@ -456,6 +479,8 @@ class ShmChannel:
 
     def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
         """The slots' request records: the client writes each env's request in its slot."""
+        if self._closed:
+            raise TransportError(f"shm://{self.shm.name}: the client is closed")
         if count != self.num_envs or codec.ir.name != self.layout.request.ir.name:
             body = bytearray(codec.size * count)
             return codec.view(body, count=count), body
@@ -464,9 +489,12 @@ class ShmChannel:
     def result_records(
         self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
     ) -> np.ndarray:
-        if finals:
-            self._find_finals()
-        return self._rows[count]
+        try:
+            if finals:
+                self._find_finals()
+            return self._rows[count]
+        except AttributeError:  # closed: its views are gone (zero-cost try on the hot path)
+            raise TransportError(f"shm://{self.shm.name}: the client is closed") from None
 
     def final_records(self) -> list[tuple[int, np.ndarray]]:
         return self._ended
@@ -726,6 +754,8 @@ class ShmChannel:
         a RECV's timeout: its envs stay in flight for the next RECV."""
         if not self._late:
             return
+        if self._closed:  # the region is unmapped: nothing is left to wait on
+            raise TransportError(f"shm://{self.shm.name}: the client is closed")
         rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
         if rc == native.TIMEOUT:
             raise TransportTimeoutError(
@@ -742,19 +772,26 @@ class ShmChannel:
         return int(self._ctx.wakes), int(self._ctx.sleeps)
 
     def close(self) -> None:
-        """Say SHUTDOWN (the server drops this session's envs), release the lease, unmap."""
+        """Say SHUTDOWN (the server drops this session's envs), release the lease, unmap.
+
+        Always releases the lease and the mapping, whatever the SHUTDOWN meets (a refusal, a
+        timeout, a dead server): a later connect from this process must find the region free.
+        Results the caller kept stay readable (docs/shm.md, "Lifetimes")."""
         if self._closed:
             return
-        if self.region.state == RegionState.READY and native.peer_alive(
-            self.owner_pid, self.owner_start
-        ):
-            try:
+        try:
+            if self.region.state == RegionState.READY and native.peer_alive(
+                self.owner_pid, self.owner_start
+            ):
                 self._exchange(SlotCommand.SHUTDOWN, timeout_ns=int(1e9))
-            except TransportError:
-                pass
-        self._closed = True
-        self._last_cmd = -1  # no hot path after close
-        self._release()
+        except _Refused as refused:  # the server answered SHUTDOWN with a status: still gone
+            log.debug("shm://%s: SHUTDOWN answered %d: %s", self.shm.name, refused.code, refused)
+        except TransportError as exc:  # timed out or its server died: the lease goes anyway
+            log.debug("shm://%s: SHUTDOWN: %s", self.shm.name, exc)
+        finally:
+            self._closed = True
+            self._last_cmd = -1  # no hot path after close
+            self._release()
 
     def _release(self) -> None:
         region = getattr(self, "region", None)
@@ -769,20 +806,8 @@ class ShmChannel:
         if checksums is not None:
             checksums.release()
             self._checksums = None
-        for name in (
-            "_single",
-            "_commands",
-            "_actions",
-            "_status",
-            "_final_seqs",
-            "_final_records",
-            "_finals",
-            "_body_requests",
-            "_request_rows",
-            "_requests",
-            "_rows",
-        ):
-            if hasattr(self, name):
+        for name in _REGION_VIEWS:  # this channel's own views: a region with none left is
+            if hasattr(self, name):  # unmapped at once (the caller's keep a private copy)
                 delattr(self, name)
         region.close()
 

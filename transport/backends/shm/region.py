@@ -18,12 +18,10 @@ or a different start time) is stale: replaced on creation, listed and removed by
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import struct
 import time
-import weakref
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -365,10 +363,10 @@ class Region:
         self.size = size
         self.layout = layout
         self.inode = os.fstat(fd).st_ino
-        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.guard = native.guard(self.map)
-        if self.guard >= 0:  # unguarded when the mapping is gone (views die after close)
-            weakref.finalize(self.map, native.unguard, self.guard)
+        self.mapping = native.SharedMapping(fd, size)
+        self.map: Any = self.mapping.buffer
+        """The writable buffer of the mapping: every view is made of it and keeps it alive."""
+        self.guard = self.mapping.guard
         self.control = CONTROL.view(self.map)  # 0-d record
         self.words = np.ndarray((CONTROL_SIZE // 4,), dtype="<u4", buffer=self.map)
         self.base = native.address(self.map)
@@ -399,6 +397,9 @@ class Region:
 
     @property
     def state(self) -> int:
+        """The region's state word (CLOSED once this mapping is closed: no pointer is read)."""
+        if self.mapping.closed:
+            return int(RegionState.CLOSED)
         return native.load_acquire(self.state_word)
 
     def strided(self, field: str) -> np.ndarray:
@@ -436,18 +437,22 @@ class Region:
             (self.num_slots,), dtype=dtype, buffer=self.map, offset=offset, strides=(stride,)
         )
 
+    @property
+    def closed(self) -> bool:
+        return self.mapping.closed
+
     def close(self) -> None:
-        """Unmap; if NumPy views are still alive the mapping stays until they die (never a
-        dangling pointer)."""
-        self.control = np.zeros(())
+        """End this process's use of the segment (docs/shm.md, "Lifetimes"). Views still alive
+        (results kept by the user) never dangle: they keep a private copy of the mapping, taken
+        now, which is unmapped when the last of them dies; with none left it is unmapped now.
+        The raw pointers (``base``, the words) must not be used afterwards."""
+        if self.mapping.closed:
+            return
+        self.control = CONTROL.zeros()
         self.words = np.zeros(0, dtype="<u4")
         self.slots = np.zeros(0)
-        try:
-            self.map.close()
-        except BufferError:
-            pass  # views handed to the user keep the mapping alive; the name is gone anyway
-        else:
-            native.unguard(self.guard)
+        self.map = bytearray()
+        self.mapping.close()
 
 
 CHECKSUMS = ("crc32",)

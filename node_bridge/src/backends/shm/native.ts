@@ -24,6 +24,10 @@ export const O_CLOEXEC = 0o2000000;
 const PROT_READ = 0x1;
 const PROT_WRITE = 0x2;
 const MAP_SHARED = 0x1;
+const MAP_PRIVATE = 0x2;
+const MAP_ANONYMOUS = 0x20; // x86_64 and arm64 Linux
+const MREMAP_MAYMOVE = 0x1;
+const MREMAP_FIXED = 0x2;
 const MAP_FAILED = 0xffffffffffffffffn;
 
 export const FUTEX_WAIT = 0;
@@ -59,6 +63,14 @@ export interface Native {
   posixFallocate(fd: number, offset: number, length: number): number;
   mmap(fd: number, length: number): bigint;
   munmap(address: bigint, length: number): number;
+  /**
+   * Replace the mapping at [address, address + length) in place, atomically (mremap over it), by
+   * a private anonymous copy of its contents: views of it keep their values and stay mapped, and
+   * the segment is no longer this process's (docs/shm.md, "Lifetimes"; tp_privatize in C).
+   * Only the first `backed` bytes are copied (a truncated segment's pages past its end would be a
+   * SIGBUS); the rest of the copy reads zeros. 0, or the errno (the mapping is then untouched).
+   */
+  privatize(address: bigint, length: number, backed: number): number;
   /** An ArrayBuffer over `length` bytes at `address` (no copy). */
   view(address: bigint, length: number): ArrayBuffer;
   /** raw syscall(SYS_futex, ...): -1 and errno() on failure. */
@@ -112,6 +124,8 @@ export function native(): Native {
   const posixFallocate = fn(libc, "int posix_fallocate(int fd, int64_t offset, int64_t len)");
   const mmap = fn(libc, "void *mmap(void *addr, size_t length, int prot, int flags, int fd, int64_t offset)");
   const munmap = fn(libc, "int munmap(void *addr, size_t length)");
+  // variadic in C (the new address is the fifth argument only with MREMAP_FIXED): koffi types it
+  const mremap = fn(libc, "void *mremap(void *old_address, size_t old_size, size_t new_size, int flags, ...)");
   const syscall = libc.func("syscall", "long", [
     "long",
     "uintptr_t",
@@ -137,6 +151,19 @@ export function native(): Native {
       return BigInt(address);
     },
     munmap: (address, length) => munmap(address, length) as number,
+    privatize(address, length, backed) {
+      const copy = mmap(null, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) as bigint | null;
+      if (copy === null || BigInt(copy) === MAP_FAILED) return koffi.errno() as number;
+      const bytes = Math.max(0, Math.min(length, backed));
+      if (bytes > 0) new Uint8Array(koffi.view(copy, bytes) as ArrayBuffer).set(new Uint8Array(koffi.view(address, bytes) as ArrayBuffer));
+      const moved = mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, "void *", address) as bigint | null;
+      if (moved === null || BigInt(moved) === MAP_FAILED) {
+        const errno = koffi.errno() as number;
+        munmap(copy, length);
+        return errno;
+      }
+      return 0;
+    },
     view: (address, length) => koffi.view(address, length) as ArrayBuffer,
     futex: (address, op, value, timeout) => Number(syscall(sysFutex, address, op, value >>> 0, timeout, 0, 0)),
     futexWaitAsync: (address, value, timeout) =>

@@ -401,8 +401,18 @@ export function inspectSegment(path: string): SegmentInfo {
 // -- the mapped region ---------------------------------------------------------------------------
 
 /**
- * A mapped segment. `bytes`, `dv` and `words` view the mapping itself (koffi.view: no copy);
- * every access after `unmap()` would touch unmapped memory, so the owner stops using them first.
+ * The mappings whose ArrayBuffer is gone: nothing can read them any more, so they are unmapped
+ * (a typed array holds its buffer, so this runs after the last view of a region died).
+ */
+const unmapCollected = new FinalizationRegistry<{ readonly address: bigint; readonly size: number }>(({ address, size }) => {
+  native().munmap(address, size);
+});
+
+/**
+ * A mapped segment. `bytes`, `dv` and `words` view the mapping itself (koffi.view: no copy), and
+ * every typed array made of them (the client's zero-copy results) shares their one ArrayBuffer.
+ * That buffer owns the mapping: it is unmapped once the buffer is collected, never before, so no
+ * view ever points at unmapped memory (docs/shm.md, "Lifetimes").
  */
 export class Region {
   readonly shm: ShmUrl;
@@ -436,6 +446,7 @@ export class Region {
     this.address = address;
     this.base = Number(address);
     const buffer = nat.view(address, size);
+    unmapCollected.register(buffer, { address, size });
     this.bytes = new Uint8Array(buffer);
     this.dv = new DataView(buffer);
     this.words = new Int32Array(buffer);
@@ -550,11 +561,33 @@ export class Region {
     return native().shmUnlink(this.shm.segment) === 0;
   }
 
-  /** Unmap: the typed arrays over the mapping must not be used afterwards. */
+  /**
+   * End this process's use of the segment. Typed arrays over the mapping may still be held (a
+   * client's kept results): the shared pages are replaced in place by a private copy of their
+   * contents, which those views keep reading (their values at this moment; writes reach no
+   * other process) until the last of them is collected, when the mapping is unmapped. Should
+   * the copy fail (no memory), the shared mapping itself stays until then.
+   */
   unmap(): void {
     if (!this.#mapped) return;
     this.#mapped = false;
-    native().munmap(this.address, this.size);
+    native().privatize(this.address, this.size, this.#backed());
+  }
+
+  /**
+   * The bytes of the mapping the segment still backs: its size, unless another process truncated
+   * it (then reading past its end, page-rounded, would be a SIGBUS). Known while the name still
+   * names this segment; otherwise the whole mapping is assumed backed.
+   */
+  #backed(): number {
+    try {
+      const { size, ino } = statSync(this.shm.path);
+      if (ino !== this.inode || size >= this.size) return this.size;
+      const page = 4096;
+      return Math.ceil(size / page) * page;
+    } catch {
+      return this.size;
+    }
   }
 }
 
