@@ -3,7 +3,10 @@
 Each lease gets an ``EnvRuntime`` (``transport.runtime``) over record views of the slots: the
 envs write their results straight into the slots (zero copy) and SAME_STEP final results into
 the final areas. This module moves slot commands to the runtime and statuses back; every env
-rule is the runtime's.
+rule is the runtime's. Every 250 ms, idle or busy, the server looks at its region
+(``watch.RegionWatch``): a region removed, replaced, resized or no longer READY stops it
+(``stop_reason``), fields it owns that another process changed are rewritten, and a lease held by
+a live process that is not a client is reclaimed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from transport.backends.shm.region import (
     wait_ctx,
     write_text,
 )
+from transport.backends.shm.watch import CONTROL_FIELDS, WATCH_PERIOD_S, RegionWatch
 from transport.codec import Schema
 from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, ErrorCode, RequestError
@@ -82,6 +86,7 @@ class Listener:
         self.lease: _Lease | None = None
         self._flying: AsyncBatches | None = None  # the lease's envs in a pool, while any are
         self._spare: EnvRuntime | None = None
+        self._watch: RegionWatch | None = None
 
     # -- creation ----------------------------------------------------------------------------
 
@@ -122,6 +127,13 @@ class Listener:
                 ("fingerprint", self.schema.fingerprint),
             ):
                 region.set(field, value)
+            self._watch = RegionWatch(
+                self.url,
+                self.shm.path,
+                region,
+                {field: region.get(field) for field in CONTROL_FIELDS},
+                area,
+            )
             info: dict[str, Any] = {
                 "env": host.env_name,
                 "server": host.server_lang,
@@ -201,11 +213,16 @@ class Listener:
         self._serving = True
         wait = native.lib.tp_wait_change
         ctx, doorbell = self._ctx, region.doorbell
-        idle_ns = int(max(self.shm.wait.futex_slice_ms, 1.0) * 1e6)
+        # an idle slice never outlasts the watch's period: the region is looked at while idle
+        idle_ns = int(min(max(self.shm.wait.futex_slice_ms, 1.0), WATCH_PERIOD_S * 1e3) * 1e6)
         spin, idle = ctx.spin, False  # spin before each request; not once idle for a slice
         last = self._doorbell_at_start  # read before READY: a ring right after it is seen
+        watch, now = self._watch, time.monotonic
+        assert watch is not None
         try:
             while not self._closed.is_set():
+                if now() >= watch.next_at and self._look_at_region(watch):
+                    return  # the region changed under the server: stop_reason says how
                 if self._flying is not None:
                     last = self._wait_in_flight(self._flying, last, idle_ns)
                     if last >= 0:
@@ -233,6 +250,49 @@ class Listener:
                     time.sleep(0.01)
         finally:
             self._stopped.set()
+
+    def _look_at_region(self, watch: RegionWatch) -> bool:
+        """The watch's periodic look (docs/shm.md "A region changed under its server"): True
+        when the server must stop (``stop_reason`` set, logged); scribbled fields it owns are
+        rewritten and a lease held by a live process that is not a client is reclaimed."""
+        watch.next_at = time.monotonic() + WATCH_PERIOD_S
+        region = self.region
+        if region is None or self._closed.is_set():
+            return True
+        reason = watch.lost()  # before anything past the first page is read
+        if reason is not None:
+            self.stop_reason = reason
+            log.error("%s", reason)
+            return True
+        if region.truncated or region.state != RegionState.READY:
+            if not self._closed.is_set():
+                self._stray_state()
+            return True
+        watch.repair()
+        pid = int(region.words[_CLIENT_PID_WORD])
+        if pid:
+            start = region.get("client_start_time")
+            if native.peer_alive(pid, start):  # a dead one: _housekeeping reclaims it
+                why = watch.foreign_holder(pid, start)
+                if why is not None:
+                    log.warning("%s", why)
+                    self._reclaim(pid, start)
+        return False
+
+    def _reclaim(self, pid: int, start: int) -> None:
+        """Free the lease of ``pid`` (dead, or not a client) unless it changed meanwhile; its
+        envs are dropped. client_start_time first (0: "attaching"), then the CAS, as a client
+        releases."""
+        region = self.region
+        assert region is not None
+        if int(region.words[_CLIENT_PID_WORD]) != pid or region.get("client_start_time") != start:
+            return  # released or taken meanwhile: not ours to touch
+        region.set("client_start_time", 0)
+        native.compare_exchange(region.client_pid_word, pid, 0)
+        if self.lease is not None and self.lease.client_pid == pid:
+            self._drop_lease()
+        if self._watch is not None:
+            self._watch.forget()
 
     def _stray_state(self) -> None:
         """The state word left READY while this server did not close: another process wrote
@@ -475,12 +535,10 @@ class Listener:
         if region is None:
             return
         pid = int(region.words[_CLIENT_PID_WORD])
-        if pid and not native.peer_alive(pid, region.get("client_start_time")):
+        start = region.get("client_start_time")
+        if pid and not native.peer_alive(pid, start):
             log.warning("%s: client pid %d is gone; reclaiming its lease", self.url, pid)
-            region.set("client_start_time", 0)
-            native.compare_exchange(region.client_pid_word, pid, 0)
-            if self.lease is not None and self.lease.client_pid == pid:
-                self._drop_lease()
+            self._reclaim(pid, start)
         if self._spare is None and self.lease is None:
             self._spare = self._new_runtime()  # ready for the next client
 
@@ -513,7 +571,7 @@ class Listener:
             self.lease.runtime.close()
         if self._spare is not None:
             self._spare.close()
-        self.lease = self._spare = self._flying = None
+        self.lease = self._spare = self._flying = self._watch = None
         self.results = self.finals = np.zeros(0)
         self._final_seqs = np.zeros(0, dtype=np.uint32)
         for name in (

@@ -34,6 +34,12 @@
  * while it keeps reading new doorbell rings: a slot in flight (its request word != its response
  * word until published) is not submitted again. While envs are in flight the loop waits on the
  * pool's doorbell in 0.2 ms slices and looks at the region's doorbell between them.
+ *
+ * Every 250 ms, idle or busy, the server looks at its region (watch.ts `RegionWatch`, the rules
+ * of the Python server): a region removed, replaced, resized or no longer READY stops it (one
+ * line on stderr, CLOSED, wake, unlink; `failure`, `onShmServerStopped`; `transport-serve` exits
+ * 1), fields it owns that another process changed are rewritten, and a lease held by a live
+ * process that is not a client is reclaimed.
  */
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
@@ -80,6 +86,7 @@ import {
   schemaArea,
   waitWord,
 } from "./region";
+import { RegionWatch, WATCH_PERIOD_MS } from "./watch";
 
 /** One run of bytes copied from the encoded result record to the slot. */
 interface Copy {
@@ -222,6 +229,21 @@ const MODE = new Float64Array(1);
  */
 const IN_FLIGHT_SLICE_MS = 0.2;
 
+type StopHandler = (reason: string, url: string) => void;
+const STOP_HANDLERS = new Set<StopHandler>();
+
+/**
+ * Call `handler(reason, url)` when an shm:// server of this process stops on its own because
+ * another process changed its region (docs/shm.md "A state word the server did not write", "A
+ * region changed under its server"): the server has already said why on stderr, marked the
+ * region CLOSED, woken its waiters and removed its segment. `transport-serve` exits 1 then.
+ * Returns a function that removes the handler.
+ */
+export function onShmServerStopped(handler: StopHandler): () => void {
+  STOP_HANDLERS.add(handler);
+  return () => STOP_HANDLERS.delete(handler);
+}
+
 /** One lease holder's envs. */
 interface Lease {
   clientPid: number;
@@ -240,6 +262,8 @@ export class ShmListener implements Listener {
   readonly layout: ShmLayout;
   /** FUTEX_WAIT calls the loop made while idle or waiting (how often it slept). */
   sleeps = 0;
+  /** Why the server stopped on its own (its region changed under it); null while it serves. */
+  failure: string | null = null;
   readonly #host: EnvHost;
   readonly #records: SlotRecords;
   readonly #pending: Uint8Array;
@@ -262,6 +286,7 @@ export class ShmListener implements Listener {
   #spare: EnvRuntime | null = null;
   readonly #serverInfo: Record<string, unknown>;
   #checksums: SlotChecksums | null = null;
+  #watch: RegionWatch;
   #last = 0;
   #idle = false;
   #closed = false;
@@ -299,8 +324,9 @@ export class ShmListener implements Listener {
     });
 
     let region: Region;
+    const area = schemaArea(schema);
     try {
-      region = Region.create(this.shm, layout, this.numSlots, schemaArea(schema)); // it carries its schema
+      region = Region.create(this.shm, layout, this.numSlots, area); // it carries its schema
     } catch (error) {
       spare.close();
       throw error;
@@ -326,6 +352,7 @@ export class ShmListener implements Listener {
       }
       this.#writeInfo(0, this.#serverInfo);
       this.#last = Atomics.load(region.words, this.#doorbellAt >> 2) & SEQ_MASK; // before READY
+      this.#watch = new RegionWatch(url, region, area); // what it wrote, as it wrote it
       Atomics.store(region.words, region.cbWord("state"), RegionState.READY); // last: ready
     } catch (error) {
       spare.close();
@@ -354,9 +381,11 @@ export class ShmListener implements Listener {
     if (this.#closed) return;
     const region = this.region;
     const policy = this.shm.wait;
-    const sliceNs = Math.max(1, policy.futexSliceMs) * 1e6;
+    // an idle slice never outlasts the watch's period: the region is looked at while idle
+    const sliceNs = Math.min(Math.max(1, policy.futexSliceMs), WATCH_PERIOD_MS) * 1e6;
     const burstEnd = performance.now() + 20;
     try {
+      if (this.#watch.due(performance.now()) && this.#lookAtRegion()) return;
       for (;;) {
         if (this.#inFlightCount > 0) {
           // envs in worker threads: publish those that finished, serve new rings, wait a slice on the pool
@@ -370,7 +399,7 @@ export class ShmListener implements Listener {
           }
           if (this.#closed) return;
           if (Atomics.load(region.words, region.cbWord("state")) !== RegionState.READY) {
-            this.#stop(); // as a wait that found the region not READY (WAIT_CLOSED)
+            this.#lost(this.#strayState(), this.region.size); // as a wait that found the region not READY
             return;
           }
           const now = performance.now();
@@ -396,7 +425,7 @@ export class ShmListener implements Listener {
           this.#housekeeping();
           break;
         } else if (rc === WAIT_CLOSED) {
-          this.#stop();
+          this.#lost(this.#strayState(), this.region.size); // close() is not running: another process wrote it
           return;
         }
       }
@@ -678,11 +707,10 @@ export class ShmListener implements Listener {
   #housekeeping(): void {
     const region = this.region;
     const pid = Atomics.load(region.words, this.#clientPidWord) >>> 0;
-    if (pid && !peerAlive(pid, region.dv.getBigUint64(this.#clientStartAt, true))) {
+    const start = region.dv.getBigUint64(this.#clientStartAt, true);
+    if (pid && !peerAlive(pid, start)) {
       process.stderr.write(`transport: shm://${this.shm.name}: client pid ${pid} is gone; reclaiming its lease\n`);
-      region.dv.setBigUint64(this.#clientStartAt, 0n, true);
-      Atomics.compareExchange(region.words, this.#clientPidWord, pid | 0, 0);
-      if (this.#lease !== null && this.#lease.clientPid === pid) this.#dropLease();
+      this.#reclaim(pid, start);
     }
     if (this.#spare === null && this.#lease === null) {
       this.#spare = this.#host.runtime(this.numEnvs, this.url);
@@ -690,24 +718,100 @@ export class ShmListener implements Listener {
     }
   }
 
+  /** Free the lease of `pid` (dead, or not a client) unless it changed meanwhile; its envs
+   * are dropped. client_start_time first (0: "attaching"), then the CAS, as a client releases. */
+  #reclaim(pid: number, start: bigint): void {
+    const region = this.region;
+    if (Atomics.load(region.words, this.#clientPidWord) >>> 0 !== pid || region.dv.getBigUint64(this.#clientStartAt, true) !== start) {
+      return; // released or taken meanwhile: not ours to touch
+    }
+    region.dv.setBigUint64(this.#clientStartAt, 0n, true);
+    Atomics.compareExchange(region.words, this.#clientPidWord, pid | 0, 0);
+    if (this.#lease !== null && this.#lease.clientPid === pid) this.#dropLease();
+    this.#watch.forget();
+  }
+
+  // -- the region under the server (docs/shm.md "A region changed under its server") ---------------
+
+  /** The watch's periodic look: true when the server stopped (the region is gone, resized or no
+   * longer READY); scribbled fields it owns are rewritten and a lease held by a live process
+   * that is not a client is reclaimed. */
+  #lookAtRegion(): boolean {
+    const watch = this.#watch;
+    const loss = watch.lost(); // before anything past the first page is read (SIGBUS)
+    if (loss !== null) {
+      this.#lost(loss.reason, loss.backed);
+      return true;
+    }
+    const region = this.region;
+    if (Atomics.load(region.words, region.cbWord("state")) !== RegionState.READY) {
+      this.#lost(this.#strayState(), this.region.size);
+      return true;
+    }
+    watch.repair();
+    const pid = Atomics.load(region.words, this.#clientPidWord) >>> 0;
+    if (pid) {
+      const start = region.dv.getBigUint64(this.#clientStartAt, true);
+      if (peerAlive(pid, start)) {
+        const why = watch.foreignHolder(pid, start); // a dead one: #housekeeping reclaims it
+        if (why !== null) {
+          process.stderr.write(`transport: ${why}\n`);
+          this.#reclaim(pid, start);
+        }
+      }
+    }
+    return false;
+  }
+
+  /** The line for a state word this server did not write (the Python server's text). */
+  #strayState(): string {
+    const value = Atomics.load(this.region.words, this.region.cbWord("state")) >>> 0;
+    const name = Object.entries(RegionState).find(([, v]) => v === value)?.[0] ?? "an unknown value";
+    return (
+      `${this.url}: the region's state word was set to ${value} (${name}) by another process while this server ` +
+      `(pid ${process.pid}) was serving; the server stops (clients of a region that is not READY give up)`
+    );
+  }
+
+  /** Stop on our own: say why, close as `close()` does (touching only the `backed` bytes the
+   * segment still has: no SIGBUS), then tell `onShmServerStopped` handlers. */
+  #lost(reason: string, backed: number): void {
+    if (this.#closed) return;
+    this.failure = reason;
+    process.stderr.write(`transport: ${reason}\n`);
+    this.#shutdown(backed);
+    for (const handler of STOP_HANDLERS) handler(reason, this.url);
+  }
+
   // -- shutdown ------------------------------------------------------------------------------------
 
   /** Mark the region CLOSED, wake every waiter, stop serving, unlink the segment, unmap. */
   async close(): Promise<void> {
     if (this.#closed) return;
+    this.#shutdown(this.region.size);
+    await this.#stopped;
+  }
+
+  /** CLOSED, wake every waiter, unlink our segment, unmap, drop the envs, end the loop; only
+   * the first `backed` bytes of the mapping are touched (a truncated segment's lost pages would
+   * be a SIGBUS: its mapping is left to be unmapped when its views are collected). */
+  #shutdown(backed: number): void {
     this.#closed = true; // the loop is not running now (one thread): it stops at its next turn
     const region = this.region;
-    Atomics.store(region.words, region.cbWord("state"), RegionState.CLOSED);
-    futexWake(region, this.#doorbellAt);
+    const stateAt = off(CB, "state");
+    if (stateAt + 4 <= backed) Atomics.store(region.words, stateAt >> 2, RegionState.CLOSED);
+    if (this.#doorbellAt + 4 <= backed) futexWake(region, this.#doorbellAt);
     const respOff = off(this.layout.slot, "sem_result_ready");
-    for (let i = 0; i < this.numSlots; i++) futexWake(region, this.layout.slotBase(i) + respOff);
+    for (let i = 0; i < this.numSlots; i++) {
+      const at = this.layout.slotBase(i) + respOff;
+      if (at + 4 <= backed) futexWake(region, at);
+    }
     region.unlinkIfOurs();
-    region.unmap();
+    if (backed >= region.size) region.unmap();
     this.#dropLease();
     this.#spare?.close();
     this.#spare = null;
     this.#stop();
-    await this.#stopped;
   }
 }
 
