@@ -9,6 +9,7 @@ import transport
 import transport.errors
 
 PINNED = [
+    "ActionError",
     "AdapterError",
     "ArrayLengthError",
     "AutoReset",

@@ -14,6 +14,7 @@ from transport.client import Client, StepView
 from transport.codec import Schema, StructCodec
 from transport.collector import EpisodeBatch, EpisodeCollector, request_episodes
 from transport.errors import (
+    ActionError,
     AdapterError,
     ArrayLengthError,
     BadFrameError,
@@ -54,6 +55,7 @@ def load_schema(path: str | _Path) -> Schema:
 
 
 __all__ = [
+    "ActionError",
     "AdapterError",
     "ArrayLengthError",
     "AutoReset",

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
+
 from transport.backends import backend_for
 from transport.backends.socket_listener import ServerLimits as ServerLimits
 from transport.backends.socket_listener import SocketListener
@@ -166,6 +168,81 @@ def _built_for(channel: Any, schema: Schema) -> bool:
     return isinstance(own, Schema) and own.fingerprint == schema.fingerprint
 
 
+def declared_schema(env_or_factory: Any) -> Schema | None:
+    """The schema an env declares, or None: a ``SCHEMA`` attribute (a ``Schema``) of the env,
+    its class or factory (a ``functools.partial``: of its function), else of the module that
+    defines it (``transport-serve --env module:Factory`` looks there too); a reference env of
+    ``transport.envs`` (or a subclass of one) speaks its known schema."""
+    import functools
+    import inspect
+
+    from transport.envs import ENVS, env_schema
+
+    target = env_or_factory
+    while isinstance(target, functools.partial):
+        target = target.func
+    owners: list[Any] = [env_or_factory, target]
+    if not inspect.isclass(target) and not inspect.isroutine(target):
+        owners.append(type(target))  # an env instance: its class
+    for owner in owners:
+        declared = getattr(owner, "SCHEMA", None)
+        if isinstance(declared, Schema):
+            return declared
+    for owner in owners[1:]:
+        module = sys.modules.get(getattr(owner, "__module__", "") or "")
+        declared = getattr(module, "SCHEMA", None)
+        if isinstance(declared, Schema):
+            return declared
+    known = {path: name for name, path in ENVS.items()}
+    for owner in owners[1:]:
+        for cls in getattr(owner, "__mro__", ()):
+            name = known.get(f"{cls.__module__}:{cls.__qualname__}")
+            if name is not None:
+                return env_schema(name)
+    return None
+
+
+def check_default_schema_fits(schema: Schema, env_or_factory: Any, url: str) -> None:
+    """For an env that declares no schema: make one (or take the instance), reset it and
+    check that its result fits ``schema`` (pac_env, the default); a ``TypeError`` naming what
+    to pass when it does not, so a server never starts serving results it cannot encode
+    (every reset would fail with "StepResult.observation: no value given")."""
+    from transport.runtime.env import Env
+
+    name = getattr(env_or_factory, "__qualname__", None) or type(env_or_factory).__qualname__
+    shared = not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env)
+    try:
+        env = env_or_factory if shared else env_or_factory()
+        output = env.reset(None)
+    except Exception:
+        return  # making or resetting it fails: the server reports that itself, with the reason
+    try:
+        codec = body_codec(schema, "STEP_RESP")
+        if isinstance(output, np.ndarray | np.void):
+            if output.dtype != codec.dtype:
+                fields = ", ".join(output.dtype.names or ())
+                raise TypeError(f"its reset returned a record of other fields ({fields})")
+        else:
+            codec.encode(output)
+    except (TransportError, TypeError) as exc:
+        raise TypeError(
+            f"Server({name}, {url!r}): no schema= was given and {name} declares none, so the "
+            f"default schema {schema.name} was tried, and {name}'s results do not fit it: "
+            f"{exc}. Pass schema= (transport.load_schema('your_env.toml'), or a generated "
+            f"module's SCHEMA), or give {name} (or its module) a SCHEMA attribute"
+        ) from None
+    finally:
+        close = None if shared else getattr(env, "close", None)
+        if close is not None:
+            close()
+    log.info(
+        "%s declares no schema; its results fit the default %s, which is served (pass schema= "
+        "to say so)",
+        name,
+        schema.name,
+    )
+
+
 class Server:
     """A running server: ``close()`` stops it and removes what it created (socket files)."""
 
@@ -183,7 +260,9 @@ class Server:
         limits: ServerLimits | None = None,
         masked_actions: str = "reject",
     ) -> None:
-        codecs = resolve_schema(schema)
+        # no schema=: the env's declared one; none declared: pac_env, checked to fit (below)
+        declared = schema if schema is not None else declared_schema(env_or_factory)
+        codecs = resolve_schema(declared)
         backend = backend_for(url)  # a bad URL (scheme, shm name) is a ConnectError here
         if url.partition("://")[0].lower() == "shm":
             from transport.backends.shm.region import parse_url
@@ -200,6 +279,8 @@ class Server:
             masked_actions=masked_actions,
         )
         host.check()
+        if declared is None:
+            check_default_schema_fits(codecs, env_or_factory, url)
         listener: Any = backend.Listener
         capped = isinstance(listener, type) and issubclass(listener, SocketListener)
         if capped:  # unix, http: the connection cap and timeouts (docs/server.md "Limits")
@@ -290,7 +371,11 @@ def serve(
     """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
 
     ``env_or_factory``: an env instance (one env, shared by every connection under a lock) or a
-    zero-argument factory (each connection gets ``num_envs`` fresh envs). ``seed``: the seed of
+    zero-argument factory (each connection gets ``num_envs`` fresh envs). ``schema``: the
+    schema its results follow; None takes the one the env declares (``declared_schema``: a
+    ``SCHEMA`` attribute of the env, its class, factory or module, or a reference env's), else
+    pac_env once one env's reset result is checked to fit it (a ``TypeError`` naming what to
+    pass when it does not). ``seed``: the seed of
     each connection's first unseeded reset (env i gets ``seed + i``). ``workers``: 0 steps the
     envs in this process; K >= 1 runs each connection's envs in K worker processes (split
     evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.

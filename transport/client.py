@@ -20,10 +20,12 @@ from transport.async_batch import AsyncCalls, Received
 from transport.backends.base import Channel
 from transport.codec import Schema
 from transport.errors import (
+    ActionError,
     ConnectError,
     FingerprintMismatchError,
     PeerGoneError,
     ProtocolError,
+    RegionMismatchError,
     TransportError,
     TransportTimeoutError,
 )
@@ -70,17 +72,29 @@ HINTS: tuple[tuple[type[TransportError], str], ...] = (
 """What to do about each client-side transport error, said after its message."""
 
 
+def hint_for(exc: TransportError) -> str | None:
+    """What to do about ``exc`` (``HINTS``); a num_envs that differs from the server's gets its
+    own: the numbers and the two ways out, not "same version and schema" (not the cause)."""
+    if isinstance(exc, RegionMismatchError) and exc.field == "num_envs":
+        return (
+            f"the client asked for {exc.expected} envs (?num_envs={exc.expected} in its URL) and "
+            f"the server serves {exc.found}: connect without ?num_envs= to take the server's "
+            f"count, or start the server with num_envs={exc.expected}"
+        )
+    for kind, hint in HINTS:
+        if isinstance(exc, kind):
+            return hint
+    return None
+
+
 def explain(exc: TransportError, url: str) -> TransportError:
     """``exc`` with the URL before its message and what to do after it (once; the same object,
     its type and attributes unchanged): every transport error a client raises names both."""
     text = str(exc)
-    for kind, hint in HINTS:
-        if isinstance(exc, kind):
-            if hint in text:
-                return exc
-            named = text if url in text else f"{url}: {text}"
-            exc.args = (f"{named} ({hint})",)
-            break
+    hint = hint_for(exc)
+    if hint is not None and hint not in text:
+        named = text if url in text else f"{url}: {text}"
+        exc.args = (f"{named} ({hint})",)
     return exc
 
 
@@ -136,6 +150,215 @@ def seeds_body(schema: Schema, seeds: Sequence[int | None], num_envs: int) -> by
     return body
 
 
+# -- actions: the one rule for what step's argument means -------------------------------------
+
+
+NUMPY_NAMES = {
+    "i8": "int8",
+    "u8": "uint8",
+    "i16": "int16",
+    "u16": "uint16",
+    "i32": "int32",
+    "u32": "uint32",
+    "i64": "int64",
+    "u64": "uint64",
+    "f32": "float32",
+    "f64": "float64",
+}
+"""The NumPy name of each scalar type, as action-space descriptions spell it."""
+
+
+def _bound_text(values: tuple[float, ...] | None, default: float) -> str:
+    """One bound as gymnasium prints it: a number when every element has it, else a list."""
+    if values is None:
+        return repr(float(default))
+    if len(set(values)) == 1:
+        return repr(float(values[0]))
+    return "[" + ", ".join(repr(float(v)) for v in values) + "]"
+
+
+def describe_action_space(schema: Schema, act_n: int | None) -> str:
+    """The action space of ``schema`` as a message names it (gymnasium's spelling):
+    ``Discrete(92)``, ``MultiDiscrete([3, 4, 5])`` or ``Box(-1.0, 1.0, (2,), float32)``.
+    ``act_n`` None (the server did not say): ``Discrete(?)``. Node: ``describeActionSpace``."""
+    field = body_codec(schema, "STEP_REQ").ir.role("action")
+    if field is None:
+        return "no action space (the STEP_REQ body has no action field)"
+    if not field.is_array:
+        return f"Discrete({'?' if act_n is None else act_n})"
+    dims = field.dims
+    if field.kind != "float":
+        high = field.bound("high") or (0.0,) * field.count
+        low = field.bound("low") or (0.0,) * field.count
+        nvec = ", ".join(str(int(h - lo + 1)) for lo, h in zip(low, high, strict=True))
+        start = "" if not any(low) else ", start=[" + ", ".join(str(int(v)) for v in low) + "]"
+        return f"MultiDiscrete([{nvec}]{start})"
+    low_text = _bound_text(field.bound("low"), -np.inf)
+    high_text = _bound_text(field.bound("high"), np.inf)
+    return f"Box({low_text}, {high_text}, {dims!r}, {NUMPY_NAMES.get(field.elem, field.elem)})"
+
+
+def describe_given(actions: Any) -> str:
+    """What a caller passed, for an ActionError: ``int 3``, ``float 0.5``, ``ndarray of shape
+    (3,), dtype float64``, ``list of shape (2,), dtype int64``."""
+    kind = type(actions).__name__
+    if isinstance(actions, int | float | np.generic) and not isinstance(actions, np.void):
+        return f"{kind} {actions!s}"
+    try:
+        array = np.asarray(actions)
+    except (ValueError, TypeError):
+        return f"{kind} (not numbers of one shape)"
+    return f"{kind} of shape {array.shape!r}, dtype {array.dtype}"
+
+
+_SAFE, _CHECK_RANGE, _LOSSY, _NOT_NUMBERS = 0, 1, 2, 3
+"""How values of a given dtype go into the action field: as they are, after a range check,
+refused (floats into integers) or refused (not numbers)."""
+
+
+class ActionShapes:
+    """The one rule for what an action argument means (docs/client.md, "Actions"), applied by
+    the client before any bytes move, so every backend gives the same answer.
+
+    With S the shape of one env's action (``()`` for Discrete, the field's dims for Box and
+    MultiDiscrete) and N the server's envs, an argument whose shape is
+
+    - S is one env's action: a 1-env server steps it and the result has no env axis; an N > 1
+      server refuses it (one action per env);
+    - (N, *S) is one action per env: the result has a leading env axis of N (N = 1 included: a
+      batch of one is answered as a batch of one);
+    - anything else is refused, a scalar for a Box included (never broadcast).
+
+    Values: integers of any width go into an integer field when they fit its type (checked
+    when the cast is not safe), bools too; floats into an integer field are refused (they would
+    be truncated), integers and floats into a float field are taken (gymnasium's Box casts the
+    same way). A 1-env server always gets a STEP_REQ; the result's shape follows the call."""
+
+    def __init__(
+        self, schema: Schema, num_envs: int, space: Any, *, batch_only: bool = False
+    ) -> None:
+        field = body_codec(schema, "STEP_REQ").ir.role("action")
+        if field is None:
+            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
+        self.one: tuple[int, ...] = field.dims if field.is_array else ()
+        self.batch: tuple[int, ...] = (num_envs, *self.one)
+        self.num_envs = num_envs
+        self.batch_only = batch_only  # one action per env only (connect_many's batches)
+        self.dtype: np.dtype[Any] = np.dtype(body_codec(schema, "STEP_REQ").dtype[field.name].base)
+        self.integer = self.dtype.kind in "iu"
+        self.lo = self.hi = 0
+        if self.integer:
+            info = np.iinfo(self.dtype)
+            self.lo, self.hi = int(info.min), int(info.max)
+        self.elem = field.elem
+        self._space = space  # () -> str: the action space's description (asked when needed)
+        self._casts: dict[np.dtype[Any], int] = {}
+
+    def count(self, actions: Any, *, what: str = "step()") -> tuple[Any, int | None]:
+        """``(values, count)``: the argument as the field takes it and None (one env's action)
+        or N (one action per env); ``ActionError`` when it is neither or its values do not fit."""
+        if type(actions) is int:  # the hot path of a Discrete 1-env server
+            if (
+                self.one
+                or self.num_envs != 1
+                or self.batch_only
+                or not self.lo <= actions <= self.hi
+            ):
+                return self._slow(actions, what)
+            return actions, None
+        if type(actions) is np.ndarray:
+            shape = actions.shape
+            if shape == self.batch:
+                count: int | None = self.num_envs
+            elif shape == self.one and self.num_envs == 1 and not self.batch_only:
+                count = None
+            else:
+                return self._slow(actions, what)
+            cast = self._casts.get(actions.dtype)
+            if cast is None:
+                cast = self._casts[actions.dtype] = self._cast(actions.dtype)
+            if cast == _SAFE or (cast == _CHECK_RANGE and self._fits(actions)):
+                return actions, count
+        return self._slow(actions, what)
+
+    def _slow(self, actions: Any, what: str) -> tuple[Any, int | None]:
+        """The argument as an array (lists, scalars, other array types), checked; the
+        ActionError that says why it is refused."""
+        given = describe_given(actions)
+        if type(actions) is int and not self.lo <= actions <= self.hi and self.integer:
+            if self.one == () and self.num_envs == 1 and not self.batch_only:
+                raise self._error(
+                    what,
+                    given,
+                    f"{actions} is outside {self.lo}..{self.hi}: it does not fit the "
+                    f"{self.elem} action field",
+                )
+        try:
+            array = np.asarray(actions)
+        except (ValueError, TypeError):
+            raise self._error(what, given, "not numbers of one shape") from None
+        cast = self._cast(array.dtype)
+        if array.shape == self.batch:
+            count: int | None = self.num_envs
+        elif array.shape == self.one:
+            if self.num_envs != 1 or self.batch_only:
+                raise self._error(what, given, self._wanted(array.shape))
+            count = None
+        elif cast == _NOT_NUMBERS:
+            raise self._error(what, given, "its values are not numbers")
+        else:
+            raise self._error(what, given, self._wanted(array.shape))
+        if cast == _NOT_NUMBERS:
+            raise self._error(what, given, "its values are not numbers")
+        if cast == _LOSSY:
+            raise self._error(
+                what,
+                given,
+                f"its {array.dtype} values would be truncated to the {self.elem} action "
+                "field; pass integers",
+            )
+        if cast == _CHECK_RANGE and not self._fits(array):
+            raise self._error(
+                what,
+                given,
+                f"a value is outside {self.lo}..{self.hi}: it does not fit the {self.elem} "
+                "action field",
+            )
+        return (array if array.ndim else array[()]), count
+
+    def _cast(self, dtype: np.dtype[Any]) -> int:
+        kind = dtype.kind
+        if kind not in "biuf":
+            return _NOT_NUMBERS
+        if not self.integer:
+            return _SAFE  # integers and floats into a float field (float64 -> float32 rounds)
+        if kind == "f":
+            return _LOSSY
+        return _SAFE if np.can_cast(dtype, self.dtype, "safe") else _CHECK_RANGE
+
+    def _fits(self, array: np.ndarray) -> bool:
+        return array.size == 0 or (int(array.min()) >= self.lo and int(array.max()) <= self.hi)
+
+    def _wanted(self, shape: tuple[int, ...]) -> str:
+        """What to pass instead of an argument of ``shape``; a batch of the wrong length
+        first says the two counts."""
+        if len(shape) == len(self.batch) and shape[1:] == self.one:
+            plural = "" if self.num_envs == 1 else "s"
+            return f"expected {self.num_envs} action{plural}, got {shape[0]}; " + self._wanted(())
+        if self.num_envs == 1 and not self.batch_only:
+            if self.one == ():
+                return "pass one integer (one action) or an array of shape (1,) (a batch of one)"
+            return (
+                f"pass an array of shape {self.one!r} (one action) or {self.batch!r} (a batch "
+                "of one)"
+            )
+        return f"pass one action per env: an array of shape {self.batch!r}"
+
+    def _error(self, what: str, given: str, why: str) -> ActionError:
+        envs = f"{self.num_envs} env" + ("" if self.num_envs == 1 else "s")
+        return ActionError(f"{what}: {given} is not an action for {self._space()} ({envs}): {why}")
+
+
 class Client:
     """A connection to an env server. Use as a context manager, or call ``close()``."""
 
@@ -163,8 +386,8 @@ class Client:
         # the request records live where the channel wants them (shm: in the slots): no copy
         records, self._request = channel.request_area(step_request, self.num_envs)
         self._actions = records[action.name]
-        # an array action (Box, MultiDiscrete): one env's action is an array of this many dims
-        self._action_ndim = len(action.dims) if action.is_array else -1
+        self._space_text: str | None = None  # the action space as errors name it (asked once)
+        self._shapes = ActionShapes(schema, self.num_envs, self._action_space)
         self._seed_codec = body_codec(schema, "RESET_SEED_REQ")
         self._seed_body = bytearray(self._seed_codec.size)
         multi = body_codec(schema, "STEP_MULTI_REQ")
@@ -173,7 +396,13 @@ class Client:
         self._views: dict[int | None, tuple[np.ndarray, StepView]] = {}
         ids = self.ids
         self._step_one = (ids.STEP_REQ, ids.STEP_RESP, None)
-        self._step_batch = (ids.STEP_BATCH_REQ, ids.STEP_BATCH_RESP, self.num_envs)
+        # a batch of one goes to a 1-env server as a STEP_REQ (every backend answers it alike)
+        # and comes back with an env axis of 1: the call's shape, not the backend, decides
+        self._step_batch = (
+            (ids.STEP_REQ, ids.STEP_RESP, 1)
+            if self.num_envs == 1
+            else (ids.STEP_BATCH_REQ, ids.STEP_BATCH_RESP, self.num_envs)
+        )
         self._no_finals: list[tuple[int, StepView]] = []
         self._final_views: dict[int, tuple[np.ndarray, StepView]] = {}
         self._closed = False
@@ -202,24 +431,19 @@ class Client:
         self.finals = self._no_finals
         return self._results(body, None if self.num_envs == 1 else self.num_envs, False, copy)
 
-    def step(self, actions: int | Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
-        """Step with one action (1-env server) or one per env (fields get a leading env axis)."""
+    def step(self, actions: Any, *, copy: bool = False) -> StepView:
+        """Step with one env's action (1-env server: fields without an env axis) or one action
+        per env, shape (N, *action shape) (fields with a leading env axis of N, N = 1 too).
+        Anything else is ``ActionError`` before any bytes move (``ActionShapes``)."""
         # The hot path: every line here costs each step (measured: benchmarks/RESULTS.md).
+        values, count = self._shapes.count(actions)
         if self._late:
             self._settle()  # before the actions go where the late request may still be read
-        if (
-            isinstance(actions, int)
-            or isinstance(actions, np.integer)
-            or (self._action_ndim >= 0 and np.ndim(actions) == self._action_ndim)
-        ):
-            if self.num_envs != 1:
-                raise ValueError(f"this server has {self.num_envs} envs: pass one action per env")
-            self._actions[0] = actions
+        if count is None:
+            self._actions[0] = values
             msg_type, expect, count = self._step_one
         else:
-            if len(actions) != self.num_envs:
-                raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-            self._actions[:] = actions
+            self._actions[:] = values
             msg_type, expect, count = self._step_batch
         if self._closed:
             raise TransportError(f"{self.url}: the client is closed")
@@ -311,6 +535,22 @@ class Client:
         if not 1 <= value <= self.num_envs:
             raise ValueError(f"batch_size must be in 1..{self.num_envs}, got {value}")
         self.__dict__["_batch_size"] = value
+
+    def _action_space(self) -> str:
+        """The action space as an ``ActionError`` names it; a Discrete space's size is asked
+        of the server once (``spaces()``), when an error first needs it."""
+        if self._space_text is None:
+            act_n: int | None = None
+            if self._shapes.one == () and not self._closed:
+                try:
+                    act_n = self.spaces().act_n
+                except TransportError:
+                    pass  # named without its size: "Discrete(?)"
+            text = describe_action_space(self.schema, act_n)
+            if act_n is None and self._shapes.one == ():
+                return text
+            self._space_text = text
+        return self._space_text
 
     def spaces(self) -> Spaces:
         codec = body_codec(self.schema, "SPACES_RESP")

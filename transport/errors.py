@@ -147,6 +147,12 @@ class WorkerDiedError(TransportError):
     """A worker process of a pool died or did not start: its envs lost their state."""
 
 
+class ActionError(TransportError, ValueError):
+    """An action argument that fits neither one env's action nor one action per env, or whose
+    values the action field cannot hold: raised by the client before any bytes move, the same
+    on every backend. The message names the action space, what was given and what to pass."""
+
+
 class AdapterError(TransportError):
     """An adapter cannot work with this server (wrong number of envs, missing roles, no URL)."""
 

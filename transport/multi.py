@@ -21,7 +21,14 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, Client, StepView, resolve_schema, seeds_body
+from transport.client import (
+    DEFAULT_TIMEOUT,
+    ActionShapes,
+    Client,
+    StepView,
+    resolve_schema,
+    seeds_body,
+)
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, body_codec, decode_error
@@ -179,6 +186,13 @@ class MultiClient:
         """SAME_STEP: (global env id, owned final result) of each episode the last step ended;
         the step's own rows hold the reset observations of those envs."""
         self._same_step = self.autoreset == "same_step"
+        # one action per global env, by the client's rule (ActionError naming the space)
+        self._shapes = ActionShapes(
+            self.schema,
+            self.num_envs,
+            clients[0]._action_space,
+            batch_only=True,
+        )
 
     @property
     def urls(self) -> list[str]:
@@ -225,11 +239,10 @@ class MultiClient:
         self._run(requests)
         return self._view.copy() if copy else self._view
 
-    def step(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
-        """Step with one action per global env; fields have a leading axis of ``num_envs``."""
-        if len(actions) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        flat = np.asarray(actions)
+    def step(self, actions: Any, *, copy: bool = False) -> StepView:
+        """Step with one action per global env, shape (num_envs, *action shape); fields have a
+        leading axis of ``num_envs``. Any other argument is ``ActionError`` (nothing is sent)."""
+        flat, _ = self._shapes.count(actions)
         requests = []
         for part in self.parts:
             part.actions[:] = flat[part.env_ids.start : part.env_ids.stop]

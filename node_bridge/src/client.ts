@@ -17,10 +17,12 @@ import { type Backend, backendFor } from "./backends";
 import type { AnyStructCodec, SchemaModule } from "./codec";
 import type { Spaces } from "./runtime/env";
 import {
+  ActionError,
   ConnectError,
   FingerprintMismatchError,
   PeerGoneError,
   ProtocolError,
+  RegionMismatchError,
   TransportError,
   TransportTimeoutError,
 } from "./errors";
@@ -48,7 +50,7 @@ import {
   toAutoReset,
 } from "./protocol";
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
-import { type ActionType, actionTypeOf, writeAction, writeArrayAction } from "./runtime/core";
+import { type ActionType, actionTypeOf, elementType, writeAction } from "./runtime/core";
 import { fieldDims } from "./ir";
 import type { Channel, ChannelRecords, Final } from "./stream";
 
@@ -112,15 +114,27 @@ const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => Transpor
  */
 export function explain(error: unknown, url: string): unknown {
   if (!(error instanceof TransportError)) return error;
-  for (const [kind, hint] of HINTS) {
-    if (error instanceof kind) {
-      if (error.message.includes(hint)) return error;
-      const named = error.message.includes(url) ? error.message : `${url}: ${error.message}`;
-      error.message = `${named} (${hint})`;
-      break;
-    }
+  const hint = hintFor(error);
+  if (hint !== null && !error.message.includes(hint)) {
+    const named = error.message.includes(url) ? error.message : `${url}: ${error.message}`;
+    error.message = `${named} (${hint})`;
   }
   return error;
+}
+
+/**
+ * What to do about `error` (`HINTS`); a num_envs that differs from the server's gets its own: the
+ * numbers and the two ways out, not "same version and schema" (not the cause). Python: `hint_for`.
+ */
+export function hintFor(error: TransportError): string | null {
+  if (error instanceof RegionMismatchError && error.field === "num_envs") {
+    return (
+      `the client asked for ${error.expected} envs (?num_envs=${error.expected} in its URL) and the server serves ` +
+      `${error.found}: connect without ?num_envs= to take the server's count, or start the server with num_envs=${error.expected}`
+    );
+  }
+  for (const [kind, hint] of HINTS) if (error instanceof kind) return hint;
+  return null;
 }
 
 /**
@@ -204,6 +218,262 @@ export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | nu
   return body;
 }
 
+export { ActionError };
+
+// -- actions: the one rule for what step's argument means (Python: transport.client.ActionShapes)
+
+const NUMPY_NAMES: Readonly<Record<string, string>> = {
+  i8: "int8",
+  u8: "uint8",
+  i16: "int16",
+  u16: "uint16",
+  i32: "int32",
+  u32: "uint32",
+  i64: "int64",
+  u64: "uint64",
+  f32: "float32",
+  f64: "float64",
+};
+
+/** A shape as Python prints a tuple: `()`, `(2,)`, `(1, 2)`. */
+export function shapeText(shape: readonly number[]): string {
+  return shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(", ")})`;
+}
+
+/** A float as Python's repr prints it (`-1.0`, `0.5`, `inf`). */
+function floatText(value: number): string {
+  if (value === Infinity) return "inf";
+  if (value === -Infinity) return "-inf";
+  if (Number.isNaN(value)) return "nan";
+  return Number.isInteger(value) ? value.toFixed(1) : String(value);
+}
+
+function boundValues(raw: string | readonly string[] | undefined, count: number): number[] | null {
+  if (raw === undefined) return null;
+  return typeof raw === "string" ? new Array<number>(count).fill(Number(raw)) : raw.map(Number);
+}
+
+function boundText(values: number[] | null, fallback: number): string {
+  if (values === null) return floatText(fallback);
+  if (values.every((v) => v === values[0])) return floatText(values[0] as number);
+  return `[${values.map(floatText).join(", ")}]`;
+}
+
+/**
+ * The action space of `schema` as a message names it (gymnasium's spelling): `Discrete(92)`,
+ * `MultiDiscrete([3, 4, 5])` or `Box(-1.0, 1.0, (2,), float32)`; `actN` null: `Discrete(?)`.
+ * Python: `transport.client.describe_action_space`.
+ */
+export function describeActionSpace(schema: SchemaModule, actN: number | null): string {
+  const body = schema.messages["STEP_REQ"]?.body;
+  const field = body ? schema.ir.structs[body]?.fields.find((f) => f.role === "action") : undefined;
+  if (field === undefined) return "no action space (the STEP_REQ body has no action field)";
+  const dims = fieldDims(field);
+  if (dims.length === 0) return `Discrete(${actN === null ? "?" : actN})`;
+  const elem = elementType(schema, field);
+  if (!elem.startsWith("f")) {
+    const high = boundValues(field.high, field.count) ?? new Array<number>(field.count).fill(0);
+    const low = boundValues(field.low, field.count) ?? new Array<number>(field.count).fill(0);
+    const nvec = high.map((h, i) => String(Math.trunc(h - (low[i] as number) + 1))).join(", ");
+    const start = low.some((v) => v !== 0) ? `, start=[${low.map((v) => String(Math.trunc(v))).join(", ")}]` : "";
+    return `MultiDiscrete([${nvec}]${start})`;
+  }
+  const low = boundText(boundValues(field.low, field.count), -Infinity);
+  const high = boundText(boundValues(field.high, field.count), Infinity);
+  return `Box(${low}, ${high}, ${shapeText(dims)}, ${NUMPY_NAMES[elem] ?? elem})`;
+}
+
+type NumberArray =
+  | Int8Array
+  | Uint8Array
+  | Uint8ClampedArray
+  | Int16Array
+  | Uint16Array
+  | Int32Array
+  | Uint32Array
+  | Float32Array
+  | Float64Array;
+
+function isNumberArray(value: unknown): value is NumberArray {
+  return (
+    ArrayBuffer.isView(value) &&
+    !(value instanceof DataView) &&
+    !(value instanceof BigInt64Array) &&
+    !(value instanceof BigUint64Array)
+  );
+}
+
+/** "float": float values (a Float32Array / Float64Array); "int": an integer typed array; "number": plain numbers. */
+type ValueKind = "int" | "float" | "number";
+
+/** The shape and value kind of an action argument; null: not numbers of one shape. */
+function shapeOf(value: unknown): { shape: number[]; kind: ValueKind } | null {
+  if (typeof value === "number") return { shape: [], kind: "number" };
+  if (isNumberArray(value)) {
+    const float = value instanceof Float32Array || value instanceof Float64Array;
+    return { shape: [value.length], kind: float ? "float" : "int" };
+  }
+  if (!Array.isArray(value)) return null;
+  if (value.length === 0) return { shape: [0], kind: "number" };
+  if (typeof value[0] === "number") {
+    for (const v of value) if (typeof v !== "number") return null;
+    return { shape: [value.length], kind: "number" };
+  }
+  let inner: { shape: number[]; kind: ValueKind } | null = null;
+  let kind: ValueKind = "int";
+  for (const row of value) {
+    const found = shapeOf(row);
+    if (found === null || found.shape.length === 0) return null;
+    if (inner !== null && (found.shape.length !== inner.shape.length || found.shape.some((d, i) => d !== inner?.shape[i]))) {
+      return null;
+    }
+    inner = found;
+    if (found.kind === "float" || (found.kind === "number" && kind === "int")) kind = found.kind;
+  }
+  return inner === null ? null : { shape: [value.length, ...inner.shape], kind };
+}
+
+/** Every number of a (nested) action argument in row-major order. */
+function forEachNumber(value: unknown, visit: (v: number) => void): void {
+  if (typeof value === "number") {
+    visit(value);
+  } else if (isNumberArray(value)) {
+    for (let i = 0; i < value.length; i++) visit(value[i] as number);
+  } else {
+    for (const row of value as unknown[]) forEachNumber(row, visit);
+  }
+}
+
+/** What a caller passed, for an ActionError: `number 0.5`, `Float32Array of shape (3,)`, `Array of shape (2, 2)`. */
+export function describeGiven(value: unknown): string {
+  if (typeof value === "number") return `number ${String(value)}`;
+  const name = value === null ? "null" : typeof value === "object" ? (value.constructor?.name ?? "object") : typeof value;
+  if (typeof value !== "object" || value === null) return typeof value === "bigint" ? `bigint ${String(value)}` : name;
+  const found = shapeOf(value);
+  return found === null ? `${name} (not numbers of one shape)` : `${name} of shape ${shapeText(found.shape)}`;
+}
+
+const SAME = (a: readonly number[], b: readonly number[]): boolean => a.length === b.length && a.every((d, i) => d === b[i]);
+
+/**
+ * The one rule for what an action argument means (docs/client.md, "Actions"), applied before any
+ * bytes move so every backend answers alike. With S one env's action shape (`()` Discrete, the
+ * field's dims for Box and MultiDiscrete) and N the server's envs, an argument of shape S is one
+ * env's action (a 1-env server: one view; N > 1: refused), of shape (N, ...S) one action per env
+ * (N views, N = 1 included); for array actions with N > 1 a flat array of N x elements numbers is
+ * one per env too (row-major). Anything else is refused, a number for a Box included. Values:
+ * integers that fit the field's type go into an integer field, floats (a non-integer number or a
+ * Float32Array/Float64Array) are refused there (truncated); any number goes into a float field.
+ */
+export class ActionShapes {
+  readonly one: readonly number[];
+  readonly batch: readonly number[];
+  readonly elements: number;
+  readonly integer: boolean;
+  readonly lo: number;
+  readonly hi: number;
+  readonly elem: string;
+  readonly #type: ActionType;
+  readonly #at: number;
+  readonly #stride: number;
+
+  constructor(
+    schema: SchemaModule,
+    readonly numEnvs: number,
+    private readonly space: () => Promise<string>,
+  ) {
+    const body = schema.messages["STEP_REQ"]?.body;
+    const field = body ? schema.ir.structs[body]?.fields.find((f) => f.role === "action") : undefined;
+    if (field === undefined || !body) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
+    this.one = fieldDims(field);
+    this.batch = [numEnvs, ...this.one];
+    this.#type = actionTypeOf(schema, field, "STEP_REQ action", 1, true);
+    this.elements = this.#type.elements;
+    this.integer = !this.#type.float;
+    const bits = 8 * this.#type.elemSize;
+    this.lo = this.integer && this.#type.signed ? -(2 ** (bits - 1)) : 0;
+    this.hi = this.integer ? (this.#type.signed ? 2 ** (bits - 1) - 1 : 2 ** bits - 1) : 0;
+    this.elem = elementType(schema, field);
+    this.#at = field.offset;
+    this.#stride = schema.structs[body]?.size ?? 0;
+  }
+
+  /**
+   * Write `actions` into `request` (one STEP_REQ record per env) and return 0 (one env's action)
+   * or N (one action per env); a string says why it is refused (`error` makes the ActionError).
+   */
+  write(actions: unknown, request: Buffer): number | string {
+    const n = this.numEnvs;
+    if (typeof actions === "number" && this.one.length === 0 && n === 1) {
+      // the hot path of a Discrete 1-env server
+      if (Number.isInteger(actions) && actions >= this.lo && actions <= this.hi) {
+        writeAction(request, this.#at, actions, this.#type);
+        return 0;
+      }
+    }
+    const found = shapeOf(actions);
+    if (found === null) return "not numbers of one shape";
+    const shape = found.shape;
+    let count: number;
+    if (SAME(shape, this.one) && n === 1) count = 0;
+    else if (SAME(shape, this.batch)) count = n;
+    else if (this.one.length > 0 && n > 1 && shape.length === 1 && shape[0] === n * this.elements) count = n;
+    else return this.#wanted(shape);
+    if (this.integer && found.kind === "float") {
+      const type = actions instanceof Float32Array ? "float32" : "float64";
+      return `its ${type} values would be truncated to the ${this.elem} action field; pass integers`;
+    }
+    let bad: string | null = null;
+    if (this.integer) {
+      forEachNumber(actions, (v) => {
+        if (bad !== null) return;
+        if (!Number.isInteger(v)) bad = `its value ${String(v)} would be truncated to the ${this.elem} action field; pass integers`;
+        else if (v < this.lo || v > this.hi) bad = `a value is outside ${this.lo}..${this.hi}: it does not fit the ${this.elem} action field`;
+      });
+    }
+    if (bad !== null) return bad;
+    this.#put(actions, request);
+    return count;
+  }
+
+  /** The values, row-major, into env i's action field at `i * stride + at` (element j after). */
+  #put(actions: unknown, request: Buffer): void {
+    const type = this.#type;
+    const k = this.elements;
+    const dv = type.float ? new DataView(request.buffer, request.byteOffset, request.byteLength) : null;
+    let index = 0;
+    forEachNumber(actions, (v) => {
+      const p = Math.floor(index / k) * this.#stride + this.#at + (index % k) * type.elemSize;
+      index++;
+      if (dv === null) {
+        for (let b = 0; b < type.elemSize; b++) request[p + b] = (v >>> (8 * b)) & 0xff;
+      } else if (type.elemSize === 4) {
+        dv.setFloat32(p, v, true);
+      } else {
+        dv.setFloat64(p, v, true);
+      }
+    });
+  }
+
+  /** What to pass instead of an argument of `shape`; a batch of the wrong length first says the two counts. */
+  #wanted(shape: readonly number[]): string {
+    if (shape.length === this.batch.length && SAME(shape.slice(1), this.one)) {
+      return `expected ${this.numEnvs} action${this.numEnvs === 1 ? "" : "s"}, got ${shape[0]}; ${this.#wanted([])}`;
+    }
+    if (this.numEnvs === 1) {
+      if (this.one.length === 0) return "pass one integer (one action) or an array of shape (1,) (a batch of one)";
+      return `pass an array of shape ${shapeText(this.one)} (one action) or ${shapeText(this.batch)} (a batch of one)`;
+    }
+    return `pass one action per env: an array of shape ${shapeText(this.batch)}`;
+  }
+
+  /** The ActionError for a refusal `why` of `write`: names the space, what was given, what to pass. */
+  async error(what: string, actions: unknown, why: string): Promise<ActionError> {
+    const envs = `${this.numEnvs} env${this.numEnvs === 1 ? "" : "s"}`;
+    return new ActionError(`${what}: ${describeGiven(actions)} is not an action for ${await this.space()} (${envs}): ${why}`);
+  }
+}
+
 /**
  * A connection to an env server. Call `close()` when done. `View` and `Value` are the result
  * struct's view and value types of the schema (pac_env's by default).
@@ -232,6 +502,9 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   /** The action field is an array (Box, MultiDiscrete): one array of numbers per env. */
   readonly #arrayAction: boolean;
   readonly #stepSize: number;
+  /** The one rule for step's argument (shape, values) and its errors. */
+  readonly #shapes: ActionShapes;
+  #spaceText: string | null = null;
   readonly #seed: Buffer;
   readonly #seedAt: number;
   readonly #spaces: AnyStructCodec;
@@ -259,6 +532,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     this.#actionAt = action.offset;
     this.#actionType = actionTypeOf(schema, action, "STEP_REQ action", 1, true);
     this.#arrayAction = fieldDims(action).length > 0;
+    this.#shapes = new ActionShapes(schema, this.numEnvs, () => this.#actionSpace());
     this.#stepSize = step.size;
     this.#request = Buffer.alloc(step.size * this.numEnvs);
     const seed = bodyCodec(schema, "RESET_SEED_REQ");
@@ -292,60 +566,40 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     return this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true);
   }
 
-  /** Step with one action (1-env server) or one per env (one view per env). An array action
-   * (Box, MultiDiscrete) is an array of numbers: one for a 1-env server, else one per env (nested,
-   * or flat: env i's elements at i * elements). */
+  /**
+   * Step with one env's action (a 1-env server: one view) or one action per env, shape
+   * (N, ...action shape) (N views, N = 1 included; array actions with N > 1 may also come flat,
+   * N x elements numbers). Anything else is an ActionError before any bytes move (`ActionShapes`).
+   */
   step(actions: Actions, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
   step(actions: Actions, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
   async step(actions: Actions, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
-    const request = this.#request;
-    if (this.#arrayAction) return this.#stepArrays(actions, options);
-    if (typeof actions !== "number" && typeof actions[0] === "object") {
-      throw new TransportError(`schema ${this.schema.name} has one integer action per env, not arrays`);
+    const count = this.#shapes.write(actions, this.#request);
+    if (typeof count === "string") throw await this.#shapes.error("step()", actions, count);
+    if (this.numEnvs === 1) {
+      // a batch of one goes as a STEP_REQ too (every backend answers it alike): the call's
+      // shape, not the backend, decides the result's
+      await this.#exchange(this.ids.STEP_REQ, this.#request, this.ids.STEP_RESP);
+    } else {
+      await this.#exchange(this.ids.STEP_BATCH_REQ, this.#request, this.ids.STEP_BATCH_RESP);
     }
-    if (typeof actions === "number") {
-      if (this.numEnvs !== 1) {
-        throw new TransportError(`this server has ${this.numEnvs} envs: pass one action per env`);
-      }
-      writeAction(request, this.#actionAt, actions | 0, this.#actionType);
-      await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
-      return this.#results(0, options.copy === true);
-    }
-    if (actions.length !== this.numEnvs) {
-      throw new TransportError(`expected ${this.numEnvs} actions, got ${actions.length}`);
-    }
-    for (let i = 0; i < actions.length; i++) {
-      writeAction(request, i * this.#stepSize + this.#actionAt, (actions[i] as number) | 0, this.#actionType);
-    }
-    await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
-    return this.#results(this.numEnvs, options.copy === true);
+    return this.#results(count, options.copy === true);
   }
 
-  async #stepArrays(actions: Actions, options: ResultOptions): Promise<View | View[] | Value | Value[]> {
-    const request = this.#request;
-    const elements = this.#actionType.elements;
-    if (typeof actions === "number") {
-      throw new TransportError(`schema ${this.schema.name} has array actions of ${elements} elements: pass an array`);
+  /** The action space as an ActionError names it; a Discrete space's size is asked once. */
+  async #actionSpace(): Promise<string> {
+    if (this.#spaceText !== null) return this.#spaceText;
+    let actN: number | null = null;
+    if (this.#shapes.one.length === 0 && !this.#closed) {
+      try {
+        actN = (await this.spaces()).actN;
+      } catch {
+        actN = null; // named without its size: "Discrete(?)"
+      }
     }
-    const nested = typeof actions[0] === "object";
-    const count = nested ? actions.length : actions.length / elements;
-    if (count !== this.numEnvs || !Number.isInteger(count)) {
-      throw new TransportError(
-        `expected ${this.numEnvs} action(s) of ${elements} elements, got ${nested ? `${actions.length} arrays` : `${actions.length} numbers`}`,
-      );
-    }
-    for (let i = 0; i < count; i++) {
-      const values = nested
-        ? (actions[i] as ArrayLike<number>)
-        : Array.prototype.slice.call(actions as ArrayLike<number>, i * elements, (i + 1) * elements);
-      writeArrayAction(request, i * this.#stepSize + this.#actionAt, values, this.#actionType);
-    }
-    if (this.numEnvs === 1) {
-      await this.#exchange(this.ids.STEP_REQ, request, this.ids.STEP_RESP);
-      return this.#results(0, options.copy === true);
-    }
-    await this.#exchange(this.ids.STEP_BATCH_REQ, request, this.ids.STEP_BATCH_RESP);
-    return this.#results(this.numEnvs, options.copy === true);
+    const text = describeActionSpace(this.schema, actN);
+    if (actN !== null || this.#shapes.one.length > 0) this.#spaceText = text;
+    return text;
   }
 
   /**

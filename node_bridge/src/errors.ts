@@ -18,6 +18,13 @@ export class TransportError extends Error {
 /** A schema file or an embedded IR is invalid. */
 export class SchemaError extends TransportError {}
 
+/**
+ * An action argument that fits neither one env's action nor one action per env, or whose values
+ * the action field cannot hold: thrown by the client before any bytes move, the same on every
+ * backend. The message names the action space, what was given and what to pass.
+ */
+export class ActionError extends TransportError {}
+
 export const CODEC_ERROR_CODES = [
   "buffer_size",
   "out_of_range",

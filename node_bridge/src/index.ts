@@ -11,6 +11,7 @@
 export { type AnyStructCodec, type SchemaModule, type StructCodec, loadSchema } from "./codec";
 export { loadSchemaFile } from "./schema_file";
 export {
+  ActionError,
   ArrayLengthError,
   BadFrameError,
   BufferSizeError,

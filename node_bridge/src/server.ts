@@ -15,7 +15,8 @@ import type { SchemaModule } from "./codec";
 import * as pac_env from "./generated/pac_env";
 import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
 import type { MaskedActions } from "./runtime/core";
-import type { EnvOrFactory } from "./runtime/env";
+import { bodyCodec } from "./runtime/core";
+import { type Env, type EnvOrFactory, isEnv, makerOf } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
 import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
@@ -144,6 +145,7 @@ export async function serve(
   url: string,
   options: ServeOptions = {},
 ): Promise<Server> {
+  if (options.schema === undefined) checkDefaultSchemaFits(envOrFactory, url);
   checkServerLimits(options.schema ?? pac_env.SCHEMA, url, options.numEnvs ?? 1, options.maxBody ?? DEFAULT_MAX_BODY);
   const host = new EnvHost(envOrFactory, {
     numEnvs: options.numEnvs ?? 1,
@@ -175,6 +177,35 @@ export async function serve(
   OPEN_SERVERS.add(server);
   watchSignals();
   return server;
+}
+
+/**
+ * For `serve()` without `schema`: make one env (or take the instance), reset it and check that
+ * its result fits the default pac_env; a `TypeError` naming what to pass when it does not, so a
+ * server never starts serving results it cannot encode (Python: `check_default_schema_fits`).
+ */
+function checkDefaultSchemaFits(envOrFactory: EnvOrFactory, url: string): void {
+  const name = (isEnv(envOrFactory) ? envOrFactory.constructor?.name : (envOrFactory as { name?: string }).name) || "the env";
+  let env: Env<unknown>;
+  let result: unknown;
+  try {
+    env = isEnv(envOrFactory) ? envOrFactory : makerOf(envOrFactory)();
+    result = env.reset();
+  } catch {
+    return; // making or resetting it fails: the server reports that itself, with the reason
+  }
+  try {
+    bodyCodec(pac_env.SCHEMA, "STEP_RESP").encode(result as never);
+  } catch (err) {
+    throw new TypeError(
+      `serve(${name}, ${JSON.stringify(url)}): no schema was given, so the default schema pac_env was ` +
+        `tried, and ${name}'s results do not fit it: ${(err as Error).message}. Pass { schema: ` +
+        `loadSchemaFile("your_env.toml") } or a generated module's SCHEMA`,
+    );
+  } finally {
+    const close = (env as { close?: () => void }).close;
+    if (!isEnv(envOrFactory) && typeof close === "function") close.call(env);
+  }
 }
 
 const OPEN_SERVERS = new Set<Server>();

@@ -20,6 +20,7 @@ from transport.testing import (  # noqa: F401
     checks_edges,
     checks_fuzz,
     checks_limits,
+    checks_shapes,
     checks_timeouts,
     gymapi_checks,
 )

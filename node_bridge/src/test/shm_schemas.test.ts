@@ -59,7 +59,7 @@ function legal(result: Record<string, unknown>, turn: number): number {
   const mask = result["action_mask"] as ArrayLike<number | boolean>;
   const moves: number[] = [];
   for (let a = 0; a < mask.length; a++) if (mask[a]) moves.push(a);
-  return moves[(turn * 7) % moves.length] as number;
+  return (moves[(turn * 7) % moves.length] ?? 0) as number;
 }
 
 /** A seeded trace: the hash of every result (owned copies) and final. */

@@ -12,7 +12,7 @@ import * as runtime from "../runtime";
 import { TransportError } from "../errors";
 
 const API = [
-  "ArrayLengthError", "AutoReset", "BadFrameError", "BufferSizeError", "CLOSING_ERRORS", "CODEC_ERROR_CODES", "Client",
+  "ActionError", "ArrayLengthError", "AutoReset", "BadFrameError", "BufferSizeError", "CLOSING_ERRORS", "CODEC_ERROR_CODES", "Client",
   "CodecError", "ConnectError", "DEFAULT_MAX_BODY", "EnvError", "ErrorCode", "FingerprintMismatchError", "InvalidBoolError",
   "InvalidEnumError", "MissingFieldError", "NoProgressError", "NonCanonicalError", "PROTOCOL_VERSION", "PeerGoneError", "ProtocolError",
   "RegionMismatchError", "RemoteError", "SCHEMAS", "SchemaError", "TransportError", "TransportTimeoutError",
