@@ -18,12 +18,15 @@ from transport.backends.shm.region import (
     CB,
     CONTROL,
     CONTROL_SIZE,
+    INFO_SIDE,
     LAYOUT_VERSION,
     MAGIC,
+    SIDE_REF,
     Region,
     RegionState,
     ShmLayout,
     ShmUrl,
+    SideReader,
     SlotChecksums,
     SlotCommand,
     WaitPolicy,
@@ -435,6 +438,15 @@ class ShmChannel:
             except Exception:
                 info = {}
         info["num_envs"] = n
+        # the env's spaces, which the control block cannot say (its act_size is the mask's
+        # length); a server that does not send them: the control block's sizes
+        spaces = info.pop("spaces", None)
+        self._env_spaces = (
+            (int(spaces[0]), int(spaces[1]))
+            if isinstance(spaces, list | tuple) and len(spaces) == 2
+            else (region.get("obs_size"), region.get("act_size"))
+        )
+        self._side = SideReader(self.shm)  # info maps a slot cannot hold (frames)
         self._server_info = info
         self._checksums: SlotChecksums | None = None
         if info.get("checksum") == "crc32":
@@ -544,7 +556,10 @@ class ShmChannel:
         infos = []
         for i in range(self.num_envs):
             length = int(self._info_len[i])
-            data = self._info[i, :length].tobytes() if length else b""
+            if length == INFO_SIDE:  # too large for the slot: in the side segment (frames)
+                data = self._side.read(self._info[i, : SIDE_REF.size].tobytes())
+            else:
+                data = self._info[i, :length].tobytes() if length else b""
             infos.append(msgpack.unpackb(data) if data else {})
         results_len = self.layout.result.size * self.num_envs
         return self._observe_resp, memoryview(bytes(results_len) + msgpack.packb(infos))
@@ -698,7 +713,7 @@ class ShmChannel:
     def _spaces(self, body: Any) -> tuple[int, memoryview]:
         codec = body_codec(self.schema, "SPACES_RESP")
         first, second = (f.name for f in codec.ir.fields[:2])
-        values = {first: self.region.get("obs_size"), second: self.region.get("act_size")}
+        values = {first: self._env_spaces[0], second: self._env_spaces[1]}
         return self.ids.SPACES_RESP, memoryview(codec.encode(values))
 
     def _exchange(self, command: int, timeout_ns: int | None = None) -> None:
@@ -802,6 +817,9 @@ class ShmChannel:
             native.compare_exchange(region.client_pid_word, os.getpid(), 0)
             self._leased = False
         self._ended = []
+        side = getattr(self, "_side", None)
+        if side is not None:
+            side.close()
         checksums = getattr(self, "_checksums", None)
         if checksums is not None:
             checksums.release()

@@ -565,8 +565,9 @@ def inspect_segment(path: str) -> RegionInfo:
         return RegionInfo(name, path, st.st_size, False, 0, 0, "EMPTY", 0, False, 0, age)
     cb = CONTROL.view(header)
     magic_ok = int(cb["magic"]) == MAGIC
-    pid = int(cb["owner_pid"]) if magic_ok else 0
-    start = int(cb["owner_start_time"]) if magic_ok else 0
+    side = int(cb["magic"]) == SIDE_MAGIC  # a side segment: its owner at the same offsets
+    pid = int(cb["owner_pid"]) if magic_ok or side else 0
+    start = int(cb["owner_start_time"]) if magic_ok or side else 0
     state_value = int(cb["state"])
     try:
         state = RegionState(state_value).name
@@ -578,8 +579,8 @@ def inspect_segment(path: str) -> RegionInfo:
         size=st.st_size,
         magic_ok=magic_ok,
         version=int(cb["version"]),
-        num_envs=int(cb["num_envs"]),
-        state=state if magic_ok else "FOREIGN",
+        num_envs=0 if side else int(cb["num_envs"]),  # a side segment's generation is there
+        state=state if magic_ok else ("SIDE" if side else "FOREIGN"),
         owner_pid=pid,
         owner_alive=native.peer_alive(pid, start) if pid else False,
         client_pid=int(cb["client_pid"]) if magic_ok else 0,
@@ -618,3 +619,185 @@ def cleanup_stale() -> list[RegionInfo]:
 
 def dumps(infos: list[RegionInfo]) -> str:
     return json.dumps([i.to_json() for i in infos], indent=2)
+
+
+# -- the side area: info maps larger than a slot's info area (docs/shm.md "Frames") --------------
+#
+# A slot's info area is small by design (256 bytes: the server's info, an env's counters). An
+# OBSERVE whose env info map does not fit (a rendered frame: CartPole's 400x600x3 is 720,000
+# bytes) is answered through a second segment, /dev/shm/transport-<name>+info, that the server
+# creates on the first such OBSERVE and replaces by a larger one (generation + 1) when an OBSERVE
+# needs more. The slot then says ``info_len = INFO_SIDE`` and its info area holds a SIDE_REF
+# (generation, 0, offset, length) into that segment. Nothing of this runs on a STEP.
+#
+#   side segment = header (64 bytes: u32 magic "INFO" at 0, u32 version at 4, u32 generation at
+#                  8, u32 owner_pid at 32, u64 owner_start_time at 40: the control block's
+#                  offsets, so --list-shm / --cleanup-shm judge it like a region) | the maps
+
+SIDE_SUFFIX = "+info"  # "+" is not a region-name character: no region is ever called this
+SIDE_MAGIC = 0x4F464E49  # "INFO"
+INFO_SIDE = 0xFFFF
+"""A slot's ``info_len`` when its info map is in the side segment (SIDE_REF in its info area)."""
+SIDE_REF = struct.Struct("<IIQQ")  # generation, reserved 0, offset, length
+SIDE_HEADER = 64
+SIDE_GENERATION = 8
+SIDE_MIN_SIZE = 1 << 16
+
+
+def side_segment(name: str) -> str:
+    """The shm_open name of region ``name``'s side segment: ``/transport-<name>+info``."""
+    return "/" + PREFIX + name + SIDE_SUFFIX
+
+
+class SideWriter:
+    """The server's side segment: created on the first info map too large for its slot, grown
+    (a new segment, generation + 1) when an OBSERVE needs more, unlinked by ``close()``."""
+
+    def __init__(self, shm: ShmUrl) -> None:
+        self.segment = side_segment(shm.name)
+        self.path = os.path.join(SHM_DIR, self.segment[1:])
+        self.mapping: native.SharedMapping | None = None
+        self.inode = 0
+        self.generation = 0
+
+    def write(self, maps: dict[int, bytes]) -> dict[int, bytes]:
+        """Write each env's packed map; returns each env's SIDE_REF bytes for its slot."""
+        spans: dict[int, tuple[int, int]] = {}
+        at = SIDE_HEADER
+        for index, data in maps.items():
+            spans[index] = (at, len(data))
+            at += -(-len(data) // 64) * 64
+        mapping = self._room(at)
+        buffer = mapping.buffer
+        refs: dict[int, bytes] = {}
+        for index, data in maps.items():
+            offset, length = spans[index]
+            buffer[offset : offset + length] = data
+            refs[index] = SIDE_REF.pack(self.generation, 0, offset, length)
+        return refs
+
+    def _room(self, need: int) -> native.SharedMapping:
+        mapping = self.mapping
+        if mapping is not None and mapping.size >= need:
+            return mapping
+        size = max(SIDE_MIN_SIZE, 1 << (need - 1).bit_length())  # doubles: few regrowths
+        self.close()
+        self.generation += 1
+        free = _free_bytes()
+        if 0 <= free < size:
+            raise _refusal(
+                f"an env's info map (a rendered frame?) needs {need} bytes, more than a slot's "
+                f"info area holds, and /dev/shm has {free} bytes free for {self.path}: enlarge "
+                "/dev/shm (docker run --shm-size=1g) or render fewer envs",
+            )
+        for _ in range(2):
+            try:
+                fd = native.shm_create(self.segment, size)
+                break
+            except FileExistsError:  # a dead server's leftover: the region's name is ours
+                try:
+                    native.shm_unlink(self.segment)
+                except FileNotFoundError:
+                    pass
+            except OSError as exc:
+                raise _refusal(
+                    f"cannot create {self.path} ({size} bytes): {exc.strerror}"
+                ) from None
+        else:
+            raise _refusal(f"cannot create {self.path}: it keeps existing")
+        try:
+            self.inode = os.fstat(fd).st_ino
+            mapping = native.SharedMapping(fd, size)
+        finally:
+            os.close(fd)
+        header = np.ndarray((SIDE_HEADER // 4,), dtype="<u4", buffer=mapping.buffer)
+        header[0], header[1], header[2] = SIDE_MAGIC, LAYOUT_VERSION, self.generation
+        header[CB["owner_pid"].offset // 4] = os.getpid()
+        struct.pack_into("<Q", mapping.buffer, CB["owner_start_time"].offset, own_start_time())
+        del header
+        self.mapping = mapping
+        return mapping
+
+    def close(self) -> None:
+        """Unlink the segment (only this server's inode) and unmap it."""
+        if self.mapping is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                native.shm_unlink(self.segment)
+        except FileNotFoundError:
+            pass
+        self.mapping.close()
+        self.mapping = None
+
+
+class SideReader:
+    """The client's view of its server's side segment: mapped on the first SIDE_REF, mapped
+    again when the server has replaced it (a SIDE_REF of another generation)."""
+
+    def __init__(self, shm: ShmUrl) -> None:
+        self.name = shm.name
+        self.segment = side_segment(shm.name)
+        self.mapping: native.SharedMapping | None = None
+        self.generation = -1
+
+    def read(self, ref: bytes) -> bytes:
+        """The packed map a slot's SIDE_REF points at (ProtocolError when it cannot be read)."""
+        generation, _, offset, length = SIDE_REF.unpack(ref[: SIDE_REF.size])
+        if self.mapping is None or generation != self.generation:
+            self._map(generation)
+        mapping = self.mapping
+        assert mapping is not None
+        if offset < SIDE_HEADER or offset + length > mapping.size:
+            raise ProtocolError(
+                f"shm://{self.name}: an info reference ({offset}, {length}) lies outside "
+                f"{SHM_DIR}/{self.segment[1:]} ({mapping.size} bytes)"
+            )
+        return bytes(mapping.buffer[offset : offset + length])
+
+    def _map(self, generation: int) -> None:
+        self.close()
+        path = f"{SHM_DIR}/{self.segment[1:]}"
+        try:
+            fd = native.shm_open(self.segment)
+        except OSError as exc:
+            raise ProtocolError(
+                f"shm://{self.name}: the server answered an info map through {path}, which "
+                f"cannot be opened ({exc.strerror})"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < SIDE_HEADER:
+                raise ProtocolError(f"shm://{self.name}: {path} has no header ({size} bytes)")
+            mapping = native.SharedMapping(fd, size)
+        finally:
+            os.close(fd)
+        magic, _, found = struct.unpack_from("<III", mapping.buffer, 0)
+        if magic != SIDE_MAGIC or found != generation:
+            mapping.close()
+            raise ProtocolError(
+                f"shm://{self.name}: {path} is not the side area the server referenced "
+                f"(magic 0x{magic:08X}, generation {found}, expected {generation})"
+            )
+        self.mapping, self.generation = mapping, generation
+
+    def close(self) -> None:
+        if self.mapping is not None:
+            self.mapping.close()
+            self.mapping = None
+            self.generation = -1
+
+
+def _refusal(text: str) -> Exception:
+    """The OBSERVE's error (status INTERNAL with ``text``): the protocol module imports this one."""
+    from transport.protocol import ErrorCode, RequestError
+
+    return RequestError(ErrorCode.INTERNAL, text)
+
+
+def _free_bytes() -> int:
+    try:
+        st = os.statvfs(SHM_DIR)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return -1

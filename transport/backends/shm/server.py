@@ -23,11 +23,13 @@ import numpy as np
 from transport import native
 from transport.backends.shm.region import (
     CB,
+    INFO_SIDE,
     LAYOUT_VERSION,
     MAGIC,
     Region,
     RegionState,
     ShmLayout,
+    SideWriter,
     SlotChecksums,
     SlotCommand,
     inspect_segment,
@@ -87,6 +89,7 @@ class Listener:
         self._flying: AsyncBatches | None = None  # the lease's envs in a pool, while any are
         self._spare: EnvRuntime | None = None
         self._watch: RegionWatch | None = None
+        self._side = SideWriter(self.shm)  # info maps a slot cannot hold (frames): on demand
 
     # -- creation ----------------------------------------------------------------------------
 
@@ -138,6 +141,9 @@ class Listener:
                 "env": host.env_name,
                 "server": host.server_lang,
                 "masked_actions": host.masked_actions,
+                # the env's spaces (SPACES_RESP): the control block's act_size is the mask's
+                # length (Appendix B), 0 for an env without one (CartPole's Discrete(2))
+                "spaces": [self._spare.spaces.obs_n, self._spare.spaces.act_n],
             }
             if self.shm.checksum is not None:
                 info["checksum"] = self.shm.checksum
@@ -353,8 +359,7 @@ class Listener:
             elif count == n and cmd == _HELLO:
                 runtime.set_autoreset(int(self._modes[0]))
             elif count == n and cmd == _OBSERVE:
-                for i, info in enumerate(runtime.observe()):
-                    self._write_info(i, msgpack.packb(info))
+                self._write_infos([msgpack.packb(info) for info in runtime.observe()])
             elif cmd == _STEP_MULTI and count == runtime.seats and self._pending[0]:
                 self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
             elif cmd == _SHUTDOWN:
@@ -416,6 +421,22 @@ class Listener:
             return
         slot["info"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
         slot["info_len"] = len(data)
+
+    def _write_infos(self, maps: list[bytes]) -> None:
+        """OBSERVE's info maps: each in its slot's info area, or, when it does not fit (a
+        rendered frame), in the side segment with a SIDE_REF in the slot (docs/shm.md "Frames")."""
+        region = self.region
+        assert region is not None
+        large = {i: data for i, data in enumerate(maps) if len(data) > region.layout.info_max}
+        refs = self._side.write(large) if large else {}
+        for i, data in enumerate(maps):
+            ref = refs.get(i)
+            if ref is None:
+                self._write_info(i, data)
+                continue
+            slot = region.slots[i]
+            slot["info"][: len(ref)] = np.frombuffer(ref, dtype=np.uint8)
+            slot["info_len"] = INFO_SIDE
 
     def _step_one(self, runtime: EnvRuntime, i: int) -> list[int]:
         return [i] if runtime.step_one(i, self._action_at(i)) else []
@@ -567,6 +588,7 @@ class Listener:
                 native.shm_unlink(self.shm.segment)
         except FileNotFoundError:
             pass
+        self._side.close()
         if self.lease is not None:
             self.lease.runtime.close()
         if self._spare is not None:

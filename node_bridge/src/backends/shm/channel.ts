@@ -92,6 +92,7 @@ import {
   schemaAreaOfFd,
   waitWordAsync,
 } from "./region";
+import { INFO_SIDE, SIDE_REF_SIZE, SideReader } from "./side";
 import { FUTEX2_SIZE_U32, FUTEX_WAITV_MAX, FUTEX_WAITV_WORDS, native } from "./native";
 import { resultLayout } from "./server";
 
@@ -196,13 +197,26 @@ class SlotResults implements ChannelRecords {
 
 const NO_FINALS: Final<unknown>[] = [];
 
-/** Slot `index`'s msgpack info map ({} when absent or unreadable). */
+/** Each region's side segment reader (info maps too large for a slot: frames), made on demand. */
+const sideReaders = new WeakMap<Region, SideReader>();
+
+/** Slot `index`'s msgpack info map ({} when absent or unreadable); one in the side segment
+ * (info_len INFO_SIDE: a rendered frame) is read there (a ProtocolError when it cannot be). */
 function readInfo(region: Region, index: number): Record<string, unknown> {
   const length = region.dv.getUint16(region.slotAt(index, "info_len"), true);
-  if (length === 0 || length > region.layout.infoMax) return {};
-  try {
+  let data: Uint8Array;
+  if (length === INFO_SIDE) {
+    let side = sideReaders.get(region);
+    if (side === undefined) sideReaders.set(region, (side = new SideReader(region.shm.name)));
     const at = region.slotAt(index, "info");
-    const decoded = msgpackDecode(region.bytes.subarray(at, at + length));
+    data = side.read(region.bytes.slice(at, at + SIDE_REF_SIZE));
+  } else {
+    if (length === 0 || length > region.layout.infoMax) return {};
+    const at = region.slotAt(index, "info");
+    data = region.bytes.subarray(at, at + length);
+  }
+  try {
+    const decoded = msgpackDecode(data);
     return decoded !== null && typeof decoded === "object" && !Array.isArray(decoded) ? { ...(decoded as object) } : {};
   } catch {
     return {};
@@ -213,6 +227,8 @@ function readInfo(region: Region, index: number): Record<string, unknown> {
 export class ShmChannel implements Channel {
   info: Record<string, unknown> = {};
   #checksums: SlotChecksums | null = null;
+  /** The env's [obs_n, act_n] from the server's info map (null: an older server's region). */
+  #envSpaces: [number, number] | null = null;
   /** Response bodies the slots do not hold (HELLO, ERROR, spaces); grown for a discovery HELLO. */
   buffer: Buffer = Buffer.alloc(BODY_OFFSET + 4096);
   bodyLength = 0;
@@ -335,6 +351,12 @@ export class ShmChannel implements Channel {
         channel.#seqs[i] = Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2) & SEQ_MASK;
       }
       channel.info = { ...readInfo(region, 0), num_envs: channel.numEnvs };
+      // the env's spaces, which the control block cannot say (its act_size is the mask's length)
+      const spaces = channel.info["spaces"];
+      delete channel.info["spaces"];
+      if (Array.isArray(spaces) && spaces.length === 2 && spaces.every((v) => typeof v === "number")) {
+        channel.#envSpaces = [spaces[0] as number, spaces[1] as number];
+      }
       if (channel.info["checksum"] === "crc32") channel.#checksums = new SlotChecksums(region);
       else if (shm.checksum !== null) {
         throw new ConnectError(
@@ -450,7 +472,8 @@ export class ShmChannel implements Channel {
       case ids.SPACES_REQ: {
         const dv = this.region.dv;
         const names = (this.#schema.ir.structs[this.#spaces.name]?.fields ?? []).map((f) => f.name);
-        const values = { [names[0] ?? "obs_n"]: dv.getUint32(off(CB, "obs_size"), true), [names[1] ?? "act_n"]: dv.getUint32(off(CB, "act_size"), true) };
+        const [obsN, actN] = this.#envSpaces ?? [dv.getUint32(off(CB, "obs_size"), true), dv.getUint32(off(CB, "act_size"), true)];
+        const values = { [names[0] ?? "obs_n"]: obsN, [names[1] ?? "act_n"]: actN };
         this.#spaces.encodeInto(values, this.buffer, BODY_OFFSET);
         this.bodyLength = this.#spaces.size;
         return ids.SPACES_RESP;
@@ -980,6 +1003,8 @@ export class ShmChannel implements Channel {
       Atomics.compareExchange(region.words, region.cbWord("client_pid"), process.pid, 0);
       this.#leased = false;
     }
+    sideReaders.get(region)?.close();
+    sideReaders.delete(region);
     region.unmap();
   }
 }

@@ -24,6 +24,8 @@ import { controlSizes, type FieldJson, type ShmJson } from "../../ir";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
 export const MAGIC = 0x50414354; // "PACT"
+/** A region's side segment (side.ts): its owner at the control block's offsets. */
+export const SIDE_MAGIC = 0x4f464e49; // "INFO"
 /** The region protocol's version (control block `version`); layouts differ by fingerprint. */
 export const LAYOUT_VERSION: number = pac_shm.IR.version;
 export const PREFIX = "transport-";
@@ -391,8 +393,9 @@ export function inspectSegment(path: string): SegmentInfo {
     return { path, size: st.size, magicOk: false, ownerPid: 0, ownerAlive: false, state: -1, ageS, stale: ageS > STALE_CREATING_AFTER_S };
   }
   const magicOk = header.readUInt32LE(off(CB, "magic")) === MAGIC;
-  const ownerPid = magicOk ? header.readUInt32LE(off(CB, "owner_pid")) : 0;
-  const start = magicOk ? header.readBigUInt64LE(off(CB, "owner_start_time")) : 0n;
+  const owned = magicOk || header.readUInt32LE(off(CB, "magic")) === SIDE_MAGIC; // or a side segment
+  const ownerPid = owned ? header.readUInt32LE(off(CB, "owner_pid")) : 0;
+  const start = owned ? header.readBigUInt64LE(off(CB, "owner_start_time")) : 0n;
   const ownerAlive = ownerPid !== 0 && peerAlive(ownerPid, start);
   const stale = ownerPid !== 0 ? !ownerAlive : ageS > STALE_CREATING_AFTER_S;
   return { path, size: st.size, magicOk, ownerPid, ownerAlive, state: header.readUInt32LE(off(CB, "state")), ageS, stale };

@@ -86,6 +86,7 @@ import {
   schemaArea,
   waitWord,
 } from "./region";
+import { INFO_SIDE, SideWriter } from "./side";
 import { RegionWatch, WATCH_PERIOD_MS } from "./watch";
 
 /** One run of bytes copied from the encoded result record to the slot. */
@@ -286,6 +287,8 @@ export class ShmListener implements Listener {
   #spare: EnvRuntime | null = null;
   readonly #serverInfo: Record<string, unknown>;
   #checksums: SlotChecksums | null = null;
+  /** Info maps a slot cannot hold (rendered frames): the side segment, made on demand. */
+  readonly #side: SideWriter;
   #watch: RegionWatch;
   #last = 0;
   #idle = false;
@@ -298,6 +301,7 @@ export class ShmListener implements Listener {
     this.shm = parseShmUrl(url);
     this.#host = host;
     this.#serverInfo = { env: host.envName, server: host.serverLang, masked_actions: host.maskedActions };
+    this.#side = new SideWriter(this.shm);
     const schema = host.schema;
     const layout = Layouts.of(schema);
     this.layout = layout;
@@ -311,6 +315,9 @@ export class ShmListener implements Listener {
     this.numEnvs = numEnvs;
     const spare = host.runtime(numEnvs, url); // the first client's envs, made before READY
     this.#seats = spare.hasSeats ? spare.seats : 0;
+    // the env's spaces (SPACES_RESP): the control block's act_size is the mask's length
+    // (Appendix B), 0 for an env without one (a plain Discrete(n))
+    this.#serverInfo["spaces"] = [spare.spaces.obsN, spare.spaces.actN];
     this.numSlots = Math.max(numEnvs, this.#seats);
     this.#pending = new Uint8Array(this.numSlots);
     this.#inFlight = new Uint8Array(this.numSlots);
@@ -566,13 +573,34 @@ export class ShmListener implements Listener {
   /** OBSERVE: the results rewritten in place, each env's info map in its slot's info area. */
   #observe(runtime: EnvRuntime): void {
     const infos = runtime.observe(this.#records);
-    for (let i = 0; i < this.numEnvs; i++) this.#writeInfo(i, infos[i] ?? {});
+    const region = this.region;
+    const maps = infos.map((info) => msgpackEncode(info ?? {}));
+    const large = new Map<number, Uint8Array>();
+    for (let i = 0; i < this.numEnvs; i++) {
+      const data = maps[i] as Uint8Array;
+      if (data.byteLength > this.layout.infoMax) large.set(i, data);
+    }
+    // too large for the slot (a rendered frame): in the side segment, a SIDE_REF in the slot
+    const refs = large.size > 0 ? this.#side.write(large) : null;
+    for (let i = 0; i < this.numEnvs; i++) {
+      const ref = refs?.get(i);
+      if (ref === undefined) {
+        this.#writeBytes(i, maps[i] ?? msgpackEncode({}));
+        continue;
+      }
+      region.bytes.set(ref, region.slotAt(i, "info"));
+      region.dv.setUint16(region.slotAt(i, "info_len"), INFO_SIDE, true);
+    }
   }
 
   /** A msgpack map in slot `index`'s info area (info_len 0 when it does not fit). */
   #writeInfo(index: number, info: Record<string, unknown>): void {
+    this.#writeBytes(index, msgpackEncode(info));
+  }
+
+  /** Packed msgpack bytes in slot `index`'s info area (info_len 0 when they do not fit). */
+  #writeBytes(index: number, data: Uint8Array): void {
     const region = this.region;
-    const data = msgpackEncode(info);
     const fits = data.byteLength <= this.layout.infoMax;
     if (fits) region.bytes.set(data, region.slotAt(index, "info"));
     region.dv.setUint16(region.slotAt(index, "info_len"), fits ? data.byteLength : 0, true);
@@ -807,6 +835,7 @@ export class ShmListener implements Listener {
       if (at + 4 <= backed) futexWake(region, at);
     }
     region.unlinkIfOurs();
+    this.#side.close();
     if (backed >= region.size) region.unmap();
     this.#dropLease();
     this.#spare?.close();
