@@ -10,26 +10,50 @@ concurrently and reports each as it finishes.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from transport.protocol import AutoReset, ErrorCode, RequestError
+from transport.protocol import MESSAGE_IDS, AutoReset, ErrorCode, MessageIds, RequestError
 from transport.runtime.core import EnvRuntime
+
+_MESSAGE_NAMES: dict[int, str] = {
+    getattr(MESSAGE_IDS, field.name): field.name for field in dataclasses.fields(MessageIds)
+}
+"""msg_type -> the protocol's name for it (the ids are the envelope's, the same in every schema)."""
+_HEX_NAME = re.compile(r"msg_type 0x([0-9A-Fa-f]{1,2})")
 
 
 def _async_state(text: str) -> RequestError:
     return RequestError(ErrorCode.ASYNC_STATE, text)
 
 
+def request_name(request: int | str) -> str:
+    """A request as an ASYNC_STATE text names it: its message name (``STEP_BATCH_REQ``) for a
+    msg_type, and for the older ``"msg_type 0x11"`` texts of callers; any other text as is."""
+    if isinstance(request, str):
+        match = _HEX_NAME.fullmatch(request)
+        if match is None:
+            return request
+        request = int(match.group(1), 16)
+    return _MESSAGE_NAMES.get(request, f"msg_type 0x{request:02X}")
+
+
 # -- the rules, as pure functions: the runtime's AsyncBatches and the shm channel (whose slots
 # carry each env's request on their own, docs/shm.md "Asynchronous batches") both call them
 
 
-def check_idle(count: int, what: str) -> None:
-    """A lock-step request while envs are in flight is refused (their results would mix)."""
+def check_idle(count: int, request: int | str) -> None:
+    """A lock-step request (a msg_type, or a message name) while envs are in flight is refused
+    (their results would mix); the text names the request and what to call instead."""
     if count:
-        raise _async_state(f"{what} while {count} env(s) are in flight: RECV their results first")
+        raise _async_state(
+            f"{request_name(request)} while {count} env(s) are in flight: "
+            "call recv() for their results first"
+        )
 
 
 def check_send(ids: list[int], num_envs: int, in_flight: np.ndarray) -> None:
@@ -49,7 +73,7 @@ def check_send(ids: list[int], num_envs: int, in_flight: np.ndarray) -> None:
     for i in ids:
         if in_flight[i]:
             raise _async_state(
-                f"env {i} is already in flight: RECV its result before sending it again"
+                f"env {i} is already in flight: call recv() for its result before sending it again"
             )
 
 
@@ -57,7 +81,7 @@ def check_recv(count: int, batch_size: int) -> int:
     """How many results a RECV returns: ``min(batch_size, in flight)``; refused with none in
     flight or a batch size below 1."""
     if count == 0:
-        raise _async_state("RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first")
+        raise _async_state("RECV_REQ with no env in flight: call send() (or async_reset()) first")
     if batch_size < 1:
         raise RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1")
     return min(batch_size, count)
@@ -74,17 +98,18 @@ class AsyncBatches:
         self.count = 0
         self._ready: list[tuple[int, bool]] = []  # finished without a step (reset, noop)
 
-    def check_idle(self, what: str) -> None:
-        check_idle(self.count, what)
+    def check_idle(self, request: int | str) -> None:
+        check_idle(self.count, request)
 
-    def send(self, ids: np.ndarray, actions: np.ndarray) -> None:
+    def send(self, ids: Sequence[int] | np.ndarray, actions: np.ndarray) -> None:
         """Start stepping env ``ids[k]`` with ``actions[k]``; every check comes first, so a
-        refused SEND starts nothing."""
+        refused SEND starts nothing (ids as decoded, any size: an id outside 0..N-1 is a
+        BAD_BATCH of ``check_send``, never a numpy overflow)."""
         if len(ids) != len(actions):
             raise RequestError(
                 ErrorCode.BAD_BATCH, f"SEND_REQ carries {len(actions)} actions, {len(ids)} env ids"
             )
-        id_list = [int(i) for i in ids.tolist()]
+        id_list = [int(i) for i in (ids.tolist() if isinstance(ids, np.ndarray) else ids)]
         check_send(id_list, self.num_envs, self.in_flight)
         in_flight = self.in_flight
         rt = self.runtime

@@ -48,7 +48,7 @@ class AsyncHandlers:
         ids = send_env_ids(body, size, n)
         k = len(ids)
         actions = s.step_request.view(body, count=k)[s.action_name]
-        self.batches.send(np.asarray(ids, dtype=np.int64), np.array(actions))
+        self.batches.send(ids, np.array(actions))
         return self.send_resp, b""
 
     def recv(self, body: memoryview) -> tuple[int, bytes]:
@@ -77,7 +77,10 @@ class AsyncHandlers:
 
 def send_env_ids(body: memoryview, size: int, n: int) -> list[int]:
     """SEND_REQ's env ids: the msgpack array of K integers after K requests (K from the array
-    header: 0x90 | K below 16, else 0xDC and a big-endian u16); BAD_BATCH for any other body."""
+    header: 0x90 | K below 16, else 0xDC and a big-endian u16); BAD_BATCH for any other body,
+    and for an array of K whose items are not all msgpack integers (a bool, a float such as
+    1.0, a string: Node's sendEnvIds refuses the same). Integers of any size come back exact:
+    the range check is ``check_send``'s."""
     for k in range(1, n + 1):
         at = k * size
         if at >= body.nbytes:
@@ -86,11 +89,11 @@ def send_env_ids(body: memoryview, size: int, n: int) -> list[int]:
         if head != (0x90 | k if k < 16 else 0xDC):
             continue
         try:
-            ids = msgpack.unpackb(body[at:])
+            ids = msgpack.unpackb(body[at:], raw=True, strict_map_key=False)  # any item: its type
         except Exception:
             continue
         if isinstance(ids, list) and len(ids) == k:
-            if not all(isinstance(i, int) for i in ids):
+            if not all(type(i) is int for i in ids):  # a bool is an int subclass, not an id
                 raise RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers")
             return ids
     raise RequestError(

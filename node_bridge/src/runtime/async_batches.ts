@@ -11,7 +11,7 @@
 
 import { decode as msgpackDecode } from "@msgpack/msgpack";
 
-import { ErrorCode, RequestError } from "../protocol";
+import { ErrorCode, MESSAGE_IDS, RequestError } from "../protocol";
 import { type AsyncDone, type EnvRuntime, type Failure, Op, type Records } from "./core";
 
 /** The rows asynchronous steps write into: env i's result, and its SAME_STEP final result. */
@@ -48,12 +48,41 @@ function asyncState(text: string): RequestError {
   return new RequestError(ErrorCode.ASYNC_STATE, text);
 }
 
+/** msg_type -> the protocol's name for it (the envelope's ids: the same in every schema). */
+const MESSAGE_NAMES: ReadonlyMap<number, string> = new Map(Object.entries(MESSAGE_IDS).map(([name, id]) => [id, name]));
+const HEX_NAME = /^msg_type 0x([0-9A-Fa-f]{1,2})$/;
+
+/**
+ * A request as an ASYNC_STATE text names it (Python: `request_name`): its message name
+ * (`STEP_BATCH_REQ`) for a msg_type, and for the older `"msg_type 0x11"` texts of callers;
+ * any other text as is.
+ */
+export function requestName(request: number | string): string {
+  let type: number;
+  if (typeof request === "string") {
+    const match = HEX_NAME.exec(request);
+    if (match === null) return request;
+    type = Number.parseInt(match[1] as string, 16);
+  } else {
+    type = request;
+  }
+  return MESSAGE_NAMES.get(type) ?? `msg_type 0x${type.toString(16).toUpperCase().padStart(2, "0")}`;
+}
+
+/** The BAD_BATCH of an env id outside 0..N-1 (exact at any size: a u64 id is a bigint). */
+function outside(id: number | bigint, numEnvs: number): RequestError {
+  return new RequestError(ErrorCode.BAD_BATCH, `env id ${id} is outside 0..${numEnvs - 1}`);
+}
+
 // -- the rules, as pure functions: AsyncBatches and the shm channel (whose slots carry each
 // env's request on their own, docs/shm.md "Asynchronous batches") both call them
 
-/** A lock-step request while envs are in flight is refused (their results would mix). */
-export function checkIdle(count: number, what: string): void {
-  if (count) throw asyncState(`${what} while ${count} env(s) are in flight: RECV their results first`);
+/**
+ * A lock-step request (a msg_type, or a message name) while envs are in flight is refused
+ * (their results would mix); the text names the request and what to call instead.
+ */
+export function checkIdle(count: number, request: number | string): void {
+  if (count) throw asyncState(`${requestName(request)} while ${count} env(s) are in flight: call recv() for their results first`);
 }
 
 /**
@@ -64,7 +93,7 @@ export function checkSend(ids: readonly number[], numEnvs: number, inFlight: Uin
   const n = numEnvs;
   if (ids.length === 0) throw new RequestError(ErrorCode.BAD_BATCH, "SEND_REQ carries no env");
   for (const i of ids) {
-    if (!Number.isInteger(i) || i < 0 || i >= n) throw new RequestError(ErrorCode.BAD_BATCH, `env id ${i} is outside 0..${n - 1}`);
+    if (!Number.isInteger(i) || i < 0 || i >= n) throw outside(i, n);
   }
   seen.fill(0);
   for (const i of ids) {
@@ -72,23 +101,29 @@ export function checkSend(ids: readonly number[], numEnvs: number, inFlight: Uin
     seen[i] = 1;
   }
   for (const i of ids) {
-    if (inFlight[i]) throw asyncState(`env ${i} is already in flight: RECV its result before sending it again`);
+    if (inFlight[i]) throw asyncState(`env ${i} is already in flight: call recv() for its result before sending it again`);
   }
 }
 
 /**
- * SEND_REQ's env ids: the msgpack array of K numbers after K requests of `size` bytes (K from
- * the array header: fixarray below 16, else array 16); BAD_BATCH for any other body.
+ * SEND_REQ's env ids: the msgpack array of K integers after K requests of `size` bytes (K from
+ * the array header: fixarray below 16, else array 16); BAD_BATCH for any other body, and for an
+ * array of K whose items are not all msgpack integers (a bool, a float such as 1.0, a string:
+ * decoded, 1.0 is the number 1, so the items' type bytes are read). As Python's
+ * `send_env_ids`; an integer outside the safe range (a u64 >= 2**53, exact in the text) is
+ * outside 0..N-1 at once, the others are `checkSend`'s to check.
  */
 export function sendEnvIds(body: Uint8Array, size: number, numEnvs: number): number[] {
   for (let k = 1; k <= numEnvs && k * size < body.byteLength; k++) {
-    if (body[k * size] !== (k < 16 ? 0x90 + k : 0xdc)) continue;
+    const at = k * size;
+    if (body[at] !== (k < 16 ? 0x90 + k : 0xdc)) continue;
+    let tail: unknown;
     try {
-      const tail = msgpackDecode(body.subarray(k * size));
-      if (Array.isArray(tail) && tail.length === k && tail.every((i) => typeof i === "number")) return tail as number[];
+      tail = msgpackDecode(body.subarray(at)); // one whole msgpack value, nothing after it
     } catch {
       continue;
     }
+    if (Array.isArray(tail) && tail.length === k) return integerItems(body, at + (k < 16 ? 1 : 3), k, numEnvs);
   }
   throw new RequestError(
     ErrorCode.BAD_BATCH,
@@ -96,9 +131,36 @@ export function sendEnvIds(body: Uint8Array, size: number, numEnvs: number): num
   );
 }
 
+/** The `k` msgpack integers from `at` of a decoded array (its items are whole values). */
+function integerItems(body: Uint8Array, at: number, k: number, numEnvs: number): number[] {
+  const dv = new DataView(body.buffer, body.byteOffset, body.byteLength);
+  const items: Array<number | bigint> = [];
+  for (let j = 0; j < k; j++) {
+    const type = body[at] as number;
+    let id: number | bigint;
+    if (type <= 0x7f) (id = type), (at += 1);
+    else if (type >= 0xe0) (id = type - 0x100), (at += 1);
+    else if (type === 0xcc) (id = dv.getUint8(at + 1)), (at += 2);
+    else if (type === 0xcd) (id = dv.getUint16(at + 1)), (at += 3);
+    else if (type === 0xce) (id = dv.getUint32(at + 1)), (at += 5);
+    else if (type === 0xcf) (id = dv.getBigUint64(at + 1)), (at += 9);
+    else if (type === 0xd0) (id = dv.getInt8(at + 1)), (at += 2);
+    else if (type === 0xd1) (id = dv.getInt16(at + 1)), (at += 3);
+    else if (type === 0xd2) (id = dv.getInt32(at + 1)), (at += 5);
+    else if (type === 0xd3) (id = dv.getBigInt64(at + 1)), (at += 9);
+    else throw new RequestError(ErrorCode.BAD_BATCH, "SEND_REQ env ids must be integers");
+    items.push(id);
+  }
+  if (items.some((id) => typeof id === "bigint" && (id > BigInt(Number.MAX_SAFE_INTEGER) || id < BigInt(Number.MIN_SAFE_INTEGER)))) {
+    // no number holds it: refuse the first id outside 0..N-1 here, exact, as checkSend would
+    throw outside(items.find((id) => id < 0 || id >= numEnvs) as number | bigint, numEnvs);
+  }
+  return items.map(Number);
+}
+
 /** How many results a RECV returns: min(batchSize, in flight); refused with none in flight. */
 export function checkRecv(count: number, batchSize: number): number {
-  if (count === 0) throw asyncState("RECV_REQ with no env in flight: SEND_REQ (or ASYNC_RESET_REQ) first");
+  if (count === 0) throw asyncState("RECV_REQ with no env in flight: call send() (or async_reset()) first");
   if (batchSize < 1) throw new RequestError(ErrorCode.BAD_BATCH, "RECV_REQ batch_size must be at least 1");
   return Math.min(batchSize, count);
 }

@@ -15,16 +15,19 @@ from typing import Any
 import numpy as np
 
 from transport.backends.http.wire import (
+    _BARE_LF,
     _CACHE_LIMIT,
-    _DIGITS,
     _HEX16,
+    _LENGTH_DIGITS,
     _LINGER,
     _REASONS,
     _RECV_CHUNK,
     _REQUEST_LINE,
     _TOKEN,
     _VALUE,
+    BARE_LF_TEXT,
     HTTP_VERBS,
+    MAX_CONTENT_LENGTH,
     MAX_HEAD,
     MAX_HEADERS,
     METHODS,
@@ -79,6 +82,8 @@ class _RequestHead:
 def parse_request_head(head: bytes) -> _RequestHead:
     """Parse a request line + headers (without the final CRLFCRLF); raises ``_BadRequest``."""
     lines = head.split(b"\r\n")
+    if head.count(b"\n") != len(lines) - 1:
+        raise _BadRequest(BARE_LF_TEXT)
     match = _REQUEST_LINE.fullmatch(lines[0])
     if match is None:
         raise _BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
@@ -98,11 +103,13 @@ def parse_request_head(head: bytes) -> _RequestHead:
         name = name.lower()
         value = value.strip(b" \t")
         if name == b"content-length":
-            if _DIGITS.fullmatch(value) is None:
+            if _LENGTH_DIGITS.fullmatch(value) is None:
                 raise _BadRequest(f"bad Content-Length {value[:40]!r}")
             if content_length is not None:  # as llhttp (Node): even equal values (RFC 9112 6.3)
                 raise _BadRequest("duplicate Content-Length headers")
-            content_length = int(value)
+            content_length = int(value)  # leading zeros are the value's, as llhttp reads them
+            if content_length > MAX_CONTENT_LENGTH:
+                raise _BadRequest(f"bad Content-Length {value[:40]!r}: larger than 2**64 - 1")
         elif name == b"transfer-encoding":
             raise _BadRequest("Transfer-Encoding is not supported: send Content-Length")
         elif name == b"x-transport-fingerprint":  # repeated: joined as Node does (then refused)
@@ -209,13 +216,17 @@ class _Connection:
         self.view = memoryview(grown)
 
     def _read_head(self) -> tuple[_RequestHead, int]:
-        """The next request head and the offset of its body in the buffer."""
+        """The next request head and the offset of its body in the buffer; a bare LF in it is
+        refused as soon as it arrives (``BARE_LF_TEXT``), not waited on until the read timeout."""
         scanned = 0
         while True:
             skip = self._blank_prefix()
-            end = self.buffer.find(b"\r\n\r\n", max(skip, scanned - 3), self.have)
+            start = max(skip, scanned - 3)
+            end = self.buffer.find(b"\r\n\r\n", start, self.have)
             if end >= 0:
-                break
+                break  # a whole head: parse_request_head refuses a bare LF in it
+            if _BARE_LF.search(self.buffer, start, self.have):
+                raise _BadRequest(BARE_LF_TEXT)
             scanned = self.have
             if self.have >= MAX_HEAD:
                 raise _BadRequest(f"request head is larger than {MAX_HEAD} bytes")

@@ -10,8 +10,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
+from transport.backends.url_params import single_params
 from transport.errors import ConnectError
 from transport.protocol import HTTP_ROUTES, HTTP_STATUS
 from transport.schema.ir import MessageIR
@@ -58,6 +59,15 @@ RFC 9112 3 allow."""
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t\x20-\x7e\x80-\xff]*)?")
 _HEX16 = re.compile(rb"[0-9a-fA-F]{16}")
 _DIGITS = re.compile(rb"[0-9]{1,19}")
+"""A status or port number (the client's reading of a response)."""
+_LENGTH_DIGITS = re.compile(rb"[0-9]+")
+"""A request's Content-Length: any number of digits, leading zeros included, as llhttp (Node)
+reads it; over ``MAX_CONTENT_LENGTH`` it is a 400 on both servers."""
+MAX_CONTENT_LENGTH = 2**64 - 1
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+BARE_LF_TEXT = "a bare LF ends a line of the request head: end every line with CRLF (RFC 9112 2.2)"
+"""The 400 BAD_FRAME text both servers give a request head with a LF not preceded by CR: refused
+as soon as it arrives, as llhttp (Node) refuses it, not waited on for a CRLFCRLF."""
 
 HTTP_VERBS = frozenset(
     b"ACL BIND CHECKOUT COPY DELETE GET HEAD LINK LOCK M-SEARCH MERGE MKACTIVITY MKCALENDAR MKCOL "
@@ -131,7 +141,7 @@ def parse_url(url: str, *, listener: bool = False) -> Address:
     if port == 0 and not listener:
         raise ConnectError(f"{url!r}: cannot connect to port 0")
     allow_remote = False
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    for key, value in single_params(url, parts.query).items():
         if key == "allow_remote" and listener:
             allow_remote = value.lower() in ("1", "true", "yes", "")
         else:

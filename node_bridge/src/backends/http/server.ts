@@ -20,7 +20,7 @@ import {
   serverLimits,
 } from "../../stream";
 import type { Listener, ListenOptions } from "../index";
-import { HEX16, MAX_HEAD, MAX_HEADERS, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
+import { BARE_LF_TEXT, HEX16, MAX_HEAD, MAX_HEADERS, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
 
 // -- server --------------------------------------------------------------------------------------
 
@@ -33,6 +33,26 @@ export interface Connection {
   readonly watch: ConnectionWatch | null;
   /** Responses ended whose bytes may still reference the session's buffer. */
   inflight: number;
+  /**
+   * The requests whose answer has not run yet, in arrival order. Node emits a pipelined
+   * request's 'request' event while the body of the one before is still being read (its 'end'
+   * comes a tick later): each request's answer waits for those before it, so the session sees
+   * them in order, as the Python server does (an async-state rule must not be skipped).
+   */
+  readonly turns: Turn[];
+  /** Requests whose response has not finished (been handed to the socket, or dropped). */
+  open: number;
+  /** Set once a response closes the connection: the requests after it are not answered. */
+  ended: boolean;
+  /** Set once the bytes after the last request are refused (a parse error): the 400 is sent. */
+  refusing: boolean;
+  /** The parse error's 400, waiting for the answers of the requests before it. */
+  afterAll: (() => void) | null;
+}
+
+/** One request's place in its connection's order: `run` answers it, once it may. */
+interface Turn {
+  run: (() => void) | null;
 }
 
 export const CONNECTION = Symbol("transport.http.connection");
@@ -100,7 +120,7 @@ export class HttpServer {
     this.stats.connections += 1;
     socket.setNoDelay(true);
     try {
-      socket[CONNECTION] = { session: this.sessions(), inflight: 0, watch };
+      socket[CONNECTION] = { session: this.sessions(), inflight: 0, watch, turns: [], open: 0, ended: false, refusing: false, afterAll: null };
     } catch (error) {
       process.emitWarning(`cannot create a session for a new http connection: ${String(error)}`);
       socket.destroy();
@@ -129,6 +149,11 @@ export class HttpServer {
     linger(socket);
   }
 
+  /**
+   * Bytes that are not a request: a 400 BAD_FRAME, then close. When they followed valid
+   * requests in the same write, those are answered first (as by the Python server, which reads
+   * requests one at a time): the 400 waits until their responses are sent.
+   */
   onClientError(error: NodeJS.ErrnoException, socket: net.Socket): void {
     if ((socket as TaggedSocket)[REFUSED]) return; // already answered 503 and lingering
     const code = error.code ?? "";
@@ -136,12 +161,35 @@ export class HttpServer {
       socket.destroy();
       return;
     }
+    const conn = (socket as TaggedSocket)[CONNECTION];
+    if (conn !== undefined) {
+      if (conn.refusing) return; // more bytes after the refused ones: one 400 is enough
+      conn.refusing = true;
+      if (conn.open > 0) {
+        conn.afterAll = () => this.#refuseBytes(error, socket);
+        return;
+      }
+    }
+    this.#refuseBytes(error, socket);
+  }
+
+  /** The 400 BAD_FRAME of a parse error (Python's texts for the same refusals), then close. */
+  #refuseBytes(error: NodeJS.ErrnoException, socket: net.Socket): void {
+    if (!socket.writable || socket.destroyed) {
+      socket.destroy();
+      return;
+    }
+    const code = error.code ?? "";
     const raw = (error as { rawPacket?: Buffer }).rawPacket;
     const preview = raw ? JSON.stringify(raw.subarray(0, 80).toString("latin1")) : "";
     const reason = (error as { reason?: string }).reason ?? "";
     // the Python server's texts for the same refusals (transport/backends/http/server.py)
     let text: string;
-    if (code === "HPE_HEADER_OVERFLOW") text = `request head is larger than ${MAX_HEAD} bytes`;
+    const at = (error as { bytesParsed?: number }).bytesParsed ?? -1;
+    const bareLf = (i: number): boolean => raw !== undefined && i >= 0 && raw[i] === 0x0a && (i < 1 || raw[i - 1] !== 0x0d);
+    if (code === "HPE_CR_EXPECTED" || bareLf(at - 1)) {
+      text = BARE_LF_TEXT; // llhttp stops at a LF without its CR, or right after it
+    } else if (code === "HPE_HEADER_OVERFLOW") text = `request head is larger than ${MAX_HEAD} bytes`;
     else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" && reason.startsWith("Duplicate")) {
       text = "duplicate Content-Length headers";
     } else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" || code === "HPE_INVALID_TRANSFER_ENCODING") {
@@ -169,31 +217,49 @@ export class HttpServer {
       return;
     }
     conn.watch?.reading(); // the head is in: the body must follow within readTimeoutMs
+    // this request's turn: it is answered after every request that came before it
+    const turn: Turn = { run: null };
+    conn.turns.push(turn);
+    conn.open += 1;
+    let finished = false;
+    const settle = (): void => {
+      if (finished) return;
+      finished = true;
+      conn.open -= 1;
+      const refusal = conn.afterAll;
+      if (conn.open === 0 && refusal !== null) {
+        conn.afterAll = null;
+        refusal();
+      }
+    };
+    res.once("finish", settle);
+    res.once("close", settle);
+    const reply = (run: () => void): void => {
+      turn.run = run;
+      this.#nextTurns(conn);
+    };
     if (req.httpVersionMajor !== 1 || !(req.url ?? "").startsWith("/")) {
       // as the Python server: only HTTP/1.x with an origin-form target is a request line
-      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
-        `not an HTTP/1.x request line: ${JSON.stringify(`${req.method ?? ""} ${(req.url ?? "").slice(0, 80)} HTTP/${req.httpVersion}`)}`,
-        true, accept);
+      const text = `not an HTTP/1.x request line: ${JSON.stringify(`${req.method ?? ""} ${(req.url ?? "").slice(0, 80)} HTTP/${req.httpVersion}`)}`;
+      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, text, true, accept));
       return;
     }
     if (req.rawHeaders.length / 2 > MAX_HEADERS) {
-      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, `more than ${MAX_HEADERS} header lines`, true, accept);
+      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, `more than ${MAX_HEADERS} header lines`, true, accept));
       return;
     }
     if (req.headers["transfer-encoding"] !== undefined) {
-      this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME,
-        "Transfer-Encoding is not supported: send Content-Length", true, accept);
+      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, "Transfer-Encoding is not supported: send Content-Length", true, accept));
       return;
     }
     const length = Number(req.headers["content-length"] ?? "0");
     if (length > this.maxBody) {
-      this.#refuse(res, conn, 413, ErrorCode.BODY_TOO_LARGE,
-        `Content-Length ${length} exceeds the maximum ${this.maxBody}`, true, accept);
+      reply(() => this.#refuse(res, conn, 413, ErrorCode.BODY_TOO_LARGE, `Content-Length ${length} exceeds the maximum ${this.maxBody}`, true, accept));
       return;
     }
     if (expectContinue) res.writeContinue();
     if (length === 0) {
-      this.#answer(req, res, conn, accept, EMPTY, 0, 0);
+      reply(() => this.#answer(req, res, conn, accept, EMPTY, 0, 0));
       return;
     }
     let first: Buffer | null = null;
@@ -205,14 +271,31 @@ export class HttpServer {
       else (parts ??= [first]).push(chunk);
     });
     req.on("end", () => {
-      if (res.headersSent || socket.destroyed) return;
-      if (got !== length || first === null) {
-        this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, "the request body is shorter than its Content-Length", true, accept);
-        return;
-      }
-      const body = parts === null ? (first as Buffer) : Buffer.concat(parts, got);
-      this.#answer(req, res, conn, accept, body, 0, got);
+      reply(() => {
+        if (res.headersSent || socket.destroyed) return;
+        if (got !== length || first === null) {
+          this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, "the request body is shorter than its Content-Length", true, accept);
+          return;
+        }
+        const body = parts === null ? (first as Buffer) : Buffer.concat(parts, got);
+        this.#answer(req, res, conn, accept, body, 0, got);
+      });
     });
+  }
+
+  /**
+   * Answer the requests at the front of the connection's order whose answer is ready; once a
+   * response closed the connection, the requests after it are dropped unanswered (as by the
+   * Python server, which reads nothing after such a response).
+   */
+  #nextTurns(conn: Connection): void {
+    const turns = conn.turns;
+    while (turns.length > 0) {
+      const run = (turns[0] as Turn).run;
+      if (run === null) return;
+      turns.shift();
+      if (!conn.ended) run();
+    }
   }
 
   #answer(
@@ -382,6 +465,7 @@ export class HttpServer {
     shared = false,
   ): void {
     if (close) {
+      conn.ended = true;
       const socket = res.socket;
       if (socket !== null) {
         // after the answer: half-close and drain, so the peer reads it instead of a reset

@@ -6,6 +6,7 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { ConnectError } from "../../errors";
+import { singleParams } from "../url_params";
 import { HTTP_ROUTES, HTTP_STATUS } from "../../protocol";
 
 
@@ -31,6 +32,11 @@ export const MAX_HEAD = 16 << 10;
 /** Most header lines a request may have, as on the Python side (more: 400 BAD_FRAME, closed). */
 export const MAX_HEADERS = 64;
 export const HEX16 = /^[0-9a-f]{16}$/;
+/**
+ * The 400 BAD_FRAME text both servers give a request head with a LF not preceded by CR (Python:
+ * `BARE_LF_TEXT`): llhttp refuses it as it arrives, and the Python server does the same.
+ */
+export const BARE_LF_TEXT = "a bare LF ends a line of the request head: end every line with CRLF (RFC 9112 2.2)";
 
 // -- URLs ----------------------------------------------------------------------------------------
 
@@ -69,7 +75,7 @@ export function parseUrl(url: string, listener = false): Address {
   }
   if (port === 0 && !listener) throw new ConnectError(`${JSON.stringify(url)}: cannot connect to port 0`);
   let allowRemote = false;
-  for (const [key, value] of new URLSearchParams(match[4] ?? "")) {
+  for (const [key, value] of singleParams(url, match[4] ?? "")) {
     if (key === "allow_remote" && listener) {
       allowRemote = ["1", "true", "yes", ""].includes(value.toLowerCase());
     } else {
