@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,89 @@ def test_limits_at_the_boundary_start_on_both(lang: str) -> None:
         with transport.connect(proc.url, timeout=10) as client:
             assert client.num_envs == 2
             client.reset(seed=1)
+
+
+# -- issue 22 item 7: the same mistakes in the same words (one line, exit 2) ----------------------
+
+NO_ENV_SCHEMA = (
+    '[schema]\nname = "noenv"\nversion = 1\n\n[structs.A]\nfields = [{ name = "x", type = "u8" }]\n'
+)
+
+SAME_REFUSALS: list[tuple[list[str], str, bool]] = [
+    (
+        ["--env", "contract", "--schema", "{tmp}/missing.toml"],
+        "{tmp}/missing.toml: cannot read schema: No such file or directory",
+        True,
+    ),
+    (
+        ["--env", "contract", "--schema", "{tmp}/folder.toml"],
+        "{tmp}/folder.toml: cannot read schema: not a regular file (a directory)",
+        True,
+    ),
+    (
+        ["--env", "contract", "--schema", "{tmp}/fifo.toml"],
+        "{tmp}/fifo.toml: cannot read schema: not a regular file (a FIFO)",
+        True,
+    ),
+    (
+        ["--env", "contract", "--schema", "{tmp}/noenv.toml"],
+        "{tmp}/noenv.toml: schema noenv has no [env] table",
+        True,
+    ),
+    (
+        ["--env", "echo", "--schema", "schema/tetris.toml"],
+        "--env echo speaks schema pac_env (7f1be4e3b718a454), not tetris",
+        True,
+    ),
+    (
+        ["--env", "echo", "--bogus"],
+        "unrecognized arguments: --bogus (see transport-serve --help)",
+        True,
+    ),
+    (
+        ["--env", "echo", "--seed"],
+        "argument --seed: expected one argument (see transport-serve --help)",
+        True,
+    ),
+    (["--env", "os:system"], "--env ", False),
+]
+"""(arguments after the URL, the start of the text after ``transport-serve: error: ``, whether
+the whole line is the same on both sides); every row exits 2 on both."""
+
+
+@pytest.mark.parametrize(("args", "start", "identical"), SAME_REFUSALS)
+def test_both_clis_refuse_the_same_mistakes_in_the_same_words(
+    tmp_path: Path, args: list[str], start: str, identical: bool
+) -> None:
+    require_lang("node")
+    os.mkfifo(tmp_path / "fifo.toml")
+    (tmp_path / "folder.toml").mkdir()
+    (tmp_path / "noenv.toml").write_text(NO_ENV_SCHEMA)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    url = unique_unix_url()
+    node = shutil.which("node")
+    assert node is not None
+    env = {
+        **os.environ,
+        "TRANSPORT_SCHEMA_CLI": str(Path(sys.executable).with_name("transport-schema")),
+    }
+    serve = [sys.executable, "-m", "transport.tools.serve_cli", url, *args]
+    answers = {
+        "python": _run_env([*serve, "--lang", "python"], env),
+        "wrapper-node": _run_env([*serve, "--lang", "node"], env),
+        "node": _run_env([node, str(NODE_SERVER), url, *args], env),
+    }
+    prefix = "transport-serve: error: " + start.replace("{tmp}", str(tmp_path))
+    for way, (code, line) in answers.items():
+        assert code == 2, f"{way}: exit {code}: {line}"
+        assert line.startswith(prefix), f"{way}: {line}"
+    if identical:
+        assert len({line for _, line in answers.values()}) == 1, answers
+    assert not os.path.exists(url.partition("://")[2])
+
+
+def _run_env(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert not done.stdout.startswith("ready"), f"{command} started a server"
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    return done.returncode, _error_line(done.stderr)

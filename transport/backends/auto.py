@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
-from urllib.parse import parse_qsl
 
 import numpy as np
 
 from transport.backends import backend_for
 from transport.backends.base import Channel
+from transport.backends.url_params import single_params
 from transport.client import DEFAULT_TIMEOUT
 from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, TransportError
@@ -150,7 +150,7 @@ def _parse(url: str) -> tuple[str, dict[str, str]]:
     name = name.strip("/")
     if not name or "/" in name:
         raise ConnectError(f"{url!r}: expected auto://NAME (a server name, no slashes)")
-    params = dict(parse_qsl(query, keep_blank_values=True))
+    params = single_params(url, query)
     unknown = set(params) - {"port"}
     if unknown:
         raise ConnectError(f"{url!r}: unknown parameter(s) {', '.join(sorted(unknown))}")

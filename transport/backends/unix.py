@@ -13,6 +13,7 @@ import socket
 from transport.backends.socket_listener import ConnectionWatch, ServerLimits, SocketListener
 from transport.backends.sockets import LISTEN_BACKLOG, claim_unix_path, connect_with_retry
 from transport.backends.stream import FramedSocket, StreamChannel, serve_connection
+from transport.backends.url_params import single_params
 from transport.codec import Schema
 from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, HEADER, MESSAGE_IDS, ErrorCode, encode_error
@@ -21,7 +22,12 @@ from transport.runtime.session import Session
 
 
 def socket_path(url: str) -> str:
-    path = url.partition("://")[2]
+    """The socket file of ``unix:///path``; a unix URL takes no query parameters, so any
+    ``?name=value`` is refused (it would otherwise become part of the file name)."""
+    path, mark, query = url.partition("://")[2].partition("?")
+    if mark:
+        given = ", ".join(single_params(url, query)) or "an empty query"
+        raise ConnectError(f"{url!r}: unknown parameter(s) {given} (unix:// URLs take none)")
     if not path:
         raise ConnectError(f"{url!r} names no socket path (expected unix:///path/to.sock)")
     if len(os.fsencode(path)) > 107:

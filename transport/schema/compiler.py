@@ -7,7 +7,9 @@ field. The file format is documented in ``docs/schema.md``.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -85,25 +87,95 @@ _SLOT_TEXT: tuple[tuple[str, str], ...] = (
 """The text areas after a derived slot's result: the error text and the server's info map."""
 
 
+MAX_SCHEMA_FILE_BYTES = 4 << 20
+"""The largest schema file read (4 MiB; the project's largest is under 10 KB): a bigger file, or
+one that keeps growing (``/dev/zero`` through a link), is refused before it exhausts memory."""
+
+
 def load_schema(path: str | Path) -> SchemaIR:
     """Parse and validate a schema file, returning its layout IR."""
     path = Path(path)
     return compile_schema(_read(path), str(path))
 
 
-def _read(path: Path) -> str:
-    """A schema file's text; an unreadable or non-UTF-8 file is a SchemaError."""
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in the words of the refusal."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _check_stat(info: os.stat_result, path: Path) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = _kind(info.st_mode)
+        what = kind if kind.startswith("not ") else f"not a regular file ({kind})"
+        raise SchemaError(f"cannot read schema: {what}", file=_short_path(path))
+    if info.st_size > MAX_SCHEMA_FILE_BYTES:
+        raise SchemaError(
+            f"cannot read schema: {info.st_size} bytes, over the {MAX_SCHEMA_FILE_BYTES}-byte "
+            "limit of a schema file",
+            file=_short_path(path),
+        )
+
+
+def check_schema_file(path: Path) -> None:
+    """Refuse, without opening it, what is not a readable schema file: a missing path, a
+    directory, a FIFO, a device, a socket, or a file over ``MAX_SCHEMA_FILE_BYTES``."""
     try:
-        return path.read_text(encoding="utf-8")
+        info = os.stat(path)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise SchemaError(f"cannot read schema: {reason}", file=_short_path(path)) from exc
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise SchemaError(f"cannot read schema: {exc}", file=_short_path(path)) from exc
+    _check_stat(info, path)
+
+
+def _read(path: Path) -> str:
+    """A schema file's text; an unreadable, non-regular, oversized or non-UTF-8 file is a
+    SchemaError. Opened non-blocking, so a FIFO without a writer cannot hang the caller; the
+    type and size are checked on the open file, and at most the cap plus one byte is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise SchemaError(f"cannot read schema: {reason}", file=_short_path(path)) from exc
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise SchemaError(f"cannot read schema: {exc}", file=_short_path(path)) from exc
+    try:
+        _check_stat(os.fstat(fd), path)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_SCHEMA_FILE_BYTES:
+            chunk = os.read(fd, MAX_SCHEMA_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise SchemaError(f"cannot read schema: {reason}", file=_short_path(path)) from exc
+    finally:
+        os.close(fd)
+    if size > MAX_SCHEMA_FILE_BYTES:
+        raise SchemaError(
+            f"cannot read schema: over the {MAX_SCHEMA_FILE_BYTES}-byte limit of a schema file",
+            file=_short_path(path),
+        )
+    data = b"".join(chunks)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SchemaError(
             f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)
         ) from exc
-    except ValueError as exc:  # e.g. a NUL byte in the path
-        raise SchemaError(f"cannot read schema: {exc}", file=_short_path(path)) from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text
 
 
 def _short_path(path: Path) -> str:

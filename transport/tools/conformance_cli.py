@@ -35,6 +35,7 @@ from transport.conformance.runner import (
 from transport.errors import SchemaError
 from transport.schema import load_schema
 from transport.tools import quiet_on_broken_pipe
+from transport.tools.cli_args import ArgumentParser, positive_seconds, schema_path
 
 DESCRIPTION = """\
 Check that the Python codec and another language's codec (by default the Node.js testee built
@@ -86,7 +87,7 @@ The Node testee is node_bridge/dist/conformance/testee.js; build it with
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="transport-conformance",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -95,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "files",
         nargs="*",
-        type=Path,
+        type=schema_path,
         metavar="FILE",
         help="schema files to check (default: every schema/*.toml under --root)",
     )
@@ -125,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--testee",
         metavar="CMD",
+        type=_testee_spec,
         default=None,
         help="command that runs the testee, shell-split "
         "(default: node ROOT/node_bridge/dist/conformance/testee.js); "
@@ -133,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         metavar="CHECK[,CHECK]",
+        type=_checks,
         default=None,
         help=f"run only these checks: {', '.join(CHECKS)} (default: all)",
     )
@@ -144,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=120.0,
         metavar="SECONDS",
         help="give up when the testee does not answer a request within this time (default 120)",
@@ -173,6 +176,30 @@ def _testee_argv(spec: str | None, root: Path, schemas: list[Path]) -> list[str]
     return shlex.split(spec)
 
 
+def _testee_spec(text: str) -> str:
+    """The --testee command: shell-split at parse time, so bad quoting is a usage error."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if not words:
+        raise argparse.ArgumentTypeError("an empty command")
+    return text
+
+
+def _checks(text: str) -> tuple[str, ...]:
+    """--only CHECK[,CHECK]: at least one check, each a known one, in the runner's order."""
+    named = [c.strip() for c in text.split(",") if c.strip()]
+    if not named:
+        raise argparse.ArgumentTypeError(f"names no check; choose from {', '.join(CHECKS)}")
+    unknown = [c for c in named if c not in CHECKS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)}"
+        )
+    return tuple(c for c in CHECKS if c in named)
+
+
 def _print_first_failure(results: list[SchemaResult], lang: str) -> None:
     for result in results:
         if result.failures:
@@ -198,18 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no schema files under {root / 'schema'} (pass FILE or --root)")
     if args.count < 0:
         parser.error("--count must be at least 0")
-    checks: tuple[str, ...] = CHECKS
-    if args.only:
-        checks = tuple(c.strip() for c in args.only.split(",") if c.strip())
-        unknown = [c for c in checks if c not in CHECKS]
-        if unknown:
-            parser.error(f"unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)}")
-        checks = tuple(c for c in CHECKS if c in checks)
+    checks: tuple[str, ...] = CHECKS if args.only is None else args.only
     golden = (args.golden_dir or golden_root(root)).resolve()
     try:
         irs = [load_schema(p) for p in paths]
     except SchemaError as exc:
-        print(f"transport-conformance: {exc}", file=sys.stderr)
+        print(f"transport-conformance: error: {exc}", file=sys.stderr)
         return 2
 
     if args.write_golden:

@@ -13,8 +13,10 @@ from typing import Any
 
 from transport.codec import Schema
 from transport.envs import ENVS, env_factory, env_schema
-from transport.errors import SchemaError, TransportError
+from transport.errors import ProtocolError, SchemaError, TransportError
+from transport.schema.compiler import check_schema_file
 from transport.tools import quiet_on_broken_pipe
+from transport.tools.cli_args import ArgumentParser
 
 _DESCRIPTION = """\
 Serve an env until SIGINT or SIGTERM: a reference env by name, or your own env factory as
@@ -24,7 +26,9 @@ port that was bound).
 
   transport-serve unix:///tmp/pac.sock --env pac --lang node
   transport-serve unix:///tmp/g.sock --env mygame.envs:GridWorld --schema grid.toml --num-envs 16
+                                          (mygame from the current folder, as python -m finds it)
   transport-serve unix:///tmp/g.sock --env ./dist/grid.js:GridWorld --schema grid.toml --lang node
+                                          (Node compiles grid.toml with transport-schema)
   transport-serve http://127.0.0.1:8080 --env echo --num-envs 8
   transport-serve unix:///tmp/pac.sock --env pac --num-envs 8 --masked-actions noop
                                           for trainers that ignore masks (plain PPO)
@@ -44,7 +48,9 @@ variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq key
 Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL) or
 stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
 line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs,
---max-connections, --idle-timeout, --read-timeout: each must be positive).
+--max-connections, --idle-timeout, --read-timeout: each must be positive), a schema file that
+cannot be read or compiled (or has no [env] table), an --env that cannot be loaded, or a
+reference env given a --schema other than its own (--env contract serves any schema).
 Limits (unix, http; docs/server.md): at most --max-connections clients at once (default 1024;
 one more gets a "server busy" ERROR, on http a 503, and is closed), a connection idle for
 --idle-timeout seconds is closed (default 600), and a request must arrive completely within
@@ -58,7 +64,7 @@ def node_server_script() -> Path:
 
 @quiet_on_broken_pipe
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="transport-serve",
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -188,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                 command += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
         if args.masked_actions != "reject":
             command += ["--masked-actions", args.masked_actions]
+        if "TRANSPORT_SCHEMA_CLI" not in os.environ:  # Node compiles --schema FILE.toml with it
+            beside = Path(sys.executable).with_name("transport-schema")
+            found = beside if beside.is_file() else shutil.which("transport-schema")
+            if found is not None:
+                os.environ["TRANSPORT_SCHEMA_CLI"] = str(found)
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 
@@ -203,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_server_limits(schema, args.url, num_envs=args.num_envs, max_body=max_body)
-    except ValueError as exc:
+    except (ValueError, ProtocolError) as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 2
     try:
@@ -247,29 +258,51 @@ def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
 
 
 class _EnvSpecError(Exception):
-    """--env names a factory that cannot be loaded (the message says why)."""
+    """--env names a factory that cannot be loaded, or a reference env was given a schema that
+    is not its own (the message says why)."""
 
 
 def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], Any], Schema]:
-    """The env factory and schema for ``--env`` / ``--schema`` (the file wins)."""
+    """The env factory and schema for ``--env`` / ``--schema`` (the file wins); a schema that
+    cannot be served (no ``[env]`` table) is refused here, before anything is created."""
+    factory, schema = _load_env_and_schema(spec, schema_file)
+    if schema.ir.env is None:
+        raise SchemaError(
+            f"schema {schema.name} has no [env] table: a served schema names its result and "
+            "request structs there (docs/schema.md)",
+            file=str(schema_file) if schema_file is not None else "",
+        )
+    return factory, schema
+
+
+def _load_env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], Any], Schema]:
     from transport import load_schema
 
     if spec == "contract":  # the contract suite's env, for any schema (--schema FILE or NAME)
         from transport.testing.contract_env import contract_factory, schema_named
 
+        if schema_file is not None and _names_a_file(schema_file):
+            check_schema_file(schema_file)  # the loader's words for a missing or special file
         schema = schema_named(schema_file or "pac_env")
         return contract_factory(schema), schema
     if spec in ENVS:
-        return env_factory(spec), load_schema(schema_file) if schema_file else env_schema(spec)
+        own = env_schema(spec)
+        if schema_file is None:
+            return env_factory(spec), own
+        given = load_schema(schema_file)
+        if given.fingerprint != own.fingerprint:
+            raise _EnvSpecError(_schema_mismatch(spec, own, given, str(schema_file)))
+        return env_factory(spec), given
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
         raise _EnvSpecError(f"--env {spec!r}: expected package.module:Factory")
+    _import_from_current_folder()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or whatever the module raises on import
         raise _EnvSpecError(
             f"--env {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc} "
-            "(is its package on PYTHONPATH, or installed?)"
+            "(is it in the current folder, on PYTHONPATH, or installed?)"
         ) from exc
     found = getattr(module, attr, None)
     if not callable(found):
@@ -286,6 +319,35 @@ def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], A
             f"{attr} or {module_name} a SCHEMA attribute (transport.load_schema(...))"
         )
     return found, declared
+
+
+def _names_a_file(spec: Path) -> bool:
+    """``--schema`` names a file, not a built-in schema: a .toml or .json path whose file name
+    is not a generated schema's (schema/NAME.toml stands for NAME, as in the Node CLI)."""
+    import importlib.util
+
+    if spec.suffix not in (".toml", ".json"):
+        return False
+    if spec.suffix == ".toml" and spec.stem.isidentifier() and not spec.exists():
+        return importlib.util.find_spec(f"transport.generated.{spec.stem}") is None
+    return True
+
+
+def _schema_mismatch(env: str, own: Schema, given: Schema, file: str) -> str:
+    """The refusal of a reference env given another schema; the Node CLI says the same."""
+    return (
+        f"--env {env} speaks schema {own.name} ({own.fingerprint:016x}), not {given.name} "
+        f"({given.fingerprint:016x}) of --schema {file}: every step would fail; serve any "
+        "schema with --env contract, or your env with --env module:Factory"
+    )
+
+
+def _import_from_current_folder() -> None:
+    """Let ``--env mod:Factory`` find ``mod`` in the current folder, as ``python -m`` does
+    (a console script's ``sys.path`` starts at its own bin folder, not the current one)."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def _url_num_envs(url: str) -> int | None:

@@ -10,6 +10,7 @@
 import { chmodSync, lstatSync, statSync, unlinkSync } from "node:fs";
 import * as net from "node:net";
 import { ConnectError } from "../errors";
+import { singleParams } from "./url_params";
 import type { EnvHost } from "../runtime/host";
 import { type Session, sessionsOf } from "../runtime/session";
 import {
@@ -27,9 +28,19 @@ import {
 import { DEFAULT_MAX_BODY, ErrorCode } from "../protocol";
 import type { Listener, ListenOptions } from "./index";
 
+/**
+ * The socket file of `unix:///path`; a unix URL takes no query parameters, so any `?name=value`
+ * is refused (it would otherwise become part of the file name), as in transport/backends/unix.py.
+ */
 export function socketPath(url: string): string {
   const sep = url.indexOf("://");
-  const path = sep < 0 ? "" : url.slice(sep + 3);
+  const rest = sep < 0 ? "" : url.slice(sep + 3);
+  const q = rest.indexOf("?");
+  if (q >= 0) {
+    const given = [...singleParams(url, rest.slice(q + 1)).keys()].join(", ") || "an empty query";
+    throw new ConnectError(`${JSON.stringify(url)}: unknown parameter(s) ${given} (unix:// URLs take none)`);
+  }
+  const path = rest;
   if (!path) {
     throw new ConnectError(`${JSON.stringify(url)} names no socket path (expected unix:///path/to.sock)`);
   }

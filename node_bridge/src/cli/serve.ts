@@ -4,18 +4,26 @@
  * execs `node node_bridge/dist/cli/serve.js URL --env NAME --num-envs N [--seed S]
  * [--max-body B]`). Prints exactly `ready <url>` on stdout once clients can connect; on SIGINT
  * or SIGTERM closes (removing the socket file or the shm:// segment) and exits 0; on a start
- * failure prints `transport-serve: error: <message>` on stderr and exits 1 (2 for bad arguments).
+ * failure prints one line `transport-serve: error: <message>` on stderr (never a stack) and
+ * exits 1, or 2 for bad arguments, a schema file that cannot be read, an --env that cannot be
+ * loaded and a reference env given another schema (the words of the Python CLI).
  */
 
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { basename, join, resolve } from "node:path";
 import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
+import { onShmServerStopped } from "../backends/shm/server";
 import { ENV_SCHEMAS, ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
 import type { EnvFactory } from "../runtime/env";
 import { MASKED_ACTION_POLICIES, type MaskedActions } from "../runtime/core";
-import { type WorkerEnvSpec, schemaFromPath } from "../runtime/pool";
+import type { WorkerEnvSpec } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
 import { SCHEMAS } from "../generated";
+import type { SchemaModule } from "../codec";
+import { SchemaError } from "../errors";
+import { loadSchemaFile } from "../schema_file";
 import { DEFAULT_MAX_BODY } from "../protocol";
 import { MAX_BODY_LIMIT, MAX_NUM_ENVS, type Server, checkServerLimits, serve } from "../server";
 import type { ServerLimits } from "../stream";
@@ -35,8 +43,10 @@ port that was bound).
                  module (path) exporting an env factory or class
   --schema S     the schema the env speaks (default pac_env): a built-in schema by name
                  (${Object.keys(SCHEMAS).sort().join(", ")}; schema/NAME.toml names it too), a
-                 compiled IR (.json, transport-schema inspect --json) or a generated module
-                 exporting SCHEMA
+                 schema file (.toml, compiled by transport-schema on PATH or
+                 TRANSPORT_SCHEMA_CLI), a compiled IR (.json, transport-schema inspect --json)
+                 or a generated module exporting SCHEMA; a reference env serves only its own
+                 schema (--env contract serves any)
   --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs)
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
@@ -52,7 +62,9 @@ port that was bound).
 
 Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments or limits
 (--num-envs 1..65536, --max-body 1..4294967295 and large enough for the schema's requests; a
-step response for every env must fit in max(--max-body, 64 MiB): the rules of the Python CLI).
+step response for every env must fit in max(--max-body, 64 MiB): the rules of the Python CLI),
+a schema that cannot be read or has no [env] table, an --env that cannot be loaded, or a
+reference env given a schema other than its own.
 `;
 
 interface Args {
@@ -94,7 +106,7 @@ function parseArgs(argv: readonly string[]): Args | null {
     const [flag, inline] = arg.startsWith("--") && arg.includes("=") ? arg.split(/=(.*)/s, 2) : [arg, undefined];
     const value = (): string => {
       const v = inline ?? argv[++i];
-      if (v === undefined) throw new UsageError(`${flag} needs a value`);
+      if (v === undefined) throw new UsageError(`argument ${flag}: expected one argument`);
       return v;
     };
     const integer = (text: string, name: string): number => {
@@ -154,12 +166,21 @@ function parseArgs(argv: readonly string[]): Args | null {
         break;
       }
       default:
-        if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unexpected argument ${JSON.stringify(arg)}`);
+        // argparse's words, as the Python CLI says them
+        if (arg.startsWith("-") || url !== undefined) throw new UsageError(`unrecognized arguments: ${arg}`);
         url = arg;
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
   return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers, limits, maskedActions };
+}
+
+/** A start-up refusal of the command line's content (exit 2, like a usage error). */
+class StartError extends Error {}
+
+/** The first line of an error's message: Node's "Require stack" and stacks stay out. */
+function firstLine(error: unknown): string {
+  return (error instanceof Error ? error.message : String(error)).split("\n", 1)[0] as string;
 }
 
 /** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
@@ -169,11 +190,23 @@ function loadEnv(spec: string): { factory: EnvFactory<unknown>; envName: string;
     return { factory: known as EnvFactory<unknown>, envName: spec, workerEnv: null };
   }
   const cut = spec.lastIndexOf(":");
-  const module = resolve(spec.slice(0, cut));
+  const modulePath = spec.slice(0, cut);
   const exportName = spec.slice(cut + 1);
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const factory = (require(module) as Record<string, unknown>)[exportName];
-  if (typeof factory !== "function") throw new Error(`${module} exports no env factory or class ${JSON.stringify(exportName)}`);
+  if (!modulePath || !exportName) throw new StartError(`--env ${JSON.stringify(spec)}: expected path/to/module.js:Factory`);
+  const module = resolve(modulePath);
+  let exports: Record<string, unknown>;
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    exports = require(module) as Record<string, unknown>;
+  } catch (error) {
+    throw new StartError(`--env ${JSON.stringify(spec)}: cannot load ${modulePath}: ${firstLine(error)}`);
+  }
+  const factory = exports?.[exportName];
+  if (typeof factory !== "function") {
+    throw new StartError(
+      `--env ${JSON.stringify(spec)}: ${modulePath} has no callable ${exportName} (a class or a zero-argument function that returns an env)`,
+    );
+  }
   return { factory: factory as EnvFactory<unknown>, envName: exportName, workerEnv: { module, exportName } };
 }
 
@@ -190,12 +223,51 @@ function schemaLocation(spec: string): string {
   return resolve(spec);
 }
 
+/**
+ * The schema `--schema` names and the path worker threads load it from: a `.toml` file is
+ * compiled by `transport-schema` (loadSchemaFile) and, when there are `workers`, its IR written
+ * to a private temporary file for them (removed at exit). Every failure is a one-line
+ * `SchemaError`.
+ */
+function loadSchemaSpec(spec: string, workers: number): { schema: SchemaModule; path: string } {
+  const location = schemaLocation(spec);
+  if (location.startsWith(join(__dirname, "..", "generated"))) {
+    return { schema: loadSchemaFile(location), path: location };
+  }
+  if (spec.endsWith(".toml")) {
+    const schema = loadSchemaFile(spec);
+    if (workers === 0) return { schema, path: location }; // only worker threads load the path
+    const dir = mkdtempSync(join(tmpdir(), "transport-serve-schema-"));
+    process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+    const path = join(dir, `${schema.name}.json`);
+    writeFileSync(path, JSON.stringify(schema.ir), { mode: 0o600 });
+    return { schema, path };
+  }
+  try {
+    return { schema: loadSchemaFile(spec), path: location };
+  } catch (error) {
+    if (error instanceof SchemaError) throw error;
+    throw new SchemaError(`${spec}: cannot load schema: ${firstLine(error)}`);
+  }
+}
+
+/** The refusal of a reference env given another schema: the Python CLI's words. */
+function checkOwnSchema(env: string, given: SchemaModule, file: string): void {
+  if (!Object.prototype.hasOwnProperty.call(ENVS, env)) return;
+  const own = SCHEMAS[ENV_SCHEMAS[env] ?? "pac_env"];
+  if (own === undefined || own.fingerprint === given.fingerprint) return;
+  throw new StartError(
+    `--env ${env} speaks schema ${own.name} (${own.fingerprintHex}), not ${given.name} (${given.fingerprintHex}) ` +
+      `of --schema ${file}: every step would fail; serve any schema with --env contract, or your env with --env module:Factory`,
+  );
+}
+
 async function main(argv: readonly string[]): Promise<number> {
   let args: Args | null;
   try {
     args = parseArgs(argv);
   } catch (error) {
-    process.stderr.write(`${USAGE}\ntransport-serve: error: ${(error as Error).message}\n`);
+    process.stderr.write(`transport-serve: error: ${(error as Error).message} (see transport-serve --help)\n`);
     return 2;
   }
   if (args === null) {
@@ -204,9 +276,19 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   let server: Server;
   try {
+    // the order of the Python CLI: a user's module is imported before its schema is read
+    const userEnv = args.env !== "contract" && !Object.prototype.hasOwnProperty.call(ENVS, args.env) ? loadEnv(args.env) : null;
     const schemaName = args.schema ?? ENV_SCHEMAS[args.env] ?? null; // a reference env's own schema
-    const schemaPath = schemaName === null ? null : schemaLocation(schemaName);
-    const schema = schemaPath === null ? pac_env.SCHEMA : schemaFromPath(schemaPath);
+    const loaded = schemaName === null ? null : loadSchemaSpec(schemaName, args.workers);
+    const schemaPath = loaded === null ? null : loaded.path;
+    const schema = loaded === null ? pac_env.SCHEMA : loaded.schema;
+    if (args.schema !== null && args.env !== "contract") checkOwnSchema(args.env, schema, args.schema);
+    if (schema.ir.env === undefined || schema.ir.env === null) {
+      const where = args.schema !== null ? `${args.schema}: ` : "";
+      throw new SchemaError(
+        `${where}schema ${schema.name} has no [env] table: a served schema names its result and request structs there (docs/schema.md)`,
+      );
+    }
     const { factory, envName, workerEnv } =
       args.env === "contract"
         ? {
@@ -214,7 +296,7 @@ async function main(argv: readonly string[]): Promise<number> {
             envName: "contract",
             workerEnv: { module: join(__dirname, "..", "envs", "contract_worker.js"), exportName: "contract" },
           }
-        : loadEnv(args.env);
+        : (userEnv ?? loadEnv(args.env));
     if (args.url.toLowerCase().startsWith("shm://")) {
       // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
       const shm = parseShmUrl(args.url);
@@ -243,8 +325,11 @@ async function main(argv: readonly string[]): Promise<number> {
       maskedActions: args.maskedActions,
     });
   } catch (error) {
-    process.stderr.write(`transport-serve: error: ${(error as Error).message}\n`);
-    return 1;
+    // the command line names something unusable: a usage error (2), as in the Python CLI
+    const refused = error instanceof StartError || error instanceof SchemaError;
+    const message = refused ? firstLine(error) : String((error as Error).message).replace(/\nRequire stack:[\s\S]*$/, "");
+    process.stderr.write(`transport-serve: error: ${message}\n`);
+    return refused ? 2 : 1;
   }
   return new Promise<number>((resolve) => {
     let stopping = false;
@@ -263,6 +348,11 @@ async function main(argv: readonly string[]): Promise<number> {
     };
     process.on("SIGINT", stop);
     process.on("SIGTERM", stop);
+    // an shm:// server whose region another process changed stops on its own: exit 1, saying why
+    onShmServerStopped((reason) => {
+      process.stderr.write(`transport-serve: error: ${reason}\n`);
+      resolve(1);
+    });
     process.stdout.write(`ready ${server.url}\n`);
   });
 }

@@ -25,11 +25,11 @@ import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl
 
 import numpy as np
 
 from transport import native
+from transport.backends.url_params import single_params
 from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, ProtocolError
 from transport.generated import pac_shm
@@ -307,7 +307,7 @@ def parse_url(url: str) -> ShmUrl:
             f"{url!r}: the region name must be 1-201 characters of A-Z a-z 0-9 . _ - "
             "(it becomes /dev/shm/transport-<name>)"
         )
-    params = dict(parse_qsl(query, keep_blank_values=True))
+    params = single_params(url, query)
     unknown = set(params) - {"num_envs", "wait", "spin", "slice_ms", "checksum"}
     if unknown:
         raise ConnectError(f"{url!r}: unknown parameter(s) {', '.join(sorted(unknown))}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import zmq
@@ -133,8 +134,26 @@ class _AllowList:
         return admitted
 
 
+_KEY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+"""A key pair's name: a plain file name (no folder, no leading dot or dash), at most 100 chars."""
+
+
+def check_key_name(name: str) -> str:
+    """``name`` if it is a plain key name, else ``ConnectError``: ``../evil`` or ``a/b`` would
+    write outside the keys folder, ``.x`` would hide the file, ``-x`` reads as an option."""
+    if not _KEY_NAME.fullmatch(name):
+        raise ConnectError(
+            f"key name {name!r} is not a plain name (1-100 characters of A-Z a-z 0-9 _ . -, "
+            "not starting with . or -): the files are DIR/NAME.key and DIR/NAME.key_secret"
+        )
+    return name
+
+
 def keygen(directory: str, names: list[str], *, force: bool = False) -> list[dict[str, str]]:
-    """Create CURVE key pairs ``DIR/NAME.key`` (public) and ``DIR/NAME.key_secret`` (0600)."""
+    """Create CURVE key pairs ``DIR/NAME.key`` (public) and ``DIR/NAME.key_secret`` (0600);
+    every name is checked (``check_key_name``) before anything is created."""
+    for name in names:
+        check_key_name(name)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     made = []
     for name in names:
@@ -156,8 +175,17 @@ def keygen(directory: str, names: list[str], *, force: bool = False) -> list[dic
     return made
 
 
+def _key_name(text: str) -> str:
+    try:
+        return check_key_name(text)
+    except ConnectError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from transport.tools.cli_args import ArgumentParser
+
+    parser = ArgumentParser(
         prog="python -m transport.backends.zmq",
         description="ZeroMQ backend tools. keygen: create CURVE key pairs for zmq+tcp.",
         epilog=(
@@ -170,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     gen = commands.add_parser("keygen", help="create NAME.key and NAME.key_secret in DIR")
     gen.add_argument("directory", metavar="DIR")
     gen.add_argument(
-        "--name", action="append", help="key pair name (repeatable; default: server, client)"
+        "--name",
+        action="append",
+        type=_key_name,
+        help="key pair name, a plain file name (repeatable; default: server, client)",
     )
     gen.add_argument("--force", action="store_true", help="replace existing key files")
     gen.add_argument("--json", action="store_true", help="machine-readable output")
@@ -178,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         made = keygen(args.directory, args.name or ["server", "client"], force=args.force)
     except (ConnectError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(made, indent=2))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl
 
 import zmq
 import zmq.auth
 
+from transport.backends.url_params import single_params
 from transport.errors import (
     ConnectError,
 )
@@ -27,6 +28,8 @@ Measured (docs/zmq.md): tracking a zero-copy send costs ~40 us, more than copyin
 below 1 MiB a copy into the zmq message is cheaper."""
 DEFAULT_HEARTBEAT = 1.0
 """ZMTP heartbeat interval in seconds; a peer silent for 3 intervals is disconnected."""
+MAX_HEARTBEAT = 86400.0
+"""The longest ``?heartbeat=`` interval (a day: 3 intervals in ms still fit libzmq's int)."""
 MAX_SESSIONS = 1024
 """Sessions a server keeps (least recently used beyond this are dropped; ROUTER sees no closes)."""
 
@@ -98,12 +101,13 @@ def parse_url(url: str) -> Address:
     if not sep or scheme not in ("zmq+ipc", "zmq+tcp"):
         raise ConnectError(f"{url!r} is not a zmq+ipc:// or zmq+tcp:// URL")
     location, _, query = rest.partition("?")
-    params: dict[str, str] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
+    params = single_params(url, query)
+    for key in params:
         if key not in _PARAMS:
             known = ", ".join(sorted(_PARAMS))
             raise ConnectError(f"{url!r}: unknown query parameter {key!r} (known: {known})")
-        params[key] = value
+    if "heartbeat" in params:
+        _heartbeat_seconds(params["heartbeat"])  # a bad interval is refused with the URL
     if scheme == "zmq+ipc":
         if not location:
             raise ConnectError(f"{url!r} names no socket path (expected zmq+ipc:///path)")
@@ -130,13 +134,23 @@ def _more(sock: Sock) -> bool:
     return bool(sock.getsockopt(zmq.RCVMORE))
 
 
-def _heartbeat_ms(address: Address) -> int:
-    text = address.params.get("heartbeat")
+def _heartbeat_seconds(text: str) -> float:
+    """``?heartbeat=SECONDS``: 0 (off) or 0.001..MAX_HEARTBEAT; anything else is refused."""
     try:
-        seconds = DEFAULT_HEARTBEAT if text is None else float(text)
+        seconds = float(text)
     except ValueError:
         raise ConnectError(f"heartbeat={text!r} is not a number of seconds") from None
-    return max(0, int(seconds * 1000))
+    if not math.isfinite(seconds) or not (seconds == 0 or 0.001 <= seconds <= MAX_HEARTBEAT):
+        raise ConnectError(
+            f"heartbeat={text!r} must be 0 (off) or 0.001..{MAX_HEARTBEAT:g} seconds"
+        )
+    return seconds
+
+
+def _heartbeat_ms(address: Address) -> int:
+    text = address.params.get("heartbeat")
+    seconds = DEFAULT_HEARTBEAT if text is None else _heartbeat_seconds(text)
+    return int(seconds * 1000)
 
 
 def _common_options(sock: Sock, address: Address, max_body: int) -> None:

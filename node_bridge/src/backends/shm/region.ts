@@ -18,6 +18,7 @@ import * as zlib from "node:zlib";
 import type { SchemaModule } from "../../codec";
 import { schemaIrText } from "../../protocol";
 import { ConnectError, ProtocolError } from "../../errors";
+import { singleParams } from "../url_params";
 import * as pac_shm from "../../generated/pac_shm";
 import * as protocol from "../../generated/protocol";
 import { controlSizes, type FieldJson, type ShmJson } from "../../ir";
@@ -222,6 +223,7 @@ export function parseShmUrl(url: string): ShmUrl {
         "(it becomes /dev/shm/transport-<name>)",
     );
   }
+  singleParams(url, query); // refuses a parameter given twice
   const params = new URLSearchParams(query);
   const unknown = [...new Set(params.keys())].filter((k) => !["num_envs", "wait", "spin", "slice_ms", "checksum"].includes(k));
   if (unknown.length > 0) {

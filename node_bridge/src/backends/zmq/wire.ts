@@ -8,6 +8,7 @@ import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { isIP } from "node:net";
 import { join } from "node:path";
 import { ConnectError, TransportError } from "../../errors";
+import { singleParams } from "../url_params";
 import { HEADER_SIZE } from "../../protocol";
 
 
@@ -78,17 +79,16 @@ export function parseUrl(url: string): Address {
   const rest = url.slice(sep + 3);
   const q = rest.indexOf("?");
   const location = q < 0 ? rest : rest.slice(0, q);
-  const params = new Map<string, string>();
-  if (q >= 0) {
-    for (const [key, value] of new URLSearchParams(rest.slice(q + 1))) {
-      if (!PARAMS.has(key)) {
-        throw new ConnectError(
-          `${JSON.stringify(url)}: unknown query parameter ${JSON.stringify(key)} (known: ${[...PARAMS].sort().join(", ")})`,
-        );
-      }
-      params.set(key, value);
+  const params = singleParams(url, q < 0 ? "" : rest.slice(q + 1));
+  for (const key of params.keys()) {
+    if (!PARAMS.has(key)) {
+      throw new ConnectError(
+        `${JSON.stringify(url)}: unknown query parameter ${JSON.stringify(key)} (known: ${[...PARAMS].sort().join(", ")})`,
+      );
     }
   }
+  const heartbeat = params.get("heartbeat");
+  if (heartbeat !== undefined) heartbeatSeconds(heartbeat); // a bad interval is refused with the URL
   if (scheme === "zmq+ipc") {
     if (!location) throw new ConnectError(`${JSON.stringify(url)} names no socket path (expected zmq+ipc:///path)`);
     if (Buffer.byteLength(location) > 107) {
@@ -111,14 +111,25 @@ export function parseUrl(url: string): Address {
   return new Address(url, "tcp", "", host, port, params);
 }
 
+/** The longest `?heartbeat=` interval in seconds (a day: 3 intervals in ms fit libzmq's int). */
+export const MAX_HEARTBEAT_S = 86400;
+
+/** `?heartbeat=SECONDS`: 0 (off) or 0.001..MAX_HEARTBEAT_S; anything else is refused. */
+function heartbeatSeconds(text: string): number {
+  const seconds = Number(text);
+  if (text.trim() === "" || Number.isNaN(seconds)) {
+    throw new ConnectError(`heartbeat=${JSON.stringify(text)} is not a number of seconds`);
+  }
+  if (!Number.isFinite(seconds) || !(seconds === 0 || (seconds >= 0.001 && seconds <= MAX_HEARTBEAT_S))) {
+    throw new ConnectError(`heartbeat=${JSON.stringify(text)} must be 0 (off) or 0.001..${MAX_HEARTBEAT_S} seconds`);
+  }
+  return seconds;
+}
+
 export function heartbeatMs(address: Address): number {
   const text = address.params.get("heartbeat");
   if (text === undefined) return DEFAULT_HEARTBEAT_MS;
-  const seconds = Number(text);
-  if (text.trim() === "" || !Number.isFinite(seconds)) {
-    throw new ConnectError(`heartbeat=${JSON.stringify(text)} is not a number of seconds`);
-  }
-  return Math.max(0, Math.trunc(seconds * 1000));
+  return Math.trunc(heartbeatSeconds(text) * 1000);
 }
 
 /** Options both sides set (docs/zmq.md): linger 0, the part size cap, heartbeats, IPv6. */
