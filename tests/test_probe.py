@@ -222,15 +222,19 @@ def test_probe_a_running_server_by_url(tmp_path: Path) -> None:
 
 
 def test_a_url_row_is_compared_with_the_socket_floor_of_its_bytes(tmp_path: Path) -> None:
+    """The floors of the row's own bytes: the C socket floor and the raw floor of its scheme
+    and server language, which is the one that applies."""
     with ServerProcess(unique_unix_url(), env="echo", lang="python", num_envs=8) as server:
         done = run_probe("--url", server.url, "--quick", "--no-plot", "--json", "-")
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(done.stdout)["rows"]
-    (row,) = [r for r in rows if r["server"] != "c"]
+    (row,) = [r for r in rows if r["env"] is not None]
     (floor,) = [r for r in rows if r["backend"] == "c-floor-unix"]
     assert floor["batch"] == 8 and floor["payload_bytes"] == row["payload_bytes"]
-    assert row["floor"] == "c-floor-unix"
-    assert row["ratio_to_floor"] == pytest.approx(row["p50_us"] / floor["p50_us"], rel=0.01)
+    (raw,) = [r for r in rows if r["backend"] == "raw-unix"]
+    assert (raw["server"], raw["batch"], raw["payload_bytes"]) == ("python", 8, 8 * 2557)
+    assert row["floor"] == "raw-unix" and row["env"] == "echo"
+    assert row["ratio_to_floor"] == pytest.approx(row["p50_us"] / raw["p50_us"], rel=0.01)
 
 
 def test_an_auto_url_reports_the_backend_it_chose(tmp_path: Path) -> None:

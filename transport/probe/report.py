@@ -32,7 +32,9 @@ COLUMNS = (
     ("max us", ">"),
     ("steps/s", ">"),
     ("x floor", ">"),
+    ("floor", "<"),
 )
+LANG_NAMES = {"python": "Python", "node": "Node", "c": "C"}
 
 
 def _num(value: float) -> str:
@@ -48,10 +50,7 @@ def _num(value: float) -> str:
 def table_cells(row: Row) -> list[str]:
     batch = "health" if row.point.message == "health" else str(row.point.batch)
     steps = f"{row.steps_per_s:,.0f}" if row.point.message == "step" else "-"
-    ratio = "-"
-    if row.ratio_to_floor is not None:
-        r = row.ratio_to_floor
-        ratio = f"{r:.1f}" if r >= 1 else f"{r:.2g}"
+    ratio = "-" if row.ratio_to_floor is None else _ratio(row.ratio_to_floor)
     return [
         row.backend,
         row.server,
@@ -64,13 +63,33 @@ def table_cells(row: Row) -> list[str]:
         _num(row.hist.max / 1000.0),
         steps,
         ratio,
+        _floor_cell(row),
     ]
 
 
+def _ratio(r: float) -> str:
+    return f"{r:.1f}" if r >= 1 else f"{r:.2g}"
+
+
+def _floor_cell(row: Row) -> str:
+    """The floor a row is compared with, as the floors section names it."""
+    if row.floor_name is None:
+        return "-"
+    if row.floor_name.startswith("raw-"):
+        return f"{row.floor_name}/{row.server}"
+    return row.floor_name
+
+
 def sorted_rows(results: Results, order: list[str]) -> list[Row]:
+    """Floors first (the JSON's order), then the transport rows (``transport_rows``)."""
+    return results.floors + transport_rows(results, order)
+
+
+def transport_rows(results: Results, order: list[str]) -> list[Row]:
+    """The measured rows: backends in ``order``, python before node, by payload."""
     rank = {name: i for i, name in enumerate(order)}
     lang = {"python": 0, "node": 1}
-    return results.floors + sorted(
+    return sorted(
         results.rows,
         key=lambda r: (
             rank.get(r.backend, len(rank)),
@@ -81,18 +100,121 @@ def sorted_rows(results: Results, order: list[str]) -> list[Row]:
     )
 
 
-def text_table(rows: list[Row]) -> str:
-    header = [name for name, _ in COLUMNS]
-    body = [table_cells(r) for r in rows]
-    widths = [max(len(c[i]) for c in [header, *body]) for i in range(len(header))]
+def _aligned(rows: list[list[str]], aligns: list[str]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(aligns))]
 
     def line(cells: list[str]) -> str:
-        parts = [f"{c:{align}{w}}" for c, (_, align), w in zip(cells, COLUMNS, widths, strict=True)]
-        return "  ".join(parts).rstrip()
+        return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, aligns, widths, strict=True))
 
-    out = [line(header), "  ".join("-" * w for w in widths)]
-    out += [line(c) for c in body]
+    out = [line(rows[0]).rstrip(), "  ".join("-" * w for w in widths)]
+    return out + [line(r).rstrip() for r in rows[1:]]
+
+
+def text_table(rows: list[Row]) -> str:
+    """The transport rows, one line each (floors: ``floors_text``)."""
+    header = [name for name, _ in COLUMNS]
+    return "\n".join(_aligned([header, *[table_cells(r) for r in rows]], [a for _, a in COLUMNS]))
+
+
+def _point_key(row: Row) -> tuple[bool, int, str]:
+    return (row.point.message != "health", row.point.batch, row.point.message)
+
+
+def _point_name(row: Row) -> str:
+    return "health" if row.point.message == "health" else f"batch {row.point.batch}"
+
+
+def _pingpong_line(row: Row) -> str:
+    return (
+        f"{row.backend} ({row.payload_bytes} bytes each way, applies to every batch): "
+        f"p50 {_num(row.us(50))} us, p99 {_num(row.us(99))} us"
+    )
+
+
+def floor_grid(floors: list[Row]) -> tuple[list[str], list[list[str]], list[str]]:
+    """The socket floors as one line per floor and server language, one column per batch
+    (``p50 (p99)`` us), plus the batch-free shared-memory floors as sentences."""
+    pingpong = [_pingpong_line(f) for f in floors if f.point.message == "pingpong"]
+    sized = [f for f in floors if f.point.message != "pingpong"]
+    points: dict[tuple[bool, int, str], str] = {}
+    for f in sorted(sized, key=_point_key):
+        points.setdefault(_point_key(f), f"{_point_name(f)} p50 (p99)")
+    grid: dict[tuple[str, str], dict[tuple[bool, int, str], str]] = {}
+    for f in sized:
+        cell = f"{_num(f.us(50))} ({_num(f.us(99))})"
+        grid.setdefault((f.backend, f.server), {})[_point_key(f)] = cell
+    header = ["floor", "server", *points.values()]
+    lines = [
+        [name, server, *(cells.get(k, "-") for k in points)]
+        for (name, server), cells in grid.items()
+    ]
+    return header, lines, pingpong
+
+
+def floors_text(floors: list[Row]) -> str:
+    """The floors section: what no transport of that kind can beat on this machine."""
+    if not floors:
+        return ""
+    header, lines, pingpong = floor_grid(floors)
+    out = ["floors (us; what no transport waiting that way or on that socket can beat):"]
+    out += [f"  {line}" for line in pingpong]
+    if lines:
+        aligns = ["<", "<", *[">"] * (len(header) - 2)]
+        out += [f"  {line}" for line in _aligned([header, *lines], aligns)]
     return "\n".join(out)
+
+
+def _lang(row: Row) -> str:
+    return LANG_NAMES.get(row.server, row.server)
+
+
+def _who(row: Row) -> str:
+    return f"{row.backend}, {_lang(row)} server"
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    """One sentence per batch size: the fastest row by p50, how many times faster than unix
+    (the plain socket every machine has; when unix itself wins, than the runner-up backend),
+    and how close it is to its floor."""
+    groups: dict[tuple[bool, int, str], list[Row]] = {}
+    for row in rows:
+        if not row.is_floor:
+            groups.setdefault(_point_key(row), []).append(row)
+    out: list[str] = []
+    for key in sorted(groups):
+        group = sorted(groups[key], key=lambda r: r.p50_us)
+        best = group[0]
+        what = _point_name(best)
+        lead = (
+            "fastest here"
+            if not out
+            else (
+                "for health round trips"
+                if what == "health"
+                else f"for batches of {best.point.batch}"
+            )
+        )
+        if not out and len(groups) > 1:
+            lead += f" ({what})"
+        text = f"{lead}: {_who(best)}, {_num(best.p50_us)} us p50"
+        others = [r for r in group if r.backend != best.backend]
+        unix = [r for r in others if r.backend == "unix"]
+        if (unix or others) and best.p50_us > 0:
+            versus = (unix or others)[0]
+            ratio = versus.p50_us / best.p50_us
+            text += (
+                f", {ratio:.1f}x faster than {versus.backend} "
+                f"({_lang(versus)} server, {_num(versus.p50_us)} us)"
+            )
+        if best.ratio_to_floor is not None:
+            text += f", {_ratio(best.ratio_to_floor)}x its floor ({_floor_cell(best)})"
+        out.append(text)
+    return out
+
+
+def summary_text(rows: list[Row]) -> str:
+    lines = summary_lines(rows)
+    return "\n".join(["summary:", *[f"  {line}" for line in lines]]) if lines else ""
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -100,6 +222,15 @@ def markdown_table(rows: list[Row]) -> str:
     aligns = ["---" if a == "<" else "---:" for _, a in COLUMNS]
     out = ["| " + " | ".join(header) + " |", "|" + "|".join(aligns) + "|"]
     out += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def markdown_floors(floors: list[Row]) -> str:
+    header, lines, pingpong = floor_grid(floors)
+    out = [f"- {line}" for line in pingpong]
+    if lines:
+        out += ["", "| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out)
 
 
@@ -117,6 +248,14 @@ def problems_text(results: Results) -> str:
     return "\n".join(lines)
 
 
+def env_phrase(rows: list[Row]) -> str:
+    """What the servers served: "Echo env (transport cost only)", or the ``--url`` server's."""
+    envs = sorted({r.env for r in rows if not r.is_floor}) or ["echo"]
+    if envs == ["echo"]:
+        return "Echo env (transport cost only)"
+    return f"{', '.join(envs)} env (the server's own env: its step cost is included)"
+
+
 def settings_json(settings: Settings) -> dict[str, Any]:
     return {
         "backends": settings.backends,
@@ -131,15 +270,24 @@ def settings_json(settings: Settings) -> dict[str, Any]:
         "mode": "closed" if settings.rate is None else "open",
         "rate": settings.rate,
         "timeout_s": settings.timeout,
-        "env": "echo",
+        "env": settings.env,
         "histogram": "log buckets, 2 significant digits (<= 0.78 % bucket width), ns",
     }
 
 
-FLOOR_DEFINITION = (
-    "ratio_to_floor = row p50 / the p50 of the floor that applies to the row: the raw floor "
-    "(raw-<scheme>) of its scheme and server language at the same batch where there is one, "
-    f"else floor_of_backend (the same batch for socket floors; {REFERENCE} for any other backend)"
+FLOOR_RULE = (
+    "p50 / the p50 of the floor that applies to the row (column floor): for sockets the raw "
+    "floor raw-<scheme> of its scheme and server language at the same batch (a bare echo "
+    "server on the same socket stack, no protocol), else the C socket floor of its bytes "
+    "(c-floor-unix for unix and zmq+ipc, c-floor-tcp for http and zmq+tcp); for shm "
+    "c-floor-spin when the row waits by spinning (wait policy balanced or spin), "
+    f"{REFERENCE} when it sleeps (wait=futex); {REFERENCE} for anything else"
+)
+FLOOR_DEFINITION = f"ratio_to_floor = {FLOOR_RULE}"
+FLOOR_RULE_SHORT = (
+    "p50 / the p50 of the floor in column floor (shm: c-floor-spin when the row spins while "
+    "waiting, c-floor-futex when it sleeps; sockets: raw-<scheme>/<server>, a bare server of "
+    "the same language moving the same bytes, else the C socket floor of those bytes)"
 )
 
 
@@ -198,14 +346,7 @@ def markdown_block(
 ) -> str:
     """The text between (and including) the probe markers."""
     when = datetime.fromtimestamp(results.started, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    floor_text = (
-        "`x floor` = p50 / the p50 of the floor that applies to the row: `raw-<scheme>` of the "
-        "same server language and bytes (a bare echo server on the same socket stack, no "
-        "protocol) where there is one, else `c-floor-spin` for shm, `c-floor-unix` of the same "
-        "bytes for unix and zmq+ipc, `c-floor-tcp` of the same bytes for http and zmq+tcp"
-        if results.floors
-        else "`x floor`: no floor measured"
-    )
+    floor_text = f"`x floor` = {FLOOR_RULE}" if results.floors else "`x floor`: no floor measured"
     parts = [
         BEGIN,
         "## transport-probe: step round trips, every backend, one run",
@@ -218,12 +359,17 @@ def markdown_block(
         "",
         f"{when}, commit {machine.get('transport_commit') or 'n/a'}. Machine: {summary(machine)}.",
         "",
-        "Echo env (transport cost only); a round trip of batch B is one batched step of B envs "
+        f"{env_phrase(results.rows)}; a round trip of batch B is one batched step of B envs "
         f"(`payload B` = response bytes). Latencies from log-bucket histograms; {floor_text}. "
         "See docs/probe.md.",
         "",
-        markdown_table(sorted_rows(results, order)),
+        markdown_table(transport_rows(results, order)),
     ]
+    if results.floors:
+        parts += ["", "Floors (us):", "", markdown_floors(results.floors)]
+    summary_ = summary_lines(results.rows)
+    if summary_:
+        parts += ["", "Summary:", "", *[f"- {line}" for line in summary_]]
     problems = problems_text(results)
     if problems:
         parts += ["", *[f"- {line}" for line in problems.splitlines()]]

@@ -118,6 +118,7 @@ class Settings:
     floor: bool = True
     ready_timeout: float = 30.0
     schema: Any = None  # --url with --schema: the user's schema (a transport Schema)
+    env: str = "echo"  # the env the servers serve (--url: the server's own, from its HELLO)
 
 
 @dataclass
@@ -136,6 +137,12 @@ class Row:
     url: str = ""
     ratio_to_floor: float | None = None
     floor_name: str | None = None
+    env: str = "echo"  # the env the server serves (HELLO's info "env")
+
+    @property
+    def is_floor(self) -> bool:
+        """A floor row (C or raw): a reference, not a transport."""
+        return self.server == "c" or self.backend.startswith("raw-")
 
     @property
     def label(self) -> str:
@@ -192,6 +199,7 @@ class Row:
             else float(f"{self.ratio_to_floor:.4g}"),
             "floor": self.floor_name,
             "url": self.url,
+            "env": None if self.is_floor else self.env,
         }
         if self.service is not None and self.service.total:
             out["service_p50_us"] = self.service.percentile(50.0) / 1000.0
@@ -255,15 +263,21 @@ def floor_count(settings: Settings) -> int:
 
 
 def floor_rows(
-    settings: Settings, results: Results, progress: Progress, *, sockets_only: bool = False
+    settings: Settings,
+    results: Results,
+    progress: Progress,
+    *,
+    sockets_only: bool = False,
+    sizes: tuple[int, int] | None = None,
 ) -> None:
     """The spin and futex floors, then a socket floor per socket kind and point (same bytes).
-    ``sockets_only``: only the socket floors (added to floors measured before)."""
+    ``sockets_only``: only the socket floors (added to floors measured before). ``sizes``:
+    (result, request) bytes per env when not the reference schema's (a ``--url`` server)."""
     cells: list[tuple[str, Point | None]] = (
         [] if sockets_only else [("spin", None), ("futex", None)]
     )
     cells += socket_floor_plan(settings)
-    result_size, request_size = step_result_size(), step_request_size()
+    result_size, request_size = sizes or (step_result_size(), step_request_size())
     for mode, point in cells:
         name = f"c-floor-{mode}"
         label = f"{name}/c" if point is None else f"{name}/c/{_point_tag(point)}"
@@ -314,10 +328,16 @@ def raw_floor_plan(settings: Settings) -> list[tuple[str, str, Point]]:
     ]
 
 
-def raw_floor_rows(settings: Settings, results: Results, progress: Progress) -> None:
+def raw_floor_rows(
+    settings: Settings,
+    results: Results,
+    progress: Progress,
+    *,
+    sizes: tuple[int, int] | None = None,
+) -> None:
     """Measure each raw floor of ``raw_floor_plan``: the row's bytes, a bare server of its
-    language, no protocol (transport/probe/raw.py)."""
-    result_size, request_size = step_result_size(), step_request_size()
+    language, no protocol (transport/probe/raw.py). ``sizes`` as for ``floor_rows``."""
+    result_size, request_size = sizes or (step_result_size(), step_request_size())
     for scheme, lang, point in raw_floor_plan(settings):
         name = raw_name(scheme)
         label = f"{name}/{lang}/{_point_tag(point)}"
@@ -504,27 +524,33 @@ def probe_url(
     progress: Progress | None = None,
     label: str = "",
 ) -> Row:
-    """Measure one server at ``url``; ``point`` None: step with the server's own env count.
-    ``progress``: its bar moves within the cell (warm-up and measurement round trips)."""
+    """Measure one server at ``url``.
+
+    ``point`` given: a reference server of this run (the echo env, pac_env): the point's
+    request, then the echo check. ``point`` None (``--url``): any server as it is, with its
+    own env count and schema (``settings.schema``, else the one it announces): the echo
+    server gets the echo check, any other env a batch of legal actions (``legal_actions``)
+    and server auto-reset ``next_step`` (its episodes end). ``progress``: its bar moves
+    within the cell (warm-up and measurement round trips)."""
     from transport.api import connect
     from transport.backends import scheme_of
     from transport.protocol import body_codec
 
-    user = settings.schema is not None  # a user's server: legal actions, no echo check
-    if user:
-        result_size = body_codec(settings.schema, "STEP_RESP").size
-        request_size = body_codec(settings.schema, "STEP_REQ").size
-    result_size = result_size or step_result_size()
-    request_size = request_size or step_request_size()
-    autoreset = "next_step" if user else "disabled"  # a user's episodes end: keep them going
+    autoreset = "disabled" if point is not None else "next_step"
     with connect(url, settings.schema, timeout=settings.timeout, autoreset=autoreset) as client:
+        env = str(client.server_info.get("env") or "unknown")
+        echo = point is not None or (settings.schema is None and _speaks_echo(client, env))
         if point is None:
             point = Point(client.num_envs)
         elif point.message == "step" and client.num_envs != point.batch:
             raise CellFailure(f"the server has {client.num_envs} envs, expected {point.batch}")
+        if not echo or result_size is None or request_size is None:
+            result_size = body_codec(client.schema, "STEP_RESP").size
+            request_size = body_codec(client.schema, "STEP_REQ").size
         first = client.reset(seed=0)
-        if user and point.message == "step":
-            call, actions = _call_with_legal_actions(client, first)
+        actions: np.ndarray | int
+        if not echo and point.message == "step":
+            call, actions = legal_actions(client, first)
         else:
             call, actions = _call_for(client, point)
         label = label or url
@@ -550,7 +576,7 @@ def probe_url(
             stats = open_loop(
                 call, settings.count, settings.rate, hist, service, max_ns=max_ns, tick=tick
             )
-        if not user:
+        if echo:
             _check_echo(client, point, actions)
         server = str(client.server_info.get("server", "unknown"))
         chosen = client.url  # auto:// resolves to the backend it chose
@@ -567,7 +593,15 @@ def probe_url(
         warmup=warmed,
         service=service,
         url=chosen,
+        env=env,
     )
+
+
+def _speaks_echo(client: Any, env: str) -> bool:
+    """The reference echo env over the reference schema: the echo check applies."""
+    from transport.client import default_schema
+
+    return env == "echo" and client.schema.fingerprint == default_schema().fingerprint
 
 
 def _call_for(client: Any, point: Point) -> tuple[Callable[[], object], np.ndarray | int]:
@@ -579,25 +613,48 @@ def _call_for(client: Any, point: Point) -> tuple[Callable[[], object], np.ndarr
     return functools.partial(client.step, actions), actions
 
 
-def _call_with_legal_actions(
-    client: Any, first: Any
-) -> tuple[Callable[[], object], np.ndarray | int]:
-    """Steps for a user's env: each env's first legal action under its current mask (action 0
-    without a mask role), so no step is refused; one argmax per step, no allocation."""
+def legal_actions(client: Any, first: Any) -> tuple[Callable[[], object], np.ndarray]:
+    """Steps for any server: one batch of N actions shaped ``(N, *action_shape)`` in the action
+    field's dtype, from the server's discovered spaces (``transport.spaces``), so no step is
+    refused. Discrete: each env's first legal action under its current mask (action 0 without
+    an ``action_mask`` role), one argmax per step, no allocation; MultiDiscrete: each dial's
+    lowest value; Box: 0 clipped into the bounds. The batch form is valid for any env count,
+    1 included."""
     from transport.protocol import body_codec
+    from transport.spaces import (
+        DISCRETE,
+        MULTI_DISCRETE,
+        action_field_of,
+        action_kind_of,
+        action_space_of,
+    )
 
-    mask = body_codec(client.schema, "STEP_RESP").ir.role("action_mask")
+    schema = client.schema
+    field = action_field_of(schema)
+    request = body_codec(schema, "STEP_REQ")
+    dtype = np.dtype(schema[request.ir.name].dtype[field.name].base)
     n = client.num_envs
-    actions = np.zeros(n, dtype=np.int64)
+    kind = action_kind_of(field)
+    if kind == DISCRETE:
+        actions = np.zeros(n, dtype=dtype)
+        mask = body_codec(schema, "STEP_RESP").ir.role("action_mask")
+        if mask is None:
+            return functools.partial(client.step, actions), actions
+        legal = np.zeros(n, dtype=np.intp)
 
-    def choose(view: Any) -> None:
-        if mask is not None:
-            np.argmax(np.asarray(view[mask.name]).reshape(n, -1) != 0, axis=1, out=actions)
+        def choose(view: Any) -> None:
+            np.argmax(np.asarray(view[mask.name]).reshape(n, -1) != 0, axis=1, out=legal)
+            actions[:] = legal
 
-    choose(first)
-    if n == 1:
-        return (lambda: choose(client.step(int(actions[0])))), actions
-    return (lambda: choose(client.step(actions))), actions
+        choose(first)
+        return (lambda: choose(client.step(actions))), actions
+    space: Any = action_space_of(schema, client.spaces().act_n)
+    if kind == MULTI_DISCRETE:
+        one = np.asarray(space.start)
+    else:
+        one = np.clip(np.zeros(field.dims), space.low, space.high)
+    actions = np.ascontiguousarray(np.broadcast_to(one, (n, *field.dims)), dtype=dtype)
+    return functools.partial(client.step, actions), actions
 
 
 def _check_echo(client: Any, point: Point, actions: np.ndarray | int) -> None:
@@ -618,10 +675,22 @@ def _check_echo(client: Any, point: Point, actions: np.ndarray | int) -> None:
         raise CellFailure("wrong echo: observation[:, 0] differs from the actions sent")
 
 
+def waits_by_spinning(row: Row) -> bool:
+    """Whether a shared-memory row's waiter spins before it sleeps (its URL's wait policy: the
+    default ``balanced`` and ``spin`` do, ``futex`` or ``spin=0`` sleeps at once)."""
+    from transport.backends.shm.region import parse_url
+
+    try:
+        return parse_url(row.url).wait.spin > 0 if row.url else True
+    except Exception:  # not an shm:// URL: it waits in the kernel
+        return False
+
+
 def floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
-    """The floor ``row`` is compared with: the raw floor of its scheme and server language at
-    the same point (transport/probe/raw.py), else its backend's C floor (``FLOOR_OF_SCHEME``)
-    at the same point (socket floors), else that kind's floor, else the futex floor."""
+    """The floor ``row`` is compared with: for a socket row the raw floor of its scheme and
+    server language at the same point (transport/probe/raw.py), else the C socket floor of its
+    scheme (``FLOOR_OF_SCHEME``) at the same point; for shared memory the spin floor when the
+    row waits by spinning, the futex floor when it sleeps; for anything else the futex floor."""
     raw = raw_name(row.backend)
     for f in floors:
         if (f.backend, f.server, f.point.batch, f.point.message) == (
@@ -631,7 +700,17 @@ def floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
             row.point.message,
         ):
             return f
+    return c_floor_for(row, floors)
+
+
+def c_floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
+    """The C floor of ``row``'s kind (no raw floor): the spin or futex floor for shared memory
+    as the row waits, the C socket floor of its scheme at the same point, else the futex
+    floor. The figures draw these: a few per batch, where the raw floors are one per scheme
+    and language."""
     name = FLOOR_OF_SCHEME.get(row.backend, REFERENCE)
+    if name == "c-floor-spin" and not waits_by_spinning(row):
+        name = REFERENCE
     same_point = [
         f
         for f in floors

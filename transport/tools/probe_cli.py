@@ -11,6 +11,7 @@ from types import FrameType
 
 from transport.errors import TransportError
 from transport.tools import quiet_on_broken_pipe
+from transport.tools.cli_args import ArgumentParser, positive_seconds, schema_path
 
 DEFAULT_DIR = Path("probe-results")
 DEFAULT_JSON = DEFAULT_DIR / "transport-probe.json"
@@ -25,14 +26,14 @@ once registered) and each server language (python, node), for batch sizes 1, 8 a
 `transport-serve URL --env echo --lang L --num-envs B`, connect, reset, warm up, record every
 round trip of a closed-loop ping-pong into a log-bucket histogram (2 significant digits),
 check one echo response, stop the server and check that it left nothing behind. Then print
-the table, write the JSON and the PNG (default: probe-results/transport-probe.json and .png
-under the current directory).
+the table, write the JSON and two PNGs (default: probe-results/transport-probe.json, .png
+and -bars.png under the current directory).
 
   transport-probe                               # everything available, defaults
   transport-probe --backends unix,http --lang python --batch 1
   transport-probe --rate 2000                   # open loop at 2000 round trips/s
   transport-probe --sweep --lang python         # latency vs payload, 64 B .. 4 MiB
-  transport-probe --url unix:///tmp/pac.sock    # a server that is already running
+  transport-probe --url unix:///tmp/pac.sock    # any server that is already running
   transport-probe --quick --json out.json --plot out.png     # CI smoke run
 
 The echo env computes almost nothing, so a row is the cost of the transport. A round trip of
@@ -43,29 +44,43 @@ trip).
 
 _EPILOG = """\
 what it prints and writes:
-  table      one row per backend x server x batch, after the C floor rows:
+  table      one row per backend x server x batch (the floors in a section of their own
+             below it, then a summary: the fastest backend per batch size, how many times
+             faster than unix, how far from its floor):
              payload B  response bytes per round trip (B x 2557; 1 for a health round trip)
              p50 .. max round-trip latency percentiles in microseconds (HdrHistogram-style
                         log buckets, <= 0.78 % wide; max is exact)
              steps/s    env steps per second (round trips/s x batch); closed loop: the
                         throughput of one client; open loop: the achieved rate x batch
-             x floor    this row's p50 / the p50 of the floor that applies to it:
-                        c-floor-spin for shm, c-floor-unix (the same bytes) for unix and
-                        zmq+ipc, c-floor-tcp (the same bytes) for http and zmq+tcp
-  C floor    c-floor-spin and c-floor-futex (server "c"): two processes ping-ponging one
+             x floor    this row's p50 / the p50 of the floor that applies to it, named in
+                        column floor: shm rows c-floor-spin when they spin while waiting
+                        (wait policy balanced, spin), c-floor-futex when they sleep
+                        (wait=futex); socket rows raw-<scheme>/<server> (a bare server of
+                        the same language moving the same bytes, no protocol), else the C
+                        socket floor of the same bytes (c-floor-unix, c-floor-tcp)
+  floors     c-floor-spin and c-floor-futex (server "c"): two processes ping-ponging one
              32-bit word over shared memory in C (transport/native), spinning or sleeping in
              FUTEX_WAIT; c-floor-unix and c-floor-tcp: the same two processes sending a row's
              request and response bytes (frame headers included) over a connected Unix or
-             loopback TCP socket, in C: what no transport can beat on this machine
+             loopback TCP socket, in C: what no transport can beat on this machine;
+             raw-<scheme> (server python or node): a bare server of that language on that
+             socket stack moving a row's bytes, no protocol. Printed under the rows: the
+             shared-memory floors as a sentence each, the socket floors one line per floor
+             and language with a "p50 (p99)" column per batch size
   JSON       {"machine": CPU model, cores, affinity, kernel, /dev/shm, versions of Python,
              Node, pyzmq, libzmq, numpy; "settings"; "floor"; "rows": [{backend, server,
              batch, message, payload_bytes, request_bytes, target_bytes, mode, rate, count,
              warmup, min_us, mean_us, p50_us, p90_us, p99_us, p999_us, max_us, steps_per_s,
-             round_trips_per_s, ratio_to_floor, floor, url, histogram}], "skipped": [...],
-             "failed": [...], "ok"}. backend is the URL scheme; server is python, node or c.
-  PNG        per batch size, the CDF of every row (log x; y in "nines": 90 %, 99 %, 99.9 %),
-             color = backend, line style = server language, legend sorted by p50; with
-             --sweep, p50 and p99 against payload bytes.
+             round_trips_per_s, ratio_to_floor, floor, url, env, histogram}], "skipped":
+             [...], "failed": [...], "ok"}. backend is the URL scheme; server is python,
+             node or c; env the env the server serves (null for floors).
+  PNG        FILE: per batch size, the CDF of that batch's rows (log x; y in "nines": 90 %,
+             99 %, 99.9 %), color = backend, line style = server language (python solid,
+             node dashed), the C floors of those rows' kinds (spin or futex, Unix or TCP
+             socket) as thin grey lines at their p50; with --sweep, p50 and p99 against
+             payload bytes.
+             FILE-bars.png: per batch size, a bar per backend x server language: p50, a
+             whisker to p99, a grey mark at the p50 of its floor.
 
 skipped vs failed:
   skipped    unavailable on this machine: a backend not in the registry, whose module does
@@ -129,7 +144,7 @@ def _registered() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="transport-probe",
         description=_DESCRIPTION,
         epilog=_EPILOG,
@@ -138,16 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
     what = p.add_argument_group("what to probe")
     what.add_argument(
         "--url",
-        help="probe this running server instead of starting the reference servers (any "
-        "backend; the batch is the server's env count; --backends/--lang/--batch/--sweep "
-        "do not apply)",
+        help="probe this running server instead of starting the reference servers: any "
+        "backend, env count, schema (discovered in the handshake) and action space (a batch "
+        "of legal actions: the first unmasked one, MultiDiscrete lows, Box 0 clipped into "
+        "its bounds; the echo env keeps its echo check); the report names the server's env; "
+        "--backends/--lang/--batch/--sweep do not apply",
     )
     what.add_argument(
         "--schema",
-        type=Path,
+        type=schema_path,
         default=None,
-        help="with --url: the schema file (TOML) of your server; the probe steps each env with "
-        "its first legal action (server auto-reset next_step) instead of the echo env's check",
+        help="with --url: pin the session to this schema file (TOML) instead of discovering "
+        "the server's (a server with another schema is refused)",
     )
     what.add_argument(
         "--backends",
@@ -215,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         "shows in, every request due during it). Default: closed-loop ping-pong",
     )
     how.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds any one request may take (10)"
+        "--timeout",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds any one request may take (10)",
     )
     how.add_argument(
         "--quick",
@@ -277,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         points_for_payloads,
         probe_url,
         raw_floor_plan,
+        raw_floor_rows,
         run,
         step_result_size,
     )
@@ -339,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings.schema = load_schema(args.schema)
             except TransportError as exc:
                 parser.error(f"--schema: {exc}")
-        cells = floor_count(settings) + 1 + (1 if settings.floor else 0)  # + the socket floor
+        cells = floor_count(settings) + 1  # the row's own socket floors: once known
         progress = Progress(cells, bar=bar, quiet=args.quiet)
         results = Results()
         if settings.floor:
@@ -348,10 +369,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             row = probe_url(args.url, None, settings, progress=progress)
             results.rows.append(row)
+            settings.env = row.env
             progress.end(row.label, f"p50 {row.us(50):.1f} us")
-            if settings.floor:  # the socket floor of this row's bytes, now that they are known
+            if settings.floor:  # the floors of this row's bytes, now that they are known
+                sizes = (row.payload_bytes // row.point.batch, row.request_bytes // row.point.batch)
                 settings.points = [row.point]
-                floor_rows(settings, results, progress, sockets_only=True)
+                settings.langs = [row.server] if row.server in LANGS else []
+                settings.backends = [row.backend]
+                progress.total += floor_count(settings) - 2 + len(raw_floor_plan(settings))
+                floor_rows(settings, results, progress, sockets_only=True, sizes=sizes)
+                raw_floor_rows(settings, results, progress, sizes=sizes)
         except Exception as exc:
             from transport.probe.runner import Problem
 
@@ -374,17 +401,22 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
     progress.close()
 
-    rows = report.sorted_rows(results, order)
+    rows = report.transport_rows(results, order)
     print(f"transport-probe: {summary(machine)}", file=table_out)
     mode = "closed loop" if settings.rate is None else f"open loop at {settings.rate:g}/s"
+    envs = report.env_phrase(results.rows)
     print(
-        f"echo env, {mode}, up to {count} samples per row after {warmup} warm-up; "
-        "latencies in us; x floor = p50 / the p50 of the floor that applies (raw-<scheme>: "
-        "a bare echo server of the same language on the same socket stack; else spin for shm, "
-        "unix socket for unix and zmq+ipc, tcp for http and zmq+tcp)",
+        f"{envs}, {mode}, up to {count} samples per row after {warmup} warm-up; latencies in "
+        f"us;\nx floor = {report.FLOOR_RULE_SHORT}",
         file=table_out,
     )
     print(report.text_table(rows), file=table_out)
+    floors = report.floors_text(results.floors)
+    if floors:
+        print(f"\n{floors}", file=table_out)
+    closing = report.summary_text(rows)
+    if closing:
+        print(f"\n{closing}", file=table_out)
     problems = report.problems_text(results)
     if problems:
         print(problems, file=table_out)
@@ -395,10 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         from transport.probe.plot import plot
 
-        title = f"transport-probe ({mode}, echo env): {summary(machine)}"
+        title = f"transport-probe, {envs}, {mode}. {summary(machine)}"
         try:
-            plot(results.rows, results.floors, args.plot, title=title, backends=order)
-            written.append(args.plot)
+            written += plot(results.rows, results.floors, args.plot, title=title, backends=order)
         except ImportError:
             print(
                 "transport-probe: no plot: matplotlib is not installed "
