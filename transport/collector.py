@@ -15,6 +15,10 @@ env has a connection of its own (a 1-env Client, or a MultiClient over 1-env ser
 is reset alone); on an N-env server only the first N jobs are seeded so (one RESET_SEEDS), and
 later jobs on env i continue env i's own seeded stream, since the client API resets every env
 of a server at once. The same seed, client shape and policy give the same EpisodeBatch bytes.
+
+Observations are what the adapters return (``transport.spaces.observation_of``): one
+observation field is an array of the field's shape, several (a gymnasium ``Dict`` space) are a
+dict of them by field name, in field order; the collector keeps every field, with its shape.
 """
 
 from __future__ import annotations
@@ -29,10 +33,17 @@ import numpy as np
 from transport.client import Client, StepView
 from transport.errors import AdapterError
 from transport.multi import MultiClient
+from transport.schema.ir import FieldIR
+from transport.spaces import Observation, action_field_of, observation_of
 
-PolicyFn = Callable[[np.ndarray, np.ndarray], Any]
-"""``policy_fn(observations[M, ...], env_ids[M]) -> actions[M]``: called once per lock step,
-batched over the M envs that are playing an episode, with their current observations."""
+PolicyFn = Callable[[Any, np.ndarray], Any]
+"""``policy_fn(observations, env_ids[M]) -> actions[M, *action shape]``: called once per lock
+step, batched over the M envs that are playing an episode, with their current observations
+(``[M, *shape]``, or a dict of them by field name when the schema has several observation
+fields)."""
+
+Fields = dict[str, np.ndarray]
+"""The collector's own form of observations: every observation field by name, in field order."""
 
 
 @dataclass(frozen=True)
@@ -44,48 +55,54 @@ class EpisodeBatch:
     also set when the collector cut the episode at ``max_len``). ``final_observations[b]`` is the
     observation after the last step. ``seeds[b]`` is the episode's reset seed (-1: the env's own
     auto-reset stream continued). ``job_ids[b]`` is the job index (global across batches).
+    Observations are ``[B, K, *field shape]``; with several observation fields,
+    ``observations`` and ``final_observations`` are dicts of them by field name.
     """
 
-    observations: np.ndarray
+    observations: Observation
     actions: np.ndarray
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
     lengths: np.ndarray
-    final_observations: np.ndarray
+    final_observations: Observation
     seeds: np.ndarray
     job_ids: np.ndarray
 
     @property
     def mask(self) -> np.ndarray:
         """``[B, K]`` bool: True where a step is real, False in the padding."""
-        steps = np.arange(self.observations.shape[1])
+        steps = np.arange(self.rewards.shape[1])
         valid: np.ndarray = steps[None, :] < self.lengths[:, None]
         return valid
 
     def tobytes(self) -> bytes:
-        """Every array's bytes in field order: equal batches give equal bytes."""
-        return b"".join(
-            np.ascontiguousarray(getattr(self, name)).tobytes()
-            for name in self.__dataclass_fields__
-        )
+        """Every array's bytes in field order (an observation dict's in its field order): equal
+        batches give equal bytes."""
+        arrays: list[np.ndarray] = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            arrays.extend(value.values() if isinstance(value, dict) else [value])
+        return b"".join(np.ascontiguousarray(array).tobytes() for array in arrays)
 
 
 class _Episode:
     """One job's buffers (``max_len`` steps) while it is played."""
 
-    def __init__(
-        self, job: int, seed: int, max_len: int, obs: np.ndarray, action: np.ndarray
-    ) -> None:
+    def __init__(self, job: int, seed: int, max_len: int, obs: Fields, action: np.ndarray) -> None:
         self.job = job
         self.seed = seed
         self.length = 0
-        self.observations = np.zeros((max_len, *obs.shape[1:]), dtype=obs.dtype)
+        self.observations = {
+            name: np.zeros((max_len, *o.shape[1:]), dtype=o.dtype) for name, o in obs.items()
+        }
         self.actions = np.zeros((max_len, *action.shape[1:]), dtype=action.dtype)
         self.rewards = np.zeros(max_len, dtype=np.float32)
         self.terminated = False
         self.truncated = False
-        self.final_observation = np.zeros(obs.shape[1:], dtype=obs.dtype)
+        self.final_observation = {
+            name: np.zeros(o.shape[1:], dtype=o.dtype) for name, o in obs.items()
+        }
 
 
 class EpisodeCollector:
@@ -131,6 +148,8 @@ class EpisodeCollector:
         self.prefetch = prefetch
         self.drain_limit = 10 * max_len if drain_limit is None else drain_limit
         self.fields = ResultFields(client)  # type: ignore[arg-type]  # a MultiClient has .schema
+        self._observation_fields: tuple[FieldIR, ...] = self.fields.observations
+        self._action = action_field_of(client.schema)
         self.num_envs = int(client.num_envs)
         self._cond = threading.Condition()
         self._done: dict[int, _Episode] = {}  # finished jobs not yet handed out
@@ -212,10 +231,11 @@ class EpisodeCollector:
                 solo[part.env_ids.start] = part.client
         return solo
 
-    def _reset_alone(self, client: Client, seed: int, obs: np.ndarray, index: int) -> None:
-        """Reset one env with its job's seed; its first observation goes to ``obs[index]``."""
-        view = client.reset(seed)
-        obs[index] = np.asarray(view[self.fields.observation]).reshape(obs.shape[1:])
+    def _reset_alone(self, client: Client, seed: int, obs: Fields, index: int) -> None:
+        """Reset one env with its job's seed; its first observation goes to row ``index``."""
+        first = self._fields_of(client.reset(seed), 1)
+        for name, rows in obs.items():
+            rows[index] = first[name][0]
 
     def _produce(self) -> None:
         n = self.num_envs
@@ -223,7 +243,7 @@ class EpisodeCollector:
         seeds = [self.seed + j for j in range(n)]
         view = self.client.reset(seeds)
         obs = self._obs(view)
-        action_template = np.zeros((n, *self._action_shape(obs)), dtype=self._action_dtype())
+        action_template = np.zeros((n, *self._action.dims), dtype=self._action_dtype())
         running: list[_Episode | None] = [None] * n
         draining = np.zeros(n, dtype=np.int64)  # > 0: cut at max_len, steps spent finishing
         resetting = np.zeros(n, dtype=bool)  # ended: this step resets it (action ignored)
@@ -253,14 +273,16 @@ class EpisodeCollector:
             )
             actions = action_template.copy()
             if len(playing):
-                chosen = np.asarray(self.policy_fn(obs[playing], playing.copy()))
+                current = _public({name: rows[playing] for name, rows in obs.items()})
+                chosen = np.asarray(self.policy_fn(current, playing.copy()))
                 actions[playing] = chosen.reshape(actions[playing].shape)
             for i in playing.tolist():
                 episode = running[i]
                 if episode is not None:
-                    episode.observations[episode.length] = obs[i]
+                    for name, rows in obs.items():
+                        episode.observations[name][episode.length] = rows[i]
                     episode.actions[episode.length] = actions[i]
-            view = self.client.step(actions if n > 1 else actions[0])
+            view = self.client.step(actions)  # (n, *action shape): one action per env
             obs = self._obs(view)
             rewards = np.asarray(view[self.fields.reward], dtype=np.float32).reshape(n)
             terminated = self.fields.terminated_of(view).reshape(n)
@@ -288,7 +310,8 @@ class EpisodeCollector:
                 if ended or episode.length == self.max_len:
                     episode.terminated = bool(terminated[i])
                     episode.truncated = bool(truncated[i]) or not ended
-                    episode.final_observation[...] = obs[i]
+                    for name, rows in obs.items():
+                        episode.final_observation[name][...] = rows[i]
                     finished.append(episode)
                     running[i] = None
                     resetting[i] = ended and solo[i] is None  # else reset alone, seeded
@@ -304,29 +327,27 @@ class EpisodeCollector:
                         self._completed += 1
                     self._cond.notify_all()
 
-    def _obs(self, view: StepView) -> np.ndarray:
-        """Every env's observation: a copy (the view is overwritten by the next request)."""
-        obs = np.array(view[self.fields.observation])
-        return obs.reshape(self.num_envs, *obs.shape[1:]) if self.num_envs > 1 else obs[None]
+    def _obs(self, view: StepView) -> Fields:
+        """Every env's observation fields: copies (the view is overwritten by the next request)."""
+        return self._fields_of(view, self.num_envs)
 
-    def _action_shape(self, obs: np.ndarray) -> tuple[int, ...]:
-        action = self._action_field()
-        return tuple(action.dims) if action.is_array else ()
+    def _fields_of(self, view: StepView, count: int) -> Fields:
+        """Every observation field of ``view``'s ``count`` envs, ``[count, *field shape]``: the
+        adapters' rule (``observation_of``), kept as a dict even for one field."""
+        found = observation_of(view, self._observation_fields, count)
+        if isinstance(found, dict):
+            return found
+        return {self._observation_fields[0].name: found}
 
     def _action_dtype(self) -> np.dtype[Any]:
-        codec = self.client.schema[self._request_struct()]
-        return np.dtype(codec.dtype[self._action_field().name].base)
-
-    def _request_struct(self) -> str:
         body = self.client.schema.ir.messages["STEP_REQ"].body
         assert body is not None
-        return body
+        return np.dtype(self.client.schema[body].dtype[self._action.name].base)
 
-    def _action_field(self) -> Any:
-        field = self.client.schema[self._request_struct()].ir.role("action")
-        if field is None:
-            raise AdapterError("the STEP_REQ body struct has no field with role 'action'")
-        return field
+
+def _public(fields: Fields) -> Observation:
+    """What the policy and the batches show: the one field's array, or the dict of several."""
+    return next(iter(fields.values())) if len(fields) == 1 else fields
 
 
 def _stack(episodes: list[_Episode]) -> EpisodeBatch:
@@ -334,25 +355,31 @@ def _stack(episodes: list[_Episode]) -> EpisodeBatch:
     k = max(e.length for e in episodes)
     b = len(episodes)
     first = episodes[0]
-    obs = np.zeros((b, k, *first.observations.shape[1:]), dtype=first.observations.dtype)
+    obs = {
+        name: np.zeros((b, k, *rows.shape[1:]), dtype=rows.dtype)
+        for name, rows in first.observations.items()
+    }
     actions = np.zeros((b, k, *first.actions.shape[1:]), dtype=first.actions.dtype)
     rewards = np.zeros((b, k), dtype=np.float32)
     terminated = np.zeros((b, k), dtype=bool)
     truncated = np.zeros((b, k), dtype=bool)
     for row, e in enumerate(episodes):
-        obs[row, : e.length] = e.observations[: e.length]
+        for name, rows in obs.items():
+            rows[row, : e.length] = e.observations[name][: e.length]
         actions[row, : e.length] = e.actions[: e.length]
         rewards[row, : e.length] = e.rewards[: e.length]
         terminated[row, e.length - 1] = e.terminated
         truncated[row, e.length - 1] = e.truncated
     return EpisodeBatch(
-        observations=obs,
+        observations=_public(obs),
         actions=actions,
         rewards=rewards,
         terminated=terminated,
         truncated=truncated,
         lengths=np.array([e.length for e in episodes], dtype=np.int64),
-        final_observations=np.stack([e.final_observation for e in episodes]),
+        final_observations=_public(
+            {name: np.stack([e.final_observation[name] for e in episodes]) for name in obs}
+        ),
         seeds=np.array([e.seed for e in episodes], dtype=np.int64),
         job_ids=np.array([e.job for e in episodes], dtype=np.int64),
     )

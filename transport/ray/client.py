@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from transport.client import StepView
+from transport.client import ActionShapes, StepView, describe_action_space
 from transport.errors import (
     ConnectError,
     PeerGoneError,
@@ -169,6 +169,8 @@ class ClusterClient:
         if body is None:
             raise TransportError(f"schema {self.schema.name}: STEP_RESP has no body struct")
         self._batch = StepView(self.schema[body].zeros(self.num_envs))
+        # one action per global env, by the client's rule (ActionError naming the space)
+        self._shapes = ActionShapes(self.schema, self.num_envs, self._action_space, batch_only=True)
         self.finals: list[tuple[int, StepView]] = []
         """SAME_STEP: (global env index, owned final result) of each episode that ended in the
         last call, the lost envs' last rows included."""
@@ -237,23 +239,23 @@ class ClusterClient:
         self._raise_others(failures, lost_now)
         return self._batch.copy() if copy else self._batch
 
-    def step(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
-        """Step every env (one action per global env); see the module docstring for losses."""
-        flat = np.asarray(actions).reshape(-1)
-        if len(flat) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(flat)}")
+    def step(self, actions: Sequence[Any] | np.ndarray, *, copy: bool = False) -> StepView:
+        """Step every env: one action per global env, shape ``(num_envs, *action shape)`` (a list
+        of ``num_envs`` ints for Discrete); see the module docstring for losses. Anything else
+        is ``ActionError`` before anything is sent (the client's rule, ``ActionShapes``)."""
+        batch = np.asarray(self._shapes.count(actions)[0])
         self._begin()
         restoring = sorted(self._pending)
         if not self._lost and self.autoreset_mode != "same_step":
             fast = self._fast_client()
             try:
-                view = fast.step(flat)
+                view = fast.step(batch)
                 return view.copy() if copy else view
             except BatchError as err:
                 failures = self._from_batch_error(err)
         else:
             live = [k for k in range(self.num_servers) if k not in self._lost]
-            finals, failures = self._run(live, lambda k: self._step_part(k, flat))
+            finals, failures = self._run(live, lambda k: self._step_part(k, batch))
             self.finals = sorted(
                 (item for part in finals.values() for item in part), key=lambda item: item[0]
             )
@@ -335,12 +337,18 @@ class ClusterClient:
             raise TransportError(f"env server {k} is lost")
         return client
 
-    def _step_part(self, k: int, flat: np.ndarray) -> list[tuple[int, StepView]]:
+    def _action_space(self) -> str:
+        """The action space as an ``ActionError`` names it (a live server says Discrete's n)."""
+        for client in self._clients:
+            if client is not None:
+                return client._action_space()
+        return describe_action_space(self.schema, None)
+
+    def _step_part(self, k: int, batch: np.ndarray) -> list[tuple[int, StepView]]:
         client = self._client(k)
         rows = self._rows(k)
-        actions = flat[rows]
-        view = client.step(actions if self._per_server > 1 else int(actions[0]))
-        self._batch.record[rows] = view.record
+        view = client.step(batch[rows])  # (envs of server k, *action shape), one env included
+        self._batch.record[rows] = np.asarray(view.record).reshape(rows.stop - rows.start)
         return [(rows.start + index, final) for index, final in client.finals]
 
     def _reset_part(self, k: int, seed: int | None) -> None:

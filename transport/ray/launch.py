@@ -278,10 +278,12 @@ def launch(
 ) -> EnvServers:
     """Start ``num_servers`` env servers as Ray actors, each serving ``num_envs`` envs.
 
-    ``env``: a reference env name or (Python) a picklable zero-argument factory with its
-    ``schema``. ``lang``: "python" (envs in the actor's process) or "node" (a child process the
-    actor owns). Placement: ``num_cpus`` and ``resources`` per actor; ``placement_group`` (actor
-    k goes to bundle k mod the number of bundles) or ``scheduling_strategy`` (default "SPREAD":
+    ``env``: a reference env name or (Python) a picklable zero-argument factory; its
+    ``schema`` when given, else the one it declares (``transport.Server``'s rule: a ``SCHEMA``
+    attribute or a reference env's; else pac_env if one reset fits it, else ``TypeError``).
+    ``lang``: "python" (envs in the actor's process) or "node" (a child process the actor owns).
+    Placement: ``num_cpus`` and ``resources`` per actor; ``placement_group`` (actor k goes to
+    bundle k mod the number of bundles) or ``scheduling_strategy`` (default "SPREAD":
     over the nodes); ``actor_options`` go to ``ActorClass.options`` as they are. Ray restarts a
     dead actor up to ``max_restarts`` times (-1: always). Starts a local Ray if none is running.
     Returns once every server reports its endpoint (``ready_timeout``), else raises
@@ -293,16 +295,18 @@ def launch(
         raise ValueError(f"lang must be 'python' or 'node', not {lang!r}")
     if not isinstance(env, str) and lang == "node" and not node_command:
         raise ValueError("a Node server takes a reference env name (or node_command=...)")
-    if not ray.is_initialized():
-        ray.init()
     if isinstance(env, str):
         from transport.envs import ENVS, env_schema
 
         if env not in ENVS and not node_command:
             raise ValueError(f"unknown env {env!r} (known: {', '.join(sorted(ENVS))})")
         codecs = env_schema(env) if schema is None else schema_of(schema)
+    elif schema is None and lang == "python":
+        codecs = factory_schema(env)
     else:
         codecs = schema_of(schema)
+    if not ray.is_initialized():
+        ray.init()
     spec = ServerSpec(
         env=env,
         num_envs=num_envs,
@@ -345,6 +349,20 @@ def schema_of(schema: Schema | str | Path | None) -> Schema:
 
         return env_schema("pac")
     return transport.load_schema(schema)
+
+
+def factory_schema(factory: Callable[[], Any]) -> Schema:
+    """The schema of a Python env factory given without ``schema=``, as ``transport.Server``
+    finds it: the one it declares (a ``SCHEMA`` attribute, or a reference env's), else the
+    default pac_env if one reset fits it, else ``TypeError`` (before any actor starts)."""
+    from transport.api import check_default_schema_fits, declared_schema
+
+    declared = declared_schema(factory)
+    if declared is not None:
+        return declared
+    default = schema_of(None)
+    check_default_schema_fits(default, factory, "transport.ray.launch")
+    return default
 
 
 def _strategy(index: int, placement_group: Any, scheduling_strategy: Any) -> Any:

@@ -15,6 +15,12 @@ BATCH = 4
 MAX_LEN = 8
 
 
+def observation_fields(batch: EpisodeBatch) -> list[np.ndarray]:
+    """Every observation field's ``[B, K, ...]`` array (one field, or a dict of several)."""
+    obs = batch.observations
+    return list(obs.values()) if isinstance(obs, dict) else [obs]
+
+
 def _first_action(obs: np.ndarray, env_ids: np.ndarray) -> np.ndarray:
     """Action 0 for every env (always legal in the contract env)."""
     return np.zeros(len(env_ids), dtype=np.int64)
@@ -42,6 +48,8 @@ def check_episode_collector(ctx: CheckContext) -> None:
         ends = batch.terminated | batch.truncated
         for row, n in enumerate(lengths):
             assert ends[row].nonzero()[0].tolist() == [n - 1], f"episode {row}: ends {ends[row]}"
-            assert not batch.observations[row, n:].any(), f"episode {row}: padding not zero"
+            assert not any(obs[row, n:].any() for obs in observation_fields(batch)), (
+                f"episode {row}: padding not zero"
+            )
     assert [b.job_ids.tolist() for b in first] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [b.tobytes() for b in first] == [b.tobytes() for b in again], "same seed, other bytes"
