@@ -326,7 +326,7 @@ def test_async_misuse_names_the_request_and_what_to_call(
 
 
 def test_check_idle_names_messages_not_hex_ids() -> None:
-    for request in (0x11, "msg_type 0x11", "STEP_BATCH_REQ"):
+    for request in (0x11, "STEP_BATCH_REQ"):
         with pytest.raises(RequestError) as caught:
             check_idle(3, request)
         assert caught.value.code == ErrorCode.ASYNC_STATE

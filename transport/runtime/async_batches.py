@@ -11,7 +11,6 @@ concurrently and reports each as it finishes.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,6 @@ _MESSAGE_NAMES: dict[int, str] = {
     getattr(MESSAGE_IDS, field.name): field.name for field in dataclasses.fields(MessageIds)
 }
 """msg_type -> the protocol's name for it (the ids are the envelope's, the same in every schema)."""
-_HEX_NAME = re.compile(r"msg_type 0x([0-9A-Fa-f]{1,2})")
 
 
 def _async_state(text: str) -> RequestError:
@@ -33,12 +31,9 @@ def _async_state(text: str) -> RequestError:
 
 def request_name(request: int | str) -> str:
     """A request as an ASYNC_STATE text names it: its message name (``STEP_BATCH_REQ``) for a
-    msg_type, and for the older ``"msg_type 0x11"`` texts of callers; any other text as is."""
+    msg_type; a text (a message name) as is."""
     if isinstance(request, str):
-        match = _HEX_NAME.fullmatch(request)
-        if match is None:
-            return request
-        request = int(match.group(1), 16)
+        return request
     return _MESSAGE_NAMES.get(request, f"msg_type 0x{request:02X}")
 
 

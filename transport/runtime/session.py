@@ -127,13 +127,13 @@ class Session:
                     raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
                 if self._async is not None and msg_type not in self._async.handlers:
                     if msg_type not in (self.ids.HEALTH_REQ, self.ids.SPACES_REQ):
-                        self._async.batches.check_idle(f"msg_type 0x{msg_type:02X}")
+                        self._async.batches.check_idle(msg_type)
                 resp_type, data = other(body)
                 return resp_type, memoryview(data)
             if not self.hello_done:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first")
             if self._async is not None and self._async.batches.count:
-                self._async.batches.check_idle(f"msg_type 0x{msg_type:02X}")
+                self._async.batches.check_idle(msg_type)
             resp_type, length = handler(body)
             return resp_type, self._body[:length]
         except RequestError as exc:

@@ -50,23 +50,14 @@ function asyncState(text: string): RequestError {
 
 /** msg_type -> the protocol's name for it (the envelope's ids: the same in every schema). */
 const MESSAGE_NAMES: ReadonlyMap<number, string> = new Map(Object.entries(MESSAGE_IDS).map(([name, id]) => [id, name]));
-const HEX_NAME = /^msg_type 0x([0-9A-Fa-f]{1,2})$/;
 
 /**
  * A request as an ASYNC_STATE text names it (Python: `request_name`): its message name
- * (`STEP_BATCH_REQ`) for a msg_type, and for the older `"msg_type 0x11"` texts of callers;
- * any other text as is.
+ * (`STEP_BATCH_REQ`) for a msg_type; a text (a message name) as is.
  */
 export function requestName(request: number | string): string {
-  let type: number;
-  if (typeof request === "string") {
-    const match = HEX_NAME.exec(request);
-    if (match === null) return request;
-    type = Number.parseInt(match[1] as string, 16);
-  } else {
-    type = request;
-  }
-  return MESSAGE_NAMES.get(type) ?? `msg_type 0x${type.toString(16).toUpperCase().padStart(2, "0")}`;
+  if (typeof request === "string") return request;
+  return MESSAGE_NAMES.get(request) ?? `msg_type 0x${request.toString(16).toUpperCase().padStart(2, "0")}`;
 }
 
 /** The BAD_BATCH of an env id outside 0..N-1 (exact at any size: a u64 id is a bigint). */
@@ -186,7 +177,7 @@ export class AsyncBatches {
   }
 
   /** A lock-step request while envs are in flight is refused (their results would mix). */
-  checkIdle(what: string): void {
+  checkIdle(what: number | string): void {
     checkIdle(this.count, what);
   }
 

@@ -269,7 +269,7 @@ export class Session implements Records {
       if (msgType === ids.RECV_REQ) return this.#recv(buf, offset, length);
       if (msgType === ids.ASYNC_RESET_REQ) return this.#asyncReset(buf, offset, length);
       if (this.#async !== null && this.#async.count && msgType !== ids.HEALTH_REQ && msgType !== ids.SPACES_REQ) {
-        this.#async.checkIdle(`msg_type 0x${msgType.toString(16).toUpperCase().padStart(2, "0")}`);
+        this.#async.checkIdle(msgType);
       }
       switch (msgType) {
         case ids.STEP_REQ:

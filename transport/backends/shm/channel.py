@@ -482,7 +482,7 @@ class ShmChannel:
             return self.ids.ERROR, memoryview(encode_error(ErrorCode.UNKNOWN_MESSAGE, text))
         try:
             if self._async_count and msg_type in self._lock_step:
-                check_idle(self._async_count, f"msg_type 0x{msg_type:02X}")
+                check_idle(self._async_count, msg_type)
             return handler(body)
         except RequestError as refused:
             return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))

@@ -510,7 +510,7 @@ export class ShmChannel implements Channel {
     ) {
       return false;
     }
-    return this.#refused(() => checkIdle(this.#flying, `msg_type 0x${msgType.toString(16).toUpperCase().padStart(2, "0")}`));
+    return this.#refused(() => checkIdle(this.#flying, msgType));
   }
 
   /** Run a runtime rule: true (an ERROR body in `buffer`) when it refuses with a RequestError. */
