@@ -15,7 +15,6 @@ import pytest
 from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 
-import transport
 from transport.codec import Schema
 from transport.envs import env_schema
 from transport.envs.rich_spaces import LockEnv, ReachEnv
@@ -248,20 +247,7 @@ def test_ppo_takes_multidiscrete_actions() -> None:
 # -- setups a server cannot serve fail at start ----------------------------------------------------
 
 
-def test_python_server_refuses_array_actions_in_worker_processes() -> None:
-    with pytest.raises(ValueError, match=r"workers=2: .*dials is u8\[3\] \(multi_discrete\)"):
-        transport.Server(LockEnv, unique_unix_url(), schema=multidiscrete.SCHEMA, workers=2)
-
-
-@pytest.mark.parametrize("lang", LANGS)
-def test_cli_exits_with_the_reason_and_never_says_ready(lang: str) -> None:
-    url = unique_unix_url()
-    command = [sys.executable, "-m", "transport.tools.serve_cli", url, "--env", "reach"]
-    command += ["--lang", lang, "--num-envs", "2", "--workers", "2"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "ready" not in done.stdout
-    assert "workers=2" in done.stderr and "Traceback" not in done.stderr
-    assert not Path(url.removeprefix("unix://")).exists()
+# (worker pools carry array actions now: tests/test_pool_actions.py)
 
 
 def test_node_server_refuses_an_action_type_it_cannot_carry_at_start(tmp_path: Path) -> None:

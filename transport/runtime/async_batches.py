@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from transport.protocol import MESSAGE_IDS, AutoReset, ErrorCode, MessageIds, RequestError
-from transport.runtime.core import EnvRuntime
+from transport.runtime.core import EnvRuntime, action_values
 
 _MESSAGE_NAMES: dict[int, str] = {
     getattr(MESSAGE_IDS, field.name): field.name for field in dataclasses.fields(MessageIds)
@@ -109,7 +108,7 @@ class AsyncBatches:
         in_flight = self.in_flight
         rt = self.runtime
         mode = rt.autoreset
-        values: list[Any] = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+        values = action_values(actions)
         noop: list[int] = []
         for i, action in zip(id_list, values, strict=True):
             if not (mode == AutoReset.NEXT_STEP and rt.is_done(i)) and rt.check_action(i, action):

@@ -191,6 +191,22 @@ def check_action_value(rule: ActionRule, index: int, action: Any, act_n: int) ->
         raise RequestError(ErrorCode.INVALID_ACTION, f"env {index}: {rule.describe(action, act_n)}")
 
 
+def action_values(actions: np.ndarray) -> list[Any]:
+    """Each env's action as its env's ``step`` receives it, from an (N, *action_shape) array of
+    the action field's dtype: a Python int (Discrete), else an owned array of the action's
+    shape and dtype (Box, MultiDiscrete: the env may keep it). The one rule of every runner
+    (in this process and in a worker pool's processes)."""
+    return actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+
+
+def action_dtype(schema: Schema) -> np.dtype[Any]:
+    """One action's NumPy dtype: the STEP_REQ action field's (a subarray dtype for an array
+    action; ``<i8`` when the body has no action field)."""
+    request = body_codec(schema, "STEP_REQ")
+    action = request.ir.role("action")
+    return request.dtype[action.name] if action is not None else np.dtype("<i8")
+
+
 def describe(exc: BaseException) -> str:
     """An exception as one line: ``ValueError: text``."""
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -343,9 +359,9 @@ class Runner:
         ended: list[int] = []
         failures: Failures = []
         step_one = self.step_one
+        values: Sequence[Any]
         if isinstance(actions, np.ndarray):
-            # one integer each (Discrete), else an owned array per env (Box, MultiDiscrete)
-            values = actions.tolist() if actions.ndim == 1 else [a.copy() for a in actions]
+            values = action_values(actions)
         else:
             values = actions
         stepped = range(self.num_envs) if skip is None else np.flatnonzero(~skip).tolist()
@@ -874,12 +890,6 @@ class EnvHost:
             raise ProtocolError(
                 f"this server cannot carry the action {self.step_request.ir.name}.{action.name}: "
                 f"{action.type} (one integer, an integer array or an f32/f64 array per env)"
-            )
-        if workers and rule.kind != "discrete":
-            raise ValueError(
-                f"workers={workers}: worker processes carry one integer action per env; the "
-                f"action {self.step_request.ir.name}.{action.name} is {action.type} "
-                f"({rule.kind}): serve it in process (workers=0)"
             )
         self.action = action
         multi = body_codec(schema, "STEP_MULTI_REQ")

@@ -11,13 +11,18 @@ out and gathers through one shared mapping:
  0       state u32 (READY 1, CLOSED 2)
  64      worker k's block (64 bytes each): cmd u32 (futex: server -> worker sequence),
          done u32 (futex: worker -> server sequence), op u32, arg u32, mode u32, ok u32
- ctl     N x 1024-byte env control records: action i32 | flags u8 (1 ended, 2 failed, 4 skip)
-         | has_seed u8 | fate u8 | error_len u16 | seed u64 | error_text u8[1000]
+ ctl     N x 1024-byte env control records: (4 unused bytes) | flags u8 (1 ended, 2 failed,
+         4 skip) | has_seed u8 | fate u8 | async_flags u8 | error_len u16 | async_state u32
+         | seed u64 | error_text u8[1000]
+ actions N x the STEP_REQ action field (its dtype and shape: an integer, an integer array or an
+         f32/f64 array of any shape)
  results N x StepResult (packed, the codec's layout)
  finals  N x StepResult (SAME_STEP final results)
 ```
 
-The server writes actions, publishes every worker's ``cmd`` word (FUTEX_WAKE only if that worker
+The server writes actions (in the action field's own dtype and shape: Discrete, MultiDiscrete
+or Box; a worker hands its envs what an env in process gets, through the runtime's one decoding,
+``core.action_values``), publishes every worker's ``cmd`` word (FUTEX_WAKE only if that worker
 sleeps), then waits on each ``done`` word (spin, then FUTEX_WAIT slices with a liveness check
 of the worker's pid: a dead worker is found within one slice, never a hang). A worker waits on
 its ``cmd`` word the same way, checking the server's pid: an orphaned worker exits. Each worker runs
@@ -48,6 +53,8 @@ from transport.runtime.core import (
     FATE_RESET,
     Failures,
     Runner,
+    action_dtype,
+    action_values,
     describe,
     remote_traceback,
     with_traceback,
@@ -72,7 +79,6 @@ BLOCK = 64
 CTL_DTYPE = np.dtype(
     {
         "names": [
-            "action",
             "flags",
             "has_seed",
             "fate",
@@ -82,8 +88,8 @@ CTL_DTYPE = np.dtype(
             "seed",
             "error_text",
         ],
-        "formats": ["<i4", "u1", "u1", "u1", "u1", "<u2", "<u4", "<u8", ("u1", 1000)],
-        "offsets": [0, 4, 5, 6, 7, 8, 12, 16, 24],
+        "formats": ["u1", "u1", "u1", "u1", "<u2", "<u4", "<u8", ("u1", 1000)],
+        "offsets": [4, 5, 6, 7, 8, 12, 16, 24],
         "itemsize": 1024,
     }
 )
@@ -93,10 +99,13 @@ _W_CMD, _W_DONE, _W_OP, _W_ARG, _W_MODE, _W_OK = range(6)  # u32 words of a work
 class _Layout:
     """The pool mapping's views (the same in the server and in every worker)."""
 
-    def __init__(self, buf: Any, num_envs: int, workers: int, codec: StructCodec) -> None:
+    def __init__(
+        self, buf: Any, num_envs: int, workers: int, codec: StructCodec, action: np.dtype[Any]
+    ) -> None:
         size = codec.size
         self.ctl_off = BLOCK * (1 + workers)
-        self.results_off = _align(self.ctl_off + num_envs * CTL_DTYPE.itemsize)
+        self.actions_off = _align(self.ctl_off + num_envs * CTL_DTYPE.itemsize)
+        self.results_off = _align(self.actions_off + num_envs * action.itemsize)
         self.finals_off = _align(self.results_off + num_envs * size)
         self.size = _align(self.finals_off + num_envs * size)
         self.buf = buf
@@ -108,6 +117,10 @@ class _Layout:
         self.cmd = [native.word(buf, BLOCK * (1 + k)) for k in range(workers)]
         self.done = [native.word(buf, BLOCK * (1 + k) + 4) for k in range(workers)]
         self.ctl = np.ndarray((num_envs,), dtype=CTL_DTYPE, buffer=buf, offset=self.ctl_off)
+        # (N, *action_shape) of the action's element type: env i's action in row i
+        self.actions: np.ndarray = np.ndarray(
+            (num_envs, *action.shape), dtype=action.base, buffer=buf, offset=self.actions_off
+        )
         self.async_state = [
             native.word(buf, self.ctl_off + i * CTL_DTYPE.itemsize + 12) for i in range(num_envs)
         ]
@@ -121,9 +134,10 @@ class _Layout:
         self.final_records = [codec.view(buf, self.finals_off + i * size) for i in range(num_envs)]
 
     @staticmethod
-    def total(num_envs: int, workers: int, codec: StructCodec) -> int:
+    def total(num_envs: int, workers: int, codec: StructCodec, action: np.dtype[Any]) -> int:
         ctl = BLOCK * (1 + workers)
-        results = _align(ctl + num_envs * CTL_DTYPE.itemsize)
+        actions = _align(ctl + num_envs * CTL_DTYPE.itemsize)
+        results = _align(actions + num_envs * action.itemsize)
         finals = _align(results + num_envs * codec.size)
         return _align(finals + num_envs * codec.size)
 
@@ -192,8 +206,9 @@ def _worker_main(
         buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
-    codec = Schema(schema_ir)[result_struct]
-    lay = _Layout(buf, num_envs, workers, codec)
+    schema = Schema(schema_ir)
+    codec = schema[result_struct]
+    lay = _Layout(buf, num_envs, workers, codec, action_dtype(schema))
     lo, hi = _split(num_envs, workers)[k]
     block, ctl = lay.blocks[k], lay.ctl
     try:
@@ -224,7 +239,8 @@ def _worker_main(
                 record = ctl[i]
                 record["async_flags"] = 0
                 try:
-                    if local.step_one(j, int(record["action"]), mode):
+                    action = action_values(lay.actions[i : i + 1])[0]
+                    if local.step_one(j, action, mode):
                         record["async_flags"] = ENDED
                 except Exception as exc:
                     record["async_flags"] = FAILED
@@ -255,7 +271,7 @@ def _worker_main(
         mine["flags"] = 0
         failures: Failures = []
         if op == OP_STEP:
-            actions, mode = mine["action"].tolist(), AutoReset(int(block[_W_MODE]))
+            actions, mode = lay.actions[lo:hi], AutoReset(int(block[_W_MODE]))
             if skip is not None and skip.any():
                 ended, failures = local.step_except(actions, mode, skip)
             else:
@@ -336,12 +352,13 @@ class WorkerPool(Runner):
         self._owner = [k for k, (lo, hi) in enumerate(self._ranges) for _ in range(lo, hi)]
         self._spaces: Spaces | None = None
         self._closed = False
-        size = _Layout.total(num_envs, self.workers, self.codec)
+        self._action = action_dtype(schema)
+        size = _Layout.total(num_envs, self.workers, self.codec, self._action)
         self._fd = os.memfd_create("transport-workers", os.MFD_CLOEXEC)
         os.ftruncate(self._fd, size)
         self._size = size
         self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.lay = _Layout(self._map, num_envs, self.workers, self.codec)
+        self.lay = _Layout(self._map, num_envs, self.workers, self.codec, self._action)
         native.store_release(self.lay.state, READY)
         self._mp = multiprocessing.get_context("spawn")
         self._procs: list[Any] = [None] * self.workers
@@ -491,7 +508,7 @@ class WorkerPool(Runner):
     ) -> tuple[list[int], Failures]:
         """Step every env but those ``skip`` marks (their workers leave them and their results
         as they are: masked ``noop`` actions)."""
-        self.lay.ctl["action"] = actions
+        self.lay.actions[...] = actions[: self.num_envs]
         if skip is not None:
             self.lay.ctl["flags"] = np.where(skip, SKIP, 0)
         dead = self._run(OP_STEP, range(self.workers), mode=int(mode))
@@ -512,9 +529,10 @@ class WorkerPool(Runner):
         if self._closed:
             raise TransportError("the worker pool is closed")
         pending = self.__dict__.setdefault("_pending", set())
-        ctl, states = self.lay.ctl, self.lay.async_state
+        states = self.lay.async_state
         workers = set()
-        ctl["action"][list(ids)] = actions
+        if len(ids):
+            self.lay.actions[list(ids)] = actions
         for i in ids:
             native.store_release(states[i], PENDING)
             pending.add(i)
@@ -632,10 +650,10 @@ class WorkerPool(Runner):
             ErrorCode.BAD_BATCH, f"env {index}: a worker pool steps and resets every env together"
         )
 
-    def step_env(self, index: int, action: int) -> None:
+    def step_env(self, index: int, action: Any) -> None:
         self.reset_one(index, None)
 
-    def step_one(self, index: int, action: int, mode: AutoReset) -> bool:
+    def step_one(self, index: int, action: Any, mode: AutoReset) -> bool:
         """A 1-env pool steps its env as a batch of one (one fan-out)."""
         if self.num_envs != 1:
             self.reset_one(index, None)

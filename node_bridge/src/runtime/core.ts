@@ -25,7 +25,7 @@ import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
-import type { Spaces } from "./env";
+import type { Action, Spaces } from "./env";
 
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
@@ -404,6 +404,22 @@ export class ActionRule {
     this.high = boundOf(field.high, this.elements);
     this.finite = field.allow_nonfinite !== true;
   }
+}
+
+/**
+ * Env `index`'s action as its env's `step` receives it, from the runtime's actions (`elements`
+ * entries per env): a number (Discrete), else an owned Float64Array of the action's elements in
+ * row-major order (Box, MultiDiscrete, any shape; the env may keep it). The one rule of every
+ * runner: in this thread (local.ts) and in a pool's worker threads (pool.ts).
+ */
+export function actionOf(
+  rule: Pick<ActionRule, "kind" | "elements">,
+  actions: Float64Array,
+  index: number,
+): Action {
+  if (rule.kind === "discrete") return actions[index] as number;
+  const k = rule.elements;
+  return actions.slice(index * k, (index + 1) * k);
 }
 
 function boundOf(bound: string | readonly string[] | undefined, elements: number): Float64Array | null {

@@ -55,7 +55,8 @@ export class EnvHost {
   readonly #validate: boolean;
   readonly #workers: number;
   readonly #workerEnv: WorkerEnvSpec;
-  readonly #actionElements: number;
+  /** What one action is (how each env receives it: `actionOf`). */
+  readonly #actionRule: ActionRule;
   /** The spaces of the pool's envs (asked once of an env made here). */
   #poolSpaces: Spaces | null = null;
   /** The pool's envs' `maskedActionPenalty` (asked of the same env). */
@@ -66,14 +67,7 @@ export class EnvHost {
     if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be an integer of at least 1");
     this.schema = options.schema ?? pac_env.SCHEMA;
     bodyCodec(this.schema, "STEP_RESP"); // a schema the runtime cannot serve fails here
-    const rule = new ActionRule(this.schema); // so does an action type it cannot carry
-    this.#actionElements = rule.elements;
-    if ((options.workers ?? 0) > 0 && rule.kind !== "discrete") {
-      throw new TransportError(
-        `workers=${options.workers}: worker threads carry one integer action per env; this schema's action is ` +
-          `${rule.kind === "box" ? "a Box" : "a MultiDiscrete"} array: serve it in this thread (workers 0)`,
-      );
-    }
+    this.#actionRule = new ActionRule(this.schema); // so does an action type it cannot carry
     this.numEnvs = numEnvs;
     this.envName = options.envName ?? "";
     this.serverLang = options.serverLang ?? "node";
@@ -126,7 +120,7 @@ export class EnvHost {
     if (factory === null) {
       const codec = bodyCodec(this.schema, "STEP_RESP");
       const shared = this.#shared as AnyEnv;
-      const runner = new LocalRunner([shared], codec, null, this.#validate, this.#actionElements);
+      const runner = new LocalRunner([shared], codec, null, this.#validate, this.#actionRule);
       return new EnvRuntime(this.schema, runner, options(noop ? [penaltyOf(shared)] : []));
     }
     if (this.#workers > 0) {
@@ -145,6 +139,6 @@ export class EnvHost {
     for (let i = 0; i < numEnvs; i++) envs.push(factory());
     const codec = bodyCodec(this.schema, "STEP_RESP");
     const penalties = noop ? envs.map(penaltyOf) : [];
-    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionElements), options(penalties));
+    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionRule), options(penalties));
   }
 }

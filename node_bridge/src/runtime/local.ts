@@ -7,8 +7,8 @@
 import type { AnyStructCodec } from "../codec";
 import { CodecError } from "../errors";
 import { ErrorCode, RequestError } from "../protocol";
-import { type Failure, Op, type Records, type Runner } from "./core";
-import type { Env, Spaces } from "./env";
+import { type ActionRule, type Failure, Op, type Records, type Runner, actionOf } from "./core";
+import type { Action, Env, Spaces } from "./env";
 
 type AnyEnv = Env<unknown>;
 
@@ -35,7 +35,7 @@ export class EnvTable {
    * Do `op` to env `index` (a global index), encoding its result at `bytes[at]`. Throws what the
    * env threw, or a RequestError ENV_ERROR "returned bad values" for a result the codec refuses.
    */
-  apply(index: number, op: number, action: number, seed: bigint | null, bytes: Uint8Array, at: number): void {
+  apply(index: number, op: number, action: Action, seed: bigint | null, bytes: Uint8Array, at: number): void {
     const k = index - this.base;
     switch (op) {
       case Op.STEP:
@@ -131,16 +131,23 @@ export class LocalRunner implements Runner {
 
   /** Elements of one action: 1 (Discrete, a number) or more (Box, MultiDiscrete: a Float64Array). */
   readonly actionElements: number;
+  /** How each env gets its action (`actionOf`, the runtime's one rule). */
+  readonly #action: Pick<ActionRule, "kind" | "elements">;
 
+  /**
+   * `action`: the schema's `ActionRule` (an array action of any element count, even 1, is a
+   * Float64Array); a number `k` is the older form: k > 1 an array of k, else Discrete.
+   */
   constructor(
     envs: readonly AnyEnv[],
     codec: AnyStructCodec,
     factory: (() => AnyEnv) | null,
     validate = true,
-    actionElements = 1,
+    action: number | Pick<ActionRule, "kind" | "elements"> = 1,
   ) {
     this.numEnvs = envs.length;
-    this.actionElements = actionElements;
+    this.#action = typeof action === "number" ? { kind: action > 1 ? "box" : "discrete", elements: action } : action;
+    this.actionElements = this.#action.elements;
     this.canRecreate = factory !== null;
     this.table = new EnvTable(envs, codec, factory, validate);
     this.stepSeats = envs.length === 1 ? this.table.stepSeats(0) : null;
@@ -158,8 +165,7 @@ export class LocalRunner implements Runner {
       const op = ops[i] as number;
       if (op === Op.NONE) continue;
       try {
-        const k = this.actionElements; // an array action is an owned copy (the env may keep it)
-        const action = k === 1 ? (actions[i] as number) : (actions.slice(i * k, (i + 1) * k) as unknown as number);
+        const action = op === Op.STEP ? actionOf(this.#action, actions, i) : 0;
         table.apply(i, op, action, seeds[i] ?? null, bytes, out.at(i));
       } catch (error) {
         (failures ??= []).push([i, error]); // the other envs still do theirs

@@ -13,8 +13,11 @@
  *          env) | wake_at i32 at 12 (the doorbell value the main thread waits for) | mode i32 at 16
  * 64       worker k's block (64 bytes): cmd i32 (main -> worker sequence), done i32 (worker ->
  *          main sequence), task, arg, bell (bumped with every command and submit), ok, dead
- * ctl      N x 1024-byte env records: action f64 | seed_neg u8 at 7 | failed u8 | has_seed u8
- *          | op u8 | error_len u16 at 12 | seed u64 at 16 | text u8[1000] at 24
+ * ctl      N x 1024-byte env records: seed_neg u8 at 7 | failed u8 | has_seed u8 | op u8
+ *          | error_len u16 at 12 | seed u64 at 16 | text u8[1000] at 24
+ * actions  N x E f64: env i's action (E elements: 1 for Discrete, the array's for Box and
+ *          MultiDiscrete), as the runtime holds it; a worker hands it to its env through the
+ *          runtime's one rule (`actionOf`): the env gets what it gets in this thread
  * async    N x i32 state (IDLE 0, PENDING 1, DONE 2) | N x i32 finish ticket | N x u8 op | N x u8 flags
  * results  N x the result struct (the codec's packed layout), copied into the runtime's records
  * finals   N x the result struct (SAME_STEP final results of asynchronous steps)
@@ -46,6 +49,7 @@ import { TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
 import {
+  ActionRule,
   type AsyncDone,
   type ConcurrentRunner,
   type Failure,
@@ -53,6 +57,7 @@ import {
   Op,
   type Records,
   type Runner,
+  actionOf,
   bodyCodec,
   describeError,
   episodeEndReader,
@@ -156,6 +161,8 @@ class Layout {
   readonly bytes: Uint8Array;
   readonly dv: DataView;
   readonly ctlAt: number;
+  /** Every env's action (`elements` f64 each, env i's at i * elements). */
+  readonly actions: Float64Array;
   /** i32 index of env 0's asynchronous state word (env i: + i) and finish ticket (+ N + i). */
   readonly stateWord: number;
   readonly ticketWord: number;
@@ -166,9 +173,16 @@ class Layout {
   readonly finalsAt: number;
   readonly size: number;
 
-  constructor(readonly sab: SharedArrayBuffer | null, numEnvs: number, workers: number, readonly resultSize: number) {
+  constructor(
+    readonly sab: SharedArrayBuffer | null,
+    numEnvs: number,
+    workers: number,
+    readonly resultSize: number,
+    elements: number,
+  ) {
     this.ctlAt = BLOCK * (1 + workers);
-    const statesAt = align(this.ctlAt + numEnvs * CTL);
+    const actionsAt = align(this.ctlAt + numEnvs * CTL);
+    const statesAt = align(actionsAt + numEnvs * elements * 8);
     this.stateWord = statesAt / 4;
     this.ticketWord = this.stateWord + numEnvs;
     this.asyncOpAt = statesAt + 8 * numEnvs;
@@ -181,6 +195,13 @@ class Layout {
     this.i32 = new Int32Array(buf);
     this.bytes = new Uint8Array(buf);
     this.dv = new DataView(buf);
+    this.actions = new Float64Array(buf, actionsAt, numEnvs * elements);
+  }
+
+  /** Env i's action from `actions` (the runtime's, `elements` each) into the shared area. */
+  putAction(i: number, actions: Float64Array, elements: number): void {
+    if (elements === 1) this.actions[i] = actions[i] as number;
+    else this.actions.set(actions.subarray(i * elements, (i + 1) * elements), i * elements);
   }
 
   word(k: number, w: number): number {
@@ -267,7 +288,8 @@ export function runWorker(data: WorkerData): void {
   const schema = loadSchema(spec);
   const codec = bodyCodec(schema, "STEP_RESP");
   const ended = episodeEndReader(schema);
-  const lay = new Layout(data.sab, numEnvs, workers, codec.size);
+  const rule = new ActionRule(schema);
+  const lay = new Layout(data.sab, numEnvs, workers, codec.size, rule.elements);
   const i32 = lay.i32;
   const cmdAt = lay.word(k, W_CMD);
   const doneAt = lay.word(k, W_DONE);
@@ -318,7 +340,7 @@ export function runWorker(data: WorkerData): void {
     const at = lay.result(i);
     let flags = 0;
     try {
-      table.apply(i, op, lay.dv.getFloat64(lay.ctl(i), true), null, buf, at);
+      table.apply(i, op, op === Op.STEP ? actionOf(rule, lay.actions, i) : 0, null, buf, at);
       if (op === Op.STEP && Atomics.load(i32, MODE) === AutoReset.SAME_STEP && ended(lay.dv, at)) {
         buf.copyWithin(lay.final(i), at, at + codec.size); // the final result, then the reset's
         flags = ASYNC_ENDED;
@@ -357,7 +379,8 @@ export function runWorker(data: WorkerData): void {
           const op = buf[at + C_OP] as number;
           if (op === Op.NONE) continue;
           try {
-            table.apply(i, op, lay.dv.getFloat64(at, true), lay.seed(i), buf, lay.result(i));
+            const action = op === Op.STEP ? actionOf(rule, lay.actions, i) : 0;
+            table.apply(i, op, action, lay.seed(i), buf, lay.result(i));
           } catch (error) {
             fail(i, error); // the other envs still do theirs
           }
@@ -384,6 +407,8 @@ export class WorkerPool {
   readonly workers: number;
   readonly spec: WorkerEnvSpec;
   readonly resultSize: number;
+  /** Elements of one action (1: Discrete; an array action's count). */
+  readonly actionElements: number;
   readonly #lay: Layout;
   readonly #ranges: Array<readonly [number, number]>;
   readonly #owner: number[];
@@ -406,8 +431,10 @@ export class WorkerPool {
     this.spec = spec;
     this.numEnvs = numEnvs;
     this.workers = Math.min(workers, numEnvs);
-    this.resultSize = bodyCodec(loadSchema(spec), "STEP_RESP").size;
-    this.#lay = new Layout(null, numEnvs, this.workers, this.resultSize);
+    const schema = loadSchema(spec);
+    this.resultSize = bodyCodec(schema, "STEP_RESP").size;
+    this.actionElements = new ActionRule(schema).elements;
+    this.#lay = new Layout(null, numEnvs, this.workers, this.resultSize, this.actionElements);
     this.#ranges = split(numEnvs, this.workers);
     this.#owner = [];
     this.#ranges.forEach(([lo, hi], k) => {
@@ -502,7 +529,7 @@ export class WorkerPool {
     for (const i of ids) {
       if (this.#pending.has(i)) throw new TransportError(`env ${i} is already submitted`);
       lay.bytes[lay.asyncOpAt + i] = ops[i] as number;
-      lay.dv.setFloat64(lay.ctl(i), actions[i] as number, true);
+      if (ops[i] === Op.STEP) lay.putAction(i, actions, this.actionElements);
       Atomics.store(i32, lay.stateWord + i, PENDING); // after its op and action
       this.#pending.add(i);
       wake[this.#owner[i] as number] = 1;
@@ -693,7 +720,7 @@ export class WorkerPool {
       lay.bytes[at + C_OP] = op;
       if (op === Op.NONE) continue;
       busy[this.#owner[i] as number] = 1;
-      if (op === Op.STEP) lay.dv.setFloat64(at, actions[i] as number, true);
+      if (op === Op.STEP) lay.putAction(i, actions, this.actionElements);
       else lay.setSeed(i, seeds[i] ?? null);
     }
     const anyDead = this.#send(TASK_RUN, 0);
