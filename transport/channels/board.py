@@ -314,6 +314,7 @@ class PolicyBoard:
     def next_version(self) -> int:
         """The version the next :meth:`publish` gets (to make arrays that carry it). Takes the
         publisher lease on first use (a new publisher first repairs what a dead one left)."""
+        self.segment.require_open("next_version")
         if not self._writer:
             self._take_lease()
         if self._needs_repair():
@@ -325,6 +326,7 @@ class PolicyBoard:
         """Copy every named array in as the next version (readers never see it half-written);
         returns that version. Takes the publisher lease on first use. Arrays that do not match
         the table raise ChannelMismatchError before anything is written."""
+        self.segment.require_open("publish")
         sources = self._sources(arrays)
         version = self.next_version()
         if version > MAX_VERSION:
@@ -350,6 +352,7 @@ class PolicyBoard:
     @property
     def version(self) -> int:
         """The latest published version (0: none yet). No copy."""
+        self.segment.require_open("version")
         return native.load64_acquire(self._version)
 
     def newer_than(self, version: int) -> bool:
@@ -359,6 +362,7 @@ class PolicyBoard:
         """Sleep (no CPU) until a version newer than ``version`` is published; returns it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self.segment.require_open("wait_newer")
             seen = native.load_acquire(self._notify) & native.SEQ_MASK
             current = self.version
             if current > version:
@@ -378,6 +382,7 @@ class PolicyBoard:
         deadline = time.monotonic() + timeout
         attempt = 0
         while True:
+            self.segment.require_open("read")
             slot = self._read_slot()
             before = native.load64_acquire(self._seq[slot])
             if before % 2 == 0:
@@ -478,12 +483,17 @@ class PolicyBoard:
     @contextmanager
     def snapshot(self) -> Iterator[tuple[int, dict[str, np.ndarray], Any]]:
         """Zero-copy: ``(version, views, still_valid)`` of the active slot. Use the views, then
-        call ``still_valid()``: False means a publish overlapped (discard what was computed)."""
+        call ``still_valid()``: False means a publish overlapped (discard what was computed).
+        The views stay readable after :meth:`close` (their values at close); ``still_valid()``
+        is then False."""
+        self.segment.require_open("snapshot")
         slot = self._read_slot()
         before = native.load64_acquire(self._seq[slot])
         version = native.load64_acquire(self._slot_version[slot])
 
         def still_valid() -> bool:
+            if self.segment.closed:
+                return False
             native.fence_acquire()
             stable = before % 2 == 0 and native.load64_acquire(self._seq[slot]) == before
             return stable and self._announced(version)
@@ -491,7 +501,9 @@ class PolicyBoard:
         yield version, self.slots[slot], still_valid
 
     def close(self) -> None:
-        """Give up the publisher lease; unmap; the creator also unlinks."""
+        """Give up the publisher lease; unmap (snapshot views kept by the caller keep their
+        values: docs/channels.md); the creator also unlinks. Every other method then raises
+        ChannelClosedError."""
         if self.segment.closed:
             return
         if self._writer:
@@ -499,6 +511,7 @@ class PolicyBoard:
         if self.segment.owner:
             native.futex_wake(self._notify)
         self.slots = []
+        self._hdr = layout.BoardHeader.zeros()  # this object's own views go first
         self.segment.close()
 
     def __enter__(self) -> PolicyBoard:

@@ -92,23 +92,28 @@ class RunControl:
 
     @property
     def epoch(self) -> int:
+        self.segment.require_open("epoch")
         return native.load64_acquire(self._epoch)
 
     def advance(self, n: int = 1) -> int:
         """Add ``n`` to the global epoch; returns the new value."""
+        self.segment.require_open("advance")
         return native.fetch_add64(self._epoch, n) + n
 
     @property
     def stopped(self) -> bool:
+        self.segment.require_open("stopped")
         return native.load_acquire(self._stop) & native.SEQ_MASK != 0
 
     @property
     def stop_reason(self) -> int:
         """0: a clean stop; else the entry slot + 1 whose failure stopped the run."""
+        self.segment.require_open("stop_reason")
         return int(self.header["stop_reason"])
 
     def stop(self, reason: int = 0) -> None:
         """Raise the stop flag and wake every process waiting for it."""
+        self.segment.require_open("stop")
         if reason and not self.stopped:
             self.header["stop_reason"] = reason
         native.publish(self._stop, 1)
@@ -116,6 +121,7 @@ class RunControl:
     def wait_stop(self, timeout: float | None) -> bool:
         """Sleep (no CPU) until the stop flag rises, up to ``timeout``; True if it rose (or the
         segment was closed by its owner)."""
+        self.segment.require_open("wait_stop")
         if self.stopped:
             return True
         rc = native.wait_change(self._ctx, self._stop, 0, timeout)
@@ -126,6 +132,7 @@ class RunControl:
     def join(self, name: str, role: int = 0) -> Member:
         """Take a free entry, or else one whose process is gone (entries of live processes,
         and of dead ones while free entries remain, keep their state for everyone to see)."""
+        self.segment.require_open("join")
         me = os.getpid()
         for reclaim in (False, True):
             for slot in range(self.slots):
@@ -141,6 +148,7 @@ class RunControl:
         raise ChannelInUseError(f"{self.segment.path}: all {self.slots} entries are in use")
 
     def members(self) -> list[MemberStatus]:
+        self.segment.require_open("members")
         now = native.monotonic_ns()
         out = []
         for slot in range(self.slots):
@@ -173,10 +181,13 @@ class RunControl:
         return [m for m in self.members() if not m.healthy]
 
     def close(self) -> None:
-        """Unmap; the creator also marks the block CLOSED (waking ``wait_stop``) and unlinks."""
+        """Unmap; the creator also marks the block CLOSED (waking ``wait_stop``) and unlinks.
+        Every other method (and its members') then raises ChannelClosedError."""
+        if self.segment.closed:
+            return
         self.header = layout.ControlHeader.zeros()
         self.entries = layout.ProcEntry.zeros(0)
-        if self.segment.owner and not self.segment.closed:
+        if self.segment.owner:
             native.futex_wake(self._stop)
         self.segment.close()
 
@@ -208,17 +219,22 @@ class Member:
 
     def beat(self) -> None:
         """Record that this process is making progress (a few stores, no system call)."""
+        self.control.segment.require_open("beat")
         self.entry["beats"] = int(self.entry["beats"]) + 1
         native.store64_release(self._beat, native.monotonic_ns())
 
     def fail(self, code: int = 1, *, stop_run: bool = True) -> None:
         """Flag an error (and, by default, stop the run naming this entry)."""
+        self.control.segment.require_open("fail")
         self.entry["error_code"] = code
         native.store_release(self._state, int(PeerState.ERROR))
         if stop_run:
             self.control.stop(reason=self.slot + 1)
 
     def leave(self) -> None:
-        """Leave cleanly (CLOSED unless an error was flagged)."""
+        """Leave cleanly (CLOSED unless an error was flagged); a no-op once the run control was
+        closed (like ``close()``)."""
+        if self.control.segment.closed:
+            return
         if native.load_acquire(self._state) == PeerState.ACTIVE:
             native.store_release(self._state, int(PeerState.CLOSED))

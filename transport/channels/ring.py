@@ -173,14 +173,17 @@ class Ring:
             raise
 
     def producer(self) -> Producer:
+        self.segment.require_open("producer")
         return Producer(self)
 
     def consumer(self) -> Consumer:
+        self.segment.require_open("consumer")
         return Consumer(self)
 
     # -- state ----------------------------------------------------------------------------------
 
     def _load(self, field: str) -> int:
+        self.segment.require_open(field)
         return native.load64_acquire(self.segment.word64(_RING[field]))
 
     @property
@@ -218,6 +221,7 @@ class Ring:
 
     def producer_states(self) -> list[tuple[int, str, int]]:
         """(pid, state name, records committed) of every producer entry used so far."""
+        self.segment.require_open("producer_states")
         out = []
         entries = layout.ProducerEntry.view(
             self.segment.map, PRODUCERS_OFFSET, count=self.max_producers
@@ -251,7 +255,9 @@ class Ring:
         return r
 
     def close(self) -> None:
-        """Unmap; the creator also marks the ring CLOSED (waking every waiter) and unlinks it."""
+        """Unmap; the creator also marks the ring CLOSED (waking every waiter) and unlinks it.
+        Batches and reservations kept by the caller keep their values (docs/channels.md); every
+        method of the ring, its producers and its consumer then raises ChannelClosedError."""
         if self.segment.closed:
             return
         if self.segment.owner:
@@ -262,6 +268,7 @@ class Ring:
         self.records = np.zeros(0, dtype=self.record.dtype)
         self.seqs = np.zeros(0, dtype="<u8")
         self._seqs_ptr = None
+        self._hdr = layout.RingHeader.zeros()  # this object's own views go first
         self.segment.close()
 
     def __enter__(self) -> Ring:
@@ -349,6 +356,7 @@ class Producer:
         """Up to ``n`` contiguous records (at least one; fewer at the wrap or when the ring
         has less room) as a writable view; fill them, then :meth:`commit`. BLOCK: waits for
         room up to ``timeout`` (None: forever), then ChannelTimeoutError."""
+        self._require_open("reserve")
         if self._count:
             raise ChannelError("commit the previous reservation first")
         first = _wait_in_slices(
@@ -363,6 +371,7 @@ class Producer:
 
     def commit(self) -> int:
         """Publish the reserved records; returns the index of the first one."""
+        self._require_open("commit")
         if not self._count:
             raise ChannelError("nothing reserved")
         native.lib.tp_ring_commit(self._native, self._first, self._count)
@@ -383,8 +392,15 @@ class Producer:
             done += len(view)
         return first
 
+    def _require_open(self, what: str) -> None:
+        """ChannelClosedError once this producer or its ring was closed by this process."""
+        if self.closed:
+            raise ChannelClosedError(f"{self.ring.segment.path}: {what}: this producer was closed")
+        self.ring.segment.require_open(what)
+
     @property
     def committed(self) -> int:
+        self._require_open("committed")
         entry = layout.ProducerEntry.view(
             self.ring.segment.map, PRODUCERS_OFFSET + self.index * ENTRY_SIZE
         )
@@ -495,6 +511,7 @@ class Consumer:
         first: None forever, 0 not at all). ChannelTimeoutError when none came; ChannelClosedError
         when every producer closed and the ring is drained; PeerDiedError when every producer
         is gone and one died."""
+        self._require_open("take")
         ring = self.ring
         first = _wait_in_slices(
             lambda t: native.ring_take(self._native, max_records, self._got, t), timeout
@@ -518,12 +535,22 @@ class Consumer:
 
     def _settle(self) -> None:
         """Release the oldest outstanding batches that were released (the ring's held count is
-        a FIFO: a younger batch's release must not free an older batch's records)."""
+        a FIFO: a younger batch's release must not free an older batch's records). Nothing
+        is left to give back once the consumer or its ring was closed."""
+        if self.closed or self.ring.segment.closed:
+            self._outstanding.clear()
+            return
         count = 0
         while self._outstanding and self._outstanding[0].released:
             count += self._outstanding.popleft().count
         if count:
             self._release(count)
+
+    def _require_open(self, what: str) -> None:
+        """ChannelClosedError once this consumer or its ring was closed by this process."""
+        if self.closed:
+            raise ChannelClosedError(f"{self.ring.segment.path}: {what}: this consumer was closed")
+        self.ring.segment.require_open(what)
 
     def _release(self, count: int) -> None:
         native.lib.tp_ring_release(self._native, count)

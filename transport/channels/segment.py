@@ -24,7 +24,6 @@ Nothing here knows rings or boards: shm:// could adopt it as is.
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import time
@@ -36,6 +35,7 @@ import numpy as np
 
 from transport import native
 from transport.channels.errors import (
+    ChannelClosedError,
     ChannelError,
     ChannelInUseError,
     ChannelMismatchError,
@@ -79,7 +79,16 @@ def free_shm_bytes() -> int:
 
 
 class Segment:
-    """A mapped channel segment: its header as a record, the mapping for the kind's views."""
+    """A mapped channel segment: its header as a record, the mapping for the kind's views.
+
+    The mapping is a ``native.SharedMapping``: every view made of ``map`` (the kinds' NumPy
+    views, the board's snapshot views, the ring's batches) holds it, and it is unmapped with the
+    last of them. ``close()`` ends this process's use of the segment at once: without views left
+    it unmaps, with views left it swaps a private copy of the pages under them (docs/shm.md,
+    "Lifetimes"), so a view kept past ``close()`` reads its values at close, never unmapped
+    memory. The raw pointers (``word``, ``word64``, ``state_word``) must not be used after close:
+    the kinds check ``closed`` (``require_open``) first.
+    """
 
     def __init__(self, kind: Kind, name: str, fd: int, size: int, *, owner: bool) -> None:
         self.kind = kind
@@ -89,7 +98,12 @@ class Segment:
         self.size = size
         self.owner = owner
         self.inode = os.fstat(fd).st_ino
-        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            self.mapping = native.SharedMapping(fd, size)
+        except OSError as exc:
+            raise ChannelError(f"cannot map {self.path}: {exc.strerror}") from exc
+        self.map: Any = self.mapping.buffer
+        """The writable buffer of the mapping: every view is made of it and keeps it alive."""
         self.header = layout.SegmentHeader.view(self.map)
         self.state_word = native.word(self.map, _HDR["state"])
         self.closed = False
@@ -227,21 +241,36 @@ class Segment:
 
     # -- access -----------------------------------------------------------------------------
 
+    def require_open(self, what: str = "") -> None:
+        """ChannelClosedError once this process closed the segment (its pointers are gone)."""
+        if self.closed:
+            raise ChannelClosedError(
+                f"{self.path}: {what + ': ' if what else ''}this {self.kind.name.lower()} "
+                "was closed by this process"
+            )
+
     def word(self, offset: int) -> Any:
+        self.require_open()
         return native.word(self.map, offset)
 
     def word64(self, offset: int) -> Any:
+        self.require_open()
         return native.word64(self.map, offset)
 
     def array(self, dtype: Any, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+        self.require_open()
         return np.ndarray(shape, dtype=dtype, buffer=self.map, offset=offset)
 
     @property
     def state(self) -> int:
+        """The state word (CLOSED once this process closed the segment: no pointer is read)."""
+        if self.closed:
+            return int(State.CLOSED)
         return native.load_acquire(self.state_word)
 
     @property
     def owner_pid(self) -> int:
+        self.require_open()
         return int(self.header["owner_pid"])
 
     @property
@@ -250,6 +279,7 @@ class Segment:
 
     def mark_closed(self) -> None:
         """State CLOSED (release) and wake whoever sleeps on the state word."""
+        self.require_open()
         native.store_release(self.state_word, int(State.CLOSED))
         native.futex_wake(self.state_word)
 
@@ -264,20 +294,20 @@ class Segment:
         return True
 
     def close(self, *, unlink: bool | None = None) -> None:
-        """Unmap; the owner (or ``unlink=True``) also marks CLOSED and unlinks. Views handed out
-        keep the mapping alive until they die (never a dangling pointer)."""
+        """End this process's use of the segment; the owner (or ``unlink=True``) first marks it
+        CLOSED and unlinks it. The kinds drop their own views first; views still alive (kept by
+        the caller) keep a private copy of the mapping taken now, unmapped when the last of
+        them dies; with none left it is unmapped now (docs/shm.md, "Lifetimes")."""
         if self.closed:
             return
-        self.closed = True
         if self.owner if unlink is None else unlink:
             self.mark_closed()
             self.unlink_if_ours()
-        self.header = np.zeros(())
+        self.closed = True
+        self.header = layout.SegmentHeader.zeros()
         self.state_word = None
-        try:
-            self.map.close()
-        except BufferError:
-            pass
+        self.map = None
+        self.mapping.close()
 
 
 def _no_room(path: str, size: int, free: int, why: str) -> str:

@@ -426,6 +426,9 @@ export class PolicyBoard {
     return version;
   }
 
+  /** Give up the publisher lease; unmap (slot views kept by the caller keep their values at
+   * close: segment.ts); the creator also unlinks. Every other method then throws
+   * ChannelClosedError. */
   close(): void {
     if (this.#writer && !this.segment.closed) Atomics.compareExchange(this.segment.i32, B["writer_pid"]! >> 2, process.pid, 0);
     this.segment.close();

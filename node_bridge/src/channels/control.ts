@@ -161,7 +161,8 @@ export class RunControl {
     return this.members().filter((m) => !m.healthy);
   }
 
-  /** Unmap; the creator also marks the block CLOSED (waking `waitStop`) and unlinks. */
+  /** Unmap; the creator also marks the block CLOSED (waking `waitStop`) and unlinks. Every other
+   * method (and its members') then throws ChannelClosedError. */
   close(): void {
     if (this.segment.owner && !this.segment.closed) this.segment.futexWake(C["stop"]!);
     this.segment.close();
@@ -205,8 +206,11 @@ export class Member {
     }
   }
 
+  /** Leave cleanly (CLOSED unless an error was flagged); a no-op once the run control was
+   * closed (like `close()`). */
   leave(): void {
     const seg = this.control.segment;
+    if (seg.closed) return;
     Atomics.compareExchange(seg.i32, (this.base + P["state"]!) >> 2, PeerState.ACTIVE, PeerState.CLOSED);
   }
 }

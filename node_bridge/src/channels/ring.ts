@@ -219,6 +219,9 @@ export class Ring {
     return !state.spinDone;
   }
 
+  /** Unmap; the creator also marks the ring CLOSED (waking every waiter) and unlinks it. Views of
+   * records kept by the caller keep their values at close (segment.ts); every method of the
+   * ring, its producers and its consumer then throws ChannelClosedError. */
   close(): void {
     if (this.segment.closed) return;
     if (this.segment.owner) {
@@ -298,6 +301,7 @@ export class Producer {
   /** Reserve up to `want` contiguous records (at least one); write them at `offset` of
    * `ring.segment.bytes` (e.g. through a generated codec's `view` or `writeInto`), then commit. */
   reserve(want = 1, timeoutMs = Infinity): Reservation {
+    this.requireOpen("reserve");
     if (this.#pending !== null) throw new ChannelError("commit the previous reservation first");
     const rc = this.tryReserve(Math.max(1, want), timeoutMs);
     if (typeof rc === "number") raiseFor(rc, this.ring, "reserve", "consumer", timeoutMs);
@@ -365,6 +369,7 @@ export class Producer {
 
   /** Publish the reserved records; returns the first one's index. */
   commit(): bigint {
+    this.requireOpen("commit");
     const r = this.#pending;
     if (r === null) throw new ChannelError("nothing reserved");
     const ring = this.ring;
@@ -376,6 +381,12 @@ export class Producer {
     seg.wakeIfSleeping(R["data_word"]!);
     this.#pending = null;
     return r.first;
+  }
+
+  /** ChannelClosedError once this producer or its ring was closed by this process. */
+  private requireOpen(what: string): void {
+    if (this.#closed) throw new ChannelClosedError(`${this.ring.segment.path}: ${what}: this producer was closed`);
+    this.ring.segment.requireOpen();
   }
 
   /** Mark this producer CLOSED (the consumer sees the end once every producer closed). */
@@ -429,6 +440,7 @@ export class Consumer {
    * ChannelTimeoutError, ChannelClosedError (every producer closed, ring drained),
    * PeerDiedError (every producer gone, one died). */
   take(max = 256, timeoutMs = Infinity): Batch {
+    if (this.#closed) throw new ChannelClosedError(`${this.ring.segment.path}: take: this consumer was closed`);
     const ring = this.ring;
     const first = this.tryTake(Math.max(1, max), timeoutMs);
     if (first.count < 0) raiseFor(first.count, ring, "take", "producers", timeoutMs);
@@ -461,8 +473,13 @@ export class Consumer {
   }
 
   /** Release the oldest released batches (the held count is a FIFO: a younger batch's release
-   * must not free an older batch's records). */
+   * must not free an older batch's records). Nothing is left to give back once the consumer or
+   * its ring was closed. */
   private settle(): void {
+    if (this.#closed || this.ring.segment.closed) {
+      this.#outstanding = [];
+      return;
+    }
     let count = 0;
     while (this.#outstanding.length > 0 && this.#outstanding[0]!.released) count += this.#outstanding.shift()!.count;
     if (count > 0) this.release(count);

@@ -17,6 +17,7 @@ import { closeSync, fstatSync, openSync, readSync, statSync } from "node:fs";
 import { ConnectError } from "../errors";
 import * as layout from "../generated/channels";
 import type { FieldJson } from "../ir";
+import { ownedMappingBuffer, releaseMapping, unmapUnviewed } from "../mapping_lifetime";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native, peerAlive, procStartTime } from "./native";
 
 export const MAGIC = 0x48435054; // "TPCH"
@@ -92,7 +93,14 @@ function inspectOwner(path: string): { ownerPid: number; stale: boolean } | null
   }
 }
 
-/** A mapped channel segment: typed arrays over the mapping itself (no copy). */
+/**
+ * A mapped channel segment: typed arrays over the mapping itself (no copy). Their ArrayBuffer
+ * owns the mapping (mapping_lifetime.ts): typed arrays made of it (board slot views, views of
+ * ring records) that a caller keeps past `close()` keep reading a private copy of the pages,
+ * with their values at close, until they are collected; never unmapped memory. After `close()`
+ * `bytes`, `dv`, `i32`, `u64` and the futex calls throw ChannelClosedError, so every method of
+ * a closed board, ring, producer, consumer or run control does.
+ */
 export class Segment {
   readonly kind: KindName;
   readonly name: string;
@@ -103,11 +111,12 @@ export class Segment {
   readonly inode: number;
   readonly address: bigint;
   readonly base: number;
-  readonly bytes: Uint8Array;
-  readonly dv: DataView;
-  readonly i32: Int32Array;
-  readonly u64: BigUint64Array;
+  #bytes: Uint8Array | null;
+  #dv: DataView | null;
+  #i32: Int32Array | null;
+  #u64: BigUint64Array | null;
   #mapped = true;
+  readonly #token = {}; // unregisters the mapping's finalizer (#discard)
 
   private constructor(kind: KindName, name: string, fd: number, size: number, owner: boolean) {
     const nat = native();
@@ -122,11 +131,37 @@ export class Segment {
     if (address < 0n) throw new ChannelError(`cannot map ${this.path}: ${nat.strerror(nat.errno())}`);
     this.address = address;
     this.base = Number(address);
-    const buffer = nat.view(address, size);
-    this.bytes = new Uint8Array(buffer);
-    this.dv = new DataView(buffer);
-    this.i32 = new Int32Array(buffer, 0, size >> 2);
-    this.u64 = new BigUint64Array(buffer, 0, size >> 3);
+    const buffer = ownedMappingBuffer(address, size, this.#token);
+    this.#bytes = new Uint8Array(buffer);
+    this.#dv = new DataView(buffer);
+    this.#i32 = new Int32Array(buffer, 0, size >> 2);
+    this.#u64 = new BigUint64Array(buffer, 0, size >> 3);
+  }
+
+  /** ChannelClosedError once this process closed the segment. */
+  requireOpen(): void {
+    if (!this.#mapped) throw new ChannelClosedError(`${this.path}: this ${this.kind} was closed by this process`);
+  }
+
+  /** The mapping's bytes (no copy); ChannelClosedError after close(). */
+  get bytes(): Uint8Array {
+    if (this.#bytes === null) this.requireOpen();
+    return this.#bytes as Uint8Array;
+  }
+
+  get dv(): DataView {
+    if (this.#dv === null) this.requireOpen();
+    return this.#dv as DataView;
+  }
+
+  get i32(): Int32Array {
+    if (this.#i32 === null) this.requireOpen();
+    return this.#i32 as Int32Array;
+  }
+
+  get u64(): BigUint64Array {
+    if (this.#u64 === null) this.requireOpen();
+    return this.#u64 as BigUint64Array;
   }
 
   /** Create exclusively (a stale segment is replaced, a live one never); `init` writes the
@@ -211,13 +246,13 @@ export class Segment {
             try {
               seg.validate(fingerprint);
             } catch (error) {
-              seg.close();
+              seg.#discard();
               throw error;
             }
             return seg;
           }
           why = state === SegmentState.CREATING ? "it is being created" : "it was closed";
-          seg.close();
+          seg.#discard();
         }
       }
       if (performance.now() >= deadline) throw new ChannelNotFoundError(`${path}: no ready ${kind} (${why})`);
@@ -252,7 +287,9 @@ export class Segment {
     return peerAlive(this.ownerPid, this.dv.getBigUint64(HDR["owner_start_time"]!, true));
   }
 
+  /** The state word (CLOSED once this process closed the segment: nothing is read). */
   get state(): number {
+    if (!this.#mapped) return SegmentState.CLOSED;
     return Atomics.load(this.i32, HDR["state"]! >> 2);
   }
 
@@ -266,11 +303,13 @@ export class Segment {
 
   /** FUTEX_WAIT on the u32 at byte `offset` while it holds `expected`, at most `ns`. */
   futexWait(offset: number, expected: number, ns: number): void {
+    this.requireOpen();
     const t = { tv_sec: Math.floor(ns / 1e9), tv_nsec: Math.floor(ns % 1e9) };
     native().futex(this.base + offset, 0, expected >>> 0, t);
   }
 
   futexWake(offset: number): void {
+    this.requireOpen();
     native().futex(this.base + offset, 1, 0x7fffffff, null);
   }
 
@@ -319,8 +358,10 @@ export class Segment {
     return native().shmUnlink(this.shmName) === 0;
   }
 
-  /** Unmap; the owner (or `unlink`) also marks CLOSED (waking the state word) and unlinks. The
-   * typed arrays must not be used afterwards. */
+  /** End this process's use of the segment; the owner (or `unlink`) first marks it CLOSED
+   * (waking the state word) and unlinks it. Typed arrays over the mapping that are still held
+   * keep a private copy of it, taken now, unmapped once they are collected (mapping_lifetime.ts);
+   * this segment's own accessors throw ChannelClosedError from now on. */
   close(unlink: boolean = this.owner): void {
     if (!this.#mapped) return;
     if (unlink) {
@@ -328,7 +369,16 @@ export class Segment {
       this.futexWake(HDR["state"]!);
       this.unlinkIfOurs();
     }
+    releaseMapping(this.address, this.size, this.path, this.inode);
     this.#mapped = false;
-    native().munmap(this.address, this.size);
+    this.#bytes = this.#dv = this.#i32 = this.#u64 = null;
+  }
+
+  /** Unmap a segment that never left `open()` (no view of it exists): no copy, at once. */
+  #discard(): void {
+    if (!this.#mapped) return;
+    this.#mapped = false;
+    this.#bytes = this.#dv = this.#i32 = this.#u64 = null;
+    unmapUnviewed(this.#token, this.address, this.size);
   }
 }

@@ -22,6 +22,7 @@ import { singleParams } from "../url_params";
 import * as pac_shm from "../../generated/pac_shm";
 import * as protocol from "../../generated/protocol";
 import { controlSizes, type FieldJson, type ShmJson } from "../../ir";
+import { ownedMappingBuffer, releaseMapping } from "../../mapping_lifetime";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
 export const MAGIC = 0x50414354; // "PACT"
@@ -405,13 +406,6 @@ export function inspectSegment(path: string): SegmentInfo {
 
 // -- the mapped region ---------------------------------------------------------------------------
 
-/**
- * The mappings whose ArrayBuffer is gone: nothing can read them any more, so they are unmapped
- * (a typed array holds its buffer, so this runs after the last view of a region died).
- */
-const unmapCollected = new FinalizationRegistry<{ readonly address: bigint; readonly size: number }>(({ address, size }) => {
-  native().munmap(address, size);
-});
 
 /**
  * A mapped segment. `bytes`, `dv` and `words` view the mapping itself (koffi.view: no copy), and
@@ -450,8 +444,7 @@ export class Region {
     }
     this.address = address;
     this.base = Number(address);
-    const buffer = nat.view(address, size);
-    unmapCollected.register(buffer, { address, size });
+    const buffer = ownedMappingBuffer(address, size);
     this.bytes = new Uint8Array(buffer);
     this.dv = new DataView(buffer);
     this.words = new Int32Array(buffer);
@@ -576,23 +569,7 @@ export class Region {
   unmap(): void {
     if (!this.#mapped) return;
     this.#mapped = false;
-    native().privatize(this.address, this.size, this.#backed());
-  }
-
-  /**
-   * The bytes of the mapping the segment still backs: its size, unless another process truncated
-   * it (then reading past its end, page-rounded, would be a SIGBUS). Known while the name still
-   * names this segment; otherwise the whole mapping is assumed backed.
-   */
-  #backed(): number {
-    try {
-      const { size, ino } = statSync(this.shm.path);
-      if (ino !== this.inode || size >= this.size) return this.size;
-      const page = 4096;
-      return Math.ceil(size / page) * page;
-    } catch {
-      return this.size;
-    }
+    releaseMapping(this.address, this.size, this.shm.path, this.inode);
   }
 }
 
