@@ -56,6 +56,7 @@ PINNED = [
     "load_schema",
     "request_episodes",
     "serve",
+    "serve_gym",
 ]
 
 

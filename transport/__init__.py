@@ -8,6 +8,7 @@ surface is pinned by ``tests/test_public_api.py``.
 from __future__ import annotations
 
 from pathlib import Path as _Path
+from typing import Any as _Any
 
 from transport.api import Server, ServerLimits, connect, serve
 from transport.client import Client, StepView
@@ -52,6 +53,14 @@ __version__ = "0.1.0"
 def load_schema(path: str | _Path) -> Schema:
     """Compile a schema file and return its codecs (``schema["StepResult"].view(buf)``)."""
     return Schema(_load_ir(path))
+
+
+def serve_gym(env_id_or_factory: _Any, url: str, **kwargs: _Any) -> None:
+    """Serve a gymnasium env with the schema derived from its spaces (``transport.gym_serve``;
+    gymnasium is imported only here: ``pip install transport[gym]``)."""
+    from transport.gym_serve import serve_gym as _serve_gym
+
+    _serve_gym(env_id_or_factory, url, **kwargs)
 
 
 __all__ = [
@@ -102,4 +111,5 @@ __all__ = [
     "load_schema",
     "request_episodes",
     "serve",
+    "serve_gym",
 ]

@@ -10,10 +10,18 @@
 
 The adapters return owned copies (``observation_of``): gymnasium code keeps observations
 across steps, which views into the client's receive buffer would break.
+
+A schema derived from gymnasium spaces (``transport.gym_schema``, ``transport.serve_gym``) may
+carry the exact spaces in an enum ``GymSpaces`` (what the fields alone cannot say: a Box bound
+infinite on some elements only, Discrete observations, MultiBinary, Tuple, Dict keys, a
+Discrete start). Then the spaces are rebuilt from it, and ``observation_of`` returns
+observations of their structure (a Discrete leaf: a scalar; a Tuple: a tuple; a nested Dict:
+nested dicts) for the fields of that schema.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -27,6 +35,92 @@ Observation = np.ndarray | dict[str, np.ndarray]
 """What an adapter returns as an observation: one array, or one per observation field."""
 
 DISCRETE, MULTI_DISCRETE, BOX = "discrete", "multi_discrete", "box"
+
+GYM_SPACES_ENUM = "GymSpaces"
+"""The enum of a schema derived from gymnasium spaces that packs their exact description."""
+_DESCRIPTIONS: dict[int, dict[str, Any] | None] = {}
+_STRUCTURES: dict[int, tuple[FieldIR, dict[str, Any]]] = {}
+
+
+def gym_description_of(schema: Schema) -> dict[str, Any] | None:
+    """The gymnasium spaces' description a derived schema packs in its ``GymSpaces`` enum
+    (``transport.gym_schema``), or None (an ``AdapterError`` when it is there but unreadable)."""
+    cached = _DESCRIPTIONS.get(schema.fingerprint, ())
+    if cached != ():
+        return cached  # type: ignore[return-value]
+    enum = schema.ir.enums.get(GYM_SPACES_ENUM)
+    found: dict[str, Any] | None = None
+    if enum is not None:
+        try:
+            packed = sorted(int(v) for v in enum.values.values())
+            data = bytearray()
+            for i, value in enumerate(packed):
+                if value >> 16 != i:
+                    raise ValueError(f"value {value} is not part {i}")
+                data += bytes(((value >> 8) & 0xFF, value & 0xFF))
+            found = json.loads(data.decode("ascii"))
+            if not isinstance(found, dict) or found.get("version") != 1:
+                raise ValueError("not a version 1 description")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise AdapterError(f"schema {schema.name}: enum {GYM_SPACES_ENUM}: {exc}") from None
+    _DESCRIPTIONS[schema.fingerprint] = found
+    return found
+
+
+def _bound_array(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    values = value if isinstance(value, list) else [value] * max(1, int(np.prod(shape)))
+    if dtype.kind in "iub":
+        return np.array(values, dtype=dtype).reshape(shape)
+    return np.array([float(v) for v in values], dtype=np.float64).astype(dtype).reshape(shape)
+
+
+def space_of_description(desc: dict[str, Any]) -> spaces.Space[Any]:
+    """The gymnasium space a description node says (``transport.gym_schema``)."""
+    kind = desc.get("type")
+    try:
+        if kind == "dict":
+            return spaces.Dict([(str(k), space_of_description(d)) for k, d in desc["items"]])
+        if kind == "tuple":
+            return spaces.Tuple([space_of_description(d) for d in desc["items"]])
+        if kind == "box":
+            dtype = np.dtype(desc["dtype"])
+            shape = tuple(int(n) for n in desc["shape"])
+            low = _bound_array(desc["low"], shape, dtype)
+            high = _bound_array(desc["high"], shape, dtype)
+            return spaces.Box(low, high, shape, dtype=dtype.type)
+        if kind == "discrete":
+            return spaces.Discrete(int(desc["n"]), start=int(desc["start"]))
+        if kind == "multi_discrete":
+            shape = tuple(int(n) for n in desc["shape"])
+            nvec = np.array(desc["nvec"], dtype=np.int64).reshape(shape)
+            start = np.array(desc["start"], dtype=np.int64).reshape(shape)
+            return spaces.MultiDiscrete(nvec, dtype=np.dtype(desc["dtype"]).type, start=start)
+        if kind == "multi_binary":
+            shape = tuple(int(n) for n in desc["shape"])
+            return spaces.MultiBinary(shape[0] if len(shape) == 1 else list(shape))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdapterError(f"a gymnasium space description is broken ({exc}): {desc!r}") from None
+    raise AdapterError(f"a gymnasium space description has an unknown type: {desc!r}")
+
+
+def spaces_from_description(
+    schema: Schema,
+) -> tuple[spaces.Space[Any], spaces.Space[Any]] | None:
+    """The exact (observation, action) spaces a derived schema carries, or None."""
+    desc = gym_description_of(schema)
+    if desc is None:
+        return None
+    return space_of_description(desc["observation"]), space_of_description(desc["action"])
+
+
+def _structured(desc: dict[str, Any], leaves: dict[str, np.ndarray], single: bool) -> Any:
+    kind = desc.get("type")
+    if kind == "dict":
+        return {str(k): _structured(d, leaves, single) for k, d in desc["items"]}
+    if kind == "tuple":
+        return tuple(_structured(d, leaves, single) for d in desc["items"])
+    value = leaves[desc["field"]]
+    return value[()] if single and kind == "discrete" else value
 
 
 def _body_struct(schema: Schema, message: str) -> StructIR:
@@ -82,6 +176,12 @@ def observation_space_of(
     ``bounds`` apply to fields that declare no ``low`` / ``high``."""
     result = _body_struct(schema, "STEP_RESP")
     fields = observation_fields_of(schema)
+    described = spaces_from_description(schema)
+    if described is not None:
+        desc = gym_description_of(schema)
+        assert desc is not None
+        _STRUCTURES[id(fields[0])] = (fields[0], desc["observation"])
+        return described[0]
     boxes: dict[str, spaces.Space[Any]] = {
         f.name: _box(f, _dtype(schema, result, f), bounds) for f in fields
     }
@@ -92,6 +192,9 @@ def observation_space_of(
 
 def action_space_of(schema: Schema, act_n: int) -> spaces.Space[Any]:
     """The action space: Discrete(act_n), MultiDiscrete or Box (see the module doc)."""
+    described = spaces_from_description(schema)
+    if described is not None:
+        return described[1]
     field = action_field_of(schema)
     kind = action_kind_of(field)
     if kind == DISCRETE:
@@ -113,11 +216,15 @@ def observation_of(
     """The adapter's observation from a result view: an owned array of the field's shape (with
     a leading env axis when ``num_envs`` is given), or a dict of them for several fields."""
     out: dict[str, np.ndarray] = {}
+    entry = _STRUCTURES.get(id(fields[0])) if fields else None
+    structure = entry[1] if entry is not None and entry[0] is fields[0] else None
     for field in fields:
-        shape = field.dims or (1,)
+        shape = field.dims if structure is not None else field.dims or (1,)
         if num_envs is not None:
             shape = (num_envs, *shape)
         out[field.name] = np.array(view[field.name], copy=True).reshape(shape)
+    if structure is not None:  # a gymnasium-derived schema: the spaces' own structure
+        return _structured(structure, out, num_envs is None)  # type: ignore[no-any-return]
     if len(fields) == 1:
         return out[fields[0].name]
     return out

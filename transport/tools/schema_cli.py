@@ -28,6 +28,7 @@ Inspect and compile declarative transport schemas (TOML; see docs/schema.md).
   transport-schema inspect schema/pac_env.toml --json    the layout IR as JSON
   transport-schema compile schema/*.toml                 regenerate Python and TypeScript
   transport-schema compile schema/*.toml --check         exit 1 if generated code is stale
+  transport-schema from-gym CartPole-v1                  the schema of a gymnasium env's spaces
 
 Exit status: 0 on success, 1 on stale generated code (--check), 2 on an invalid schema, an
 unwritable output, an output file it did not generate (never overwritten) or a usage error
@@ -85,7 +86,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     compile_.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    from_gym = sub.add_parser(
+        "from-gym",
+        help="print the schema (TOML) derived from a gymnasium env's spaces",
+        description="Print the env schema transport-serve --gym ENV_ID serves: derived from "
+        "the env's observation_space and action_space (the same spaces give the same text and "
+        "fingerprint), to commit and implement the same env elsewhere (TypeScript).",
+    )
+    from_gym.add_argument("env_id", help="a gymnasium env id (gymnasium.make)")
+    from_gym.add_argument(
+        "--gym-kwargs", default=None, metavar="JSON", help="keyword arguments of gymnasium.make"
+    )
+
     args = parser.parse_args(argv)
+    if args.command == "from-gym":
+        return _from_gym(parser, args.env_id, args.gym_kwargs)
     try:
         if args.command == "inspect":
             return _inspect(args.file, args.json)
@@ -99,6 +114,37 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"transport-schema: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+
+
+def _from_gym(parser: argparse.ArgumentParser, env_id: str, kwargs_text: str | None) -> int:
+    """Print the derived schema of a gymnasium env (one line on stderr, exit 2, when the env
+    cannot be made or a space cannot be carried)."""
+    kwargs: object = {}
+    if kwargs_text is not None:
+        try:
+            kwargs = json.loads(kwargs_text)
+        except ValueError as exc:
+            parser.error(f"--gym-kwargs is not JSON: {exc}")
+        if not isinstance(kwargs, dict):
+            parser.error(f"--gym-kwargs must be a JSON object, not {kwargs_text!r}")
+    try:
+        from transport.gym_serve import gym_schema_toml
+    except ImportError as exc:
+        print(f"transport-schema: error: from-gym needs gymnasium ({exc})", file=sys.stderr)
+        return 2
+    if os.getcwd() not in sys.path:  # an id "module:Env-v0" imports module from here
+        sys.path.insert(0, os.getcwd())
+    try:
+        text = gym_schema_toml(env_id, kwargs)  # type: ignore[arg-type]
+    except SchemaError as exc:
+        print(f"transport-schema: error: {env_id}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # gymnasium.make: an unknown id, bad kwargs
+        text = " ".join(str(exc).split())
+        print(f"transport-schema: error: {env_id}: {type(exc).__name__}: {text}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
 
 
 def _inspect(file: Path, as_json: bool) -> int:

@@ -36,6 +36,9 @@ port that was bound).
   transport-serve zmq+ipc:///tmp/pac.zmq --env pac --lang node
   transport-serve "zmq+tcp://0.0.0.0:5555?server_key=keys/server.key_secret&clients=keys/clients"
                                           CURVE: only clients whose key is in keys/clients
+  transport-serve unix:///tmp/cp.sock --gym CartPole-v1 --num-envs 8
+                                          a gymnasium env, schema derived from its spaces
+                                          (clients discover it: no schema file anywhere)
   transport-serve --list-shm [--json]     the project's shared-memory regions, stale or live
   transport-serve --cleanup-shm [--json]  remove the stale ones (whose server is dead)
 
@@ -81,6 +84,19 @@ def main(argv: list[str] | None = None) -> int:
         help=f"a reference env ({', '.join(sorted(ENVS))}) or your env factory: "
         "package.module:Factory (Python: a class or a zero-argument callable) or "
         "path/to/module.js:Factory (Node); default echo",
+    )
+    parser.add_argument(
+        "--gym",
+        default=None,
+        metavar="ENV_ID",
+        help="serve the gymnasium env gymnasium.make(ENV_ID) with the schema derived from its "
+        "spaces (Python server only; instead of --env and --schema)",
+    )
+    parser.add_argument(
+        "--gym-kwargs",
+        default=None,
+        metavar="JSON",
+        help="keyword arguments of gymnasium.make, a JSON object (with --gym)",
     )
     parser.add_argument(
         "--schema",
@@ -164,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
     limits = _limits(parser, args)
+    if args.gym is not None or args.gym_kwargs is not None:
+        return _serve_gym(parser, args, max_body, limits)
     if args.env not in ENVS and ":" not in args.env:
         parser.error(
             f"--env {args.env!r}: not a reference env ({', '.join(sorted(ENVS))}) and not a "
@@ -238,6 +256,85 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def gym_kwargs_of(parser: argparse.ArgumentParser, text: str | None) -> dict[str, Any]:
+    """--gym-kwargs: a JSON object (a usage error, one line, otherwise)."""
+    if text is None:
+        return {}
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        parser.error(f"--gym-kwargs is not JSON: {exc}")
+    if not isinstance(value, dict):
+        parser.error(f"--gym-kwargs must be a JSON object, not {text!r}")
+    return value
+
+
+def _serve_gym(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, max_body: int, limits: Any
+) -> int:
+    """--gym ENV_ID: a gymnasium env, schema derived from its spaces (transport.gym_serve)."""
+    if args.gym is None:
+        parser.error("--gym-kwargs needs --gym ENV_ID")
+    if args.lang == "node":
+        parser.error("--gym serves a gymnasium (Python) env: --lang node cannot serve it")
+    if args.schema is not None or args.env != "echo":
+        parser.error("--gym derives the schema from the env's spaces: drop --env and --schema")
+    kwargs = gym_kwargs_of(parser, args.gym_kwargs)
+    _import_from_current_folder()  # an id "module:Env-v0" imports module from here
+    try:
+        from transport.gym_serve import gym_factory, gym_schema
+    except ImportError as exc:
+        print(f"transport-serve: error: --gym needs gymnasium ({exc})", file=sys.stderr)
+        return 2
+    from transport.api import check_server_limits, serve
+
+    try:
+        schema = gym_schema(args.gym, kwargs)
+    except SchemaError as exc:
+        print(f"transport-serve: error: --gym {args.gym}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # gymnasium.make: an unknown id, bad kwargs
+        print(f"transport-serve: error: --gym {args.gym}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    try:
+        check_server_limits(schema, args.url, num_envs=args.num_envs, max_body=max_body)
+    except (ValueError, ProtocolError) as exc:
+        print(f"transport-serve: error: {exc}", file=sys.stderr)
+        return 2
+
+    def ready(url: str) -> None:
+        print(f"ready {url}", flush=True)
+
+    try:
+        serve(
+            gym_factory(args.gym, kwargs),
+            args.url,
+            schema=schema,
+            num_envs=args.num_envs,
+            env_name=args.gym,
+            seed=args.seed,
+            max_body=max_body,
+            ready=ready,
+            workers=args.workers,
+            limits=limits,
+            masked_actions=args.masked_actions,
+        )
+    except TransportError as exc:
+        print(f"transport-serve: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"transport-serve: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:

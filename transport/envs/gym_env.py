@@ -1,0 +1,122 @@
+"""A server env wrapping one gymnasium env (``transport.serve_gym``, ``transport-serve --gym``).
+
+The runtime auto-resets (next_step, same_step or disabled, as each client asks), so this
+wraps ONE gymnasium env without its vector machinery: ``reset(seed)`` is the env's
+``reset(seed=seed)`` with reward 0 and both flags false, ``step(action)`` its ``step``. The
+observation is flattened into the fields of the schema ``transport.gym_schema`` derives from
+the env's spaces, and the action converted back to the space's own type (a Discrete start, a
+MultiBinary's int8, a Box's dtype and shape). gymnasium's ``info`` dicts are not carried.
+``info()`` returns the env's rgb_array frame when it renders (``render_mode="rgb_array"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from transport.gym_schema import act_n_of, describe_spaces
+from transport.runtime.env import Spaces
+
+GymSource = str | Callable[[], Any]
+"""A gymnasium env id (``gymnasium.make(id, **kwargs)``) or a zero-argument factory."""
+
+
+def make_gym_env(source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> Any:
+    """The gymnasium env of an id (made with ``gym_kwargs``) or of a factory."""
+    if isinstance(source, str):
+        return gymnasium.make(source, **dict(gym_kwargs or {}))
+    if gym_kwargs:
+        return source(**dict(gym_kwargs))
+    return source()
+
+
+class GymEnv:
+    """One gymnasium env behind the server's Env interface (see the module doc)."""
+
+    def __init__(self, source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.env = make_gym_env(source, gym_kwargs)
+        _, _, description = describe_spaces(self.env.observation_space, self.env.action_space)
+        self._observation = description["observation"]
+        self._action = description["action"]
+        self._leaves: list[str] = []
+        self._collect(self._observation)
+        self._spaces = Spaces(self._obs_n(), act_n_of(self.env.action_space))
+
+    def _collect(self, desc: dict[str, Any]) -> None:
+        if desc["type"] in ("dict", "tuple"):
+            for item in desc["items"]:
+                self._collect(item[1] if desc["type"] == "dict" else item)
+        else:
+            self._leaves.append(desc["field"])
+
+    def _obs_n(self) -> int:
+        return sum(int(np.prod(s.shape or (1,))) for s in _leaf_spaces(self.env.observation_space))
+
+    def spaces(self) -> Spaces:
+        return self._spaces
+
+    def _fields(self, desc: dict[str, Any], value: Any, out: dict[str, Any]) -> None:
+        kind = desc["type"]
+        if kind == "dict":
+            for key, sub in desc["items"]:
+                self._fields(sub, value[key], out)
+        elif kind == "tuple":
+            for sub, item in zip(desc["items"], value, strict=True):
+                self._fields(sub, item, out)
+        else:
+            array = np.asarray(value)
+            out[desc["field"]] = array.item() if array.ndim == 0 else array  # a scalar field
+
+    def _result(self, obs: Any, reward: Any, terminated: Any, truncated: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        try:
+            self._fields(self._observation, obs, out)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(
+                f"the gymnasium env returned an observation that does not fit its "
+                f"observation_space {self.env.observation_space!r}: {exc!r}"
+            ) from None
+        out["reward"] = float(reward)
+        out["terminated"] = bool(terminated)
+        out["truncated"] = bool(truncated)
+        return out
+
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        obs, _info = self.env.reset(seed=seed)
+        return self._result(obs, 0.0, False, False)
+
+    def step(self, action: Any) -> dict[str, Any]:
+        obs, reward, terminated, truncated, _info = self.env.step(self._convert(action))
+        return self._result(obs, reward, terminated, truncated)
+
+    def _convert(self, action: Any) -> Any:
+        """The wire action as the action space's own value."""
+        desc = self._action
+        kind = desc["type"]
+        if kind == "discrete":
+            return int(np.asarray(action).reshape(-1)[0])
+        if kind == "multi_binary":
+            return np.asarray(action, dtype=np.int8).reshape(desc["shape"])
+        return np.asarray(action, dtype=np.dtype(desc["dtype"])).reshape(desc["shape"])
+
+    def info(self) -> dict[str, Any]:
+        """The env's rgb_array frame (``{"frame": bytes, "frame_shape": [h, w, 3]}``) when it
+        renders; ``{}`` otherwise."""
+        if getattr(self.env, "render_mode", None) != "rgb_array":
+            return {}
+        frame = np.ascontiguousarray(self.env.render(), dtype=np.uint8)
+        return {"frame": frame.tobytes(), "frame_shape": list(frame.shape)}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _leaf_spaces(space: Any) -> list[Any]:
+    if isinstance(space, gymnasium.spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in _leaf_spaces(sub)]
+    if isinstance(space, gymnasium.spaces.Tuple):
+        return [leaf for sub in space.spaces for leaf in _leaf_spaces(sub)]
+    return [space]
