@@ -21,6 +21,7 @@ from transport.backends.shm.region import (
     INFO_SIDE,
     LAYOUT_VERSION,
     MAGIC,
+    PRESETS,
     SIDE_REF,
     Region,
     RegionState,
@@ -100,6 +101,13 @@ def _ir_name(ir: bytes | None) -> str:
     except (ValueError, AttributeError):
         return ""
     return name if isinstance(name, str) else ""
+
+
+def names_wait_policy(url: str) -> bool:
+    """True when an shm URL's query names a wait policy (``wait`` or ``spin``): then it is
+    followed as given, never replaced by a default chosen for the envs (a worker pool's)."""
+    query = url.partition("?")[2]
+    return any(item.partition("=")[0] in ("wait", "spin") for item in query.split("&"))
 
 
 class _Refused(Exception):
@@ -217,6 +225,8 @@ class ShmChannel:
         self.shm: ShmUrl = parse_url(url)
         self.layout = ShmLayout.of(schema)
         self.policy = WaitPolicy.resolve(wait) if wait is not None else self.shm.wait
+        # a policy the caller chose (argument or URL) is kept; else the server's hint may apply
+        self._policy_chosen = wait is not None or names_wait_policy(url)
         self.timeout = timeout
         self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
         self._closed = True
@@ -441,6 +451,14 @@ class ShmChannel:
         # the env's spaces, which the control block cannot say (its act_size is the mask's
         # length); a server that does not send them: the control block's sizes
         spaces = info.pop("spaces", None)
+        # the server's advice on how to wait (not a server_info key: the same keys as over
+        # unix): "futex" when its envs run in worker processes, whose steps a spinning client
+        # would slow down by taking a core from them (docs/shm.md "Worker processes")
+        hint = info.pop("client_wait", None)
+        if not self._policy_chosen and isinstance(hint, str) and hint in PRESETS:
+            # the advised spin; the URL's slice_ms (if any) stays
+            self.policy = WaitPolicy(PRESETS[hint].spin, self.policy.futex_slice_ms)
+            self.policy.apply(self._ctx)
         self._env_spaces = (
             (int(spaces[0]), int(spaces[1]))
             if isinstance(spaces, list | tuple) and len(spaces) == 2

@@ -21,6 +21,7 @@ import msgpack
 import numpy as np
 
 from transport import native
+from transport.backends.shm.channel import names_wait_policy
 from transport.backends.shm.region import (
     CB,
     INFO_SIDE,
@@ -145,6 +146,10 @@ class Listener:
                 # length (Appendix B), 0 for an env without one (CartPole's Discrete(2))
                 "spaces": [self._spare.spaces.obs_n, self._spare.spaces.act_n],
             }
+            if host.workers and not names_wait_policy(self.url):
+                # steps take the workers' time: a client spinning for the answer meanwhile
+                # takes a core from them, so it is told to sleep at once (channel.py pops it)
+                info["client_wait"] = "futex"
             if self.shm.checksum is not None:
                 info["checksum"] = self.shm.checksum
                 self._checksums = SlotChecksums(region)
@@ -164,6 +169,10 @@ class Listener:
             "uint8_t *", native.ffi.from_buffer(self._done, require_writable=True)
         )
         self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
+        if host.workers and not names_wait_policy(self.url):
+            # envs in worker processes: a step takes the workers' time (ms on a real env), and
+            # a server spinning for the next request meanwhile takes a core from them
+            self._ctx.spin = 0
         self._command_offset = layout.slot_fields["command"].offset
         self._words = region.words
         self._actions = region.requests()[host.action.name]
@@ -283,6 +292,8 @@ class Listener:
                 if why is not None:
                     log.warning("%s", why)
                     self._reclaim(pid, start)
+        else:
+            watch.forget()  # released: the next holder, even the same process, is looked at anew
         return False
 
     def _reclaim(self, pid: int, start: int) -> None:

@@ -75,8 +75,8 @@ class RegionWatch:
         self.next_at = time.monotonic() + WATCH_PERIOD_S
         """When the server looks next (``time.monotonic()``; it moves this on each look)."""
         self._verified: tuple[int, int] | None = None  # the holder known to be a client
-        self._seen_pid = 0  # the live holder being looked at, since _seen_at
-        self._seen_at = 0.0
+        self._seen_pid = 0  # the live holder being looked at
+        self._zero_since: float | None = None  # since when it has been attaching (start time 0)
 
     def lost(self) -> str | None:
         """Why the server cannot keep serving this region (gone, replaced, resized), or None."""
@@ -131,19 +131,24 @@ class RegionWatch:
             return None
         now = time.monotonic()
         if pid != self._seen_pid:
-            self._seen_pid, self._seen_at = pid, now
+            self._seen_pid, self._zero_since = pid, None
             if maps_segment(pid, self.inode) is False:
                 return (
                     f"{self.url}: client pid {pid} is alive but does not map {self.path}: it is "
                     "not a client (another process wrote client_pid); reclaiming the lease"
                 )
         if start_time == 0:
-            if now - self._seen_at < UNFINISHED_LEASE_S:
+            # measured from the first check that saw this holder attaching, not from when the
+            # pid was first seen: the same process may release and take the lease again
+            if self._zero_since is None:
+                self._zero_since = now
+            if now - self._zero_since < UNFINISHED_LEASE_S:
                 return None
             return (
                 f"{self.url}: client pid {pid} never completed taking the lease "
                 f"(client_start_time still 0 after {UNFINISHED_LEASE_S:g} s); reclaiming the lease"
             )
+        self._zero_since = None
         self._verified = (pid, start_time)
         return None
 
@@ -151,6 +156,7 @@ class RegionWatch:
         """The lease was reclaimed or released: the next holder is looked at afresh."""
         self._verified = None
         self._seen_pid = 0
+        self._zero_since = None
 
 
 CONTROL_FIELDS = (

@@ -94,7 +94,7 @@ import {
 } from "./region";
 import { INFO_SIDE, SIDE_REF_SIZE, SideReader } from "./side";
 import { FUTEX2_SIZE_U32, FUTEX_WAITV_MAX, FUTEX_WAITV_WORDS, native } from "./native";
-import { resultLayout } from "./server";
+import { namesWaitPolicy, resultLayout } from "./server";
 
 /** One result field's place in the packed result, in a slot and in a final area. */
 interface ResultRun {
@@ -255,7 +255,7 @@ export class ShmChannel implements Channel {
   readonly #respOff: number;
   readonly #cmdOff: number;
   readonly #statusOff: number;
-  readonly #wait: WaitOptions;
+  #wait: WaitOptions;
   #doorbell: number;
   #leased = false;
   #closed = false;
@@ -354,6 +354,11 @@ export class ShmChannel implements Channel {
       // the env's spaces, which the control block cannot say (its act_size is the mask's length)
       const spaces = channel.info["spaces"];
       delete channel.info["spaces"];
+      // a server whose envs run in a pool advises sleeping while they step (a spinning client
+      // takes a core from its workers); a URL that names wait= or spin= keeps its policy
+      const hint = channel.info["client_wait"];
+      delete channel.info["client_wait"];
+      if (hint === "futex" && !namesWaitPolicy(url)) channel.#wait = { ...channel.#wait, spin: 0 };
       if (Array.isArray(spaces) && spaces.length === 2 && spaces.every((v) => typeof v === "number")) {
         channel.#envSpaces = [spaces[0] as number, spaces[1] as number];
       }

@@ -292,6 +292,12 @@ export class ShmListener implements Listener {
   #watch: RegionWatch;
   #last = 0;
   #idle = false;
+  /** Spins of the wait for the next request: the URL's policy, 0 when a pool runs the envs. */
+  readonly #requestSpin: number;
+  /** Spins of the wait for the next request (0: sleeps at once; envs in worker threads). */
+  get requestSpin(): number {
+    return this.#requestSpin;
+  }
   #closed = false;
   #stopped: Promise<void>;
   #stop: () => void = () => undefined;
@@ -318,6 +324,11 @@ export class ShmListener implements Listener {
     // the env's spaces (SPACES_RESP): the control block's act_size is the mask's length
     // (Appendix B), 0 for an env without one (a plain Discrete(n))
     this.#serverInfo["spaces"] = [spare.spaces.obsN, spare.spaces.actN];
+    // envs in worker threads: a step takes the workers' time, and a waiter spinning meanwhile
+    // takes a core from them; this server then sleeps at once between requests and advises the
+    // client to (`client_wait`, popped by the client), unless the URL names a wait policy
+    this.#requestSpin = host.pooled && !namesWaitPolicy(url) ? 0 : this.shm.wait.spin;
+    if (host.pooled && !namesWaitPolicy(url)) this.#serverInfo["client_wait"] = "futex";
     this.numSlots = Math.max(numEnvs, this.#seats);
     this.#pending = new Uint8Array(this.numSlots);
     this.#inFlight = new Uint8Array(this.numSlots);
@@ -418,7 +429,7 @@ export class ShmListener implements Listener {
           continue;
         }
         const rc = waitWord(region, this.#doorbellAt, this.#last, false, sliceNs, {
-          spin: this.#idle ? 0 : policy.spin, // an idle server sleeps at once
+          spin: this.#idle ? 0 : this.#requestSpin, // an idle server sleeps at once
           sliceMs: policy.futexSliceMs,
         });
         if (rc >= 0) {
@@ -787,6 +798,8 @@ export class ShmListener implements Listener {
           this.#reclaim(pid, start);
         }
       }
+    } else {
+      watch.forget(); // released: the next holder, even the same process, is looked at anew
     }
     return false;
   }
@@ -846,4 +859,11 @@ export class ShmListener implements Listener {
 
 export async function listen(url: string, host: EnvHost, _options: ListenOptions = {}): Promise<ShmListener> {
   return new ShmListener(url, host);
+}
+
+/** True when an shm URL's query names a wait policy (`wait` or `spin`): it is then followed as
+ * given, never replaced by the default chosen for envs in worker threads. */
+export function namesWaitPolicy(url: string): boolean {
+  const query = url.includes("?") ? url.slice(url.indexOf("?") + 1) : "";
+  return query.split("&").some((item) => ["wait", "spin"].includes(item.split("=")[0] ?? ""));
 }

@@ -97,7 +97,8 @@ export class RegionWatch {
   #nextAt: number;
   #verified: string | null = null;
   #seenPid = 0;
-  #seenAt = 0;
+  /** Since when (performance.now()) the holder has been attaching (start time 0). */
+  #zeroSince: number | null = null;
 
   /** Call once the server has written every field of `CONTROL_FIELDS` and the schema area. */
   constructor(url: string, region: Region, area: Uint8Array) {
@@ -177,7 +178,7 @@ export class RegionWatch {
     const now = performance.now();
     if (pid !== this.#seenPid) {
       this.#seenPid = pid;
-      this.#seenAt = now;
+      this.#zeroSince = null;
       if (mapsSegment(pid, this.#region.inode) === false) {
         return (
           `${this.#url}: client pid ${pid} is alive but does not map ${this.#path}: it is not a client ` +
@@ -186,12 +187,16 @@ export class RegionWatch {
       }
     }
     if (startTime === 0n) {
-      if (now - this.#seenAt < UNFINISHED_LEASE_MS) return null;
+      // measured from the first check that saw this holder attaching, not from when the pid was
+      // first seen: the same process may release and take the lease again
+      this.#zeroSince ??= now;
+      if (now - this.#zeroSince < UNFINISHED_LEASE_MS) return null;
       return (
         `${this.#url}: client pid ${pid} never completed taking the lease ` +
         `(client_start_time still 0 after ${UNFINISHED_LEASE_MS / 1000} s); reclaiming the lease`
       );
     }
+    this.#zeroSince = null;
     this.#verified = key;
     return null;
   }
@@ -200,5 +205,6 @@ export class RegionWatch {
   forget(): void {
     this.#verified = null;
     this.#seenPid = 0;
+    this.#zeroSince = null;
   }
 }
