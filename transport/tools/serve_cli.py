@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a URL is required (or --list-shm / --cleanup-shm)")
     if args.num_envs is None:
         args.num_envs = _url_num_envs(args.url) or 1
-    from transport.api import MAX_BODY_LIMIT, MAX_NUM_ENVS, check_server_limits
+    from transport.api import MAX_BODY_LIMIT, MAX_NUM_ENVS
     from transport.protocol import DEFAULT_MAX_BODY
 
     # start-up validation, the same rules as the Node server's (docs/decisions.md)
@@ -220,42 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os.execv(node, command)  # signals go straight to the Node server
 
-    from transport.api import serve
-
-    def ready(url: str) -> None:
-        print(f"ready {url}", flush=True)
-
     try:
         factory, schema = _env_and_schema(args.env, args.schema)
     except (SchemaError, _EnvSpecError) as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 2
-    try:
-        check_server_limits(schema, args.url, num_envs=args.num_envs, max_body=max_body)
-    except (ValueError, ProtocolError) as exc:
-        print(f"transport-serve: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        serve(
-            factory,
-            args.url,
-            schema=schema,
-            num_envs=args.num_envs,
-            env_name=args.env.rpartition(":")[2] if args.env not in ENVS else args.env,
-            seed=args.seed,
-            max_body=max_body,
-            ready=ready,
-            workers=args.workers,
-            limits=limits,
-            masked_actions=args.masked_actions,
-        )
-    except TransportError as exc:
-        print(f"transport-serve: error: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:  # a setup the server cannot serve (refused before ready)
-        print(f"transport-serve: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    env_name = args.env.rpartition(":")[2] if args.env not in ENVS else args.env
+    return _serve_python(args, factory, schema, env_name, max_body, limits)
 
 
 def gym_kwargs_of(parser: argparse.ArgumentParser, text: str | None) -> dict[str, Any]:
@@ -290,8 +261,6 @@ def _serve_gym(
     except ImportError as exc:
         print(f"transport-serve: error: --gym needs gymnasium ({exc})", file=sys.stderr)
         return 2
-    from transport.api import check_server_limits, serve
-
     try:
         schema = gym_schema(args.gym, kwargs)
     except SchemaError as exc:
@@ -300,6 +269,21 @@ def _serve_gym(
     except Exception as exc:  # gymnasium.make: an unknown id, bad kwargs
         print(f"transport-serve: error: --gym {args.gym}: {_one_line(exc)}", file=sys.stderr)
         return 2
+    return _serve_python(args, gym_factory(args.gym, kwargs), schema, args.gym, max_body, limits)
+
+
+def _serve_python(
+    args: argparse.Namespace,
+    factory: Any,
+    schema: Any,
+    env_name: str,
+    max_body: int,
+    limits: Any,
+) -> int:
+    """Serve ``factory`` with the Python server until a signal: 0, or 1 (a transport error
+    while serving) / 2 (a setup the server cannot serve, refused before ready), one line."""
+    from transport.api import check_server_limits, serve
+
     try:
         check_server_limits(schema, args.url, num_envs=args.num_envs, max_body=max_body)
     except (ValueError, ProtocolError) as exc:
@@ -311,11 +295,11 @@ def _serve_gym(
 
     try:
         serve(
-            gym_factory(args.gym, kwargs),
+            factory,
             args.url,
             schema=schema,
             num_envs=args.num_envs,
-            env_name=args.gym,
+            env_name=env_name,
             seed=args.seed,
             max_body=max_body,
             ready=ready,
@@ -326,7 +310,7 @@ def _serve_gym(
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 1
-    except ValueError as exc:
+    except ValueError as exc:  # a setup the server cannot serve (refused before ready)
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 2
     return 0
