@@ -11,8 +11,8 @@ import { randomBytes } from "node:crypto";
 import { readdirSync } from "node:fs";
 import { describe, test } from "node:test";
 
-import { PREFIX, SHM_DIR, WAIT_PRESETS } from "../backends/shm/region";
-import { ShmListener, namesWaitPolicy } from "../backends/shm/server";
+import { PREFIX, SHM_DIR, WAIT_PRESETS, namesWaitPolicy } from "../backends/shm/region";
+import { ShmListener } from "../backends/shm/server";
 import { connect } from "../client";
 import { ENVS } from "../envs";
 import { EnvHost } from "../runtime/host";

@@ -31,6 +31,7 @@ from transport.backends.shm.region import (
     SlotChecksums,
     SlotCommand,
     WaitPolicy,
+    names_wait_policy,
     own_start_time,
     parse_url,
     schema_area_of,
@@ -101,13 +102,6 @@ def _ir_name(ir: bytes | None) -> str:
     except (ValueError, AttributeError):
         return ""
     return name if isinstance(name, str) else ""
-
-
-def names_wait_policy(url: str) -> bool:
-    """True when an shm URL's query names a wait policy (``wait`` or ``spin``): then it is
-    followed as given, never replaced by a default chosen for the envs (a worker pool's)."""
-    query = url.partition("?")[2]
-    return any(item.partition("=")[0] in ("wait", "spin") for item in query.split("&"))
 
 
 class _Refused(Exception):

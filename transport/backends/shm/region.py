@@ -295,6 +295,13 @@ class ShmUrl:
         return os.path.join(SHM_DIR, PREFIX + self.name)
 
 
+def names_wait_policy(url: str) -> bool:
+    """True when an shm URL's query names a wait policy (``wait`` or ``spin``): then it is
+    followed as given, never replaced by a default chosen for the envs (a worker pool's)."""
+    query = url.partition("?")[2]
+    return any(item.partition("=")[0] in ("wait", "spin") for item in query.split("&"))
+
+
 def parse_url(url: str) -> ShmUrl:
     """``shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M&checksum=crc32``."""
     scheme, sep, rest = url.partition("://")

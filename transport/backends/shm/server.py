@@ -21,7 +21,6 @@ import msgpack
 import numpy as np
 
 from transport import native
-from transport.backends.shm.channel import names_wait_policy
 from transport.backends.shm.region import (
     CB,
     INFO_SIDE,
@@ -34,6 +33,7 @@ from transport.backends.shm.region import (
     SlotChecksums,
     SlotCommand,
     inspect_segment,
+    names_wait_policy,
     own_start_time,
     parse_url,
     schema_area,
@@ -98,6 +98,10 @@ class Listener:
         """Create the region (replacing a stale one, never a live one) and mark it READY."""
         host, layout = self.host, ShmLayout.of(self.schema)
         self.layout = layout
+        # envs in worker processes: a step takes the workers' time (ms on a real env), and a
+        # server or client spinning meanwhile takes a core from them (2 cores: one of two), so
+        # both sleep at once unless the URL names a wait policy
+        pool_sleeps = bool(host.workers) and not names_wait_policy(self.url)
         # one env: made now, it says whether it needs a slot per seat (step_batch); more envs
         # are made once the region (checked against /dev/shm's room) exists
         envs = host.create_envs() if self.num_envs == 1 else None
@@ -146,10 +150,8 @@ class Listener:
                 # length (Appendix B), 0 for an env without one (CartPole's Discrete(2))
                 "spaces": [self._spare.spaces.obs_n, self._spare.spaces.act_n],
             }
-            if host.workers and not names_wait_policy(self.url):
-                # steps take the workers' time: a client spinning for the answer meanwhile
-                # takes a core from them, so it is told to sleep at once (channel.py pops it)
-                info["client_wait"] = "futex"
+            if pool_sleeps:
+                info["client_wait"] = "futex"  # the client's advice (channel.py pops it)
             if self.shm.checksum is not None:
                 info["checksum"] = self.shm.checksum
                 self._checksums = SlotChecksums(region)
@@ -169,9 +171,7 @@ class Listener:
             "uint8_t *", native.ffi.from_buffer(self._done, require_writable=True)
         )
         self._ctx = wait_ctx(region, self.shm.wait, self._seqs)
-        if host.workers and not names_wait_policy(self.url):
-            # envs in worker processes: a step takes the workers' time (ms on a real env), and
-            # a server spinning for the next request meanwhile takes a core from them
+        if pool_sleeps:
             self._ctx.spin = 0
         self._command_offset = layout.slot_fields["command"].offset
         self._words = region.words

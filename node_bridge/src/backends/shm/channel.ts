@@ -91,10 +91,11 @@ import {
   publishWord,
   schemaAreaOfFd,
   waitWordAsync,
+  namesWaitPolicy,
 } from "./region";
 import { INFO_SIDE, SIDE_REF_SIZE, SideReader } from "./side";
 import { FUTEX2_SIZE_U32, FUTEX_WAITV_MAX, FUTEX_WAITV_WORDS, native } from "./native";
-import { namesWaitPolicy, resultLayout } from "./server";
+import { resultLayout } from "./server";
 
 /** One result field's place in the packed result, in a slot and in a final area. */
 interface ResultRun {

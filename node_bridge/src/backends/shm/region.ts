@@ -208,6 +208,13 @@ export class SlotChecksums {
   }
 }
 
+/** True when an shm URL's query names a wait policy (`wait` or `spin`): it is then followed as
+ * given, never replaced by the default chosen for envs in worker threads. */
+export function namesWaitPolicy(url: string): boolean {
+  const query = url.includes("?") ? url.slice(url.indexOf("?") + 1) : "";
+  return query.split("&").some((item) => ["wait", "spin"].includes(item.split("=")[0] ?? ""));
+}
+
 /** `shm://name?num_envs=N&wait=balanced|spin|futex&spin=K&slice_ms=M&checksum=crc32`. */
 export function parseShmUrl(url: string): ShmUrl {
   const sep = url.indexOf("://");

@@ -85,6 +85,7 @@ import {
   publishWord,
   schemaArea,
   waitWord,
+  namesWaitPolicy,
 } from "./region";
 import { INFO_SIDE, SideWriter } from "./side";
 import { RegionWatch, WATCH_PERIOD_MS } from "./watch";
@@ -327,8 +328,9 @@ export class ShmListener implements Listener {
     // envs in worker threads: a step takes the workers' time, and a waiter spinning meanwhile
     // takes a core from them; this server then sleeps at once between requests and advises the
     // client to (`client_wait`, popped by the client), unless the URL names a wait policy
-    this.#requestSpin = host.pooled && !namesWaitPolicy(url) ? 0 : this.shm.wait.spin;
-    if (host.pooled && !namesWaitPolicy(url)) this.#serverInfo["client_wait"] = "futex";
+    const poolSleeps = host.pooled && !namesWaitPolicy(url); // see the Python server's start()
+    this.#requestSpin = poolSleeps ? 0 : this.shm.wait.spin;
+    if (poolSleeps) this.#serverInfo["client_wait"] = "futex";
     this.numSlots = Math.max(numEnvs, this.#seats);
     this.#pending = new Uint8Array(this.numSlots);
     this.#inFlight = new Uint8Array(this.numSlots);
@@ -859,11 +861,4 @@ export class ShmListener implements Listener {
 
 export async function listen(url: string, host: EnvHost, _options: ListenOptions = {}): Promise<ShmListener> {
   return new ShmListener(url, host);
-}
-
-/** True when an shm URL's query names a wait policy (`wait` or `spin`): it is then followed as
- * given, never replaced by the default chosen for envs in worker threads. */
-export function namesWaitPolicy(url: string): boolean {
-  const query = url.includes("?") ? url.slice(url.indexOf("?") + 1) : "";
-  return query.split("&").some((item) => ["wait", "spin"].includes(item.split("=")[0] ?? ""));
 }
