@@ -526,6 +526,11 @@ class Client:
         return calls
 
     @property
+    def action_dtype(self) -> np.dtype[Any]:
+        """The action field's element dtype: actions of it are taken without a range check."""
+        return self._shapes.dtype
+
+    @property
     def batch_size(self) -> int:
         """``recv``'s default batch size (EnvPool's ``batch_size``): N unless set."""
         return int(self.__dict__.get("_batch_size", self.num_envs))

@@ -340,9 +340,8 @@ class EpisodeCollector:
         return {self._observation_fields[0].name: found}
 
     def _action_dtype(self) -> np.dtype[Any]:
-        body = self.client.schema.ir.messages["STEP_REQ"].body
-        assert body is not None
-        return np.dtype(self.client.schema[body].dtype[self._action.name].base)
+        dtype: np.dtype[Any] = self.client.action_dtype
+        return dtype
 
 
 def _public(fields: Fields) -> Observation:

@@ -195,6 +195,11 @@ class MultiClient:
         )
 
     @property
+    def action_dtype(self) -> np.dtype[Any]:
+        """The action field's element dtype: actions of it are taken without a range check."""
+        return self._shapes.dtype
+
+    @property
     def urls(self) -> list[str]:
         return [part.url for part in self.parts]
 

@@ -631,8 +631,7 @@ def legal_actions(client: Any, first: Any) -> tuple[Callable[[], object], np.nda
 
     schema = client.schema
     field = action_field_of(schema)
-    request = body_codec(schema, "STEP_REQ")
-    dtype = np.dtype(schema[request.ir.name].dtype[field.name].base)
+    dtype = client.action_dtype
     n = client.num_envs
     kind = action_kind_of(field)
     if kind == DISCRETE:
