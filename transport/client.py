@@ -298,18 +298,14 @@ class ActionShapes:
         except (ValueError, TypeError):
             raise self._error(what, given, "not numbers of one shape") from None
         cast = self._cast(array.dtype)
-        if array.shape == self.batch:
-            count: int | None = self.num_envs
-        elif array.shape == self.one:
-            if self.num_envs != 1 or self.batch_only:
-                raise self._error(what, given, self._wanted(array.shape))
-            count = None
-        elif cast == _NOT_NUMBERS:
-            raise self._error(what, given, "its values are not numbers")
-        else:
-            raise self._error(what, given, self._wanted(array.shape))
         if cast == _NOT_NUMBERS:
             raise self._error(what, given, "its values are not numbers")
+        if array.shape == self.batch:
+            count: int | None = self.num_envs
+        elif array.shape == self.one and self.num_envs == 1 and not self.batch_only:
+            count = None
+        else:
+            raise self._error(what, given, self._wanted(array.shape))
         if cast == _LOSSY:
             raise self._error(
                 what,
