@@ -1,0 +1,540 @@
+"""Device benchmark (issue 25 item 5): observations to a device, and the batched collector.
+
+    python benchmarks/gpu_bench.py                  # CUDA if torch sees it, else the CPU
+    python benchmarks/gpu_bench.py --device cpu     # the CUDA-only columns print n/a
+    python benchmarks/gpu_bench.py --device cuda --budget 200 --json out.json
+
+Unattended and bounded: no prompts, every measurement stops at its repetitions or its share of
+``--budget`` seconds (default 200, under 4 minutes with the servers' start-up), a failing
+section prints its error and the run goes on (exit status 1 at the end). It prints the
+environment first (Python, torch, CUDA, device name, CPU count).
+
+1. **Transfer** (median per batch; the destination is a contiguous tensor on the device) for
+   this project's shm slot layouts: pac_env's Appendix B slots (5120 bytes, f32[612] at 32)
+   and a derived-layout image schema (u8[3,84,84]); N = 32 and 256:
+   naive (the strided slot view ``.to(device)``), host copy then ``.to``, the
+   ``transport.torch`` path (region registered with ``cudaHostRegister``, the slots' block
+   copied on a stream, the field sliced on the device, made contiguous), and the
+   struct-of-arrays floor (a contiguous registered buffer of the field alone, one copy).
+2. **Policy**: a 612-256-256-92 MLP with masks and sampling, actions back on the host, at
+   N = 32, 256, 1024 on the CPU and on the device.
+3. **Collector**: end-to-end env-steps/s of ``transport.rollout.RolloutCollector`` over shm://
+   at N = 32, 256, 1024 with the echo env (Python server) and the Tetris env (Node server:
+   skipped with the reason when node or node_bridge/dist is missing), and the collector's own
+   time per step (transfer + inference + buffer writes: the step minus the server round trip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - said once, clearly
+    sys.exit("gpu_bench: torch is not installed (pip install torch)")
+
+from transport.backends.shm.region import CONTROL_SIZE, ShmLayout  # noqa: E402
+from transport.codec import Schema  # noqa: E402
+from transport.generated import pac_env  # noqa: E402
+
+IMAGE_SCHEMA = """
+[schema]
+name = "gpu_bench_image"
+version = 1
+layout = "natural"
+
+[env]
+result = "StepResult"
+request = "StepRequest"
+
+[structs.StepResult]
+fields = [
+  { name = "observation", type = "u8[3,84,84]", role = "observation" },
+  { name = "action_mask", type = "u8[18]",      role = "action_mask" },
+  { name = "reward",      type = "f32",         role = "reward" },
+  { name = "done",        type = "u8",          role = "done" },
+]
+
+[structs.StepRequest]
+fields = [{ name = "action", type = "i32", role = "action" }]
+"""
+
+NA = "n/a"
+
+
+class Budget:
+    """The run's time budget: each measurement asks how much is left."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def median_us(fn: Callable[[], Any], sync: Callable[[], Any], reps: int, limit: float) -> float:
+    """Median microseconds of ``fn(); sync()`` over ``reps`` (fewer if ``limit`` s pass)."""
+    for _ in range(min(5, reps)):
+        fn()
+        sync()
+    times = []
+    stop = time.monotonic() + limit
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+        if time.monotonic() > stop and len(times) >= 5:
+            break
+    return statistics.median(times) * 1e6
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: Any) -> dict[str, Any]:
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "torch_cuda": torch.version.cuda,
+        "device": str(device),
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+        ),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "host": platform.node(),
+        "node": shutil.which("node") or "",
+    }
+    return info
+
+
+# -- 1. transfer ---------------------------------------------------------------------------------
+
+
+def layouts() -> list[tuple[str, ShmLayout]]:
+    """The two slot layouts: pac_env's (Appendix B) and a derived-layout image schema's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gpu_bench_image.toml"
+        path.write_text(IMAGE_SCHEMA)
+        from transport.schema import load_schema
+
+        image = ShmLayout.of(Schema(load_schema(str(path))))
+    return [("f32[612]", ShmLayout.of(pac_env.SCHEMA)), ("u8[3,84,84]", image)]
+
+
+class Region:
+    """An anonymous shared mapping laid out as an shm region: the control block, then N slots
+    whose result records sit where the layout puts them (``records``: the client's view)."""
+
+    def __init__(self, n: int, layout: ShmLayout) -> None:
+        self.size = CONTROL_SIZE + n * layout.slot_size
+        self.map = mmap.mmap(-1, self.size)
+        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        self.address = self.bytes.__array_interface__["data"][0]
+        self.records = np.ndarray(
+            (n,), dtype=layout.result_dtype, buffer=self.map,
+            offset=CONTROL_SIZE + layout.result_base, strides=(layout.slot_size,),
+        )  # fmt: skip
+        self.view = self.records["observation"]  # (n, *shape), row stride = the slot size
+        rng = np.random.default_rng(0)
+        self.view[...] = rng.integers(0, 100, size=self.view.shape).astype(self.view.dtype)
+
+
+def transfer_table(device: Any, reps: int, budget: Budget) -> list[dict[str, Any]]:
+    rows = []
+    for name, layout in layouts():
+        for n in (32, 256):
+            if budget.left() < 10:
+                rows.append({"batch": f"{n} x {name}", "error": "skipped: time budget"})
+                continue
+            region = Region(n, layout)
+            limit = min(5.0, budget.left() / 20)
+            rows.append(transfer_row(name, region, device, reps, limit))
+    return rows
+
+
+def transfer_row(name: str, region: Region, device: Any, reps: int, limit: float) -> dict[str, Any]:
+    """One batch's columns (CUDA: all four; CPU: the two copies, the CUDA columns n/a)."""
+    view = region.view
+    n = view.shape[0]
+    row: dict[str, Any] = {"batch": f"{n} x {name} ({view[0].nbytes * n / 1024:.0f} KB)"}
+    if device.type == "cuda":
+        sync = torch.cuda.synchronize
+        row["naive"] = median_us(lambda: torch.from_numpy(view).to(device), sync, reps, limit)
+        row["host_copy"] = median_us(
+            lambda: torch.from_numpy(np.ascontiguousarray(view)).to(device), sync, reps, limit
+        )
+        row["registered"] = registered_path(region, device, reps, limit)
+        row["soa_floor"] = soa_floor(view, device, reps, limit)
+        return row
+    # on the CPU the destination is a contiguous CPU tensor: the naive path and the host copy
+    # are the same one copy; the CUDA columns do not exist (n/a)
+    row["naive"] = median_us(lambda: torch.from_numpy(view).contiguous(), _no_sync, reps, limit)
+    row["host_copy"] = median_us(
+        lambda: torch.from_numpy(np.ascontiguousarray(view)), _no_sync, reps, limit
+    )
+    row["registered"] = NA
+    row["soa_floor"] = NA
+    return row
+
+
+def _no_sync() -> None:
+    return None
+
+
+def _register(address: int, size: int) -> None:
+    rc = torch.cuda.cudart().cudaHostRegister(address, size, 0)
+    if int(rc) != 0:
+        raise RuntimeError(f"cudaHostRegister({size} bytes) failed: {rc}")
+
+
+class _Owner:
+    """What ``transport.torch``'s device plan needs of its client: the device, the registered
+    span, the copy stream and its event (the bench's region stands in for an shm client's)."""
+
+    def __init__(self, device: Any, span: tuple[int, int]) -> None:
+        self.device = device
+        self.cuda = True
+        self._registered = span
+        self._stream = torch.cuda.Stream(device)
+        self._copied = torch.cuda.Event()
+        self._pending = False
+
+    def _registered_span(self, address: int, nbytes: int) -> bool:
+        from transport.torch import TorchClient
+
+        return TorchClient._registered_span(self, address, nbytes)  # type: ignore[arg-type]
+
+
+def registered_path(region: Region, device: Any, reps: int, limit: float) -> float:
+    """transport.torch's own path (``_DevicePlan``): the registered region's block of result
+    records copied on the connection's stream, the field sliced on the device (a view), then
+    made contiguous (the table's destination)."""
+    from transport.client import StepView
+    from transport.torch import _DevicePlan
+
+    _register(region.address, region.size)
+    try:
+        owner = _Owner(device, (region.address, region.size))
+        plan = _DevicePlan(owner, StepView(region.records))  # type: ignore[arg-type]
+        if plan.stage is not None:
+            raise RuntimeError("the device plan did not read the registered region directly")
+        out: list[Any] = []
+
+        def run() -> None:
+            step = plan.refresh(owner)  # type: ignore[arg-type]
+            out[:] = [step.observation.contiguous()]
+
+        value = median_us(run, torch.cuda.synchronize, reps, limit)
+        expected = torch.from_numpy(np.ascontiguousarray(region.view)).to(device)
+        if not torch.equal(out[0], expected):
+            raise RuntimeError("the registered path's observations differ from the slots'")
+        return value
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(region.address)
+
+
+def soa_floor(view: np.ndarray, device: Any, reps: int, limit: float) -> float:
+    """The struct-of-arrays floor: the field of all envs contiguous, registered, one copy."""
+    soa = mmap.mmap(-1, view.nbytes)
+    host = np.ndarray(view.shape, dtype=view.dtype, buffer=soa)
+    host[...] = view
+    address = host.__array_interface__["data"][0]
+    _register(address, view.nbytes)
+    try:
+        source = torch.from_numpy(host)
+        target = torch.empty(view.shape, dtype=source.dtype, device=device)
+        return median_us(
+            lambda: target.copy_(source, non_blocking=True), torch.cuda.synchronize, reps, limit
+        )
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(address)
+
+
+# -- 2. policy -----------------------------------------------------------------------------------
+
+
+def mlp(device: Any) -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(612, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256), torch.nn.Tanh(),
+        torch.nn.Linear(256, 92),
+    ).to(device)  # fmt: skip
+
+
+def masked_sample(net: Any, obs: Any, mask: Any) -> Any:
+    logits = net(obs).masked_fill(~mask, -1e8)
+    return torch.distributions.Categorical(logits=logits).sample()
+
+
+def policy_table(device: Any, reps: int, budget: Budget) -> list[dict[str, Any]]:
+    rows = []
+    devices = [torch.device("cpu")] + ([device] if device.type == "cuda" else [])
+    for n in (32, 256, 1024):
+        row: dict[str, Any] = {"envs": n}
+        for dev in devices:
+            if budget.left() < 10:
+                row[dev.type] = "skipped: time budget"
+                continue
+            net = mlp(dev)
+            obs = torch.rand(n, 612, device=dev)
+            mask = torch.rand(n, 92, device=dev) > 0.3
+
+            def run(net: Any = net, obs: Any = obs, mask: Any = mask) -> None:
+                with torch.no_grad():
+                    masked_sample(net, obs, mask).cpu()
+
+            row[dev.type] = median_us(run, lambda: None, reps, min(5.0, budget.left() / 20))
+        if device.type != "cuda":
+            row["cuda"] = NA
+        rows.append(row)
+    return rows
+
+
+# -- 3. collector --------------------------------------------------------------------------------
+
+
+def spawn(env: str, n: int) -> tuple[str, subprocess.Popen[str]]:
+    url = f"shm://gpu-bench-{uuid.uuid4().hex[:8]}"
+    if env == "tetris":
+        server = ROOT / "node_bridge" / "dist" / "examples" / "tetris_server.js"
+        if shutil.which("node") is None or not server.is_file():
+            raise RuntimeError("skipped: node or node_bridge/dist (npx tsc -p node_bridge) missing")
+        command = ["node", str(ROOT / "examples" / "tetris" / "serve.js"), url]
+        command += ["--num-envs", str(n), "--seed", "0", "--max-steps", "500"]
+    else:
+        command = [sys.executable, "-m", "transport.tools.serve_cli", url, "--env", env]
+        command += ["--num-envs", str(n), "--seed", "0"]
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    line = proc.stdout.readline().strip() if selector.select(30) else ""
+    if not line.startswith("ready "):
+        proc.kill()
+        err = proc.stderr.read() if proc.stderr else ""
+        # the Node server is optional on a trainer's machine: a failed start is a skip, said
+        why = f"server did not start: {' '.join(command)}: {line!r} {err[-300:]}"
+        raise RuntimeError(f"skipped: {why}" if env == "tetris" else why)
+    return line.split(" ", 1)[1], proc
+
+
+def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, Any]:
+    import transport.torch as tt
+    from transport.rollout import RolloutCollector
+
+    schema = str(ROOT / "schema" / "tetris.toml") if env == "tetris" else None
+    url, proc = spawn(env, n)
+    try:
+        with tt.connect(url, schema, device=device, autoreset="same_step", timeout=60) as client:
+            width = int(client.reset(0).observation.shape[-1])
+            mask_width = int(client.view["action_mask"].shape[-1])  # type: ignore[index]
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(
+                torch.nn.Linear(width, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
+                torch.nn.Tanh(), torch.nn.Linear(256, mask_width),
+            ).to(client.device)  # fmt: skip
+
+            def policy(obs: Any, mask: Any) -> Any:
+                return masked_sample(net, obs.float(), mask)
+
+            inner = client.client
+            step = inner.step
+            spent = [0.0]
+
+            def timed(actions: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return step(actions, **kwargs)
+                finally:
+                    spent[0] += time.perf_counter() - start
+
+            inner.step = timed  # type: ignore[method-assign]
+            steps = 16
+            collector = RolloutCollector(client, policy, steps, seed=0)
+            collector.collect()  # warm-up: allocation, first reset, kernels
+            spent[0] = 0.0
+            rounds = 0
+            start = time.perf_counter()
+            while rounds < 2 or time.perf_counter() - start < seconds:
+                collector.collect()
+                rounds += 1
+                if rounds >= 200:
+                    break
+            if client.device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            lock_steps = rounds * steps
+            return {
+                "env": env,
+                "envs": n,
+                "env_steps_per_s": lock_steps * n / elapsed,
+                "ms_per_step": elapsed / lock_steps * 1e3,
+                "collector_ms_per_step": (elapsed - spent[0]) / lock_steps * 1e3,
+                "path": client.path,
+            }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def collector_table(device: Any, budget: Budget) -> list[dict[str, Any]]:
+    rows = []
+    cells = [(env, n) for env in ("echo", "tetris") for n in (32, 256, 1024)]
+    for k, (env, n) in enumerate(cells):
+        if budget.left() < 8:
+            rows.append({"env": env, "envs": n, "error": "skipped: time budget"})
+            continue
+        seconds = max(1.0, min(6.0, (budget.left() - 8) / (len(cells) - k) - 3))
+        try:
+            rows.append(collector_row(env, n, device, seconds))
+        except Exception as exc:  # one cell's failure is printed; the others still run
+            rows.append({"env": env, "envs": n, "error": f"{type(exc).__name__}: {exc}"})
+            if "skipped" not in str(exc):
+                traceback.print_exc()
+    return rows
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if value < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def print_table(title: str, columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
+    print(f"\n## {title}\n")
+    print("| " + " | ".join(label for _, label in columns) + " |")
+    print("|" + "|".join("---" for _ in columns) + "|")
+    for row in rows:
+        if "error" in row:
+            first = columns[0][0]
+            print(f"| {cell(row.get(first, ''))} | {row['error']} |")
+            continue
+        print("| " + " | ".join(cell(row.get(key, "")) for key, _ in columns) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:K]")
+    parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run")
+    parser.add_argument("--reps", type=int, default=200, help="repetitions per transfer cell")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--only", choices=("transfer", "policy", "collector"), action="append", default=None
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(f"gpu_bench: --device {args.device}: torch {torch.__version__} sees no CUDA "
+                  "device; run with --device cpu", file=sys.stderr)  # fmt: skip
+            return 2
+    budget = Budget(args.budget)
+    started = time.monotonic()
+    env = environment(device)
+    print("# gpu_bench (issue 25): " + ", ".join(f"{k}={v}" for k, v in env.items()))
+    sections = args.only or ["transfer", "policy", "collector"]
+    results: dict[str, Any] = {"environment": env}
+    failed = False
+    us = "us (median per batch)"
+    if "transfer" in sections:
+        try:
+            results["transfer"] = transfer_table(device, args.reps, budget)
+            print_table(
+                f"Observations to a contiguous {device.type} tensor, {us}",
+                [("batch", "batch"), ("naive", "naive: strided view .to"),
+                 ("host_copy", "host copy then .to"),
+                 ("registered", "transport.torch: registered region, slot block, device slice"),
+                 ("soa_floor", "struct-of-arrays registered (floor)")],
+                results["transfer"],
+            )  # fmt: skip
+        except Exception:
+            failed = True
+            traceback.print_exc()
+    if "policy" in sections:
+        try:
+            results["policy"] = policy_table(device, max(3, args.reps // 4), budget)
+            print_table(
+                f"612-256-256-92 MLP, masks, sampling, actions to the host, {us}",
+                [("envs", "envs"), ("cpu", "CPU"), ("cuda", "CUDA")],
+                results["policy"],
+            )
+        except Exception:
+            failed = True
+            traceback.print_exc()
+    if "collector" in sections:
+        try:
+            results["collector"] = collector_table(device, budget)
+            print_table(
+                f"RolloutCollector over shm:// on {device}, T=16 per collect",
+                [("env", "env"), ("envs", "envs"), ("env_steps_per_s", "env-steps/s"),
+                 ("ms_per_step", "ms per lock step"),
+                 ("collector_ms_per_step", "transfer + inference ms per step (no round trip)"),
+                 ("path", "path")],
+                results["collector"],
+            )  # fmt: skip
+            failed |= any(
+                "error" in row and "skipped" not in row["error"] for row in results["collector"]
+            )
+        except Exception:
+            failed = True
+            traceback.print_exc()
+    total = time.monotonic() - started
+    print(f"\ntotal {total:.1f} s (budget {args.budget:.0f} s)")
+    results["seconds"] = total
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""transport.rollout (issue 25 item 3): the batched collector over a real shm server.
+
+The buffer must hold exactly what the plain NumPy client sees when it replays the same
+actions from the same seed: observations, masks, rewards and end flags (the final result's
+for an ended episode: same_step auto-reset), and the episode returns the rewards add up to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import transport  # noqa: E402
+import transport.torch as tt  # noqa: E402
+from transport.errors import AdapterError  # noqa: E402
+from transport.rollout import RolloutCollector  # noqa: E402
+
+from .servers import ROOT, ServerProcess, unique_url  # noqa: E402
+
+TETRIS = str(ROOT / "schema" / "tetris.toml")
+N = 4
+T = 16
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    url = unique_url("shm")
+    with ServerProcess(url, env="contract", num_envs=N, extra=["--schema", TETRIS]) as proc:
+        yield proc
+
+
+def policy(obs: Any, mask: Any) -> Any:
+    """The largest legal action of each env (never the contract env's poison action 1), and
+    one extra per env for the buffer to keep."""
+    allowed = mask.clone()
+    allowed[:, 1] = False
+    actions = (allowed * torch.arange(allowed.shape[1], device=mask.device)).argmax(dim=1)
+    return actions, {"value": obs.sum(dim=1)}
+
+
+def replay(url: str, actions: np.ndarray) -> dict[str, np.ndarray]:
+    """The plain client, same seed and actions: what each buffer row must hold."""
+    obs, masks, rewards, term, trunc = [], [], [], [], []
+    with transport.connect(url, TETRIS, autoreset="same_step") as client:
+        view = client.reset(seed=11)
+        for t in range(actions.shape[0]):
+            obs.append(view["observation"].copy())
+            masks.append(view["action_mask"].astype(bool))
+            view = client.step(actions[t])
+            reward = view["reward"].copy()
+            done = view["done"].astype(bool)
+            truncated = view["truncated"].astype(bool)
+            for index, final in client.finals:
+                reward[index] = final["reward"]
+                done[index] = bool(final["done"])
+                truncated[index] = bool(final["truncated"])
+            rewards.append(reward)
+            term.append(done & ~truncated)
+            trunc.append(truncated)
+        next_obs = view["observation"].copy()
+    return {
+        "observations": np.stack(obs),
+        "masks": np.stack(masks),
+        "rewards": np.stack(rewards),
+        "terminated": np.stack(term),
+        "truncated": np.stack(trunc),
+        "next_observations": next_obs,
+    }
+
+
+def test_buffer_equals_the_numpy_replay(server: ServerProcess) -> None:
+    with tt.connect(server.url, TETRIS, autoreset="same_step") as client:
+        collector = RolloutCollector(client, policy, T, seed=11)
+        buf = collector.collect()
+        assert buf.observations.shape == (T, N, 214)
+        assert buf.masks.shape == (T, N, 40) and buf.masks.dtype == torch.bool
+        assert buf.actions.shape == (T, N)
+        assert buf.extras["value"].shape == (T, N)
+        assert torch.equal(buf.extras["value"], buf.observations.sum(dim=2))
+        actions = buf.actions.numpy().copy()
+        got = {
+            name: getattr(buf, name).numpy().copy()
+            for name in (
+                "observations",
+                "masks",
+                "rewards",
+                "terminated",
+                "truncated",
+                "next_observations",
+            )
+        }
+        finals = [(t, i) for t, i, _ in buf.finals]
+        returns, lengths = list(buf.episode_returns), list(buf.episode_lengths)
+        assert collector.total_steps == T * N
+    want = replay(server.url, actions)
+    for name, value in want.items():
+        assert np.array_equal(got[name], value), name
+    dones = want["terminated"] | want["truncated"]
+    assert dones.any()  # the contract env's episodes are 2-7 steps: several ended
+    assert finals == [tuple(pair) for pair in np.argwhere(dones).tolist()]
+    # returns of the episodes that started at the reset and ended in the rollout, in order
+    expected_returns, running, length = [], np.zeros(N), np.zeros(N, dtype=int)
+    for t in range(T):
+        running += want["rewards"][t]
+        length += 1
+        for i in np.flatnonzero(dones[t]):
+            expected_returns.append((float(running[i]), int(length[i])))
+            running[i], length[i] = 0.0, 0
+    assert list(zip(returns, lengths, strict=True)) == expected_returns
+
+
+def test_buffer_is_reused_and_episodes_continue(server: ServerProcess) -> None:
+    with tt.connect(server.url, TETRIS, autoreset="same_step") as client:
+        collector = RolloutCollector(client, policy, 4, seed=11)
+        first = collector.collect()
+        observations = first.observations
+        second = collector.collect()
+        assert second is first and second.observations is observations
+        assert collector.total_steps == 8 * N
+
+
+def test_refuses_a_client_without_same_step(server: ServerProcess) -> None:
+    with tt.connect(server.url, TETRIS) as client:
+        with pytest.raises(AdapterError, match="same_step"):
+            RolloutCollector(client, policy, 4)
+        with pytest.raises(ValueError, match="at least 1"):
+            RolloutCollector(client, policy, 0)
+
+
+def test_ppo_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/train_rollout_ppo.py end to end (its own pac server), a few updates."""
+    import importlib.util
+
+    path = ROOT / "examples" / "train_rollout_ppo.py"
+    spec = importlib.util.spec_from_file_location("train_rollout_ppo", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()  # the example sets torch's threads: restored after
+    try:
+        argv = ["--env", "pac", "--num-envs", "4", "--steps", "32", "--timesteps", "256"]
+        assert module.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert out.count("progress: steps=") == 2
+    assert "done: env=pac device=" in out
+
+
+def test_dict_observations_and_box_actions() -> None:
+    """A Dict observation (two fields) and a Box action (the reach env, schema dictbox): the
+    buffer keeps a dict of observation tensors, and equals the NumPy replay."""
+    url = unique_url("shm")
+    steps = 8
+    rng = torch.Generator().manual_seed(0)
+
+    def reach(obs: Any, mask: Any) -> Any:
+        assert set(obs) == {"grid", "vec"} and mask is None
+        return torch.rand((N, 2), generator=rng) * 2 - 1
+
+    with ServerProcess(url, env="reach", num_envs=N) as proc:
+        with tt.connect(proc.url, autoreset="same_step") as client:
+            buf = RolloutCollector(client, reach, steps, seed=5).collect()
+            assert buf.observations["grid"].shape == (steps, N, 2, 5, 5)
+            assert buf.observations["vec"].shape == (steps, N, 4)
+            assert buf.next_observations["vec"].shape == (N, 4) and buf.masks is None
+            actions = buf.actions.numpy().copy()
+            got = {name: buf.observations[name].numpy().copy() for name in ("grid", "vec")}
+            rewards = buf.rewards.numpy().copy()
+        with transport.connect(proc.url, autoreset="same_step") as plain:
+            view = plain.reset(seed=5)
+            for t in range(steps):
+                for name in ("grid", "vec"):
+                    assert np.array_equal(got[name][t], view[name]), (name, t)
+                view = plain.step(actions[t])
+                want = view["reward"].astype(np.float32)
+                for index, final in plain.finals:
+                    want[index] = final["reward"]
+                assert np.array_equal(rewards[t], want), t

@@ -1,0 +1,242 @@
+"""Batched rollout collector (seed 000, 4.1c): ``obs -> policy(obs, masks) -> actions -> step``.
+
+``RolloutCollector(client, policy, steps)`` drives the N envs of a ``transport.torch.TorchClient``
+(connected with ``autoreset="same_step"``) for ``steps`` lock steps per ``collect()`` and writes
+into a preallocated ``RolloutBuffer`` of torch tensors ``[T, N, ...]`` on the client's device.
+Observations and masks stay on that device: they reach it through the client's staging path
+(one block copy per step on CUDA, views on the CPU), are copied once into the buffer (the
+client reuses its tensors), and the policy reads them there. Actions go back to the host once
+per step (the client's pinned buffer).
+
+Auto-reset is the server's (same_step, SB3's contract): the step that ends an episode returns
+the reset observation; the collector takes that step's reward and terminated/truncated flags
+from ``client.finals`` (the final result) and keeps each final result in ``buffer.finals`` as
+``(t, env, TensorStep)`` so a trainer can bootstrap truncated episodes from the final
+observation. Torch is imported here: this module is the torch extra's, never the core's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from transport.errors import AdapterError
+from transport.torch import TensorStep, TorchClient, torch_dtype
+
+Policy = Callable[[Any, Any], Any]
+"""``policy(observations [N, *obs] (a dict of them by field name for several observation
+fields), masks [N, A] bool or None) -> actions [N, *act]`` or
+``(actions, extras)`` where ``extras`` maps names to ``[N, ...]`` tensors (log-probabilities,
+values) that the buffer keeps as ``extras[name][t]``. Called under ``torch.no_grad()``."""
+
+
+@dataclass
+class RolloutBuffer:
+    """One rollout: step t of env i is ``observations[t, i]`` seen (with ``masks[t, i]``; a
+    schema with several observation fields, a gymnasium Dict space, has a dict of them),
+    ``actions[t, i]`` taken, ``rewards[t, i]`` received, and ``terminated`` / ``truncated``
+    the episode's end at that step (``dones`` either). ``next_observations`` / ``next_masks``:
+    after the last step (the bootstrap state). ``finals``: ``(t, i, TensorStep)`` the final
+    result of each episode that ended at step t (its observation is the one after the end)."""
+
+    observations: Any
+    masks: Any
+    actions: Any
+    rewards: Any
+    terminated: Any
+    truncated: Any
+    dones: Any
+    next_observations: Any
+    next_masks: Any
+    extras: dict[str, Any] = field(default_factory=dict)
+    finals: list[tuple[int, int, TensorStep]] = field(default_factory=list)
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+
+class RolloutCollector:
+    """Collect ``steps`` lock steps of every env into a reused ``RolloutBuffer``.
+
+    ``seed``: the first reset's seed (env i gets seed + i). The buffer is allocated once and
+    overwritten by each ``collect()``: copy what must outlive the next one."""
+
+    def __init__(
+        self, client: TorchClient, policy: Policy, steps: int, *, seed: int | None = None
+    ) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        mode = client.client.channel.info.get("autoreset")
+        if mode != "same_step":
+            raise AdapterError(
+                f"the rollout collector needs a client connected with autoreset='same_step' "
+                f"(this one: {mode!r}): transport.torch.connect(url, autoreset='same_step')"
+            )
+        schema = client.schema
+        body = schema.ir.messages["STEP_RESP"].body
+        if body is None:
+            raise AdapterError(f"schema {schema.name}: STEP_RESP has no body struct")
+        ir = schema[body].ir
+        observations = ir.roles("observation")
+        reward = ir.role("reward")
+        terminated = ir.role("terminated") or ir.role("done")
+        if not observations or reward is None or terminated is None:
+            raise AdapterError(
+                f"the result struct {ir.name} needs fields with the roles observation, reward "
+                "and terminated (or done)"
+            )
+        self.client = client
+        self.policy = policy
+        self.seed = seed
+        # several observation fields (a gymnasium Dict space): dicts of tensors by field name
+        self.obs_names = [f.name for f in observations]
+        self.dict_obs = len(self.obs_names) > 1
+        mask = ir.role("action_mask")
+        truncated = ir.role("truncated")
+        self.mask_name = mask.name if mask is not None else None
+        self.reward_name = reward.name
+        self.truncated_name = truncated.name if truncated is not None else None
+        # a "done" field means terminated or truncated: terminated = done and not truncated
+        self.ended_name = terminated.name
+        self.ended_is_done = terminated.role == "done"
+        self._last: TensorStep | None = None
+        self._returns = np.zeros(client.num_envs, dtype=np.float64)
+        self._lengths = np.zeros(client.num_envs, dtype=np.int64)
+        self.total_steps = 0
+        self.buffer = self._allocate(steps)
+
+    def _allocate(self, steps: int) -> RolloutBuffer:
+        dtype = self.client.schema[self.client.schema.ir.messages["STEP_RESP"].body or ""].dtype
+        n, device = self.client.num_envs, self.client.device
+
+        def zeros(shape: tuple[int, ...], kind: Any) -> Any:
+            return torch.zeros(shape, dtype=kind, device=device)
+
+        def observations(rows: tuple[int, ...]) -> Any:
+            out = {}
+            for name in self.obs_names:
+                kind = torch_dtype(dtype[name].base)
+                if kind is None:
+                    raise AdapterError(f"observation field {name} has no torch dtype")
+                out[name] = zeros((*rows, *dtype[name].shape), kind)
+            return out if self.dict_obs else out[self.obs_names[0]]
+
+        masks = next_masks = None
+        if self.mask_name is not None:
+            width = tuple(dtype[self.mask_name].shape)
+            masks, next_masks = (
+                zeros((steps, n, *width), torch.bool),
+                zeros((n, *width), torch.bool),
+            )
+        flags = (steps, n)
+        return RolloutBuffer(
+            observations=observations((steps, n)),
+            masks=masks,
+            actions=None,  # allocated at the first step, from the policy's actions
+            rewards=zeros(flags, torch.float32),
+            terminated=zeros(flags, torch.bool),
+            truncated=zeros(flags, torch.bool),
+            dones=zeros(flags, torch.bool),
+            next_observations=observations((n,)),
+            next_masks=next_masks,
+        )
+
+    def reset(self) -> TensorStep:
+        """Reset every env (the collector's seed); the next ``collect`` starts from there."""
+        self._last = self.client.reset(self.seed)
+        self._returns[:] = 0
+        self._lengths[:] = 0
+        return self._last
+
+    def collect(self) -> RolloutBuffer:
+        """``steps`` lock steps of every env into ``self.buffer`` (returned)."""
+        last = self._last if self._last is not None else self.reset()
+        buf = self.buffer
+        buf.finals = []
+        for t in range(buf.steps):
+            obs = self._observe(buf.observations, t, last)
+            mask = None
+            if buf.masks is not None and self.mask_name is not None:
+                mask = buf.masks[t]
+                mask.copy_(last[self.mask_name], non_blocking=True)  # u8 -> bool on the device
+            with torch.no_grad():
+                out = self.policy(obs, mask)
+            actions, extras = out if isinstance(out, tuple) else (out, {})
+            self._keep(buf, t, actions, extras)
+            last = self.client.step(actions)
+            self._ends(buf, t, last)
+        self._last = last
+        self._observe(buf.next_observations, None, last)
+        if buf.next_masks is not None and self.mask_name is not None:
+            buf.next_masks.copy_(last[self.mask_name])
+        self._episodes(buf)
+        self.total_steps += buf.steps * self.client.num_envs
+        return buf
+
+    def _observe(self, into: Any, t: int | None, result: TensorStep) -> Any:
+        """Copy ``result``'s observation field(s) into ``into`` (row ``t``); the row(s)."""
+        rows = {}
+        for name in self.obs_names:
+            kept = into[name] if self.dict_obs else into
+            row = kept if t is None else kept[t]
+            row.copy_(result[name], non_blocking=True)
+            rows[name] = row
+        return rows if self.dict_obs else rows[self.obs_names[0]]
+
+    def _keep(self, buf: RolloutBuffer, t: int, actions: Any, extras: dict[str, Any]) -> None:
+        if buf.actions is None:
+            shape = (buf.steps, *actions.shape)
+            buf.actions = torch.zeros(shape, dtype=actions.dtype, device=self.client.device)
+        buf.actions[t].copy_(actions)
+        for name, value in extras.items():
+            kept = buf.extras.get(name)
+            if kept is None:
+                shape = (buf.steps, *value.shape)
+                kept = buf.extras[name] = torch.zeros(
+                    shape, dtype=value.dtype, device=self.client.device
+                )
+            kept[t].copy_(value)
+
+    def _ends(self, buf: RolloutBuffer, t: int, result: TensorStep) -> None:
+        """Step t's reward and end flags; an ended episode's come from its final result."""
+        buf.rewards[t].copy_(result[self.reward_name])
+        self._flags(buf, t, result, slice(None))
+        for index, final in self.client.finals:
+            buf.rewards[t, index] = final[self.reward_name]
+            self._flags(buf, t, final, index)
+            buf.finals.append((t, index, final))
+
+    def _flags(self, buf: RolloutBuffer, t: int, result: TensorStep, at: Any) -> None:
+        ended = result[self.ended_name] != 0
+        truncated = (
+            result[self.truncated_name] != 0
+            if self.truncated_name is not None
+            else torch.zeros_like(ended)
+        )
+        terminated = ended & ~truncated if self.ended_is_done else ended
+        buf.terminated[t, at] = terminated
+        buf.truncated[t, at] = truncated
+        buf.dones[t, at] = terminated | truncated
+
+    def _episodes(self, buf: RolloutBuffer) -> None:
+        """The returns and lengths of the episodes that ended in this rollout (on the host,
+        once per rollout: no device sync per step)."""
+        rewards = buf.rewards.cpu().numpy().astype(np.float64)
+        dones = buf.dones.cpu().numpy()
+        buf.episode_returns = []
+        buf.episode_lengths = []
+        for t in range(buf.steps):
+            self._returns += rewards[t]
+            self._lengths += 1
+            for i in np.flatnonzero(dones[t]).tolist():
+                buf.episode_returns.append(float(self._returns[i]))
+                buf.episode_lengths.append(int(self._lengths[i]))
+                self._returns[i] = 0.0
+                self._lengths[i] = 0

@@ -1,0 +1,463 @@
+"""Step and reset results as torch tensors (an optional extra: ``pip install torch``).
+
+``transport.torch.connect(url, device=None)`` gives a ``TorchClient``: ``reset`` and ``step``
+return a ``TensorStep`` whose fields are torch tensors, and ``step`` takes actions as a tensor
+(CPU or CUDA), a NumPy array or an int. The device is chosen once, at connect time
+(``device=None``: CUDA when torch sees it, else the CPU), and the repr says which and why.
+
+- **CPU.** Each field is ``torch.from_numpy`` of the client's zero-copy NumPy view (the shm slots,
+  or the stream backends' receive buffer): no byte is copied. A field whose row stride or
+  address is not a multiple of its element size (a packed layout such as pac_env's 2557-byte
+  wire record over a socket) cannot be a tensor view: it is copied into a tensor of its own
+  each step, and ``copied_fields`` names it.
+- **CUDA.** A per-connection staging path: the shm region is registered with CUDA once
+  (``cudaHostRegister``: page-locked in place, so the DMA engine reads the slots directly); a
+  stream backend's records are copied (one ``memcpy``) into a pinned staging buffer. The block
+  of all the step's records is copied asynchronously on the connection's CUDA stream, and every
+  field is a slice of that device block (``view(dtype)``, no kernel for aligned fields).
+  Actions go back through a pinned host buffer (one device-to-host copy of N actions).
+
+Lifetimes: as for ``StepView``, a step's tensors are valid until the next call on the client
+(CPU: they view the slots; CUDA: the device block is reused); ``copy=True`` returns owned
+tensors. A CPU tensor kept after ``close()`` stays readable: it holds the NumPy view, which
+holds the mapping (docs/shm.md, "Lifetimes"). ``close()`` waits for the copies in flight and
+unregisters the region from CUDA before the client closes (the shm client then privatizes or
+unmaps its pages). The core never imports torch: only this module does.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from transport.api import connect as _connect
+from transport.client import DEFAULT_TIMEOUT, Client, StepView
+from transport.codec import Schema
+from transport.errors import AdapterError, TransportError
+from transport.protocol import DEFAULT_MAX_BODY, AutoReset
+
+_cuda: Any = torch.cuda  # torch's CUDA calls are untyped: called through Any
+
+__all__ = [
+    "TensorStep",
+    "TorchClient",
+    "choose_device",
+    "connect",
+    "region_span",
+    "torch_dtype",
+]
+
+_DTYPES: dict[str, Any] = {
+    "b1": torch.bool,
+    "u1": torch.uint8,
+    "i1": torch.int8,
+    "i2": torch.int16,
+    "u2": torch.uint16,
+    "i4": torch.int32,
+    "u4": torch.uint32,
+    "i8": torch.int64,
+    "u8": torch.uint64,
+    "f2": torch.float16,
+    "f4": torch.float32,
+    "f8": torch.float64,
+}
+"""NumPy element kinds (kind + itemsize) and the torch dtype of the same bytes."""
+
+
+def torch_dtype(dtype: np.dtype[Any]) -> Any:
+    """The torch dtype whose elements have ``dtype``'s bytes, or None (structs, strings)."""
+    if dtype.names is not None or dtype.subdtype is not None or not dtype.isnative:
+        return None
+    return _DTYPES.get(f"{dtype.kind}{dtype.itemsize}")
+
+
+def choose_device(device: str | Any | None) -> tuple[Any, str]:
+    """``(torch.device, why)``: None or ``"auto"`` is CUDA when available, else the CPU (the
+    fallback); an explicit ``"cuda"`` without CUDA is an ``AdapterError``."""
+    if device is None or device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device()), "auto"
+        return torch.device("cpu"), "CPU fallback: CUDA is not available"
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise AdapterError(f"device {device!r} is not a torch device: {exc}") from None
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            raise AdapterError(
+                f"device {device!r} was asked for but torch sees no CUDA device (torch "
+                f"{torch.__version__}): pass device=None to fall back to the CPU"
+            )
+        if chosen.index is None:
+            chosen = torch.device("cuda", torch.cuda.current_device())
+        return chosen, "asked"
+    if chosen.type != "cpu":
+        raise AdapterError(f"device {device!r}: only cpu and cuda are supported")
+    return chosen, "asked"
+
+
+def region_span(client: Client) -> tuple[int, int] | None:
+    """``(address, size)`` of the shm region a client's results live in (the whole mapping:
+    what ``cudaHostRegister`` pins), or None for a stream backend (a receive buffer)."""
+    region = getattr(client.channel, "region", None)
+    mapping, size = getattr(region, "map", None), getattr(region, "size", None)
+    if mapping is None or not isinstance(size, int) or size <= 0:
+        return None
+    try:
+        whole = np.frombuffer(mapping, dtype=np.uint8)
+    except (TypeError, ValueError):  # closed: the region's buffer is gone
+        return None
+    if whole.nbytes < size:
+        return None
+    return _address(whole), size
+
+
+class TensorStep:
+    """The fields of a step or reset result as torch tensors, by attribute or by key (the
+    shapes of ``StepView``'s: a leading env axis for a batch)."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._fields[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fields
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def keys(self) -> list[str]:
+        return list(self._fields)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._fields.items())
+
+    def clone(self) -> TensorStep:
+        """Owned copies of every field (kept past the next step)."""
+        return TensorStep({name: value.clone() for name, value in self._fields.items()})
+
+    def __repr__(self) -> str:
+        first = next(iter(self._fields.values()), None)
+        where = "" if first is None else f"; device={first.device}"
+        return f"TensorStep({', '.join(self._fields)}{where})"
+
+
+def _root(array: np.ndarray) -> Any:
+    """The object at the end of ``array``'s base chain: the buffer it views."""
+    base: Any = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _viewable(array: np.ndarray) -> bool:
+    """Whether ``torch.from_numpy`` can view ``array`` safely: every stride and the address a
+    multiple of the element size (a packed record's fields may be neither)."""
+    size = array.dtype.itemsize
+    return _address(array) % size == 0 and all(s % size == 0 and s >= 0 for s in array.strides)
+
+
+class _HostPlan:
+    """The CPU tensors of one ``StepView`` (the client reuses its views: so do we)."""
+
+    def __init__(self, view: StepView) -> None:
+        self.view = view  # held: its id keys the cache
+        self.fields: dict[str, Any] = {}
+        self.copies: list[tuple[np.ndarray, np.ndarray]] = []  # (source view, owned target)
+        self.skipped: list[str] = []
+        self.copied: list[str] = []
+        for name in view:
+            array = view[name]
+            if torch_dtype(array.dtype) is None:
+                self.skipped.append(name)
+                continue
+            if _viewable(array):
+                self.fields[name] = torch.from_numpy(array)
+            else:
+                owned = np.empty(array.shape, dtype=array.dtype)
+                self.copies.append((array, owned))
+                self.copied.append(name)
+                self.fields[name] = torch.from_numpy(owned)
+        self.step = TensorStep(self.fields)
+
+    def refresh(self, owner: TorchClient) -> TensorStep:
+        for source, target in self.copies:
+            np.copyto(target, source)
+        return self.step
+
+
+class _DevicePlan:
+    """The device tensors of one ``StepView``: the records' block, copied to the device each
+    step, and each field as a slice of it."""
+
+    def __init__(self, owner: TorchClient, view: StepView) -> None:
+        self.view = view
+        records = view.record
+        self.count = None if records.ndim == 0 else int(records.shape[0])
+        rows = 1 if self.count is None else self.count
+        itemsize = records.dtype.itemsize
+        # one record: the device rows may be padded at will (64 bytes keeps fields aligned)
+        stride = -(-itemsize // 64) * 64 if rows == 1 else int(records.strides[0])
+        if stride < itemsize:
+            raise AdapterError(f"records of {itemsize} bytes overlap (stride {stride})")
+        self.nbytes = (rows - 1) * stride + itemsize
+        address = _address(records)
+        root = _root(records)
+        whole = np.frombuffer(root, dtype=np.uint8)
+        start = address - _address(whole)
+        self.host = whole[start : start + self.nbytes]  # the records' block, no copy
+        device = owner.device
+        # the host side of the DMA: the registered region itself, else a pinned staging buffer
+        if owner._registered_span(address, self.nbytes):
+            self.source = torch.from_numpy(self.host)
+            self.stage: np.ndarray | None = None
+        else:
+            self.source = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=owner.cuda)
+            self.stage = self.source.numpy()
+        block = torch.empty(rows * stride, dtype=torch.uint8, device=device)
+        self.target = block[: self.nbytes]
+        grid = block.view(rows, stride)
+        self.fields: dict[str, Any] = {}
+        self.gathers: list[tuple[Any, Any]] = []  # unaligned fields: (bytes slice, own bytes)
+        self.skipped: list[str] = []
+        self.copied: list[str] = []  # on the device: a gather kernel per unaligned field
+        dtype = records.dtype
+        for name in dtype.names or ():
+            base, shape = dtype[name].base, dtype[name].shape
+            tdtype = torch_dtype(base)
+            if tdtype is None:
+                self.skipped.append(name)
+                continue
+            offset = int(dtype.fields[name][1])  # type: ignore[index]
+            length = base.itemsize * int(np.prod(shape, dtype=np.int64))
+            raw = grid[:, offset : offset + length]
+            if offset % base.itemsize or stride % base.itemsize:
+                own = torch.empty((rows, length), dtype=torch.uint8, device=device)
+                self.gathers.append((raw, own))
+                self.copied.append(name)
+                raw = own
+            tensor = raw.view(tdtype).reshape(rows, *shape)
+            self.fields[name] = tensor[0] if self.count is None else tensor
+        self.step = TensorStep(self.fields)
+
+    def refresh(self, owner: TorchClient) -> TensorStep:
+        """Copy this step's records to the device on the connection's stream."""
+        if self.stage is not None:
+            np.copyto(self.stage, self.host)  # the stream backends: one memcpy into pinned
+        stream = owner._stream
+        current = torch.cuda.current_stream(owner.device)
+        stream.wait_stream(current)  # the last step's tensors may still be read: then overwrite
+        with torch.cuda.stream(stream):
+            self.target.copy_(self.source, non_blocking=True)
+            for raw, own in self.gathers:
+                own.copy_(raw)
+            owner._copied.record(stream)
+        current.wait_stream(stream)
+        owner._pending = True
+        return self.step
+
+
+class TorchClient:
+    """A ``Client`` whose results are torch tensors on ``device`` (see the module docstring).
+
+    Wraps ``client`` (and closes it). ``device``: None / ``"auto"`` (CUDA if available, else
+    the CPU fallback), ``"cpu"``, ``"cuda"`` or ``"cuda:K"``.
+    """
+
+    def __init__(self, client: Client, device: str | Any | None = None) -> None:
+        self.client = client
+        self.device, self.device_reason = choose_device(device)
+        self.cuda = self.device.type == "cuda"
+        self._plans: dict[int, Any] = {}
+        self._pending = False
+        self._closed = False
+        self._registered: tuple[int, int] | None = None
+        self._actions_host: Any = None
+        self.view: StepView | None = None
+        """The client's NumPy view of the last result (the CPU tensors view its arrays)."""
+        self.path = "zero-copy views" if not self.cuda else "pinned staging buffer"
+        if self.cuda:
+            self._stream = _cuda.Stream(self.device)
+            self._copied = _cuda.Event()
+            self._acted = _cuda.Event()
+            self._register()
+
+    # -- CUDA registration of the shm region -------------------------------------------------
+
+    def _register(self) -> None:
+        """Page-lock the shm region in place (``cudaHostRegister``), once per connection."""
+        span = region_span(self.client)
+        if span is None:
+            return  # a stream backend: records go through a pinned staging buffer
+        base, size = span
+        cudart = _cuda.cudart()
+        with torch.cuda.device(self.device):
+            rc = cudart.cudaHostRegister(base, size, 0)
+        if int(rc) != 0:  # e.g. RLIMIT_MEMLOCK: still correct through a staging buffer
+            self.path = f"pinned staging buffer (cudaHostRegister failed: {rc})"
+            return
+        self._registered = (base, size)
+        self.path = "registered shm region"
+
+    def _registered_span(self, address: int, nbytes: int) -> bool:
+        span = self._registered
+        return span is not None and span[0] <= address and address + nbytes <= span[0] + span[1]
+
+    def _unregister(self) -> None:
+        if self._registered is not None:
+            base, _ = self._registered
+            self._registered = None
+            _cuda.cudart().cudaHostUnregister(base)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    @property
+    def num_envs(self) -> int:
+        return self.client.num_envs
+
+    @property
+    def schema(self) -> Schema:
+        return self.client.schema
+
+    @property
+    def copied_fields(self) -> list[str]:
+        """Fields of the results seen so far that the CPU path copies (not viewable)."""
+        names = {name for plan in self._plans.values() for name in plan.copied}
+        return sorted(names)
+
+    def reset(self, seed: Any = None, *, copy: bool = False) -> TensorStep:
+        """``Client.reset`` (seed, or one seed per env), its results as tensors."""
+        self._settle()
+        return self._tensors(self.client.reset(seed), copy)
+
+    def step(self, actions: Any, *, copy: bool = False) -> TensorStep:
+        """``Client.step``: ``actions`` a tensor (any device), an array or an int."""
+        if isinstance(actions, torch.Tensor):
+            actions = self._host_actions(actions)
+        self._settle()
+        return self._tensors(self.client.step(actions), copy)
+
+    @property
+    def finals(self) -> list[tuple[int, TensorStep]]:
+        """SAME_STEP final results of the last step as ``(env index, TensorStep)`` (owned
+        tensors on the device; rare: one per ended episode)."""
+        out = []
+        for index, view in self.client.finals:
+            fields = {
+                name: torch.from_numpy(np.array(view[name])).to(self.device)
+                for name in view
+                if torch_dtype(view[name].dtype) is not None
+            }
+            out.append((index, TensorStep(fields)))
+        return out
+
+    def _host_actions(self, actions: Any) -> np.ndarray:
+        """A tensor of actions as the NumPy array the client takes: a view for a CPU tensor,
+        one copy through a pinned buffer for a CUDA one. The tensor's dtype is kept, so the
+        client's one action rule (``ActionShapes``: no float into an integer field, ranges
+        checked) judges it as it judges a NumPy array."""
+        if actions.device.type == "cpu":
+            return np.asarray(actions.detach().numpy())
+        host = self._actions_host
+        if host is None or tuple(host.shape) != tuple(actions.shape) or host.dtype != actions.dtype:
+            host = self._actions_host = torch.empty(
+                tuple(actions.shape), dtype=actions.dtype, pin_memory=True
+            )
+        host.copy_(actions.detach(), non_blocking=True)
+        self._acted.record(torch.cuda.current_stream(actions.device))
+        self._acted.synchronize()
+        return np.asarray(host.numpy())
+
+    def _settle(self) -> None:
+        """Before a request may overwrite the slots (or the staging buffer): the copy of the
+        last result out of them is finished."""
+        if self._closed:
+            raise TransportError(f"{self.client.url}: the client is closed")
+        if self._pending:
+            self._copied.synchronize()
+            self._pending = False
+
+    def _tensors(self, view: StepView, copy: bool) -> TensorStep:
+        self.view = view
+        plan = self._plans.get(id(view))
+        if plan is None or plan.view is not view:
+            if len(self._plans) >= 8:  # a replaced receive buffer: drop the old buffers' plans
+                self._plans.clear()
+            plan = self._plans[id(view)] = _DevicePlan(self, view) if self.cuda else _HostPlan(view)
+        step: TensorStep = plan.refresh(self)
+        return step.clone() if copy else step
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for copies in flight, unregister the region from CUDA, close the client."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._pending:
+                self._copied.synchronize()
+                self._pending = False
+            self._plans.clear()
+            self._unregister()
+        finally:
+            self.client.close()
+
+    def __enter__(self) -> TorchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and sys.is_finalizing() is False:
+                self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.client.num_envs} envs"
+        return (
+            f"TorchClient({self.client.url}, {state}, device={self.device} "
+            f"({self.device_reason}), path={self.path})"
+        )
+
+
+def connect(
+    url: str,
+    schema: Schema | str | Path | None = None,
+    *,
+    device: str | Any | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_body: int = DEFAULT_MAX_BODY,
+    autoreset: AutoReset | str = AutoReset.DISABLED,
+) -> TorchClient:
+    """``transport.connect`` with results as tensors on ``device`` (chosen now: see
+    ``choose_device``); the arguments are ``transport.connect``'s."""
+    choose_device(device)  # a bad device fails before any connection is made
+    client = _connect(url, schema, timeout=timeout, max_body=max_body, autoreset=autoreset)
+    try:
+        return TorchClient(client, device)
+    except BaseException:
+        client.close()
+        raise
