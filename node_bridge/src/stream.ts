@@ -14,7 +14,10 @@
  * without reading cannot make the server buffer without bound.
  *
  * `StreamChannel` is the client side: numbered requests, each awaited with a deadline
- * (`TransportTimeoutError`), `PeerGoneError` when the connection closes or resets.
+ * (`TransportTimeoutError`), `PeerGoneError` when the connection closes or resets. A response
+ * is copied once, from Node's chunks into the channel's aligned receive buffer: a frame split
+ * across chunks is assembled there directly (the reader's `AssemblySink`), one that came in one
+ * chunk is copied there.
  */
 
 import type { Socket } from "node:net";
@@ -34,6 +37,12 @@ import { LATER, type Session } from "./runtime/session";
 /** Seconds a refused connection is drained before it is destroyed (the peer reads the ERROR). */
 const LINGER_MS = 1000;
 
+/**
+ * Where a frame body of `length` bytes that arrived in several chunks is assembled: a buffer
+ * with room for it at the returned offset.
+ */
+export type AssemblySink = (length: number) => [Buffer, number];
+
 /** Incremental frame parser over a queue of received chunks. */
 export class FrameReader {
   readonly maxBody: number;
@@ -50,9 +59,16 @@ export class FrameReader {
   #available = 0;
   readonly #header = Buffer.alloc(HEADER_SIZE);
   #assembly = Buffer.alloc(0);
+  readonly #sink: AssemblySink | null;
 
-  constructor(maxBody = DEFAULT_MAX_BODY) {
+  /**
+   * `sink`: where a frame split across chunks is assembled (a client's receive buffer, so the
+   * body lands where its views are and is not copied again); without one, a reused buffer of
+   * the reader's own.
+   */
+  constructor(maxBody = DEFAULT_MAX_BODY, sink: AssemblySink | null = null) {
     this.maxBody = maxBody;
+    this.#sink = sink;
   }
 
   /** Bytes received and not yet returned as frames. */
@@ -105,10 +121,17 @@ export class FrameReader {
       this.#skip(frameLen);
       return true;
     }
+    this.#skip(HEADER_SIZE);
+    if (this.#sink !== null) {
+      const [target, offset] = this.#sink(bodyLen);
+      this.#take(target, bodyLen, offset);
+      this.body = target;
+      this.offset = offset;
+      return true;
+    }
     if (this.#assembly.byteLength < bodyLen) {
       this.#assembly = Buffer.alloc(Math.max(bodyLen, 2 * this.#assembly.byteLength, 4096));
     }
-    this.#skip(HEADER_SIZE);
     this.#take(this.#assembly, bodyLen);
     this.body = this.#assembly;
     this.offset = 0;
@@ -137,12 +160,12 @@ export class FrameReader {
     }
   }
 
-  #take(target: Buffer, count: number): void {
+  #take(target: Buffer, count: number, offset = 0): void {
     let filled = 0;
     while (filled < count) {
       const chunk = this.#chunks[this.#first] as Buffer;
       const n = Math.min(count - filled, chunk.byteLength - this.#at);
-      chunk.copy(target, filled, this.#at, this.#at + n);
+      chunk.copy(target, offset + filled, this.#at, this.#at + n);
       filled += n;
       this.#skip(n);
     }
@@ -391,14 +414,16 @@ export function serveConnection(
     linger(socket);
   };
 
+  /**
+   * Write one response frame (the session's own buffer: no copy). True when the kernel took it
+   * all; false when part of it is still queued: the queued write holds the session's buffer, so
+   * nothing is answered (nothing written into that buffer) until the write completes: `pause()`
+   * until then. A lock-step client sends nothing before it has read the whole response anyway,
+   * so waiting costs it nothing, and no fresh response buffer is allocated per big response.
+   */
   const send = (frame: Buffer): boolean => {
-    const ok = socket.write(frame);
-    if (socket.writableLength > 0) {
-      // the kernel did not take it all: the pending write holds the session's buffer
-      session.detachBuffer();
-      stats.detached += 1;
-    }
-    return ok;
+    socket.write(frame, onWritten);
+    return socket.writableLength === 0;
   };
 
   let waiting = false; // a response is pending (Session.later): the next frames wait for it
@@ -444,17 +469,18 @@ export function serveConnection(
     else watch.reading(answered); // the rest of a frame: its clock starts with its first bytes
   };
 
-  /** The socket did not take a whole response: stop reading until it drains. */
+  /** The socket did not take a whole response: stop reading until it has been written. */
   const pause = (): void => {
+    if (blocked) return;
     blocked = true;
     stats.pauses += 1;
     stats.paused += 1;
     socket.pause();
-    socket.once("drain", onDrain);
   };
 
-  const onDrain = (): void => {
-    if (done) return;
+  /** A response write completed: when the socket holds nothing more, answer on. */
+  const onWritten = (): void => {
+    if (done || !blocked || socket.writableLength > 0) return;
     blocked = false;
     stats.paused -= 1;
     socket.resume();
@@ -553,7 +579,8 @@ export class StreamChannel implements Channel {
   constructor(socket: Socket, options: ChannelOptions = {}) {
     this.#socket = socket;
     this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
-    this.#reader = new FrameReader(options.maxBody ?? DEFAULT_MAX_BODY);
+    // a frame split across chunks (every big batch) is assembled straight into `buffer`
+    this.#reader = new FrameReader(options.maxBody ?? DEFAULT_MAX_BODY, (length) => [this.#room(length), BODY_OFFSET]);
     this.buffer = Buffer.alloc(BODY_OFFSET + (64 << 10));
     socket.setNoDelay?.(true);
     socket.on("data", (chunk: Buffer) => this.#onData(chunk));
@@ -666,11 +693,10 @@ export class StreamChannel implements Channel {
       return;
     }
     const length = reader.length;
-    if (BODY_OFFSET + length > this.buffer.byteLength) {
-      this.buffer = Buffer.alloc(Math.max(BODY_OFFSET + length, 2 * this.buffer.byteLength));
-      this.generation += 1;
+    if (reader.body !== this.buffer) {
+      // the frame came in one chunk of Node's: the one copy, into the aligned buffer
+      reader.body.copy(this.#room(length), BODY_OFFSET, reader.offset, reader.offset + length);
     }
-    reader.body.copy(this.buffer, BODY_OFFSET, reader.offset, reader.offset + length);
     this.bodyLength = length;
     const resolve = this.#resolve;
     this.#resolve = null;
@@ -679,6 +705,15 @@ export class StreamChannel implements Channel {
     if (reader.available) {
       this.#abandon(new ProtocolError("the server sent bytes beyond the response"));
     }
+  }
+
+  /** The receive buffer, grown (a new generation) when a body of `length` does not fit. */
+  #room(length: number): Buffer {
+    if (BODY_OFFSET + length > this.buffer.byteLength) {
+      this.buffer = Buffer.alloc(Math.max(BODY_OFFSET + length, 2 * this.buffer.byteLength));
+      this.generation += 1;
+    }
+    return this.buffer;
   }
 
   #fail(error: Error): void {

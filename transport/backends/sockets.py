@@ -1,5 +1,6 @@
-"""Socket chores every socket backend shares: claiming a Unix socket path safely, and connecting
-with backoff until a deadline while the server is still starting."""
+"""Socket chores every socket backend shares: claiming a Unix socket path safely, connecting
+with backoff until a deadline while the server is still starting, and sending parts with one
+scatter/gather call (``send_parts``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from transport.errors import ConnectError
 
@@ -75,3 +77,19 @@ def connect_with_retry(
                 ) from exc
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.2)
+
+
+def send_parts(sock: socket.socket, parts: Sequence[Any]) -> None:
+    """Send ``parts`` (bytes-like: a head and a body) in order with ``sendmsg`` (scatter/gather:
+    the parts are never joined). A partial send (a full socket buffer, a signal) is finished
+    with views of what is left: no part is copied, whatever its size (issue 24). Raises what
+    ``sendmsg`` raises (timeouts, peer gone)."""
+    views = [memoryview(part).cast("B") for part in parts]
+    views = [view for view in views if view.nbytes]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]

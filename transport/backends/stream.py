@@ -4,7 +4,8 @@
 per-frame allocation) and places each body at ``BODY_OFFSET`` so NumPy views of it are aligned.
 The buffer grows with the bytes that actually arrived (at most doubling), never to a declared
 body_len up front: a peer that declares 60 MiB and sends 10 bytes costs nothing.
-Sends are one ``sendmsg`` of header + body (scatter/gather, no concatenation copy).
+Sends are one ``sendmsg`` of header + body (scatter/gather, no concatenation copy, a partial
+send finished from views: ``send_parts``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from transport.backends.base import BufferChannel
 from transport.backends.socket_listener import ConnectionWatch
+from transport.backends.sockets import send_parts
 from transport.errors import BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError
 from transport.protocol import (
     BODY_OFFSET,
@@ -87,11 +89,7 @@ class FramedSocket:
         body_len = memoryview(body).nbytes
         HEADER.pack_into(self._header, 0, msg_type, msg_id, body_len)
         try:
-            sent = self.sock.sendmsg([self._header, body] if body_len else [self._header])
-            total = HEADER_SIZE + body_len
-            if sent < total:  # rare: a full socket buffer; finish with sendall
-                rest = (bytes(self._header) + bytes(body))[sent:]
-                self.sock.sendall(rest)
+            send_parts(self.sock, (self._header, body))
         except _TIMED_OUT as exc:
             raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
         except _PEER_GONE as exc:

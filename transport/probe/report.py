@@ -30,7 +30,7 @@ COLUMNS = (
     ("p99 us", ">"),
     ("p99.9 us", ">"),
     ("max us", ">"),
-    ("steps/s", ">"),
+    ("env-steps/s", ">"),
     ("x floor", ">"),
     ("floor", "<"),
 )
@@ -212,8 +212,24 @@ def summary_lines(rows: list[Row]) -> list[str]:
     return out
 
 
+def throughput_lines(rows: list[Row]) -> list[str]:
+    """One line per batch size of step rows: each backend x server row's env-steps/s (round
+    trips/s x batch), highest first, so ``--batch 256`` answers "how many env steps per second"
+    per backend at a glance. Health round trips and floors carry no env steps: left out."""
+    groups: dict[int, list[Row]] = {}
+    for row in rows:
+        if not row.is_floor and row.point.message == "step":
+            groups.setdefault(row.point.batch, []).append(row)
+    out = []
+    for batch in sorted(groups):
+        ranked = sorted(groups[batch], key=lambda r: -r.steps_per_s)
+        cells = ", ".join(f"{r.backend} {_lang(r)} {r.steps_per_s:,.0f}" for r in ranked)
+        out.append(f"env-steps/s at batch {batch}: {cells}")
+    return out
+
+
 def summary_text(rows: list[Row]) -> str:
-    lines = summary_lines(rows)
+    lines = summary_lines(rows) + throughput_lines(rows)
     return "\n".join(["summary:", *[f"  {line}" for line in lines]]) if lines else ""
 
 
@@ -367,7 +383,7 @@ def markdown_block(
     ]
     if results.floors:
         parts += ["", "Floors (us):", "", markdown_floors(results.floors)]
-    summary_ = summary_lines(results.rows)
+    summary_ = summary_lines(results.rows) + throughput_lines(results.rows)
     if summary_:
         parts += ["", "Summary:", "", *[f"- {line}" for line in summary_]]
     problems = problems_text(results)

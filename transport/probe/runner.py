@@ -397,7 +397,7 @@ def _floor_row(floor: FloorResult, point: Point | None, result_size: int, reques
 def _brief(row: Row) -> str:
     text = f"p50 {row.us(50):.1f} us, p99 {row.us(99):.1f} us, n={row.hist.total}"
     if row.point.message == "step":
-        text += f", {row.steps_per_s:,.0f} steps/s"
+        text += f", {row.steps_per_s:,.0f} env-steps/s"
     return text
 
 

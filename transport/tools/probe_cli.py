@@ -38,20 +38,22 @@ and -bars.png under the current directory).
 
 The echo env computes almost nothing, so a row is the cost of the transport. A round trip of
 batch B is one batched step of B envs (one request with B actions, one response with B
-StepResults of 2557 bytes: payload_bytes = B * 2557); steps/s counts env steps (B per round
-trip).
+StepResults of 2557 bytes: payload_bytes = B * 2557); env-steps/s counts env steps (B per
+round trip): `transport-probe --batch 256` prints each backend's env-steps/s at 256 envs.
 """
 
 _EPILOG = """\
 what it prints and writes:
   table      one row per backend x server x batch (the floors in a section of their own
              below it, then a summary: the fastest backend per batch size, how many times
-             faster than unix, how far from its floor):
+             faster than unix, how far from its floor; then per batch size one line of
+             env-steps/s, every backend x server row, highest first):
              payload B  response bytes per round trip (B x 2557; 1 for a health round trip)
              p50 .. max round-trip latency percentiles in microseconds (HdrHistogram-style
                         log buckets, <= 0.78 % wide; max is exact)
-             steps/s    env steps per second (round trips/s x batch); closed loop: the
-                        throughput of one client; open loop: the achieved rate x batch
+             env-steps/s  env steps per second (round trips/s x batch; JSON
+                        steps_per_s); closed loop: the throughput of one client; open
+                        loop: the achieved rate x batch
              x floor    this row's p50 / the p50 of the floor that applies to it, named in
                         column floor: shm rows c-floor-spin when they spin while waiting
                         (wait policy balanced, spin), c-floor-futex when they sleep

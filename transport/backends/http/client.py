@@ -23,7 +23,7 @@ from transport.backends.http.wire import (
     parse_url,
     routes,
 )
-from transport.backends.sockets import connect_with_retry
+from transport.backends.sockets import connect_with_retry, send_parts
 from transport.codec import Schema
 from transport.errors import (
     BadFrameError,
@@ -95,6 +95,12 @@ def parse_response_head(head: bytes) -> _ResponseHead:
     tokens = {t.strip() for t in connection.split(b",")}
     close = b"close" in tokens or (minor == b"0" and b"keep-alive" not in tokens)
     return _ResponseHead(code, msg_type, error, content_length, close)
+
+
+_HEAD_READ = 4096
+"""Bytes a read of a response head asks for: enough for any head this library's servers send
+(~200 bytes), small enough that the body bytes read along with it, which are then copied into
+the body buffer, stay few (the rest of the body is received in place: issue 24)."""
 
 
 class HttpChannel(BufferChannel):
@@ -172,9 +178,7 @@ class HttpChannel(BufferChannel):
         if self._owed:
             self._drain(sock, deadline)
         try:
-            sent = sock.sendmsg([head, body] if length else [head])
-            if sent < len(head) + length:  # a full socket buffer: finish with sendall
-                sock.sendall((head + bytes(body))[sent:])
+            send_parts(sock, (head, body))
         except TimeoutError as exc:
             self._abandon("a send timed out")
             raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
@@ -282,7 +286,9 @@ class HttpChannel(BufferChannel):
                 if have >= MAX_HEAD:
                     raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
                 scanned = have
-                have += self._recv_into(sock, view[have:], deadline, first)
+                # a small window: the body that comes with the head is copied into place, so
+                # read little of it here; the rest is received straight into the body buffer
+                have += self._recv_into(sock, view[have : have + _HEAD_READ], deadline, first)
                 self._progress = (have, -1, -1)
                 first = False
             if end > MAX_HEAD:

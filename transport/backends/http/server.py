@@ -39,7 +39,7 @@ from transport.backends.http.wire import (
     routes,
 )
 from transport.backends.socket_listener import ConnectionWatch, ServerLimits, SocketListener
-from transport.backends.sockets import LISTEN_BACKLOG
+from transport.backends.sockets import LISTEN_BACKLOG, send_parts
 from transport.errors import (
     CodecError,
     ConnectError,
@@ -418,10 +418,7 @@ class _Connection:
     def _send(self, head: bytes, body: Any) -> None:
         if self.watch is not None:
             self.watch.sending()
-        size = len(head) + memoryview(body).nbytes
-        sent = self.sock.sendmsg([head, body])
-        if sent < size:  # a full socket buffer: finish the rest
-            self.sock.sendall((head + bytes(body))[sent:])
+        send_parts(self.sock, (head, body))  # scatter/gather; a partial send copies nothing
 
     def _linger(self) -> None:
         """Half-close and drain briefly, so the client reads our answer instead of a reset."""
