@@ -16,7 +16,8 @@ Rewards (the contract a turn-based server follows, see transport/envs/mahjong.py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
-from transport.api import connect
+from transport.api import Server, connect
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError
@@ -40,6 +41,7 @@ from transport.gym import (
     resolve_url,
     step_explained,
 )
+from transport.runtime.env import Spaces
 from transport.spaces import observation_space_of
 
 
@@ -409,3 +411,166 @@ class RemoteAECTables:
             final_agent=final_agent,
             infos=infos,
         )
+
+
+# -- serving a PettingZoo AEC env ---------------------------------------------------------------
+
+
+def _aec_parts(env: Any) -> tuple[Any, Any, bool, int, list[str]]:
+    """(observation Box, action Discrete, whether observations carry an action mask, act_n,
+    agents) of a PettingZoo AEC env that ``AECServerEnv`` can serve; a SchemaError saying why
+    not."""
+    from transport.errors import SchemaError
+
+    agents = [str(a) for a in env.possible_agents]
+    if not agents or any(not a.isidentifier() or a != a.lower() for a in agents):
+        raise SchemaError(f"agents {agents}: each must be a lower-case identifier (an enum value)")
+    first = env.observation_space(agents[0])
+    action = env.action_space(agents[0])
+    for agent in agents[1:]:
+        if env.observation_space(agent) != first or env.action_space(agent) != action:
+            raise SchemaError(f"agent {agent!r} has other spaces than {agents[0]!r}: one layout")
+    masked = isinstance(first, spaces.Dict) and set(first.spaces) == {"observation", "action_mask"}
+    observation = first["observation"] if masked else first
+    if not isinstance(observation, spaces.Box) or not isinstance(action, spaces.Discrete):
+        raise SchemaError(
+            f"observation {first!r}, action {action!r}: a served AEC env has a Box observation "
+            "(or PettingZoo's classic {'observation': Box, 'action_mask': Box}) and a Discrete "
+            "action"
+        )
+    if int(action.start) != 0:
+        raise SchemaError(f"action {action!r}: a Discrete action starting at 0")
+    return observation, action, masked, int(action.n), agents
+
+
+def aec_schema_toml(env: Any, name: str = "aec_env") -> str:
+    """The TOML of the turn-based schema of a PettingZoo AEC env: the observation of the agent
+    that acts next, its action mask, reward, terminated, truncated and ``agent`` (an enum of
+    ``possible_agents``), the schema ``RemoteAECEnv`` plays."""
+    from transport.gym_schema import _DTYPES, _finite, _toml
+
+    observation, _, _, act_n, agents = _aec_parts(env)
+    elem = _DTYPES.get(np.dtype(observation.dtype).name)
+    if elem is None:
+        from transport.errors import SchemaError
+
+        raise SchemaError(f"observation dtype {observation.dtype} has no schema type")
+    dims = ",".join(str(int(n)) for n in observation.shape) or "1"
+    low, high = _finite(observation.low), _finite(observation.high)
+    bounds = (
+        f", low = {_toml(low)}, high = {_toml(high)}"
+        if low is not None and high is not None
+        else ""
+    )
+    agent_type = "u8" if len(agents) <= 256 else "u16"
+    action_type = "u8" if act_n <= 256 else "u16" if act_n <= 65536 else "u32"
+    values = "\n".join(f"{agent} = {k}" for k, agent in enumerate(agents))
+    return (
+        "# A PettingZoo AEC env served by transport.pettingzoo.serve_aec.\n"
+        f'[schema]\nname = "{name}"\nversion = 1\n\n'
+        f'[enums.Agent]\ntype = "{agent_type}"\n\n[enums.Agent.values]\n{values}\n\n'
+        "[structs.StepResult]\nfields = [\n"
+        f'  {{ name = "observation", type = "{elem}[{dims}]", role = "observation"{bounds} }},\n'
+        f'  {{ name = "action_mask", type = "u8[{act_n}]", role = "action_mask" }},\n'
+        '  { name = "reward", type = "f64", role = "reward" },\n'
+        '  { name = "terminated", type = "bool", role = "terminated" },\n'
+        '  { name = "truncated", type = "bool", role = "truncated" },\n'
+        '  { name = "agent", type = "Agent" },\n]\n\n'
+        f'[structs.StepRequest]\nfields = [\n  {{ name = "action", type = "{action_type}", '
+        'role = "action" },\n]\n\n[env]\n'
+    )
+
+
+class AECServerEnv:
+    """One PettingZoo AEC env (a table) behind the server's Env interface, for ``RemoteAECEnv``.
+
+    Each result names the agent that acts next in ``agent``, with what it observes, its action
+    mask and its reward. The step that ends the game names the agent that made it, with its
+    reward: RemoteAECEnv pays every other agent ``-reward / (n - 1)``, so a game whose final
+    rewards are not so (not zero-sum) is an env error saying so, never a silent other payout.
+    Rewards of agents other than the next one before the end are not carried, and every agent
+    ends with the game (an agent that ends before is an env error): the classic board games.
+    """
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.env = make()
+        observation, _, self._masked, self._act_n, self._agents = _aec_parts(self.env)
+        self._index = {agent: k for k, agent in enumerate(self._agents)}
+        self._obs_n = int(np.prod(observation.shape or (1,)))
+
+    def spaces(self) -> Spaces:
+        return Spaces(self._obs_n, self._act_n)
+
+    def _result(
+        self, agent: str, reward: float, terminated: bool, truncated: bool
+    ) -> dict[str, Any]:
+        seen = self.env.observe(agent)
+        mask = seen["action_mask"] if self._masked else np.ones(self._act_n, dtype=np.uint8)
+        return {
+            "observation": np.asarray(seen["observation"] if self._masked else seen),
+            "action_mask": np.asarray(mask, dtype=np.uint8),
+            "reward": float(reward),
+            "terminated": terminated,
+            "truncated": truncated,
+            "agent": self._index[agent],
+        }
+
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        self.env.reset(seed=seed)
+        return self._result(self.env.agent_selection, 0.0, False, False)
+
+    def step(self, action: int) -> dict[str, Any]:
+        env = self.env
+        actor = env.agent_selection
+        env.step(int(action))
+        live = [a for a in env.agents if not (env.terminations[a] or env.truncations[a])]
+        if live and env.agents:
+            following = env.agent_selection
+            if following not in live:
+                raise ValueError(
+                    f"agent {following!r} ended while {live} play on: a served AEC env's agents "
+                    "end together (RemoteAECEnv ends every agent with the game)"
+                )
+            return self._result(following, float(env.rewards.get(following, 0.0)), False, False)
+        rewards = {a: float(env.rewards.get(a, 0.0)) for a in self._agents}
+        reward = rewards[actor]
+        share = -reward / (len(self._agents) - 1) if len(self._agents) > 1 else 0.0
+        others = {a: r for a, r in rewards.items() if a != actor}
+        if any(abs(r - share) > 1e-9 * max(1.0, abs(share)) for r in others.values()):
+            raise ValueError(
+                f"the game's final rewards {rewards} are not zero-sum as RemoteAECEnv pays them "
+                f"({actor!r}: {reward}, every other agent {share})"
+            )
+        terminated = any(bool(env.terminations.get(a, False)) for a in self._agents)
+        return self._result(actor, reward, terminated, not terminated)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def aec_schema(make: Callable[[], Any], name: str = "aec_env") -> Schema:
+    """The compiled schema of ``aec_schema_toml`` of the env ``make()`` returns."""
+    from transport.schema import compile_schema
+
+    env = make()
+    try:
+        text = aec_schema_toml(env, name)
+    finally:
+        env.close()
+    return Schema(compile_schema(text, f"<{name}>"))
+
+
+def aec_server(
+    make: Callable[[], Any], url: str, *, num_envs: int = 1, name: str = "aec_env", **kwargs: Any
+) -> Server:
+    """A ``Server`` (not started) of a PettingZoo AEC env: one table per env, each made by
+    ``make`` (a picklable zero-argument factory for worker processes); ``kwargs`` are
+    ``transport.Server``'s. Play it with ``RemoteAECEnv(url, schema=aec_schema(make))``."""
+    return Server(
+        functools.partial(AECServerEnv, make),
+        url,
+        schema=aec_schema(make, name),
+        num_envs=num_envs,
+        env_name=name,
+        **kwargs,
+    )

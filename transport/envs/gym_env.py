@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from transport.errors import AdapterError
 from transport.gym_schema import act_n_of, describe_spaces
 from transport.runtime.env import Spaces
 
@@ -24,10 +25,50 @@ GymSource = str | Callable[[], Any]
 """A gymnasium env id (``gymnasium.make(id, **kwargs)``) or a zero-argument factory."""
 
 
+PLUGIN_NAMESPACES = {"ALE": "ale_py"}
+"""Env id namespaces whose envs gymnasium knows only once their package registers them
+(``gymnasium.register_envs(ale_py)``): a user types ``ALE/Pong-v5`` as in gymnasium's docs."""
+
+
+def register_plugin_envs(env_id: str) -> None:
+    """Register the envs of the package behind ``env_id``'s namespace (``ALE/...``: ale_py)
+    when gymnasium does not know the id yet; nothing when the package is not installed (then
+    gymnasium's own error says what is missing)."""
+    namespace, slash, _ = env_id.rpartition(":")[2].partition("/")
+    module_name = PLUGIN_NAMESPACES.get(namespace) if slash else None
+    if module_name is None or env_id in gymnasium.registry:
+        return
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return
+    gymnasium.register_envs(module)
+
+
 def make_gym_env(source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> Any:
-    """The gymnasium env of an id (made with ``gym_kwargs``) or of a factory."""
+    """The gymnasium env of an id (made with ``gym_kwargs``) or of a factory. An id gymnasium
+    cannot make, or a source that is neither an id nor callable (an env instance: the server
+    makes each of its envs, in worker processes too), is an ``AdapterError`` saying why."""
     if isinstance(source, str):
-        return gymnasium.make(source, **dict(gym_kwargs or {}))
+        kwargs = dict(gym_kwargs or {})
+        register_plugin_envs(source)
+        try:
+            return gymnasium.make(source, **kwargs)
+        except Exception as exc:  # an unknown id, a module that does not import, bad kwargs
+            shown = f", **{kwargs!r}" if kwargs else ""
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise AdapterError(
+                f"gymnasium.make({source!r}{shown}) failed: {type(exc).__name__}: {text}"
+            ) from exc
+    if not callable(source):
+        raise AdapterError(
+            f"a gymnasium env is served from an env id or a zero-argument factory, not "
+            f"{type(source).__name__} {source!r}: the server makes each of its envs (in worker "
+            f'processes too), e.g. serve_gym("CartPole-v1", url) or serve_gym(lambda: '
+            f"MyWrapper(gymnasium.make(...)), url) (a module-level function for workers)"
+        )
     if gym_kwargs:
         return source(**dict(gym_kwargs))
     return source()

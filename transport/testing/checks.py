@@ -33,6 +33,7 @@ from transport.errors import (
     VersionMismatchError,
 )
 from transport.protocol import HELLO, PROTOCOL_VERSION, AutoReset, ErrorCode, MessageIds
+from transport.runtime.core import action_dtype
 from transport.testing.contract_env import POISON_ACTION, contract_spaces
 from transport.testing.model import ExpectedSession, field_differences
 from transport.testing.servers import (
@@ -140,11 +141,35 @@ def _expect_finals(client: Client, expected: list[tuple[int, np.ndarray]], what:
     assert not problems, "; ".join(problems[:5])
 
 
+def wire_action(schema: Schema, action: int) -> Any:
+    """One env's action as the schema's action field carries it: the integer itself for a
+    Discrete (scalar) action; for an array action (Box, MultiDiscrete) an array of the field's
+    shape and dtype filled with it, which ContractEnv reads back as that integer (its first
+    element). So the checks' one rule of picks, masks, refusals and poison serves every
+    action space."""
+    dtype = action_dtype(schema)
+    if dtype.subdtype is None:
+        return int(action)
+    base, dims = dtype.subdtype
+    return np.full(dims, action, dtype=base)
+
+
+def wire_actions(schema: Schema, actions: Sequence[int]) -> Any:
+    """One action per env (``wire_action``): a list of integers, or an ``(N, *dims)`` array."""
+    dtype = action_dtype(schema)
+    if dtype.subdtype is None:
+        return [int(a) for a in actions]
+    base, dims = dtype.subdtype
+    out = np.empty((len(actions), *dims), dtype=base)
+    out[...] = np.reshape(np.asarray(actions), (len(actions),) + (1,) * len(dims))
+    return out
+
+
 def _step(client: Client, actions: Sequence[int]) -> StepView:
     """One action per env (a batch request; a 1-env server gets a single STEP_REQ)."""
     if client.num_envs == 1:
-        return client.step(int(actions[0]))
-    return client.step(list(actions))
+        return client.step(wire_action(client.schema, actions[0]))
+    return client.step(wire_actions(client.schema, actions))
 
 
 def _expect_refused(
@@ -159,9 +184,10 @@ def _expect_refused(
 
 
 def _action_is_signed(schema: Schema) -> bool:
+    """Whether the action field can carry -1 (a signed integer, or a Box's floats)."""
     body = schema.ir.messages["STEP_REQ"].body
     action = schema[body].ir.role("action") if body else None
-    return action is not None and action.elem.startswith("i")
+    return action is not None and action.elem[0] in "if"
 
 
 def _pick(model: ExpectedSession, rng: random.Random) -> list[int]:
@@ -469,7 +495,7 @@ def check_step_one_env(ctx: CheckContext) -> None:
                     break
                 actions = _pick(model, rng)
                 results, _, _ = model.step(actions)
-                view = client.step(actions[0])
+                view = client.step(wire_action(ctx.schema, actions[0]))
                 _expect_results(view, results, f"episode {episode} step {step + 1}")
             else:
                 raise AssertionError("the contract env's episode did not end within 10 steps")
@@ -590,7 +616,8 @@ def check_step_multi(ctx: CheckContext) -> None:
             if model.refusal(actions) is not None:
                 break
             results, _, _ = model.step(actions)
-            _expect_results(client.step_multi(actions), results, f"STEP_MULTI {step + 1}")
+            view = client.step_multi(wire_actions(ctx.schema, actions))
+            _expect_results(view, results, f"STEP_MULTI {step + 1}")
 
 
 # -- dead, silent and signalled servers ----------------------------------------------------

@@ -20,6 +20,7 @@ from transport.testing.checks import (
     _check,
     _pick,
     _watchdog,
+    wire_actions,
 )
 from transport.testing.model import ExpectedSession, field_differences
 from transport.testing.servers import RunningServer, ServerOptions
@@ -74,7 +75,7 @@ def _async_rounds(ctx: CheckContext, server: RunningServer, mode: AutoReset, rou
                 final = _step_model_env(model, i, a)
                 if final is not None:
                     expected_finals[i] = final
-            client.send(actions, send_ids)
+            client.send(wire_actions(ctx.schema, actions), send_ids)
             back: list[int] = []
             while len(back) < len(send_ids):
                 got = client.recv(batch)

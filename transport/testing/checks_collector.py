@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from transport.collector import EpisodeBatch, EpisodeCollector
-from transport.testing.checks import CheckContext, _check
+from transport.testing.checks import CheckContext, _check, wire_actions
 from transport.testing.contract_env import TRUNCATE_AT
 
 BATCH = 4
@@ -21,16 +21,15 @@ def observation_fields(batch: EpisodeBatch) -> list[np.ndarray]:
     return list(obs.values()) if isinstance(obs, dict) else [obs]
 
 
-def _first_action(obs: np.ndarray, env_ids: np.ndarray) -> np.ndarray:
-    """Action 0 for every env (always legal in the contract env)."""
-    return np.zeros(len(env_ids), dtype=np.int64)
-
-
 def _collect(ctx: CheckContext, seed: int) -> list[EpisodeBatch]:
+    def first_action(obs: object, env_ids: np.ndarray) -> np.ndarray:
+        """Action 0 for every env (always legal in the contract env), in the action's shape."""
+        return np.asarray(wire_actions(ctx.schema, [0] * len(env_ids)))
+
     server = ctx.server(num_envs=2)
     with (
         ctx.connect(server, autoreset="next_step") as client,
-        EpisodeCollector(client, _first_action, MAX_LEN, BATCH, seed=seed) as collector,
+        EpisodeCollector(client, first_action, MAX_LEN, BATCH, seed=seed) as collector,
     ):
         return [collector.request_episodes(timeout=30) for _ in range(2)]
 

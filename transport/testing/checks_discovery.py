@@ -18,6 +18,7 @@ from transport.testing.checks import (
     _other_schema,
     _pick,
     _still_served,
+    wire_action,
 )
 from transport.testing.model import ExpectedSession
 from transport.testing.servers import SERVER_SEED
@@ -44,7 +45,8 @@ def check_discover_schema(ctx: CheckContext) -> None:
                 break
             actions = _pick(model, rng)
             results, _, _ = model.step(actions)
-            _expect_results(client.step(actions[0]), results, f"discovered step {step + 1}")
+            view = client.step(wire_action(ctx.schema, actions[0]))
+            _expect_results(view, results, f"discovered step {step + 1}")
 
 
 @_check(per_schema=False)

@@ -22,6 +22,8 @@ bytes (tests/test_contract.py checks it over every built-in schema). The rules:
   a = act_n - 1, else ``h % 4 != 0``; ``done`` is 1 on the last step of an episode,
   ``terminated`` / ``truncated`` 1 on the last step when it ended that way; else 0.
 - ``step(POISON_ACTION)`` raises ``PoisonActionError`` and changes nothing (ENV_ERROR tests).
+- An array action (Box, MultiDiscrete) stands for its first element as an integer
+  (``action_number``): the checks send arrays filled with the integer they picked.
 - ``spaces()``: (elements of the observation role field, elements of the action_mask role
   field, or DEFAULT_ACT_N without a mask).
 """
@@ -141,6 +143,14 @@ def result_codec(schema: Schema) -> StructCodec:
     return schema[body]
 
 
+def action_number(action: Any) -> int:
+    """The integer an action stands for: a Discrete action's value; an array action's (Box,
+    MultiDiscrete) first element (the checks send arrays filled with one integer)."""
+    if isinstance(action, int | np.integer):
+        return int(action)
+    return int(np.asarray(action).reshape(-1)[0])
+
+
 def contract_spaces(schema: Schema) -> Spaces:
     """What ``ContractEnv(schema).spaces()`` answers."""
     result = result_codec(schema).ir
@@ -180,11 +190,12 @@ class ContractEnv:
         self.last_action = RESET_ACTION
         return self._result()
 
-    def step(self, action: int) -> np.ndarray:
-        if action == POISON_ACTION:
+    def step(self, action: Any) -> np.ndarray:
+        value = action_number(action)
+        if value == POISON_ACTION:
             raise PoisonActionError(f"poison action {POISON_ACTION} (the contract env raises)")
         self.step_count += 1
-        self.last_action = int(action) & _M32
+        self.last_action = value & _M32
         return self._result()
 
     def episode_end(self) -> tuple[bool, bool]:

@@ -1,0 +1,102 @@
+"""The backend contract over a space matrix (issue 23): the checks whose outcome depends on the
+schema's layout, over env schemas of the spaces real envs have (transport.testing.space_matrix:
+Discrete, Box actions, Dict observation, image observation), derived as ``transport-serve --gym``
+derives them and served by ``transport-serve --env contract --schema FILE``.
+
+Time-bounded: the layout-dependent checks only (the others do not depend on the schema and run
+over every backend in tests/test_contract.py), real server processes shared by the checks of
+one (target, schema): Python servers over unix for every row and over shm for the rows that
+change the slots most, Node servers over unix. GAPS declares what fails today (strict xfails):
+STEP_MULTI with an array action on Python servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from transport.codec import Schema
+from transport.testing import (
+    Case,
+    NotApplicable,
+    ServerPool,
+    contract_cases,
+    contract_checks,
+    run_check,
+    serve_process_factory,
+    unused_gaps,
+)
+from transport.testing.space_matrix import SPACE_MATRIX, space_schema
+
+from .servers import require_lang
+
+LAYOUT_CHECKS = [name for name, check in contract_checks().items() if check.per_schema]
+SHM_ROWS = ["box_action", "image_observation"]
+"""Over shm the rows whose layouts change the slots most: array actions, a 28 KB observation."""
+NODE_ROWS = ["box_action", "dict_observation", "image_observation"]
+"""Node: array actions and the observation layouts (a Dict of three fields with
+the GymSpaces enum, a 28 KB image)."""
+GAPS: dict[tuple[str, ...], str] = {
+    ("*", "python", "box_action", "step_multi"): (
+        "transport/runtime/core.py takes a STEP_MULTI's seats from the multi request field's "
+        "element count (8 seats x 3 elements = 24) instead of the schema's [env] seats (8), "
+        "so an array action's STEP_MULTI is refused (unix: BAD_BATCH 'needs a 24-env server'; "
+        "shm: UNKNOWN_MESSAGE); Node reads [env] seats"
+    ),
+}
+"""(scheme, server language, schema, check) -> why it fails today (strict xfails)."""
+
+CASES = contract_cases([("unix", "python")], list(SPACE_MATRIX), GAPS, checks=LAYOUT_CHECKS)
+CASES += contract_cases([("shm", "python")], SHM_ROWS, GAPS, checks=LAYOUT_CHECKS)
+CASES += contract_cases([("unix", "node")], NODE_ROWS, GAPS, checks=LAYOUT_CHECKS)
+
+
+@pytest.fixture(scope="module")
+def schemas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Schema]:
+    directory: Path = tmp_path_factory.mktemp("space-matrix")
+    return {row: space_schema(row, directory) for row in SPACE_MATRIX}
+
+
+class Pools:
+    """One ServerPool per (target, schema) at a time (the cases arrive grouped)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, ...] | None = None
+        self.pool: ServerPool | None = None
+
+    def get(self, case: Case) -> ServerPool:
+        key = (*case.target, case.schema)
+        if key != self.key:
+            self.close()
+            self.key = key
+            self.pool = ServerPool(serve_process_factory(*case.target))
+        assert self.pool is not None
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            problems = self.pool.close()
+            self.pool = None
+            assert not problems, "; ".join(problems)
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Pools]:
+    holder = Pools()
+    yield holder
+    holder.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_contract_over_spaces(case: Case, pools: Pools, schemas: dict[str, Schema]) -> None:
+    require_lang(case.target[1])
+    try:
+        run_check(case.check, pools.get(case), schemas[case.schema])
+    except NotApplicable as exc:
+        pytest.skip(f"not applicable: {exc}")
+
+
+def test_every_gap_names_a_cell() -> None:
+    assert unused_gaps(GAPS, CASES) == []
