@@ -150,10 +150,12 @@ export class ContractEnv {
     return this.#result();
   }
 
-  step(action: number): unknown {
-    if (action === POISON_ACTION) throw new Error(`poison action ${POISON_ACTION} (the contract env raises)`);
+  /** An array action (Box, MultiDiscrete) counts as its first element, as in Python's twin. */
+  step(action: number | ArrayLike<number>): unknown {
+    const value = typeof action === "number" ? action : Number(action[0]);
+    if (value === POISON_ACTION) throw new Error(`poison action ${POISON_ACTION} (the contract env raises)`);
     this.stepCount += 1;
-    this.lastAction = action >>> 0;
+    this.lastAction = value >>> 0;
     return this.#result();
   }
 
