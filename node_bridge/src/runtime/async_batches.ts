@@ -19,6 +19,8 @@ class AsyncRecords implements Records {
   readonly bytes: Uint8Array;
   readonly finals: Uint8Array;
   readonly ended: Uint8Array;
+  /** Env i's row at i * size: one block. */
+  readonly packed = true;
 
   constructor(
     numEnvs: number,

@@ -25,7 +25,8 @@ import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
-import type { Action, Spaces } from "./env";
+import type { Action, Column, Spaces } from "./env";
+import type { ResultColumns } from "./vector";
 
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
@@ -40,6 +41,7 @@ export const ENV_ERROR_TEXT_MAX = 1024;
 /** Frames of an env's stack carried to the client: the innermost ones (the env's own code). */
 export const TRACEBACK_FRAMES = 4;
 const RUNTIME_DIR = __dirname + "/";
+const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 /** The first line and the innermost `TRACEBACK_FRAMES` frames of an error's stack ("" if none). */
 export function remoteTraceback(error: unknown): string {
@@ -120,6 +122,11 @@ export { checkAutoreset } from "../protocol";
 export interface Records {
   readonly bytes: Uint8Array;
   at(index: number): number;
+  /**
+   * True when the records are one block: env i's at `at(0) + i * size` (a response body, a
+   * scratch area), so a runner may copy every result in one call. Absent: strided (shm slots).
+   */
+  readonly packed?: boolean;
   /** Env `index`'s record is complete (after a step, reset or observe). */
   written(index: number): void;
   /** SAME_STEP: env `index`'s record is a final result; keep it before the reset overwrites it. */
@@ -158,6 +165,16 @@ export interface Runner {
   readonly concurrent?: ConcurrentRunner;
   /** Env i's `info()` map (`{}` without it). */
   info(index: number): Record<string, unknown>;
+  /**
+   * A vector env's result columns (vector.ts): the runtime reads each env's mask and episode end
+   * from them, for every env at once, instead of from its record. Absent for one-env objects.
+   */
+  readonly columns?: ResultColumns;
+  /**
+   * The envs reset themselves under NEXT_STEP (a vector env's `autoresetNextStep`): a done env
+   * is stepped (its action ignored), not reset by the runtime.
+   */
+  readonly autoresetNextStep?: boolean;
   close(): void;
 }
 
@@ -560,10 +577,16 @@ export class EnvRuntime {
   readonly #reward: { at: number; write: Writer } | null;
   /** Per env: this request's action is a masked "noop" (the env does not step). */
   readonly #noop: Uint8Array;
-  readonly #mask: { at: number; read: Reader; size: number; count: number } | null;
+  readonly #mask: { name: string; at: number; read: Reader; size: number; count: number } | null;
   /** The result fields whose truth ends an episode (`episodeEndFields`). */
-  readonly #ends: ReadonlyArray<{ at: number; read: Reader }>;
+  readonly #ends: ReadonlyArray<{ name: string; at: number; read: Reader; count: number }>;
+  /** Every episode-end field is one byte (u8 / bool): read straight from the record's bytes. */
+  readonly #endsAreBytes: boolean;
+  /** The mask is needed (checked) only under "reject" and "noop"; "pass" never reads it. */
+  readonly #keepMasks: boolean;
   readonly #masks: Uint8Array;
+  /** `#masks` as u32 words when each env's mask is whole words of u8 entries (LE host), else null. */
+  readonly #maskWords: Uint32Array | null;
   readonly #isDone: Uint8Array;
   readonly #wasReset: Uint8Array;
   readonly #ops: Uint8Array;
@@ -590,12 +613,15 @@ export class EnvRuntime {
     this.actionRule = new ActionRule(schema);
     // the mask is over Discrete actions; an array action has none
     const maskField = this.actionRule.kind === "discrete" ? fieldWithRole(schema, this.result.name, "action_mask") : null;
-    this.#mask = maskField ? { at: maskField.offset, ...readerOf(schema, maskField), count: maskField.count } : null;
-    this.#ends = episodeEndFields(schema.ir.structs[this.result.name]).map((f) => ({
-      at: f.offset,
-      read: readerOf(schema, f).read,
-    }));
+    this.#mask = maskField
+      ? { name: maskField.name, at: maskField.offset, ...readerOf(schema, maskField), count: maskField.count }
+      : null;
+    const endFields = episodeEndFields(schema.ir.structs[this.result.name]);
+    this.#ends = endFields.map((f) => ({ name: f.name, at: f.offset, read: readerOf(schema, f).read, count: f.count }));
+    this.#endsAreBytes = endFields.every((f) => readerOf(schema, f).size === 1);
     this.#masks = new Uint8Array(n * (this.#mask?.count ?? 0));
+    const wordMask = this.#mask !== null && this.#mask.size === 1 && this.#mask.count % 4 === 0 && LITTLE_ENDIAN_HOST;
+    this.#maskWords = wordMask ? new Uint32Array(this.#masks.buffer, 0, this.#masks.byteLength / 4) : null;
     this.#isDone = new Uint8Array(n);
     this.#wasReset = new Uint8Array(n);
     this.#ops = new Uint8Array(n);
@@ -605,6 +631,7 @@ export class EnvRuntime {
     this.seats = schema.ir.env?.seats ?? SEATS;
     this.actions = new Float64Array(Math.max(n, this.seats) * this.actionRule.elements);
     this.maskedActions = checkMaskedActions(options.maskedActions ?? "reject");
+    this.#keepMasks = this.#mask !== null && this.maskedActions !== "pass";
     this.#penalties = options.penalties ?? [];
     const rewardField = fieldWithRole(schema, this.result.name, "reward");
     const write = rewardField && rewardField.count === 1 ? WRITERS[elementType(schema, rewardField)] : undefined;
@@ -688,7 +715,7 @@ export class EnvRuntime {
     for (let i = from; i < to; i++) {
       if (only !== null && !only[i]) continue;
       if (nextStep && isDone[i] && wasReset[i]) {
-        ops[i] = Op.RESET; // the action of a done env is ignored
+        ops[i] = this.runner.autoresetNextStep === true ? Op.STEP : Op.RESET; // the action of a done env is ignored
         seeds[i] = null;
       } else if (!noop[i]) {
         ops[i] = Op.STEP;
@@ -748,7 +775,7 @@ export class EnvRuntime {
       if (this.#checkAction(i, actions[i] as number)) noop[i] = 1;
     }
     for (const i of ids) {
-      if (nextStep && isDone[i] && wasReset[i]) ops[i] = Op.RESET;
+      if (nextStep && isDone[i] && wasReset[i]) ops[i] = this.runner.autoresetNextStep === true ? Op.STEP : Op.RESET;
       else if (noop[i]) {
         ops[i] = Op.NONE;
         this.#noopResult(i, out);
@@ -882,9 +909,12 @@ export class EnvRuntime {
     failed.fill(0);
     const failures = this.runner.run(ops, this.actions, this.#seeds, out);
     if (failures !== null) for (const [i] of failures) failed[i] = 1;
-    for (let i = 0; i < this.numEnvs; i++) {
+    const columns = this.runner.columns;
+    if (columns !== undefined) this.#rememberColumns(columns, ops, failed);
+    const n = this.numEnvs;
+    for (let i = 0; i < n; i++) {
       if (ops[i] === Op.NONE || failed[i]) continue;
-      this.#remember(i, out);
+      if (columns === undefined) this.#remember(i, out);
       out.written(i);
     }
     return failures;
@@ -893,27 +923,82 @@ export class EnvRuntime {
   /** Read env `index`'s mask and episode end from its record. */
   #remember(index: number, out: Records): void {
     const bytes = out.bytes;
-    if (bytes !== this.#dvBytes) {
-      this.#dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-      this.#dvBytes = bytes;
-    }
-    const dv = this.#dv as DataView;
     const at = out.at(index);
     const mask = this.#mask;
-    if (mask !== null) {
+    if (this.#keepMasks && mask !== null) {
       const count = mask.count;
       const base = index * count;
       const masks = this.#masks;
       const start = at + mask.at;
-      if (mask.size === 1) {
+      const words = this.#maskWords;
+      if (words !== null) {
+        // 4 mask bytes per load and store (a u8 mask of 4k entries, a little-endian host)
+        const dv = this.#viewOf(bytes);
+        const first = base >> 2;
+        for (let w = 0, end = count >> 2; w < end; w++) words[first + w] = dv.getUint32(start + 4 * w, true);
+      } else if (mask.size === 1) {
         for (let a = 0; a < count; a++) masks[base + a] = bytes[start + a] as number;
       } else {
+        const dv = this.#viewOf(bytes);
         for (let a = 0; a < count; a++) masks[base + a] = mask.read(dv, start + a * mask.size) ? 1 : 0;
       }
     }
+    const ends = this.#ends;
     let ended = 0;
-    for (const end of this.#ends) if (end.read(dv, at + end.at)) ended = 1;
+    if (this.#endsAreBytes) {
+      for (let e = 0; e < ends.length; e++) if (bytes[at + (ends[e] as { at: number }).at]) ended = 1;
+    } else {
+      const dv = this.#viewOf(bytes);
+      for (let e = 0; e < ends.length; e++) {
+        const end = ends[e] as { at: number; read: Reader };
+        if (end.read(dv, at + end.at)) ended = 1;
+      }
+    }
     this.#isDone[index] = ended;
+  }
+
+  /** A DataView of `bytes` (the last one is kept: the same records every request). */
+  #viewOf(bytes: Uint8Array): DataView {
+    if (bytes !== this.#dvBytes) {
+      this.#dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      this.#dvBytes = bytes;
+    }
+    return this.#dv as DataView;
+  }
+
+  /**
+   * A vector env's masks and episode ends, for every env that did its op, from the columns it
+   * wrote (one pass each; a whole u8 mask block in one copy).
+   */
+  #rememberColumns(columns: ResultColumns, ops: Uint8Array, failed: Uint8Array): void {
+    const n = this.numEnvs;
+    const mask = this.#mask;
+    if (this.#keepMasks && mask !== null) {
+      const column = columns.columns[mask.name] as Column;
+      const count = mask.count;
+      const masks = this.#masks;
+      let all = true;
+      for (let i = 0; i < n && all; i++) if (ops[i] === Op.NONE || failed[i]) all = false;
+      if (all && column instanceof Uint8Array) {
+        masks.set(column);
+      } else {
+        for (let i = 0; i < n; i++) {
+          if (ops[i] === Op.NONE || failed[i]) continue;
+          for (let k = i * count, end = k + count; k < end; k++) masks[k] = column[k] ? 1 : 0;
+        }
+      }
+    }
+    const isDone = this.#isDone;
+    const ends = this.#ends;
+    for (let i = 0; i < n; i++) if (ops[i] !== Op.NONE && !failed[i]) isDone[i] = 0;
+    for (let e = 0; e < ends.length; e++) {
+      const end = ends[e] as { name: string; count: number };
+      const column = columns.columns[end.name] as Column;
+      const count = end.count;
+      for (let i = 0; i < n; i++) {
+        if (ops[i] !== Op.NONE && !failed[i] && column[i * count]) isDone[i] = 1;
+      }
+    }
   }
 
   /**

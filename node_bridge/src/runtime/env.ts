@@ -43,8 +43,112 @@ export interface Env<R = unknown> {
 /** Makes a fresh env (a server calls it once per env per client). */
 export type EnvFactory<R = unknown> = () => Env<R>;
 
-/** What `serve` accepts: one env (shared by every client) or a factory (or class) of fresh envs. */
-export type EnvOrFactory = Env<unknown> | EnvFactory<unknown> | (new () => Env<unknown>);
+// -- vector envs: one object that steps all of its N envs in one call --------------------------
+
+/** A result field's column: the typed array of its element type (bool and enums: their integer's). */
+export type Column =
+  | Float32Array
+  | Float64Array
+  | Int8Array
+  | Uint8Array
+  | Int16Array
+  | Uint16Array
+  | Int32Array
+  | Uint32Array
+  | BigInt64Array
+  | BigUint64Array;
+
+/**
+ * Where a vector env writes its N results: one typed array per field of the schema's result
+ * struct, by field name, env i's elements at `[i * count, (i + 1) * count)` (`count` the field's
+ * elements, 1 for a scalar); a struct-typed field's column is its encoded bytes (Uint8Array,
+ * `size` bytes per env). The runtime owns the columns and keeps them between calls, so an env
+ * writes only what changed; it copies the rows it asked for into the response (or the shm
+ * slots) at once. Values are written as they are: the typed arrays fix each field's type and
+ * range; a flag should be 0 or 1 and a NaN is not made canonical (Python's `step_into` rule).
+ */
+export interface VectorResults {
+  readonly numEnvs: number;
+  readonly columns: Readonly<Record<string, Column>>;
+  /**
+   * Env `index` failed in this call with `error` (the others did theirs): its row is not
+   * written, the client gets ENV_ERROR naming it, and the runtime resets it (resetEnvs with it
+   * alone). A throw from `stepEnvs` / `resetEnvs` fails every env of the call instead.
+   */
+  fail(index: number, error: unknown): void;
+}
+
+/**
+ * N envs in one object (a batch simulator, typed-array physics): the runtime hands it every
+ * action at once and it writes every result at once, into `VectorResults` columns. `ids` are
+ * the envs of the call: sorted env indices, each once (an Int32Array valid during the call);
+ * the others must not change. The runtime keeps the per-env bookkeeping: action checks,
+ * auto-reset (it asks for partial resets), finals, masks, seeds (env i: seed + i) and errors.
+ * Python: `VectorEnv` in transport/runtime/env.py (`reset_envs`, `step_envs`, `num_envs`).
+ */
+export interface VectorEnv {
+  readonly numEnvs: number;
+  spaces(): Spaces;
+  /** Reset envs `ids`; `seeds[k]` is env `ids[k]`'s seed (null: unseeded). */
+  resetEnvs(ids: Int32Array, seeds: ReadonlyArray<bigint | null>, out: VectorResults): void;
+  /**
+   * Step envs `ids` (null: every env) once, env i with the runtime's action block: `actions[i]`
+   * (Discrete) or `actions[i * k .. (i + 1) * k)` (an array action of k elements). Valid during
+   * the call only. The runtime never steps an env whose episode ended (unless
+   * `autoresetNextStep`).
+   */
+  stepEnvs(actions: Float64Array, ids: Int32Array | null, out: VectorResults): void;
+  /**
+   * Optional, default true. False: `stepEnvs` is only ever called with `ids` null (a request
+   * that steps a subset is BAD_BATCH); needs `autoresetNextStep`, and refuses "noop" masked actions.
+   */
+  readonly stepsSubsets?: boolean;
+  /**
+   * Optional, default false. True: stepping an env whose episode ended resets it instead (its
+   * action ignored) and writes its reset result, as gymnasium's NEXT_STEP mode does; the runtime
+   * then leaves NEXT_STEP resets to the env.
+   */
+  readonly autoresetNextStep?: boolean;
+  /** Optional: the N envs' free-form info maps (OBSERVE's tail); `{}` each without it. */
+  infos?(): ReadonlyArray<Record<string, unknown>>;
+  /** Optional: called when the runtime that made it closes. */
+  close?(): void;
+}
+
+/** A class of vector envs: the server makes one per client with `new C(numEnvs)`. */
+export type VectorEnvClass = new (numEnvs: number) => VectorEnv;
+
+/**
+ * What `serve` accepts: one env (shared by every client) or a factory (or class) of fresh envs;
+ * one vector env (shared; it serves its own numEnvs), a class of vector envs (`new C(numEnvs)`
+ * per client) or a zero-argument factory that returns a vector env of the server's numEnvs.
+ */
+export type EnvOrFactory =
+  | Env<unknown>
+  | EnvFactory<unknown>
+  | (new () => Env<unknown>)
+  | VectorEnv
+  | VectorEnvClass
+  | (() => VectorEnv);
+
+/** A vector env instance (`stepEnvs` and `resetEnvs`), as opposed to a one-env object or a factory. */
+export function isVectorEnv(value: unknown): value is VectorEnv {
+  return (
+    typeof value === "object" &&
+    value !== null &&
+    typeof (value as VectorEnv).stepEnvs === "function" &&
+    typeof (value as VectorEnv).resetEnvs === "function"
+  );
+}
+
+/** `new C(numEnvs)` for a class whose instances are vector envs; null for anything else. */
+export function vectorClassOf(factory: unknown): ((numEnvs: number) => VectorEnv) | null {
+  if (typeof factory !== "function" || !/^class[\s{]/.test(Function.prototype.toString.call(factory))) return null;
+  const proto = (factory as { prototype?: Partial<VectorEnv> }).prototype;
+  if (typeof proto?.stepEnvs !== "function" || typeof proto.resetEnvs !== "function") return null;
+  const make = factory as VectorEnvClass;
+  return (numEnvs) => new make(numEnvs);
+}
 
 /** An env instance, as opposed to a factory or a class. */
 export function isEnv(value: unknown): value is Env<unknown> {
@@ -56,8 +160,11 @@ export function isEnv(value: unknown): value is Env<unknown> {
   );
 }
 
-/** A zero-argument maker for a factory function or an env class. */
-export function makerOf(factory: EnvFactory<unknown> | (new () => Env<unknown>)): () => Env<unknown> {
+/**
+ * A zero-argument maker for a factory function or an env class (what it makes may be a vector
+ * env: the host looks). Anything else makes a maker that throws a TypeError when called.
+ */
+export function makerOf(factory: EnvOrFactory): () => Env<unknown> {
   const make = factory as (() => Env<unknown>) & (new () => Env<unknown>);
   const isClass = /^class[\s{]/.test(Function.prototype.toString.call(make));
   return isClass ? () => new make() : () => make();

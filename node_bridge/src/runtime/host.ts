@@ -8,9 +8,10 @@ import type { SchemaModule } from "../codec";
 import { ConnectError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { ActionRule, EnvRuntime, type MaskedActions, bodyCodec, checkMaskedActions, penaltyOf } from "./core";
-import { type Env, type EnvOrFactory, type Spaces, isEnv, makerOf } from "./env";
+import { type Env, type EnvOrFactory, type Spaces, type VectorEnv, isEnv, isVectorEnv, makerOf, vectorClassOf } from "./env";
 import { LocalRunner } from "./local";
 import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
+import { VectorRunner } from "./vector";
 
 type AnyEnv = Env<unknown>;
 
@@ -18,7 +19,10 @@ type AnyEnv = Env<unknown>;
 export interface HostOptions {
   /** The schema the server speaks (default: the reference pac_env). */
   readonly schema?: SchemaModule;
-  /** Envs per client (N); needs a factory when above 1. Default 1. */
+  /**
+   * Envs per client (N); needs a factory when above 1. Default 1; a vector env instance's own
+   * numEnvs (which a given value must equal).
+   */
   readonly numEnvs?: number;
   /** The env name the HELLO info carries. */
   readonly envName?: string;
@@ -52,6 +56,10 @@ export class EnvHost {
   /** A fresh env (null: one env instance shared by every client). */
   readonly factory: (() => AnyEnv) | null;
   readonly #shared: AnyEnv | null;
+  /** One vector env shared by every client (it serves its own numEnvs). */
+  readonly #sharedVector: VectorEnv | null;
+  /** A class of vector envs: `new C(numEnvs)` per client. */
+  readonly #vectorClass: ((numEnvs: number) => VectorEnv) | null;
   readonly #validate: boolean;
   readonly #workers: number;
   readonly #workerEnv: WorkerEnvSpec;
@@ -63,7 +71,11 @@ export class EnvHost {
   #poolPenalty: number | null = null;
 
   constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
-    const numEnvs = options.numEnvs ?? 1;
+    const sharedVector = isVectorEnv(envOrFactory) ? envOrFactory : null;
+    if (sharedVector !== null && options.numEnvs !== undefined && options.numEnvs !== sharedVector.numEnvs) {
+      throw new TransportError(`numEnvs=${options.numEnvs}, but the vector env given has numEnvs=${String(sharedVector.numEnvs)}`);
+    }
+    const numEnvs = options.numEnvs ?? sharedVector?.numEnvs ?? 1;
     if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be an integer of at least 1");
     this.schema = options.schema ?? pac_env.SCHEMA;
     bodyCodec(this.schema, "STEP_RESP"); // a schema the runtime cannot serve fails here
@@ -81,7 +93,15 @@ export class EnvHost {
       ...(options.validate !== undefined ? { validate: options.validate } : {}),
       ...options.workerEnv,
     };
-    if (isEnv(envOrFactory)) {
+    this.#sharedVector = sharedVector;
+    this.#vectorClass = vectorClassOf(envOrFactory);
+    if ((sharedVector !== null || this.#vectorClass !== null) && this.#workers > 0) {
+      throw new TransportError("a vector env steps its envs itself: serve it without workers");
+    }
+    if (sharedVector !== null) {
+      this.#shared = null;
+      this.factory = null;
+    } else if (isEnv(envOrFactory)) {
       if (numEnvs !== 1) throw new TransportError("pass an env factory to serve more than one env");
       this.#shared = envOrFactory;
       this.factory = null;
@@ -105,10 +125,11 @@ export class EnvHost {
    */
   runtime(numEnvs = this.numEnvs, url = ""): EnvRuntime {
     const factory = this.factory;
-    if (numEnvs !== this.numEnvs && (factory === null || !Number.isInteger(numEnvs) || numEnvs < 1)) {
+    const resizable = factory !== null || this.#vectorClass !== null;
+    if (numEnvs !== this.numEnvs && (!resizable || !Number.isInteger(numEnvs) || numEnvs < 1)) {
       throw new ConnectError(
         `${url || "the server"} asks for ${numEnvs} envs but the server was given numEnvs=${this.numEnvs}` +
-          (factory === null ? " and one shared env (pass an env factory)" : ""),
+          (!resizable ? " and one shared env (pass an env factory)" : ""),
       );
     }
     const noop = this.maskedActions === "noop";
@@ -117,6 +138,8 @@ export class EnvHost {
       maskedActions: this.maskedActions,
       ...(noop ? { penalties } : {}),
     });
+    if (this.#sharedVector !== null) return this.#vectorRuntime(this.#sharedVector, false, options);
+    if (this.#vectorClass !== null) return this.#vectorRuntime(this.#vectorClass(numEnvs), true, options);
     if (factory === null) {
       const codec = bodyCodec(this.schema, "STEP_RESP");
       const shared = this.#shared as AnyEnv;
@@ -126,6 +149,7 @@ export class EnvHost {
     if (this.#workers > 0) {
       if (this.#poolSpaces === null || (noop && this.#poolPenalty === null)) {
         const env = factory(); // the envs live in the pool's threads: ask one made here
+        if (isVectorEnv(env)) throw new TransportError("a vector env steps its envs itself: serve it without workers");
         this.#poolSpaces = env.spaces();
         this.#poolPenalty = penaltyOf(env);
       }
@@ -135,10 +159,40 @@ export class EnvHost {
       const penalties = noop ? new Array<number>(numEnvs).fill(this.#poolPenalty ?? 0) : [];
       return new EnvRuntime(this.schema, new PoolRunner(numEnvs, spaces, () => new WorkerPool(spec, numEnvs, workers)), options(penalties));
     }
-    const envs: AnyEnv[] = [];
-    for (let i = 0; i < numEnvs; i++) envs.push(factory());
+    const first = factory();
+    // a zero-argument factory may make a vector env: it then holds all of the client's envs
+    if (isVectorEnv(first)) return this.#vectorRuntime(first, true, options, numEnvs, url);
+    const envs: AnyEnv[] = [first];
+    for (let i = 1; i < numEnvs; i++) envs.push(factory());
     const codec = bodyCodec(this.schema, "STEP_RESP");
     const penalties = noop ? envs.map(penaltyOf) : [];
     return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionRule), options(penalties));
+  }
+
+  /**
+   * A runtime over one vector env (`owned`: made for this client, closed with it). A factory's
+   * vector env must hold the `numEnvs` asked for. "noop" masked actions: the env's
+   * `maskedActionPenalty` for every env.
+   */
+  #vectorRuntime(
+    env: VectorEnv,
+    owned: boolean,
+    options: (penalties: readonly number[]) => ConstructorParameters<typeof EnvRuntime>[2],
+    numEnvs = env.numEnvs,
+    url = "",
+  ): EnvRuntime {
+    if (env.numEnvs !== numEnvs) {
+      if (owned) (env as { close?: () => void }).close?.();
+      throw new ConnectError(
+        `${url || "the server"} asks for ${numEnvs} envs but the env factory made a vector env of ${String(env.numEnvs)} ` +
+          "(pass a vector env class, which the server makes with new C(numEnvs))",
+      );
+    }
+    if (this.maskedActions === "noop" && env.stepsSubsets === false) {
+      if (owned) (env as { close?: () => void }).close?.();
+      throw new TransportError("maskedActions \"noop\" steps a subset of the envs, which this vector env cannot (stepsSubsets false): use \"reject\" or \"pass\"");
+    }
+    const penalties = this.maskedActions === "noop" ? new Array<number>(env.numEnvs).fill(penaltyOf(env)) : [];
+    return new EnvRuntime(this.schema, new VectorRunner(env, this.schema, owned), options(penalties));
   }
 }

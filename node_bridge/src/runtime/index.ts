@@ -15,7 +15,17 @@ export {
   type Runner,
   type RuntimeOptions,
 } from "./core";
-export { type Env, type EnvFactory, type EnvOrFactory, type Spaces, isEnv } from "./env";
+export {
+  type Column,
+  type Env,
+  type EnvFactory,
+  type EnvOrFactory,
+  type Spaces,
+  type VectorEnv,
+  type VectorEnvClass,
+  type VectorResults,
+  isEnv,
+} from "./env";
 export { EnvHost, type HostOptions } from "./host";
 export { EnvTable, LocalRunner } from "./local";
 export { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";

@@ -380,7 +380,7 @@ export function runWorker(data: WorkerData): void {
           if (op === Op.NONE) continue;
           try {
             const action = op === Op.STEP ? actionOf(rule, lay.actions, i) : 0;
-            table.apply(i, op, action, lay.seed(i), buf, lay.result(i));
+            table.apply(i, op, action, op === Op.STEP ? null : lay.seed(i), buf, lay.result(i));
           } catch (error) {
             fail(i, error); // the other envs still do theirs
           }
@@ -416,6 +416,8 @@ export class WorkerPool {
   readonly #threadIds: number[] = [];
   readonly #seq: number[];
   readonly #busy: Uint8Array;
+  /** Env i's result bytes in the shared area (views made once: copying one out allocates nothing). */
+  readonly #results: readonly Uint8Array[];
   /** Envs of a replaced worker, until the runtime's recovery has reset them. */
   readonly #replaced = new Set<number>();
   readonly #startTimeout: number;
@@ -443,6 +445,8 @@ export class WorkerPool {
     this.#threads = new Array<Worker | null>(this.workers).fill(null);
     this.#seq = new Array<number>(this.workers).fill(0);
     this.#busy = new Uint8Array(this.workers);
+    const lay = this.#lay;
+    this.#results = Array.from({ length: numEnvs }, (_, i) => lay.bytes.subarray(lay.result(i), lay.result(i) + this.resultSize));
     this.#startTimeout = options.startTimeoutMs ?? 60_000;
     Atomics.store(this.#lay.i32, 0, READY);
     try {
@@ -726,17 +730,28 @@ export class WorkerPool {
     const anyDead = this.#send(TASK_RUN, 0);
     let failures: Failure[] | null = null;
     const bytes = lay.bytes;
-    const size = this.resultSize;
-    for (let i = 0; i < this.numEnvs; i++) {
-      if (ops[i] === Op.NONE || busy[this.#owner[i] as number] === 2) continue;
-      const at = lay.ctl(i);
-      if (bytes[at + C_FLAGS] & FAILED) {
-        const text = Buffer.from(lay.text(i)).toString("utf-8");
-        (failures ??= []).push([i, new RequestError(ErrorCode.ENV_ERROR, `env ${i}: ${text}`)]);
+    const n = this.numEnvs;
+    let all = !anyDead;
+    for (let i = 0; i < n; i++) {
+      if (ops[i] === Op.NONE || busy[this.#owner[i] as number] === 2) {
+        all = false;
         continue;
       }
-      const from = lay.result(i);
-      out.bytes.set(bytes.subarray(from, from + size), out.at(i));
+      if (bytes[lay.ctl(i) + C_FLAGS] & FAILED) {
+        all = false;
+        const text = Buffer.from(lay.text(i)).toString("utf-8");
+        (failures ??= []).push([i, new RequestError(ErrorCode.ENV_ERROR, `env ${i}: ${text}`)]);
+      }
+    }
+    if (all && out.packed === true) {
+      // every env did its op and the records are one block: one copy of every result
+      out.bytes.set(bytes.subarray(lay.resultsAt, lay.resultsAt + n * this.resultSize), out.at(0));
+    } else {
+      const results = this.#results;
+      for (let i = 0; i < n; i++) {
+        if (ops[i] === Op.NONE || busy[this.#owner[i] as number] === 2 || bytes[lay.ctl(i) + C_FLAGS] & FAILED) continue;
+        out.bytes.set(results[i] as Uint8Array, out.at(i));
+      }
     }
     if (anyDead) {
       failures ??= [];

@@ -170,6 +170,11 @@ export class Session implements Records {
     return this.buffer;
   }
 
+  /** Env i's result at BODY_OFFSET + i * size: one block. */
+  get packed(): boolean {
+    return true;
+  }
+
   at(index: number): number {
     return BODY_OFFSET + index * this.#resultSize;
   }
