@@ -16,7 +16,7 @@ import * as pac_env from "./generated/pac_env";
 import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
 import type { MaskedActions } from "./runtime/core";
 import { bodyCodec } from "./runtime/core";
-import { type Env, type EnvOrFactory, isEnv, makerOf } from "./runtime/env";
+import { type Env, type EnvOrFactory, isEnv, isVectorEnv, makerOf } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
 import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
@@ -146,9 +146,11 @@ export async function serve(
   options: ServeOptions = {},
 ): Promise<Server> {
   if (options.schema === undefined) checkDefaultSchemaFits(envOrFactory, url);
-  checkServerLimits(options.schema ?? pac_env.SCHEMA, url, options.numEnvs ?? 1, options.maxBody ?? DEFAULT_MAX_BODY);
+  // a vector env instance serves its own numEnvs unless the options name one
+  const numEnvs = options.numEnvs ?? (isVectorEnv(envOrFactory) ? envOrFactory.numEnvs : 1);
+  checkServerLimits(options.schema ?? pac_env.SCHEMA, url, numEnvs, options.maxBody ?? DEFAULT_MAX_BODY);
   const host = new EnvHost(envOrFactory, {
-    numEnvs: options.numEnvs ?? 1,
+    ...(options.numEnvs !== undefined ? { numEnvs: options.numEnvs } : {}),
     envName: options.envName ?? "",
     seed: options.seed ?? null,
     serverLang: "node",

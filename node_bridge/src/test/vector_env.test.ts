@@ -328,6 +328,19 @@ describe("hosting a vector env", () => {
     assert.throws(() => fixed.runtime(6, "shm://x"), (e: unknown) => e instanceof ConnectError && /asks for 6 envs.*vector env of 4/.test(e.message));
   });
 
+  test("serve(instance, url) without numEnvs serves the instance's own numEnvs", async () => {
+    const url = `unix://${join(tmpdir(), `transport-vector-${randomBytes(6).toString("hex")}.sock`)}`;
+    const server = await serve(new EpisodicVectorEchoEnv(3), url);
+    try {
+      const client = await connect(server.url, { timeoutMs: 10_000 });
+      const reset = (await client.reset(7n, { copy: true })) as pac_env.StepResult[];
+      assert.deepEqual(reset.map((r) => r.observation[2]), [7, 8, 9]);
+      await client.close();
+    } finally {
+      await server.close();
+    }
+  });
+
   test("served over unix:// to the Node client: the echo results, seeds + i", async () => {
     const url = `unix://${join(tmpdir(), `transport-vector-${randomBytes(6).toString("hex")}.sock`)}`;
     const server = await serve(EpisodicVectorEchoEnv, url, { numEnvs: 3, envName: "vector_echo" });

@@ -197,6 +197,11 @@ class SlotRecords implements Records {
     this.#runs = runs;
   }
 
+  /** A scratch block (results copied into the slots field by field) is one block; slots are not. */
+  get packed(): boolean {
+    return this.#plan.inPlace < 0;
+  }
+
   at(index: number): number {
     const inPlace = this.#plan.inPlace;
     return inPlace >= 0 ? this.#layout.slotBase(index) + inPlace : index * this.#size;
