@@ -152,11 +152,6 @@ def test_render_returns_the_real_cartpole_frame(backend: str, schema_file: Path)
         assert not side_segments(server.bound_url)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transport/runtime/pool.py carries each worker env's info map in its error_text "
-    "area and drops a map that does not fit ({}): frames need a larger channel there (issue 23)",
-)
 @pytest.mark.parametrize("backend", ["unix", "shm"])
 def test_render_with_envs_in_worker_processes(backend: str, schema_file: Path) -> None:
     """Envs in worker processes: their frames come back as in process (the backend's part is

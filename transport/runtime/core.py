@@ -20,14 +20,14 @@ import pickle
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from transport.codec import Schema, StructCodec
 from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError, ProtocolError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
-from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
+from transport.runtime.env import Env, EnvFactory, Served, Spaces, StepOutput, is_vector_env
 from transport.schema.ir import FieldIR
 
 FATE_RESET = "the env was reset"
@@ -243,6 +243,18 @@ def with_traceback(message: str, trace: str, limit: int = ENV_ERROR_TEXT_MAX) ->
     return message + REMOTE_TRACEBACK_MARKER + data.decode("utf-8", "ignore")
 
 
+def row_bytes(rows: np.ndarray) -> np.ndarray:
+    """An (R,) record array (any row stride: a packed buffer, shm slots) as an (R, itemsize)
+    uint8 view: copying rows through it is a byte copy per row, several times faster than
+    NumPy's field-by-field copy of structured records."""
+    if rows.shape[0] == 0:
+        return np.zeros((0, rows.dtype.itemsize), dtype=np.uint8)
+    first = rows[:1].view(np.uint8)
+    return np.lib.stride_tricks.as_strided(
+        first, shape=(rows.shape[0], rows.dtype.itemsize), strides=(rows.strides[0], 1)
+    )
+
+
 def records_of(rows: np.ndarray) -> list[np.ndarray]:
     """One 0-d record view per row of an (N,) record array (any row stride)."""
     return [rows[i, ...] for i in range(rows.shape[0])]
@@ -345,6 +357,17 @@ class Runner:
                 failures.append((i, exc))
         return failures
 
+    def done_rows(self) -> np.ndarray | None:
+        """(N,) bool, owned: the envs whose result ends an episode (None: no end fields)."""
+        columns = self._end_columns
+        if not columns:
+            return None
+        n = self.num_envs
+        done = columns[0][:n].astype(bool)
+        for column in columns[1:]:
+            np.logical_or(done, column[:n], out=done)
+        return done
+
     def step(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset
     ) -> tuple[list[int], Failures]:
@@ -355,23 +378,78 @@ class Runner:
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
     ) -> tuple[list[int], Failures]:
         """Step every env but those ``skip`` marks (a bool per env: masked ``noop`` actions);
-        (envs whose final result was kept, failures). Runners in this process only."""
-        ended: list[int] = []
-        failures: Failures = []
-        step_one = self.step_one
+        (envs whose final result was kept, failures). Runners in this process only.
+
+        Envs are called in env order, as gymnasium's SyncVectorEnv calls them (envs that share
+        state, e.g. one space's RNG, give the same results). DISABLED and NEXT_STEP are
+        vectorised (issue 24): the envs NEXT_STEP resets instead of stepping are one NumPy mask
+        over the result rows, and the envs between two of them are called in one tight loop
+        (``step_many``). SAME_STEP resets an env right after the step that ended it, before
+        the next env steps: env by env (``step_one``)."""
+        n = self.num_envs
         values: Sequence[Any]
         if isinstance(actions, np.ndarray):
-            values = action_values(actions)
+            values = action_values(actions[:n])
         else:
             values = actions
-        stepped = range(self.num_envs) if skip is None else np.flatnonzero(~skip).tolist()
-        for i in stepped:
+        failures: Failures = []
+        if mode == _SAME_STEP:
+            ended: list[int] = []
+            step_one = self.step_one
+            for i in range(n) if skip is None else np.flatnonzero(~skip[:n]).tolist():
+                try:
+                    if step_one(i, values[i], mode):
+                        ended.append(i)
+                except Exception as exc:  # the other envs still step
+                    failures.append((i, exc))
+            return ended, failures
+        resetting: list[int] = []
+        if mode == _NEXT_STEP:
+            done = self.done_rows()
+            if done is not None and done.any():
+                resetting = np.flatnonzero(done).tolist()
+                skip = done if skip is None else skip[:n] | done
+        if not resetting:
+            ids = None if skip is None else np.flatnonzero(~skip[:n]).tolist()
+            self.step_many(ids, values, failures)
+            return [], failures
+        stepped = np.flatnonzero(~skip[:n])  # type: ignore[index]
+        cuts = np.searchsorted(stepped, resetting).tolist()
+        first = 0
+        for index, cut in zip(resetting, cuts, strict=True):
+            if cut > first:
+                self.step_many(stepped[first:cut].tolist(), values, failures)
+            first = cut
             try:
-                if step_one(i, values[i], mode):
-                    ended.append(i)
-            except Exception as exc:  # the other envs still step
+                self.reset_one(index, None)
+            except Exception as exc:
+                failures.append((index, exc))
+        if first < stepped.size:
+            self.step_many(stepped[first:].tolist(), values, failures)
+        if len(failures) > 1:
+            failures.sort(key=lambda failure: failure[0])
+        return [], failures
+
+    def keep_finals(self, done: np.ndarray) -> list[int]:
+        """SAME_STEP: copy the rows ``done`` marks into ``finals`` (one vectorised copy); the
+        env indices."""
+        ids = np.flatnonzero(done)
+        if self.finals is not None:
+            if ids.size == 1:
+                i = int(ids[0])
+                self.final_records[i][...] = self.records[i]
+            else:
+                self.finals[ids] = self.results[ids]
+        return ids.tolist()
+
+    def step_many(self, ids: list[int] | None, values: Sequence[Any], failures: Failures) -> None:
+        """Step envs ``ids`` (None: every env) once, no auto-reset, env i with ``values[i]``;
+        each env that raises is added to ``failures`` and the others still step."""
+        for i in range(self.num_envs) if ids is None else ids:
+            try:
+                self.step_env(i, values[i])
+            except Exception as exc:
                 failures.append((i, exc))
-        return ended, failures
 
     def submit(self, ids: Sequence[int], actions: Sequence[Any], mode: AutoReset) -> None:
         """Asynchronous batches: start stepping envs ``ids``; ``poll`` reports each as it ends.
@@ -481,6 +559,17 @@ class EnvRuntime:
         self.was_reset[index] = True
         self.all_reset = bool(self.was_reset.all())
 
+    def mark_all_reset(self, failed: Sequence[int] = ()) -> None:
+        """``mark_reset`` for every env but ``failed`` (vectorised: one reset of N envs)."""
+        ok = np.ones(self.num_envs, dtype=bool)
+        if failed:
+            ok[list(failed)] = False
+        if self.watchdog is not None:
+            self.watchdog.requests[: self.num_envs][ok] = 0
+            self.watchdog.zeros[: self.num_envs][ok] = 0
+        self.was_reset |= ok
+        self.all_reset = bool(self.was_reset.all())
+
     def mark_lost(self, index: int) -> None:
         """Env ``index`` has no valid state: every step is NOT_RESET until a reset succeeds."""
         self.was_reset[index] = False
@@ -549,31 +638,40 @@ class EnvRuntime:
         n = self.num_envs
         if n <= EACH_CHECK_MAX and self._discrete:
             return self._check_each(actions, skip_done)
-        bad = ~self.was_reset if not self.all_reset else None
-        done = self.done_mask()
-        if done is not None and not skip_done:
-            bad = done if bad is None else bad | done
         if len(actions) != n:
             actions = actions[:n]
+        bad = ~self.was_reset if not self.all_reset else None
+        done = self.done_mask()
+        any_done = done is not None and bool(done.any())
+        if any_done and not skip_done:
+            bad = done if bad is None else bad | done
+        act_n = self._act_n
+        masks = self.masks
         if self._discrete:  # ActionRule.bad's first case, inline (each step)
-            bad_range = (actions < 0) | (actions >= self.spaces.act_n)
+            if actions.dtype.kind == "u":
+                bad_range = actions >= act_n
+            else:
+                bad_range = (actions < 0) | (actions >= act_n)
         else:
-            bad_range = self.action_rule.bad(actions, self.spaces.act_n)
+            bad_range = self.action_rule.bad(actions, act_n)
         noop: np.ndarray | None = None
-        if self.masks is not None:
-            width = self.masks.shape[1]
-            inside = np.minimum(np.maximum(actions, 0), width - 1)
-            masked = self.masks[self._env_index, inside] == 0
-            if width < self.spaces.act_n:  # actions past the mask are not masked
-                masked &= actions < width
+        if masks is not None:
+            width = masks.shape[1]
+            if width >= act_n and not bad_range.any():  # every action indexes the mask
+                masked = masks[self._env_index, actions] == 0
+            else:
+                inside = np.minimum(np.maximum(actions, 0), width - 1)
+                masked = masks[self._env_index, inside] == 0
+                if width < act_n:  # actions past the mask are not masked
+                    masked &= actions < width
             if self.masked_actions == "reject":
-                bad_range = bad_range | masked
+                bad_range |= masked
             elif self.masked_actions == "noop" and masked.any():
                 noop = masked & ~bad_range
-                if skip_done and done is not None:
-                    noop &= ~done
-        if skip_done and done is not None:
-            bad_range &= ~done
+                if any_done and skip_done:
+                    noop &= ~done  # type: ignore[operator]
+        if any_done and skip_done:
+            bad_range &= ~done  # type: ignore[operator]
         if (bad is not None and bad.any()) or bad_range.any():
             first = bad_range if bad is None else bad | bad_range
             index = int(np.argmax(first))
@@ -615,10 +713,7 @@ class EnvRuntime:
             seeds = [first + i if s is None else s for i, s in enumerate(seeds)]
         with self._lock:
             failures = self.runner.reset(seeds)
-            failed = {i for i, _ in failures}
-            for i in range(self.num_envs):
-                if i not in failed:
-                    self.mark_reset(i)
+            self.mark_all_reset([i for i, _ in failures])
             if failures:
                 raise self._recover(failures, seeds, lambda i: _seeded("RESET", seeds[i]))
 
@@ -799,7 +894,21 @@ class EnvRuntime:
         """
         texts = []
         trace = ""
+        shared: tuple[int, str, list[int]] | None = None  # one exception of several envs
         for index, exc in failures:
+            if shared is not None and shared[0] == id(exc):  # a vector env's call: said once
+                fate, ok = self.runner.restore(index, None if seeds is None else seeds[index])
+                if ok:
+                    self.mark_reset(index)
+                else:
+                    self.mark_lost(index)
+                if fate == shared[1]:
+                    shared[2].append(index)
+                    continue
+                texts.append(f"env {index}: the same error ({fate})")
+                continue
+            if shared is not None and len(shared[2]) > 1:
+                texts.append(_same_error(shared[2], shared[1]))
             if isinstance(exc, RequestError):  # from a worker process: its text and last frames
                 text = exc.text.removeprefix(f"env {index}: ")
                 detail, _, worker_trace = text.partition(REMOTE_TRACEBACK_MARKER)
@@ -816,6 +925,7 @@ class EnvRuntime:
                 self.mark_reset(index)
             else:
                 self.mark_lost(index)
+            shared = (id(exc), fate, [index])
             texts.append(f"env {index}: {detail} ({fate})")
             log.error(
                 "transport: env %d raised during %s (%s)%s",
@@ -824,11 +934,25 @@ class EnvRuntime:
                 fate,
                 f"\n{full}" if full else f": {detail}",
             )
+        if shared is not None and len(shared[2]) > 1:
+            texts.append(_same_error(shared[2], shared[1]))
         return RequestError(
             ErrorCode.ENV_ERROR,
             with_traceback("; ".join(texts), trace),
             tuple(index for index, _ in failures),
         )
+
+
+def _same_error(envs: list[int], fate: str) -> str:
+    """The envs after the first that one exception failed (one call of a vector env)."""
+    others = envs[1:]
+    if len(others) > 1 and others[-1] - others[0] == len(others) - 1:
+        named = f"envs {others[0]}..{others[-1]}"
+    else:
+        named = (
+            "envs " + ", ".join(str(i) for i in others) if len(others) > 1 else f"env {others[0]}"
+        )
+    return f"{named}: the same error ({fate})"
 
 
 def _action_text(action: Any) -> str:
@@ -856,7 +980,7 @@ class EnvHost:
     def __init__(
         self,
         schema: Schema,
-        env_or_factory: Env | EnvFactory,
+        env_or_factory: Served,
         *,
         num_envs: int = 1,
         env_name: str = "",
@@ -894,16 +1018,25 @@ class EnvHost:
         self.action = action
         multi = body_codec(schema, "STEP_MULTI_REQ")
         self.seats = multi.ir.fields[0].count
-        if not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env):
+        self.vector: bool | None = None  # a VectorEnv (one object, N envs); None: not known yet
+        self._shared: Any = None  # an Env or a VectorEnv instance, shared by every client
+        self.factory: EnvFactory | None = None
+        self._lock: threading.Lock | None = None
+        if is_vector_env(env_or_factory):
+            self.vector = True
+            self._shared = env_or_factory
+            self._lock = threading.Lock()
+            self._check_vector(env_or_factory)
+        elif not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env):
             if num_envs != 1:
                 raise ValueError("pass an env factory to serve more than one env")
             if workers:
                 raise ValueError("pass an env factory to run envs in worker processes")
-            self._shared: Env | None = env_or_factory
-            self.factory: EnvFactory | None = None
-            self._lock: threading.Lock | None = threading.Lock()
+            self._shared = env_or_factory
+            self._lock = threading.Lock()
         else:
-            self._shared, self.factory, self._lock = None, env_or_factory, None
+            # an env factory, or a vector env factory (``check`` / ``create_envs`` tell)
+            self.factory = cast(EnvFactory, env_or_factory)
             if workers:
                 try:
                     pickle.dumps(env_or_factory)
@@ -913,6 +1046,30 @@ class EnvHost:
                         f"to each worker process): {describe(exc)}; use a module-level class or "
                         "function, or functools.partial of one"
                     ) from None
+
+    def _check_vector(self, env: Any) -> None:
+        """What a vector env (``VectorEnv``) cannot be served with, refused at start."""
+        if self.workers:
+            raise ValueError(
+                "a vector env steps its envs itself: serve it with workers=0 (worker processes "
+                "are for one-env-per-object envs)"
+            )
+        if env.num_envs != self.num_envs:
+            raise ValueError(
+                f"the vector env has num_envs={env.num_envs}; serve it with num_envs="
+                f"{env.num_envs} (shm: ?num_envs={env.num_envs}), not {self.num_envs}"
+            )
+        subsets = bool(getattr(env, "steps_subsets", True))
+        if not subsets and not getattr(env, "autoreset_next_step", False):
+            raise ValueError(
+                "a vector env that steps only all its envs together (steps_subsets=False) must "
+                "reset ended envs itself (autoreset_next_step=True): NEXT_STEP steps the others"
+            )
+        if not subsets and self.masked_actions == "noop":
+            raise ValueError(
+                "masked_actions='noop' leaves masked envs unstepped; this vector env steps all "
+                "its envs together (steps_subsets=False): use 'reject' or 'pass'"
+            )
 
     def check(self) -> None:
         """Make one env and ask its spaces, now: a factory that cannot make an env fails when
@@ -925,21 +1082,37 @@ class EnvHost:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
             ) from exc
-        close = getattr(env, "close", None) if self._shared is None else None
-        if close is not None:
-            close()
+        try:
+            if self.vector is None:
+                self.vector = is_vector_env(env)
+            if self.vector:
+                self._check_vector(env)
+        finally:
+            close = getattr(env, "close", None) if self._shared is None else None
+            if close is not None:
+                close()
 
     def create_envs(self) -> list[Env]:
-        """A new client's envs (none here when they live in worker processes)."""
-        if self.factory is not None and self.workers:
+        """A new client's envs (none here when they live in worker processes; one object for
+        a vector env)."""
+        if self.factory is not None and self.workers and not self.vector:
             return []
         if self.factory is not None:
-            return [self.factory() for _ in range(self.num_envs)]
+            first = self.factory()
+            if self.vector is None:  # check() was not called: the first env says
+                self.vector = is_vector_env(first)
+                if self.vector:
+                    self._check_vector(first)
+            if self.vector:
+                return [first]
+            return [first] + [self.factory() for _ in range(self.num_envs - 1)]
         assert self._shared is not None
         return [self._shared]
 
     def rows(self, envs: Sequence[Env]) -> int:
         """Result rows a client needs: ``num_envs``, or the seats of one env with step_batch."""
+        if self.vector:
+            return self.num_envs
         if len(envs) == 1 and getattr(envs[0], "step_batch", None) is not None:
             return max(self.num_envs, self.seats)
         return self.num_envs
@@ -950,7 +1123,19 @@ class EnvHost:
         """An ``EnvRuntime`` for ``envs`` (from ``create_envs``) writing into ``results`` (an
         (R,) record array, R = ``rows(envs)``) and SAME_STEP finals into ``finals`` ((N,))."""
         runner: Runner
-        if self.workers:
+        if self.vector or (self.vector is None and envs and is_vector_env(envs[0])):
+            from transport.runtime.vector import VectorEnvs
+
+            self._check_vector(envs[0])
+            runner = VectorEnvs(
+                envs[0],
+                self.result,
+                results,
+                finals,
+                action_dtype(self.schema),
+                owned=self._shared is None,
+            )
+        elif self.workers:
             from transport.runtime.pool import WorkerPool
 
             assert self.factory is not None
@@ -973,8 +1158,10 @@ class EnvHost:
                 assert self.factory is not None
                 self._penalty = penalty_of(self.factory())
             penalties = [self._penalty] * self.num_envs
-        elif self.masked_actions == "noop":
+        elif self.masked_actions == "noop" and not self.vector:
             penalties = [penalty_of(env) for env in envs]
+        elif self.masked_actions == "noop":  # a vector env: one penalty for its N envs
+            penalties = [penalty_of(envs[0])] * self.num_envs
         runtime = EnvRuntime(
             runner,
             seats=self.seats,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,3 +49,63 @@ class Env(Protocol):
 
 EnvFactory = Callable[[], Env]
 """A zero-argument callable making a fresh env (one per env of a client; picklable for workers)."""
+
+
+Columns = Mapping[str, Any]
+"""What a vector env may return from ``reset_envs``/``step_envs``: whole columns by field name,
+one row per env of the call (``len(ids)`` rows, or N when ``ids`` is None)."""
+
+
+@runtime_checkable
+class VectorEnv(Protocol):
+    """N envs stepped in one call: a NumPy-vectorised env, a ``gymnasium.vector.VectorEnv`` or
+    an EnvPool instance behind an adapter (``transport.envs.vector_gym``). The runtime keeps the
+    per-env rules (auto-reset, finals, masks, seeds, errors) in NumPy over the result rows and
+    calls the env once per request, never once per env.
+
+    - ``num_envs``: N; a server serves it with ``num_envs=N``.
+    - ``reset_envs(ids, seeds, out)``: reset envs ``ids`` (a sorted int64 array, each once;
+      ``seeds[k]`` is env ``ids[k]``'s seed or None) and write env i's result into ``out[i]``
+      (``out``: the (N,) result rows, a record array with the schema's field names, maybe
+      strided), or return ``Columns`` (``len(ids)`` rows) for the runtime to write.
+    - ``step_envs(actions, ids, out)``: step envs ``ids`` (None: every env) once, env i with
+      ``actions[i]`` (an (N, *action shape) array of the action field's dtype, valid during the
+      call only), results as for ``reset_envs``. The runtime never steps an env whose episode
+      ended unless the env declares ``autoreset_next_step``.
+
+    Optional attributes: ``steps_subsets`` (default True; False: ``step_envs`` is only ever
+    called with ``ids=None``, which needs ``autoreset_next_step``), ``autoreset_next_step``
+    (default False; True: stepping an env whose episode ended resets it instead, its action
+    ignored, and writes its reset result, as gymnasium's NEXT_STEP mode and EnvPool do; the
+    runtime then leaves NEXT_STEP resets to the env), ``infos()`` (N info maps for OBSERVE),
+    ``close()``. An exception from a call fails every env of that call (each is then reset).
+    """
+
+    num_envs: int
+
+    def spaces(self) -> Spaces: ...
+
+    def reset_envs(
+        self, ids: np.ndarray, seeds: Sequence[int | None], out: np.ndarray
+    ) -> Columns | None: ...
+
+    def step_envs(
+        self, actions: np.ndarray, ids: np.ndarray | None, out: np.ndarray
+    ) -> Columns | None: ...
+
+
+def is_vector_env(obj: object) -> bool:
+    """True for a vector env instance (``VectorEnv``), not a class or factory of one."""
+    return (
+        not isinstance(obj, type)
+        and callable(getattr(obj, "step_envs", None))
+        and callable(getattr(obj, "reset_envs", None))
+        and isinstance(getattr(obj, "num_envs", None), int)
+    )
+
+
+VectorEnvFactory = Callable[[], VectorEnv]
+"""A zero-argument callable making a fresh ``VectorEnv`` (one per client)."""
+
+Served = Env | EnvFactory | VectorEnv | VectorEnvFactory
+"""What a server serves: an env, an env factory, a vector env or a vector env factory."""

@@ -8,7 +8,7 @@ buffer (stream servers: outputs are encoded straight into it) or the slots of an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,8 +18,10 @@ from transport.runtime.core import (
     FATE_FAILED,
     FATE_RECREATED,
     FATE_RESET,
+    Failures,
     Runner,
     StepBatch,
+    row_bytes,
     write_result,
 )
 from transport.runtime.env import Env, Spaces, StepOutput
@@ -50,11 +52,18 @@ class LocalEnvs(Runner):
             if packed
             else None
         )
+        self._bytes: np.ndarray | None = None  # row_bytes(results), made when first needed
         self._refresh()
 
     def _refresh(self) -> None:
         self._step_into = [getattr(env, "step_into", None) for env in self.envs]
         self._reset_into = [getattr(env, "reset_into", None) for env in self.envs]
+        # each env's step as one callable of (action, record): step_into, else a wrapper of
+        # step that returns its output (written after the loop, records all at once)
+        self._steppers = [
+            into if into is not None else _outputs(env.step)
+            for env, into in zip(self.envs, self._step_into, strict=True)
+        ]
 
     def spaces(self) -> Spaces:
         return self.envs[0].spaces()
@@ -81,6 +90,64 @@ class LocalEnvs(Runner):
             self.write(index, step_into(action, self.records[index]))
         else:
             self.write(index, self.envs[index].step(action))
+
+    def step_many(self, ids: list[int] | None, values: Sequence[Any], failures: Failures) -> None:
+        """The hot loop (issue 24 item 2): each env's ``step_into(action, record)`` (or
+        ``step(action)``) called in one tight loop; outputs that are records of the codec's dtype
+        are written after it in one vectorised assignment, other outputs (mappings, validated)
+        env by env."""
+        steppers, records = self._steppers, self.records
+        outputs: list[tuple[int, StepOutput]] = []
+        if ids is None:
+            calls: Any = zip(range(self.num_envs), steppers, values, records, strict=False)
+        else:
+            calls = ((i, steppers[i], values[i], records[i]) for i in ids)
+        for i, stepper, action, record in calls:
+            try:
+                output = stepper(action, record)
+            except Exception as exc:  # the other envs still step
+                failures.append((i, exc))
+                continue
+            if output is not None:
+                outputs.append((i, output))
+        if outputs:
+            self._write_outputs(outputs, failures)
+
+    def _write_outputs(self, outputs: list[tuple[int, StepOutput]], failures: Failures) -> None:
+        """Envs' outputs into their rows: records of the codec's dtype in one assignment
+        (NaNs canonicalised and padding zeroed once for all of them), the rest one by one."""
+        dtype = self.codec.dtype
+        records = [
+            (i, out)
+            for i, out in outputs
+            if isinstance(out, np.ndarray | np.void) and out.dtype == dtype and out.ndim == 0
+        ]
+        if len(records) > 1:
+            ids = [i for i, _ in records]
+            block = np.array([out for _, out in records], dtype=dtype)
+            self.codec.canonicalize(block)
+            raw = block.view(np.uint8).reshape(len(ids), -1)
+            padding: np.ndarray | None = getattr(self.codec, "_padding", None)  # codec.py
+            if padding is not None:
+                raw[:, padding] = 0
+            if self.results.dtype != dtype:  # other field offsets (an shm slot profile)
+                self.results[ids] = block
+            else:
+                if self._bytes is None:
+                    self._bytes = row_bytes(self.results)
+                if ids[-1] - ids[0] == len(ids) - 1:  # a run of rows: one slice assignment
+                    self._bytes[ids[0] : ids[-1] + 1] = raw
+                else:
+                    self._bytes[ids] = raw
+            if len(records) == len(outputs):
+                return
+            done = set(ids)
+            outputs = [(i, out) for i, out in outputs if i not in done]
+        for i, out in outputs:
+            try:
+                self.write(i, out)
+            except Exception as exc:
+                failures.append((i, exc))
 
     def observe_one(self, index: int) -> dict[str, Any]:
         env = self.envs[index]
@@ -118,3 +185,12 @@ class LocalEnvs(Runner):
                     close()
                 except Exception:
                     pass
+
+
+def _outputs(step: Callable[[Any], StepOutput]) -> Callable[[Any, Any], StepOutput]:
+    """An env's ``step(action)`` as a ``(action, record)`` callable (the record unused)."""
+
+    def call(action: Any, record: Any) -> StepOutput:
+        return step(action)
+
+    return call

@@ -30,6 +30,10 @@ its envs with a ``LocalEnvs`` (the auto-reset rule is ``Runner.step_one``, once)
 that died is replaced by a new process with fresh envs from the factory; its envs' failures
 name them (``env i: worker process k (pid P, envs a..b) died``) and ``restore`` resets the
 fresh envs: the next request works.
+
+OBSERVE info maps ride in the control records' error_text area; one that does not fit (a
+rendered frame) is marked ``INFO_PIPED`` there and sent, after the worker's done word, through
+the worker's pipe (one ``multiprocessing.Pipe`` per worker, in env order).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from transport.runtime.core import (
     action_values,
     describe,
     remote_traceback,
+    row_bytes,
     with_traceback,
 )
 from transport.runtime.env import Env, Spaces
@@ -180,13 +185,21 @@ def _write_error(ctl: np.ndarray, text: str) -> None:
     ctl["error_len"] = len(data)
 
 
-def _write_info(ctl: np.ndarray, info: dict[str, Any]) -> None:
-    """An env's OBSERVE info map, msgpack in the error_text area (``{}`` when it does not fit)."""
+INFO_PIPED = 0xFFFF
+"""error_len of an OBSERVE info map too large for the error_text area (a rendered frame): the
+worker sends it through its pipe after answering (``_write_info``, ``WorkerPool.observe``)."""
+
+
+def _write_info(ctl: np.ndarray, info: dict[str, Any]) -> bytes | None:
+    """An env's OBSERVE info map, msgpack in the error_text area; a map that does not fit is
+    marked ``INFO_PIPED`` and returned, for the worker to send through its pipe."""
     data = msgpack.packb(info)
     if len(data) > ctl["error_text"].shape[-1]:
-        data = msgpack.packb({})
+        ctl["error_len"] = INFO_PIPED
+        return bytes(data)
     ctl["error_text"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
     ctl["error_len"] = len(data)
+    return None
 
 
 def _worker_main(
@@ -200,6 +213,7 @@ def _worker_main(
     result_struct: str,
     parent_pid: int,
     spin: int,
+    pipe: Any = None,
 ) -> None:  # pragma: no cover - runs in the worker process (covered by tests/test_workers.py)
     fd = os.open(fd_path, os.O_RDWR)
     try:
@@ -267,6 +281,7 @@ def _worker_main(
             native.publish(lay.done[k], rc)
             return
         mine = ctl[lo:hi]
+        piped: list[bytes] = []  # OBSERVE info maps too large for a control record
         skip = (mine["flags"] & SKIP) != 0 if op == OP_STEP else None
         mine["flags"] = 0
         failures: Failures = []
@@ -292,7 +307,9 @@ def _worker_main(
         elif op == OP_OBSERVE:
             infos, failures = local.observe()
             for i, info in enumerate(infos):
-                _write_info(mine[i], info)
+                data = _write_info(mine[i], info)
+                if data is not None:
+                    piped.append(data)
         for i, err in failures:
             mine[i]["flags"] |= FAILED
             if isinstance(err, RequestError):
@@ -301,6 +318,8 @@ def _worker_main(
                 text = with_traceback(describe(err), remote_traceback(err), _TEXT_MAX)
             _write_error(mine[i], text)
         native.publish(lay.done[k], rc)
+        for data in piped:  # in env order, read by the server after the done word
+            pipe.send_bytes(data)
         step_pending()  # sent while this worker did something else (a RESTORE)
 
 
@@ -363,8 +382,11 @@ class WorkerPool(Runner):
         self._mp = multiprocessing.get_context("spawn")
         self._procs: list[Any] = [None] * self.workers
         self._ctxs: list[Any] = [None] * self.workers
+        self._pipes: list[Any] = [None] * self.workers  # worker k -> server: large info maps
         self._seq = [0] * self.workers
         self._recreated: set[int] = set()
+        self._dest_bytes: np.ndarray | None = None  # (N, size) byte views: _copy_results
+        self._pool_bytes: np.ndarray | None = None
         try:
             for k in range(self.workers):
                 self._spawn(k)
@@ -380,6 +402,9 @@ class WorkerPool(Runner):
         block = self.lay.blocks[k]
         block[:] = 0  # cmd and done sequences restart at 0
         self._seq[k] = 0
+        if self._pipes[k] is not None:
+            self._pipes[k].close()
+        self._pipes[k], sender = self._mp.Pipe(duplex=False)  # large OBSERVE info maps
         proc = self._mp.Process(
             target=_worker_main,
             args=(
@@ -393,11 +418,13 @@ class WorkerPool(Runner):
                 self.result_struct,
                 os.getpid(),
                 self.spin,
+                sender,
             ),
             name=f"transport-worker-{k}",
             daemon=True,
         )
         proc.start()
+        sender.close()  # the worker's end
         self._procs[k] = proc
         self._ctxs[k] = None
 
@@ -481,6 +508,19 @@ class WorkerPool(Runner):
                 ended.append(i)
         return ended
 
+    def _copy_results(self) -> None:
+        """The pool's N results into the runtime's rows: one byte copy per row when both have
+        the codec's layout (NumPy copies structured records field by field, several times
+        slower)."""
+        dest = self.results[: self.num_envs]
+        if dest.dtype != self.lay.results.dtype:  # other field offsets (an shm slot profile)
+            dest[...] = self.lay.results
+            return
+        if self._dest_bytes is None:
+            self._dest_bytes = row_bytes(dest)
+            self._pool_bytes = row_bytes(self.lay.results)
+        self._dest_bytes[...] = self._pool_bytes
+
     def spaces(self) -> Spaces:
         if self._spaces is None:
             self._spaces = self.factory().spaces()
@@ -493,7 +533,7 @@ class WorkerPool(Runner):
         dead = self._run(OP_RESET, range(self.workers))
         failures: Failures = []
         self._collect(failures, set(dead))
-        self.results[: self.num_envs] = self.lay.results
+        self._copy_results()
         if dead:
             self._died(dead, failures)
         return failures
@@ -514,7 +554,7 @@ class WorkerPool(Runner):
         dead = self._run(OP_STEP, range(self.workers), mode=int(mode))
         failures: Failures = []
         ended = self._collect(failures, set(dead))
-        self.results[: self.num_envs] = self.lay.results
+        self._copy_results()
         for i in ended:
             self.final_records[i][...] = self.lay.final_records[i]
         if dead:
@@ -631,19 +671,35 @@ class WorkerPool(Runner):
         dead = self._run(OP_OBSERVE, range(self.workers))
         failures: Failures = []
         self._collect(failures, set(dead))
-        self.results[: self.num_envs] = self.lay.results
+        self._copy_results()
         ctl = self.lay.ctl
         infos: list[dict[str, Any]] = []
         failed = {i for i, _ in failures}
         for i in range(self.num_envs):
             info: dict[str, Any] = {}
             if i not in failed and self._owner[i] not in dead:
-                data = bytes(ctl[i]["error_text"][: int(ctl[i]["error_len"])])
+                length = int(ctl[i]["error_len"])
+                if length == INFO_PIPED:
+                    data = self._piped(self._owner[i])
+                else:
+                    data = bytes(ctl[i]["error_text"][:length])
                 info = dict(msgpack.unpackb(data)) if data else {}
             infos.append(info)
         if dead:
             self._died(dead, failures)
         return infos, failures
+
+    def _piped(self, k: int) -> bytes:
+        """The next large info map worker k sends through its pipe (b"" if it died first)."""
+        pipe = self._pipes[k]
+        try:
+            while not pipe.poll(0.05):
+                if not self._procs[k].is_alive():
+                    return b""
+            data: bytes = pipe.recv_bytes()
+        except (EOFError, OSError):
+            return b""
+        return data
 
     def reset_one(self, index: int, seed: int | None) -> None:
         raise RequestError(
@@ -694,6 +750,10 @@ class WorkerPool(Runner):
                 proc.join(timeout=2.0)
         self.results = np.zeros(0)
         self.records, self.final_records = [], []
+        self._dest_bytes = self._pool_bytes = None
+        for pipe in self._pipes:
+            if pipe is not None:
+                pipe.close()
         self.lay = None  # type: ignore[assignment]
         try:
             self._map.close()

@@ -1,0 +1,297 @@
+"""The env runtime's own work per env (issue 24 item 2): us per env of a batched step beyond the
+env's own ``step``, with an env whose step does nothing, N = 256 (one run, medians).
+
+  .venv/bin/python benchmarks/runtime_overhead_bench.py [--envs 256] [--steps 200]
+      [--repeat 7] [--workers 2] [--shm] [--json]
+
+Rows (us per env per step, the median of ``--repeat`` runs of ``--steps`` batched steps):
+
+  floor            a bare Python loop calling each env's ``step_into`` (the env's own cost)
+  in-process/<how> ``EnvRuntime.step`` over a ``LocalEnvs`` runner, next_step auto-reset; <how>:
+                   ``step_into`` (writes in place), ``record`` (returns a record), and
+                   ``same_step`` (step_into, same_step auto-reset)
+  runtime-net      in-process/step_into minus the floor: the runtime's work per env
+  pool/<K>         ``EnvRuntime.step`` over a ``WorkerPool`` of K worker processes (wall time
+                   per step / N: the envs of K workers step concurrently)
+  vector-echo      ``EnvRuntime.step`` over one ``VectorEchoEnv`` of N envs (one call a step)
+
+``--envpool`` adds EnvPool CartPole at N stepped in process and served over shm (env-steps/s).
+``--shm`` adds end-to-end env-steps/s at N over shm (a server in this process's thread, a client
+here): the ordinary echo env (N envs, one object each) and the vectorised echo env. The machine
+is shared and loaded: numbers are noisy; compare rows of one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import uuid
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from transport.generated import pac_env
+from transport.protocol import AutoReset
+from transport.runtime.core import EnvHost, EnvRuntime
+from transport.runtime.env import Spaces
+
+OBS_N, ACT_N = 612, 92
+
+
+class NullEnv:
+    """An env whose step does nothing (the result row keeps its reset values)."""
+
+    def spaces(self) -> Spaces:
+        return Spaces(OBS_N, ACT_N)
+
+    def reset_into(self, seed: int | None, out: np.ndarray) -> None:
+        out[()] = 0
+        out["action_mask"] = 1
+
+    def step_into(self, action: int, out: np.ndarray) -> None:
+        return None
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        record = pac_env.StepResult.zeros()
+        self.reset_into(seed, record)
+        return record
+
+    def step(self, action: int) -> np.ndarray:
+        return self.reset()
+
+
+class NullRecordEnv:
+    """An env whose step returns the same (prepared) record each time."""
+
+    def __init__(self) -> None:
+        self.record = NullEnv().reset()
+
+    def spaces(self) -> Spaces:
+        return Spaces(OBS_N, ACT_N)
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        return self.record
+
+    def step(self, action: int) -> np.ndarray:
+        return self.record
+
+
+def _runtime(factory: Any, n: int, workers: int = 0, mode: AutoReset = AutoReset.NEXT_STEP) -> Any:
+    host = EnvHost(pac_env.SCHEMA, factory, num_envs=n, workers=workers)
+    host.check()
+    envs = host.create_envs()
+    codec = host.result
+    results = codec.view(bytearray(codec.size * n), 0, count=n)
+    finals = codec.view(bytearray(codec.size * n), 0, count=n)
+    runtime: EnvRuntime = host.runtime(envs, results, finals)
+    runtime.set_autoreset(int(mode))
+    runtime.reset()
+    return runtime, envs
+
+
+BEST: dict[str, float] = {}
+"""The best run of each row (printed beside the median: on a loaded machine the median moves
+with the load, the best run much less)."""
+
+
+def _median_us_per_env(run: Any, n: int, steps: int, repeat: int, key: str = "") -> float:
+    for _ in range(max(3, steps // 10)):
+        run()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()
+        samples.append((time.perf_counter() - start) / steps / n * 1e6)
+    if key:
+        BEST[key] = min(samples)
+    return statistics.median(samples)
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    n, steps, repeat = args.envs, args.steps, args.repeat
+    rows: dict[str, float] = {}
+    actions = np.ones(n, dtype=np.uint8)
+
+    envs = [NullEnv() for _ in range(n)]
+    codec = pac_env.StepResult
+    results = codec.view(bytearray(codec.size * n), 0, count=n)
+    records = [results[i, ...] for i in range(n)]
+    values = actions.tolist()
+
+    def floor() -> None:
+        for env, action, record in zip(envs, values, records, strict=True):
+            env.step_into(action, record)
+
+    rows["floor"] = _median_us_per_env(floor, n, steps, repeat, "floor")
+    for name, factory, mode in (
+        ("in-process/step_into", NullEnv, AutoReset.NEXT_STEP),
+        ("in-process/record", NullRecordEnv, AutoReset.NEXT_STEP),
+        ("in-process/same_step", NullEnv, AutoReset.SAME_STEP),
+    ):
+        runtime, _ = _runtime(factory, n, mode=mode)
+        rows[name] = _median_us_per_env(lambda r=runtime: r.step(actions), n, steps, repeat, name)
+        runtime.close()
+    rows["runtime-net"] = rows["in-process/step_into"] - rows["floor"]
+    BEST["runtime-net"] = BEST["in-process/step_into"] - BEST["floor"]
+    if args.workers:
+        runtime, _ = _runtime(NullEnv, n, workers=args.workers)
+        try:
+            key = f"pool/{args.workers}"
+            rows[key] = _median_us_per_env(lambda: runtime.step(actions), n, steps, repeat, key)
+        finally:
+            runtime.close()
+    vector: Any = None
+    try:  # absent before issue 24: the bench also runs on older trees (PYTHONPATH)
+        from transport.envs.vector_echo import VectorEchoEnv as vector
+    except ImportError:
+        pass
+    if vector is not None:
+        runtime, _ = _runtime(partial(vector, n), n)
+        step = runtime.step
+        rows["vector-echo"] = _median_us_per_env(
+            lambda: step(actions), n, steps, repeat, "vector-echo"
+        )
+        runtime.close()
+    if args.shm:
+        rows.update(measure_shm(n, steps, repeat))
+    if args.envpool:
+        rows.update(measure_envpool(n, steps, repeat))
+    return rows
+
+
+_SERVE = """
+import sys, functools
+import transport
+from transport.generated import pac_env
+kind, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+schema = pac_env.SCHEMA
+if kind == "vector":
+    from transport.envs.vector_echo import VectorEchoEnv
+    factory = functools.partial(VectorEchoEnv, n)
+elif kind == "envpool":
+    import envpool
+    from transport.envs.vector_gym import EnvPoolEnv
+    def factory():
+        return EnvPoolEnv(envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=0))
+    schema = factory().SCHEMA
+else:
+    from transport.envs.echo import EchoEnv as factory
+server = transport.Server(factory, url, schema=schema, num_envs=n).start()
+print("ready", flush=True)
+sys.stdin.read()
+server.close()
+"""
+
+
+def measure_envpool(n: int, steps: int, repeat: int) -> dict[str, float]:
+    """EnvPool CartPole at N: stepped in this process, and served over shm (next_step, its own
+    auto-reset) to a client here; env-steps/s each (issue 24: within 1.2x)."""
+    import subprocess
+    import sys
+    import warnings
+
+    import envpool
+
+    import transport
+
+    warnings.filterwarnings("ignore")
+    pool = envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=0)
+    pool.reset()
+    acts = np.ones(n, dtype=np.int32)
+    rows: dict[str, float] = {}
+    key = "envpool in process (env-steps/s)"
+    us = _median_us_per_env(lambda: pool.step(acts), n, steps, repeat, key)
+    rows[key], BEST[key] = 1e6 / us, 1e6 / BEST[key]
+    pool.close()
+    url = f"shm://rt-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}?num_envs={n}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, "envpool", url, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with transport.connect(url, autoreset="next_step", timeout=30) as client:
+            client.reset()
+            actions = np.ones(n, dtype=np.uint8)
+            key = "envpool over shm (env-steps/s)"
+            us = _median_us_per_env(lambda: client.step(actions), n, steps, repeat, key)
+            rows[key], BEST[key] = 1e6 / us, 1e6 / BEST[key]
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    return rows
+
+
+def measure_shm(n: int, steps: int, repeat: int) -> dict[str, float]:
+    """env-steps/s at N over shm: a server process, a client here (next_step auto-reset)."""
+    import subprocess
+    import sys
+
+    import transport
+
+    kinds = [("shm/echo", "echo")]
+    try:
+        import transport.envs.vector_echo as _vector
+
+        kinds += [("shm/vector-echo", "vector")] if _vector else []
+    except ImportError:
+        pass
+    rows: dict[str, float] = {}
+    actions = np.ones(n, dtype=np.uint8)
+    for name, kind in kinds:
+        url = f"shm://rt-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}?num_envs={n}"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVE, kind, url, str(n)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            client = transport.connect(url, pac_env.SCHEMA, autoreset="next_step", timeout=30)
+            with client:
+                client.reset(seed=1)
+                key = name + " (env-steps/s)"
+                us = _median_us_per_env(lambda c=client: c.step(actions), n, steps, repeat, key)
+            rows[key] = 1e6 / us
+            BEST[key] = 1e6 / BEST[key]
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--workers", type=int, default=2, help="0: no pool row")
+    parser.add_argument("--shm", action="store_true", help="env-steps/s over shm too")
+    parser.add_argument("--envpool", action="store_true", help="EnvPool in process vs over shm")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = measure(args)
+    if args.json:
+        print(json.dumps({"median": rows, "best": BEST}))
+        return
+    print(f"N = {args.envs}, {args.steps} steps x {args.repeat} runs: median (best run)")
+    for key, value in rows.items():
+        best = BEST.get(key, value)
+        if "steps/s" in key:
+            print(f"  {key:30s} {value:12,.0f} ({best:,.0f})")
+        else:
+            print(f"  {key:30s} {value:9.3f} us/env ({best:.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The echo env, N at a time: a ``VectorEnv`` (``transport.runtime.env``) whose every call is
+a few NumPy column writes, so a server measures the runtime and the transport, not Python per
+env (issue 24 item 1). Env i's results are byte for byte those of ``EchoEnv`` (same
+``episode_len``) stepped with the same actions and seeds.
+
+    transport.serve(functools.partial(VectorEchoEnv, 256), "shm://name?num_envs=256")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from transport.envs.echo import ACT_N, OBS_N
+from transport.generated import pac_env
+from transport.runtime.env import Spaces
+
+SCHEMA = pac_env.SCHEMA
+"""The schema its results follow (``transport.serve`` finds it here)."""
+
+
+class VectorEchoEnv:
+    """N echo envs in NumPy columns (see the module doc and ``transport.envs.echo``)."""
+
+    steps_subsets = True
+    autoreset_next_step = False
+
+    def __init__(self, num_envs: int, episode_len: int = 0) -> None:
+        if num_envs < 1:
+            raise ValueError("num_envs must be at least 1")
+        self.num_envs = num_envs
+        self.episode_len = episode_len
+        self.steps = np.zeros(num_envs, dtype=np.int64)
+        self.length = np.full(num_envs, episode_len, dtype=np.int64)
+        self._zero = pac_env.StepResult.zeros()
+
+    def spaces(self) -> Spaces:
+        return Spaces(OBS_N, ACT_N)
+
+    def reset_envs(self, ids: np.ndarray, seeds: Sequence[int | None], out: np.ndarray) -> None:
+        every = ids.size == self.num_envs
+        rows: slice | np.ndarray = slice(None) if every else ids
+        self.steps[rows] = 0
+        if every:
+            out[...] = self._zero
+        else:
+            out[ids] = self._zero
+        out["action_mask"][rows] = 1
+        if self.episode_len:
+            for k, seed in enumerate(seeds):
+                if seed is not None:
+                    self.length[ids[k]] = self.episode_len + seed % 5
+            out["observation"][rows, 2] = self.length[rows]
+
+    def step_envs(self, actions: np.ndarray, ids: np.ndarray | None, out: np.ndarray) -> None:
+        rows: slice | np.ndarray = slice(None) if ids is None else ids
+        taken = actions if ids is None else actions[ids]
+        steps = self.steps[rows] + 1
+        self.steps[rows] = steps
+        obs = out["observation"]
+        obs[rows, 0] = taken
+        obs[rows, 1] = steps
+        out["reward"][rows] = taken / 4
+        out["life"][rows] = steps & 0xFFFF
+        if self.episode_len:
+            out["done"][rows] = steps >= self.length[rows]

@@ -1,0 +1,188 @@
+"""Vector envs others wrote, served as one ``VectorEnv`` (issue 24 item 1): a
+``gymnasium.vector.VectorEnv`` (``GymVectorEnv``) and an EnvPool instance (``EnvPoolEnv``).
+
+Each steps all its envs in one call and the runtime keeps the per-env rules in NumPy. Both
+reset an env stepped after its episode ended themselves (gymnasium's NEXT_STEP auto-reset mode,
+EnvPool's only one), so a NEXT_STEP client costs one call a step; SAME_STEP and DISABLED clients
+get the runtime's rules, with the ended envs reset by a partial reset (gymnasium's
+``options={"reset_mask": ...}``, EnvPool's ``reset(env_id)``), which also clears the env's own
+pending auto-reset. The result fields are those ``transport.gym_schema`` derives from the
+single env's spaces (``SCHEMA`` on each instance), gymnasium's ``info`` is not carried.
+
+    serve(GymVectorEnv(gymnasium.make_vec("CartPole-v1", 64)), url, num_envs=64)
+    serve(EnvPoolEnv(envpool.make_gymnasium("CartPole-v1", num_envs=64, seed=0)), url,
+          num_envs=64)
+
+EnvPool and seeds: EnvPool takes its seed when it is made (env i gets ``seed + i``) and its
+``reset`` takes none, so the seeds of a client's reset (and the server's ``seed=``) do not
+reseed it: a seeded reset resets without reseeding. Its trajectories are EnvPool's own for the
+seed it was made with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from transport.gym_schema import act_n_of, describe_spaces, schema_of_spaces
+from transport.runtime.env import Spaces
+
+
+class _Columns:
+    """A single env's spaces as result columns: observation leaves, reward and both flags."""
+
+    def __init__(self, observation_space: Any, action_space: Any) -> None:
+        _, _, description = describe_spaces(observation_space, action_space)
+        self.observation = description["observation"]
+        self.action = description["action"]
+        self.schema = schema_of_spaces(observation_space, action_space)
+        self.spaces = Spaces(_obs_n(observation_space), act_n_of(action_space))
+
+    def write_observation(self, value: Any, out: np.ndarray, rows: Any, take: Any) -> None:
+        """Each leaf of a batched observation ``value`` (rows ``take`` of it) into the result
+        rows ``rows`` (a slice or an index array)."""
+        self._leaf(self.observation, value, out, rows, take)
+
+    def _leaf(
+        self, desc: dict[str, Any], value: Any, out: np.ndarray, rows: Any, take: Any
+    ) -> None:
+        kind = desc["type"]
+        if kind == "dict":
+            for key, sub in desc["items"]:
+                self._leaf(sub, value[key], out, rows, take)
+        elif kind == "tuple":
+            for sub, item in zip(desc["items"], value, strict=True):
+                self._leaf(sub, item, out, rows, take)
+        else:
+            column = out[desc["field"]]
+            batch = np.asarray(value)[take]
+            column[rows] = batch.reshape((batch.shape[0], *column.shape[1:]))
+
+    def actions(self, actions: np.ndarray) -> np.ndarray:
+        """Wire actions (N, *shape) as the action space's batched values."""
+        kind = self.action["type"]
+        if kind == "discrete":
+            return actions.reshape(actions.shape[0]).astype(np.int64)
+        if kind == "multi_binary":
+            return actions.astype(np.int8).reshape((actions.shape[0], *self.action["shape"]))
+        dtype = np.dtype(self.action["dtype"])
+        return actions.astype(dtype).reshape((actions.shape[0], *self.action["shape"]))
+
+
+def _obs_n(space: Any) -> int:
+    import gymnasium
+
+    if isinstance(space, gymnasium.spaces.Dict):
+        return sum(_obs_n(sub) for sub in space.spaces.values())
+    if isinstance(space, gymnasium.spaces.Tuple):
+        return sum(_obs_n(sub) for sub in space.spaces)
+    return int(np.prod(space.shape or (1,)))
+
+
+def _ended(out: np.ndarray, rows: Any) -> None:
+    """A reset result: reward 0, both flags false."""
+    out["reward"][rows] = 0.0
+    out["terminated"][rows] = False
+    out["truncated"][rows] = False
+
+
+class GymVectorEnv:
+    """A ``gymnasium.vector.VectorEnv`` (NEXT_STEP auto-reset mode, gymnasium's default) as a
+    ``VectorEnv``: its N envs step together (``steps_subsets`` False)."""
+
+    steps_subsets = False
+    autoreset_next_step = True
+
+    def __init__(self, env: Any) -> None:
+        from gymnasium.vector import AutoresetMode
+
+        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        if AutoresetMode(mode) != AutoresetMode.NEXT_STEP:
+            raise ValueError(
+                f"GymVectorEnv needs a vector env in NEXT_STEP auto-reset mode (gymnasium's "
+                f"default), not {AutoresetMode(mode).value}: the server applies every client's "
+                "own mode"
+            )
+        self.env = env
+        self.num_envs = int(env.num_envs)
+        self.columns = _Columns(env.single_observation_space, env.single_action_space)
+        self.SCHEMA = self.columns.schema
+
+    def spaces(self) -> Spaces:
+        return self.columns.spaces
+
+    def reset_envs(self, ids: np.ndarray, seeds: Sequence[int | None], out: np.ndarray) -> None:
+        n = self.num_envs
+        if ids.size == n:
+            obs, _ = self.env.reset(seed=list(seeds))
+            rows: Any = slice(None)
+        else:
+            every: list[int | None] = [None] * n
+            for k, i in enumerate(ids.tolist()):
+                every[i] = seeds[k]
+            mask = np.zeros(n, dtype=bool)
+            mask[ids] = True
+            obs, _ = self.env.reset(seed=every, options={"reset_mask": mask})
+            rows = ids
+        self.columns.write_observation(obs, out, rows, rows)
+        _ended(out, rows)
+
+    def step_envs(self, actions: np.ndarray, ids: np.ndarray | None, out: np.ndarray) -> None:
+        obs, reward, terminated, truncated, _ = self.env.step(self.columns.actions(actions))
+        self.columns.write_observation(obs, out, slice(None), slice(None))
+        out["reward"] = reward
+        out["terminated"] = terminated
+        out["truncated"] = truncated
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class EnvPoolEnv:
+    """An EnvPool instance (``envpool.make_gymnasium(...)``, synchronous: ``batch_size`` =
+    ``num_envs``) as a ``VectorEnv``: any subset of its envs steps in one call, results placed
+    by EnvPool's ``env_id``. See the module doc for seeds."""
+
+    steps_subsets = True
+    autoreset_next_step = True
+
+    def __init__(self, pool: Any) -> None:
+        config = pool.config
+        self.num_envs = int(config["num_envs"])
+        if int(config.get("batch_size", self.num_envs) or self.num_envs) != self.num_envs:
+            raise ValueError("EnvPoolEnv needs a synchronous EnvPool (batch_size == num_envs)")
+        self.pool = pool
+        self.columns = _Columns(pool.observation_space, pool.action_space)
+        self.SCHEMA = self.columns.schema
+        self._action = pool.action_space.dtype
+
+    def spaces(self) -> Spaces:
+        return self.columns.spaces
+
+    def reset_envs(self, ids: np.ndarray, seeds: Sequence[int | None], out: np.ndarray) -> None:
+        if ids.size == self.num_envs:
+            obs, info = self.pool.reset()
+        else:
+            obs, info = self.pool.reset(ids.astype(np.int32))
+        rows = np.asarray(info["env_id"])
+        self.columns.write_observation(obs, out, rows, slice(None))
+        _ended(out, rows)
+
+    def step_envs(self, actions: np.ndarray, ids: np.ndarray | None, out: np.ndarray) -> None:
+        taken = self.columns.actions(actions if ids is None else actions[ids])
+        env_id = None if ids is None else ids.astype(np.int32)
+        obs, reward, terminated, truncated, info = self.pool.step(
+            taken.astype(self._action, copy=False), env_id
+        )
+        rows = np.asarray(info["env_id"])
+        self.columns.write_observation(obs, out, rows, slice(None))
+        out["reward"][rows] = reward
+        out["terminated"][rows] = terminated
+        out["truncated"][rows] = truncated
+
+    def close(self) -> None:
+        close = getattr(self.pool, "close", None)
+        if close is not None:
+            close()
