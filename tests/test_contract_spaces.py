@@ -7,7 +7,7 @@ Time-bounded: the layout-dependent checks only (the others do not depend on the 
 over every backend in tests/test_contract.py), real server processes shared by the checks of
 one (target, schema): Python servers over unix for every row and over shm for the rows that
 change the slots most, Node servers over unix. GAPS declares what fails today (strict xfails):
-STEP_MULTI with an array action on Python servers.
+nothing.
 """
 
 from __future__ import annotations
@@ -38,14 +38,7 @@ SHM_ROWS = ["box_action", "image_observation"]
 NODE_ROWS = ["box_action", "dict_observation", "image_observation"]
 """Node: array actions and the observation layouts (a Dict of three fields with
 the GymSpaces enum, a 28 KB image)."""
-GAPS: dict[tuple[str, ...], str] = {
-    ("*", "python", "box_action", "step_multi"): (
-        "transport/runtime/core.py takes a STEP_MULTI's seats from the multi request field's "
-        "element count (8 seats x 3 elements = 24) instead of the schema's [env] seats (8), "
-        "so an array action's STEP_MULTI is refused (unix: BAD_BATCH 'needs a 24-env server'; "
-        "shm: UNKNOWN_MESSAGE); Node reads [env] seats"
-    ),
-}
+GAPS: dict[tuple[str, ...], str] = {}
 """(scheme, server language, schema, check) -> why it fails today (strict xfails)."""
 
 CASES = contract_cases([("unix", "python")], list(SPACE_MATRIX), GAPS, checks=LAYOUT_CHECKS)

@@ -1016,8 +1016,13 @@ class EnvHost:
                 f"{action.type} (one integer, an integer array or an f32/f64 array per env)"
             )
         self.action = action
-        multi = body_codec(schema, "STEP_MULTI_REQ")
-        self.seats = multi.ir.fields[0].count
+        # [env] seats, not the multi request field's element count (8 seats of f32[3] is 24)
+        env_ir = schema.ir.env
+        self.seats = (
+            env_ir.seats
+            if env_ir is not None
+            else body_codec(schema, "STEP_MULTI_REQ").ir.fields[0].count
+        )
         self.vector: bool | None = None  # a VectorEnv (one object, N envs); None: not known yet
         self._shared: Any = None  # an Env or a VectorEnv instance, shared by every client
         self.factory: EnvFactory | None = None
