@@ -355,3 +355,23 @@ def test_gymnasium_vector_env_over_unix_equals_gymnasium_in_process(servers: Any
             assert np.array_equal(view.terminated, terminated), t
             assert np.array_equal(view.truncated, truncated), t
     assert any(f[1].any() for f in flags)
+
+
+def test_the_default_schema_check_closes_a_vector_env_it_made() -> None:
+    """serve(factory) without a schema tries the factory's env against pac_env: a vector env
+    it makes for that (an EnvPool, say: threads, memory) is closed again, not leaked."""
+    made: list[Any] = []
+
+    class Closing(VectorEchoEnv):
+        closed = 0
+
+        def close(self) -> None:
+            Closing.closed += 1
+
+    def factory() -> Closing:
+        made.append(Closing(2))
+        return made[-1]
+
+    api.check_default_schema_fits(pac_env.SCHEMA, factory, "unix:///tmp/x.sock")
+    api.check_default_schema_fits(pac_env.SCHEMA, Closing(2), "unix:///tmp/x.sock")
+    assert len(made) == 1 and Closing.closed == 1

@@ -23,7 +23,7 @@ from transport.codec import Schema
 from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
 from transport.runtime.core import EnvHost
-from transport.runtime.env import Env, EnvFactory
+from transport.runtime.env import Env, Served, is_vector_env
 
 log = logging.getLogger("transport.server")
 
@@ -207,16 +207,21 @@ def check_default_schema_fits(schema: Schema, env_or_factory: Any, url: str) -> 
     check that its result fits ``schema`` (pac_env, the default); a ``TypeError`` naming what
     to pass when it does not, so a server never starts serving results it cannot encode
     (every reset would fail with "StepResult.observation: no value given")."""
-    from transport.runtime.env import Env
-
+    if is_vector_env(env_or_factory):
+        return  # a vector env instance: the runtime checks its columns against the schema
     name = getattr(env_or_factory, "__qualname__", None) or type(env_or_factory).__qualname__
     shared = not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env)
     try:
         env = env_or_factory if shared else env_or_factory()
-        output = env.reset(None)
     except Exception:
-        return  # making or resetting it fails: the server reports that itself, with the reason
+        return  # making it fails: the server reports that itself, with the reason
     try:
+        if is_vector_env(env):
+            return  # a factory of vector envs: closed below, checked by the runtime
+        try:
+            output = env.reset(None)
+        except Exception:
+            return  # resetting it fails: the server reports that itself, with the reason
         codec = body_codec(schema, "STEP_RESP")
         if isinstance(output, np.ndarray | np.void):
             if output.dtype != codec.dtype:
@@ -248,7 +253,7 @@ class Server:
 
     def __init__(
         self,
-        env_or_factory: Env | EnvFactory,
+        env_or_factory: Served,
         url: str,
         *,
         schema: Schema | str | Path | None = None,
@@ -355,7 +360,7 @@ class Server:
 
 
 def serve(
-    env_or_factory: Env | EnvFactory,
+    env_or_factory: Served,
     url: str,
     *,
     schema: Schema | str | Path | None = None,
