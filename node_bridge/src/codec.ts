@@ -53,8 +53,9 @@ export interface StructCodec<T, TInput = T, TView = unknown> {
   encodeInto(value: TInput, buf: Uint8Array, offset?: number): void;
   /**
    * The fast path for values already known to be well-formed (a server's own env output): zero
-   * `buf[offset, offset + size)` and write `value` without validating it. A value of the wrong
-   * shape writes wrong bytes or throws a TypeError, never a `CodecError`. Like `encodeInto`, it
+   * the padding of `buf[offset, offset + size)` and write every field of `value` without
+   * validating it. A value of the wrong shape writes wrong bytes (a short array may leave earlier
+   * bytes in place) or throws a TypeError, never a `CodecError`. Like `encodeInto`, it
    * allocates nothing when called again with the same buffer.
    */
   writeInto(value: TInput, buf: Uint8Array, offset?: number): void;
@@ -94,7 +95,7 @@ export interface StructLayout<T, TInput, TView> {
   readonly size: number;
   /** Check plain values; `path` is the field-path prefix ("" or "results[2]."). */
   validateAt(value: unknown, path: string): void;
-  /** Write already validated values at `at` (padding must already be zero). */
+  /** Write already validated values at `at`, every byte of every field (padding is zeroed first). */
   writeAt(dv: DataView, at: number, value: TInput): void;
   /** Strict checks of encoded bytes, in byte-offset order. */
   checkAt(dv: DataView, at: number, path: string): void;
@@ -119,7 +120,21 @@ export function defineStruct<T, TInput, TView>(
     }
     return lastView;
   };
-  return {
+  // The byte ranges no field writes ([start, end) pairs), known once `defineSchema` has seen the
+  // IR; until then (a layout outside any schema) every byte is zeroed before the fields are
+  // written. `writeAt` writes every byte of every field, so zeroing the padding alone gives the
+  // same bytes: a packed layout (no padding) zeroes nothing.
+  let padding: readonly number[] | null = null;
+  const zeroPadding = (buf: Uint8Array, offset: number): void => {
+    if (padding === null) {
+      buf.fill(0, offset, offset + size);
+      return;
+    }
+    for (let k = 0; k < padding.length; k += 2) {
+      buf.fill(0, offset + (padding[k] as number), offset + (padding[k + 1] as number));
+    }
+  };
+  const codec: StructCodec<T, TInput, TView> = {
     name,
     size,
     encode(value: TInput): Uint8Array {
@@ -134,7 +149,7 @@ export function defineStruct<T, TInput, TView>(
       } catch (error) {
         throw attach(error);
       }
-      buf.fill(0, offset, offset + size);
+      zeroPadding(buf, offset);
       layout.writeAt(viewOf(buf), offset, value);
     },
     writeInto(value: TInput, buf: Uint8Array, offset = 0): void {
@@ -143,7 +158,7 @@ export function defineStruct<T, TInput, TView>(
       } catch (error) {
         throw attach(error);
       }
-      buf.fill(0, offset, offset + size);
+      zeroPadding(buf, offset);
       layout.writeAt(viewOf(buf), offset, value);
     },
     decode(buf: Uint8Array, offset = 0, strict = true): T {
@@ -180,6 +195,51 @@ export function defineStruct<T, TInput, TView>(
       }
     },
   };
+  PADDING_SETTERS.set(codec, (ranges) => {
+    padding ??= ranges; // the codec's own module defines its schema first
+  });
+  return codec;
+}
+
+/** Per codec made by `defineStruct`: tells it its padding ranges (see `paddingRanges`). */
+const PADDING_SETTERS = new WeakMap<object, (ranges: readonly number[]) => void>();
+
+/**
+ * The byte ranges of struct `name` that no leaf field covers, nested structs included, as flat
+ * [start, end) pairs in offset order; null when the IR does not add up (a missing struct, a field
+ * outside the struct, nesting deeper than any real schema), so the caller zeroes everything.
+ */
+export function paddingRanges(ir: SchemaJson, name: string): number[] | null {
+  const top = ir.structs[name];
+  if (top === undefined) return null;
+  const covered = new Uint8Array(top.size);
+  const mark = (struct: StructJson, base: number, depth: number): boolean => {
+    if (depth > 64) return false;
+    for (const field of struct.fields) {
+      const start = base + field.offset;
+      if (field.offset < 0 || field.size < 0 || field.offset + field.size > struct.size) return false;
+      const { element } = resolveField(ir, field);
+      if (element.kind !== "struct") {
+        covered.fill(1, start, start + field.size);
+        continue;
+      }
+      const sub = ir.structs[element.name];
+      if (sub === undefined || sub.size * field.count !== field.size) return false;
+      for (let i = 0; i < field.count; i++) {
+        if (!mark(sub, start + i * sub.size, depth + 1)) return false;
+      }
+    }
+    return true;
+  };
+  if (!mark(top, 0, 0)) return null;
+  const ranges: number[] = [];
+  for (let i = 0; i < covered.length; i++) {
+    if (covered[i] !== 0) continue;
+    const start = i;
+    while (i < covered.length && covered[i] === 0) i++;
+    ranges.push(start, i);
+  }
+  return ranges;
 }
 
 export function defineSchema(
@@ -187,6 +247,14 @@ export function defineSchema(
   fingerprint: bigint,
   structs: Readonly<Record<string, AnyStructCodec>>,
 ): SchemaModule {
+  for (const [name, codec] of Object.entries(structs)) {
+    const setPadding = PADDING_SETTERS.get(codec);
+    const struct = ir.structs[name];
+    if (setPadding === undefined || struct === undefined) continue;
+    if (codec.name !== name || struct.size !== codec.size) continue;
+    const ranges = paddingRanges(ir, name);
+    if (ranges !== null) setPadding(ranges);
+  }
   return {
     name: ir.name,
     version: ir.version,
@@ -245,14 +313,21 @@ function isArrayValue(value: unknown): value is ArrayLike<unknown> {
   return Array.isArray(value) || (ArrayBuffer.isView(value) && !(value instanceof DataView));
 }
 
+// The last value `asFields` accepted whose prototype is Object.prototype (or null): own data
+// of such an object is all a field name can read, except the names Object.prototype itself has.
+let plainFields: object | null = null;
+
 /** A struct value must be a plain mapping (not an array, not a typed array). */
 export function asFields(value: unknown, path: string): Readonly<Record<string, unknown>> {
   if (value === null || typeof value !== "object" || isArrayValue(value)) {
     const where = path.endsWith(".") ? path.slice(0, -1) : path;
     throw new ValueTypeError(`expected a mapping of field values, not ${describe(value)}`, where);
   }
+  const proto: unknown = Object.getPrototypeOf(value);
+  plainFields = proto === Object.prototype || proto === null ? value : null;
   return value as Readonly<Record<string, unknown>>;
 }
+
 
 /** The value of one field; `missing_field` when absent (or undefined). */
 export function fieldValue(
@@ -260,6 +335,22 @@ export function fieldValue(
   name: string,
   path: string,
 ): unknown {
+  // fast path: one property read, no own-property lookup, for the plain object being validated:
+  // what it inherits from Object.prototype is a function ("constructor", "toString", ...) or
+  // Object.prototype itself ("__proto__"), never a field value, so any other value is its own
+  const value = fields[name];
+  if (
+    value !== undefined &&
+    fields === plainFields &&
+    typeof value !== "function" &&
+    value !== Object.prototype
+  ) {
+    return value;
+  }
+  return ownFieldValue(fields, name, path);
+}
+
+function ownFieldValue(fields: Readonly<Record<string, unknown>>, name: string, path: string): unknown {
   const value = Object.prototype.hasOwnProperty.call(fields, name) ? fields[name] : undefined;
   if (value === undefined) throw new MissingFieldError("no value given", path + name);
   return value;
@@ -370,6 +461,26 @@ function integerOf(value: unknown, path: string, name: string, index: number): n
   );
 }
 
+/** Whether a number fits an integer type narrower than 64 bits (false for u64 / i64). */
+function numberFits(value: number, type: IntegerType): boolean {
+  switch (type) {
+    case "u8":
+      return value >= 0 && value <= 0xff;
+    case "u16":
+      return value >= 0 && value <= 0xffff;
+    case "u32":
+      return value >= 0 && value <= 0xffffffff;
+    case "i8":
+      return value >= -0x80 && value <= 0x7f;
+    case "i16":
+      return value >= -0x8000 && value <= 0x7fff;
+    case "i32":
+      return value >= -0x80000000 && value <= 0x7fffffff;
+    default:
+      return false;
+  }
+}
+
 export function checkInteger(
   value: unknown,
   type: IntegerType,
@@ -377,6 +488,8 @@ export function checkInteger(
   name: string,
   index = -1,
 ): void {
+  // the common case first, without the tables: an integral number in range
+  if (typeof value === "number" && numberFits(value, type) && Number.isInteger(value)) return;
   const number = integerOf(value, path, name, index);
   let inRange: boolean;
   if (typeof number === "number" && type !== "u64" && type !== "i64") {
@@ -587,13 +700,14 @@ const ELEMENT_WRITERS: Readonly<Record<NumericType, ElementWriter>> = {
   f64: setF64,
 };
 
-// Byte views of source arrays and target DataViews, built once each: an env that returns the
-// same typed arrays every step (mutated in place) is copied into the same response buffer with
-// no allocation. Weak keys: the views go away with their arrays.
+// Byte views of source arrays, built once each: an env that returns the same typed arrays every
+// step (mutated in place) is copied into the response buffer with no allocation. Weak keys: the
+// views go away with their arrays. (A per-field cache would miss on every call: N envs hand the
+// same field N different arrays.) A Uint8Array source needs no view at all.
 const SOURCE_BYTES = new WeakMap<ArrayBufferView, Uint8Array>();
-const TARGET_BYTES = new WeakMap<DataView, Uint8Array>();
 
 function bytesOfSource(source: ArrayBufferView): Uint8Array {
+  if (source instanceof Uint8Array) return source;
   let bytes = SOURCE_BYTES.get(source);
   if (bytes === undefined) {
     bytes = new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
@@ -602,35 +716,69 @@ function bytesOfSource(source: ArrayBufferView): Uint8Array {
   return bytes;
 }
 
-/** The index of the first NaN bit pattern among `count` f32 words, or -1 (a small monomorphic
- * loop of integer compares: the engine optimises it apart from writeArray's many shapes). */
-function firstNaN32(words: Uint32Array, count: number): number {
-  for (let i = 0; i < count; i++) {
-    if (((words[i] as number) & 0x7fffffff) > 0x7f800000) return i;
-  }
-  return -1;
-}
+// Byte views of target DataViews, the last one in front (a codec hands the same DataView for the
+// same buffer, so it covers a response buffer written record after record).
+let lastTarget: DataView | null = null;
+let lastTargetBytes: Uint8Array | null = null;
 
-const SOURCE_WORDS = new WeakMap<ArrayBufferView, Uint32Array>();
-
-/** The u32 words over a 4-byte-aligned source (f32 bit patterns), or null when unaligned. */
-function wordsOfSource(source: ArrayBufferView): Uint32Array | null {
-  let words = SOURCE_WORDS.get(source);
-  if (words === undefined) {
-    if (source.byteOffset % 4 !== 0 || source.byteLength % 4 !== 0) return null;
-    words = new Uint32Array(source.buffer, source.byteOffset, source.byteLength / 4);
-    SOURCE_WORDS.set(source, words);
-  }
-  return words;
-}
+const TARGET_BYTES = new WeakMap<DataView, Uint8Array>();
 
 function bytesOfTarget(dv: DataView): Uint8Array {
+  if (dv === lastTarget && lastTargetBytes !== null) return lastTargetBytes;
   let bytes = TARGET_BYTES.get(dv);
   if (bytes === undefined) {
     bytes = new Uint8Array(dv.buffer, dv.byteOffset, dv.byteLength);
     TARGET_BYTES.set(dv, bytes);
   }
+  lastTarget = dv;
+  lastTargetBytes = bytes;
   return bytes;
+}
+
+/** Copy the first `length` bytes of `source` to `dv` at `at`. */
+function copyBytes(dv: DataView, at: number, source: ArrayBufferView, length: number): void {
+  const bytes = bytesOfSource(source);
+  bytesOfTarget(dv).set(bytes.byteLength === length ? bytes : bytes.subarray(0, length), at);
+}
+
+/**
+ * Whether any of `count` elements may be NaN: their sum is NaN when one is (NaN propagates
+ * through every addition); +inf and -inf together also give NaN, a false alarm the caller's
+ * exact pass settles. Four independent sums (no branch per element) in one monomorphic loop per
+ * element type, apart from writeArray's many shapes: the cheapest scan V8 compiles.
+ */
+function mayHaveNaN32(values: Float32Array, count: number): boolean {
+  let s0 = 0;
+  let s1 = 0;
+  let s2 = 0;
+  let s3 = 0;
+  let i = 0;
+  for (; i + 3 < count; i += 4) {
+    s0 += values[i] as number;
+    s1 += values[i + 1] as number;
+    s2 += values[i + 2] as number;
+    s3 += values[i + 3] as number;
+  }
+  for (; i < count; i++) s0 += values[i] as number;
+  const sum = s0 + s1 + s2 + s3;
+  return sum !== sum;
+}
+
+function mayHaveNaN64(values: Float64Array, count: number): boolean {
+  let s0 = 0;
+  let s1 = 0;
+  let s2 = 0;
+  let s3 = 0;
+  let i = 0;
+  for (; i + 3 < count; i += 4) {
+    s0 += values[i] as number;
+    s1 += values[i + 1] as number;
+    s2 += values[i + 2] as number;
+    s3 += values[i + 3] as number;
+  }
+  for (; i < count; i++) s0 += values[i] as number;
+  const sum = s0 + s1 + s2 + s3;
+  return sum !== sum;
 }
 
 /** Write `count` validated numbers; a typed array of the field's own type is copied in bulk. */
@@ -641,32 +789,39 @@ export function writeArray(
   values: ArrayLike<number | bigint | boolean>,
   count: number,
 ): void {
-  const size = TYPED_ARRAYS[type].BYTES_PER_ELEMENT;
-  if (LITTLE_ENDIAN_HOST && values instanceof TYPED_ARRAYS[type]) {
-    const source = values as ArrayBufferView;
-    const bytes = bytesOfSource(source);
-    const length = count * size;
-    bytesOfTarget(dv).set(bytes.byteLength === length ? bytes : bytes.subarray(0, length), at);
-    if (type === "f32" || type === "f64") {
-      // a NaN is written as the canonical one (its payload is not kept)
-      const write = ELEMENT_WRITERS[type];
-      const bits = type === "f32" ? wordsOfSource(source) : null;
-      if (bits !== null) {
-        const first = firstNaN32(bits, count);
-        if (first >= 0) {
-          for (let i = first; i < count; i++) {
-            if (((bits[i] as number) & 0x7fffffff) > 0x7f800000) write(dv, at + i * size, NaN);
+  if (LITTLE_ENDIAN_HOST) {
+    // a NaN is written as the canonical one (its payload is not kept): copied, then rewritten
+    if (type === "f32") {
+      if (values instanceof Float32Array) {
+        copyBytes(dv, at, values, count * 4);
+        if (mayHaveNaN32(values, count)) {
+          for (let i = 0; i < count; i++) {
+            const v = values[i] as number;
+            if (v !== v) dv.setUint32(at + i * 4, F32_CANONICAL_NAN, true);
           }
         }
-      } else {
-        for (let i = 0; i < count; i++) {
-          const value = values[i] as number;
-          if (value !== value) write(dv, at + i * size, value);
+        return;
+      }
+    } else if (type === "f64") {
+      if (values instanceof Float64Array) {
+        copyBytes(dv, at, values, count * 8);
+        if (mayHaveNaN64(values, count)) {
+          for (let i = 0; i < count; i++) {
+            const v = values[i] as number;
+            if (v !== v) setF64(dv, at + i * 8, v);
+          }
         }
+        return;
+      }
+    } else {
+      const Typed = TYPED_ARRAYS[type];
+      if (values instanceof Typed) {
+        copyBytes(dv, at, values as ArrayBufferView, count * Typed.BYTES_PER_ELEMENT);
+        return;
       }
     }
-    return;
   }
+  const size = TYPED_ARRAYS[type].BYTES_PER_ELEMENT;
   const write = ELEMENT_WRITERS[type];
   for (let i = 0; i < count; i++) write(dv, at + i * size, values[i] as number | bigint);
 }
