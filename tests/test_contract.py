@@ -24,13 +24,12 @@ from transport.codec import Schema
 from transport.testing import (
     Case,
     NotApplicable,
+    PoolsByCase,
     RunningServer,
     ServerOptions,
-    ServerPool,
     contract_cases,
     run_check,
     schema_named,
-    serve_process_factory,
     unique_url,
     unused_gaps,
 )
@@ -49,39 +48,15 @@ Empty: every backend passes every check in both server languages over every sche
 CASES = contract_cases(TARGETS, SCHEMAS, GAPS)
 
 
-class Pools:
-    """One ServerPool per (target, schema) at a time: the cases arrive grouped, so the previous
-    group's servers are stopped (and checked for leftovers) when the next group starts."""
-
-    def __init__(self) -> None:
-        self.key: tuple[str, ...] | None = None
-        self.pool: ServerPool | None = None
-
-    def get(self, case: Case) -> ServerPool:
-        key = (*case.target, case.schema)
-        if key != self.key:
-            self.close()
-            self.key = key
-            self.pool = ServerPool(serve_process_factory(*case.target))
-        assert self.pool is not None
-        return self.pool
-
-    def close(self) -> None:
-        if self.pool is not None:
-            problems = self.pool.close()
-            self.pool = None
-            assert not problems, "; ".join(problems)
-
-
 @pytest.fixture(scope="module")
-def pools() -> Iterator[Pools]:
-    holder = Pools()
+def pools() -> Iterator[PoolsByCase]:
+    holder = PoolsByCase()
     yield holder
     holder.close()
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_contract(case: Case, pools: Pools) -> None:
+def test_contract(case: Case, pools: PoolsByCase) -> None:
     require_lang(case.target[1])
     try:
         run_check(case.check, pools.get(case), schema_named(case.schema))

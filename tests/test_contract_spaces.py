@@ -21,11 +21,10 @@ from transport.codec import Schema
 from transport.testing import (
     Case,
     NotApplicable,
-    ServerPool,
+    PoolsByCase,
     contract_cases,
     contract_checks,
     run_check,
-    serve_process_factory,
     unused_gaps,
 )
 from transport.testing.space_matrix import SPACE_MATRIX, space_schema
@@ -52,38 +51,15 @@ def schemas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Schema]:
     return {row: space_schema(row, directory) for row in SPACE_MATRIX}
 
 
-class Pools:
-    """One ServerPool per (target, schema) at a time (the cases arrive grouped)."""
-
-    def __init__(self) -> None:
-        self.key: tuple[str, ...] | None = None
-        self.pool: ServerPool | None = None
-
-    def get(self, case: Case) -> ServerPool:
-        key = (*case.target, case.schema)
-        if key != self.key:
-            self.close()
-            self.key = key
-            self.pool = ServerPool(serve_process_factory(*case.target))
-        assert self.pool is not None
-        return self.pool
-
-    def close(self) -> None:
-        if self.pool is not None:
-            problems = self.pool.close()
-            self.pool = None
-            assert not problems, "; ".join(problems)
-
-
 @pytest.fixture(scope="module")
-def pools() -> Iterator[Pools]:
-    holder = Pools()
+def pools() -> Iterator[PoolsByCase]:
+    holder = PoolsByCase()
     yield holder
     holder.close()
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_contract_over_spaces(case: Case, pools: Pools, schemas: dict[str, Schema]) -> None:
+def test_contract_over_spaces(case: Case, pools: PoolsByCase, schemas: dict[str, Schema]) -> None:
     require_lang(case.target[1])
     try:
         run_check(case.check, pools.get(case), schemas[case.schema])

@@ -42,7 +42,14 @@ from transport.testing.contract_env import (
     schema_named,
 )
 from transport.testing.model import ExpectedSession
-from transport.testing.parametrize import Case, Gaps, contract_cases, gap_reason, unused_gaps
+from transport.testing.parametrize import (
+    Case,
+    Gaps,
+    PoolsByCase,
+    contract_cases,
+    gap_reason,
+    unused_gaps,
+)
 from transport.testing.servers import (
     CONTRACT_MAX_BODY,
     SCHEMES,
@@ -71,6 +78,7 @@ __all__ = [
     "Gaps",
     "NotApplicable",
     "PoisonActionError",
+    "PoolsByCase",
     "RunningServer",
     "ServeProcess",
     "ServerFactory",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transport.testing.checks import Check, contract_checks
+from transport.testing.servers import ServerPool, serve_process_factory
 
 Gaps = Mapping[tuple[str, ...], str]
 """Declared gaps: ``(*target, schema, check) -> reason``."""
@@ -85,3 +86,28 @@ def unused_gaps(gaps: Gaps, cases: Sequence[Any]) -> list[tuple[str, ...]]:
     """Gap entries that match no case (a typo, or a cell that no longer exists)."""
     keys = [param.values[0].key for param in cases]
     return [pattern for pattern in gaps if not any(_matches(pattern, key) for key in keys)]
+
+
+class PoolsByCase:
+    """One ServerPool per (target, schema) at a time: cases arrive grouped, so the previous
+    group's servers are stopped (and checked for leftovers) when the next group starts."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, ...] | None = None
+        self.pool: ServerPool | None = None
+
+    def get(self, case: Case) -> ServerPool:
+        key = (*case.target, case.schema)
+        if key != self.key:
+            self.close()
+            self.key = key
+            self.pool = ServerPool(serve_process_factory(*case.target))
+        assert self.pool is not None
+        return self.pool
+
+    def close(self) -> None:
+        """Stop the current group's servers; an AssertionError naming what they left behind."""
+        if self.pool is not None:
+            problems = self.pool.close()
+            self.pool = None
+            assert not problems, "; ".join(problems)
