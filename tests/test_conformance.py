@@ -58,7 +58,7 @@ def _python_testee(script: Path) -> str:
 
 
 def test_runner_passes_against_the_python_testee(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--testee", "python", "--count", "40"]) == 0
+    assert main(["--testee", "python", "--count", "10"]) == 0
     out = capsys.readouterr().out
     assert "total" in out and "0 failed" in out
     for schema in SCHEMAS:
@@ -144,7 +144,7 @@ def test_write_golden_reproduces_the_committed_files(tmp_path: Path) -> None:
 def test_the_node_testee_conforms(capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("node") is None:
         pytest.skip("node is not installed")
-    code = main(["--count", "100"])
+    code = main(["--count", "10"])  # the full run (--count 2000): ./dev test, last step
     out = capsys.readouterr().out
     assert code == 0, out
 
@@ -203,7 +203,7 @@ def test_codecs_loaded_from_the_ir_at_run_time_conform(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     testee = f"node {shlex.quote(str(node_testee(ROOT)))} --runtime"
-    code = main(["--testee", testee, "--count", "40"])
+    code = main(["--testee", testee, "--count", "10"])
     out = capsys.readouterr().out
     assert code == 0, out
     for schema in SCHEMAS:
