@@ -6,14 +6,23 @@ pytest-xdist, the controller with it (its workers' segments are all gone by then
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import time
+from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
 SHM_DIR = "/dev/shm"
 PREFIX = "transport-"
 _BEFORE = pytest.StashKey[set[str]]()
+CPU_REPORT = os.environ.get("TRANSPORT_TEST_CPU_REPORT", "")
+"""A file to append per-test-file CPU seconds to (this process and its reaped children: the
+servers a test started), and to print the costliest files from: where the suite's time goes
+on a 2-core CI machine. Unset: nothing is measured."""
+_cpu_by_file: defaultdict[str, float] = defaultdict(float)
 
 
 def _segments() -> set[str]:
@@ -27,6 +36,43 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not CPU_REPORT:
+        return (yield)
+    before = _cpu_seconds()
+    try:
+        return (yield)
+    finally:  # module-scoped servers stop in their file's last test: counted with the file
+        _cpu_by_file[item.location[0]] += _cpu_seconds() - before
+
+
+def _report_cpu(config: pytest.Config) -> None:
+    if not CPU_REPORT:
+        return
+    with open(CPU_REPORT, "a") as out:
+        for name, seconds in _cpu_by_file.items():
+            out.write(json.dumps({"file": name, "cpu_s": round(seconds, 2)}) + "\n")
+    if _is_xdist_worker(config):
+        return
+    totals: defaultdict[str, float] = defaultdict(float)
+    with open(CPU_REPORT) as lines:
+        for line in lines:
+            row = json.loads(line)
+            totals[row["file"]] += row["cpu_s"]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("-", f"CPU seconds per test file ({CPU_REPORT}), costliest first")
+        for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1])[:25]:
+            reporter.write_line(f"  {seconds:8.1f}  {name}")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _is_xdist_worker(session.config):
         session.config.stash[_BEFORE] = _segments()
@@ -35,6 +81,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if /dev/shm/transport-* segments created during it remain at the end."""
     config = session.config
+    _report_cpu(config)
     if _is_xdist_worker(config) or _BEFORE not in config.stash:
         return
     before = config.stash[_BEFORE]
