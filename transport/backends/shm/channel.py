@@ -89,6 +89,8 @@ _REGION_VIEWS = (
     "_request_rows",
     "_requests",
     "_rows",
+    "_result_bytes",
+    "_final_bytes",
 )
 """The channel's attributes that view the region (dropped at close, see ``_release``)."""
 
@@ -102,6 +104,37 @@ def _ir_name(ir: bytes | None) -> str:
     except (ValueError, AttributeError):
         return ""
     return name if isinstance(name, str) else ""
+
+
+def _byte_runs(wire: np.dtype[Any], placed: np.dtype[Any]) -> list[tuple[int, int, int]]:
+    """(wire offset, slot offset, length) runs that carry every field of ``wire`` from a record
+    placed as ``placed`` (the slot's layout, the same field names): fields adjacent in both merge
+    into one run, so a record is moved with a few byte copies, not field by field."""
+    runs: list[tuple[int, int, int]] = []
+    for name in sorted(wire.names or (), key=lambda name: wire.fields[name][1]):  # type: ignore[index]
+        to, size = wire.fields[name][1], wire[name].itemsize  # type: ignore[index]
+        at = placed.fields[name][1]  # type: ignore[index]
+        if runs and runs[-1][0] + runs[-1][2] == to and runs[-1][1] + runs[-1][2] == at:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + size)
+        else:
+            runs.append((to, at, size))
+    return runs
+
+
+def _gather(
+    out: np.ndarray,
+    rows: np.ndarray,
+    ids: np.ndarray,
+    runs: list[tuple[int, int, int]],
+    scratch: np.ndarray,
+) -> None:
+    """Records ``ids`` of ``rows`` (bytes per slot) into ``out`` (bytes per wire record): one
+    gather of the rows into ``scratch`` (owned, reused: no fresh pages each call), then each run
+    into place."""
+    picked = scratch[: len(ids)]
+    np.take(rows, ids, axis=0, out=picked, mode="clip")  # ids are slots: no bounds to raise
+    for to, at, size in runs:
+        out[:, to : to + size] = picked[:, at : at + size]
 
 
 class _Refused(Exception):
@@ -416,11 +449,22 @@ class ShmChannel:
         )
         self._async_count = 0
         self._async_next = 0  # RECV scans from here (round robin: no env starves)
+        self._every = np.arange(n, dtype=np.uint32)
         self._async_ids = np.zeros(n, dtype=np.uint32)
         self._async_ids_ptr = native.ffi.cast(
             "uint32_t *", native.ffi.from_buffer(self._async_ids, require_writable=True)
         )
         results = region.results()
+        layout = self.layout
+        # the slots' result (and final) areas as bytes, and how a wire record is cut from them:
+        # RECV gathers the answered slots with a few byte copies (docs/shm.md)
+        self._result_runs = _byte_runs(self._result_codec.dtype, layout.result_dtype)
+        self._result_bytes = self._byte_rows(
+            CONTROL_SIZE + layout.result_base, layout.result_dtype.itemsize, layout.slot_size
+        )
+        # RECV's gather buffers (owned, reused): one row per slot of each area
+        self._scratch = np.zeros((n, layout.result_dtype.itemsize), dtype=np.uint8)
+        self._final_scratch = np.zeros((n, layout.final_dtype.itemsize), dtype=np.uint8)
         self._single = results[0, ...]
         self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
         seats = self.layout.seats
@@ -433,6 +477,12 @@ class ShmChannel:
             self._final_seqs = final_seqs[:n]
             self._finals = finals[:n]
             self._final_records = [finals[i, ...] for i in range(n)]
+            self._final_runs = _byte_runs(self._result_codec.dtype, layout.final_dtype)
+            self._final_bytes = self._byte_rows(
+                layout.finals_offset(region.num_slots) + layout.final_base,
+                layout.final_dtype.itemsize,
+                layout.final_size,
+            )
         self._roundtrip = native.lib.tp_client_roundtrip
         info_len = int(region.slots[0]["info_len"])
         info: dict[str, Any] = {}
@@ -469,6 +519,17 @@ class ShmChannel:
                 f"server does not write checksums: start it with shm://{self.shm.name}"
                 f"?checksum={self.shm.checksum}"
             )
+
+    def _byte_rows(self, offset: int, width: int, stride: int) -> np.ndarray:
+        """(k, width) bytes: one row per slot (or final area) from ``offset``."""
+        region = self.region
+        return np.ndarray(
+            (region.num_slots, width),
+            dtype=np.uint8,
+            buffer=region.map,
+            offset=offset,
+            strides=(stride, 1),
+        )
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -604,15 +665,23 @@ class ShmChannel:
                 f"RECV_REQ body is {len(body)} bytes, expected {self._recv_codec.size}",
             )
         want = check_recv(self._async_count, int(self._recv_codec.view(body)["batch_size"]))
-        self._ctx.n = self.num_envs
-        rc = native.lib.tp_client_wait_any(
-            self._ctx,
-            self._in_flight_ptr,
-            want,
-            self._async_next,
-            self._async_ids_ptr,
-            self._timeout_ns,
-        )
+        n = self._ctx.n = self.num_envs
+        if want == n:  # every env in flight, every one wanted: the lock-step wait (see below)
+            rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
+            if rc >= 0:  # a failed slot (rc > 0) is found with the others' statuses below
+                start, every, out = self._async_next, self._every, self._async_ids
+                out[: n - start] = every[start:]  # wait_any's order: round robin from start
+                out[n - start :] = every[:start]
+                rc = n
+        else:
+            rc = native.lib.tp_client_wait_any(
+                self._ctx,
+                self._in_flight_ptr,
+                want,
+                self._async_next,
+                self._async_ids_ptr,
+                self._timeout_ns,
+            )
         if rc == native.TIMEOUT:  # the envs stay in flight: a later RECV returns them
             raise TransportTimeoutError(
                 f"shm://{self.shm.name}: no env finished within {self.timeout} s "
@@ -620,13 +689,14 @@ class ShmChannel:
             )
         if rc < 0:
             self._raise(rc)
-        ids = self._async_ids[:rc].tolist()
+        found = self._async_ids[:rc]  # the answered slots, in the order they were found
+        ids = found.tolist()
         self._async_next = (ids[-1] + 1) % self.num_envs
-        failed = [i for i in ids if self._status[i]]
-        if failed:  # the answered errors: their envs leave flight, the others stay answered
+        failed = found[self._status[found] != 0]  # one gather for all, no loop per slot
+        if failed.size:  # the answered errors: their envs leave flight, the others stay answered
             self._in_flight[failed] = 0
-            self._async_count -= len(failed)
-            self._raise(failed[0] + 1)
+            self._async_count -= int(failed.size)
+            self._raise(int(failed[0]) + 1)
         if self._checksums is not None:
             for i in ids:
                 if not self._checksums.matches(i):
@@ -634,20 +704,29 @@ class ShmChannel:
                         f"shm://{self.shm.name}: slot {i}'s result does not match the checksum "
                         "its server wrote: do not trust this result"
                     )
-        self._in_flight[ids] = 0
-        self._async_count -= len(ids)
+        self._in_flight[found] = 0
+        self._async_count -= rc
         # the results in the wire layout (the result codec's), then the SAME_STEP finals: the
-        # final areas stamped with this request's sequence (only a SAME_STEP end stamps one)
-        codec, k = self._result_codec, len(ids)
-        ended = [i for i in ids if self._final_seqs[i] == self._seqs[i]] if self._has_finals else []
-        data = bytearray(codec.size * (k + len(ended)))
-        out = codec.view(data, count=k + len(ended))
-        out[:k] = self._rows[self.num_envs][ids]  # structured assignment: fields by position
-        if ended:
-            out[k:] = self._finals[ended]
-        results_len = codec.size * k
-        tail = msgpack.packb([ids, ended, bytes(data[results_len:])])
-        return self.ids.RECV_RESP, memoryview(bytes(data[:results_len]) + tail)
+        # final areas stamped with this request's sequence (only a SAME_STEP end stamps one).
+        # Built in the body: a gather of the answered slots, then a few byte runs into place
+        codec = self._result_codec
+        results_len = codec.size * rc
+        finals = b""
+        ended: list[int] = []
+        if self._has_finals:
+            stamped = found[self._final_seqs[found] == self._seqs[found]]
+            if stamped.size:
+                ended = stamped.tolist()
+                block = np.zeros((len(ended), codec.size), dtype=np.uint8)
+                _gather(block, self._final_bytes, stamped, self._final_runs, self._final_scratch)
+                finals = block.tobytes()
+        tail = msgpack.packb([ids, ended, finals])
+        body = bytearray(results_len + len(tail))  # sized once: never grown (no copy)
+        rows = np.frombuffer(body, dtype=np.uint8, count=results_len).reshape(rc, codec.size)
+        _gather(rows, self._result_bytes, found, self._result_runs, self._scratch)
+        del rows
+        body[results_len:] = tail
+        return self.ids.RECV_RESP, memoryview(body)
 
     def _async_reset(self, body: Any) -> tuple[int, memoryview]:
         """ASYNC_RESET: a RESET of every slot; RECV then hands the results out."""

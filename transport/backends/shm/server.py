@@ -459,6 +459,9 @@ class Listener:
     def _stamp(self, ended: list[int]) -> None:
         """Mark each final area written by this step: final_seq = the request's sequence
         (stored before the response words are published: release)."""
+        if len(ended) > 8:  # many at once (a vectorised env's episodes end together): one gather
+            self._final_seqs[ended] = self._seqs[ended]
+            return
         for i in ended:
             self._final_seqs[i] = self._seqs[i]
 
