@@ -11,7 +11,7 @@ import pytest
 
 import transport
 from transport.collector import EpisodeBatch, EpisodeCollector, request_episodes
-from transport.errors import AdapterError
+from transport.errors import ActionError, AdapterError
 
 from .servers import ServerProcess, unique_url
 
@@ -172,3 +172,20 @@ def test_every_job_seeded_by_its_index_on_one_env_servers() -> None:
         np.testing.assert_array_equal(batch.observations[row, 0], first)
     # one env running every job in turn: the same episodes (job j is a function of seed + j)
     assert alone.tobytes() == batch.tobytes()
+
+
+def test_a_policy_output_the_action_field_cannot_hold_is_refused() -> None:
+    """The collector sends what the policy chose through the client's one action rule: floats
+    for a Discrete field are an ActionError, never truncated into another action (before: 1.7
+    was stepped as action 1)."""
+
+    def policy(obs: np.ndarray, env_ids: np.ndarray) -> np.ndarray:
+        return np.full(len(env_ids), 1.7)
+
+    with (
+        ServerProcess(unique_url("unix"), env="pac", num_envs=2) as server,
+        transport.connect(server.url, autoreset="next_step") as client,
+        EpisodeCollector(client, policy, max_len=10, batch_size=2, seed=1) as collector,
+    ):
+        with pytest.raises(ActionError, match="would be truncated"):
+            collector.request_episodes(timeout=60)

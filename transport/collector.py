@@ -275,6 +275,9 @@ class EpisodeCollector:
             if len(playing):
                 current = _public({name: rows[playing] for name, rows in obs.items()})
                 chosen = np.asarray(self.policy_fn(current, playing.copy()))
+                if chosen.dtype != actions.dtype:  # the client's action rule judges the values:
+                    wider = np.result_type(chosen.dtype, actions.dtype)  # floats for integers
+                    actions = actions.astype(wider)  # are refused, not truncated
                 actions[playing] = chosen.reshape(actions[playing].shape)
             for i in playing.tolist():
                 episode = running[i]
