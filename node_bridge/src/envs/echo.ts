@@ -19,9 +19,9 @@ export interface EchoResult extends StepResultInput {
   action_mask: Uint8Array;
 }
 
-export class EchoEnv implements Env<EchoResult> {
-  steps = 0;
-  readonly #result: EchoResult = {
+/** A fresh echo result: zeros, every action legal (pac_env's StepResult). */
+export function echoResult(): EchoResult {
+  return {
     observation: new Float32Array(OBS_N),
     action_mask: new Uint8Array(ACT_N).fill(1),
     reward: 0,
@@ -36,6 +36,11 @@ export class EchoEnv implements Env<EchoResult> {
     items_held: 0,
     actions_this_turn: 0,
   };
+}
+
+export class EchoEnv implements Env<EchoResult> {
+  steps = 0;
+  readonly #result: EchoResult = echoResult();
 
   spaces(): Spaces {
     return { obsN: OBS_N, actN: ACT_N };

@@ -17,6 +17,7 @@
 
 import type { StepResultInput } from "../generated/pac_env";
 import type { Env, Spaces, VectorEnv, VectorResults } from "../runtime/env";
+import { echoResult } from "./echo";
 
 const OBS_N = 612;
 const ACT_N = 92;
@@ -150,21 +151,7 @@ export class EpisodicVectorEchoEnv extends VectorEchoEnv {
 export class EpisodicEchoEnv implements Env<StepResultInput> {
   steps = 0;
   resets = 0;
-  readonly #result = {
-    observation: new Float32Array(OBS_N),
-    action_mask: new Uint8Array(ACT_N).fill(1),
-    reward: 0,
-    done: 0,
-    rank: 0,
-    life: 0,
-    money: 0,
-    stage: 0,
-    board_size: 0,
-    level: 0,
-    synergy_count: 0,
-    items_held: 0,
-    actions_this_turn: 0,
-  };
+  readonly #result = echoResult();
 
   spaces(): Spaces {
     return { obsN: OBS_N, actN: ACT_N };

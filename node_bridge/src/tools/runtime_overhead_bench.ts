@@ -21,25 +21,12 @@ import { AutoReset } from "../protocol";
 import type { Env, Spaces } from "../runtime/env";
 import { EnvHost } from "../runtime/host";
 import { Session } from "../runtime/session";
+import { echoResult } from "../envs/echo";
 import { VectorEchoEnv } from "../envs/vector_echo";
 
 /** An env whose step does nothing: it returns its one preallocated result. */
 export class NoopEnv implements Env<StepResultInput> {
-  readonly #result: StepResultInput = {
-    observation: new Float32Array(612),
-    action_mask: new Uint8Array(92).fill(1),
-    reward: 0,
-    done: 0,
-    rank: 0,
-    life: 0,
-    money: 0,
-    stage: 0,
-    board_size: 0,
-    level: 0,
-    synergy_count: 0,
-    items_held: 0,
-    actions_this_turn: 0,
-  };
+  readonly #result: StepResultInput = echoResult();
 
   spaces(): Spaces {
     return { obsN: 612, actN: 92 };
