@@ -25,6 +25,12 @@ from .servers import ROOT, ServerProcess, unique_url  # noqa: E402
 TETRIS = str(ROOT / "schema" / "tetris.toml")
 N = 4
 T = 16
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
+
+
+def host(tensor: Any) -> np.ndarray:
+    return np.asarray(tensor.detach().cpu().numpy()).copy()
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +79,9 @@ def replay(url: str, actions: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def test_buffer_equals_the_numpy_replay(server: ServerProcess) -> None:
-    with tt.connect(server.url, TETRIS, autoreset="same_step") as client:
+@pytest.mark.parametrize("device", DEVICES)
+def test_buffer_equals_the_numpy_replay(server: ServerProcess, device: str) -> None:
+    with tt.connect(server.url, TETRIS, device=device, autoreset="same_step") as client:
         collector = RolloutCollector(client, policy, T, seed=11)
         buf = collector.collect()
         assert buf.observations.shape == (T, N, 214)
@@ -82,9 +89,10 @@ def test_buffer_equals_the_numpy_replay(server: ServerProcess) -> None:
         assert buf.actions.shape == (T, N)
         assert buf.extras["value"].shape == (T, N)
         assert torch.equal(buf.extras["value"], buf.observations.sum(dim=2))
-        actions = buf.actions.numpy().copy()
+        assert buf.rewards.device.type == device and buf.observations.device.type == device
+        actions = host(buf.actions)
         got = {
-            name: getattr(buf, name).numpy().copy()
+            name: host(getattr(buf, name))
             for name in (
                 "observations",
                 "masks",
@@ -115,7 +123,7 @@ def test_buffer_equals_the_numpy_replay(server: ServerProcess) -> None:
 
 
 def test_buffer_is_reused_and_episodes_continue(server: ServerProcess) -> None:
-    with tt.connect(server.url, TETRIS, autoreset="same_step") as client:
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
         collector = RolloutCollector(client, policy, 4, seed=11)
         first = collector.collect()
         observations = first.observations
@@ -152,7 +160,8 @@ def test_ppo_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "done: env=pac device=" in out
 
 
-def test_dict_observations_and_box_actions() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_dict_observations_and_box_actions(device: str) -> None:
     """A Dict observation (two fields) and a Box action (the reach env, schema dictbox): the
     buffer keeps a dict of observation tensors, and equals the NumPy replay."""
     url = unique_url("shm")
@@ -164,14 +173,14 @@ def test_dict_observations_and_box_actions() -> None:
         return torch.rand((N, 2), generator=rng) * 2 - 1
 
     with ServerProcess(url, env="reach", num_envs=N) as proc:
-        with tt.connect(proc.url, autoreset="same_step") as client:
+        with tt.connect(proc.url, device=device, autoreset="same_step") as client:
             buf = RolloutCollector(client, reach, steps, seed=5).collect()
             assert buf.observations["grid"].shape == (steps, N, 2, 5, 5)
             assert buf.observations["vec"].shape == (steps, N, 4)
             assert buf.next_observations["vec"].shape == (N, 4) and buf.masks is None
-            actions = buf.actions.numpy().copy()
-            got = {name: buf.observations[name].numpy().copy() for name in ("grid", "vec")}
-            rewards = buf.rewards.numpy().copy()
+            actions = host(buf.actions)
+            got = {name: host(buf.observations[name]) for name in ("grid", "vec")}
+            rewards = host(buf.rewards)
         with transport.connect(proc.url, autoreset="same_step") as plain:
             view = plain.reset(seed=5)
             for t in range(steps):

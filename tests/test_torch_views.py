@@ -96,7 +96,7 @@ def test_cpu_tensors_view_the_numpy_views(server: ServerProcess) -> None:
 def test_values_equal_the_numpy_path(server: ServerProcess) -> None:
     expected = numpy_trace(server.url)
     got = []
-    with tt.connect(server.url, TETRIS, autoreset="same_step") as client:
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
         result = client.reset(seed=7)
         got.append({name: tensor_bytes(result[name]) for name in result})
         for _ in range(STEPS):
@@ -111,7 +111,7 @@ def test_values_equal_the_numpy_path(server: ServerProcess) -> None:
 
 
 def test_copy_true_gives_owned_tensors(server: ServerProcess) -> None:
-    with tt.connect(server.url, TETRIS, autoreset="same_step") as client:
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
         first = client.reset(seed=7, copy=True)
         view = client.view
         assert view is not None

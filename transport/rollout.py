@@ -27,6 +27,8 @@ import torch
 from transport.errors import AdapterError
 from transport.torch import TensorStep, TorchClient, torch_dtype
 
+_cuda: Any = torch.cuda  # torch's CUDA calls are untyped: called through Any
+
 Policy = Callable[[Any, Any], Any]
 """``policy(observations [N, *obs] (a dict of them by field name for several observation
 fields), masks [N, A] bool or None) -> actions [N, *act]`` or
@@ -111,6 +113,22 @@ class RolloutCollector:
         self._lengths = np.zeros(client.num_envs, dtype=np.int64)
         self.total_steps = 0
         self.buffer = self._allocate(steps)
+        # rewards and end flags are gathered on the host from the client's NumPy view (a few
+        # bytes per env: no kernel per step), then copied to the device once per collect
+        buf = self.buffer
+        on_device = client.device.type != "cpu"
+
+        def host_of(tensor: Any) -> Any:
+            if not on_device:
+                return tensor  # the buffer itself: its NumPy view is written in place
+            return torch.empty(tuple(tensor.shape), dtype=tensor.dtype, pin_memory=True)
+
+        self._host = [host_of(t) for t in (buf.rewards, buf.terminated, buf.truncated, buf.dones)]
+        self._rewards, self._terminated, self._truncated, self._dones = (
+            t.numpy() for t in self._host
+        )
+        self._uploaded: Any = _cuda.Event() if on_device else None
+        self._uploading = False
 
     def _allocate(self, steps: int) -> RolloutBuffer:
         dtype = self.client.schema[self.client.schema.ir.messages["STEP_RESP"].body or ""].dtype
@@ -160,6 +178,9 @@ class RolloutCollector:
         last = self._last if self._last is not None else self.reset()
         buf = self.buffer
         buf.finals = []
+        if self._uploading:  # the last collect's flags may still be read from the host arrays
+            self._uploaded.synchronize()
+            self._uploading = False
         for t in range(buf.steps):
             obs = self._observe(buf.observations, t, last)
             mask = None
@@ -171,11 +192,17 @@ class RolloutCollector:
             actions, extras = out if isinstance(out, tuple) else (out, {})
             self._keep(buf, t, actions, extras)
             last = self.client.step(actions)
-            self._ends(buf, t, last)
+            self._ends(buf, t)
         self._last = last
         self._observe(buf.next_observations, None, last)
         if buf.next_masks is not None and self.mask_name is not None:
             buf.next_masks.copy_(last[self.mask_name])
+        if self._uploaded is not None:
+            kept = (buf.rewards, buf.terminated, buf.truncated, buf.dones)
+            for device_side, host_side in zip(kept, self._host, strict=True):
+                device_side.copy_(host_side, non_blocking=True)
+            self._uploaded.record(_cuda.current_stream(self.client.device))
+            self._uploading = True
         self._episodes(buf)
         self.total_steps += buf.steps * self.client.num_envs
         return buf
@@ -204,32 +231,54 @@ class RolloutCollector:
                 )
             kept[t].copy_(value)
 
-    def _ends(self, buf: RolloutBuffer, t: int, result: TensorStep) -> None:
-        """Step t's reward and end flags; an ended episode's come from its final result."""
-        buf.rewards[t].copy_(result[self.reward_name])
-        self._flags(buf, t, result, slice(None))
-        for index, final in self.client.finals:
-            buf.rewards[t, index] = final[self.reward_name]
-            self._flags(buf, t, final, index)
-            buf.finals.append((t, index, final))
+    def _ends(self, buf: RolloutBuffer, t: int) -> None:
+        """Step t's reward and end flags, on the host from the client's NumPy view; an ended
+        episode's come from its final result, which ``buf.finals`` keeps as tensors."""
+        view = self.client.view
+        assert view is not None
+        self._rewards[t] = view[self.reward_name]
+        self._flags(t, view, slice(None))
+        finals = self.client.client.finals
+        if not finals:
+            return
+        for index, final in finals:
+            self._rewards[t, index] = final[self.reward_name]
+            self._flags(t, final, index)
+        for index, step in self._final_tensors(finals):
+            buf.finals.append((t, index, step))
 
-    def _flags(self, buf: RolloutBuffer, t: int, result: TensorStep, at: Any) -> None:
-        ended = result[self.ended_name] != 0
+    def _flags(self, t: int, result: Any, at: Any) -> None:
+        ended = np.asarray(result[self.ended_name]) != 0
         truncated = (
-            result[self.truncated_name] != 0
+            np.asarray(result[self.truncated_name]) != 0
             if self.truncated_name is not None
-            else torch.zeros_like(ended)
+            else np.zeros_like(ended)
         )
         terminated = ended & ~truncated if self.ended_is_done else ended
-        buf.terminated[t, at] = terminated
-        buf.truncated[t, at] = truncated
-        buf.dones[t, at] = terminated | truncated
+        self._terminated[t, at] = terminated
+        self._truncated[t, at] = truncated
+        self._dones[t, at] = terminated | truncated
+
+    def _final_tensors(self, finals: list[tuple[int, Any]]) -> list[tuple[int, TensorStep]]:
+        """The step's final results as owned tensors on the device: one copy per field for all
+        of them (not one per field per ended episode)."""
+        first = finals[0][1]
+        stacked = {}
+        for name in first:
+            if torch_dtype(np.asarray(first[name]).dtype) is None:
+                continue
+            block = np.stack([np.asarray(final[name]) for _, final in finals])
+            stacked[name] = torch.from_numpy(block).to(self.client.device)
+        return [
+            (index, TensorStep({name: value[k] for name, value in stacked.items()}))
+            for k, (index, _) in enumerate(finals)
+        ]
 
     def _episodes(self, buf: RolloutBuffer) -> None:
-        """The returns and lengths of the episodes that ended in this rollout (on the host,
-        once per rollout: no device sync per step)."""
-        rewards = buf.rewards.cpu().numpy().astype(np.float64)
-        dones = buf.dones.cpu().numpy()
+        """The returns and lengths of the episodes that ended in this rollout (from the host
+        arrays: no device sync)."""
+        rewards = self._rewards.astype(np.float64)
+        dones = self._dones
         buf.episode_returns = []
         buf.episode_lengths = []
         for t in range(buf.steps):
