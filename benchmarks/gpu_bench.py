@@ -14,8 +14,11 @@ environment first (Python, torch, CUDA, device name, CPU count).
    and a derived-layout image schema (u8[3,84,84]); N = 32 and 256:
    naive (the strided slot view ``.to(device)``), host copy then ``.to``, the
    ``transport.torch`` path (region registered with ``cudaHostRegister``, the slots' block
-   copied on a stream, the field sliced on the device, made contiguous), and the
-   struct-of-arrays floor (a contiguous registered buffer of the field alone, one copy).
+   copied on a stream, the field sliced on the device, made contiguous), the column layout
+   (``[env] shm = "columns"``: a real column region of the same observation, image_columns
+   and an f32[612] columns schema; ``transport.torch``'s one copy of every result column from
+   the registered region; on the CPU its zero-copy ``from_numpy``), and the struct-of-arrays floor
+   (a contiguous registered buffer of the field alone, one copy).
 2. **Policy**: a 612-256-256-92 MLP with masks and sampling, actions back on the host, at
    N = 32, 256, 1024 on the CPU and on the device.
 3. **Collector**: end-to-end env-steps/s of ``transport.rollout.RolloutCollector`` over shm://
@@ -53,9 +56,14 @@ try:
 except ImportError:  # pragma: no cover - said once, clearly
     sys.exit("gpu_bench: torch is not installed (pip install torch)")
 
-from transport.backends.shm.region import CONTROL_SIZE, ShmLayout  # noqa: E402
+from transport.backends.shm.region import (  # noqa: E402
+    CONTROL_SIZE,
+    ColumnRecords,
+    ShmLayout,
+    column_views,
+)
 from transport.codec import Schema  # noqa: E402
-from transport.generated import pac_env  # noqa: E402
+from transport.generated import image_columns, pac_env  # noqa: E402
 
 IMAGE_SCHEMA = """
 [schema]
@@ -78,6 +86,30 @@ fields = [
 [structs.StepRequest]
 fields = [{ name = "action", type = "i32", role = "action" }]
 """
+
+COLUMNS_F32_SCHEMA = """
+[schema]
+name = "gpu_bench_columns"
+version = 1
+layout = "natural"
+
+[env]
+result = "StepResult"
+request = "StepRequest"
+shm = "columns"
+
+[structs.StepResult]
+fields = [
+  { name = "observation", type = "f32[612]", role = "observation" },
+  { name = "action_mask", type = "u8[92]",   role = "action_mask" },
+  { name = "reward",      type = "f32",      role = "reward" },
+  { name = "done",        type = "u8",       role = "done" },
+]
+
+[structs.StepRequest]
+fields = [{ name = "action", type = "i32", role = "action" }]
+"""
+"""A pac-sized observation in the shm column layout (the f32[612] row's "column layout")."""
 
 NA = "n/a"
 
@@ -142,15 +174,24 @@ def environment(device: Any) -> dict[str, Any]:
 # -- 1. transfer ---------------------------------------------------------------------------------
 
 
-def layouts() -> list[tuple[str, ShmLayout]]:
-    """The two slot layouts: pac_env's (Appendix B) and a derived-layout image schema's."""
+def _layout_of(text: str, name: str) -> ShmLayout:
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "gpu_bench_image.toml"
-        path.write_text(IMAGE_SCHEMA)
+        path = Path(tmp) / f"{name}.toml"
+        path.write_text(text)
         from transport.schema import load_schema
 
-        image = ShmLayout.of(Schema(load_schema(str(path))))
-    return [("f32[612]", ShmLayout.of(pac_env.SCHEMA)), ("u8[3,84,84]", image)]
+        return ShmLayout.of(Schema(load_schema(str(path))))
+
+
+def layouts() -> list[tuple[str, ShmLayout, ShmLayout]]:
+    """(name, slot layout, column layout): pac_env's Appendix B slots and a derived-layout
+    image schema's, each with a column-layout schema of the same observation."""
+    image = _layout_of(IMAGE_SCHEMA, "gpu_bench_image")
+    f32_columns = _layout_of(COLUMNS_F32_SCHEMA, "gpu_bench_columns")
+    return [
+        ("f32[612]", ShmLayout.of(pac_env.SCHEMA), f32_columns),
+        ("u8[3,84,84]", image, ShmLayout.of(image_columns.SCHEMA)),
+    ]
 
 
 class Region:
@@ -171,16 +212,37 @@ class Region:
         self.view[...] = rng.integers(0, 100, size=self.view.shape).astype(self.view.dtype)
 
 
+class ColumnRegion:
+    """An anonymous shared mapping laid out as a column-layout shm region of ``n`` slots: the
+    result columns after the slots and final areas (``records``: the client's ColumnRecords)."""
+
+    def __init__(self, n: int, layout: ShmLayout) -> None:
+        self.size = layout.region_size(n)
+        self.map = mmap.mmap(-1, self.size)
+        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        self.address = self.bytes.__array_interface__["data"][0]
+        _, results = column_views(layout, self.map, n)
+        self.records = ColumnRecords(layout.result.dtype, results, n)
+        self.view = results["observation"]  # (n, *shape), contiguous
+        rng = np.random.default_rng(0)
+        self.view[...] = rng.integers(0, 100, size=self.view.shape).astype(self.view.dtype)
+
+
 def transfer_table(device: Any, reps: int, budget: Budget) -> list[dict[str, Any]]:
     rows = []
-    for name, layout in layouts():
+    for name, layout, columns in layouts():
         for n in (32, 256):
             if budget.left() < 10:
                 rows.append({"batch": f"{n} x {name}", "error": "skipped: time budget"})
                 continue
             region = Region(n, layout)
-            limit = min(5.0, budget.left() / 20)
-            rows.append(transfer_row(name, region, device, reps, limit))
+            limit = min(5.0, budget.left() / 24)
+            row = transfer_row(name, region, device, reps, limit)
+            try:
+                row["columns"] = column_path(ColumnRegion(n, columns), device, reps, limit)
+            except Exception as exc:  # said in the cell; the other columns stand
+                row["columns"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
     return rows
 
 
@@ -260,6 +322,43 @@ def registered_path(region: Region, device: Any, reps: int, limit: float) -> flo
         expected = torch.from_numpy(np.ascontiguousarray(region.view)).to(device)
         if not torch.equal(out[0], expected):
             raise RuntimeError("the registered path's observations differ from the slots'")
+        return value
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(region.address)
+
+
+def column_path(region: ColumnRegion, device: Any, reps: int, limit: float) -> float:
+    """transport.torch's path over a column-layout region (``_ColumnPlan``): CUDA, the
+    registered region's result columns (observation, mask, reward, ...) copied to the device in
+    ONE asynchronous copy, the observation a view of it (no slot block, no gather); CPU,
+    ``torch.from_numpy`` of the column (no copy at all)."""
+    from transport.client import StepView
+    from transport.torch import _ColumnPlan, _HostPlan
+
+    view = StepView(region.records)  # type: ignore[arg-type]
+    if device.type != "cuda":
+        plan: Any = _HostPlan(view)
+        if plan.copied:
+            raise RuntimeError(f"the CPU plan copies {plan.copied}")
+        # the client's cached plan per step: its tensors already are the columns (no copy)
+        return median_us(lambda: plan.refresh(None).observation, _no_sync, reps, limit)
+    _register(region.address, region.size)
+    try:
+        owner = _Owner(device, (region.address, region.size))
+        plan = _ColumnPlan(owner, view)  # type: ignore[arg-type]
+        if any(stage is not None for _, _, stage, _ in plan.copies):
+            raise RuntimeError("the column plan did not read the registered region directly")
+        out: list[Any] = []
+
+        def run() -> None:
+            step = plan.refresh(owner)  # type: ignore[arg-type]
+            out[:] = [step.observation]
+
+        value = median_us(run, torch.cuda.synchronize, reps, limit)
+        expected = torch.from_numpy(np.ascontiguousarray(region.view)).to(device)
+        if not torch.equal(out[0], expected):
+            raise RuntimeError("the column path's observations differ from the column's")
         return value
     finally:
         torch.cuda.synchronize()
@@ -494,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 [("batch", "batch"), ("naive", "naive: strided view .to"),
                  ("host_copy", "host copy then .to"),
                  ("registered", "transport.torch: registered region, slot block, device slice"),
+                 ("columns", "column layout: transport.torch, result columns in one copy"),
                  ("soa_floor", "struct-of-arrays registered (floor)")],
                 results["transfer"],
             )  # fmt: skip

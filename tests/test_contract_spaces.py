@@ -6,8 +6,8 @@ derives them and served by ``transport-serve --env contract --schema FILE``.
 Time-bounded: the layout-dependent checks only (the others do not depend on the schema and run
 over every backend in tests/test_contract.py), real server processes shared by the checks of
 one (target, schema): Python servers over unix for every row and over shm for the rows that
-change the slots most, Node servers over unix. GAPS declares what fails today (strict xfails):
-nothing.
+change the slots most (and two rows in the shm column layout), Node servers over unix. GAPS
+declares what fails today (strict xfails): nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from transport.testing import (
     run_check,
     unused_gaps,
 )
-from transport.testing.space_matrix import SPACE_MATRIX, space_schema
+from transport.testing.space_matrix import COLUMN_ROWS, SPACE_MATRIX, space_schema
 
 from .servers import require_lang
 
@@ -43,12 +43,13 @@ GAPS: dict[tuple[str, ...], str] = {}
 CASES = contract_cases([("unix", "python")], list(SPACE_MATRIX), GAPS, checks=LAYOUT_CHECKS)
 CASES += contract_cases([("shm", "python")], SHM_ROWS, GAPS, checks=LAYOUT_CHECKS)
 CASES += contract_cases([("unix", "node")], NODE_ROWS, GAPS, checks=LAYOUT_CHECKS)
+CASES += contract_cases([("shm", "python")], list(COLUMN_ROWS), GAPS, checks=LAYOUT_CHECKS)
 
 
 @pytest.fixture(scope="module")
 def schemas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Schema]:
     directory: Path = tmp_path_factory.mktemp("space-matrix")
-    return {row: space_schema(row, directory) for row in SPACE_MATRIX}
+    return {row: space_schema(row, directory) for row in (*SPACE_MATRIX, *COLUMN_ROWS)}
 
 
 @pytest.fixture(scope="module")

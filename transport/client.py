@@ -105,11 +105,20 @@ class StepView:
     call on the client that returned them. ``observation`` of a batched call has shape (N, 612).
     """
 
-    __slots__ = ("_fields", "record")
+    __slots__ = ("_fields", "source")
 
     def __init__(self, record: np.ndarray) -> None:
-        self.record = record
+        self.source = record
+        """What the fields view: the channel's record array, or (shm column layout) its
+        ``ColumnRecords``, whose fields are the region's columns."""
         self._fields = {name: record[name] for name in record.dtype.names or ()}
+
+    @property
+    def record(self) -> np.ndarray:
+        """The results as a record array: the views' own array, or for the shm column layout
+        (fields in separate columns, not one array) an owned copy in the wire layout."""
+        source = self.source
+        return source if isinstance(source, np.ndarray) else np.asarray(source)
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -127,10 +136,10 @@ class StepView:
         return list(self._fields)
 
     def copy(self) -> StepView:
-        return StepView(self.record.copy())
+        return StepView(self.source.copy())
 
     def __repr__(self) -> str:
-        shape = self.record.shape
+        shape = self.source.shape
         return f"StepView({', '.join(self._fields)}; envs={shape[0] if shape else 1})"
 
 

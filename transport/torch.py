@@ -10,6 +10,11 @@ return a ``TensorStep`` whose fields are torch tensors, and ``step`` takes actio
   address is not a multiple of its element size (a packed layout such as pac_env's 2557-byte
   wire record over a socket) cannot be a tensor view: it is copied into a tensor of its own
   each step, and ``copied_fields`` names it.
+- **Column layout** (``[env] shm = "columns"``): every field of a step is its column, one
+  contiguous (N, ...) block of the region: the CPU tensor is ``torch.from_numpy`` of it (its
+  ``data_ptr`` is the column's address); on CUDA the result columns (back to back in the
+  region) travel in ONE asynchronous copy from the registered region, each field a view of the
+  device block (no slot block, no gather).
 - **CUDA.** A per-connection staging path: the shm region is registered with CUDA once
   (``cudaHostRegister``: page-locked in place, so the DMA engine reads the slots directly); a
   stream backend's records are copied (one ``memcpy``) into a pinned staging buffer. The block
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 
 from transport.api import connect as _connect
+from transport.backends.shm.region import ColumnRecords
 from transport.client import DEFAULT_TIMEOUT, Client, StepView
 from transport.codec import Schema
 from transport.errors import AdapterError, TransportError
@@ -276,6 +282,70 @@ class _DevicePlan:
         return self.step
 
 
+class _ColumnPlan:
+    """The device tensors of one ``StepView`` over a column-layout shm region. Each field is
+    its column, one contiguous (N, ...) block; the result columns lie back to back in the
+    region (each at a multiple of 64 bytes), so from a registered region they all travel in
+    ONE asynchronous copy of their span and each field is a view of the device block at its
+    column's offset (aligned: no kernel, no gather). A region that could not be registered
+    goes through one pinned staging buffer per field (one copy each)."""
+
+    def __init__(self, owner: TorchClient, view: StepView) -> None:
+        self.view = view
+        self.fields: dict[str, Any] = {}
+        self.copies: list[tuple[Any, Any, np.ndarray | None, np.ndarray | None]] = []
+        """(device target, host source, pinned stage or None, the column view or None)."""
+        self.skipped: list[str] = []
+        self.copied: list[str] = []  # nothing is gathered: every column is one block
+        arrays: dict[str, tuple[np.ndarray, Any]] = {}
+        for name in view:
+            array = view[name]
+            tdtype = torch_dtype(array.dtype)
+            if tdtype is None:
+                self.skipped.append(name)
+            else:
+                arrays[name] = (array, tdtype)
+        if not arrays:
+            self.step = TensorStep(self.fields)
+            return
+        lo = min(_address(a) for a, _ in arrays.values())
+        hi = max(_address(a) + a.nbytes for a, _ in arrays.values())
+        aligned = all((_address(a) - lo) % a.dtype.itemsize == 0 for a, _ in arrays.values())
+        if aligned and owner._registered_span(lo, hi - lo):
+            first = next(iter(arrays.values()))[0]
+            whole = np.frombuffer(_root(first), dtype=np.uint8)
+            start = lo - _address(whole)
+            source = torch.from_numpy(whole[start : start + hi - lo])  # the region itself
+            block = torch.empty(hi - lo, dtype=torch.uint8, device=owner.device)
+            self.copies.append((block, source, None, None))
+            for name, (array, tdtype) in arrays.items():
+                at = _address(array) - lo
+                raw = block[at : at + array.nbytes]
+                self.fields[name] = raw.view(tdtype).reshape(array.shape)
+        else:
+            for name, (array, tdtype) in arrays.items():
+                target = torch.empty(array.shape, dtype=tdtype, device=owner.device)
+                staged = torch.empty(array.shape, dtype=tdtype, pin_memory=owner.cuda)
+                self.copies.append((target, staged, staged.numpy(), array))
+                self.fields[name] = target
+        self.step = TensorStep(self.fields)
+
+    def refresh(self, owner: TorchClient) -> TensorStep:
+        """Copy this step's columns to the device, on the device's current stream: ordered
+        after the kernels that read the last step's tensors and before those that read these
+        (no side stream to synchronise with: one DMA, nothing to overlap); the event lets the
+        next request wait until the DMA has read the region (``_settle``)."""
+        for _, _, stage, array in self.copies:
+            if stage is not None and array is not None:
+                np.copyto(stage, array)
+        current = torch.cuda.current_stream(owner.device)
+        for target, source, _, _ in self.copies:
+            target.copy_(source, non_blocking=True)
+        owner._copied.record(current)
+        owner._pending = True
+        return self.step
+
+
 class TorchClient:
     """A ``Client`` whose results are torch tensors on ``device`` (see the module docstring).
 
@@ -316,7 +386,8 @@ class TorchClient:
             self.path = f"pinned staging buffer (cudaHostRegister failed: {rc})"
             return
         self._registered = (base, size)
-        self.path = "registered shm region"
+        columns = getattr(getattr(self.client.channel, "layout", None), "columns", False)
+        self.path = "registered shm region" + (", result columns in one copy" if columns else "")
 
     def _registered_span(self, address: int, nbytes: int) -> bool:
         span = self._registered
@@ -402,9 +473,16 @@ class TorchClient:
         if plan is None or plan.view is not view:
             if len(self._plans) >= 8:  # a replaced receive buffer: drop the old buffers' plans
                 self._plans.clear()
-            plan = self._plans[id(view)] = _DevicePlan(self, view) if self.cuda else _HostPlan(view)
+            plan = self._plans[id(view)] = self._plan(view)
         step: TensorStep = plan.refresh(self)
         return step.clone() if copy else step
+
+    def _plan(self, view: StepView) -> Any:
+        if not self.cuda:
+            return _HostPlan(view)  # columns too: each field is its column, viewed as is
+        if isinstance(view.source, ColumnRecords):
+            return _ColumnPlan(self, view)
+        return _DevicePlan(self, view)
 
     # -- lifetime ----------------------------------------------------------------------------
 

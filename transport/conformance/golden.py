@@ -144,6 +144,11 @@ def _value_for(schema: SchemaIR, case: str, field: FieldIR, leaf_no: int, i: int
     return small if small >= lo else lo
 
 
+LARGE_ELEMENTS = 16_384
+"""A struct with more scalar elements than this (a frame) gets fewer golden cases and fewer
+random messages (``runner.Runner.count_for``)."""
+
+
 def case_names(schema: SchemaIR, struct: StructIR) -> dict[str, str]:
     """The cases of a struct and what each one covers."""
     all_leaves = leaves(schema, struct)
@@ -157,7 +162,11 @@ def case_names(schema: SchemaIR, struct: StructIR) -> dict[str, str]:
         "mixed": "integers spread over their full range, floats cycling through NaN, +-0.0,"
         " +-inf, subnormals, the largest finite values and typical values",
     }
-    if any(f.kind == "float" for f in struct.fields):  # nested-only floats: "mixed" covers them
+    if sum(leaf.field.count for leaf in all_leaves) > LARGE_ELEMENTS:
+        # a frame-sized struct (an image schema's): the extremes and "mixed" (every float
+        # special, integers over their whole range); each case is megabytes of golden files
+        out = {case: out[case] for case in ("zeros", "max", "mixed")}
+    elif any(f.kind == "float" for f in struct.fields):  # nested-only: "mixed" covers them
         out.update(_FLOAT_CASES)
     widest = max(
         (len(enum_values(schema, leaf.field)) for leaf in all_leaves if leaf.field.kind == "enum"),

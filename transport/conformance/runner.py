@@ -13,22 +13,40 @@ from typing import Any, TextIO
 
 from transport.codec import Schema
 from transport.conformance import wire
-from transport.conformance.golden import annotate, case_names, hex_title, load_golden
+from transport.conformance.columns import column_answer, column_slots
+from transport.conformance.golden import (
+    LARGE_ELEMENTS,
+    annotate,
+    case_names,
+    hex_title,
+    load_golden,
+)
 from transport.conformance.invalid import InvalidCase, invalid_cases
-from transport.conformance.layout import field_at
+from transport.conformance.layout import field_at, leaves
 from transport.conformance.process import TesteeError, TesteeProcess
 from transport.conformance.strategies import generate
 from transport.conformance.testee import error_of
 from transport.schema import load_schema
-from transport.schema.ir import SchemaIR, StructIR
+from transport.schema.ir import SchemaIR, StructIR, shm_columns
 
-CHECKS = ("fingerprint", "golden", "python-testee", "testee-python", "views", "invalid")
+CHECKS = (
+    "fingerprint",
+    "golden",
+    "python-testee",
+    "testee-python",
+    "views",
+    "invalid",
+    "columns",
+)
 """Check names, in the order they run (``--only`` takes these)."""
 DEFAULT_COUNT = 2000
 DEFAULT_SEED = 20240611
 MAX_DETAILS = 20
 """Failures kept in full per schema (all are counted)."""
 _BATCH_BYTES = 2_000_000
+ELEMENT_BUDGET = 2_000_000
+"""The most scalar elements a frame-sized struct's messages hold, per check and direction."""
+MIN_LARGE_COUNT = 2
 
 
 @dataclass
@@ -264,6 +282,18 @@ class Runner:
             self.testee.schemas.append(ir.name)
             return True
         return False
+
+    def count_for(self, ir: SchemaIR, struct: StructIR) -> int:
+        """Messages per direction for ``struct``: ``--count``, fewer for a frame-sized struct
+        (more than LARGE_ELEMENTS scalar elements, an image schema's): count x LARGE_ELEMENTS /
+        elements, at most ELEMENT_BUDGET elements in all, at least MIN_LARGE_COUNT. Every
+        schema with smaller structs is checked with the full count."""
+        elements = sum(leaf.field.count for leaf in leaves(ir, struct))
+        count = self.options.count
+        if elements <= LARGE_ELEMENTS:
+            return count
+        scaled = min(count * LARGE_ELEMENTS // elements, ELEMENT_BUDGET // elements)
+        return max(min(count, MIN_LARGE_COUNT), scaled)
 
     def line(self, schema: str, check: str, detail: str, count: Count | None) -> None:
         if count is None:
@@ -559,7 +589,8 @@ class Runner:
                 failure = self._compare_roundtrip(ir, struct, batch.values[k], batch.buffers[k], r)
                 count.add(struct_name, failure is None)
                 if failure:
-                    failure.case = f"message #{k} of {self.options.count} (seed {batch.seed})"
+                    total = self.count_for(ir, struct)
+                    failure.case = f"message #{k} of {total} (seed {batch.seed})"
                     result.fail(failure)
         self.line(ir.name, "python-testee", self._struct_counts(ir, count), count)
 
@@ -569,7 +600,7 @@ class Runner:
         """Python's random values of ``struct`` (seeded by ``purpose``), their encodings, and
         the testee's answers to ``op`` over them in batches."""
         seed = _seed_for(self.options.seed, ir.name, struct.name, purpose)
-        values = generate(ir, struct, self.options.count, seed)
+        values = generate(ir, struct, self.count_for(ir, struct), seed)
         buffers = [codecs[struct.name].encode(v) for v in values]
         return _PythonBatches(self, ir, struct, op, seed, values, buffers)
 
@@ -579,9 +610,8 @@ class Runner:
         """The testee's own random values of ``struct`` and their bytes, in batches:
         (batch number, the generate request, its results)."""
         size = batch_size(struct)
-        chunks = [
-            (i, min(size, self.options.count - i)) for i in range(0, self.options.count, size)
-        ]
+        total = self.count_for(ir, struct)
+        chunks = [(i, min(size, total - i)) for i in range(0, total, size)]
         requests: Iterator[tuple[dict[str, Any], dict[str, Any]]] = (
             (req, req)
             for req in (
@@ -739,7 +769,8 @@ class Runner:
                 mismatch = self._compare_view(ir, struct, batch.values[k], r, self.lang)
                 count.add(struct_name, mismatch is None)
                 if mismatch:
-                    mismatch.case = f"message #{k} of {self.options.count} (seed {batch.seed})"
+                    total = self.count_for(ir, struct)
+                    mismatch.case = f"message #{k} of {total} (seed {batch.seed})"
                     result.fail(mismatch)
             for number, request, results in self._generated(ir, struct, "views"):
                 at = _view_offset(number)
@@ -876,6 +907,73 @@ class Runner:
                 f"{self.lang + ':':<9} {show(theirs)}"
                 + (f"  ({error.get('message')})" if isinstance(error, dict) else ""),
             ],
+        )
+
+    # -- 7. the shm column layout ---------------------------------------------------------------
+
+    def check_columns(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
+        """A schema whose IR has ``shm.layout`` "columns" (others: nothing to check): the
+        testee lays k generated request and result records into a column region's columns area
+        (k in 1, 3, 8 and the seats); its answer must equal Python's byte for byte."""
+        env, shm = ir.env, ir.shm
+        if env is None or shm is None or not shm.columns:
+            return
+        count = result.checks.setdefault("columns", Count())
+        sizes = column_slots(env.seats)
+        for k in sizes:
+            seed = _seed_for(self.options.seed, ir.name, "columns", k)
+            requests = [codecs[env.request].encode(v) for v in generate(ir, env.request, k, seed)]
+            results = [codecs[env.result].encode(v) for v in generate(ir, env.result, k, seed + 1)]
+            expected = column_answer(codecs, k, requests, results)
+            answer = self.testee.request(
+                {
+                    "op": "columns",
+                    "schema": ir.name,
+                    "slots": k,
+                    "requests": requests,
+                    "results": results,
+                }
+            )
+            failure = self._compare_columns(ir, codecs, k, expected, answer)
+            count.add(f"k={k}", failure is None)
+            if failure is not None:
+                failure.case = f"{k} slots (seed {seed})"
+                result.fail(failure)
+        self.line(ir.name, "columns", f"k in {', '.join(map(str, sizes))}", count)
+
+    def _compare_columns(
+        self, ir: SchemaIR, codecs: Schema, k: int, expected: dict[str, Any], answer: Any
+    ) -> Failure | None:
+        def fail(summary: str, details: list[str], field: str = "") -> Failure:
+            return Failure(ir.name, "columns", "", "", self.lang, summary, field, details)
+
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            return fail(f"the testee refused the columns op: {answer!r}"[:300], [])
+        for key in ("region_size", "offsets"):
+            if answer.get(key) != expected[key]:
+                return fail(
+                    f"{key} differs",
+                    [f"python: {expected[key]!r}", f"{self.lang}: {answer.get(key)!r}"],
+                )
+        area = answer.get("area")
+        if not isinstance(area, bytes):
+            return fail("the answer has no area bytes", [])
+        at = first_diff_offset(expected["area"], area)
+        if at is None:
+            return None
+        offset = at + min(expected["offsets"].values())  # the region offset of that byte
+        owner, env_index = "(padding)", -1
+        for column in shm_columns(ir, k)[0]:
+            if column.start <= offset < column.end(k):
+                owner = column.key
+                env_index = (offset - column.start) // column.field.size
+        return fail(
+            f"the columns area differs at region byte {offset} ({owner}, env {env_index})",
+            [
+                f"python: {len(expected['area'])} bytes",
+                f"{self.lang}: {len(area)} bytes",
+            ],
+            owner,
         )
 
     @staticmethod

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from transport.codec import Schema
 from transport.conformance import wire
+from transport.conformance.columns import ColumnRequestError, column_answer
 from transport.conformance.paths import default_root, schema_files
 from transport.conformance.strategies import generate
 from transport.errors import CodecError
@@ -68,6 +69,10 @@ class Testee:
     def generate(self, schema: str, struct: str, count: int, seed: int) -> list[Any]:
         ir = self.irs[schema]
         return [wire.to_wire(ir, struct, v) for v in generate(ir, struct, count, seed)]
+
+    def columns(self, schema: str, slots: Any, requests: Any, results: Any) -> dict[str, Any]:
+        """The ``columns`` op: the columns area of a k-slot region holding these records."""
+        return column_answer(self.codecs[schema], slots, requests, results)
 
     def fingerprint(self, schema: str) -> tuple[str, str]:
         """``(computed, declared)``: Python has no generated constant, both come from the IR."""
@@ -136,6 +141,16 @@ class Testee:
                 except Exception as exc:
                     results.append({"error": error_of(exc)})
             return {"ok": True, "results": results}
+        if op == "columns":  # a column-layout shm region's columns area (docs/shm.md)
+            schema = request.get("schema")
+            if schema not in self.irs:
+                raise RequestError(f"unknown schema {schema!r}")
+            try:
+                return self.columns(
+                    schema, request.get("slots"), request.get("requests"), request.get("results")
+                )
+            except ColumnRequestError as exc:
+                raise RequestError(str(exc)) from None
         if op == "generate":
             schema, struct = self._target(request)
             count, seed = int(request.get("count", 0)), int(request.get("seed", 0))

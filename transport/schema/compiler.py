@@ -18,6 +18,7 @@ from transport.errors import SchemaError
 from transport.schema import rules
 from transport.schema.ir import (
     BOUNDED_ROLES,
+    COLUMNS,
     INTEGER_RANGES,
     MULTI_ROLES,
     ROLES,
@@ -411,10 +412,14 @@ class _Compiler:
         control = self.structs[SHM_CONTROL]
         if profile is None:
             shm = self._derived_shm(request, result)
+        elif profile == COLUMNS:  # a reserved built-in layout, never a file lookup
+            shm = self._columns_shm(result)
         elif isinstance(profile, str) and _NAME.match(profile):
             shm = self._profile_shm(profile, request, result, control)
         else:
-            raise self.error(f"[env] shm must name a layout profile schema, not {profile!r}")
+            raise self.error(
+                f'[env] shm must name a layout profile schema or be "{COLUMNS}", not {profile!r}'
+            )
         return env, shm
 
     def _check_action(self, request: StructIR, action: FieldIR) -> None:
@@ -588,6 +593,41 @@ class _Compiler:
             {f.name: request_at + f.offset for f in request.fields},
             {f.name: result_at + f.offset for f in result.fields},
             {f.name: final_result_at + f.offset for f in result.fields},
+        )
+
+    def _columns_shm(self, result: StructIR) -> ShmIR:
+        """The column layout (``[env] shm = "columns"``): a slot of control words and text areas
+        only (the derived slot's words, error text at 64, info after it), the derived final
+        area; the request and result fields live in columns after the final areas
+        (``shm_columns``), so the slot offset maps are empty."""
+        words = [{"name": n, "type": t} for n, t in _SLOT_WORDS]
+        texts: list[dict[str, Any]] = [{"name": n, "type": t} for n, t in _SLOT_TEXT]
+        texts[0]["offset"] = CACHE_LINE
+        self.raw_structs[SHM_SLOT] = {
+            "layout": "natural",
+            "size": _round_up(CACHE_LINE + ERROR_TEXT_SIZE + INFO_SIZE, CACHE_LINE),
+            "fields": [*words, *texts],
+        }
+        final_result_at = CACHE_LINE
+        self.raw_structs[SHM_FINAL] = {
+            "layout": "natural",
+            "size": _round_up(final_result_at + result.size, CACHE_LINE),
+            "fields": [
+                {"name": "final_seq", "type": "u32"},
+                {"name": "result", "type": result.name, "offset": final_result_at},
+            ],
+        }
+        self._struct(SHM_SLOT)
+        self._struct(SHM_FINAL)
+        return ShmIR(
+            COLUMNS,
+            SHM_CONTROL,
+            SHM_SLOT,
+            SHM_FINAL,
+            {},
+            {},
+            {f.name: final_result_at + f.offset for f in result.fields},
+            COLUMNS,
         )
 
     def _profile_shm(

@@ -8,7 +8,7 @@ area, result area, error text, info) and one final area. It is derived from the 
 
 from __future__ import annotations
 
-from transport.schema.ir import SchemaIR, StructIR
+from transport.schema.ir import COLUMN_ALIGN, SchemaIR, StructIR, shm_columns
 
 _PART_OF_WORD = {"error_text": "error text", "info": "info"}
 
@@ -21,6 +21,7 @@ def shm_diagram(ir: SchemaIR) -> list[str]:
     control, slot, final = (ir.structs[n] for n in (shm.control, shm.slot, shm.final))
     c, s, f = control.size, slot.size, final.size
     profile = "derived" if shm.profile == "derived" else f"profile {shm.profile}"
+    profile = "column" if shm.columns else profile
     cells = [
         (f"{control.name} ({c})", "0"),
         (f"{slot.name} i ({s})", f"{c} + i*{s}"),
@@ -41,12 +42,38 @@ def shm_diagram(ir: SchemaIR) -> list[str]:
         rule,
         f"  region size = {c} + k * ({s} + {f}) bytes",
     ]
+    if shm.columns:
+        head[-1] = f"  columns from C0(k) = {c} + k * ({s} + {f}); schema area at region_size(k)"
+        head[3:6] = [
+            line[:-1] + ("+" if line.startswith("  +") else "| columns ... |")
+            if not line.startswith("  +")
+            else line + "-" * 13 + "+"
+            for line in head[3:6]
+        ]
+        head += ["", *_columns(ir)]
     out = [*head, ""]
     out += _table(control, [(fd.offset, fd.size, "control", fd.name) for fd in control.fields])
     out.append("")
     out += _table(slot, _slot_rows(ir, slot, shm.request_offsets, shm.result_offsets))
     out.append("")
     out += _table(final, _slot_rows(ir, final, {}, shm.final_result_offsets))
+    return out
+
+
+def _columns(ir: SchemaIR) -> list[str]:
+    """The column list of a column-layout region: env i's value of a column is at its start +
+    i * its bytes per env; each column starts at the previous end rounded up to 64."""
+    columns, _ = shm_columns(ir, 1)
+    out = [
+        "columns (each field of all k envs back to back; env i at start + i * bytes per env)",
+        "  part      field                      bytes per env  start",
+    ]
+    previous = "C0(k)"
+    for column in columns:
+        name = f"{column.struct}.{column.field.name}"
+        out.append(f"  {column.part:<8}  {name:<25}  {column.field.size:>13}  {previous}")
+        previous = f"round_up(previous + k * {column.field.size}, {COLUMN_ALIGN})"
+    out.append(f"  region_size(k) = round_up(end of the last column, {COLUMN_ALIGN})")
     return out
 
 

@@ -93,6 +93,8 @@ def _shm_lines(ir: SchemaIR) -> list[str]:
     lines += [f"# {line}".rstrip() for line in shm_diagram(ir)]
     sizes = {"CONTROL": shm.control, "SLOT": shm.slot, "FINAL": shm.final}
     lines.append(f'SHM_PROFILE: Final = "{shm.profile}"')
+    if shm.columns:  # only here: every slot layout's module is unchanged
+        lines.append(f'SHM_LAYOUT: Final = "{shm.layout}"')
     lines += [f"SHM_{key}_SIZE: Final = {ir.structs[name].size}" for key, name in sizes.items()]
     for key, offsets in (
         ("REQUEST", shm.request_offsets),

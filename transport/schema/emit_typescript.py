@@ -242,6 +242,7 @@ def _emit_shm(ir: SchemaIR) -> list[str]:
         diagram
         + "export const SHM_LAYOUT = {\n"
         + f'{_INDENT}profile: "{shm.profile}",\n'
+        + (f'{_INDENT}layout: "{shm.layout}",\n' if shm.columns else "")
         + f"{_INDENT}controlSize: {ir.structs[shm.control].size},\n"
         + f"{_INDENT}slotSize: {ir.structs[shm.slot].size},\n"
         + f"{_INDENT}finalSize: {ir.structs[shm.final].size},\n"

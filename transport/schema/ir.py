@@ -257,7 +257,8 @@ class EnvIR:
 
 @dataclass(frozen=True)
 class ShmIR:
-    """The shared-memory layout of an env schema: region = control, k slots, k final areas.
+    """The shared-memory layout of an env schema: region = control, k slots, k final areas
+    (and, in the column layout, the columns: ``shm_columns``).
 
     ``control``, ``slot`` and ``final`` name structs of the schema (ShmControl, ShmSlot,
     ShmFinal); the offset maps give each request / result field's byte offset in a slot and each
@@ -271,9 +272,17 @@ class ShmIR:
     request_offsets: dict[str, int]
     result_offsets: dict[str, int]
     final_result_offsets: dict[str, int]
+    layout: str = "slots"
+    """``"slots"`` (request and result fields in each env's slot) or ``"columns"`` (``[env] shm =
+    "columns"``: each field of all envs contiguous after the final areas; ``shm_columns``)."""
+
+    @property
+    def columns(self) -> bool:
+        """True for the column (struct-of-arrays) layout."""
+        return self.layout == COLUMNS
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "profile": self.profile,
             "control": self.control,
             "slot": self.slot,
@@ -282,6 +291,10 @@ class ShmIR:
             "result_offsets": dict(self.result_offsets),
             "final_result_offsets": dict(self.final_result_offsets),
         }
+        # only for the column layout: every slot layout's IR (and fingerprint) is unchanged
+        if self.layout != "slots":
+            out["layout"] = self.layout
+        return out
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> ShmIR:
@@ -293,7 +306,56 @@ class ShmIR:
             dict(data["request_offsets"]),
             dict(data["result_offsets"]),
             dict(data["final_result_offsets"]),
+            str(data.get("layout", "slots")),
         )
+
+
+COLUMNS = "columns"
+"""The reserved ``[env] shm`` value (and IR ``shm.layout``) of the column layout."""
+COLUMN_ALIGN = 64
+"""Every column starts at a multiple of this (a cache line)."""
+
+
+@dataclass(frozen=True)
+class ShmColumn:
+    """One column of a column-layout region: field ``field`` of ``struct`` (the request or the
+    result struct, ``part``) for every env, ``field.size`` bytes each, from ``start``."""
+
+    part: str  # "request" | "result"
+    struct: str
+    field: FieldIR
+    start: int
+
+    @property
+    def key(self) -> str:
+        """``"<struct>.<field>"``: the column's name in the conformance answer."""
+        return f"{self.struct}.{self.field.name}"
+
+    def end(self, slots: int) -> int:
+        return self.start + slots * self.field.size
+
+
+def shm_columns(ir: SchemaIR, slots: int) -> tuple[tuple[ShmColumn, ...], int]:
+    """The columns of a column-layout region of ``slots`` slots and its size (without the schema
+    area): after control, k slots and k final areas, every request field then every result
+    field in declaration order, each at the previous one's end rounded up to 64 bytes; the size
+    is the last column's end rounded up to 64 (docs/shm.md, "Column layout")."""
+    shm, env = ir.shm, ir.env
+    if shm is None or env is None or not shm.columns:
+        raise ValueError(f"schema {ir.name} has no column shm layout")
+    control, slot, final = (ir.structs[n].size for n in (shm.control, shm.slot, shm.final))
+    at = control + slots * (slot + final)
+    out: list[ShmColumn] = []
+    for part, name in (("request", env.request), ("result", env.result)):
+        for f in ir.structs[name].fields:
+            at = _round_up(at, COLUMN_ALIGN)
+            out.append(ShmColumn(part, name, f, at))
+            at += slots * f.size
+    return tuple(out), _round_up(at, COLUMN_ALIGN)
+
+
+def _round_up(value: int, align: int) -> int:
+    return (value + align - 1) // align * align
 
 
 @dataclass(frozen=True)

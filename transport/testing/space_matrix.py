@@ -13,7 +13,9 @@ either language can serve it:
 - ``dict_observation``: a Dict of a vector, a uint8 grid and a Discrete (three fields, and the
   GymSpaces description enum), ``Discrete(16)``;
 - ``image_observation``: a frame-stacked 84x84 uint8 image, Atari's ``Discrete(6)`` widened to
-  16 (the contract env's action count without a mask).
+  16 (the contract env's action count without a mask);
+- ``box_action_columns``, ``dict_observation_columns``: those rows with ``[env] shm =
+  "columns"`` (the shm column layout: docs/shm.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from transport.codec import Schema
 
 SPACE_MATRIX = ("discrete", "box_action", "dict_observation", "image_observation")
 """The rows of the matrix, in the order the suite runs them."""
+COLUMN_ROWS = ("box_action_columns", "dict_observation_columns")
+"""Rows of the matrix again with ``[env] shm = "columns"`` (the shm column layout, issue 25):
+array actions in the request column (the HELLO mode in its first element), several
+observation fields as several columns. Only shm serves them differently."""
+COLUMNS_SUFFIX = "_columns"
 
 ACT_N = 16
 """The Discrete actions' n: the contract env's action count on a schema without a mask."""
@@ -35,6 +42,7 @@ def space_pair(name: str) -> tuple[Any, Any]:
     import numpy as np
     from gymnasium import spaces
 
+    name = name.removesuffix(COLUMNS_SUFFIX)
     if name == "discrete":
         return spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(ACT_N)
     if name == "box_action":
@@ -61,6 +69,12 @@ def space_schema(name: str, directory: str | os.PathLike[str]) -> Schema:
     from transport.gym_schema import schema_toml
 
     path = os.path.join(os.fspath(directory), f"space_{name}.toml")
+    text = schema_toml(*space_pair(name), name=f"space_{name}")
+    if name.endswith(COLUMNS_SUFFIX):  # the same env, its shm region in columns
+        text = text.replace("\n[env]\n", '\n[env]\nshm = "columns"\n', 1)
     with open(path, "w", encoding="utf-8") as out:
-        out.write(schema_toml(*space_pair(name), name=f"space_{name}"))
-    return load_schema(path)
+        out.write(text)
+    schema = load_schema(path)
+    if name.endswith(COLUMNS_SUFFIX) and (schema.ir.shm is None or not schema.ir.shm.columns):
+        raise ValueError(f"row {name}: the derived schema has no [env] table to set shm in")
+    return schema

@@ -88,6 +88,8 @@ _REGION_VIEWS = (
     "_body_requests",
     "_request_rows",
     "_requests",
+    "_request_fields",
+    "_result_columns",
     "_rows",
     "_result_bytes",
     "_final_bytes",
@@ -428,9 +430,19 @@ class ShmChannel:
         self._ctx.peer_pid = self.owner_pid
         self._ctx.peer_start = self.owner_start
         self._commands = region.strided("command")
-        self._requests = region.requests()
-        self._actions = self._requests[self._action_name]
-        self._request_rows = self._requests[:n]
+        columns = self.layout.columns
+        # each request field's (k, ...) view: the slots' strided field, or (column layout) its
+        # contiguous column; the client writes its actions there
+        self._request_rows: Any
+        self._requests: np.ndarray | None = None
+        if columns:
+            self._request_fields = dict(region.request_columns)
+            self._request_rows = region.column_requests(n)
+        else:
+            requests = self._requests = region.requests()
+            self._request_fields = {name: requests[name] for name in requests.dtype.names or ()}
+            self._request_rows = requests[:n]
+        self._actions = self._request_fields[self._action_name]
         self._step_resp = self.ids.STEP_RESP if n == 1 else self.ids.STEP_BATCH_RESP
         self._step_req = self.ids.STEP_REQ if n == 1 else self.ids.STEP_BATCH_REQ
         self._has_seed = region.strided("has_seed")
@@ -454,22 +466,38 @@ class ShmChannel:
         self._async_ids_ptr = native.ffi.cast(
             "uint32_t *", native.ffi.from_buffer(self._async_ids, require_writable=True)
         )
-        results = region.results()
         layout = self.layout
-        # the slots' result (and final) areas as bytes, and how a wire record is cut from them:
-        # RECV gathers the answered slots with a few byte copies (docs/shm.md)
-        self._result_runs = _byte_runs(self._result_codec.dtype, layout.result_dtype)
-        self._result_bytes = self._byte_rows(
-            CONTROL_SIZE + layout.result_base, layout.result_dtype.itemsize, layout.slot_size
-        )
         # RECV's gather buffers (owned, reused): one row per slot of each area
         self._scratch = np.zeros((n, layout.result_dtype.itemsize), dtype=np.uint8)
         self._final_scratch = np.zeros((n, layout.final_dtype.itemsize), dtype=np.uint8)
-        self._single = results[0, ...]
-        self._rows: dict[int | None, np.ndarray] = {None: self._single, n: results[:n]}
         seats = self.layout.seats
-        if region.num_slots >= seats:
-            self._rows[seats] = results[:seats]
+        self._rows: dict[int | None, Any]
+        if columns:
+            # each result column as (k, field bytes): RECV cuts a wire record from them
+            codec = self._result_codec
+            self._result_columns = [
+                (
+                    codec.dtype.fields[name][1],  # type: ignore[index]
+                    column.view(np.uint8).reshape(region.num_slots, -1),
+                )
+                for name, column in region.result_columns.items()
+            ]
+            self._single: Any = region.column_results(None)
+            self._rows = {None: self._single, n: region.column_results(n)}
+            if region.num_slots >= seats:
+                self._rows[seats] = region.column_results(seats)
+        else:
+            results = region.results()
+            # the slots' result (and final) areas as bytes, and how a wire record is cut from
+            # them: RECV gathers the answered slots with a few byte copies (docs/shm.md)
+            self._result_runs = _byte_runs(self._result_codec.dtype, layout.result_dtype)
+            self._result_bytes = self._byte_rows(
+                CONTROL_SIZE + layout.result_base, layout.result_dtype.itemsize, layout.slot_size
+            )
+            self._single = results[0, ...]
+            self._rows = {None: self._single, n: results[:n]}
+            if region.num_slots >= seats:
+                self._rows[seats] = results[:seats]
         self._ended: list[tuple[int, np.ndarray]] = []
         self._has_finals = region.has_finals
         if region.has_finals:
@@ -562,7 +590,7 @@ class ShmChannel:
         except _Refused as refused:
             return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
 
-    def request_area(self, codec: StructCodec, count: int) -> tuple[np.ndarray, Any]:
+    def request_area(self, codec: StructCodec, count: int) -> tuple[Any, Any]:
         """The slots' request records: the client writes each env's request in its slot."""
         if self._closed:
             raise TransportError(f"shm://{self.shm.name}: the client is closed")
@@ -573,7 +601,8 @@ class ShmChannel:
 
     def result_records(
         self, body: memoryview, codec: StructCodec, count: int | None, finals: bool
-    ) -> np.ndarray:
+    ) -> Any:
+        """Record views of the slots, or (column layout) ``ColumnRecords`` of the columns."""
         try:
             if finals:
                 self._find_finals()
@@ -594,8 +623,11 @@ class ShmChannel:
             if count != self.num_envs:
                 raise ValueError(f"expected {self.num_envs} requests, got {count}")
             records = self._step_request.view(body, count=count)
-            slots = self._requests[:count]
-            pairs = [(slots[name], records[name]) for name in self._step_request.dtype.names or ()]
+            fields = self._request_fields
+            pairs = [
+                (fields[name][:count], records[name])
+                for name in self._step_request.dtype.names or ()
+            ]
             cached = self._body_requests = (body, pairs)
         for slot_field, field in cached[1]:  # each request field into its slots (one copy each)
             slot_field[...] = field
@@ -646,8 +678,12 @@ class ShmChannel:
         found = send_env_ids(view, size, n)
         check_send(found, n, self._in_flight)
         k = len(found)
-        # wire records into the slots' layout: one structured assignment (fields by position)
-        self._requests[found] = self._step_request.view(view, count=k)
+        records = self._step_request.view(view, count=k)
+        if self._requests is None:  # the column layout: each field into its column
+            for name, column in self._request_fields.items():
+                column[found] = records[name]
+        else:  # wire records into the slots' layout: one structured assignment (by position)
+            self._requests[found] = records
         self._commands[found] = SlotCommand.STEP
         self._last_cmd = -1  # the slots' commands may differ now
         out = self._async_ids
@@ -723,7 +759,12 @@ class ShmChannel:
         tail = msgpack.packb([ids, ended, finals])
         body = bytearray(results_len + len(tail))  # sized once: never grown (no copy)
         rows = np.frombuffer(body, dtype=np.uint8, count=results_len).reshape(rc, codec.size)
-        _gather(rows, self._result_bytes, found, self._result_runs, self._scratch)
+        if self.layout.columns:  # each column's answered envs into place, one take each
+            for to, column in self._result_columns:
+                width = column.shape[1]
+                np.take(column, found, axis=0, out=rows[:, to : to + width], mode="clip")
+        else:
+            _gather(rows, self._result_bytes, found, self._result_runs, self._scratch)
         del rows
         body[results_len:] = tail
         return self.ids.RECV_RESP, memoryview(body)

@@ -6,7 +6,9 @@ ShmFinal structs and flat offset maps; the generated module of each schema print
 diagram). Region = ShmControl (64 bytes, the same in every layout), then k slots, then k final
 areas (k >= num_envs: a server whose env has ``step_batch`` has one slot per seat).
 ``ShmLayout.of(schema)`` reads it; nothing here hand-keeps an offset. The pac_env schema uses the
-``pac_shm`` profile: seed 000 Appendix B byte for byte.
+``pac_shm`` profile: seed 000 Appendix B byte for byte. The column layout (``[env] shm =
+"columns"``) keeps only control words and texts in the slots and puts each request / result
+field of all envs in one contiguous column after the final areas (``column_views``).
 
 A segment lives at ``/dev/shm/transport-<name>`` (mode 0600), is created with O_EXCL and fully
 reserved with ``posix_fallocate`` (a full /dev/shm is an error at creation, never a SIGBUS), and
@@ -33,7 +35,7 @@ from transport.backends.url_params import single_params
 from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, ProtocolError
 from transport.generated import pac_shm
-from transport.schema.ir import FieldIR
+from transport.schema.ir import FieldIR, ShmColumn, shm_columns
 
 MAGIC = 0x50414354  # "PACT"
 LAYOUT_VERSION: int = int(pac_shm.IR["version"])
@@ -79,6 +81,10 @@ class ShmLayout:
     seats: int
     obs_size: int
     act_size: int
+    columns: bool = False
+    """The column layout (``[env] shm = "columns"``): the request and result fields live in
+    columns after the final areas (``column_map``), not in the slots; ``result_dtype`` and
+    ``request_dtype`` are then the wire records' (the server's private rows)."""
 
     @staticmethod
     def of(schema: Schema) -> ShmLayout:
@@ -94,9 +100,18 @@ class ShmLayout:
             )
         result, request = schema[env.result], schema[env.request]
         final = schema[shm.final]
-        result_dtype, result_base = _placed(result, shm.result_offsets)
         final_dtype, final_base = _placed(result, shm.final_result_offsets)
-        request_dtype, request_base = _placed(request, shm.request_offsets)
+        if shm.columns:  # the fields are in columns: rows are the wire records
+            result_dtype, result_base = result.dtype, 0
+            request_dtype, request_base = request.dtype, 0
+            span = (0, 0)
+        else:
+            result_dtype, result_base = _placed(result, shm.result_offsets)
+            request_dtype, request_base = _placed(request, shm.request_offsets)
+            span = (
+                min(shm.result_offsets.values()),
+                max(shm.result_offsets[f.name] + f.size for f in result.ir.fields),
+            )
         obs_size, act_size = result.ir.control_sizes()
         layout = ShmLayout(
             schema=schema,
@@ -113,13 +128,11 @@ class ShmLayout:
             request_base=request_base,
             final_seq_offset=final.ir.field("final_seq").offset,
             checksum_offset=schema[shm.slot].ir.field("checksum").offset,
-            result_span=(
-                min(shm.result_offsets.values()),
-                max(shm.result_offsets[f.name] + f.size for f in result.ir.fields),
-            ),
+            result_span=span,
             seats=env.seats,
             obs_size=obs_size,
             act_size=act_size,
+            columns=shm.columns,
         )
         _LAYOUTS[schema.fingerprint] = layout
         return layout
@@ -141,8 +154,15 @@ class ShmLayout:
         return self.slot_fields["info"].count
 
     def region_size(self, slots: int) -> int:
-        """The segment size: control block, ``slots`` slots, ``slots`` final-result areas."""
+        """The segment size (without the schema area): control block, ``slots`` slots,
+        ``slots`` final-result areas (and, in the column layout, the columns)."""
+        if self.columns:
+            return shm_columns(self.schema.ir, slots)[1]
         return CONTROL_SIZE + slots * (self.slot_size + self.final_size)
+
+    def column_map(self, slots: int) -> tuple[ShmColumn, ...]:
+        """The columns of a column-layout region of ``slots`` slots (where each field starts)."""
+        return shm_columns(self.schema.ir, slots)[0]
 
     def finals_offset(self, slots: int) -> int:
         """Where the first final-result area starts: right after the last slot."""
@@ -153,14 +173,91 @@ class ShmLayout:
         size = control + k x (slot + final) with k >= num_envs, or control + num_envs slots (a
         server without final areas). None: no such k."""
         body, unit = size - CONTROL_SIZE, self.slot_size + self.final_size
+        if self.columns:
+            return self._column_slots_in(size, num_envs)
         if body >= 0 and body % unit == 0 and body // unit >= max(num_envs, 1):
             return body // unit, True
         if body == num_envs * self.slot_size:
             return num_envs, False
         return None
 
+    def _column_slots_in(self, size: int, num_envs: int) -> tuple[int, bool] | None:
+        """The smallest k >= max(num_envs, 1) whose column region is ``size`` bytes: k lies
+        within (number of columns + 1) of (size - control) / (bytes of one env), as each
+        column's rounding adds less than 64 bytes."""
+        columns = self.column_map(1)
+        unit = self.slot_size + self.final_size + sum(c.field.size for c in columns)
+        slack = COLUMN_SLACK * (len(columns) + 1)
+        low = max(num_envs, 1, (size - CONTROL_SIZE - slack) // unit)
+        for k in range(low, max(low, (size - CONTROL_SIZE) // unit) + 1):
+            if self.region_size(k) == size:
+                return k, True
+        return None
+
+
+COLUMN_SLACK = 64
+"""The most one column's start rounding (to 64 bytes) adds."""
 
 _LAYOUTS: dict[int, ShmLayout] = {}
+
+
+def column_views(
+    layout: ShmLayout, buffer: Any, slots: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(request columns, result columns) of a column-layout region of ``slots`` slots held in
+    ``buffer`` (the mapping, or any writable buffer of ``region_size(slots)`` bytes): each
+    field's (k, *dims) C-contiguous view, env i's value at ``start + i * field.size`` in the
+    wire record's encoding."""
+    requests: dict[str, np.ndarray] = {}
+    results: dict[str, np.ndarray] = {}
+    for column in layout.column_map(slots):
+        codec, side = (
+            (layout.request, requests) if column.part == "request" else (layout.result, results)
+        )
+        elem = codec.dtype[column.field.name]
+        side[column.field.name] = np.ndarray(
+            (slots, *elem.shape), dtype=elem.base, buffer=buffer, offset=column.start
+        )
+    return requests, results
+
+
+class ColumnRecords:
+    """``count`` records of a column-layout region, duck-typed as a record array where the
+    client needs one: ``records[name]`` is the field's column, an (N, ...) C-contiguous view of
+    the mapping (the env's field alone without an env axis for ``count`` None); ``copy()``
+    (and ``np.asarray``) gives owned wire records. ``dtype`` is the wire record's."""
+
+    __slots__ = ("dtype", "fields", "ndim", "shape")
+
+    def __init__(
+        self, dtype: np.dtype[Any], columns: dict[str, np.ndarray], count: int | None
+    ) -> None:
+        self.dtype = dtype
+        self.shape: tuple[int, ...] = () if count is None else (count,)
+        self.ndim = len(self.shape)
+        self.fields = {
+            name: column[0, ...] if count is None else column[:count]
+            for name, column in columns.items()
+        }
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.fields[name]
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized column records")
+        return self.shape[0]
+
+    def copy(self) -> np.ndarray:
+        """The records as an owned record array in the wire layout (one copy per field)."""
+        out = np.zeros(self.shape, dtype=self.dtype)
+        for name, column in self.fields.items():
+            out[name] = column
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.copy()
+        return out if dtype is None else out.astype(dtype)
 
 
 # -- the schema area: the region carries its schema (discovery, docs/shm.md) ---------------------
@@ -388,6 +485,12 @@ class Region:
         self.num_slots = slots
         self.has_finals = has_finals
         self.slots = layout.slot.view(self.map, CONTROL_SIZE, count=slots)
+        self.request_columns: dict[str, np.ndarray] = {}
+        """Column layout: each request field's (k, ...) column, C-contiguous (empty otherwise)."""
+        self.result_columns: dict[str, np.ndarray] = {}
+        """Column layout: each result field's (k, ...) column, C-contiguous (empty otherwise)."""
+        if layout.columns and slots:
+            self.request_columns, self.result_columns = column_views(layout, self.map, slots)
 
     @property
     def truncated(self) -> bool:
@@ -421,8 +524,16 @@ class Region:
             shape, dtype=elem, buffer=self.map, offset=CONTROL_SIZE + f.offset, strides=strides
         )
 
+    def column_results(self, count: int | None) -> ColumnRecords:
+        """Column layout: the results of the first ``count`` envs (env 0's for None)."""
+        return ColumnRecords(self.layout.result.dtype, self.result_columns, count)
+
+    def column_requests(self, count: int | None) -> ColumnRecords:
+        """Column layout: the requests of the first ``count`` envs (the client writes them)."""
+        return ColumnRecords(self.layout.request.dtype, self.request_columns, count)
+
     def results(self) -> np.ndarray:
-        """(k,) result records, one per slot, into the mapping."""
+        """(k,) result records, one per slot, into the mapping (slot layouts only)."""
         lay = self.layout
         return self._rows(lay.result_dtype, CONTROL_SIZE + lay.result_base, lay.slot_size)
 
@@ -458,6 +569,7 @@ class Region:
         self.control = CONTROL.zeros()
         self.words = np.zeros(0, dtype="<u4")
         self.slots = np.zeros(0)
+        self.request_columns, self.result_columns = {}, {}
         self.map = bytearray()
         self.mapping.close()
 
@@ -474,29 +586,50 @@ class SlotChecksums:
         layout, start = region.layout, CONTROL_SIZE
         lo, hi = layout.result_span
         whole = memoryview(region.map)
-        self.spans = [
-            whole[start + i * layout.slot_size + lo : start + i * layout.slot_size + hi]
-            for i in range(region.num_slots)
-        ]
+        self.spans: list[list[memoryview]] = []
+        """Each slot's result bytes: one span (slot layouts), or one per result column (the
+        column layout: the CRC is chained over them in declaration order)."""
+        if layout.columns:
+            columns = [c for c in layout.column_map(region.num_slots) if c.part == "result"]
+            self.spans = [
+                [
+                    whole[c.start + i * c.field.size : c.start + (i + 1) * c.field.size]
+                    for c in columns
+                ]
+                for i in range(region.num_slots)
+            ]
+        else:
+            self.spans = [
+                [whole[start + i * layout.slot_size + lo : start + i * layout.slot_size + hi]]
+                for i in range(region.num_slots)
+            ]
         self.words = region.strided("checksum")
 
+    @staticmethod
+    def _crc(spans: list[memoryview]) -> int:
+        crc = 0
+        for span in spans:
+            crc = zlib.crc32(span, crc)
+        return crc
+
     def stamp(self, index: int) -> None:
-        self.words[index] = zlib.crc32(self.spans[index])
+        self.words[index] = self._crc(self.spans[index])
 
     def matches(self, index: int) -> bool:
-        return bool(zlib.crc32(self.spans[index]) == self.words[index])
+        return bool(self._crc(self.spans[index]) == self.words[index])
 
     def first_bad(self, count: int) -> int:
         """The first of slots 0..count-1 whose result bytes do not match their word, or -1."""
-        crc, spans, words = zlib.crc32, self.spans, self.words
+        crc, spans, words = self._crc, self.spans, self.words
         for i in range(count):
             if crc(spans[i]) != words[i]:
                 return i
         return -1
 
     def release(self) -> None:
-        for span in self.spans:
-            span.release()
+        for spans in self.spans:
+            for span in spans:
+                span.release()
         self.spans = []
 
 

@@ -2,11 +2,13 @@
 
 Each lease gets an ``EnvRuntime`` (``transport.runtime``) over record views of the slots: the
 envs write their results straight into the slots (zero copy) and SAME_STEP final results into
-the final areas. This module moves slot commands to the runtime and statuses back; every env
-rule is the runtime's. Every 250 ms, idle or busy, the server looks at its region
-(``watch.RegionWatch``): a region removed, replaced, resized or no longer READY stops it
-(``stop_reason``), fields it owns that another process changed are rewritten, and a lease held by
-a live process that is not a client is reclaimed.
+the final areas. In the column layout (``[env] shm = "columns"``) the runtime writes private
+row records and the server copies the published envs' rows into the result columns (one
+vectorised copy per field) before it publishes them. This module moves slot commands to the
+runtime and statuses back; every env rule is the runtime's. Every 250 ms, idle or busy, the
+server looks at its region (``watch.RegionWatch``): a region removed, replaced, resized or no
+longer READY stops it (``stop_reason``), fields it owns that another process changed are
+rewritten, and a lease held by a live process that is not a client is reclaimed.
 """
 
 from __future__ import annotations
@@ -118,7 +120,14 @@ class Listener:
         region.set("owner_start_time", own_start_time())
         try:
             n = self.num_envs
-            self.results = region.results()
+            self._columns: list[tuple[np.ndarray, np.ndarray]] = []
+            if layout.columns:  # the runtime writes private rows; publishing copies them over
+                self.results = np.zeros(slots, dtype=layout.result_dtype)
+                self._columns = [
+                    (column, self.results[name]) for name, column in region.result_columns.items()
+                ]
+            else:
+                self.results = region.results()
             final_seqs, finals = region.finals()
             self._final_seqs, self.finals = final_seqs[:n], finals[:n]
             if envs is None:
@@ -175,7 +184,8 @@ class Listener:
             self._ctx.spin = 0
         self._command_offset = layout.slot_fields["command"].offset
         self._words = region.words
-        self._actions = region.requests()[host.action.name]
+        requests = region.request_columns if layout.columns else region.requests()
+        self._actions = requests[host.action.name]
         self._env_actions = self._actions[: self.num_envs]
         # an array action (Box, MultiDiscrete): the HELLO mode is in its first element
         self._scalar_action = self._actions.ndim == 1
@@ -394,10 +404,24 @@ class Listener:
         except Exception as exc:  # a bug must not take the server down (env errors: runtime)
             status = int(ErrorCode.INTERNAL)
             self._error(describe(exc))
+        if self._columns and cmd not in (_HELLO, _SHUTDOWN):
+            self._to_columns(None if count == self.num_envs else np.flatnonzero(self._pending))
         if self._checksums is not None:
             for index in np.flatnonzero(self._pending).tolist():
                 self._checksums.stamp(index)
         native.lib.tp_server_publish(ctx, pending, status)
+
+    def _to_columns(self, ids: np.ndarray | list[int] | None) -> None:
+        """Column layout: the runtime's rows of envs ``ids`` (None: every env) into the result
+        columns, one vectorised copy per field, before they are published (docs/shm.md,
+        "Column layout")."""
+        if ids is None:  # every env: contiguous blocks
+            n = self.num_envs
+            for column, rows in self._columns:
+                column[:n] = rows[:n]
+            return
+        for column, rows in self._columns:
+            column[ids] = rows[ids]
 
     def _error(self, text: str) -> None:
         for i in np.flatnonzero(self._pending):
@@ -540,6 +564,8 @@ class Listener:
         done = self._done
         done[:] = 0
         done[ids] = 1
+        if self._columns:
+            self._to_columns(ids)
         if self._checksums is not None:
             for i in ids:
                 self._checksums.stamp(i)
@@ -609,6 +635,7 @@ class Listener:
             self._spare.close()
         self.lease = self._spare = self._flying = self._watch = None
         self.results = self.finals = np.zeros(0)
+        self._columns = []
         self._final_seqs = np.zeros(0, dtype=np.uint32)
         for name in (
             "_actions",
