@@ -551,6 +551,16 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     ]);
   }
 
+  /**
+   * shm:// column layout (`[env] shm = "columns"`): each result field of the last response's
+   * envs as ONE zero-copy typed array over the region (N x field count elements; bool and struct
+   * fields: raw bytes), valid until the next request; null for any other layout or backend.
+   */
+  columns(): Record<string, ArrayBufferView> | null {
+    const records = this.channel.records as { columns?: () => Record<string, ArrayBufferView> | null } | undefined;
+    return records?.columns?.() ?? null;
+  }
+
   /** Reset every env (env i gets seed + i); one view per env when N > 1. */
   reset(seed?: Seeds, options?: ResultOptions & { copy?: false }): Promise<View | View[]>;
   reset(seed: Seeds | undefined, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;

@@ -3,6 +3,8 @@
  * Python), as embedded in every generated module, plus the few helpers that read it.
  */
 
+import { SchemaError } from "./errors";
+
 export type IntegerType = "u8" | "u16" | "u32" | "u64" | "i8" | "i16" | "i32" | "i64";
 export type FloatType = "f32" | "f64";
 export type NumericType = IntegerType | FloatType;
@@ -123,6 +125,62 @@ export interface ShmJson {
   readonly request_offsets: Readonly<Record<string, number>>;
   readonly result_offsets: Readonly<Record<string, number>>;
   readonly final_result_offsets: Readonly<Record<string, number>>;
+  /**
+   * "columns" for the column (struct-of-arrays) layout (`[env] shm = "columns"`: each request /
+   * result field of all envs contiguous after the final areas, `shmColumns`); absent: "slots"
+   * (the fields in each env's slot), so every slot layout's IR and fingerprint is unchanged.
+   */
+  readonly layout?: string;
+}
+
+/** The reserved `[env] shm` value (IR `shm.layout`) of the column layout. Python: `COLUMNS`. */
+export const COLUMNS = "columns";
+/** Every column starts at a multiple of this (a cache line). Python: `COLUMN_ALIGN`. */
+export const COLUMN_ALIGN = 64;
+
+/** One column of a column-layout region: `field` of `struct` for every env, from `start`. */
+export interface ShmColumn {
+  readonly part: "request" | "result";
+  readonly struct: string;
+  readonly field: FieldJson;
+  /** Byte offset of env 0's value in the region; env i's is at `start + i * field.size`. */
+  readonly start: number;
+  /** `"<struct>.<field>"`: the column's name in the conformance answer. */
+  readonly key: string;
+}
+
+function roundUp(value: number, align: number): number {
+  return Math.ceil(value / align) * align;
+}
+
+/**
+ * The columns of a column-layout region of `slots` slots and its size (without the schema area):
+ * after the control block, k slots and k final areas, every request field then every result
+ * field in declaration order, each at the previous one's end rounded up to 64 bytes; the size is
+ * the last column's end rounded up to 64. Python: `transport.schema.ir.shm_columns`.
+ */
+export function shmColumns(ir: SchemaJson, slots: number): { readonly columns: readonly ShmColumn[]; readonly size: number } {
+  const shm = ir.shm;
+  const env = ir.env;
+  if (shm === undefined || env === undefined || shm.layout !== COLUMNS) {
+    throw new SchemaError(`schema ${ir.name} has no column shm layout`);
+  }
+  const sizeOf = (name: string): number => {
+    const struct = ir.structs[name];
+    if (struct === undefined) throw new SchemaError(`schema ${ir.name} has no struct ${name}`);
+    return struct.size;
+  };
+  let at = sizeOf(shm.control) + slots * (sizeOf(shm.slot) + sizeOf(shm.final));
+  const columns: ShmColumn[] = [];
+  for (const [part, name] of [["request", env.request], ["result", env.result]] as const) {
+    sizeOf(name);
+    for (const field of (ir.structs[name] as StructJson).fields) {
+      at = roundUp(at, COLUMN_ALIGN);
+      columns.push({ part, struct: name, field, start: at, key: `${name}.${field.name}` });
+      at += slots * field.size;
+    }
+  }
+  return { columns, size: roundUp(at, COLUMN_ALIGN) };
 }
 
 export interface SchemaJson {

@@ -13,15 +13,21 @@
  *
  * `{"op": "load", "ir": "<IR JSON text>"}` adds a schema the testee was not built with: its codecs
  * come from `loadSchema` (codec.ts) at run time, the way a user's plain-JavaScript env would.
+ *
+ * `{"op": "columns", "schema": S, "slots": k, "requests": [...], "results": [...]}` lays k request
+ * and k result wire records out in the schema's shm column layout (backends/shm/columns.ts
+ * `columnsArea`): the region size, each column's start by "<struct>.<field>" (integers), and the
+ * region's bytes from C0(k) to region_size(k).
  */
 
 import { Decoder, Encoder } from "@msgpack/msgpack";
 import fc from "fast-check";
 
+import { columnsArea } from "../backends/shm/columns";
 import { type AnyStructCodec, type SchemaModule, loadSchema } from "../codec";
 import { CodecError, TransportError } from "../errors";
 import { computeFingerprint } from "../fingerprint";
-import { type SchemaJson, resolveField } from "../ir";
+import { COLUMNS, type SchemaJson, resolveField } from "../ir";
 import { SCHEMAS } from "../generated";
 import { structArbitrary } from "./arbitraries";
 import { FrameReader, frame } from "./frames";
@@ -220,6 +226,26 @@ function handle(request: Request): Response {
         bytes: codec.encode(values),
       }));
       return { ok: true, results };
+    }
+    case "columns": {
+      const schema = schemaOf(request);
+      if (schema.ir.shm?.layout !== COLUMNS) throw new BadRequest(`schema ${schema.name} has no column shm layout`);
+      const slots = countOf(request["slots"], "slots");
+      const records = (key: string): Uint8Array[] =>
+        listOf(request, key).map((item) => {
+          if (!(item instanceof Uint8Array)) throw new BadRequest(`${key} must be msgpack bin`);
+          return item;
+        });
+      let answer: ReturnType<typeof columnsArea>;
+      try {
+        answer = columnsArea(schema.ir, slots, records("requests"), records("results"));
+      } catch (error) {
+        if (error instanceof TransportError) throw new BadRequest(error.message);
+        throw error;
+      }
+      // integers on the wire (every other number of this testee goes out as a float64)
+      const offsets = Object.fromEntries(Object.entries(answer.offsets).map(([key, at]) => [key, BigInt(at)]));
+      return { ok: true, region_size: BigInt(answer.regionSize), offsets, area: answer.area };
     }
     case "exit":
       return { ok: true };

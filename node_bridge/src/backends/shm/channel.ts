@@ -7,7 +7,9 @@
  * (request words, then the doorbell) and waits for each slot's response word. Results are never
  * copied: `records` hands the Client zero-copy views into the slots (the result struct's view
  * where the slot holds it whole, else the slot struct's, whose fields carry the result's names),
- * the layout being the schema's (IR `shm`); STEP_MULTI writes one seat action in each of slots
+ * the layout being the schema's (IR `shm`; the column layout: per-env views over the result
+ * columns, `records.columns()` each field of all envs as one typed array over the mapping, the
+ * actions written into the request column); STEP_MULTI writes one seat action in each of slots
  * 0..seats-1 (a region with seat slots). SAME_STEP finals come from the final areas whose `final_seq` equals this
  * request's sequence, and a slot status != 0 becomes an ERROR body decoded by the protocol's one
  * error mapping. HELLO_RESP, SPACES_RESP and HEALTH_RESP are answered from the control block.
@@ -25,7 +27,6 @@
  */
 
 import { closeSync, fstatSync, openSync, readSync } from "node:fs";
-import * as zlib from "node:zlib";
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
 import {
@@ -94,6 +95,8 @@ import {
   namesWaitPolicy,
 } from "./region";
 import { INFO_SIDE, SIDE_REF_SIZE, SideReader } from "./side";
+import { columnArrays, columnEnvView, gatherRow } from "./columns";
+import type { ShmColumn } from "../../ir";
 import { FUTEX2_SIZE_U32, FUTEX_WAITV_MAX, FUTEX_WAITV_WORDS, native } from "./native";
 import { resultLayout } from "./server";
 
@@ -128,6 +131,11 @@ class SlotResults implements ChannelRecords {
   readonly #seqs: Int32Array;
   readonly #numEnvs: number;
   readonly #hasFinals: boolean;
+  readonly #schema: SchemaModule;
+  /** The column layout's result columns in declaration order (empty: a slot layout). */
+  readonly #columns: readonly ShmColumn[];
+  /** `decode`'s scratch record (the column layout gathers env i's fields into it). */
+  readonly #row: Uint8Array;
 
   constructor(region: Region, schema: SchemaModule, numEnvs: number, seqs: Int32Array) {
     const layout = region.layout;
@@ -141,7 +149,10 @@ class SlotResults implements ChannelRecords {
     const fields = schema.ir.structs[this.#result.name]?.fields ?? [];
     this.#names = fields.map((f) => f.name);
     const shifts = new Set(fields.map((f) => (layout.ir.final_result_offsets[f.name] ?? -1) - f.offset));
-    this.#finalAt = plan.inPlace >= 0 && shifts.size === 1 ? ([...shifts][0] as number) : -1;
+    this.#finalAt = (plan.inPlace >= 0 || plan.columns) && shifts.size === 1 ? ([...shifts][0] as number) : -1;
+    this.#schema = schema;
+    this.#columns = plan.columns ? fields.map((f) => region.resultColumns[f.name] as ShmColumn) : [];
+    this.#row = new Uint8Array(plan.columns ? this.#result.size : 0);
     this.#numEnvs = numEnvs;
     this.#seqs = seqs;
     this.count = region.numSlots;
@@ -149,7 +160,8 @@ class SlotResults implements ChannelRecords {
     this.#views = [];
     for (let i = 0; i < this.count; i++) {
       const base = layout.slotBase(i);
-      this.#views.push(this.#inPlace >= 0 ? this.#result.view(region.bytes, base + this.#inPlace) : this.#slot.view(region.bytes, base));
+      if (plan.columns) this.#views.push(columnEnvView(schema, region.dv, region.resultColumns, this.#result.name, i));
+      else this.#views.push(this.#inPlace >= 0 ? this.#result.view(region.bytes, base + this.#inPlace) : this.#slot.view(region.bytes, base));
     }
   }
 
@@ -157,7 +169,29 @@ class SlotResults implements ChannelRecords {
     return this.#views[index];
   }
 
+  /**
+   * The column layout: each result field of envs 0..count-1 as one zero-copy array over the
+   * mapping (a typed array of count x field.count elements; bool and struct fields: their raw
+   * bytes), valid until the next request writes the region; null for a slot layout.
+   */
+  columns(count = this.#numEnvs): Record<string, ArrayBufferView> | null {
+    if (this.#columns.length === 0) return null;
+    let arrays = this.#arrays.get(count);
+    if (arrays === undefined) {
+      arrays = Object.freeze(columnArrays(this.#schema, this.#region.bytes, this.#region.resultColumns, count));
+      this.#arrays.set(count, arrays);
+    }
+    return arrays;
+  }
+
+  /** `columns(count)`'s arrays, made once per count (they view the mapping: always current). */
+  readonly #arrays = new Map<number, Record<string, ArrayBufferView>>();
+
   decode(index: number): unknown {
+    if (this.#columns.length > 0) {
+      gatherRow(this.#region.bytes, this.#columns, index, this.#row, 0, this.#row.byteLength);
+      return this.#result.decode(this.#row, 0, false);
+    }
     const base = this.#layout.slotBase(index);
     if (this.#inPlace >= 0) return this.#result.decode(this.#region.bytes, base + this.#inPlace, false);
     return this.#pick(this.#slot.decode(this.#region.bytes, base, false));
@@ -249,7 +283,10 @@ export class ShmChannel implements Channel {
   readonly #seqs: Int32Array;
   readonly #actions: Float64Array;
   readonly #stepAction: ReturnType<typeof stepAction>;
+  /** Env 0's action in the region, and the bytes from one env's to the next (its slot's, or its
+   * column's: the column layout). */
   readonly #actionAt: number;
+  readonly #actionStride: number;
   readonly #multi: { readonly at: number; readonly type: ActionType; readonly seats: number };
   readonly #spaces: AnyStructCodec;
   readonly #reqOff: number;
@@ -278,6 +315,8 @@ export class ShmChannel implements Channel {
   readonly #resultSize: number;
   /** The packed result lies whole at this slot offset, or -1 (copied field by field). */
   readonly #inPlace: number;
+  /** The column layout's result columns in declaration order (empty: a slot layout). */
+  readonly #columns: readonly ShmColumn[];
   /** RECV's `struct futex_waitv` array (FUTEX_WAITV_WORDS u32 per waited word). */
   readonly #waiters = new Uint32Array(FUTEX_WAITV_MAX * FUTEX_WAITV_WORDS);
 
@@ -296,9 +335,10 @@ export class ShmChannel implements Channel {
     this.ownerStart = dv.getBigUint64(off(CB, "owner_start_time"), true);
     this.#seqs = new Int32Array(region.numSlots);
     this.#stepAction = stepAction(schema, true);
-    const actionAt = layout.ir.request_offsets[this.#stepAction.field.name];
-    if (actionAt === undefined) throw new ConnectError(`${url}: the shm layout has no offset for ${this.#stepAction.field.name}`);
-    this.#actionAt = actionAt;
+    if (!layout.columns && layout.ir.request_offsets[this.#stepAction.field.name] === undefined) {
+      throw new ConnectError(`${url}: the shm layout has no offset for ${this.#stepAction.field.name}`);
+    }
+    ({ at: this.#actionAt, stride: this.#actionStride } = region.requestAt(0, this.#stepAction.field.name));
     const multi = bodyCodec(schema, "STEP_MULTI_REQ");
     const multiField = schema.ir.structs[multi.name]?.fields[0];
     if (multiField === undefined) throw new ConnectError(`${url}: STEP_MULTI_REQ's body has no field`);
@@ -319,12 +359,14 @@ export class ShmChannel implements Channel {
     const plan = resultLayout(schema);
     this.#resultSize = plan.codec.size;
     this.#inPlace = plan.inPlace;
-    this.#runs = (schema.ir.structs[plan.codec.name]?.fields ?? []).map((f) => ({
+    const fields = schema.ir.structs[plan.codec.name]?.fields ?? [];
+    this.#runs = fields.map((f) => ({
       packed: f.offset,
-      slot: layout.ir.result_offsets[f.name] as number, // resultLayout checked that both exist
+      slot: layout.ir.result_offsets[f.name] ?? -1, // resultLayout checked that both exist (columns: no slot offset)
       final: layout.ir.final_result_offsets[f.name] as number,
       size: f.size,
     }));
+    this.#columns = plan.columns ? fields.map((f) => region.resultColumns[f.name] as ShmColumn) : [];
     this.#doorbell = Atomics.load(region.words, off(CB, "doorbell") >> 2) & SEQ_MASK;
     const policy = shm.wait;
     this.#wait = { spin: policy.spin, sliceMs: policy.futexSliceMs, peerPid: this.ownerPid, peerStart: this.ownerStart };
@@ -552,10 +594,11 @@ export class ShmChannel implements Channel {
     const layout = this.layout;
     const elements = type.elements;
     for (let j = 0; j < k; j++) {
-      const base = layout.slotBase(sent[j] as number);
-      if (elements === 1 && !type.float) writeAction(region.bytes, base + this.#actionAt, actions[j] as number, type);
-      else writeArrayAction(region.bytes, base + this.#actionAt, actions.subarray(j * elements, (j + 1) * elements), type, region.dv);
-      words[(base + this.#cmdOff) >> 2] = SlotCommand.STEP;
+      const i = sent[j] as number;
+      const at = this.#actionAt + i * this.#actionStride;
+      if (elements === 1 && !type.float) writeAction(region.bytes, at, actions[j] as number, type);
+      else writeArrayAction(region.bytes, at, actions.subarray(j * elements, (j + 1) * elements), type, region.dv);
+      words[(layout.slotBase(i) + this.#cmdOff) >> 2] = SlotCommand.STEP;
     }
     const seqs = this.#seqs;
     for (let j = 0; j < k; j++) {
@@ -789,7 +832,7 @@ export class ShmChannel implements Channel {
     this.#scanFrom = found.length ? ((found[found.length - 1] as number) + 1) % n : this.#scanFrom;
     if (this.#checksums !== null) {
       for (const i of found) {
-        if (this.#checksumOk(i)) continue;
+        if (this.#checksums.ok(i)) continue;
         throw new ProtocolError(
           `shm://${this.shm.name}: slot ${i}'s result does not match the checksum its server wrote: ` +
             "another process wrote into the region after the server published it (or a forged " +
@@ -810,7 +853,10 @@ export class ShmChannel implements Channel {
     const total = found.length * size + tail.byteLength;
     if (BODY_OFFSET + total > this.buffer.byteLength) this.buffer = Buffer.alloc(BODY_OFFSET + total);
     const out = this.buffer;
-    found.forEach((i, k) => this.#copyResult(out, BODY_OFFSET + k * size, layout.slotBase(i), false));
+    found.forEach((i, k) => {
+      if (this.#columns.length > 0) gatherRow(region.bytes, this.#columns, i, out, BODY_OFFSET + k * size, size);
+      else this.#copyResult(out, BODY_OFFSET + k * size, layout.slotBase(i), false);
+    });
     out.set(tail, BODY_OFFSET + found.length * size);
     this.bodyLength = total;
     return this.#ids.RECV_RESP;
@@ -831,27 +877,19 @@ export class ShmChannel implements Channel {
     }
   }
 
-  /** Slot `index`'s result bytes match the crc32 its server wrote (`?checksum=crc32`). */
-  #checksumOk(index: number): boolean {
-    const { dv, bytes, layout } = this.region;
-    const base = layout.slotBase(index);
-    const [lo, hi] = layout.resultSpan;
-    const crc32 = (zlib as unknown as { crc32: (data: Uint8Array) => number }).crc32;
-    return crc32(bytes.subarray(base + lo, base + hi)) === dv.getUint32(base + layout.checksumAt, true);
-  }
-
   /** `#actions[0..count)` into the request field of slots 0..count-1 (an array action: its
    * `elements` values each, from `#actions[i * elements]`). */
   #writeActions(count: number, type: ActionType): void {
     const bytes = this.region.bytes;
-    const layout = this.layout;
+    const at = this.#actionAt;
+    const stride = this.#actionStride;
     if (type.elements === 1 && !type.float) {
-      for (let i = 0; i < count; i++) writeAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions[i] as number, type);
+      for (let i = 0; i < count; i++) writeAction(bytes, at + i * stride, this.#actions[i] as number, type);
       return;
     }
     const k = type.elements;
     for (let i = 0; i < count; i++) {
-      writeArrayAction(bytes, layout.slotBase(i) + this.#actionAt, this.#actions.subarray(i * k, (i + 1) * k), type, this.region.dv);
+      writeArrayAction(bytes, at + i * stride, this.#actions.subarray(i * k, (i + 1) * k), type, this.region.dv);
     }
   }
 
@@ -1138,7 +1176,8 @@ function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
   const numEnvs = u32("num_envs");
   if (shm.numEnvs !== null) expect("num_envs", shm.numEnvs, numEnvs);
   if (region.numSlots < numEnvs) {
-    throw new RegionMismatchError(name, "region size", `${layout.regionSize(numEnvs)} (64 + k x (slot + final), k >= ${numEnvs})`, String(region.size));
+    const formula = layout.columns ? "64 + k x (slot + final) + the columns" : "64 + k x (slot + final)";
+    throw new RegionMismatchError(name, "region size", `${layout.regionSize(numEnvs)} (${formula}, k >= ${numEnvs})`, String(region.size));
   }
   expect("obs_size", layout.obsSize, u32("obs_size"));
   expect("act_size", layout.actSize, u32("act_size"));

@@ -8,7 +8,12 @@
  * get the derived cache-line layout. The generated module carries the diagram (`SHM_LAYOUT`).
  *
  *     region = ShmControl, then k x ShmSlot, then k x ShmFinal     (k >= num_envs)
+ *              [then the columns: the column layout only]
  *              then the schema area (the IR the region's schema compiles to: discovery)
+ *
+ * The column layout (`[env] shm = "columns"`, IR `shm.layout`): the slot holds only control
+ * words and text areas; each request / result field of all k envs is one contiguous column after
+ * the final areas (ir.ts `shmColumns`: 64-byte aligned, env i at `start + i * field.size`).
  *
  * Futex words carry a 31-bit sequence; bit 31 (SLEEP) means "a waiter may sleep on this word".
  */
@@ -21,7 +26,7 @@ import { ConnectError, ProtocolError } from "../../errors";
 import { singleParams } from "../url_params";
 import * as pac_shm from "../../generated/pac_shm";
 import * as protocol from "../../generated/protocol";
-import { controlSizes, type FieldJson, type ShmJson } from "../../ir";
+import { COLUMNS, type FieldJson, type ShmColumn, type ShmJson, controlSizes, shmColumns } from "../../ir";
 import { ownedMappingBuffer, releaseMapping } from "../../mapping_lifetime";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
@@ -74,6 +79,9 @@ export class ShmLayout {
   /** The slot's `checksum` word and its result bytes [start, end): what ?checksum=crc32 covers. */
   readonly checksumAt: number;
   readonly resultSpan: readonly [number, number];
+  /** The column layout: request and result fields in columns after the final areas. */
+  readonly columns: boolean;
+  readonly #columnsOf = new Map<number, { readonly columns: readonly ShmColumn[]; readonly size: number }>();
 
   private constructor(schema: SchemaModule, ir: ShmJson) {
     this.schema = schema;
@@ -89,8 +97,20 @@ export class ShmLayout {
     const fields = structs[resultName]?.fields ?? [];
     [this.obsSize, this.actSize] = controlSizes(structs[resultName]);
     this.checksumAt = off(this.slot, "checksum");
+    this.columns = ir.layout === COLUMNS;
     const at = fields.map((f) => ir.result_offsets[f.name] ?? 0);
-    this.resultSpan = [Math.min(...at), Math.max(...fields.map((f, i) => (at[i] as number) + f.size))];
+    this.resultSpan = this.columns ? [0, 0] : [Math.min(...at), Math.max(...fields.map((f, i) => (at[i] as number) + f.size))];
+  }
+
+  /** The columns of a column-layout region of `k` slots and its size without the schema area
+   * (ir.ts `shmColumns`, kept per k). A slot layout has none. */
+  columnsOf(k: number): { readonly columns: readonly ShmColumn[]; readonly size: number } {
+    let found = this.#columnsOf.get(k);
+    if (found === undefined) {
+      found = this.columns ? shmColumns(this.schema.ir, k) : { columns: [], size: this.slotsSize(k) + k * this.finalSize };
+      this.#columnsOf.set(k, found);
+    }
+    return found;
   }
 
   static #cache = new WeakMap<SchemaModule, ShmLayout>();
@@ -124,13 +144,30 @@ export class ShmLayout {
     return this.slotsSize(k);
   }
 
-  /** The segment size: control block, k slots, k final areas. */
+  /** The segment size: control block, k slots, k final areas (the column layout: its columns). */
   regionSize(k: number): number {
+    if (this.columns) return this.columnsOf(k).size;
     return this.slotsSize(k) + k * this.finalSize;
   }
 
-  /** The slot count of a segment of `size` bytes (null when no count fits). */
+  /** The slot count of a segment of `size` bytes (null when no count fits). A column region's
+   * is the k whose `regionSize(k)` is `size` exactly (it grows with k: at most one). */
   slotsIn(size: number): number | null {
+    if (this.columns) {
+      const perSlot = this.slotSize + this.finalSize;
+      if (!Number.isSafeInteger(size) || size < CONTROL_SIZE + perSlot) return null;
+      const most = Math.floor((size - CONTROL_SIZE) / perSlot);
+      let lo = 1;
+      let hi = most;
+      while (lo <= hi) {
+        const k = (lo + hi) >> 1;
+        const got = this.regionSize(k);
+        if (got === size) return k;
+        if (got < size) lo = k + 1;
+        else hi = k - 1;
+      }
+      return null;
+    }
     const k = (size - CONTROL_SIZE) / (this.slotSize + this.finalSize);
     if (Number.isInteger(k) && k >= 1) return k;
     const bare = (size - CONTROL_SIZE) / this.slotSize; // a server without final areas
@@ -170,40 +207,60 @@ const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$/;
 export const CHECKSUMS: readonly string[] = ["crc32"];
 
 /**
- * CRC-32 (zlib's, as Python's `zlib.crc32`) of each slot's result bytes in the slot's
- * `checksum` word: the server stamps before publishing, the client checks after its wait.
+ * `?checksum=crc32`: the server stamps each slot's `checksum` word with a CRC-32 of env i's
+ * result bytes before it publishes, the client checks it after the response word: the slot's
+ * result span, or (column layout) CRC-32 chained over env i's value in each result column in
+ * declaration order (crc = crc32(value, crc), from 0: the spec both languages follow).
  */
 export class SlotChecksums {
   readonly #region: Region;
-  readonly #spans: Uint8Array[];
-  readonly #crc32: (data: Uint8Array) => number;
+  /** Per slot, the byte runs its checksum covers, in order. */
+  readonly #spans: Uint8Array[][];
+  readonly #crc32: (data: Uint8Array, value?: number) => number;
 
   constructor(region: Region) {
-    const crc32 = (zlib as unknown as { crc32?: (data: Uint8Array) => number }).crc32;
+    const crc32 = (zlib as unknown as { crc32?: (data: Uint8Array, value?: number) => number }).crc32;
     if (typeof crc32 !== "function") {
       throw new ConnectError("?checksum=crc32 needs zlib.crc32 (Node.js 20.15 or later)");
     }
     this.#crc32 = crc32;
     const [lo, hi] = region.layout.resultSpan;
+    const columns = region.layout.columnsOf(region.numSlots).columns.filter((c) => c.part === "result"); // declaration order
     this.#region = region;
     this.#spans = Array.from({ length: region.numSlots }, (_, i) => {
+      if (region.layout.columns) {
+        return columns.map((c) => {
+          const at = c.start + i * c.field.size;
+          return region.bytes.subarray(at, at + c.field.size);
+        });
+      }
       const base = region.layout.slotBase(i);
-      return region.bytes.subarray(base + lo, base + hi);
+      return [region.bytes.subarray(base + lo, base + hi)];
     });
+  }
+
+  /** Slot `index`'s checksum of its result bytes as they are now. */
+  sum(index: number): number {
+    const spans = this.#spans[index] as Uint8Array[];
+    let crc = 0;
+    for (let k = 0; k < spans.length; k++) crc = this.#crc32(spans[k] as Uint8Array, crc);
+    return crc;
   }
 
   stamp(index: number): void {
     const at = this.#region.layout.slotBase(index) + this.#region.layout.checksumAt;
-    this.#region.dv.setUint32(at, this.#crc32(this.#spans[index] as Uint8Array), true);
+    this.#region.dv.setUint32(at, this.sum(index), true);
+  }
+
+  /** Slot `index`'s result bytes match the word its server wrote. */
+  ok(index: number): boolean {
+    const { dv, layout } = this.#region;
+    return this.sum(index) === dv.getUint32(layout.slotBase(index) + layout.checksumAt, true);
   }
 
   /** The first of slots 0..count-1 whose result bytes do not match their word, or -1. */
   firstBad(count: number): number {
-    const { dv, layout } = this.#region;
-    for (let i = 0; i < count; i++) {
-      const word = dv.getUint32(layout.slotBase(i) + layout.checksumAt, true);
-      if (this.#crc32(this.#spans[i] as Uint8Array) !== word) return i;
-    }
+    for (let i = 0; i < count; i++) if (!this.ok(i)) return i;
     return -1;
   }
 }
@@ -436,6 +493,9 @@ export class Region {
   readonly words: Int32Array;
   /** The IR JSON of the region's schema area (an attaching client; null: none or not read). */
   schemaIr: string | null = null;
+  /** The column layout's request / result columns by field name (empty for a slot layout). */
+  readonly requestColumns: Readonly<Record<string, ShmColumn>>;
+  readonly resultColumns: Readonly<Record<string, ShmColumn>>;
   #mapped = true;
 
   private constructor(shm: ShmUrl, layout: ShmLayout, fd: number, size: number, numSlots: number) {
@@ -444,6 +504,11 @@ export class Region {
     this.layout = layout;
     this.size = size;
     this.numSlots = numSlots;
+    const request: Record<string, ShmColumn> = {};
+    const result: Record<string, ShmColumn> = {};
+    for (const c of layout.columnsOf(numSlots).columns) (c.part === "request" ? request : result)[c.field.name] = c;
+    this.requestColumns = request;
+    this.resultColumns = result;
     this.inode = fstatSync(fd).ino;
     const address = nat.mmap(fd, size);
     if (address < 0n) {
@@ -539,6 +604,18 @@ export class Region {
   /** Byte offset of a slot field. */
   slotAt(index: number, field: string): number {
     return this.layout.slotBase(index) + off(this.layout.slot, field);
+  }
+
+  /**
+   * Where env `index`'s request field `name` is, and the bytes from one env's to the next: in
+   * its column (column layout), else in its slot. A ProtocolError when the layout has no place.
+   */
+  requestAt(index: number, name: string): { readonly at: number; readonly stride: number } {
+    const column = this.requestColumns[name];
+    if (column !== undefined) return { at: column.start + index * column.field.size, stride: column.field.size };
+    const at = this.layout.ir.request_offsets[name];
+    if (at === undefined) throw new ProtocolError(`the shm layout has no place for the request field ${name}`);
+    return { at: this.layout.slotBase(index) + at, stride: this.layout.slotSize };
   }
 
   /** Has the N final-result areas after the slots (a region of `regionSize(numEnvs)` bytes). */

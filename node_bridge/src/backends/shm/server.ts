@@ -19,7 +19,11 @@
  * struct whole (every derived layout) the runtime encodes each env's result straight into its
  * slot (zero copy); the pac_shm profile spreads the fields at Appendix B's offsets, so there the
  * runtime encodes into a scratch record that `written` copies field runs from (one copy per env
- * step, no allocation). A region whose env has `stepBatch` has max(num_envs, seats) slots:
+ * step, no allocation). The column layout (`[env] shm = "columns"`: each field of all envs
+ * contiguous after the final areas) is served the same way: the runtime encodes into scratch
+ * records and `written` copies each result field into env i's place in its column (one copy per
+ * env step: the runtime stays row-oriented), and the actions are read from the request column.
+ * A region whose env has `stepBatch` has max(num_envs, seats) slots:
  * STEP_MULTI carries one seat action in each of slots 0..seats-1.
  *
  * Slot commands: STEP, RESET, SHUTDOWN, HELLO (the lease's auto-reset mode in `action`),
@@ -44,7 +48,7 @@
 
 import { encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
-import type { FieldJson } from "../../ir";
+import type { FieldJson, ShmColumn } from "../../ir";
 import { ProtocolError } from "../../errors";
 import { type AutoReset, ErrorCode, RequestError } from "../../protocol";
 import {
@@ -100,12 +104,15 @@ interface Copy {
 /** How the STEP_RESP struct lands in a slot and in a final area. */
 export interface ResultLayout {
   readonly codec: AnyStructCodec;
-  /** Runs from the packed result record to the slot's result fields. */
+  /** Runs from the packed result record to the slot's result fields (none: the column layout). */
   readonly copies: readonly Copy[];
-  /** Runs from the slot's result fields to the final area's. */
+  /** Runs from the slot's result fields to the final area's (the column layout: from the
+   * packed result record, the slot holding no result field). */
   readonly finalCopies: readonly Copy[];
   /** Slot offset of the whole packed result when the slot holds it as is (zero copy), else -1. */
   readonly inPlace: number;
+  /** The column layout: the result fields live in the region's columns (Region.resultColumns). */
+  readonly columns: boolean;
 }
 
 /** Add a run, merged with the previous one when both sides continue it. */
@@ -143,6 +150,16 @@ export function resultLayout(schema: SchemaModule): ResultLayout {
   const fields = [...(schema.ir.structs[codec.name]?.fields ?? [])].sort((a, b) => a.offset - b.offset);
   const copies: Copy[] = [];
   const finalCopies: Copy[] = [];
+  if (layout.columns) {
+    for (const f of fields) {
+      const finalAt = layout.ir.final_result_offsets[f.name];
+      if (finalAt === undefined) {
+        throw new ProtocolError(`shm:// cannot carry ${codec.name}.${f.name}: the ${layout.ir.profile} layout has no final offset for it`);
+      }
+      addRun(finalCopies, f.offset, finalAt, f.size);
+    }
+    return { codec, copies, finalCopies, inPlace: -1, columns: true };
+  }
   for (const f of fields) {
     const at = layout.ir.result_offsets[f.name];
     const finalAt = layout.ir.final_result_offsets[f.name];
@@ -152,7 +169,7 @@ export function resultLayout(schema: SchemaModule): ResultLayout {
     addRun(copies, f.offset, at, f.size);
     addRun(finalCopies, at, finalAt, f.size);
   }
-  return { codec, copies, finalCopies, inPlace: wholeAt(layout, fields, copies, codec.size) };
+  return { codec, copies, finalCopies, inPlace: wholeAt(layout, fields, copies, codec.size), columns: false };
 }
 
 /** UTF-8 `text` cut at a character boundary to at most `max` bytes. */
@@ -167,8 +184,9 @@ export function utf8Cut(text: string, max: number): Buffer {
 /**
  * The runtime's records over the region: env i's result goes straight into slot i when the
  * slot holds the result whole, else into scratch record i whose fields `written` copies to the
- * slot; SAME_STEP finals go to final area i, stamped with the request's sequence before the
- * response word is published.
+ * slot (pac_shm) or to env i's place in each result column (the column layout: the runtime
+ * stays row-oriented, so a column region costs one copy of each result); SAME_STEP finals go to
+ * final area i, stamped with the request's sequence before the response word is published.
  */
 class SlotRecords implements Records {
   readonly bytes: Uint8Array;
@@ -180,6 +198,8 @@ class SlotRecords implements Records {
   readonly #seqs: Int32Array;
   /** Per record, the scratch views of its copy runs (made once: `written` allocates nothing). */
   readonly #runs: ReadonlyArray<readonly Uint8Array[]>;
+  /** Per record, where each of its runs goes in the region. */
+  readonly #targets: ReadonlyArray<Int32Array>;
 
   constructor(region: Region, plan: ResultLayout, seqs: Int32Array) {
     this.#region = region;
@@ -190,11 +210,21 @@ class SlotRecords implements Records {
     this.#finalsAt = region.layout.finalsOffset(region.numSlots);
     this.#seqs = seqs;
     const runs: Uint8Array[][] = [];
+    const targets: Int32Array[] = [];
+    const fields = region.layout.schema.ir.structs[plan.codec.name]?.fields ?? [];
     for (let i = 0; plan.inPlace < 0 && i < region.numSlots; i++) {
       const from = i * this.#size;
-      runs.push(plan.copies.map((c) => this.bytes.subarray(from + c.from, from + c.from + c.size)));
+      if (plan.columns) {
+        const columns = fields.map((f) => region.resultColumns[f.name] as ShmColumn);
+        runs.push(fields.map((f) => this.bytes.subarray(from + f.offset, from + f.offset + f.size)));
+        targets.push(Int32Array.from(columns, (c) => c.start + i * c.field.size));
+      } else {
+        runs.push(plan.copies.map((c) => this.bytes.subarray(from + c.from, from + c.from + c.size)));
+        targets.push(Int32Array.from(plan.copies, (c) => this.#layout.slotBase(i) + c.to));
+      }
     }
     this.#runs = runs;
+    this.#targets = targets;
   }
 
   /** A scratch block (results copied into the slots field by field) is one block; slots are not. */
@@ -210,20 +240,28 @@ class SlotRecords implements Records {
   written(index: number): void {
     if (this.#plan.inPlace >= 0) return; // encoded in the slot itself
     const bytes = this.#region.bytes;
-    const base = this.#layout.slotBase(index);
-    const copies = this.#plan.copies;
     const runs = this.#runs[index] as readonly Uint8Array[];
-    for (let k = 0; k < copies.length; k++) bytes.set(runs[k] as Uint8Array, base + (copies[k] as Copy).to);
+    const targets = this.#targets[index] as Int32Array;
+    for (let k = 0; k < runs.length; k++) bytes.set(runs[k] as Uint8Array, targets[k] as number);
   }
 
   keepFinal(index: number): void {
     const region = this.#region;
-    const slot = this.#layout.slotBase(index);
     const final = this.#finalsAt + index * this.#layout.finalSize;
     const copies = this.#plan.finalCopies;
-    for (let k = 0; k < copies.length; k++) {
-      const c = copies[k] as Copy;
-      region.bytes.copyWithin(final + c.to, slot + c.from, slot + c.from + c.size);
+    if (this.#plan.columns) {
+      // from the scratch record (the slot holds no result field)
+      const row = index * this.#size;
+      for (let k = 0; k < copies.length; k++) {
+        const c = copies[k] as Copy;
+        region.bytes.set(this.bytes.subarray(row + c.from, row + c.from + c.size), final + c.to);
+      }
+    } else {
+      const slot = this.#layout.slotBase(index);
+      for (let k = 0; k < copies.length; k++) {
+        const c = copies[k] as Copy;
+        region.bytes.copyWithin(final + c.to, slot + c.from, slot + c.from + c.size);
+      }
     }
     Atomics.store(region.words, (final + this.#layout.finalSeqAt) >> 2, this.#seqs[index] as number);
   }
@@ -285,7 +323,10 @@ export class ShmListener implements Listener {
   readonly #doorbellAt: number;
   readonly #clientPidWord: number;
   readonly #clientStartAt: number;
+  /** Env 0's action in the region, and the bytes from one env's to the next (its slot's, or
+   * its column's: the column layout). */
   readonly #actionAt: number;
+  readonly #actionStride: number;
   readonly #actionType: ActionType;
   readonly #seats: number;
   readonly #seedOf = (index: number): bigint | null => this.#slotSeed(index);
@@ -319,9 +360,9 @@ export class ShmListener implements Listener {
     this.layout = layout;
     const plan = resultLayout(schema);
     const action = stepAction(schema, true);
-    const actionAt = layout.ir.request_offsets[action.field.name];
-    if (actionAt === undefined) throw new ProtocolError(`the shm layout has no offset for the action field ${action.field.name}`);
-    this.#actionAt = actionAt;
+    if (!layout.columns && layout.ir.request_offsets[action.field.name] === undefined) {
+      throw new ProtocolError(`the shm layout has no offset for the action field ${action.field.name}`);
+    }
     this.#actionType = action.type;
     const numEnvs = this.shm.numEnvs ?? host.numEnvs;
     this.numEnvs = numEnvs;
@@ -357,6 +398,7 @@ export class ShmListener implements Listener {
       throw error;
     }
     this.region = region;
+    ({ at: this.#actionAt, stride: this.#actionStride } = region.requestAt(0, action.field.name));
     this.#records = new SlotRecords(region, plan, this.#seqs);
     try {
       const dv = region.dv;
@@ -570,8 +612,8 @@ export class ShmListener implements Listener {
 
   /** Slot actions [from, to) into the runtime's action array. */
   #readActions(runtime: EnvRuntime, from: number, to: number): void {
-    const layout = this.layout;
-    readActions(runtime.actions, this.region.bytes, layout.slotBase(from) + this.#actionAt, layout.slotSize, to - from, this.#actionType, from);
+    const stride = this.#actionStride;
+    readActions(runtime.actions, this.region.bytes, this.#actionAt + from * stride, stride, to - from, this.#actionType, from);
   }
 
   #slotSeed(index: number): bigint | null {
@@ -583,7 +625,7 @@ export class ShmListener implements Listener {
   /** HELLO: the auto-reset mode in slot `index`'s `action` (docs/shm.md "Auto-reset"). */
   #mode(index: number): AutoReset {
     const into = MODE;
-    readActions(into, this.region.bytes, this.layout.slotBase(index) + this.#actionAt, 0, 1, this.#actionType);
+    readActions(into, this.region.bytes, this.#actionAt + index * this.#actionStride, 0, 1, this.#actionType);
     const mode = into[0] as number;
     return checkAutoreset(mode, () => `unknown auto-reset mode ${mode}`);
   }
