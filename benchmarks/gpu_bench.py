@@ -395,8 +395,12 @@ def mlp(device: Any) -> Any:
 
 
 def masked_sample(net: Any, obs: Any, mask: Any) -> Any:
+    """A sample of the masked categorical by the Gumbel-max trick: argmax(logits + Gumbel
+    noise) has the softmax's distribution. A handful of kernels and no host sync
+    (``torch.distributions.Categorical`` validates its logits with a device-to-host read)."""
     logits = net(obs).masked_fill(~mask, -1e8)
-    return torch.distributions.Categorical(logits=logits).sample()
+    noise = torch.rand_like(logits).clamp_(min=1e-20).log_().neg_().log_().neg_()
+    return (logits + noise).argmax(dim=1)
 
 
 def policy_table(device: Any, reps: int, budget: Budget) -> list[dict[str, Any]]:
@@ -435,7 +439,9 @@ def spawn(env: str, n: int) -> tuple[str, subprocess.Popen[str]]:
         command = ["node", str(ROOT / "examples" / "tetris" / "serve.js"), url]
         command += ["--num-envs", str(n), "--seed", "0", "--max-steps", "500"]
     else:
-        command = [sys.executable, "-m", "transport.tools.serve_cli", url, "--env", env]
+        served = ["--env", env] if env not in SCHEMAS else ["--env", "contract"]
+        served += ["--schema", str(SCHEMAS[env])] if env in SCHEMAS else []
+        command = [sys.executable, "-m", "transport.tools.serve_cli", url, *served]
         command += ["--num-envs", str(n), "--seed", "0"]
     proc = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -455,15 +461,20 @@ def spawn(env: str, n: int) -> tuple[str, subprocess.Popen[str]]:
     return line.split(" ", 1)[1], proc
 
 
+SCHEMAS = {"image-columns": ROOT / "schema" / "image_columns.toml"}
+"""Collector envs served by the contract env on a schema: Atari-sized u8[3,84,84] observations
+in the shm column layout (the contract env writes values derived from its state and actions)."""
+
+
 def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, Any]:
     import transport.torch as tt
     from transport.rollout import RolloutCollector
 
-    schema = str(ROOT / "schema" / "tetris.toml") if env == "tetris" else None
+    schema = str(ROOT / "schema" / "tetris.toml") if env == "tetris" else SCHEMAS.get(env)
     url, proc = spawn(env, n)
     try:
         with tt.connect(url, schema, device=device, autoreset="same_step", timeout=60) as client:
-            width = int(client.reset(0).observation.shape[-1])
+            width = int(np.prod(client.reset(0).observation.shape[1:]))
             mask_width = int(client.view["action_mask"].shape[-1])  # type: ignore[index]
             torch.manual_seed(0)
             net = torch.nn.Sequential(
@@ -471,8 +482,13 @@ def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, An
                 torch.nn.Tanh(), torch.nn.Linear(256, mask_width),
             ).to(client.device)  # fmt: skip
 
+            # the contract env fails a step of its poison action 1 (an ENV_ERROR test): never it
+            allowed = torch.ones(mask_width, dtype=torch.bool, device=client.device)
+            if env in SCHEMAS:
+                allowed[1] = False
+
             def policy(obs: Any, mask: Any) -> Any:
-                return masked_sample(net, obs.float(), mask)
+                return masked_sample(net, obs.flatten(1).float(), mask & allowed)
 
             inner = client.client
             step = inner.step
@@ -521,6 +537,7 @@ def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, An
 def collector_table(device: Any, budget: Budget) -> list[dict[str, Any]]:
     rows = []
     cells = [(env, n) for env in ("echo", "tetris") for n in (32, 256, 1024)]
+    cells += [("image-columns", n) for n in (32, 256)]
     for k, (env, n) in enumerate(cells):
         if budget.left() < 8:
             rows.append({"env": env, "envs": n, "error": "skipped: time budget"})

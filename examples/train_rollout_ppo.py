@@ -87,7 +87,7 @@ class ActorCritic(nn.Module):  # type: ignore[misc]
     def act(self, obs: Any, mask: Any) -> tuple[Any, dict[str, Any]]:
         """The collector's policy: sampled actions, their log-probabilities and the values."""
         logits, value = self(obs, mask)
-        dist = torch.distributions.Categorical(logits=logits)
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
         actions = dist.sample()
         return actions, {"logprob": dist.log_prob(actions), "value": value}
 
@@ -128,7 +128,7 @@ def update(model: ActorCritic, optim: Any, buf: RolloutBuffer, adv: Any) -> floa
         order = torch.randperm(size, device=obs.device)
         for chunk in order.chunk(4):
             logits, value = model(obs[chunk], masks[chunk])
-            dist = torch.distributions.Categorical(logits=logits)
+            dist = torch.distributions.Categorical(logits=logits, validate_args=False)
             ratio = (dist.log_prob(actions[chunk]) - old_logprob[chunk]).exp()
             a = adv[chunk]
             a = (a - a.mean()) / (a.std() + 1e-8)

@@ -18,7 +18,7 @@ return a ``TensorStep`` whose fields are torch tensors, and ``step`` takes actio
 - **CUDA.** A per-connection staging path: the shm region is registered with CUDA once
   (``cudaHostRegister``: page-locked in place, so the DMA engine reads the slots directly); a
   stream backend's records are copied (one ``memcpy``) into a pinned staging buffer. The block
-  of all the step's records is copied asynchronously on the connection's CUDA stream, and every
+  of all the step's records is copied asynchronously on the current CUDA stream, and every
   field is a slice of that device block (``view(dtype)``, no kernel for aligned fields).
   Actions go back through a pinned host buffer (one device-to-host copy of N actions).
 
@@ -266,18 +266,17 @@ class _DevicePlan:
         self.step = TensorStep(self.fields)
 
     def refresh(self, owner: TorchClient) -> TensorStep:
-        """Copy this step's records to the device on the connection's stream."""
+        """Copy this step's records to the device on the device's current stream: ordered
+        after the kernels that read the last step's tensors and before those that read these
+        (a side stream bought no overlap and cost two stream waits a step); the event lets the
+        next request wait until the DMA has read the slots (``_settle``)."""
         if self.stage is not None:
             np.copyto(self.stage, self.host)  # the stream backends: one memcpy into pinned
-        stream = owner._stream
         current = torch.cuda.current_stream(owner.device)
-        stream.wait_stream(current)  # the last step's tensors may still be read: then overwrite
-        with torch.cuda.stream(stream):
-            self.target.copy_(self.source, non_blocking=True)
-            for raw, own in self.gathers:
-                own.copy_(raw)
-            owner._copied.record(stream)
-        current.wait_stream(stream)
+        self.target.copy_(self.source, non_blocking=True)
+        for raw, own in self.gathers:
+            own.copy_(raw)
+        owner._copied.record(current)
         owner._pending = True
         return self.step
 
@@ -366,7 +365,6 @@ class TorchClient:
         """The client's NumPy view of the last result (the CPU tensors view its arrays)."""
         self.path = "zero-copy views" if not self.cuda else "pinned staging buffer"
         if self.cuda:
-            self._stream = _cuda.Stream(self.device)
             self._copied = _cuda.Event()
             self._acted = _cuda.Event()
             self._register()
