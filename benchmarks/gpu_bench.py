@@ -466,7 +466,9 @@ SCHEMAS = {"image-columns": ROOT / "schema" / "image_columns.toml"}
 in the shm column layout (the contract env writes values derived from its state and actions)."""
 
 
-def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, Any]:
+def collector_row(
+    env: str, n: int, device: Any, seconds: float, graph: bool = False
+) -> dict[str, Any]:
     import transport.torch as tt
     from transport.rollout import RolloutCollector
 
@@ -503,7 +505,7 @@ def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, An
 
             inner.step = timed  # type: ignore[method-assign]
             steps = 16
-            collector = RolloutCollector(client, policy, steps, seed=0)
+            collector = RolloutCollector(client, policy, steps, seed=0, cuda_graph=graph)
             collector.collect()  # warm-up: allocation, first reset, kernels
             spent[0] = 0.0
             rounds = 0
@@ -524,6 +526,7 @@ def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, An
                 "ms_per_step": elapsed / lock_steps * 1e3,
                 "collector_ms_per_step": (elapsed - spent[0]) / lock_steps * 1e3,
                 "path": client.path,
+                "policy": "CUDA graph" if graph else "eager",
             }
     finally:
         proc.terminate()
@@ -536,15 +539,18 @@ def collector_row(env: str, n: int, device: Any, seconds: float) -> dict[str, An
 
 def collector_table(device: Any, budget: Budget) -> list[dict[str, Any]]:
     rows = []
-    cells = [(env, n) for env in ("echo", "tetris") for n in (32, 256, 1024)]
-    cells += [("image-columns", n) for n in (32, 256)]
-    for k, (env, n) in enumerate(cells):
+    graph = device.type == "cuda"  # the policy as one CUDA graph replay (eager beside it once)
+    cells = [(env, n, graph) for env in ("echo", "tetris") for n in (32, 256, 1024)]
+    cells += [("image-columns", n, graph) for n in (32, 256)]
+    if graph:
+        cells.insert(2, ("echo", 256, False))
+    for k, (env, n, graph) in enumerate(cells):
         if budget.left() < 8:
             rows.append({"env": env, "envs": n, "error": "skipped: time budget"})
             continue
         seconds = max(1.0, min(6.0, (budget.left() - 8) / (len(cells) - k) - 3))
         try:
-            rows.append(collector_row(env, n, device, seconds))
+            rows.append(collector_row(env, n, device, seconds, graph))
         except Exception as exc:  # one cell's failure is printed; the others still run
             rows.append({"env": env, "envs": n, "error": f"{type(exc).__name__}: {exc}"})
             if "skipped" not in str(exc):
@@ -636,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                 [("env", "env"), ("envs", "envs"), ("env_steps_per_s", "env-steps/s"),
                  ("ms_per_step", "ms per lock step"),
                  ("collector_ms_per_step", "transfer + inference ms per step (no round trip)"),
-                 ("path", "path")],
+                 ("policy", "policy"), ("path", "path")],
                 results["collector"],
             )  # fmt: skip
             failed |= any(

@@ -79,10 +79,21 @@ def replay(url: str, actions: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_buffer_equals_the_numpy_replay(server: ServerProcess, device: str) -> None:
+NEEDS_CUDA = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+
+
+@pytest.mark.parametrize(
+    ("device", "graph"),
+    [
+        ("cpu", False),
+        pytest.param("cuda", False, marks=NEEDS_CUDA),
+        pytest.param("cuda", True, marks=NEEDS_CUDA),
+    ],
+    ids=["cpu", "cuda", "cuda-graph"],
+)
+def test_buffer_equals_the_numpy_replay(server: ServerProcess, device: str, graph: bool) -> None:
     with tt.connect(server.url, TETRIS, device=device, autoreset="same_step") as client:
-        collector = RolloutCollector(client, policy, T, seed=11)
+        collector = RolloutCollector(client, policy, T, seed=11, cuda_graph=graph)
         buf = collector.collect()
         assert buf.observations.shape == (T, N, 214)
         assert buf.masks.shape == (T, N, 40) and buf.masks.dtype == torch.bool
@@ -130,6 +141,12 @@ def test_buffer_is_reused_and_episodes_continue(server: ServerProcess) -> None:
         second = collector.collect()
         assert second is first and second.observations is observations
         assert collector.total_steps == 8 * N
+
+
+def test_cuda_graph_needs_a_cuda_client(server: ServerProcess) -> None:
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
+        with pytest.raises(AdapterError, match="cuda_graph=True needs a CUDA client"):
+            RolloutCollector(client, policy, 4, cuda_graph=True)
 
 
 def test_refuses_a_client_without_same_step(server: ServerProcess) -> None:

@@ -68,13 +68,28 @@ class RolloutCollector:
     """Collect ``steps`` lock steps of every env into a reused ``RolloutBuffer``.
 
     ``seed``: the first reset's seed (env i gets seed + i). The buffer is allocated once and
-    overwritten by each ``collect()``: copy what must outlive the next one."""
+    overwritten by each ``collect()``: copy what must outlive the next one. ``cuda_graph``
+    (CUDA clients): the policy is captured once as a CUDA graph over the client's device
+    tensors and replayed each step (one launch instead of one per kernel: on a GPU the policy's
+    launches, not its math, are most of a step); the policy must be capturable (no host sync,
+    fixed shapes)."""
 
     def __init__(
-        self, client: TorchClient, policy: Policy, steps: int, *, seed: int | None = None
+        self,
+        client: TorchClient,
+        policy: Policy,
+        steps: int,
+        *,
+        seed: int | None = None,
+        cuda_graph: bool = False,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
+        if cuda_graph and client.device.type != "cuda":
+            raise AdapterError(
+                f"cuda_graph=True needs a CUDA client (this one: device={client.device}, "
+                f"{client.device_reason})"
+            )
         mode = client.client.channel.info.get("autoreset")
         if mode != "same_step":
             raise AdapterError(
@@ -109,6 +124,9 @@ class RolloutCollector:
         self.ended_name = terminated.name
         self.ended_is_done = terminated.role == "done"
         self._last: TensorStep | None = None
+        self.cuda_graph = cuda_graph
+        self._graphs: dict[tuple[int, ...], _PolicyGraph] = {}
+        self._graph_inputs = [*self.obs_names, *([self.mask_name] if self.mask_name else [])]
         self._returns = np.zeros(client.num_envs, dtype=np.float64)
         self._lengths = np.zeros(client.num_envs, dtype=np.int64)
         self.total_steps = 0
@@ -187,8 +205,11 @@ class RolloutCollector:
             if buf.masks is not None and self.mask_name is not None:
                 mask = buf.masks[t]
                 mask.copy_(last[self.mask_name], non_blocking=True)  # u8 -> bool on the device
-            with torch.no_grad():
-                out = self.policy(obs, mask)
+            if self.cuda_graph:
+                out = self._graph_for(last).replay()
+            else:
+                with torch.no_grad():
+                    out = self.policy(obs, mask)
             actions, extras = out if isinstance(out, tuple) else (out, {})
             self._keep(buf, t, actions, extras)
             last = self.client.step(actions)
@@ -206,6 +227,19 @@ class RolloutCollector:
         self._episodes(buf)
         self.total_steps += buf.steps * self.client.num_envs
         return buf
+
+    def _graph_for(self, last: TensorStep) -> _PolicyGraph:
+        """The policy captured for the client's device tensors that ``last`` holds: one graph
+        per staging block (the client keeps one per result view: a reset's and a step's may
+        differ), captured the first time it is seen."""
+        key = tuple(int(last[name].data_ptr()) for name in self._graph_inputs)
+        graph = self._graphs.get(key)
+        if graph is None:
+            if len(self._graphs) >= 4:  # the client replaced its buffers: drop the old graphs
+                self._graphs.clear()
+            graph = _PolicyGraph(self.policy, last, self.obs_names, self.mask_name)
+            self._graphs[key] = graph
+        return graph
 
     def _observe(self, into: Any, t: int | None, result: TensorStep) -> Any:
         """Copy ``result``'s observation field(s) into ``into`` (row ``t``); the row(s)."""
@@ -289,3 +323,40 @@ class RolloutCollector:
                 buf.episode_lengths.append(int(self._lengths[i]))
                 self._returns[i] = 0.0
                 self._lengths[i] = 0
+
+
+class _PolicyGraph:
+    """The policy captured as a CUDA graph (``cuda_graph=True``): its inputs are the client's
+    device tensors (views of its staging block, at fixed addresses while its plan stays), the
+    mask converted to bool inside the graph; each step is one replay instead of the policy's
+    kernel launches one by one. The policy must be capturable: no host syncs (no ``.item()``,
+    no ``torch.distributions`` argument validation), fixed shapes."""
+
+    def __init__(
+        self, policy: Policy, last: TensorStep, obs_names: list[str], mask_name: str | None
+    ) -> None:
+        self.obs_names = obs_names
+        self.mask_name = mask_name
+        self.inputs = {name: last[name] for name in obs_names}
+        if mask_name is not None:
+            self.inputs[mask_name] = last[mask_name]
+
+        def run() -> Any:
+            obs = {name: self.inputs[name] for name in obs_names}
+            mask = self.inputs[mask_name] != 0 if mask_name is not None else None
+            return policy(obs if len(obs_names) > 1 else obs[obs_names[0]], mask)
+
+        device = next(iter(self.inputs.values())).device
+        side = _cuda.Stream(device)
+        side.wait_stream(_cuda.current_stream(device))
+        with torch.no_grad(), _cuda.stream(side):
+            for _ in range(3):  # warm-up before capture (allocator, lazy init, autotuning)
+                run()
+        _cuda.current_stream(device).wait_stream(side)
+        self.graph = _cuda.CUDAGraph()
+        with torch.no_grad(), _cuda.graph(self.graph):
+            self.out = run()
+
+    def replay(self) -> Any:
+        self.graph.replay()
+        return self.out
