@@ -49,9 +49,14 @@ def policy(obs: Any, mask: Any) -> Any:
     return actions, {"value": obs.sum(dim=1)}
 
 
+FINALS: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+"""The last replay's final results by (step, env): what ``buf.finals`` must hold."""
+
+
 def replay(url: str, actions: np.ndarray) -> dict[str, np.ndarray]:
     """The plain client, same seed and actions: what each buffer row must hold."""
     obs, masks, rewards, term, trunc = [], [], [], [], []
+    FINALS.clear()
     with transport.connect(url, TETRIS, autoreset="same_step") as client:
         view = client.reset(seed=11)
         for t in range(actions.shape[0]):
@@ -65,6 +70,7 @@ def replay(url: str, actions: np.ndarray) -> dict[str, np.ndarray]:
                 reward[index] = final["reward"]
                 done[index] = bool(final["done"])
                 truncated[index] = bool(final["truncated"])
+                FINALS[(t, index)] = {name: np.array(final[name]) for name in final}
             rewards.append(reward)
             term.append(done & ~truncated)
             trunc.append(truncated)
@@ -114,6 +120,9 @@ def test_buffer_equals_the_numpy_replay(server: ServerProcess, device: str, grap
             )
         }
         finals = [(t, i) for t, i, _ in buf.finals]
+        final_values = {
+            (t, i): {name: host(step[name]) for name in step} for t, i, step in buf.finals
+        }
         returns, lengths = list(buf.episode_returns), list(buf.episode_lengths)
         assert collector.total_steps == T * N
     want = replay(server.url, actions)
@@ -122,6 +131,9 @@ def test_buffer_equals_the_numpy_replay(server: ServerProcess, device: str, grap
     dones = want["terminated"] | want["truncated"]
     assert dones.any()  # the contract env's episodes are 2-7 steps: several ended
     assert finals == [tuple(pair) for pair in np.argwhere(dones).tolist()]
+    for key, values in final_values.items():  # each final result's fields, on its device
+        for name, value in values.items():
+            assert np.array_equal(value, FINALS[key][name]), (key, name)
     # returns of the episodes that started at the reset and ended in the rollout, in order
     expected_returns, running, length = [], np.zeros(N), np.zeros(N, dtype=int)
     for t in range(T):

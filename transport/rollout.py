@@ -146,6 +146,8 @@ class RolloutCollector:
             t.numpy() for t in self._host
         )
         self._uploaded: Any = _cuda.Event() if on_device else None
+        self._finals_stage: dict[str, Any] = {}  # pinned, one per field (CUDA clients)
+        self._finals_copied: Any = None
         self._uploading = False
 
     def _allocate(self, steps: int) -> RolloutBuffer:
@@ -294,15 +296,39 @@ class RolloutCollector:
         self._dones[t, at] = terminated | truncated
 
     def _final_tensors(self, finals: list[tuple[int, Any]]) -> list[tuple[int, TensorStep]]:
-        """The step's final results as owned tensors on the device: one copy per field for all
-        of them (not one per field per ended episode)."""
-        first = finals[0][1]
+        """The step's final results as owned tensors on the device: per field, the ended envs'
+        values gathered into a reused pinned buffer and copied in one asynchronous copy into a
+        fresh device tensor (the finals of earlier steps stay intact)."""
+        device = self.client.device
+        on_device = device.type != "cpu"
+        if on_device and self._finals_copied is not None:
+            self._finals_copied.synchronize()  # the last step's copies have read the stage
+        first, count = finals[0][1], len(finals)
         stacked = {}
         for name in first:
-            if torch_dtype(np.asarray(first[name]).dtype) is None:
+            sample = np.asarray(first[name])
+            if torch_dtype(sample.dtype) is None:
                 continue
-            block = np.stack([np.asarray(final[name]) for _, final in finals])
-            stacked[name] = torch.from_numpy(block).to(self.client.device)
+            if not on_device:
+                block = np.stack([np.asarray(final[name]) for _, final in finals])
+                stacked[name] = torch.from_numpy(block)
+                continue
+            stage = self._finals_stage.get(name)
+            if stage is None:
+                shape = (self.client.num_envs, *sample.shape)
+                stage = self._finals_stage[name] = torch.empty(
+                    shape, dtype=torch_dtype(sample.dtype), pin_memory=True
+                )
+            host = stage.numpy()
+            for k, (_, final) in enumerate(finals):
+                host[k] = final[name]
+            target = torch.empty((count, *sample.shape), dtype=stage.dtype, device=device)
+            target.copy_(stage[:count], non_blocking=True)
+            stacked[name] = target
+        if on_device:
+            if self._finals_copied is None:
+                self._finals_copied = _cuda.Event()
+            self._finals_copied.record(_cuda.current_stream(device))
         return [
             (index, TensorStep({name: value[k] for name, value in stacked.items()}))
             for k, (index, _) in enumerate(finals)
