@@ -57,6 +57,9 @@ Checks, per schema, in this order:
                   unknown fields, bool bytes other than 0/1, undeclared enum values on encode and
                   strict decode, non-canonical NaNs, two errors at once): both sides must report
                   the error code and field path docs/conformance.md prescribes.
+  columns         Only for a schema with [env] shm = "columns": the testee lays k generated
+                  request and result records into a column region's columns area (k in 1, 3, 8
+                  and the seats); region size, column offsets and bytes identical to Python's.
 
 Values are equal when every integer and bool is equal and every float has the same bits at the
 field's width (all NaNs are equal; -0.0 differs from 0.0).
