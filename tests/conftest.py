@@ -1,6 +1,7 @@
-"""Suite-wide checks: no shared-memory segment of the project may outlive the test run.
+"""Suite-wide checks: no shared-memory segment of the project, and no Stable-Baselines3 log
+folder, may outlive the test run.
 
-The check runs once, in the process that owns the whole run: the only process without
+The checks run once, in the process that owns the whole run: the only process without
 pytest-xdist, the controller with it (its workers' segments are all gone by then).
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -18,6 +21,11 @@ import pytest
 SHM_DIR = "/dev/shm"
 PREFIX = "transport-"
 _BEFORE = pytest.StashKey[set[str]]()
+_SB3_BEFORE = pytest.StashKey[set[str]]()
+_SB3_OWN = pytest.StashKey[str]()
+SB3_PREFIX = "SB3-"
+"""Stable-Baselines3's default log folder, ``<tempdir>/SB3-<date and time>``: every ``learn()``
+without a logger of its own makes one (empty) and leaves it, unless $SB3_LOGDIR names another."""
 CPU_REPORT = os.environ.get("TRANSPORT_TEST_CPU_REPORT", "")
 """A file to append per-test-file CPU seconds to (this process and its reaped children: the
 servers a test started), and to print the costliest files from: where the suite's time goes
@@ -73,9 +81,33 @@ def _report_cpu(config: pytest.Config) -> None:
             reporter.write_line(f"  {seconds:8.1f}  {name}")
 
 
+def _sb3_folders() -> set[str]:
+    directory = tempfile.gettempdir()
+    return {name for name in os.listdir(directory) if name.startswith(SB3_PREFIX)}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point $SB3_LOGDIR at a folder of this run (inherited by xdist workers and by every
+    process a test starts: examples, docs blocks), removed when the run ends."""
+    if os.environ.get("SB3_LOGDIR"):
+        return
+    folder = tempfile.mkdtemp(prefix="transport-tests-sb3-")
+    os.environ["SB3_LOGDIR"] = folder
+    config.stash[_SB3_OWN] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_SB3_OWN, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get("SB3_LOGDIR") == folder:
+            del os.environ["SB3_LOGDIR"]
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _is_xdist_worker(session.config):
         session.config.stash[_BEFORE] = _segments()
+        session.config.stash[_SB3_BEFORE] = _sb3_folders()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -84,6 +116,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _report_cpu(config)
     if _is_xdist_worker(config) or _BEFORE not in config.stash:
         return
+    _check_sb3_folders(session)
     before = config.stash[_BEFORE]
     leaked = sorted(_segments() - before)
     deadline = time.monotonic() + 3.0  # another run on the machine may be mid-test: its
@@ -98,3 +131,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print(text)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _check_sb3_folders(session: pytest.Session) -> None:
+    """Fail the run if a test (or a process it started) left a <tempdir>/SB3-* log folder: a
+    trainer that ran without $SB3_LOGDIR (an environment built from scratch for a subprocess)."""
+    config = session.config
+    before: set[str] = config.stash[_SB3_BEFORE]
+    left = sorted(_sb3_folders() - before)
+    if not left:
+        return
+    text = f"Stable-Baselines3 log folders left in {tempfile.gettempdir()}: " + ", ".join(left)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(text, red=True)
+    else:
+        print(text)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

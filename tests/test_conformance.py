@@ -58,7 +58,11 @@ def _python_testee(script: Path) -> str:
 
 
 def test_runner_passes_against_the_python_testee(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--testee", "python", "--count", "10"]) == 0
+    """Every schema (found by default) through the testee protocol both ways. The golden,
+    views and invalid checks against the Python testee run on pac_env in test_json_output; the
+    Python side of every schema's golden and invalid cases in every run (./dev test runs one)."""
+    only = ["--only", "fingerprint,python-testee,testee-python"]
+    assert main(["--testee", "python", "--count", "10", *only]) == 0
     out = capsys.readouterr().out
     assert "total" in out and "0 failed" in out
     for schema in SCHEMAS:
@@ -82,6 +86,7 @@ def test_drift_in_one_field_is_caught_and_named(
     script = tmp_path / "drift_testee.py"
     script.write_text(DRIFT_TESTEE)
     argv = ["--testee", _python_testee(script), "--count", "20", str(PAC_ENV)]
+    argv += ["--only", "golden,python-testee,testee-python"]  # the checks that see encodings
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out
@@ -142,9 +147,10 @@ def test_write_golden_reproduces_the_committed_files(tmp_path: Path) -> None:
     reason="the Node testee is not built: cd node_bridge && npm ci && npm run build",
 )
 def test_the_node_testee_conforms(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every check on pac_env; every schema at --count 300: ./dev test, beside pytest."""
     if shutil.which("node") is None:
         pytest.skip("node is not installed")
-    code = main(["--count", "10"])  # the full run (--count 2000): ./dev test, last step
+    code = main(["--count", "10", str(PAC_ENV)])
     out = capsys.readouterr().out
     assert code == 0, out
 
@@ -244,10 +250,12 @@ STRUCTS = [(path, name) for path in SCHEMAS for name in load_schema(path).struct
 
 @pytest.mark.parametrize(("path", "struct"), STRUCTS, ids=[f"{p.stem}.{s}" for p, s in STRUCTS])
 def test_python_codec_round_trips(path: Path, struct: str) -> None:
+    """The Python codec alone, 10 examples a struct (the cost is linear in them); ./dev test's
+    conformance run round-trips 300 a struct and direction through the Node codec and back."""
     ir = load_schema(path)
     codec = transport.Schema(ir)[struct]
 
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
     @given(struct_strategy(ir, struct))
     def round_trip(values: dict[str, object]) -> None:
         data = codec.encode(values)

@@ -9,9 +9,11 @@ each lease gets its own pool and the records are copied into the slots).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,13 @@ from transport.backends.shm.region import SlotCommand
 from .servers import ServerProcess, require_lang, unique_unix_url
 
 NUM_ENVS = 8
-GAMES = 100
+GAMES = 32
+"""Games per auto-reset trace, counted over the 8 envs: about 4 per env (a game lasts ~70
+steps: ~300 steps a trace), so every env on either side of the worker split ends and restarts
+several times."""
+DISABLED_GAMES = 10
+"""Without auto-reset: rounds of a seeded reset of all 8 envs, then steps until one ends (~50
+steps a round: ~550 steps over about 10 rounds of 8 seeded resets)."""
 MAX_STEPS = 2000
 
 
@@ -46,14 +54,15 @@ def legal(result: object, policy: random.Random) -> list[int]:
 
 
 def play(url: str, mode: str) -> tuple[str, int]:
-    """GAMES episodes (counted over the 8 envs); the digest of every result and final result."""
+    """GAMES episodes (DISABLED_GAMES without auto-reset), counted over the 8 envs; the digest
+    of every result and final result."""
     digest = hashlib.sha256()
     games = steps = 0
     with api.connect(url, timeout=30, autoreset=mode) as client:
         policy = random.Random(11)
         if mode == "disabled":
             round_ = 0
-            while games < GAMES:  # reset all, step until one env ends its game, again
+            while games < DISABLED_GAMES:  # reset all, step until one env ends, again
                 result = client.reset(seed=1000 + round_ * NUM_ENVS)
                 digest.update(result.record.tobytes())
                 for _ in range(MAX_STEPS):
@@ -85,27 +94,42 @@ def play(url: str, mode: str) -> tuple[str, int]:
     return digest.hexdigest(), steps
 
 
+Trio = Callable[[str], tuple[ServerProcess, ServerProcess, ServerProcess]]
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[Trio]:
+    """Per scheme, started once for the module: the Node server with 2 worker threads, the Node
+    server without workers and the Python server with 2 worker processes. Each mode's game is a
+    session of its own (over shm a lease of its own: a fresh pool), so a server serves the three
+    modes one after another, and every session starts with seeded resets."""
+    started: dict[str, tuple[ServerProcess, ServerProcess, ServerProcess]] = {}
+    with contextlib.ExitStack() as stack:
+
+        def get(scheme: str) -> tuple[ServerProcess, ServerProcess, ServerProcess]:
+            if scheme not in started:
+                url = unique_unix_url if scheme == "unix" else shm_url
+                started[scheme] = (
+                    stack.enter_context(pac_server(url(), workers=2)),
+                    stack.enter_context(pac_server(url(), workers=0)),
+                    stack.enter_context(pac_server(url(), lang="python", workers=2)),
+                )
+            return started[scheme]
+
+        yield get
+
+
 @pytest.mark.parametrize("mode", ["disabled", "next_step", "same_step"])
-def test_node_worker_threads_give_byte_identical_pac_traces(mode: str) -> None:
-    with pac_server(unique_unix_url(), workers=2) as server:
-        threads = play(server.url, mode)
-    with pac_server(unique_unix_url(), workers=0) as server:
-        in_process = play(server.url, mode)
-    with pac_server(unique_unix_url(), lang="python", workers=2) as server:
-        python = play(server.url, mode)
+def test_node_worker_threads_give_byte_identical_pac_traces(mode: str, trio: Trio) -> None:
+    threads, in_process, python = (play(server.url, mode) for server in trio("unix"))
     assert threads[1] > 50
     assert threads == in_process
     assert threads == python
 
 
 @pytest.mark.parametrize("mode", ["disabled", "next_step", "same_step"])
-def test_node_worker_threads_over_shm(mode: str) -> None:
-    with pac_server(shm_url(), workers=2) as server:
-        threads = play(server.url, mode)
-    with pac_server(shm_url(), workers=0) as server:
-        in_process = play(server.url, mode)
-    with pac_server(shm_url(), lang="python", workers=2) as server:
-        python = play(server.url, mode)
+def test_node_worker_threads_over_shm(mode: str, trio: Trio) -> None:
+    threads, in_process, python = (play(server.url, mode) for server in trio("shm"))
     assert threads[1] > 50
     assert threads == in_process
     assert threads == python

@@ -4,9 +4,11 @@ setups a server cannot serve refused when it starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,10 @@ from transport.spaces import action_space_of, observation_space_of
 
 from .servers import ROOT, ServerProcess, unique_unix_url, unique_url
 
-SCHEMES = ["unix", "http", "zmq+ipc", "shm"]
+SCHEMES = ["unix", "shm"]
+"""One socket backend and shm: the actions and observations are the codec's and the runtime's
+(the same code over every scheme; a socket backend moves opaque bodies). The other schemes
+carry these layouts in tests/test_contract_spaces.py's and tests/test_contract.py's checks."""
 LANGS = ["python", "node"]
 ENVS: dict[str, type[ReachEnv] | type[LockEnv]] = {"reach": ReachEnv, "lock": LockEnv}
 GOOD_ACTIONS: dict[str, list[Any]] = {
@@ -172,28 +177,49 @@ def same_result(observation: Any, reward: float, expected: dict[str, Any]) -> No
     assert reward == pytest.approx(expected["reward"], abs=0.0)
 
 
+Served = Callable[[str, str, str], ServerProcess]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    """One server per (scheme, language, env) for the module: the Python client's session, then
+    the Node client's (each starts with a seeded reset; over shm each is a lease of its own)."""
+    started: dict[tuple[str, str, str], ServerProcess] = {}
+    with contextlib.ExitStack() as stack:
+
+        def get(scheme: str, lang: str, env: str) -> ServerProcess:
+            key = (scheme, lang, env)
+            if key not in started:
+                server = ServerProcess(unique_url(scheme), env=env, lang=lang)
+                started[key] = stack.enter_context(server)
+            return started[key]
+
+        yield get
+
+
 @pytest.mark.parametrize("env", sorted(ENVS))
 @pytest.mark.parametrize("lang", LANGS)
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_served_env_passes_check_env_and_checks_actions(scheme: str, lang: str, env: str) -> None:
-    with ServerProcess(unique_url(scheme), env=env, lang=lang) as server:
-        remote = RemoteEnv(server.url, schema=env_schema(env))
-        try:
-            assert remote.observation_space == observation_space_of(env_schema(env))
-            check_env(remote, skip_render_check=True)
-            expected = local_trace(env, 11)
-            observation, _ = remote.reset(seed=11)
-            same_result(observation, 0.0, expected[0])
-            for action, want in zip(GOOD_ACTIONS[env], expected[1:], strict=True):
-                observation, reward, *_ = remote.step(action)
-                same_result(observation, float(reward), want)
-            for action, text in BAD_ACTIONS[env]:
-                with pytest.raises(RemoteError, match="INVALID_ACTION") as info:
-                    remote.step(action)
-                assert text in str(info.value)
-            remote.step(GOOD_ACTIONS[env][0])  # the session still serves
-        finally:
-            remote.close()
+def test_served_env_passes_check_env_and_checks_actions(
+    scheme: str, lang: str, env: str, served: Served
+) -> None:
+    remote = RemoteEnv(served(scheme, lang, env).url, schema=env_schema(env))
+    try:
+        assert remote.observation_space == observation_space_of(env_schema(env))
+        check_env(remote, skip_render_check=True)
+        expected = local_trace(env, 11)
+        observation, _ = remote.reset(seed=11)
+        same_result(observation, 0.0, expected[0])
+        for action, want in zip(GOOD_ACTIONS[env], expected[1:], strict=True):
+            observation, reward, *_ = remote.step(action)
+            same_result(observation, float(reward), want)
+        for action, text in BAD_ACTIONS[env]:
+            with pytest.raises(RemoteError, match="INVALID_ACTION") as info:
+                remote.step(action)
+            assert text in str(info.value)
+        remote.step(GOOD_ACTIONS[env][0])  # the session still serves
+    finally:
+        remote.close()
 
 
 @pytest.mark.parametrize("lang", LANGS)
@@ -301,7 +327,7 @@ const plain = (value) => Object.fromEntries(
 @pytest.mark.parametrize("env", sorted(ENVS))
 @pytest.mark.parametrize("lang", LANGS)
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_node_client_sends_array_actions(scheme: str, lang: str, env: str) -> None:
+def test_node_client_sends_array_actions(scheme: str, lang: str, env: str, served: Served) -> None:
     """The Node client steps Box and MultiDiscrete envs (arrays of numbers) with the schema it
     discovered: the same values as the env run here; a bad action is INVALID_ACTION."""
     index = str(ROOT / "node_bridge" / "dist" / "index.js")
@@ -309,13 +335,19 @@ def test_node_client_sends_array_actions(scheme: str, lang: str, env: str) -> No
         "good": [a.tolist() for a in GOOD_ACTIONS[env]],
         "bad": BAD_ACTIONS[env][-1][0].tolist(),
     }
-    with ServerProcess(unique_url(scheme), env=env, lang=lang) as server:
-        done = subprocess.run(
-            ["node", "-e", NODE_ARRAY_CLIENT, index, server.url, json.dumps(actions)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+    done = subprocess.run(
+        [
+            "node",
+            "-e",
+            NODE_ARRAY_CLIENT,
+            index,
+            served(scheme, lang, env).url,
+            json.dumps(actions),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     got = json.loads(done.stdout or "{}")
     assert "failed" not in got and done.returncode == 0, (got, done.stderr[-2000:])
     for result, expected in zip(got["results"], local_trace(env, 11), strict=True):

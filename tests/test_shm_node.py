@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -173,13 +174,23 @@ def _digest(records: list[bytes]) -> str:
     return hashlib.sha256(b"".join(len(r).to_bytes(4, "little") + r for r in records)).hexdigest()
 
 
+@pytest.fixture(scope="module")
+def pac4() -> Iterator[dict[str, ServerProcess]]:
+    """A 4-env pac server over shm per language, for the module's tests that compare the two
+    languages: each comparison is a lease of its own per server, started with a seeded reset."""
+    with (
+        ServerProcess(unique_shm_url(4), env="pac", lang="node", num_envs=4) as node,
+        ServerProcess(unique_shm_url(4), env="pac", lang="python", num_envs=4) as python,
+    ):
+        yield {"node": node, "python": python}
+
+
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
-def test_auto_reset_pac_traces_identical_node_shm_and_python_shm(mode: str) -> None:
+def test_auto_reset_pac_traces_identical_node_shm_and_python_shm(
+    mode: str, pac4: dict[str, ServerProcess]
+) -> None:
     """Results and finals of a seeded random walk (4 pac envs), byte for byte."""
-    traces = {}
-    for lang in ("node", "python"):
-        with ServerProcess(unique_shm_url(4), env="pac", lang=lang, num_envs=4) as proc:
-            traces[lang] = trace(proc.url, mode)
+    traces = {lang: trace(pac4[lang].url, mode) for lang in ("node", "python")}
     assert len(traces["node"]) == len(traces["python"]) >= 301
     if mode == "same_step":
         assert len(traces["node"]) > 301  # finals interleaved
@@ -204,26 +215,27 @@ def test_same_step_finals_are_views_of_the_node_final_areas() -> None:
             assert ended >= 4
 
 
-def test_next_step_disabled_and_same_step_refusals_match_python() -> None:
+def test_next_step_disabled_and_same_step_refusals_match_python(
+    pac4: dict[str, ServerProcess],
+) -> None:
     """NEXT_STEP: a done env's action is ignored (even an invalid one); DISABLED: NOT_RESET."""
     for mode in ("disabled", "next_step"):
         texts = {}
         for lang in ("node", "python"):
-            with ServerProcess(unique_shm_url(4), env="pac", lang=lang, num_envs=4) as proc:
-                with api.connect(proc.url, timeout=10, autoreset=mode) as client:
-                    result, rng = client.reset(seed=3), __import__("random").Random(3)
-                    out: list[Any] = []
-                    for _ in range(400):
-                        actions = legal(result, rng)
-                        if result.done.any():
-                            actions[int(np.flatnonzero(result.done)[0])] = 500
-                        try:
-                            result = client.step(actions)
-                            out.append(result.observation.tobytes())
-                        except RemoteError as exc:
-                            out.append((exc.code, exc.text))
-                            break
-                    texts[lang] = out
+            with api.connect(pac4[lang].url, timeout=10, autoreset=mode) as client:
+                result, rng = client.reset(seed=3), __import__("random").Random(3)
+                out: list[Any] = []
+                for _ in range(400):
+                    actions = legal(result, rng)
+                    if result.done.any():
+                        actions[int(np.flatnonzero(result.done)[0])] = 500
+                    try:
+                        result = client.step(actions)
+                        out.append(result.observation.tobytes())
+                    except RemoteError as exc:
+                        out.append((exc.code, exc.text))
+                        break
+                texts[lang] = out
         assert texts["node"] == texts["python"], mode
 
 

@@ -123,19 +123,21 @@ def assert_pac_traces_match_unix(lang: str) -> None:
             assert play(proc.url) == reference, f"{lang} over zmq+{kind}"
 
 
-@pytest.fixture(params=LANGS)
+@pytest.fixture(scope="module", params=LANGS)
 def lang(request: pytest.FixtureRequest) -> str:
     require_lang(request.param)
     return str(request.param)
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(scope="module", params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(lang: str, kind: str) -> Iterator[ServerProcess]:
+    """One echo server per (language, kind) for the module's tests: each test talks to it over
+    sockets and sessions of its own, and the bad-input test checks that others stay served."""
     with ServerProcess(zmq_url(kind), env="echo", lang=lang) as proc:
         yield proc
     if proc.url.startswith("zmq+ipc"):
