@@ -14,15 +14,15 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 import transport
 from transport.generated import image_columns
-from transport.testing.contract_env import POISON_ACTION
 from transport.testing.servers import ServeProcess
+
+from .columns_trace import legal_actions, mapping_root, same_fields, trace_against_unix
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIST = ROOT / "node_bridge" / "dist"
@@ -78,28 +78,6 @@ def servers() -> Iterator[dict[tuple[str, int], str]]:
             assert not server.leftovers()
 
 
-def _legal(mask: np.ndarray, turn: int) -> np.ndarray:
-    """One legal action per env from its mask (never the contract env's poison action)."""
-    out = []
-    for i, row in enumerate(np.atleast_2d(mask)):
-        allowed = np.flatnonzero(row)
-        allowed = allowed[allowed != POISON_ACTION]
-        out.append(allowed[(turn + i) % len(allowed)])
-    return np.array(out, dtype=np.int32)
-
-
-def _same(a: Any, b: Any, what: str) -> None:
-    assert list(a.keys()) == list(b.keys())
-    for name in a.keys():
-        assert np.array_equal(a[name], b[name]), f"{what}: field {name} differs"
-
-
-def _root(array: Any) -> Any:
-    while isinstance(array, np.ndarray) and array.base is not None:
-        array = array.base
-    return array
-
-
 @pytest.mark.parametrize("n", [4, 1])
 @pytest.mark.parametrize("mode", MODES)
 def test_python_client_of_a_node_column_server(
@@ -114,27 +92,11 @@ def test_python_client_of_a_node_column_server(
         transport.connect(servers["unix", n], SCHEMA, autoreset=mode) as unix,
     ):
         region = shm.channel.region  # type: ignore[attr-defined]
-        a, b = shm.reset(seed=5), unix.reset(seed=5)
-        _same(a, b, "reset")
-        ended = 0
-        for turn in range(12):
-            actions = _legal(a.action_mask, turn)
-            a = shm.step(actions if n > 1 else actions[:1])
-            b = unix.step(actions if n > 1 else actions[:1])
-            _same(a, b, f"{mode} step {turn}")
-            assert [i for i, _ in shm.finals] == [i for i, _ in unix.finals]
-            for (_, fa), (_, fb) in zip(shm.finals, unix.finals, strict=True):
-                _same(fa, fb, f"{mode} final of step {turn}")
-            assert np.array_equal(region.request_columns["action"][:n], actions[:n])
-            done = np.logical_or(a.terminated, a.truncated)
-            ended += int(np.count_nonzero(done)) + len(shm.finals)
-            if mode == "disabled" and done.any():
-                a, b = shm.reset(seed=turn), unix.reset(seed=turn)
-        assert ended > 0
+        a = trace_against_unix(shm, unix, n, mode, turns=12, seed=5)
         for name in a.keys():
             assert a[name].flags.c_contiguous, name
             assert np.shares_memory(a[name], region.result_columns[name]), name
-            assert _root(a[name]) is _root(region.result_columns[name])
+            assert mapping_root(a[name]) is mapping_root(region.result_columns[name])
 
 
 def test_python_client_recv_from_a_node_column_server(
@@ -148,7 +110,7 @@ def test_python_client_recv_from_a_node_column_server(
             first = client.recv(4, copy=True)
             masks = {int(e): first.results.action_mask[k] for k, e in enumerate(first.env_ids)}
             ids = np.array([3, 1], dtype=np.int64)
-            client.send(np.stack([_legal(masks[int(i)], 2)[0] for i in ids]), ids)
+            client.send(np.stack([legal_actions(masks[int(i)], 2)[0] for i in ids]), ids)
             received = client.recv(2, copy=True)
             got[name] = {
                 int(e): {f: received.results[f][k] for f in received.results.keys()}
@@ -170,9 +132,9 @@ def test_python_client_step_multi_on_a_node_column_server(
         transport.connect(servers["unix", 8], SCHEMA) as unix,
     ):
         a, b = shm.reset(seed=3), unix.reset(seed=3)
-        _same(a, b, "reset")
-        actions = _legal(a.action_mask, 1)
-        _same(shm.step_multi(actions), unix.step_multi(actions), "step_multi")
+        same_fields(a, b, "reset")
+        actions = legal_actions(a.action_mask, 1)
+        same_fields(shm.step_multi(actions), unix.step_multi(actions), "step_multi")
         region = shm.channel.region  # type: ignore[attr-defined]
         assert np.array_equal(region.request_columns["action"][:8], actions)
         words = region.strided("checksum")

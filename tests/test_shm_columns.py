@@ -24,9 +24,10 @@ from transport.errors import RegionMismatchError, SchemaError
 from transport.generated import image_columns, tetris
 from transport.schema import compile_schema
 from transport.schema.ir import shm_columns
-from transport.testing.contract_env import POISON_ACTION
 from transport.testing.servers import ServeProcess
 from transport.tools.conformance_cli import main
+
+from .columns_trace import legal_actions, mapping_root, same_fields, trace_against_unix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = str(ROOT / "schema" / "image_columns.toml")
@@ -59,30 +60,6 @@ def servers() -> Iterator[dict[tuple[str, int], str]]:
         for server in started.values():
             server.stop()
             assert not server.leftovers()
-
-
-def _legal(mask: np.ndarray, turn: int) -> np.ndarray:
-    """One legal action per env from its mask (never the contract env's poison action)."""
-    rows = np.atleast_2d(mask)
-    out = []
-    for i, row in enumerate(rows):
-        allowed = np.flatnonzero(row)
-        allowed = allowed[allowed != POISON_ACTION]
-        out.append(allowed[(turn + i) % len(allowed)])
-    return np.array(out, dtype=np.int32)
-
-
-def _same(a: Any, b: Any, what: str) -> None:
-    assert list(a.keys()) == list(b.keys())
-    for name in a.keys():
-        assert np.array_equal(a[name], b[name]), f"{what}: field {name} differs"
-
-
-def _mapping_root(array: np.ndarray) -> Any:
-    base: Any = array
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return base
 
 
 # -- the layout ------------------------------------------------------------------------------
@@ -143,30 +120,13 @@ def test_lock_step_equals_rows_over_unix(
         transport.connect(servers["unix", n], SCHEMA, autoreset=mode) as unix,
     ):
         region = shm.channel.region  # type: ignore[attr-defined]
-        a, b = shm.reset(seed=7), unix.reset(seed=7)
-        _same(a, b, "reset")
-        ended = 0
-        for turn in range(14):
-            actions = _legal(a.action_mask, turn)
-            a = shm.step(actions if n > 1 else actions[:1])
-            b = unix.step(actions if n > 1 else actions[:1])
-            _same(a, b, f"{mode} step {turn}")
-            assert [i for i, _ in shm.finals] == [i for i, _ in unix.finals]
-            for (_, fa), (_, fb) in zip(shm.finals, unix.finals, strict=True):
-                _same(fa, fb, f"{mode} final of step {turn}")
-            assert np.array_equal(region.request_columns["action"][:n], actions[:n])
-            done = np.logical_or(a.terminated, a.truncated)
-            ended += int(np.count_nonzero(done)) + len(shm.finals)
-            if mode == "disabled" and done.any():
-                a, b = shm.reset(seed=turn), unix.reset(seed=turn)
-                _same(a, b, f"reset after step {turn}")
-        assert ended > 0  # episodes ended in the run: the finals path was taken
+        a = trace_against_unix(shm, unix, n, mode, turns=14, seed=7)
         for name in a.keys():
             field = a[name]
             column = region.result_columns[name]
             assert field.flags.c_contiguous, name
             assert np.shares_memory(field, column), name
-            assert _mapping_root(field) is _mapping_root(column)
+            assert mapping_root(field) is mapping_root(column)
         assert a.observation.shape[-3:] == (3, 84, 84)  # (N, 3, 84, 84); a 1-env reset: none
         records = a.record  # the column layout's fields are no one array: an owned copy
         assert isinstance(records, np.ndarray) and records.dtype == SCHEMA["StepResult"].dtype
@@ -175,7 +135,7 @@ def test_lock_step_equals_rows_over_unix(
             assert np.array_equal(records[name], a[name]), name
         owned = a.copy()
         assert not np.shares_memory(owned.observation, region.result_columns["observation"])
-        _same(owned, a, "copy")
+        same_fields(owned, a, "copy")
 
 
 @pytest.mark.parametrize("server", ["shm", "pool"])
@@ -194,7 +154,7 @@ def test_async_send_recv_on_columns(servers: dict[tuple[str, int], str], server:
             first = client.recv(4, copy=True)
             masks = {int(e): first.results.action_mask[k] for k, e in enumerate(first.env_ids)}
             ids = np.array([2, 0], dtype=np.int64)
-            actions = np.stack([_legal(masks[int(i)], 0)[0] for i in ids]).astype(np.int32)
+            actions = np.stack([legal_actions(masks[int(i)], 0)[0] for i in ids]).astype(np.int32)
             client.send(actions, ids)
             received = client.recv(2, copy=True)
             got[name] = {
@@ -216,9 +176,9 @@ def test_step_multi_and_checksums(servers: dict[tuple[str, int], str]) -> None:
         transport.connect(servers["unix", 8], SCHEMA) as unix,
     ):
         a, b = shm.reset(seed=3), unix.reset(seed=3)
-        _same(a, b, "reset")
-        actions = _legal(a.action_mask, 0)
-        _same(shm.step_multi(actions), unix.step_multi(actions), "step_multi")
+        same_fields(a, b, "reset")
+        actions = legal_actions(a.action_mask, 0)
+        same_fields(shm.step_multi(actions), unix.step_multi(actions), "step_multi")
         region = shm.channel.region  # type: ignore[attr-defined]
         words = region.strided("checksum")
         for i in range(8):
@@ -252,10 +212,10 @@ def test_step_multi_seats_of_one_env(tmp_path: Path) -> None:
         ):
             assert shm.channel.region.num_slots == 8  # type: ignore[attr-defined]
             a, b = shm.reset(seed=2), unix.reset(seed=2)
-            _same(a, b, "reset")
+            same_fields(a, b, "reset")
             actions = np.zeros(8, dtype=np.int32)  # action 0: never masked, never poison
             a, b = shm.step_multi(actions), unix.step_multi(actions)
-            _same(a, b, "step_multi of seats")
+            same_fields(a, b, "step_multi of seats")
             assert a.observation.shape == (8, 3, 84, 84) and a.observation.flags.c_contiguous
     finally:
         for server in servers:
@@ -288,7 +248,7 @@ def test_torch_cpu_tensors_are_the_columns(servers: dict[tuple[str, int], str]) 
         region = client.client.channel.region  # type: ignore[attr-defined]
         view = client.view
         assert view is not None
-        tensors = client.step(torch.from_numpy(_legal(view.action_mask, 0)))
+        tensors = client.step(torch.from_numpy(legal_actions(view.action_mask, 0)))
         view = client.view
         assert view is not None
         assert client.copied_fields == []
@@ -313,7 +273,7 @@ def test_torch_cuda_columns_in_one_copy(servers: dict[tuple[str, int], str]) -> 
         client.reset(seed=5)
         view = client.view
         assert view is not None
-        actions = torch.from_numpy(_legal(view.action_mask, 0)).to("cuda")
+        actions = torch.from_numpy(legal_actions(view.action_mask, 0)).to("cuda")
         tensors = client.step(actions)
         view = client.view
         assert view is not None

@@ -876,7 +876,8 @@ export function checkBoolBytes(
 
 type ElementReader = (dv: DataView, at: number) => number | bigint;
 
-const ELEMENT_READERS: Readonly<Record<NumericType, ElementReader>> = {
+/** One scalar element read at a byte offset (little-endian), by numeric type. */
+export const ELEMENT_READERS: Readonly<Record<NumericType, ElementReader>> = {
   u8: (dv, at) => dv.getUint8(at),
   u16: (dv, at) => dv.getUint16(at, true),
   u32: (dv, at) => dv.getUint32(at, true),

@@ -574,6 +574,20 @@ class _Compiler:
                 *texts,
             ],
         }
+        final_result_at = self._derived_final(result)
+        return ShmIR(
+            "derived",
+            SHM_CONTROL,
+            SHM_SLOT,
+            SHM_FINAL,
+            {f.name: request_at + f.offset for f in request.fields},
+            {f.name: result_at + f.offset for f in result.fields},
+            {f.name: final_result_at + f.offset for f in result.fields},
+        )
+
+    def _derived_final(self, result: StructIR) -> int:
+        """The derived final area (``final_seq`` u32, the result at the second cache line) and
+        the slot just laid out become structs; returns the result's offset in the final area."""
         final_result_at = CACHE_LINE
         self.raw_structs[SHM_FINAL] = {
             "layout": "natural",
@@ -585,15 +599,7 @@ class _Compiler:
         }
         self._struct(SHM_SLOT)
         self._struct(SHM_FINAL)
-        return ShmIR(
-            "derived",
-            SHM_CONTROL,
-            SHM_SLOT,
-            SHM_FINAL,
-            {f.name: request_at + f.offset for f in request.fields},
-            {f.name: result_at + f.offset for f in result.fields},
-            {f.name: final_result_at + f.offset for f in result.fields},
-        )
+        return final_result_at
 
     def _columns_shm(self, result: StructIR) -> ShmIR:
         """The column layout (``[env] shm = "columns"``): a slot of control words and text areas
@@ -608,17 +614,7 @@ class _Compiler:
             "size": _round_up(CACHE_LINE + ERROR_TEXT_SIZE + INFO_SIZE, CACHE_LINE),
             "fields": [*words, *texts],
         }
-        final_result_at = CACHE_LINE
-        self.raw_structs[SHM_FINAL] = {
-            "layout": "natural",
-            "size": _round_up(final_result_at + result.size, CACHE_LINE),
-            "fields": [
-                {"name": "final_seq", "type": "u32"},
-                {"name": "result", "type": result.name, "offset": final_result_at},
-            ],
-        }
-        self._struct(SHM_SLOT)
-        self._struct(SHM_FINAL)
+        final_result_at = self._derived_final(result)
         return ShmIR(
             COLUMNS,
             SHM_CONTROL,

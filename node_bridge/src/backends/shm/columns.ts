@@ -10,25 +10,12 @@
  * op, which both languages answer byte for byte.
  */
 
-import { type AnyStructCodec, type SchemaModule, dataViewOf, viewArray, viewBoolBytes } from "../../codec";
+import { type AnyStructCodec, ELEMENT_READERS, type SchemaModule, dataViewOf, viewArray, viewBoolBytes } from "../../codec";
 import { ProtocolError } from "../../errors";
 import { type FieldJson, type NumericType, type SchemaJson, type ShmColumn, resolveField, shmColumns } from "../../ir";
 
 /** Reads one field's value at a byte offset, as a generated view's getter does (zero copy). */
 type FieldReader = (dv: DataView, at: number) => unknown;
-
-const SCALAR_READERS: Readonly<Record<NumericType, FieldReader>> = {
-  u8: (dv, at) => dv.getUint8(at),
-  u16: (dv, at) => dv.getUint16(at, true),
-  u32: (dv, at) => dv.getUint32(at, true),
-  u64: (dv, at) => dv.getBigUint64(at, true),
-  i8: (dv, at) => dv.getInt8(at),
-  i16: (dv, at) => dv.getInt16(at, true),
-  i32: (dv, at) => dv.getInt32(at, true),
-  i64: (dv, at) => dv.getBigInt64(at, true),
-  f32: (dv, at) => dv.getFloat32(at, true),
-  f64: (dv, at) => dv.getFloat64(at, true),
-};
 
 /** The getter of `field` of a view: numeric arrays are typed arrays over the buffer, bool arrays
  * their raw bytes, nested structs their codec's views, scalars read on every access. */
@@ -50,7 +37,7 @@ export function fieldReader(schema: SchemaModule, field: FieldJson): FieldReader
       return isArray ? (dv, at) => viewBoolBytes(dv, at, count) : (dv, at) => dv.getUint8(at) !== 0;
     default: {
       const type: NumericType = element.type;
-      return isArray ? (dv, at) => viewArray(dv, at, type, count) : SCALAR_READERS[type];
+      return isArray ? (dv, at) => viewArray(dv, at, type, count) : ELEMENT_READERS[type];
     }
   }
 }
