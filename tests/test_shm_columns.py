@@ -322,3 +322,37 @@ def test_conformance_columns_check_names_the_drifting_column(
     assert len(failures) == 3  # k = 1, 3, 8
     assert {f["field"] for f in failures} == {"StepResult.reward"}
     assert any("env 1" in f["summary"] for f in failures)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["writes-columns", "rows-copied"])
+def test_vector_env_writes_the_columns(direct: bool) -> None:
+    """A vector env that declares ``writes_columns`` is handed the region's columns as its
+    ``out`` (the server copies nothing); one without it writes private rows the server copies.
+    Both give the same results as the env over unix, in every auto-reset mode."""
+    from transport.backends.shm.region import ColumnRecords
+
+    from .shm_columns_vector_env import NUM_ENVS, VectorImages, VectorImagesRows
+
+    factory = VectorImages if direct else VectorImagesRows
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    shm_server = transport.Server(
+        factory, f"shm://colsv-{tag}?num_envs={NUM_ENVS}", schema=SCHEMA, num_envs=NUM_ENVS
+    ).start()
+    unix_server = transport.Server(
+        factory, f"unix:///tmp/colsv-{tag}.sock", schema=SCHEMA, num_envs=NUM_ENVS
+    ).start()
+    try:
+        listener: Any = shm_server.listener
+        assert isinstance(listener.results, ColumnRecords) is direct
+        assert (listener._columns == []) is direct  # no row -> column copy when direct
+        for mode in MODES:
+            with (
+                transport.connect(shm_server.url, SCHEMA, autoreset=mode) as shm,
+                transport.connect(unix_server.url, SCHEMA, autoreset=mode) as unix,
+            ):
+                last = trace_against_unix(shm, unix, NUM_ENVS, mode, turns=9, seed=3)
+                region = shm.channel.region  # type: ignore[attr-defined]
+                assert np.shares_memory(last.observation, region.result_columns["observation"])
+    finally:
+        shm_server.close()
+        unix_server.close()

@@ -24,6 +24,7 @@ class VectorEchoEnv:
     """N echo envs in NumPy columns (see the module doc and ``transport.envs.echo``)."""
 
     steps_subsets = True
+    writes_columns = True  # only out[field][rows] and out[rows] = records
     autoreset_next_step = False
 
     def __init__(self, num_envs: int, episode_len: int = 0) -> None:

@@ -93,6 +93,7 @@ class GymVectorEnv:
     ``VectorEnv``: its N envs step together (``steps_subsets`` False)."""
 
     steps_subsets = False
+    writes_columns = True  # only out[field][rows] and out[rows] = records
     autoreset_next_step = True
 
     def __init__(self, env: Any) -> None:
@@ -146,6 +147,7 @@ class EnvPoolEnv:
     by EnvPool's ``env_id``. See the module doc for seeds."""
 
     steps_subsets = True
+    writes_columns = True  # only out[field][rows] and out[rows] = records
     autoreset_next_step = True
 
     def __init__(self, pool: Any) -> None:

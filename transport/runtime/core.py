@@ -282,7 +282,9 @@ class Runner:
     ) -> None:
         self.codec = codec
         self.results = results
-        self.records = records_of(results)
+        # one writable 0-d record per env; none for column records (an shm column region a
+        # vector env writes field by field: per-env records of it are copies)
+        self.records = records_of(results) if isinstance(results, np.ndarray) else []
         self.finals = finals
         self.final_records = records_of(finals) if finals is not None else []
         self.num_envs = num_envs
@@ -435,7 +437,7 @@ class Runner:
         env indices."""
         ids = np.flatnonzero(done)
         if self.finals is not None:
-            if ids.size == 1:
+            if ids.size == 1 and self.records:
                 i = int(ids[0])
                 self.final_records[i][...] = self.records[i]
             else:

@@ -104,6 +104,18 @@ def is_vector_env(obj: object) -> bool:
     )
 
 
+def writes_columns(envs: Sequence[object]) -> bool:
+    """True when ``envs`` is one vector env that may be handed an shm column region's columns
+    as its ``out`` (it declares ``writes_columns = True``: it writes ``out[field][rows]`` and
+    whole records ``out[rows] = records``, nothing else of a record array), so a column-layout
+    server publishes what it wrote without a copy."""
+    return (
+        len(envs) == 1
+        and is_vector_env(envs[0])
+        and getattr(envs[0], "writes_columns", False) is True
+    )
+
+
 VectorEnvFactory = Callable[[], VectorEnv]
 """A zero-argument callable making a fresh ``VectorEnv`` (one per client)."""
 

@@ -223,25 +223,59 @@ def column_views(
 
 class ColumnRecords:
     """``count`` records of a column-layout region, duck-typed as a record array where the
-    client needs one: ``records[name]`` is the field's column, an (N, ...) C-contiguous view of
-    the mapping (the env's field alone without an env axis for ``count`` None); ``copy()``
-    (and ``np.asarray``) gives owned wire records. ``dtype`` is the wire record's."""
+    client, or a server's vector env that writes the columns (``writes_columns``), needs one:
+    ``records[name]`` is the field's column, an (N, ...) C-contiguous view of the mapping (the
+    env's field alone without an env axis for ``count`` None); ``copy()`` (and ``np.asarray``)
+    gives owned wire records. ``dtype`` is the wire record's."""
 
     __slots__ = ("dtype", "fields", "ndim", "shape")
 
     def __init__(
-        self, dtype: np.dtype[Any], columns: dict[str, np.ndarray], count: int | None
+        self,
+        dtype: np.dtype[Any],
+        columns: dict[str, np.ndarray],
+        count: int | None,
+        *,
+        sliced: bool = False,
     ) -> None:
         self.dtype = dtype
         self.shape: tuple[int, ...] = () if count is None else (count,)
         self.ndim = len(self.shape)
-        self.fields = {
-            name: column[0, ...] if count is None else column[:count]
-            for name, column in columns.items()
-        }
+        self.fields = (
+            dict(columns)
+            if sliced
+            else {
+                name: column[0, ...] if count is None else column[:count]
+                for name, column in columns.items()
+            }
+        )
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.fields[name]
+    def __getitem__(self, key: Any) -> Any:
+        """``[name]``: the column (a view: writes land in the region); ``[i]`` / ``[i, ...]``:
+        env i's record, ``[ids]``: those envs' records (owned copies, gathered now); ``[a:b]``:
+        the column records of those envs (views)."""
+        if isinstance(key, str):
+            return self.fields[key]
+        if isinstance(key, tuple) and len(key) == 2 and key[1] is Ellipsis:
+            key = key[0]
+        if isinstance(key, slice):
+            rows = {name: column[key] for name, column in self.fields.items()}
+            count = len(range(*key.indices(self.shape[0])))
+            return ColumnRecords(self.dtype, rows, count, sliced=True)
+        index = np.asarray(key)
+        out = np.zeros(index.shape, dtype=self.dtype)
+        for name, column in self.fields.items():
+            out[name] = column[index]
+        return out
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``[name] = v`` writes the column; ``[rows] = records`` (``...``, a slice, ids) writes
+        every field of those envs from a record or record array."""
+        if isinstance(key, str):
+            self.fields[key][...] = value
+            return
+        for name, column in self.fields.items():
+            column[key] = value[name]
 
     def __len__(self) -> int:
         if not self.shape:

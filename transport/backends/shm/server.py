@@ -28,6 +28,7 @@ from transport.backends.shm.region import (
     INFO_SIDE,
     LAYOUT_VERSION,
     MAGIC,
+    ColumnRecords,
     Region,
     RegionState,
     ShmLayout,
@@ -48,6 +49,7 @@ from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, ErrorCode, RequestError
 from transport.runtime.async_batches import AsyncBatches
 from transport.runtime.core import EnvHost, EnvRuntime, describe
+from transport.runtime.env import writes_columns
 
 log = logging.getLogger("transport.shm")
 _CLIENT_PID_WORD = CB["client_pid"].offset // 4
@@ -120,8 +122,13 @@ class Listener:
         region.set("owner_start_time", own_start_time())
         try:
             n = self.num_envs
+            if envs is None:
+                envs = host.create_envs()
             self._columns: list[tuple[np.ndarray, np.ndarray]] = []
-            if layout.columns:  # the runtime writes private rows; publishing copies them over
+            self.results: Any
+            if layout.columns and writes_columns(envs):  # a vector env writes the columns
+                self.results = ColumnRecords(layout.result_dtype, region.result_columns, slots)
+            elif layout.columns:  # the runtime writes private rows; publishing copies them over
                 self.results = np.zeros(slots, dtype=layout.result_dtype)
                 self._columns = [
                     (column, self.results[name]) for name, column in region.result_columns.items()
@@ -130,8 +137,6 @@ class Listener:
                 self.results = region.results()
             final_seqs, finals = region.finals()
             self._final_seqs, self.finals = final_seqs[:n], finals[:n]
-            if envs is None:
-                envs = host.create_envs()
             self._spare = host.runtime(envs, self.results, self.finals)
             region.map[size - len(area) : size] = area
             for field, value in (
