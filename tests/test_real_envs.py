@@ -119,7 +119,7 @@ class Servers:
 
     def __init__(self) -> None:
         self.started: dict[tuple[str, str, int], Server] = {}
-        self.processes: dict[tuple[str, str], ServerProcess] = {}
+        self.processes: dict[tuple[str, ...], ServerProcess] = {}
 
     def get(self, make: Callable[[], Any], scheme: str, num_envs: int, workers: int = 0) -> str:
         """A ``transport.gym_serve.gym_server`` of a factory, started in this process."""
@@ -132,7 +132,7 @@ class Servers:
 
     def cli(self, env_id: str, scheme: str, num_envs: int, *extra: str) -> str:
         """``transport-serve URL --gym ID [EXTRA...]`` in a process of its own."""
-        key = (env_id, scheme)
+        key = (env_id, scheme, *extra)
         if key not in self.processes:
             self.processes[key] = ServerProcess(
                 unique_url(scheme),
@@ -246,6 +246,41 @@ def compare_disabled(url: str, make: Callable[[], Any], steps: int, n: int) -> N
 def test_cartpole_on_every_backend(servers: Servers, scheme: str, mode: str) -> None:
     url = servers.get(cartpole, scheme, num_envs=4)
     compare_vector(url, cartpole, mode, steps=60, n=4)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_cartpole_in_the_shm_column_layout(servers: Servers, mode: str) -> None:
+    """``transport-serve ... --gym CartPole-v1 --shm-layout columns``: the region is laid out in
+    columns (the client's observation is one contiguous block) and every step still equals
+    SyncVectorEnv's."""
+    kwargs = ("--gym-kwargs", json.dumps(CARTPOLE_KWARGS))
+    url = servers.cli("CartPole-v1", "shm", 4, *kwargs, "--shm-layout", "columns")
+    with transport.connect(url, timeout=60) as client:
+        assert client.channel.layout.columns  # type: ignore[attr-defined]
+        assert client.reset(seed=SEED)["observation"].flags.c_contiguous
+    compare_vector(url, cartpole, mode, steps=60, n=4)
+
+
+def test_gym_vector_env_writes_the_shm_columns() -> None:
+    """``GymVectorEnv(..., shm_layout="columns")`` over shm:// writes the region's columns (the
+    server copies nothing) and steps as gymnasium's own SyncVectorEnv does."""
+    from transport.backends.shm.region import ColumnRecords
+    from transport.envs.vector_gym import GymVectorEnv
+
+    def vector() -> GymVectorEnv:
+        return GymVectorEnv(SyncVectorEnv([cartpole] * 4), shm_layout="columns")
+
+    server = Server(vector, unique_url("shm"), schema=vector().SCHEMA, num_envs=4).start()
+    try:
+        listener: Any = server.listener
+        assert isinstance(listener.results, ColumnRecords) and listener._columns == []
+        remote = RemoteVectorEnv(server.bound_url, autoreset_mode=MODES["next_step"], timeout=60)
+        try:
+            compare_lockstep(remote, cartpole, "next_step", steps=60)
+        finally:
+            remote.close()
+    finally:
+        server.close()
 
 
 # -- MuJoCo: Box observation, Box actions ---------------------------------------------------------

@@ -280,10 +280,9 @@ def _cartpole_actions(steps: int, n: int) -> np.ndarray:
     return np.random.default_rng(3).integers(0, 2, size=(steps, n)).astype(np.uint8)
 
 
-def test_envpool_over_shm_equals_envpool_in_process(servers: Any) -> None:
-    """NEXT_STEP is EnvPool's own auto-reset: the served trajectories are EnvPool's, byte for
-    byte (observation, reward, terminated, truncated), episode ends included."""
-    n, steps = 8, 80
+def _envpool_matches_in_process(url: str, n: int, steps: int) -> None:
+    """A NEXT_STEP client of an EnvPoolEnv server at ``url`` sees EnvPool's own trajectories
+    (stepped here with the same actions), byte for byte, episode ends included."""
     pool = _envpool(n)
     actions = _cartpole_actions(steps, n)
     obs, _ = pool.reset()
@@ -292,7 +291,7 @@ def test_envpool_over_shm_equals_envpool_in_process(servers: Any) -> None:
         obs, reward, terminated, truncated, _ = pool.step(actions[t].astype(np.int32))
         expected.append((obs.copy(), reward.copy(), terminated.copy(), truncated.copy()))
     assert sum(int(e[2].sum()) for e in expected) > n  # episodes ended (and auto-reset)
-    with api.connect(servers("envpool", "shm", n), autoreset="next_step", timeout=30) as client:
+    with api.connect(url, autoreset="next_step", timeout=30) as client:
         got = [client.reset(copy=True)]
         got += [client.step(actions[t], copy=True) for t in range(steps)]
     for t, (view, want) in enumerate(zip(got, expected, strict=True)):
@@ -300,6 +299,31 @@ def test_envpool_over_shm_equals_envpool_in_process(servers: Any) -> None:
         assert np.array_equal(view.reward, want[1]), t
         assert np.array_equal(view.terminated, want[2]), t
         assert np.array_equal(view.truncated, want[3]), t
+
+
+def test_envpool_over_shm_equals_envpool_in_process(servers: Any) -> None:
+    """NEXT_STEP is EnvPool's own auto-reset: the served trajectories are EnvPool's."""
+    _envpool_matches_in_process(servers("envpool", "shm", 8), 8, 80)
+
+
+def test_envpool_in_the_shm_column_layout_writes_the_columns() -> None:
+    """``EnvPoolEnv(pool, shm_layout="columns")`` over shm:// writes the region's columns (the
+    server copies nothing) and the trajectories are still EnvPool's own."""
+    from transport.backends.shm.region import ColumnRecords
+    from transport.envs.vector_gym import EnvPoolEnv
+
+    n = 8
+    schema = EnvPoolEnv(_envpool(1), shm_layout="columns").SCHEMA
+    url = f"shm://vec-cols-{os.getpid()}-{uuid.uuid4().hex[:6]}?num_envs={n}"
+    server = api.Server(
+        lambda: EnvPoolEnv(_envpool(n), shm_layout="columns"), url, schema=schema, num_envs=n
+    ).start()
+    try:
+        listener: Any = server.listener
+        assert isinstance(listener.results, ColumnRecords) and listener._columns == []
+        _envpool_matches_in_process(server.bound_url, n, 60)
+    finally:
+        server.close()
 
 
 def test_envpool_same_step_over_shm_equals_the_runtime_in_process(servers: Any) -> None:

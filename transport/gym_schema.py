@@ -247,7 +247,15 @@ def act_n_of(action_space: Any) -> int:
     return int(np.prod(np.asarray(getattr(action_space, "shape", (1,)) or (1,))))
 
 
-def _text(name: str, result: str, action: str, enum: str) -> str:
+SHM_LAYOUTS = ("slots", "columns")
+"""The shm region layouts a derived schema may ask for: per-env slots (the derived layout, the
+default) or struct-of-arrays columns (``[env] shm = "columns"``, docs/shm.md)."""
+
+
+def _text(name: str, result: str, action: str, enum: str, shm_layout: str = "slots") -> str:
+    if shm_layout not in SHM_LAYOUTS:
+        raise SchemaError(f"shm_layout must be one of {', '.join(SHM_LAYOUTS)}, not {shm_layout!r}")
+    shm = 'shm = "columns"\n' if shm_layout == "columns" else ""
     return (
         f"# Derived from gymnasium spaces by transport-schema from-gym: same spaces, same text.\n"
         f'[schema]\nname = "{name}"\nversion = 1\n\n'
@@ -255,7 +263,7 @@ def _text(name: str, result: str, action: str, enum: str) -> str:
         '  { name = "reward", type = "f64", role = "reward" },\n'
         '  { name = "terminated", type = "bool", role = "terminated" },\n'
         '  { name = "truncated", type = "bool", role = "truncated" },\n]\n\n'
-        f"[structs.StepRequest]\nfields = [\n{action}\n]\n\n[env]\n{enum}"
+        f"[structs.StepRequest]\nfields = [\n{action}\n]\n\n[env]\n{shm}{enum}"
     )
 
 
@@ -277,14 +285,17 @@ def _enum(description: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def schema_toml(observation_space: Any, action_space: Any, name: str = "gym_env") -> str:
+def schema_toml(
+    observation_space: Any, action_space: Any, name: str = "gym_env", shm_layout: str = "slots"
+) -> str:
     """The TOML of the env schema of these spaces (see the module doc); a ``SchemaError``
-    naming the space and where it sits when one cannot be carried."""
+    naming the space and where it sits when one cannot be carried. ``shm_layout="columns"``
+    asks for the shm column layout (the wire records are the same)."""
     result, action, description = describe_spaces(observation_space, action_space)
-    plain = _text(name, result, action, "")
+    plain = _text(name, result, action, "", shm_layout)
     if _exact(Schema(compile_schema(plain, f"<{name}>")), observation_space, action_space):
         return plain
-    return _text(name, result, action, _enum(description))
+    return _text(name, result, action, _enum(description), shm_layout)
 
 
 def _exact(schema: Schema, observation_space: Any, action_space: Any) -> bool:
@@ -314,9 +325,11 @@ def _same_type(a: Any, b: Any) -> bool:
     return True
 
 
-def schema_of_spaces(observation_space: Any, action_space: Any, name: str = "gym_env") -> Schema:
+def schema_of_spaces(
+    observation_space: Any, action_space: Any, name: str = "gym_env", shm_layout: str = "slots"
+) -> Schema:
     """The compiled schema of ``schema_toml`` (its codecs)."""
-    text = schema_toml(observation_space, action_space, name)
+    text = schema_toml(observation_space, action_space, name, shm_layout)
     schema = Schema(compile_schema(text, f"<{name}>"))
     # the description must rebuild the spaces it came from (a self-check of this module)
     rebuilt = spaces_from_description(schema)

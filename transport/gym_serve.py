@@ -41,17 +41,21 @@ def _spaces_of(source: GymSource, gym_kwargs: Mapping[str, Any] | None) -> tuple
         env.close()
 
 
-def gym_schema_toml(source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> str:
+def gym_schema_toml(
+    source: GymSource, gym_kwargs: Mapping[str, Any] | None = None, shm_layout: str = "slots"
+) -> str:
     """The TOML of a gymnasium env's derived schema (``transport-schema from-gym``)."""
     observation, action = _spaces_of(source, gym_kwargs)
-    return schema_toml(observation, action, gym_schema_name(source))
+    return schema_toml(observation, action, gym_schema_name(source), shm_layout)
 
 
-def gym_schema(source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> Schema:
+def gym_schema(
+    source: GymSource, gym_kwargs: Mapping[str, Any] | None = None, shm_layout: str = "slots"
+) -> Schema:
     """The compiled derived schema of a gymnasium env (a ``SchemaError`` naming a space the
-    transport cannot carry)."""
+    transport cannot carry); ``shm_layout="columns"``: the shm column layout."""
     observation, action = _spaces_of(source, gym_kwargs)
-    return schema_of_spaces(observation, action, gym_schema_name(source))
+    return schema_of_spaces(observation, action, gym_schema_name(source), shm_layout)
 
 
 def gym_factory(
@@ -72,12 +76,13 @@ def gym_server(
     seed: int | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     limits: ServerLimits | None = None,
+    shm_layout: str = "slots",
 ) -> Server:
     """A ``Server`` (not started) of a gymnasium env, for scripts that manage its lifetime."""
     return Server(
         gym_factory(source, gym_kwargs),
         url,
-        schema=gym_schema(source, gym_kwargs),
+        schema=gym_schema(source, gym_kwargs, shm_layout),
         num_envs=num_envs,
         env_name=source if isinstance(source, str) else gym_schema_name(source),
         seed=seed,
@@ -98,14 +103,16 @@ def serve_gym(
     max_body: int = DEFAULT_MAX_BODY,
     ready: Callable[[str], None] | None = None,
     limits: ServerLimits | None = None,
+    shm_layout: str = "slots",
 ) -> None:
     """Serve a gymnasium env (an id for ``gymnasium.make(id, **gym_kwargs)``, or a factory)
-    until SIGINT or SIGTERM, with the schema derived from its spaces (see the module doc).
-    The other arguments are ``transport.serve``'s."""
+    until SIGINT or SIGTERM, with the schema derived from its spaces (see the module doc;
+    ``shm_layout="columns"``: the shm column layout). The other arguments are
+    ``transport.serve``'s."""
     serve(
         gym_factory(env_id_or_factory, gym_kwargs),
         url,
-        schema=gym_schema(env_id_or_factory, gym_kwargs),
+        schema=gym_schema(env_id_or_factory, gym_kwargs, shm_layout),
         num_envs=num_envs,
         env_name=(
             env_id_or_factory

@@ -13,6 +13,10 @@ single env's spaces (``SCHEMA`` on each instance), gymnasium's ``info`` is not c
     serve(EnvPoolEnv(envpool.make_gymnasium("CartPole-v1", num_envs=64, seed=0)), url,
           num_envs=64)
 
+``shm_layout="columns"`` derives the schema with the shm column layout: over shm:// both write
+the region's columns directly (``writes_columns``), and a trainer reads each field of all N envs
+as one contiguous block (docs/shm.md, "Column layout").
+
 EnvPool and seeds: EnvPool takes its seed when it is made (env i gets ``seed + i``) and its
 ``reset`` takes none, so the seeds of a client's reset (and the server's ``seed=``) do not
 reseed it: a seeded reset resets without reseeding. Its trajectories are EnvPool's own for the
@@ -33,11 +37,11 @@ from transport.runtime.env import Spaces
 class _Columns:
     """A single env's spaces as result columns: observation leaves, reward and both flags."""
 
-    def __init__(self, observation_space: Any, action_space: Any) -> None:
+    def __init__(self, observation_space: Any, action_space: Any, shm_layout: str) -> None:
         _, _, description = describe_spaces(observation_space, action_space)
         self.observation = description["observation"]
         self.action = description["action"]
-        self.schema = schema_of_spaces(observation_space, action_space)
+        self.schema = schema_of_spaces(observation_space, action_space, shm_layout=shm_layout)
         self.spaces = Spaces(_obs_n(observation_space), act_n_of(action_space))
 
     def write_observation(self, value: Any, out: np.ndarray, rows: Any, take: Any) -> None:
@@ -96,7 +100,7 @@ class GymVectorEnv:
     writes_columns = True  # only out[field][rows] and out[rows] = records
     autoreset_next_step = True
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, *, shm_layout: str = "slots") -> None:
         from gymnasium.vector import AutoresetMode
 
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
@@ -108,7 +112,7 @@ class GymVectorEnv:
             )
         self.env = env
         self.num_envs = int(env.num_envs)
-        self.columns = _Columns(env.single_observation_space, env.single_action_space)
+        self.columns = _Columns(env.single_observation_space, env.single_action_space, shm_layout)
         self.SCHEMA = self.columns.schema
 
     def spaces(self) -> Spaces:
@@ -150,13 +154,13 @@ class EnvPoolEnv:
     writes_columns = True  # only out[field][rows] and out[rows] = records
     autoreset_next_step = True
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, *, shm_layout: str = "slots") -> None:
         config = pool.config
         self.num_envs = int(config["num_envs"])
         if int(config.get("batch_size", self.num_envs) or self.num_envs) != self.num_envs:
             raise ValueError("EnvPoolEnv needs a synchronous EnvPool (batch_size == num_envs)")
         self.pool = pool
-        self.columns = _Columns(pool.observation_space, pool.action_space)
+        self.columns = _Columns(pool.observation_space, pool.action_space, shm_layout)
         self.SCHEMA = self.columns.schema
         self._action = pool.action_space.dtype
 

@@ -97,10 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     from_gym.add_argument(
         "--gym-kwargs", default=None, metavar="JSON", help="keyword arguments of gymnasium.make"
     )
+    from_gym.add_argument(
+        "--shm-layout",
+        choices=("slots", "columns"),
+        default="slots",
+        help="the shm region's layout: per-env slots (default) or columns (docs/shm.md)",
+    )
 
     args = parser.parse_args(argv)
     if args.command == "from-gym":
-        return _from_gym(parser, args.env_id, args.gym_kwargs)
+        return _from_gym(parser, args.env_id, args.gym_kwargs, args.shm_layout)
     try:
         if args.command == "inspect":
             return _inspect(args.file, args.json)
@@ -116,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _from_gym(parser: argparse.ArgumentParser, env_id: str, kwargs_text: str | None) -> int:
+def _from_gym(
+    parser: argparse.ArgumentParser, env_id: str, kwargs_text: str | None, shm_layout: str
+) -> int:
     """Print the derived schema of a gymnasium env (one line on stderr, exit 2, when the env
     cannot be made or a space cannot be carried)."""
     kwargs: object = {}
@@ -135,7 +143,7 @@ def _from_gym(parser: argparse.ArgumentParser, env_id: str, kwargs_text: str | N
     if os.getcwd() not in sys.path:  # an id "module:Env-v0" imports module from here
         sys.path.insert(0, os.getcwd())
     try:
-        text = gym_schema_toml(env_id, kwargs)  # type: ignore[arg-type]
+        text = gym_schema_toml(env_id, kwargs, shm_layout)  # type: ignore[arg-type]
     except SchemaError as exc:
         print(f"transport-schema: error: {env_id}: {exc}", file=sys.stderr)
         return 2

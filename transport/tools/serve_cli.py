@@ -99,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         help="keyword arguments of gymnasium.make, a JSON object (with --gym)",
     )
     parser.add_argument(
+        "--shm-layout",
+        choices=("slots", "columns"),
+        default=None,
+        help="with --gym: the shm region's layout, per-env slots (default) or columns (each "
+        "field of all envs contiguous: one block per field for a trainer; docs/shm.md)",
+    )
+    parser.add_argument(
         "--schema",
         type=Path,
         default=None,
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
     limits = _limits(parser, args)
-    if args.gym is not None or args.gym_kwargs is not None:
+    if args.gym is not None or args.gym_kwargs is not None or args.shm_layout is not None:
         return _serve_gym(parser, args, max_body, limits)
     if args.env not in ENVS and ":" not in args.env:
         parser.error(
@@ -249,7 +256,10 @@ def _serve_gym(
 ) -> int:
     """--gym ENV_ID: a gymnasium env, schema derived from its spaces (transport.gym_serve)."""
     if args.gym is None:
-        parser.error("--gym-kwargs needs --gym ENV_ID")
+        parser.error(
+            f"{'--gym-kwargs' if args.gym_kwargs is not None else '--shm-layout'} needs --gym "
+            "ENV_ID (a schema file says its layout with [env] shm)"
+        )
     if args.lang == "node":
         parser.error("--gym serves a gymnasium (Python) env: --lang node cannot serve it")
     if args.schema is not None or args.env != "echo":
@@ -262,7 +272,7 @@ def _serve_gym(
         print(f"transport-serve: error: --gym needs gymnasium ({exc})", file=sys.stderr)
         return 2
     try:
-        schema = gym_schema(args.gym, kwargs)
+        schema = gym_schema(args.gym, kwargs, args.shm_layout or "slots")
     except SchemaError as exc:
         print(f"transport-serve: error: --gym {args.gym}: {exc}", file=sys.stderr)
         return 2
