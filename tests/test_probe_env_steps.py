@@ -82,4 +82,5 @@ def test_a_batch_256_run_prints_env_steps(tmp_path: Path) -> None:
     assert row["batch"] == 256 and row["steps_per_s"] > 0
     match = re.search(r"env-steps/s at batch 256: unix Python ([\d,]+)", done.stdout)
     assert match is not None, done.stdout
-    assert int(match.group(1).replace(",", "")) == round(row["steps_per_s"])
+    # the line prints the rate to the unit, the JSON keeps it to 0.1: within 0.5 + 0.05
+    assert abs(int(match.group(1).replace(",", "")) - row["steps_per_s"]) <= 0.55
