@@ -74,6 +74,25 @@ def client_process(lang: str, url: str) -> subprocess.Popen[str]:
     )
 
 
+def wait_stopped(pid: int) -> None:
+    """Until every thread of ``pid`` shows as stopped (state T): the forged response must be
+    the only answer the client's next request can get (a stop is taken by each thread when it
+    next runs in the kernel; on a loaded machine that is not at once)."""
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as fh:
+                    states.append(fh.read().rpartition(")")[2].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"server {pid} did not stop: {states}"
+        time.sleep(0.002)
+
+
 def forge_response(path: str) -> None:
     """What a scribbling co-tenant does while the server is stopped: answer slot 0's pending
     request itself, with one result byte changed."""
@@ -116,6 +135,7 @@ def test_a_forged_result_is_caught_by_the_checksum(server_lang: str, client_lang
     try:
         assert client.stdout.readline().strip() == "ready"  # honest steps pass the check
         os.kill(server.proc.pid, signal.SIGSTOP)
+        wait_stopped(server.proc.pid)
         client.stdin.write("\n")
         client.stdin.flush()
         forge_response(path)
