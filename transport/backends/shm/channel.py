@@ -431,17 +431,12 @@ class ShmChannel:
         self._ctx.peer_start = self.owner_start
         self._commands = region.strided("command")
         columns = self.layout.columns
-        # each request field's (k, ...) view: the slots' strided field, or (column layout) its
-        # contiguous column; the client writes its actions there
-        self._request_rows: Any
-        self._requests: np.ndarray | None = None
-        if columns:
-            self._request_fields = dict(region.request_columns)
-            self._request_rows = region.column_requests(n)
-        else:
-            requests = self._requests = region.requests()
-            self._request_fields = {name: requests[name] for name in requests.dtype.names or ()}
-            self._request_rows = requests[:n]
+        # the (k,) request records: the slots' (strided), or (column layout) ColumnRecords whose
+        # fields are the contiguous columns; the client writes its actions there
+        requests: Any = region.column_requests(region.num_slots) if columns else region.requests()
+        self._requests = requests
+        self._request_fields = {name: requests[name] for name in requests.dtype.names or ()}
+        self._request_rows = requests[:n]
         self._actions = self._request_fields[self._action_name]
         self._step_resp = self.ids.STEP_RESP if n == 1 else self.ids.STEP_BATCH_RESP
         self._step_req = self.ids.STEP_REQ if n == 1 else self.ids.STEP_BATCH_REQ
@@ -678,12 +673,9 @@ class ShmChannel:
         found = send_env_ids(view, size, n)
         check_send(found, n, self._in_flight)
         k = len(found)
-        records = self._step_request.view(view, count=k)
-        if self._requests is None:  # the column layout: each field into its column
-            for name, column in self._request_fields.items():
-                column[found] = records[name]
-        else:  # wire records into the slots' layout: one structured assignment (by position)
-            self._requests[found] = records
+        # wire records into the slots' layout (one structured assignment, fields by position)
+        # or, column layout, each field into its column
+        self._requests[found] = self._step_request.view(view, count=k)
         self._commands[found] = SlotCommand.STEP
         self._last_cmd = -1  # the slots' commands may differ now
         out = self._async_ids

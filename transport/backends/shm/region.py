@@ -25,6 +25,7 @@ import re
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,10 +264,7 @@ class ColumnRecords:
             count = len(range(*key.indices(self.shape[0])))
             return ColumnRecords(self.dtype, rows, count, sliced=True)
         index = np.asarray(key)
-        out = np.zeros(index.shape, dtype=self.dtype)
-        for name, column in self.fields.items():
-            out[name] = column[index]
-        return out
+        return self._gather(index, index.shape)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """``[name] = v`` writes the column; ``[rows] = records`` (``...``, a slice, ids) writes
@@ -284,9 +282,13 @@ class ColumnRecords:
 
     def copy(self) -> np.ndarray:
         """The records as an owned record array in the wire layout (one copy per field)."""
-        out = np.zeros(self.shape, dtype=self.dtype)
+        return self._gather(Ellipsis, self.shape)
+
+    def _gather(self, rows: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """Owned wire records of ``rows`` (an index, ids, or ``...``: all), field by field."""
+        out = np.zeros(shape, dtype=self.dtype)
         for name, column in self.fields.items():
-            out[name] = column
+            out[name] = column[rows]
         return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -620,9 +622,11 @@ class SlotChecksums:
         layout, start = region.layout, CONTROL_SIZE
         lo, hi = layout.result_span
         whole = memoryview(region.map)
-        self.spans: list[list[memoryview]] = []
-        """Each slot's result bytes: one span (slot layouts), or one per result column (the
-        column layout: the CRC is chained over them in declaration order)."""
+        self.spans: list[Any] = []
+        """Each slot's result bytes: one memoryview (slot layouts, checked by ``zlib.crc32``
+        itself: no Python frame per slot), or a list of one per result column (the column
+        layout: the CRC is chained over them in declaration order)."""
+        self._crc: Callable[[Any], int] = zlib.crc32
         if layout.columns:
             columns = [c for c in layout.column_map(region.num_slots) if c.part == "result"]
             self.spans = [
@@ -632,19 +636,13 @@ class SlotChecksums:
                 ]
                 for i in range(region.num_slots)
             ]
+            self._crc = _chained_crc
         else:
             self.spans = [
-                [whole[start + i * layout.slot_size + lo : start + i * layout.slot_size + hi]]
+                whole[start + i * layout.slot_size + lo : start + i * layout.slot_size + hi]
                 for i in range(region.num_slots)
             ]
         self.words = region.strided("checksum")
-
-    @staticmethod
-    def _crc(spans: list[memoryview]) -> int:
-        crc = 0
-        for span in spans:
-            crc = zlib.crc32(span, crc)
-        return crc
 
     def stamp(self, index: int) -> None:
         self.words[index] = self._crc(self.spans[index])
@@ -662,9 +660,17 @@ class SlotChecksums:
 
     def release(self) -> None:
         for spans in self.spans:
-            for span in spans:
+            for span in spans if isinstance(spans, list) else [spans]:
                 span.release()
         self.spans = []
+
+
+def _chained_crc(spans: list[memoryview]) -> int:
+    """CRC-32 of the spans' bytes one after the other (an env's result columns)."""
+    crc = 0
+    for span in spans:
+        crc = zlib.crc32(span, crc)
+    return crc
 
 
 def write_text(buf: np.ndarray, text: str) -> int:
