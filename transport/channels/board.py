@@ -39,11 +39,13 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
 
 from transport import native
+from transport.channels import lease
 from transport.channels.errors import (
     ChannelCorruptError,
     ChannelInUseError,
@@ -230,11 +232,13 @@ class PolicyBoard:
         if pid == me:
             self._writer = True
             return
-        if pid and native.peer_alive(pid, int(self._hdr["writer_start_time"])):
-            raise ChannelInUseError(f"{seg.path}: the publisher lease is held by live pid {pid}")
-        if not native.compare_exchange(pid_word, pid, me):
+        if lease.holder_alive(pid, int(self._hdr["writer_start_time"])):
+            raise ChannelInUseError(
+                f"{seg.path}: the publisher lease is held by live pid {lease.holder(pid)}"
+            )
+        start_word = seg.word64(_BOARD["writer_start_time"])
+        if not lease.take(pid_word, pid, partial(native.store64_release, start_word)):
             raise ChannelInUseError(f"{seg.path}: another publisher took the lease meanwhile")
-        self._hdr["writer_start_time"] = native.proc_start_time(me)
         self._writer = True
         self._dirty = True
         self._published = None
@@ -444,8 +448,10 @@ class PolicyBoard:
 
     def _check_writer(self) -> None:
         pid = int(self._hdr["writer_pid"])
-        if pid and not native.peer_alive(pid, int(self._hdr["writer_start_time"])):
-            raise PeerDiedError(f"{self.segment.path}: the publisher (pid {pid}) died mid-publish")
+        if pid and not lease.holder_alive(pid, int(self._hdr["writer_start_time"])):
+            raise PeerDiedError(
+                f"{self.segment.path}: the publisher (pid {lease.holder(pid)}) died mid-publish"
+            )
 
     def read(
         self, out: dict[str, np.ndarray] | None = None, *, timeout: float = 10.0

@@ -15,13 +15,14 @@ every member's status: a dead one (its pid gone or reused), a stuck one (no beat
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from transport import native
+from transport.channels import lease
 from transport.channels.errors import ChannelInUseError
 from transport.channels.segment import Kind, Segment
 from transport.channels.wait import WaitPolicy
@@ -133,17 +134,17 @@ class RunControl:
         """Take a free entry, or else one whose process is gone (entries of live processes,
         and of dead ones while free entries remain, keep their state for everyone to see)."""
         self.segment.require_open("join")
-        me = os.getpid()
         for reclaim in (False, True):
             for slot in range(self.slots):
                 base = ENTRIES_OFFSET + slot * ENTRY_SIZE
                 pid_word = self.segment.word(base + _ENTRY["pid"])
                 pid = native.load_acquire(pid_word)
                 if pid != 0 and (
-                    not reclaim or native.peer_alive(pid, int(self.entries[slot]["start_time"]))
+                    not reclaim or lease.holder_alive(pid, int(self.entries[slot]["start_time"]))
                 ):
                     continue
-                if native.compare_exchange(pid_word, pid, me):
+                start_word = self.segment.word64(base + _ENTRY["start_time"])
+                if lease.take(pid_word, pid, partial(native.store64_release, start_word)):
                     return Member(self, slot, name, role)
         raise ChannelInUseError(f"{self.segment.path}: all {self.slots} entries are in use")
 
@@ -153,11 +154,12 @@ class RunControl:
         out = []
         for slot in range(self.slots):
             e = self.entries[slot]
-            pid = int(e["pid"])
+            word = int(e["pid"])
+            pid = lease.holder(word)
             if pid == 0:
                 continue
             state = PeerState(int(e["state"])).name
-            if state == "ACTIVE" and not native.peer_alive(pid, int(e["start_time"])):
+            if state == "ACTIVE" and not lease.holder_alive(word, int(e["start_time"])):
                 state = "DEAD"
             age = max(0, now - int(e["heartbeat_ns"])) / 1e9
             raw = bytes(e["name"]).rstrip(b"\0")
@@ -213,7 +215,6 @@ class Member:
         self.entry["role"] = role
         self.entry["error_code"] = 0
         self.entry["beats"] = 0
-        self.entry["start_time"] = native.proc_start_time(os.getpid())
         self.beat()
         native.store_release(self._state, int(PeerState.ACTIVE))
 

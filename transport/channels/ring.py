@@ -33,12 +33,14 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
 
 from transport import native
+from transport.channels import lease
 from transport.channels.errors import (
     ChannelClosedError,
     ChannelError,
@@ -228,7 +230,8 @@ class Ring:
         )
         for e in entries:
             if int(e["pid"]) or int(e["state"]):
-                out.append((int(e["pid"]), PeerState(int(e["state"])).name, int(e["committed"])))
+                pid = lease.holder(int(e["pid"]))
+                out.append((pid, PeerState(int(e["state"])).name, int(e["committed"])))
         return out
 
     def _native(self) -> Any:
@@ -320,7 +323,6 @@ class Producer:
         """Take a free producer entry, else one of a producer that is gone (a dead one only
         when it left no reservation behind): the consumer keeps seeing deaths while it can."""
         ring = self.ring
-        me, start = os.getpid(), native.proc_start_time(os.getpid())
         for reclaim in (False, True):
             for index in range(ring.max_producers):
                 base = PRODUCERS_OFFSET + index * ENTRY_SIZE
@@ -328,17 +330,22 @@ class Producer:
                 state_word = ring.segment.word(base + _ENTRY["state"])
                 entry = layout.ProducerEntry.view(ring.segment.map, base)
                 pid, state = native.load_acquire(pid_word), native.load_acquire(state_word)
-                gone = state != PeerState.ACTIVE or not native.peer_alive(
-                    pid, int(entry["start_time"])
-                )
+                if pid & lease.CLAIMING:  # being taken: its state is still the last holder's
+                    gone = not lease.holder_alive(pid, 0)
+                else:
+                    gone = state != PeerState.ACTIVE or not lease.holder_alive(
+                        pid, int(entry["start_time"])
+                    )
                 free = pid == 0 or (reclaim and gone and int(entry["intent"]) == 0)
-                if not free or not native.compare_exchange(pid_word, pid, me):
-                    continue
-                entry["start_time"] = start
-                entry["intent_count"] = 0
-                entry["committed"] = 0
-                native.store_release(state_word, int(PeerState.ACTIVE))
-                return index
+
+                def fill(start: int, entry: Any = entry, state_word: Any = state_word) -> None:
+                    entry["start_time"] = start
+                    entry["intent_count"] = 0
+                    entry["committed"] = 0
+                    native.store_release(state_word, int(PeerState.ACTIVE))
+
+                if free and lease.take(pid_word, pid, fill):
+                    return index
         if ring.multi_producer:
             raise ChannelInUseError(
                 f"{ring.segment.path}: all {ring.max_producers} producer entries are in use"
@@ -490,14 +497,15 @@ class Consumer:
         ring = self.ring
         seg = ring.segment
         pid_word = seg.word(_RING["consumer_pid"])
-        me = os.getpid()
         pid = native.load_acquire(pid_word)
         hdr = ring._hdr
-        if pid != 0 and native.peer_alive(pid, int(hdr["consumer_start_time"])):
-            raise ChannelInUseError(f"{seg.path}: the consumer lease is held by live pid {pid}")
-        if not native.compare_exchange(pid_word, pid, me):
+        if lease.holder_alive(pid, int(hdr["consumer_start_time"])):
+            raise ChannelInUseError(
+                f"{seg.path}: the consumer lease is held by live pid {lease.holder(pid)}"
+            )
+        start_word = seg.word64(_RING["consumer_start_time"])
+        if not lease.take(pid_word, pid, partial(native.store64_release, start_word)):
             raise ChannelInUseError(f"{seg.path}: another consumer attached meanwhile")
-        hdr["consumer_start_time"] = native.proc_start_time(me)
         if pid != 0:  # a dead consumer's held records are free again
             cursor = seg.word64(_RING["cursor"])
             while True:

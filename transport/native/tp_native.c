@@ -125,6 +125,14 @@ int tp_peer_alive(uint32_t pid, uint64_t start_time) {
     return start_time == 0 || found == start_time;
 }
 
+/* A channel lease word's holder runs (transport/channels/lease.py): while bit 31 is set the
+ * lease is being taken and its start time is not written yet, so the pid alone decides. */
+#define TP_LEASE_CLAIMING 0x80000000u
+static int lease_holder_alive(uint32_t word, uint64_t start_time) {
+    if (word & TP_LEASE_CLAIMING) return tp_peer_alive(word & ~TP_LEASE_CLAIMING, 0);
+    return tp_peer_alive(word, start_time);
+}
+
 /* -- waiting --------------------------------------------------------------------------------- */
 
 /* Store `value` (release) and wake the word's sleepers if one announced itself. */
@@ -743,7 +751,7 @@ static int ring_consumer_gone(tp_ring *r) {
     if (st == PS_CLOSED) return 2;
     uint32_t pid = __atomic_load_n(r->consumer_pid, __ATOMIC_ACQUIRE);
     if (pid == 0) return st == PS_DEAD ? 1 : 0;
-    return tp_peer_alive(pid, __atomic_load_n(r->consumer_start, __ATOMIC_ACQUIRE)) ? 0 : 1;
+    return lease_holder_alive(pid, __atomic_load_n(r->consumer_start, __ATOMIC_ACQUIRE)) ? 0 : 1;
 }
 
 /* Producer: reserve up to `want` contiguous records (at least one). Returns the first record's
@@ -845,6 +853,11 @@ static int ring_check_producers(tp_ring *r, uint64_t h, uint64_t c) {
         uint32_t st = __atomic_load_n(PE_STATE(r, i), __ATOMIC_ACQUIRE);
         if (pid == 0 && st == 0) continue;
         seen++;
+        if (pid & TP_LEASE_CLAIMING) { /* being taken: its state is still the last holder's */
+            if (lease_holder_alive(pid, 0)) live++;
+            else dead++;
+            continue;
+        }
         if (st == PS_ACTIVE) {
             if (tp_peer_alive(pid, __atomic_load_n(PE_START(r, i), __ATOMIC_ACQUIRE))) {
                 live++;

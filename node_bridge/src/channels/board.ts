@@ -33,7 +33,8 @@ import {
   offsets,
   structSize,
 } from "./segment";
-import { native, peerAlive, procStartTime } from "./native";
+import { holder, holderAlive, takeLease } from "./lease";
+import { native } from "./native";
 import * as layout from "../generated/channels";
 import type { FieldJson } from "../ir";
 
@@ -283,8 +284,8 @@ export class PolicyBoard {
       }
       if (performance.now() > deadline) {
         const pid = this.segment.dv.getUint32(B["writer_pid"]!, true);
-        if (pid && !peerAlive(pid, this.segment.dv.getBigUint64(B["writer_start_time"]!, true))) {
-          throw new PeerDiedError(`${this.segment.path}: the publisher (pid ${pid}) died mid-publish`);
+        if (pid && !holderAlive(pid, this.segment.dv.getBigUint64(B["writer_start_time"]!, true))) {
+          throw new PeerDiedError(`${this.segment.path}: the publisher (pid ${holder(pid)}) died mid-publish`);
         }
         throw new TornReadError(`${this.segment.path}: no stable read in ${timeoutMs} ms (${attempt} attempts)`);
       }
@@ -296,17 +297,17 @@ export class PolicyBoard {
     const seg = this.segment;
     const pidIndex = B["writer_pid"]! >> 2;
     const pid = Atomics.load(seg.i32, pidIndex) >>> 0;
-    if (pid !== 0 && pid !== process.pid && peerAlive(pid, seg.dv.getBigUint64(B["writer_start_time"]!, true))) {
-      throw new ChannelInUseError(`${seg.path}: the publisher lease is held by live pid ${pid}`);
-    }
     if (pid === process.pid) {
       this.#writer = true;
       return;
     }
-    if (Atomics.compareExchange(seg.i32, pidIndex, pid | 0, process.pid) !== (pid | 0)) {
+    if (holderAlive(pid, seg.dv.getBigUint64(B["writer_start_time"]!, true))) {
+      throw new ChannelInUseError(`${seg.path}: the publisher lease is held by live pid ${holder(pid)}`);
+    }
+    const start = B["writer_start_time"]! >> 3;
+    if (!takeLease(seg.i32, pidIndex, pid, (t) => Atomics.store(seg.u64, start, t))) {
       throw new ChannelInUseError(`${seg.path}: another publisher took the lease meanwhile`);
     }
-    seg.dv.setBigUint64(B["writer_start_time"]!, procStartTime(process.pid), true);
     this.#writer = true;
     this.#dirty = true;
     this.#published = null;

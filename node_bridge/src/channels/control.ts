@@ -7,7 +7,8 @@
  */
 
 import { ChannelInUseError, PeerState, SEQ_MASK, Segment, offsets, structSize } from "./segment";
-import { monotonicNs, peerAlive, procStartTime } from "./native";
+import { holder, holderAlive, takeLease } from "./lease";
+import { monotonicNs } from "./native";
 
 const C = offsets("ControlHeader", 64);
 const P = offsets("ProcEntry");
@@ -114,8 +115,9 @@ export class RunControl {
       for (let slot = 0; slot < this.slots; slot++) {
         const base = ENTRIES + slot * ENTRY_SIZE;
         const pid = Atomics.load(seg.i32, (base + P["pid"]!) >> 2) >>> 0;
-        if (pid !== 0 && (!reclaim || peerAlive(pid, seg.dv.getBigUint64(base + P["start_time"]!, true)))) continue;
-        if (Atomics.compareExchange(seg.i32, (base + P["pid"]!) >> 2, pid | 0, process.pid) === (pid | 0)) {
+        if (pid !== 0 && (!reclaim || holderAlive(pid, seg.dv.getBigUint64(base + P["start_time"]!, true)))) continue;
+        const start = (base + P["start_time"]!) >> 3;
+        if (takeLease(seg.i32, (base + P["pid"]!) >> 2, pid, (t) => Atomics.store(seg.u64, start, t))) {
           return new Member(this, slot, name, role);
         }
       }
@@ -131,10 +133,11 @@ export class RunControl {
     const out: MemberStatus[] = [];
     for (let slot = 0; slot < this.slots; slot++) {
       const base = ENTRIES + slot * ENTRY_SIZE;
-      const pid = Atomics.load(seg.i32, (base + P["pid"]!) >> 2) >>> 0;
+      const word = Atomics.load(seg.i32, (base + P["pid"]!) >> 2) >>> 0;
+      const pid = holder(word);
       if (pid === 0) continue;
       let state = STATE_NAMES[Atomics.load(seg.i32, (base + P["state"]!) >> 2)] ?? "ERROR";
-      if (state === "ACTIVE" && !peerAlive(pid, seg.dv.getBigUint64(base + P["start_time"]!, true))) state = "DEAD";
+      if (state === "ACTIVE" && !holderAlive(word, seg.dv.getBigUint64(base + P["start_time"]!, true))) state = "DEAD";
       const beat = Atomics.load(seg.u64, (base + P["heartbeat_ns"]!) >> 3);
       const heartbeatAgeMs = now > beat ? Number(now - beat) / 1e6 : 0;
       const raw = seg.bytes.subarray(base + P["name"]!, base + P["name"]! + 24);
@@ -185,7 +188,6 @@ export class Member {
     seg.dv.setUint32(this.base + P["role"]!, role, true);
     seg.dv.setUint32(this.base + P["error_code"]!, 0, true);
     seg.dv.setBigUint64(this.base + P["beats"]!, 0n, true);
-    seg.dv.setBigUint64(this.base + P["start_time"]!, procStartTime(process.pid), true);
     this.beat();
     Atomics.store(seg.i32, (this.base + P["state"]!) >> 2, PeerState.ACTIVE);
   }

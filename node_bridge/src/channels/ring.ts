@@ -32,7 +32,8 @@ import {
   offsets,
   structSize,
 } from "./segment";
-import { native, peerAlive, procStartTime } from "./native";
+import { CLAIMING, holder, holderAlive, takeLease } from "./lease";
+import { native } from "./native";
 
 const RING_OFFSET = 64;
 const PRODUCERS_OFFSET = 512;
@@ -281,14 +282,16 @@ export class Producer {
         const state = Atomics.load(seg.i32, (base + E["state"]!) >> 2);
         const start = seg.dv.getBigUint64(base + E["start_time"]!, true);
         const intent = ring.load64(base + E["intent"]!);
-        const gone = state !== PeerState.ACTIVE || !peerAlive(pid, start);
+        // being taken (CLAIMING): its state is still the last holder's
+        const gone = (pid & CLAIMING) !== 0 ? !holderAlive(pid, 0n) : state !== PeerState.ACTIVE || !holderAlive(pid, start);
         const free = pid === 0 || (reclaim && gone && intent === 0n);
-        if (!free || Atomics.compareExchange(seg.i32, (base + E["pid"]!) >> 2, pid | 0, process.pid) !== (pid | 0)) continue;
-        seg.dv.setBigUint64(base + E["start_time"]!, procStartTime(process.pid), true);
-        seg.dv.setUint32(base + E["intent_count"]!, 0, true);
-        seg.dv.setBigUint64(base + E["committed"]!, 0n, true);
-        Atomics.store(seg.i32, (base + E["state"]!) >> 2, PeerState.ACTIVE);
-        return i;
+        const fill = (t: bigint): void => {
+          seg.dv.setBigUint64(base + E["start_time"]!, t, true);
+          seg.dv.setUint32(base + E["intent_count"]!, 0, true);
+          seg.dv.setBigUint64(base + E["committed"]!, 0n, true);
+          Atomics.store(seg.i32, (base + E["state"]!) >> 2, PeerState.ACTIVE);
+        };
+        if (free && takeLease(seg.i32, (base + E["pid"]!) >> 2, pid, fill)) return i;
       }
     }
     throw new ChannelInUseError(
@@ -364,7 +367,7 @@ export class Producer {
     if (st === PeerState.CLOSED) return 2;
     const pid = Atomics.load(seg.i32, R["consumer_pid"]! >> 2) >>> 0;
     if (pid === 0) return st === PeerState.DEAD ? 1 : 0;
-    return peerAlive(pid, this.ring.load64(R["consumer_start_time"]!)) ? 0 : 1;
+    return holderAlive(pid, this.ring.load64(R["consumer_start_time"]!)) ? 0 : 1;
   }
 
   /** Publish the reserved records; returns the first one's index. */
@@ -420,13 +423,12 @@ export class Consumer {
     const seg = ring.segment;
     const pidIndex = R["consumer_pid"]! >> 2;
     const pid = Atomics.load(seg.i32, pidIndex) >>> 0;
-    if (pid !== 0 && peerAlive(pid, ring.load64(R["consumer_start_time"]!))) {
-      throw new ChannelInUseError(`${seg.path}: the consumer lease is held by live pid ${pid}`);
+    if (holderAlive(pid, ring.load64(R["consumer_start_time"]!))) {
+      throw new ChannelInUseError(`${seg.path}: the consumer lease is held by live pid ${holder(pid)}`);
     }
-    if (Atomics.compareExchange(seg.i32, pidIndex, pid | 0, process.pid) !== (pid | 0)) {
+    if (!takeLease(seg.i32, pidIndex, pid, (t) => Atomics.store(seg.u64, R["consumer_start_time"]! >> 3, t))) {
       throw new ChannelInUseError(`${seg.path}: another consumer attached meanwhile`);
     }
-    Atomics.store(seg.u64, R["consumer_start_time"]! >> 3, procStartTime(process.pid));
     if (pid !== 0) {
       for (;;) {
         const c = ring.load64(R["cursor"]!);
@@ -544,8 +546,13 @@ export class Consumer {
       let st = Atomics.load(seg.i32, (base + E["state"]!) >> 2);
       if (pid === 0 && st === 0) continue;
       seen++;
+      if ((pid & CLAIMING) !== 0) { // being taken: its state is still the last holder's
+        if (holderAlive(pid, 0n)) live++;
+        else dead++;
+        continue;
+      }
       if (st === PeerState.ACTIVE) {
-        if (peerAlive(pid, ring.load64(base + E["start_time"]!))) {
+        if (holderAlive(pid, ring.load64(base + E["start_time"]!))) {
           live++;
           if (stuck && this.covers(base, tail)) liveCovers = true;
           continue;
