@@ -27,7 +27,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from transport.ray.actor import Endpoint, EnvServerActor, ServerSpec
 from transport.ray.client import ClusterClient, EnvsLostError, LostEnvPolicy
 from transport.ray.keys import KeyPair
-from transport.ray.launch import EnvServers, RayLaunchError, launch
+from transport.ray.launch import EnvServers, launch
+from transport.ray.servers import RayLaunchError
 
 __all__ = [
     "ClusterClient",

@@ -49,7 +49,7 @@ from transport.errors import (
     TransportTimeoutError,
 )
 from transport.multi import BatchError, MultiClient, ServerFailure
-from transport.ray.launch import DEFAULT_TIMEOUT, EnvServers, RayLaunchError, connect_all
+from transport.ray.servers import DEFAULT_TIMEOUT, RayLaunchError, ServerSet, connect_all
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -137,7 +137,7 @@ class ClusterClient:
 
     def __init__(
         self,
-        servers: EnvServers,
+        servers: ServerSet,
         *,
         autoreset: str = "disabled",
         timeout: float | None = DEFAULT_TIMEOUT,

@@ -23,7 +23,7 @@ from transport.gym import (
     autoreset_mode_of,
 )
 from transport.ray.client import ClusterClient, LostEnvPolicy
-from transport.ray.launch import DEFAULT_TIMEOUT, EnvServers
+from transport.ray.servers import DEFAULT_TIMEOUT, ServerSet
 
 LOST_INFO = "transport_lost"
 """The info key that marks envs whose episode a lost server ended."""
@@ -48,7 +48,7 @@ class RayVectorEnv(RemoteVectorEnv):
 
     def __init__(
         self,
-        servers: EnvServers,
+        servers: ServerSet,
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,

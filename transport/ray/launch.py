@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,10 +22,10 @@ import ray.exceptions
 
 import transport
 from transport.codec import Schema
-from transport.errors import ConnectError, TransportError
 from transport.multi import MultiClient
 from transport.ray.actor import Endpoint, EnvServerActor, ServerSpec
 from transport.ray.keys import KeyPair, client_url
+from transport.ray.servers import DEFAULT_READY_TIMEOUT, DEFAULT_TIMEOUT, RayLaunchError
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -36,16 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transport.ray")
 
-DEFAULT_TIMEOUT = 10.0
-"""Seconds a client waits for any one reply (``transport.connect``'s default)."""
-
-DEFAULT_READY_TIMEOUT = 120.0
-"""Seconds ``launch()`` waits for every server (Ray may have to start worker processes)."""
 _RETRY_PAUSE = 0.1
-
-
-class RayLaunchError(ConnectError):
-    """Env server actors could not be started or reached through Ray (the reason is attached)."""
 
 
 class EnvServers:
@@ -374,23 +364,3 @@ def _strategy(index: int, placement_group: Any, scheduling_strategy: Any) -> Any
     return PlacementGroupSchedulingStrategy(
         placement_group=placement_group, placement_group_bundle_index=index % bundles
     )
-
-
-def connect_all(servers: EnvServers, *, autoreset: str, timeout: float | None) -> list[Client]:
-    """A client of every server, connected in parallel; all closed again if one fails."""
-    with ThreadPoolExecutor(max_workers=servers.num_servers) as pool:
-        futures = [
-            pool.submit(servers.open_client, k, autoreset=autoreset, timeout=timeout)
-            for k in range(servers.num_servers)
-        ]
-        outcomes = [(future.exception(), future) for future in futures]
-    clients = [future.result() for error, future in outcomes if error is None]
-    errors = [error for error, _ in outcomes if error is not None]
-    if errors:
-        for client in clients:
-            client.close()
-        error = errors[0]
-        if isinstance(error, TransportError):
-            raise error
-        raise TransportError(str(error)) from error
-    return clients

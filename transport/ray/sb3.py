@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 from transport.gym import Bounds
 from transport.ray.client import ClusterClient, LostEnvPolicy
 from transport.ray.gym import LOST_INFO, adapter_policy
-from transport.ray.launch import DEFAULT_TIMEOUT, EnvServers
+from transport.ray.servers import DEFAULT_TIMEOUT, ServerSet
 from transport.sb3 import RemoteVecEnv
 
 
@@ -31,7 +31,7 @@ class RayVecEnv(RemoteVecEnv):
 
     def __init__(
         self,
-        servers: EnvServers,
+        servers: ServerSet,
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         observation_bounds: Bounds | None = None,
