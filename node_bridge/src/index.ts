@@ -46,7 +46,7 @@ export {
   connect,
 } from "./client";
 export { type Server, type ServeOptions, serve } from "./server";
-export type { Action, Env, EnvFactory, EnvOrFactory, Spaces } from "./runtime/env";
+export type { Action, Env, EnvFactory, EnvOrFactory, ResultRow, Spaces } from "./runtime/env";
 export type { ConnectionStats, ServerLimits } from "./stream";
 export {
   AutoReset,

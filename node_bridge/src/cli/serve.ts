@@ -14,9 +14,9 @@ import { tmpdir } from "node:os";
 import { basename, join, resolve } from "node:path";
 import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
 import { onShmServerStopped } from "../backends/shm/server";
-import { ENV_SCHEMAS, ENVS } from "../envs";
+import { ENV_SCHEMAS, ENVS, VECTOR_ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
-import type { EnvFactory } from "../runtime/env";
+import type { EnvFactory, EnvOrFactory } from "../runtime/env";
 import { MASKED_ACTION_POLICIES, type MaskedActions } from "../runtime/core";
 import type { WorkerEnvSpec } from "../runtime/pool";
 import { ContractEnv } from "../envs/contract";
@@ -28,6 +28,14 @@ import { DEFAULT_MAX_BODY } from "../protocol";
 import { MAX_BODY_LIMIT, MAX_NUM_ENVS, type Server, checkServerLimits, serve } from "../server";
 import type { ServerLimits } from "../stream";
 
+/** Whether `name` is a reference env (a one-env factory of ENVS or a vector env class of VECTOR_ENVS). */
+function isReference(name: string): boolean {
+  return Object.prototype.hasOwnProperty.call(ENVS, name) || Object.prototype.hasOwnProperty.call(VECTOR_ENVS, name);
+}
+
+/** Every reference env name, sorted. */
+const REFERENCE_NAMES = [...Object.keys(ENVS), ...Object.keys(VECTOR_ENVS)].sort();
+
 const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
                 [--max-connections C] [--idle-timeout SECONDS] [--read-timeout SECONDS]
 
@@ -38,7 +46,10 @@ port that was bound).
   URL            unix:///path.sock, http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
                  zmq+ipc:///path, zmq+tcp://127.0.0.1:PORT (docs/zmq.md: CURVE, allow_insecure)
                  or shm://name?num_envs=N (region /dev/shm/transport-name; docs/shm.md)
-  --env NAME     reference env: ${Object.keys(ENVS).sort().join(", ")} (default echo), contract
+  --env NAME     a reference env (default echo):
+                 ${REFERENCE_NAMES.join(", ")}
+                 (vector-echo: one vector env stepping all --num-envs envs in one call),
+                 contract
                  (the backend contract suite's env: any --schema), or MODULE:FACTORY, a JS
                  module (path) exporting an env factory or class
   --schema S     the schema the env speaks (default pac_env): a built-in schema by name
@@ -123,9 +134,9 @@ function parseArgs(argv: readonly string[]): Args | null {
     switch (flag) {
       case "--env":
         env = value();
-        if (!Object.prototype.hasOwnProperty.call(ENVS, env) && env !== "contract" && !env.includes(":")) {
+        if (!isReference(env) && env !== "contract" && !env.includes(":")) {
           throw new UsageError(
-            `unknown env ${JSON.stringify(env)} (choose from ${Object.keys(ENVS).sort().join(", ")}, contract, or MODULE:FACTORY)`,
+            `unknown env ${JSON.stringify(env)} (choose from ${REFERENCE_NAMES.join(", ")}, contract, or MODULE:FACTORY)`,
           );
         }
         break;
@@ -184,10 +195,14 @@ function firstLine(error: unknown): string {
 }
 
 /** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
-function loadEnv(spec: string): { factory: EnvFactory<unknown>; envName: string; workerEnv: WorkerEnvSpec | null } {
+function loadEnv(spec: string): { factory: EnvOrFactory; envName: string; workerEnv: WorkerEnvSpec | null } {
   const known = ENVS[spec];
   if (known !== undefined && Object.prototype.hasOwnProperty.call(ENVS, spec)) {
     return { factory: known as EnvFactory<unknown>, envName: spec, workerEnv: null };
+  }
+  const vector = VECTOR_ENVS[spec];
+  if (vector !== undefined && Object.prototype.hasOwnProperty.call(VECTOR_ENVS, spec)) {
+    return { factory: vector, envName: spec, workerEnv: null }; // new C(--num-envs) per client
   }
   const cut = spec.lastIndexOf(":");
   const modulePath = spec.slice(0, cut);
@@ -253,7 +268,7 @@ function loadSchemaSpec(spec: string, workers: number): { schema: SchemaModule; 
 
 /** The refusal of a reference env given another schema: the Python CLI's words. */
 function checkOwnSchema(env: string, given: SchemaModule, file: string): void {
-  if (!Object.prototype.hasOwnProperty.call(ENVS, env)) return;
+  if (!isReference(env)) return;
   const own = SCHEMAS[ENV_SCHEMAS[env] ?? "pac_env"];
   if (own === undefined || own.fingerprint === given.fingerprint) return;
   throw new StartError(
@@ -277,7 +292,7 @@ async function main(argv: readonly string[]): Promise<number> {
   let server: Server;
   try {
     // the order of the Python CLI: a user's module is imported before its schema is read
-    const userEnv = args.env !== "contract" && !Object.prototype.hasOwnProperty.call(ENVS, args.env) ? loadEnv(args.env) : null;
+    const userEnv = args.env !== "contract" && !isReference(args.env) ? loadEnv(args.env) : null;
     const schemaName = args.schema ?? ENV_SCHEMAS[args.env] ?? null; // a reference env's own schema
     const loaded = schemaName === null ? null : loadSchemaSpec(schemaName, args.workers);
     const schemaPath = loaded === null ? null : loaded.path;

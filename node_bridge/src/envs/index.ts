@@ -4,13 +4,14 @@
  */
 
 import type { StepResultInput } from "../generated/pac_env";
-import type { EnvFactory } from "../runtime/env";
+import type { EnvFactory, VectorEnvClass } from "../runtime/env";
 import { EchoEnv } from "./echo";
 import { FramesEnv } from "./frames";
 import { HeavyTailEnv } from "./heavy_tail";
 import { MahjongEnv } from "./mahjong";
 import { PacEnv } from "./pac";
 import { LockEnv, ReachEnv } from "./rich_spaces";
+import { VectorEchoEnv } from "./vector_echo";
 
 export { EchoEnv } from "./echo";
 export { FramesEnv } from "./frames";
@@ -27,6 +28,18 @@ export const ENVS: Record<string, EnvFactory<StepResultInput> | EnvFactory<unkno
   lock: () => new LockEnv(), // MultiDiscrete action (schema multidiscrete)
   frames: () => new FramesEnv(), // decision-boundary runs (schema frames)
   heavy_tail: () => new HeavyTailEnv(), // heavy-tailed step times (asynchronous batches)
+};
+
+export { EpisodicVectorEchoEnv, VectorEchoEnv } from "./vector_echo";
+
+/**
+ * The reference vector envs by name (`transport-serve --env vector-echo --num-envs N --lang
+ * node`): a class the server makes with `new C(N)` per client, all N envs stepped in one call.
+ * Apart from `ENVS` because they are not one-env factories (a worker pool or `env_trace`
+ * cannot use them). Python: the same names in transport/envs/__init__.py.
+ */
+export const VECTOR_ENVS: Readonly<Record<string, VectorEnvClass>> = {
+  "vector-echo": VectorEchoEnv, // the echo env, N at a time (pac_env)
 };
 
 /** The schema a reference env speaks when it is not pac_env (as Python's SCHEMAS). */

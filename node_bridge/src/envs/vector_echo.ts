@@ -68,6 +68,8 @@ function seedMark(seed: bigint | null): number {
 /** N echo envs in one object. */
 export class VectorEchoEnv implements VectorEnv {
   readonly numEnvs: number;
+  /** It looks the columns up in every call: over an shm column region it writes the region's. */
+  readonly writesColumns = true;
   /** Env i's step count. */
   readonly steps: Uint32Array;
   /** Env i's resets (the episodic variant's episode length and observation[3]). */

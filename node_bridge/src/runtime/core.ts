@@ -131,6 +131,12 @@ export interface Records {
   written(index: number): void;
   /** SAME_STEP: env `index`'s record is a final result; keep it before the reset overwrites it. */
   keepFinal(index: number): void;
+  /**
+   * Set when the results live in these columns, not in the records (an shm column region whose
+   * vector env writes the region's columns: `ResultColumns.adopt`): the runner copies nothing
+   * into the records, and the runtime writes a "noop" result's reward into its column.
+   */
+  readonly resultColumns?: ResultColumns | null;
 }
 
 /** Runs the envs: executes per-env operations and encodes results into records. */
@@ -170,6 +176,8 @@ export interface Runner {
    * from them, for every env at once, instead of from its record. Absent for one-env objects.
    */
   readonly columns?: ResultColumns;
+  /** The env writes `columns` afresh in every call (`VectorEnv.writesColumns`): a backend may adopt them. */
+  readonly writesColumns?: boolean;
   /**
    * The envs reset themselves under NEXT_STEP (a vector env's `autoresetNextStep`): a done env
    * is stepped (its action ignored), not reset by the runtime.
@@ -574,7 +582,7 @@ export class EnvRuntime {
 
   readonly #penalties: readonly number[];
   /** The result's reward field (written by a "noop" masked action); null without one. */
-  readonly #reward: { at: number; write: Writer } | null;
+  readonly #reward: { name: string; at: number; write: Writer } | null;
   /** Per env: this request's action is a masked "noop" (the env does not step). */
   readonly #noop: Uint8Array;
   readonly #mask: { name: string; at: number; read: Reader; size: number; count: number } | null;
@@ -635,7 +643,7 @@ export class EnvRuntime {
     this.#penalties = options.penalties ?? [];
     const rewardField = fieldWithRole(schema, this.result.name, "reward");
     const write = rewardField && rewardField.count === 1 ? WRITERS[elementType(schema, rewardField)] : undefined;
-    this.#reward = rewardField && write ? { at: rewardField.offset, write } : null;
+    this.#reward = rewardField && write ? { name: rewardField.name, at: rewardField.offset, write } : null;
     this.#noop = new Uint8Array(n);
     this.watchdog = ProgressWatchdog.of(schema, n);
   }
@@ -1007,7 +1015,11 @@ export class EnvRuntime {
    */
   #noopResult(index: number, out: Records): void {
     const reward = this.#reward;
-    if (reward !== null) {
+    const columns = out.resultColumns;
+    if (reward !== null && columns !== undefined && columns !== null && columns === this.runner.columns) {
+      // the results are the env's columns (an adopted shm column region)
+      (columns.columns[reward.name] as Float64Array)[index] = this.#penalties[index] ?? 0;
+    } else if (reward !== null) {
       const bytes = out.bytes;
       const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
       reward.write(dv, out.at(index) + reward.at, this.#penalties[index] ?? 0);

@@ -38,6 +38,35 @@ export interface Env<R = unknown> {
   observe?(): R;
   /** Optional: a free-form msgpack-able map (OBSERVE's info tail); `{}` without it. */
   info?(): Record<string, unknown>;
+  /**
+   * Optional fast path (Python's `step_into`): step and write the result straight into `out`,
+   * no object and no codec. The env writes EVERY byte of the record (the bytes there are what an
+   * earlier response left, not cleared; padding included), values as they are: nothing is
+   * checked and a NaN is not made canonical. Preferred over `step` when present.
+   */
+  stepInto?(action: Action, out: ResultRow): void;
+  /** Optional: `reset` writing into `out` as `stepInto` does (`seed` null: unseeded). */
+  resetInto?(seed: bigint | null, out: ResultRow): void;
+  /**
+   * Optional: OBSERVE written into `out` as `stepInto` does. An env with `stepInto` or
+   * `resetInto` and neither this nor `observe` costs one copy of each result it writes (the
+   * runtime keeps it for OBSERVE).
+   */
+  observeInto?(out: ResultRow): void;
+}
+
+/**
+ * Where an env's `stepInto` / `resetInto` / `observeInto` writes one result: the schema's
+ * result record (its packed layout, little-endian; `size` bytes) at `bytes[at, at + size)` of
+ * the response buffer (or a worker's result area, or an shm scratch record); `view` is a
+ * DataView of `bytes`. Valid during the call only: the runtime reuses the object and moves `at`.
+ */
+export interface ResultRow {
+  readonly bytes: Uint8Array;
+  readonly view: DataView;
+  readonly at: number;
+  /** The result record's size in bytes (an env that writes a fixed struct checks it). */
+  readonly size: number;
 }
 
 /** Makes a fresh env (a server calls it once per env per client). */
@@ -109,6 +138,13 @@ export interface VectorEnv {
    * then leaves NEXT_STEP resets to the env.
    */
   readonly autoresetNextStep?: boolean;
+  /**
+   * Optional, default false. True: the env reads `out.columns` afresh in every call and never
+   * keeps a column between calls (Python's `writes_columns`), so a backend may re-point the
+   * columns at its own memory: over an shm column region (`[env] shm = "columns"`) the env then
+   * writes the region's result columns and the server copies nothing.
+   */
+  readonly writesColumns?: boolean;
   /** Optional: the N envs' free-form info maps (OBSERVE's tail); `{}` each without it. */
   infos?(): ReadonlyArray<Record<string, unknown>>;
   /** Optional: called when the runtime that made it closes. */

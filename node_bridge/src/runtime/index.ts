@@ -20,6 +20,7 @@ export {
   type Env,
   type EnvFactory,
   type EnvOrFactory,
+  type ResultRow,
   type Spaces,
   type VectorEnv,
   type VectorEnvClass,

@@ -1,16 +1,82 @@
 /**
  * The in-thread runner: the envs are called here and their results encoded in place into the
- * record bytes the runtime was given (the session's send buffer, a slot: no copy). `EnvTable`
- * is also what each worker thread of a pool (pool.ts) runs over its share of the envs.
+ * record bytes the runtime was given (the session's send buffer, a slot: no copy). An env with
+ * `stepInto` / `resetInto` / `observeInto` (env.ts) writes its record there itself: no result
+ * object, no codec (issue 24: the codec's validate + encode was ~1 us of ~1.2 us per env at
+ * N = 256). `EnvTable` is also what each worker thread of a pool (pool.ts) runs over its share
+ * of the envs.
  */
 
 import type { AnyStructCodec } from "../codec";
 import { CodecError } from "../errors";
 import { ErrorCode, RequestError } from "../protocol";
 import { type ActionRule, type Failure, Op, type Records, type Runner, actionOf } from "./core";
-import type { Action, Env, Spaces } from "./env";
+import type { Action, Env, ResultRow, Spaces } from "./env";
 
 type AnyEnv = Env<unknown>;
+
+/** `#last`'s mark for an env whose last result was written in place and kept in `#saved`. */
+const SAVED: unique symbol = Symbol("saved");
+
+/** How deep in `env`'s prototype chain `name` is defined (0: the object itself), -1 if nowhere. */
+function depthOf(env: object, name: string): number {
+  let depth = 0;
+  for (let o: object | null = env; o !== null && o !== Object.prototype; o = Object.getPrototypeOf(o) as object | null, depth++) {
+    if (Object.prototype.hasOwnProperty.call(o, name)) return depth;
+  }
+  return -1;
+}
+
+/** Which of an env's in-place methods the runtime calls (the `*Into` it may use, or none). */
+interface InPlace {
+  readonly step: boolean;
+  readonly reset: boolean;
+  readonly observe: boolean;
+}
+
+/**
+ * An env's `stepInto` / `resetInto` / `observeInto` are used only where no plain `step`,
+ * `reset` or `observe` is defined below them in its prototype chain: a subclass that overrides
+ * `step` of a class with `stepInto` (a test's faulty env over EchoEnv) is stepped through its
+ * `step`, and its inherited in-place methods, which may rely on the base class's state, are
+ * not used at all.
+ */
+function inPlaceOf(env: AnyEnv): InPlace {
+  if (env.stepInto === undefined && env.resetInto === undefined && env.observeInto === undefined) return NO_IN_PLACE;
+  let plain = Number.POSITIVE_INFINITY; // the most derived plain method
+  for (const name of ["step", "reset", "observe"]) {
+    const depth = depthOf(env, name);
+    if (depth >= 0) plain = Math.min(plain, depth);
+  }
+  const usable = (name: string): boolean => {
+    const depth = depthOf(env, name);
+    return depth >= 0 && depth <= plain && typeof (env as unknown as Record<string, unknown>)[name] === "function";
+  };
+  return { step: usable("stepInto"), reset: usable("resetInto"), observe: usable("observeInto") };
+}
+const NO_IN_PLACE: InPlace = { step: false, reset: false, observe: false };
+
+/** The one `ResultRow` an env's `*Into` methods get, moved from record to record. */
+class MovingRow implements ResultRow {
+  bytes: Uint8Array = new Uint8Array(0);
+  view: DataView = new DataView(this.bytes.buffer);
+  at = 0;
+  readonly size: number;
+
+  constructor(size: number) {
+    this.size = size;
+  }
+
+  /** This row at `bytes[at]` (a DataView made only when `bytes` changes). */
+  point(bytes: Uint8Array, at: number): MovingRow {
+    if (bytes !== this.bytes) {
+      this.bytes = bytes;
+      this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    }
+    this.at = at;
+    return this;
+  }
+}
 
 /** Envs `base .. base + envs.length - 1` and what each op does to one of them. */
 export class EnvTable {
@@ -19,8 +85,13 @@ export class EnvTable {
   readonly factory: (() => AnyEnv) | null;
   readonly #codec: AnyStructCodec;
   readonly #validate: boolean;
-  /** Each env's last result (OBSERVE of an env without `observe()`). */
+  /** Each env's last result (OBSERVE of an env without `observe()`), or SAVED. */
   readonly #last: unknown[];
+  /** The last record an env without `observe` / `observeInto` wrote in place (OBSERVE). */
+  readonly #saved: Array<Uint8Array | null>;
+  /** Each env's in-place methods the runtime uses (`inPlaceOf`). */
+  readonly #inPlace: InPlace[];
+  readonly #row: MovingRow;
 
   constructor(envs: readonly AnyEnv[], codec: AnyStructCodec, factory: (() => AnyEnv) | null, validate = true, base = 0) {
     this.envs = [...envs];
@@ -29,6 +100,9 @@ export class EnvTable {
     this.#codec = codec;
     this.#validate = validate;
     this.#last = new Array<unknown>(envs.length).fill(undefined);
+    this.#saved = new Array<Uint8Array | null>(envs.length).fill(null);
+    this.#inPlace = this.envs.map(inPlaceOf);
+    this.#row = new MovingRow(codec.size);
   }
 
   /**
@@ -38,29 +112,76 @@ export class EnvTable {
   apply(index: number, op: number, action: Action, seed: bigint | null, bytes: Uint8Array, at: number): void {
     const k = index - this.base;
     switch (op) {
-      case Op.STEP:
-        this.#write(index, k, (this.envs[k] as AnyEnv).step(action), bytes, at);
-        return;
-      case Op.RESET: {
+      case Op.STEP: {
         const env = this.envs[k] as AnyEnv;
-        this.#write(index, k, seed === null ? env.reset() : env.reset(seed), bytes, at);
+        const inPlace = this.#inPlace[k] as InPlace;
+        if (inPlace.step) {
+          (env.stepInto as NonNullable<AnyEnv["stepInto"]>)(action, this.#row.point(bytes, at)); // the env writes the record itself
+          this.#wroteInPlace(k, inPlace, bytes, at);
+          return;
+        }
+        this.#write(index, k, env.step(action), bytes, at);
         return;
       }
+      case Op.RESET:
+        this.#reset(index, k, this.envs[k] as AnyEnv, this.#inPlace[k] as InPlace, seed, bytes, at);
+        return;
       case Op.RECREATE: {
         if (this.factory === null) throw new Error("no env factory to recreate the env from");
         const fresh = this.factory();
-        this.#write(index, k, seed === null ? fresh.reset() : fresh.reset(seed), bytes, at);
+        const inPlace = inPlaceOf(fresh);
+        this.#reset(index, k, fresh, inPlace, seed, bytes, at);
         this.envs[k] = fresh;
+        this.#inPlace[k] = inPlace;
         return;
       }
       case Op.OBSERVE: {
         const env = this.envs[k] as AnyEnv;
-        this.#write(index, k, env.observe !== undefined ? env.observe() : this.#last[k], bytes, at);
+        if ((this.#inPlace[k] as InPlace).observe) {
+          (env.observeInto as NonNullable<AnyEnv["observeInto"]>)(this.#row.point(bytes, at));
+          return;
+        }
+        if (env.observe !== undefined) {
+          this.#write(index, k, env.observe(), bytes, at);
+          return;
+        }
+        const saved = this.#saved[k];
+        if (this.#last[k] === SAVED && saved !== null) {
+          bytes.set(saved, at);
+          return;
+        }
+        this.#write(index, k, this.#last[k], bytes, at);
         return;
       }
       default:
         return;
     }
+  }
+
+  /** Reset `env` (env `index`, table slot `k`): `resetInto` in place, else `reset` encoded. */
+  #reset(index: number, k: number, env: AnyEnv, inPlace: InPlace, seed: bigint | null, bytes: Uint8Array, at: number): void {
+    if (inPlace.reset) {
+      (env.resetInto as NonNullable<AnyEnv["resetInto"]>)(seed, this.#row.point(bytes, at));
+      this.#wroteInPlace(k, inPlace, bytes, at);
+      return;
+    }
+    this.#write(index, k, seed === null ? env.reset() : env.reset(seed), bytes, at);
+  }
+
+  /**
+   * An env wrote its record in place: an env that cannot answer OBSERVE itself (no `observe`,
+   * no `observeInto`) has the record kept for it (one copy; the others cost nothing here).
+   */
+  #wroteInPlace(k: number, inPlace: InPlace, bytes: Uint8Array, at: number): void {
+    if (inPlace.observe || (this.envs[k] as AnyEnv).observe !== undefined) return;
+    const size = this.#row.size;
+    let saved = this.#saved[k] ?? null;
+    if (saved === null) {
+      saved = new Uint8Array(size);
+      this.#saved[k] = saved;
+    }
+    saved.set(bytes.subarray(at, at + size));
+    this.#last[k] = SAVED;
   }
 
   /** Env `index`'s `stepBatch` (null without one); seat i's result at `at(i)`. */

@@ -78,10 +78,12 @@ interface ColumnPlan {
 /** The columns of N results of a schema's result struct (the `VectorResults` a vector env writes). */
 export class ResultColumns implements VectorResults {
   readonly numEnvs: number;
-  readonly columns: Readonly<Record<string, Column>>;
   /** The result record's size (bytes per row). */
   readonly size: number;
-  readonly #plans: readonly ColumnPlan[];
+  #columns: Readonly<Record<string, Column>>;
+  #plans: readonly ColumnPlan[];
+  /** The columns live in a backend's memory (`adopt`): nothing is copied into its records. */
+  #adopted = false;
   /** Failures reported with `fail` during the current call (null: none). */
   #failures: Failure[] | null = null;
   /** The `which` of the current call (null: every env), for `fail`'s check. */
@@ -100,8 +102,47 @@ export class ResultColumns implements VectorResults {
       columns[field.name] = plan.column;
       plans.push(plan);
     }
-    this.columns = columns;
+    this.#columns = columns;
     this.#plans = plans;
+  }
+
+  /** One typed array per result field, by name (env i's elements at [i * count, (i + 1) * count)). */
+  get columns(): Readonly<Record<string, Column>> {
+    return this.#columns;
+  }
+
+  /** The columns were re-pointed at a backend's memory (`adopt`). */
+  get adopted(): boolean {
+    return this.#adopted;
+  }
+
+  /**
+   * Re-point every column at `bytes`: field `name`'s column becomes the typed array of its type
+   * over `bytes[starts[name], + numEnvs x field size)` (an shm column region's result columns,
+   * 64-byte aligned), with what the columns hold now copied there first. From then on the env
+   * writes that memory itself and a backend copies nothing (docs/shm.md "Column layout"). Only
+   * for an env that looks the columns up in every call (`VectorEnv.writesColumns`).
+   */
+  adopt(bytes: Uint8Array, starts: Readonly<Record<string, number>>): void {
+    const columns: Record<string, Column> = {};
+    const plans: ColumnPlan[] = [];
+    for (const plan of this.#plans) {
+      const start = starts[plan.name];
+      const old = plan.column;
+      const make = old.constructor as new (buffer: ArrayBufferLike, byteOffset: number, length: number) => Column;
+      const byteOffset = bytes.byteOffset + (start ?? -1);
+      if (start === undefined || start < 0 || start + old.byteLength > bytes.byteLength || byteOffset % old.BYTES_PER_ELEMENT !== 0) {
+        throw new TransportError(`result column ${plan.name}: no aligned room for ${old.byteLength} bytes at ${String(start)}`);
+      }
+      const column = new make(bytes.buffer, byteOffset, old.length);
+      (column as Uint8Array).set(old as Uint8Array); // same element type: a plain copy
+      columns[plan.name] = column;
+      const rows = plan.rows === null ? null : rowViews(column, plan.rows[0]?.byteLength ?? 0, this.numEnvs);
+      plans.push({ ...plan, column, rows });
+    }
+    this.#columns = columns;
+    this.#plans = plans;
+    this.#adopted = true;
   }
 
   fail(index: number, error: unknown): void {
@@ -245,6 +286,8 @@ export class VectorRunner implements Runner {
   readonly stepsSubsets: boolean;
   /** The columns the env writes (the runtime reads masks and episode ends from them). */
   readonly columns: ResultColumns;
+  /** The env looks its columns up in every call (`VectorEnv.writesColumns`): they may be adopted. */
+  readonly writesColumns: boolean;
   readonly #owned: boolean;
   /** Scratch: the ids of a call, and its 0/1 mask (for `fail`'s check). */
   readonly #ids: Int32Array;
@@ -270,6 +313,7 @@ export class VectorRunner implements Runner {
       );
     }
     this.columns = new ResultColumns(schema, n);
+    this.writesColumns = env.writesColumns === true;
     this.#owned = owned;
     this.#ids = new Int32Array(n);
     this.#which = new Uint8Array(n);
@@ -299,7 +343,7 @@ export class VectorRunner implements Runner {
       // the common request: every env steps (no ids to gather)
       const failures = this.#call(null, null, () => env.stepEnvs(actions, null, columns));
       if (failures === null) {
-        columns.scatter(null, out, this.#ats);
+        if (!this.#inPlace(out)) columns.scatter(null, out, this.#ats);
         return null;
       }
       return this.#finish(failures, ops, out);
@@ -313,6 +357,12 @@ export class VectorRunner implements Runner {
     const stepped = steps ? this.#gather(ops, Op.STEP, Op.STEP) : null;
     if (stepped !== null) failures = this.#call(stepped, failures, () => env.stepEnvs(actions, stepped, columns));
     return this.#finish(failures, ops, out);
+  }
+
+  /** `out`'s results are this runner's adopted columns (the env wrote them there: no copy). */
+  #inPlace(out: Records): boolean {
+    const columns = this.columns;
+    return columns.adopted && out.resultColumns === columns;
   }
 
   /** The sorted ids of the envs whose op is `a` or `b` (a view of scratch; null: none). */
@@ -331,7 +381,7 @@ export class VectorRunner implements Runner {
     const rows = this.#rows;
     for (let i = 0; i < this.numEnvs; i++) rows[i] = ops[i] === Op.NONE ? 0 : 1;
     if (failures !== null) for (const [i] of failures) rows[i] = 0;
-    this.columns.scatter(rows, out, this.#ats);
+    if (!this.#inPlace(out)) this.columns.scatter(rows, out, this.#ats);
     if (failures === null) return null;
     const seen = new Uint8Array(this.numEnvs);
     const unique: Failure[] = [];

@@ -3,8 +3,10 @@
  * (each returns its one preallocated pac_env result), stepped through a stream `Session`
  * (STEP_BATCH_REQ decoded, every env checked, stepped, its result encoded into the response
  * buffer, its mask and episode end remembered), in this thread and in a worker pool; the
- * codec's encode of the same results alone (the part of that work the codec does); and a vector
- * env (`VectorEchoEnv`, issue 24 item 1) through the same session. Prints, per mode, the median
+ * codec's encode of the same results alone (the part of that work the codec does); the in-place
+ * path (`stepInto`: an env whose `stepInto` writes nothing, then `EchoEnv`, which copies its
+ * record), in this thread and in the pool; and a vector env (`VectorEchoEnv`, issue 24 item 1)
+ * through the same session. Prints, per mode, the median
  * wall and CPU time (every thread of this process) per env of one batch, and the CPU time less
  * the envs' own `step` calls: the runtime's overhead per env.
  *
@@ -18,10 +20,10 @@
 import type { StepResultInput } from "../generated/pac_env";
 import * as pac_env from "../generated/pac_env";
 import { AutoReset } from "../protocol";
-import type { Env, Spaces } from "../runtime/env";
+import type { Action, Env, ResultRow, Spaces } from "../runtime/env";
 import { EnvHost } from "../runtime/host";
 import { Session } from "../runtime/session";
-import { echoResult } from "../envs/echo";
+import { EchoEnv, echoResult } from "../envs/echo";
 import { VectorEchoEnv } from "../envs/vector_echo";
 
 /** An env whose step does nothing: it returns its one preallocated result. */
@@ -44,6 +46,48 @@ export class NoopEnv implements Env<StepResultInput> {
 /** The worker pool's factory (`WorkerEnvSpec.exportName`). */
 export function noopEnv(): NoopEnv {
   return new NoopEnv();
+}
+
+/**
+ * An env whose step does nothing on the in-place path (`stepInto` writes nothing, `resetInto`
+ * one encoded record): what is left of a batched step is the runtime's own work.
+ */
+export class NoopIntoEnv implements Env<StepResultInput> {
+  readonly #result: StepResultInput = echoResult();
+
+  spaces(): Spaces {
+    return { obsN: 612, actN: 92 };
+  }
+
+  reset(): StepResultInput {
+    return this.#result;
+  }
+
+  step(): StepResultInput {
+    return this.#result;
+  }
+
+  resetInto(_seed: bigint | null, out: ResultRow): void {
+    pac_env.StepResultCodec.writeInto(this.#result, out.bytes, out.at);
+  }
+
+  stepInto(_action: Action, _out: ResultRow): void {
+    // nothing: the record keeps what the reset wrote
+  }
+
+  observeInto(_out: ResultRow): void {
+    // nothing
+  }
+}
+
+/** The worker pool's factory of in-place envs. */
+export function noopIntoEnv(): NoopIntoEnv {
+  return new NoopIntoEnv();
+}
+
+/** The worker pool's factory of echo envs. */
+export function echoEnv(): EchoEnv {
+  return new EchoEnv();
 }
 
 interface Args {
@@ -181,6 +225,13 @@ function run(args: Args): Row[] {
       add(`local validate=${validate}`, timePerEnv(stepBlock(session, body, args.batches), args), own);
       session.runtime.close();
     }
+    // the in-place path (stepInto): the runtime's own work, then the echo env's record copy
+    for (const [mode, make] of [["local stepInto (noop)", noopIntoEnv], ["local EchoEnv stepInto", echoEnv]] as const) {
+      const host = new EnvHost(make, { numEnvs: n });
+      const { session, body } = readySession(host, AutoReset.NEXT_STEP);
+      add(mode, timePerEnv(stepBlock(session, body, args.batches), args), own);
+      session.runtime.close();
+    }
   }
   if (want("vector")) {
     const host = new EnvHost(VectorEchoEnv, { numEnvs: n });
@@ -196,15 +247,20 @@ function run(args: Args): Row[] {
     session.runtime.close();
   }
   if (want("pool")) {
-    const host = new EnvHost(noopEnv, {
-      numEnvs: n,
-      workers: args.workers,
-      workerEnv: { module: __filename, exportName: "noopEnv" },
-    });
-    const { session, body } = readySession(host, AutoReset.NEXT_STEP);
-    const pooled = { ...args, batches: Math.max(1, Math.floor(args.batches / 4)) };
-    add(`pool workers=${args.workers}`, timePerEnv(stepBlock(session, body, pooled.batches), pooled), own);
-    session.runtime.close();
+    for (const [label, make, exportName] of [
+      ["", noopEnv, "noopEnv"],
+      [" stepInto (noop)", noopIntoEnv, "noopIntoEnv"],
+    ] as const) {
+      const host = new EnvHost(make, {
+        numEnvs: n,
+        workers: args.workers,
+        workerEnv: { module: __filename, exportName },
+      });
+      const { session, body } = readySession(host, AutoReset.NEXT_STEP);
+      const pooled = { ...args, batches: Math.max(1, Math.floor(args.batches / 4)) };
+      add(`pool workers=${args.workers}${label}`, timePerEnv(stepBlock(session, body, pooled.batches), pooled), own);
+      session.runtime.close();
+    }
   }
   return rows;
 }
@@ -219,7 +275,7 @@ function main(): void {
   process.stdout.write(`N = ${args.numEnvs}, ${args.batches} batches x ${args.repeats} repeats (medians; one run)\n`);
   for (const row of rows) {
     process.stdout.write(
-      `${row.mode.padEnd(24)} wall ${row.wall_us_per_env.toFixed(3)} us/env, cpu ${row.cpu_us_per_env.toFixed(3)} us/env ` +
+      `${row.mode.padEnd(32)} wall ${row.wall_us_per_env.toFixed(3)} us/env, cpu ${row.cpu_us_per_env.toFixed(3)} us/env ` +
         `(env own ${row.env_own_cpu_us_per_env.toFixed(3)}; runtime overhead ${row.overhead_cpu_us_per_env.toFixed(3)} us/env)\n`,
     );
   }

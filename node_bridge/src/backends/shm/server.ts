@@ -22,7 +22,10 @@
  * step, no allocation). The column layout (`[env] shm = "columns"`: each field of all envs
  * contiguous after the final areas) is served the same way: the runtime encodes into scratch
  * records and `written` copies each result field into env i's place in its column (one copy per
- * env step: the runtime stays row-oriented), and the actions are read from the request column.
+ * env step: the runtime stays row-oriented), and the actions are read from the request column;
+ * a vector env that declares `writesColumns` (VectorEchoEnv) is instead handed the region's
+ * result columns themselves (`SlotRecords.useRuntime`: its runner's columns adopted), so it
+ * writes what the client reads and nothing is copied (Python: `writes_columns`).
  * A region whose env has `stepBatch` has max(num_envs, seats) slots:
  * STEP_MULTI carries one seat action in each of slots 0..seats-1.
  *
@@ -65,6 +68,7 @@ import {
   stepAction,
 } from "../../runtime/core";
 import type { EnvHost } from "../../runtime/host";
+import type { ResultColumns } from "../../runtime/vector";
 import { type ConnectionStats, newStats } from "../../stream";
 import type { Listener, ListenOptions } from "../index";
 import {
@@ -200,6 +204,14 @@ class SlotRecords implements Records {
   readonly #runs: ReadonlyArray<readonly Uint8Array[]>;
   /** Per record, where each of its runs goes in the region. */
   readonly #targets: ReadonlyArray<Int32Array>;
+  /**
+   * The column layout with a vector env that writes the region's columns itself (`adopt`): the
+   * lease's runner's columns, over the region. Then `written` copies nothing and a final result
+   * is taken from the columns. Null: the runtime writes the scratch records (copied over).
+   */
+  resultColumns: ResultColumns | null = null;
+  /** The column layout: each result field's column start, size and final-area offset. */
+  readonly #columnRuns: ReadonlyArray<{ readonly start: number; readonly size: number; readonly final: number }>;
 
   constructor(region: Region, plan: ResultLayout, seqs: Int32Array) {
     this.#region = region;
@@ -225,6 +237,32 @@ class SlotRecords implements Records {
     }
     this.#runs = runs;
     this.#targets = targets;
+    this.#columnRuns = !plan.columns
+      ? []
+      : fields.map((f) => ({
+          start: (region.resultColumns[f.name] as ShmColumn).start,
+          size: f.size,
+          final: region.layout.ir.final_result_offsets[f.name] as number,
+        }));
+  }
+
+  /**
+   * The column layout: let `runtime`'s vector env write the region's result columns (its
+   * runner's columns re-pointed there, what they held copied over) when it declares
+   * `writesColumns` and no no-progress watchdog reads the records; else the runtime writes the
+   * scratch records and `written` copies each result over. Called for each new lease.
+   */
+  useRuntime(runtime: EnvRuntime): void {
+    const runner = runtime.runner;
+    const columns = runner.columns;
+    if (!this.#plan.columns || columns === undefined || runner.writesColumns !== true || runtime.watchdog !== null) {
+      this.resultColumns = null;
+      return;
+    }
+    const starts: Record<string, number> = {};
+    for (const [name, column] of Object.entries(this.#region.resultColumns)) starts[name] = column.start;
+    columns.adopt(this.#region.bytes, starts);
+    this.resultColumns = columns;
   }
 
   /** A scratch block (results copied into the slots field by field) is one block; slots are not. */
@@ -238,7 +276,7 @@ class SlotRecords implements Records {
   }
 
   written(index: number): void {
-    if (this.#plan.inPlace >= 0) return; // encoded in the slot itself
+    if (this.#plan.inPlace >= 0 || this.resultColumns !== null) return; // written in the region itself
     const bytes = this.#region.bytes;
     const runs = this.#runs[index] as readonly Uint8Array[];
     const targets = this.#targets[index] as Int32Array;
@@ -249,7 +287,15 @@ class SlotRecords implements Records {
     const region = this.#region;
     const final = this.#finalsAt + index * this.#layout.finalSize;
     const copies = this.#plan.finalCopies;
-    if (this.#plan.columns) {
+    if (this.resultColumns !== null) {
+      // from env index's place in each result column (the env wrote them)
+      const runs = this.#columnRuns;
+      for (let k = 0; k < runs.length; k++) {
+        const c = runs[k] as { start: number; size: number; final: number };
+        const from = c.start + index * c.size;
+        region.bytes.copyWithin(final + c.final, from, from + c.size);
+      }
+    } else if (this.#plan.columns) {
       // from the scratch record (the slot holds no result field)
       const row = index * this.#size;
       for (let k = 0; k < copies.length; k++) {
@@ -605,6 +651,7 @@ export class ShmListener implements Listener {
     this.#dropLease();
     const runtime = this.#spare ?? this.#host.runtime(this.numEnvs, this.url);
     this.#spare = null;
+    this.#records.useRuntime(runtime);
     this.#lease = { clientPid: pid, runtime };
     this.stats.connections++;
     return this.#lease;
