@@ -26,7 +26,7 @@ import * as pac_env from "../generated/pac_env";
 import { BODY_OFFSET, ErrorCode } from "../protocol";
 
 const ROOT = resolve(__dirname, "..", "..", "..");
-const PYTHON = process.env.PYTHON ?? "python3";
+const PYTHON = process.env.PYTHON ?? join(ROOT, ".venv", "bin", "python"); // the set-up's venv
 const HAVE_PYTHON =
   spawnSync(PYTHON, ["-c", "import transport.tools.serve_cli"], { cwd: ROOT }).status === 0;
 const skip = HAVE_PYTHON ? false : `${PYTHON} cannot import transport (pip install -e '.[dev]')`;

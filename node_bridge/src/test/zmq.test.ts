@@ -38,7 +38,7 @@ import * as pac_env from "../generated/pac_env";
 import { BODY_OFFSET, ErrorCode, MESSAGE_IDS as IDS, encodeHello, packHeader, readU32 } from "../protocol";
 
 const ROOT = resolve(__dirname, "..", "..", "..");
-const PYTHON = process.env.PYTHON ?? "python3";
+const PYTHON = process.env.PYTHON ?? join(ROOT, ".venv", "bin", "python"); // the set-up's venv
 const HAVE_PYTHON =
   spawnSync(PYTHON, ["-c", "import transport.backends.zmq"], { cwd: ROOT }).status === 0;
 const skipPython = HAVE_PYTHON ? false : `${PYTHON} cannot import transport.backends.zmq`;
