@@ -8,9 +8,12 @@ out and gathers through one shared mapping:
 
 ```
  memfd (never named in /dev/shm; workers open /proc/<server pid>/fd/<fd>)
- 0       state u32 (READY 1, CLOSED 2)
+ 0       state u32 (READY 1, CLOSED 2) | doorbell u32 @8, wake_at u32 @12 (asynchronous
+         batches) | finished u32 @16 (futex: bumped by each worker that finished an op),
+         finish_at u32 @20 (finished's value once every worker of the op finished)
  64      worker k's block (64 bytes each): cmd u32 (futex: server -> worker sequence),
-         done u32 (futex: worker -> server sequence), op u32, arg u32, mode u32, ok u32
+         done u32 (worker -> server sequence), op u32, arg u32 (STEP: 1 when some of its
+         envs are marked SKIP), mode u32, ok u32, flagged u32 (envs it flagged in its last op)
  ctl     N x 1024-byte env control records: (4 unused bytes) | flags u8 (1 ended, 2 failed,
          4 skip) | has_seed u8 | fate u8 | async_flags u8 | error_len u16 | async_state u32
          | seed u64 | error_text u8[1000]
@@ -20,16 +23,24 @@ out and gathers through one shared mapping:
  finals  N x StepResult (SAME_STEP final results)
 ```
 
+When the server's own result rows (and final rows) lie in a shared file mapping (an shm
+region's slots: ``find_shared``), every worker maps that file too and its envs write the
+server's rows in place: results and finals are never copied (a stream session's private rows
+are: one byte copy per step from the pool's results area).
+
 The server writes actions (in the action field's own dtype and shape: Discrete, MultiDiscrete
 or Box; a worker hands its envs what an env in process gets, through the runtime's one decoding,
 ``core.action_values``), publishes every worker's ``cmd`` word (FUTEX_WAKE only if that worker
-sleeps), then waits on each ``done`` word (spin, then FUTEX_WAIT slices with a liveness check
-of the worker's pid: a dead worker is found within one slice, never a hang). A worker waits on
-its ``cmd`` word the same way, checking the server's pid: an orphaned worker exits. Each worker runs
-its envs with a ``LocalEnvs`` (the auto-reset rule is ``Runner.step_one``, once). A worker
-that died is replaced by a new process with fresh envs from the factory; its envs' failures
-name them (``env i: worker process k (pid P, envs a..b) died``) and ``restore`` resets the
-fresh envs: the next request works.
+sleeps), then waits once for all: each worker publishes its ``done`` word and bumps
+``finished``; only the last one wakes the server (one sleep and one wake per op whatever K),
+in 50 ms FUTEX_WAIT slices after each of which a worker not done whose process is gone counts as
+dead: found within one slice, never a hang. A worker waits on its ``cmd`` word, checking the
+server's pid: an orphaned worker exits. Every wait spins first only when the machine has a
+core for each party (``default_spin``): otherwise a spinning waiter takes a worker's core.
+Each worker runs its envs with a ``LocalEnvs`` (the auto-reset rule is ``Runner.step_one``,
+once). A worker that died is replaced by a new process with fresh envs from the factory; its
+envs' failures name them (``env i: worker process k (pid P, envs a..b) died``) and
+``restore`` resets the fresh envs: the next request works.
 
 OBSERVE info maps ride in the control records' error_text area; one that does not fit (a
 rendered frame) is marked ``INFO_PIPED`` there and sent, after the worker's done word, through
@@ -41,6 +52,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,6 +91,9 @@ IDLE, PENDING, DONE = 0, 1, 2
 ASYNC_SPIN = 4  # polls of the DONE words before ``poll`` sleeps on the doorbell
 WAKE_AT = 12  # u32: the doorbell value the server waits for (workers below it do not wake it)
 DOORBELL = 8  # u32 at this offset of the first block: bumped by a worker per finished env
+FINISHED = 16  # u32: bumped by each worker that finished a fan-out op (the server waits on it)
+FINISH_AT = 20  # u32: FINISHED's value when every worker of the op finished (the one wake)
+SLEEP_BIT = 0x80000000  # a sleeper's mark in a word (native's TP_SLEEP)
 ENDED, FAILED, SKIP = 1, 2, 4  # SKIP: server -> worker, do not step this env (a noop action)
 BLOCK = 64
 CTL_DTYPE = np.dtype(
@@ -98,7 +113,20 @@ CTL_DTYPE = np.dtype(
         "itemsize": 1024,
     }
 )
-_W_CMD, _W_DONE, _W_OP, _W_ARG, _W_MODE, _W_OK = range(6)  # u32 words of a worker block
+# u32 words of a worker block; FLAGGED: the envs whose control record the worker flagged
+# (ended, failed) in its last op: the server reads no control record of a worker with none
+_W_CMD, _W_DONE, _W_OP, _W_ARG, _W_MODE, _W_OK, _W_FLAGGED = range(7)
+
+
+def default_spin(workers: int) -> int:
+    """The pool's spin before a wait sleeps: 2000 polls when every party (the server and each
+    worker) has a core of its own, else 0: on a machine with fewer cores a spinning waiter takes
+    the core a worker or the server needs (measured: issue 24 item 2, docs decision)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return 2_000 if cores > workers + 1 else 0
 
 
 class _Layout:
@@ -131,6 +159,8 @@ class _Layout:
         ]
         self.doorbell = native.word(buf, DOORBELL)
         self.wake_at = native.word(buf, WAKE_AT)
+        self.finished = native.word(buf, FINISHED)
+        self.finish_at = native.word(buf, FINISH_AT)
         self.results = codec.view(buf, self.results_off, count=num_envs)
         self.finals = codec.view(buf, self.finals_off, count=num_envs)
         self.result_records = [
@@ -160,6 +190,85 @@ def _split(num_envs: int, workers: int) -> list[tuple[int, int]]:
         ranges.append((lo, hi))
         lo = hi
     return ranges
+
+
+SharedRows = tuple[str, int, Any, tuple[int, ...]]
+"""Rows a worker writes in place: (a path it opens, the file offset of row 0, the rows' dtype,
+their strides): the server's own rows when they lie in a shared file mapping (an shm region)."""
+
+
+def find_shared(rows: np.ndarray) -> tuple[int, int] | None:
+    """(an open fd on the file, the file offset of ``rows[0]``) when the (N,) record array
+    ``rows`` lies whole in one MAP_SHARED mapping of a file (an shm region's slots, or a memfd
+    this process holds an fd on), else None (private memory: a stream session's buffer).
+    Found through /proc/self/maps; a linked file is opened by path, an unlinked one (a memfd)
+    through an fd of this process on it; either way its inode is the mapping's."""
+    if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.shape[0] == 0:
+        return None
+    if rows.strides[0] < rows.dtype.itemsize:
+        return None
+    start = int(rows.__array_interface__["data"][0])
+    end = start + (rows.shape[0] - 1) * rows.strides[0] + rows.dtype.itemsize
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                parts = line.split(maxsplit=5)
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if not lo <= start < hi:
+                    continue
+                path = parts[5].strip() if len(parts) > 5 else ""
+                if end > hi or parts[1][3] != "s" or not path.startswith("/"):
+                    return None
+                inode, (major, minor) = int(parts[4]), parts[3].split(":")
+                device = (int(major, 16), int(minor, 16))
+                offset = int(parts[2], 16) + start - lo
+                if path.endswith(" (deleted)"):  # a memfd (or an unlinked file): an fd on it
+                    held = _fd_on(inode, device)
+                    return None if held is None else (held, offset)
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                if not _same_file(os.fstat(fd), inode, device):  # replaced since mapped
+                    os.close(fd)
+                    return None
+                return fd, offset
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _same_file(st: os.stat_result, inode: int, device: tuple[int, int]) -> bool:
+    return st.st_ino == inode and (os.major(st.st_dev), os.minor(st.st_dev)) == device
+
+
+def _fd_on(inode: int, device: tuple[int, int]) -> int | None:
+    """A new fd (a dup) on the open file ``inode`` of ``device`` that this process holds an
+    fd on (an mmap object keeps one), or None."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            st = os.fstat(fd)
+        except (OSError, ValueError):  # listdir's own fd, closed since
+            continue
+        if stat.S_ISREG(st.st_mode) and _same_file(st, inode, device):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("/"):
+                    return os.dup(fd)
+            except OSError:
+                continue
+    return None
+
+
+def _map_rows(shared: SharedRows, count: int) -> np.ndarray:
+    """A worker's view of the server's rows (``SharedRows``): the same bytes, mapped here."""
+    path, offset, dtype, strides = shared
+    page = mmap.ALLOCATIONGRANULARITY
+    base = offset // page * page
+    length = offset - base + (count - 1) * strides[0] + dtype.itemsize
+    fd = os.open(path, os.O_RDWR)
+    try:
+        buf = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+    finally:
+        os.close(fd)
+    return np.ndarray((count,), dtype=dtype, buffer=buf, offset=offset - base, strides=strides)
 
 
 def _wait_ctx(peer_pid: int, spin: int, state: Any = None) -> Any:
@@ -214,6 +323,8 @@ def _worker_main(
     parent_pid: int,
     spin: int,
     pipe: Any = None,
+    rows: SharedRows | None = None,
+    final_rows: SharedRows | None = None,
 ) -> None:  # pragma: no cover - runs in the worker process (covered by tests/test_workers.py)
     fd = os.open(fd_path, os.O_RDWR)
     try:
@@ -226,8 +337,12 @@ def _worker_main(
     lo, hi = _split(num_envs, workers)[k]
     block, ctl = lay.blocks[k], lay.ctl
     try:
+        # results (and SAME_STEP finals) go straight into the server's rows when they are
+        # shared (an shm region's slots), else into the pool's mapping (the server copies)
+        results = _map_rows(rows, num_envs) if rows is not None else lay.results
+        finals = _map_rows(final_rows, num_envs) if final_rows is not None else lay.finals
         envs = [factory() for _ in range(lo, hi)]
-        local = LocalEnvs(envs, codec, lay.results[lo:hi], lay.finals[lo:hi], factory, base=lo)
+        local = LocalEnvs(envs, codec, results[lo:hi], finals[lo:hi], factory, base=lo)
         block[_W_OK] = 1
     except Exception as exc:
         _write_error(ctl[lo], describe(exc))
@@ -264,6 +379,8 @@ def _worker_main(
                 _bump(lay.doorbell, lay.wake_at)
 
     wait = native.lib.tp_wait_change
+    mine = ctl[lo:hi]
+    flags = mine["flags"]  # (hi - lo,) u1 view: this worker's env flags
     while True:
         rc = int(wait(ctx, lay.cmd[k], last, 1_000_000_000))
         if rc == native.TIMEOUT:
@@ -280,19 +397,22 @@ def _worker_main(
             local.close_envs()
             native.publish(lay.done[k], rc)
             return
-        mine = ctl[lo:hi]
         piped: list[bytes] = []  # OBSERVE info maps too large for a control record
-        skip = (mine["flags"] & SKIP) != 0 if op == OP_STEP else None
-        mine["flags"] = 0
+        # a STEP's arg is 1 when the server marked some of these envs SKIP; the flags are
+        # cleared only when something set them (the server's marks, or this worker's last op)
+        skip = (flags & SKIP) != 0 if op == OP_STEP and block[_W_ARG] else None
+        if skip is not None or block[_W_FLAGGED] or op != OP_STEP:
+            flags[...] = 0
         failures: Failures = []
+        ended: list[int] = []
         if op == OP_STEP:
             actions, mode = lay.actions[lo:hi], AutoReset(int(block[_W_MODE]))
-            if skip is not None and skip.any():
+            if skip is not None:
                 ended, failures = local.step_except(actions, mode, skip)
             else:
                 ended, failures = local.step(actions, mode)
-            for i in ended:
-                mine[i]["flags"] = ENDED
+            if ended:
+                flags[ended] = ENDED
         elif op == OP_RESET:
             seeds = [
                 int(s) if h else None
@@ -317,10 +437,27 @@ def _worker_main(
             else:  # the last frames ride along (core._recover puts them after the message)
                 text = with_traceback(describe(err), remote_traceback(err), _TEXT_MAX)
             _write_error(mine[i], text)
+        block[_W_FLAGGED] = len(ended) + len(failures)
         native.publish(lay.done[k], rc)
+        _finish(lay.finished, lay.finish_at)
         for data in piped:  # in env order, read by the server after the done word
             pipe.send_bytes(data)
         step_pending()  # sent while this worker did something else (a RESTORE)
+
+
+def _finish(word: Any, finish_at: Any) -> None:
+    """Add one to FINISHED (a worker finished its part of a fan-out op). Only the worker that
+    brings it to FINISH_AT (the last of the op) wakes the server; the others keep the server's
+    sleep mark, so the server sleeps once per op whatever the number of workers."""
+    while True:
+        value = native.load_acquire(word)
+        bumped = ((value & native.SEQ_MASK) + 1) & native.SEQ_MASK
+        last = (bumped - native.load_acquire(finish_at)) & native.SEQ_MASK < 0x40000000
+        new = bumped if last else bumped | (value & SLEEP_BIT)
+        if native.compare_exchange(word, value, new):
+            break
+    if last and value & SLEEP_BIT:
+        native.futex_wake(word)
 
 
 def _bump(word: Any, wake_at: Any) -> None:
@@ -338,9 +475,10 @@ def _bump(word: Any, wake_at: Any) -> None:
 class WorkerPool(Runner):
     """``num_envs`` envs in ``workers`` processes (env i in worker ``i * K // N``, evenly split).
 
-    Results land in the pool's shared mapping and are copied (one assignment of N records) into
-    ``dest`` (an (N,) record array with the codec's field names: the rows the runtime reads);
-    SAME_STEP final results are copied into ``finals``.
+    Results go to ``dest`` (an (N,) record array with the codec's field names: the rows the
+    runtime reads) and SAME_STEP final results to ``finals``: written there by the workers
+    when those rows lie in a shared file (``writes_in_place``), else landed in the pool's
+    mapping and copied (one byte copy of N rows).
     """
 
     def __init__(
@@ -353,7 +491,7 @@ class WorkerPool(Runner):
         dest: np.ndarray,
         finals: np.ndarray | None = None,
         *,
-        spin: int = 2_000,
+        spin: int | None = None,
         start_timeout: float = 60.0,
     ) -> None:
         if workers < 1:
@@ -365,7 +503,7 @@ class WorkerPool(Runner):
         self.schema = schema
         self.result_struct = result_struct
         self.workers = min(workers, num_envs)
-        self.spin = spin
+        self.spin = default_spin(self.workers) if spin is None else spin
         self.start_timeout = start_timeout
         self._ranges = _split(num_envs, self.workers)
         self._owner = [k for k, (lo, hi) in enumerate(self._ranges) for _ in range(lo, hi)]
@@ -387,6 +525,11 @@ class WorkerPool(Runner):
         self._recreated: set[int] = set()
         self._dest_bytes: np.ndarray | None = None  # (N, size) byte views: _copy_results
         self._pool_bytes: np.ndarray | None = None
+        # the server's rows in a shared file (an shm region): workers write them in place
+        self._shared_fds: list[int] = []
+        self._rows = self._share(dest[:num_envs])
+        self._final_rows = self._share(finals[:num_envs]) if finals is not None else None
+        self._finish_ctx = _wait_ctx(0, self.spin)
         try:
             for k in range(self.workers):
                 self._spawn(k)
@@ -397,6 +540,21 @@ class WorkerPool(Runner):
             raise
 
     # -- processes ---------------------------------------------------------------------------
+
+    def _share(self, rows: np.ndarray) -> SharedRows | None:
+        """``rows`` as workers map them (``SharedRows``), or None: they copy into the pool's
+        mapping and the server copies from it. The fd stays open for workers started later."""
+        found = find_shared(rows)
+        if found is None:
+            return None
+        fd, offset = found
+        self._shared_fds.append(fd)
+        return (f"/proc/{os.getpid()}/fd/{fd}", offset, rows.dtype, rows.strides)
+
+    @property
+    def writes_in_place(self) -> bool:
+        """True when workers write the server's result rows themselves (no copy)."""
+        return self._rows is not None
 
     def _spawn(self, k: int) -> None:
         block = self.lay.blocks[k]
@@ -419,6 +577,8 @@ class WorkerPool(Runner):
                 os.getpid(),
                 self.spin,
                 sender,
+                self._rows,
+                self._final_rows,
             ),
             name=f"transport-worker-{k}",
             daemon=True,
@@ -458,23 +618,41 @@ class WorkerPool(Runner):
 
     # -- fan-out / gather ----------------------------------------------------------------------
 
-    def _run(self, op: int, workers: Sequence[int], arg: int = 0, mode: int = 0) -> list[int]:
-        """Send ``op`` to ``workers`` and wait for each; returns the workers that died."""
+    def _run(
+        self, op: int, workers: Sequence[int], arg: int | Sequence[int] = 0, mode: int = 0
+    ) -> list[int]:
+        """Send ``op`` to ``workers`` (``arg``: one for all, or one per worker) and wait until
+        each finished or died; returns the workers that died.
+
+        One wait for all: each worker bumps FINISHED after its done word and only the last one
+        wakes the server (one sleep and one wake per op, not one per worker). The wait sleeps
+        in 50 ms slices; after each, a worker not done whose process is gone counts as dead:
+        a death is found within a slice, never a hang."""
         if self._closed:
             raise TransportError("the worker pool is closed")
-        for k in workers:
-            block = self.lay.blocks[k]
+        lay = self.lay
+        target = (native.load_acquire(lay.finished) + len(workers)) & native.SEQ_MASK
+        native.store_release(lay.finish_at, target)
+        seqs = self._seq
+        for n, k in enumerate(workers):
+            block = lay.blocks[k]
             block[_W_OP] = op
-            block[_W_ARG] = arg
+            block[_W_ARG] = arg if isinstance(arg, int) else arg[n]
             block[_W_MODE] = mode
-            self._seq[k] = (self._seq[k] + 1) & native.SEQ_MASK
-            native.publish(self.lay.cmd[k], self._seq[k])
-        dead = []
-        for k in workers:
-            rc = native.lib.tp_wait_value(self._ctxs[k], self.lay.done[k], self._seq[k], -1)
-            if rc != native.OK:
-                dead.append(k)
-        return dead
+            seqs[k] = (seqs[k] + 1) & native.SEQ_MASK
+            native.publish(lay.cmd[k], seqs[k])
+        wait, ctx, finished = native.lib.tp_wait_value, self._finish_ctx, lay.finished
+        while True:
+            if wait(ctx, finished, target, 50_000_000) == native.OK:
+                break
+            pending = [k for k in workers if not self._finished_op(k)]
+            if not pending or not all(self._procs[k].is_alive() for k in pending):
+                break
+        return [k for k in workers if not self._finished_op(k)]
+
+    def _finished_op(self, k: int) -> bool:
+        """Worker k's done word says it finished the op last sent to it."""
+        return native.load_acquire(self.lay.done[k]) & native.SEQ_MASK == self._seq[k]
 
     def _died(self, dead: list[int], failures: Failures) -> None:
         """Replace each dead worker; its envs fail with a text naming them."""
@@ -493,25 +671,36 @@ class WorkerPool(Runner):
         failures.sort(key=lambda f: f[0])
 
     def _collect(self, failures: Failures, skip: set[int]) -> list[int]:
+        """The envs the workers flagged (ended, failed: each failure added to ``failures``);
+        only the control records of workers that flagged some are read."""
         ctl = self.lay.ctl
         flags = ctl["flags"]
-        ended = []
-        for i in np.flatnonzero(flags).tolist():
-            if self._owner[i] in skip:
+        ended: list[int] = []
+        for k, block in enumerate(self.lay.blocks):
+            if not block[_W_FLAGGED] or k in skip:
                 continue
-            if flags[i] & FAILED:
-                text = bytes(ctl[i]["error_text"][: int(ctl[i]["error_len"])]).decode(
-                    "utf-8", "replace"
-                )
-                failures.append((i, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")))
-            if flags[i] & ENDED:
-                ended.append(i)
+            lo, hi = self._ranges[k]
+            for j in np.flatnonzero(flags[lo:hi] & (ENDED | FAILED)).tolist():
+                self._flagged(lo + j, failures, ended)
         return ended
+
+    def _flagged(self, i: int, failures: Failures, ended: list[int]) -> None:
+        record = self.lay.ctl[i]
+        flags = int(record["flags"])
+        if flags & FAILED:
+            text = bytes(record["error_text"][: int(record["error_len"])]).decode(
+                "utf-8", "replace"
+            )
+            failures.append((i, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")))
+        if flags & ENDED:
+            ended.append(i)
 
     def _copy_results(self) -> None:
         """The pool's N results into the runtime's rows: one byte copy per row when both have
         the codec's layout (NumPy copies structured records field by field, several times
-        slower)."""
+        slower); nothing when the workers wrote the rows themselves."""
+        if self._rows is not None:
+            return
         dest = self.results[: self.num_envs]
         if dest.dtype != self.lay.results.dtype:  # other field offsets (an shm slot profile)
             dest[...] = self.lay.results
@@ -549,14 +738,17 @@ class WorkerPool(Runner):
         """Step every env but those ``skip`` marks (their workers leave them and their results
         as they are: masked ``noop`` actions)."""
         self.lay.actions[...] = actions[: self.num_envs]
+        marks: int | list[int] = 0
         if skip is not None:
-            self.lay.ctl["flags"] = np.where(skip, SKIP, 0)
-        dead = self._run(OP_STEP, range(self.workers), mode=int(mode))
+            self.lay.ctl["flags"] = np.where(skip[: self.num_envs], SKIP, 0)
+            marks = [int(skip[lo:hi].any()) for lo, hi in self._ranges]
+        dead = self._run(OP_STEP, range(self.workers), arg=marks, mode=int(mode))
         failures: Failures = []
         ended = self._collect(failures, set(dead))
         self._copy_results()
-        for i in ended:
-            self.final_records[i][...] = self.lay.final_records[i]
+        if self._final_rows is None:
+            for i in ended:
+                self.final_records[i][...] = self.lay.final_records[i]
         if dead:
             self._died(dead, failures)
         return ended, failures
@@ -661,9 +853,10 @@ class WorkerPool(Runner):
                 "utf-8", "replace"
             )
             return i, False, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")
-        self.records[i][...] = self.lay.result_records[i]
+        if self._rows is None:
+            self.records[i][...] = self.lay.result_records[i]
         ended = bool(flags & ENDED)
-        if ended:
+        if ended and self._final_rows is None:
             self.final_records[i][...] = self.lay.final_records[i]
         return i, ended, None
 
@@ -730,7 +923,8 @@ class WorkerPool(Runner):
         if code and index in self._recreated:
             code = 3
             self._recreated.discard(index)
-        self.records[index][...] = self.lay.result_records[index]
+        if self._rows is None:
+            self.records[index][...] = self.lay.result_records[index]
         return (_FATES[code], True) if code else (FATE_FAILED, False)
 
     def close(self) -> None:
@@ -760,6 +954,9 @@ class WorkerPool(Runner):
         except BufferError:
             pass
         os.close(self._fd)
+        for fd in self._shared_fds:
+            os.close(fd)
+        self._shared_fds = []
 
     def __del__(self) -> None:
         try:
