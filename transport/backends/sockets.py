@@ -8,6 +8,7 @@ import errno
 import os
 import socket
 import stat
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,13 +80,38 @@ def connect_with_retry(
             delay = min(delay * 2, 0.2)
 
 
-def send_parts(sock: socket.socket, parts: Sequence[Any]) -> None:
+def set_kernel_timeout(sock: socket.socket, timeout: float | None) -> None:
+    """Make ``sock`` blocking with its reads and writes timed out by the kernel (SO_RCVTIMEO,
+    SO_SNDTIMEO; None: never). Python's own socket timeout polls before every call: one more
+    system call and one more wake-up per read (measured: ~7 us of a 50 us round trip here).
+    A read or write that times out raises ``BlockingIOError`` (EAGAIN), not ``TimeoutError``."""
+    sock.settimeout(None)
+    total = 0 if timeout is None or timeout <= 0 else max(1, round(timeout * 1e6))
+    seconds, micros = divmod(total, 1_000_000)  # 0, 0: no timeout
+    value = struct.pack("@ll", seconds, micros)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+def send_parts(sock: socket.socket, parts: Sequence[Any], total: int = -1) -> None:
     """Send ``parts`` (bytes-like: a head and a body) in order with ``sendmsg`` (scatter/gather:
     the parts are never joined). A partial send (a full socket buffer, a signal) is finished
-    with views of what is left: no part is copied, whatever its size (issue 24). Raises what
-    ``sendmsg`` raises (timeouts, peer gone)."""
+    with views of what is left: no part is copied, whatever its size (issue 24). ``total``
+    (their bytes, when the caller knows it) lets the common case, the kernel takes it all, be
+    one call with no view made. Raises what ``sendmsg`` raises (timeouts, peer gone)."""
+    sent = 0
+    if total >= 0:
+        sent = sock.sendmsg(parts)
+        if sent >= total:
+            return
     views = [memoryview(part).cast("B") for part in parts]
     views = [view for view in views if view.nbytes]
+    while views and sent:  # what the first call took
+        if sent >= views[0].nbytes:
+            sent -= views.pop(0).nbytes
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
     while views:
         sent = sock.sendmsg(views)
         while views and sent >= views[0].nbytes:

@@ -61,6 +61,17 @@ def open_channel(
     return channel
 
 
+def fit_send_buffer(conn: socket.socket, largest: int) -> None:
+    """Let the kernel queue a whole response of up to ``largest`` bytes: a batch larger than the
+    default send buffer (~208 KB) otherwise goes out in several blocking rounds, each a wake-up
+    of both sides (the kernel caps the size at net.core.wmem_max; it is never lowered)."""
+    try:
+        if conn.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < largest:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, largest)
+    except OSError:
+        pass  # a smaller buffer only costs wake-ups
+
+
 SERVER_CAPACITY = 4096
 """The initial receive buffer of a server connection; it grows with the frames that arrive."""
 
@@ -111,6 +122,7 @@ class Listener(SocketListener):
         framed = FramedSocket(
             conn, max_body=self.max_body, capacity=SERVER_CAPACITY, timeout=None, watch=watch
         )
+        fit_send_buffer(conn, len(session.buffer))
         serve_connection(framed, session)
 
     def refusal(self, text: str) -> bytes:

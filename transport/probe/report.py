@@ -269,6 +269,8 @@ def env_phrase(rows: list[Row]) -> str:
     envs = sorted({r.env for r in rows if not r.is_floor}) or ["echo"]
     if envs == ["echo"]:
         return "Echo env (transport cost only)"
+    if envs == ["vector-echo"]:
+        return "Vector echo env (one object steps all envs: transport cost only)"
     return f"{', '.join(envs)} env (the server's own env: its step cost is included)"
 
 

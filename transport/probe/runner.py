@@ -40,6 +40,7 @@ from transport.probe.loops import LoopStats, closed_loop, open_loop, warm_up
 from transport.probe.progress import Progress
 from transport.probe.raw import RAW_SCHEMES, measure_raw, raw_name
 from transport.probe.servers import (
+    PROBE_ENVS,
     URL_TEMPLATES,
     ServerProcess,
     ServerStartError,
@@ -441,12 +442,18 @@ def run(settings: Settings, progress: Progress) -> Results:
                 lang=lang,
                 num_envs=point.batch,
                 tag=tag,
+                env=settings.env,
                 ready_timeout=settings.ready_timeout,
             )
         except ServerStartError as exc:
             remove(leftovers(tag))
             why = f"the {lang} server does not start on {backend}://: {exc}"
             unavailable[(backend, lang)] = why
+            if settings.env != "echo" and "unknown env" in str(exc):
+                # tried once: the server does not know the env on any backend
+                why = f"the {lang} server does not serve --env {settings.env} (yet): {exc}"
+                for other in settings.backends:
+                    unavailable[(other, lang)] = why
             results.skipped.append(Problem(backend, lang, point.batch, why))
             progress.end(label, f"skipped: {why}")
             continue
@@ -601,7 +608,7 @@ def _speaks_echo(client: Any, env: str) -> bool:
     """The reference echo env over the reference schema: the echo check applies."""
     from transport.client import default_schema
 
-    return env == "echo" and client.schema.fingerprint == default_schema().fingerprint
+    return env in PROBE_ENVS and client.schema.fingerprint == default_schema().fingerprint
 
 
 def _call_for(client: Any, point: Point) -> tuple[Callable[[], object], np.ndarray | int]:

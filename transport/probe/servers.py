@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_SERVER = ROOT / "node_bridge" / "dist" / "cli" / "serve.js"
 SHM_DIR = Path("/dev/shm")
 LANGS = ("python", "node")
+PROBE_ENVS = ("echo", "vector-echo")
+"""The reference envs a probe serves (``--env``): the same bytes for the same actions, from one
+env object per env (``echo``) or one vector env object that steps all of them (``vector-echo``)."""
 
 
 def _free_port() -> int:

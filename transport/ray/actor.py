@@ -175,7 +175,7 @@ class EnvServerActor:
         from transport.envs import env_factory, env_schema
 
         spec = self.spec
-        factory = env_factory(spec.env) if isinstance(spec.env, str) else spec.env
+        factory = env_factory(spec.env, spec.num_envs) if isinstance(spec.env, str) else spec.env
         if spec.schema_ir is not None:
             schema = Schema(spec.schema_ir)
         elif isinstance(spec.env, str):

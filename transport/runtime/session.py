@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable
 
 import msgpack
+import numpy as np
 
 from transport.codec import Schema
 from transport.protocol import (
@@ -62,6 +63,8 @@ class Session:
         self._action = struct.Struct("<" + ACTION_CODES.get(host.action.elem, "B"))
         self._action_offset = host.action.offset
         self.num_envs = n = host.num_envs
+        self._batch_shape = (n,)
+        self._request_dtype = self.step_request.dtype
         self.hello_done = False
         self.closing = False
         self.info = {
@@ -229,7 +232,8 @@ class Session:
                 f"STEP_BATCH_REQ carries {body.nbytes // size if size else 0} actions "
                 f"({body.nbytes} bytes); this server has {self.num_envs} envs",
             )
-        actions = self.step_request.view(body, count=self.num_envs)[self.action_name]
+        # the size is checked above: a view of the body as N request records, made directly
+        actions = np.ndarray(self._batch_shape, self._request_dtype, body)[self.action_name]
         ended = self.runtime.step(actions)
         return self.ids.STEP_BATCH_RESP, self._results_length(self.num_envs, ended)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from transport.errors import TransportError
+from transport.probe.servers import PROBE_ENVS
 from transport.tools import quiet_on_broken_pipe
 from transport.tools.cli_args import ArgumentParser, positive_seconds, schema_path
 
@@ -35,8 +36,11 @@ and -bars.png under the current directory).
   transport-probe --sweep --lang python         # latency vs payload, 64 B .. 4 MiB
   transport-probe --url unix:///tmp/pac.sock    # any server that is already running
   transport-probe --quick --json out.json --plot out.png     # CI smoke run
+  transport-probe --env vector-echo --batch 64,256   # one vector env object steps all B envs
 
-The echo env computes almost nothing, so a row is the cost of the transport. A round trip of
+The echo env computes almost nothing, so a row is the cost of the transport (and, with
+--env echo, of one Python env object per env in the server: ~0.75 us each; --env vector-echo
+steps the same bytes in one NumPy call, ~0.1 us per env). A round trip of
 batch B is one batched step of B envs (one request with B actions, one response with B
 StepResults of 2557 bytes: payload_bytes = B * 2557); env-steps/s counts env steps (B per
 round trip): `transport-probe --batch 256` prints each backend's env-steps/s at 256 envs.
@@ -206,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
         "a health round trip (64 and 256), then batches of 1, 2, 6, 26, 103, 410 and 1640 envs "
         "(1 B to 4,193,480 B responses), plotted as latency vs payload",
     )
+    what.add_argument(
+        "--env",
+        choices=PROBE_ENVS,
+        default="echo",
+        help="the env the reference servers serve: echo (one EchoEnv object per env, default) or "
+        "vector-echo (the same bytes from one vector env object that steps all B envs: the "
+        "transport without per-env Python in the server)",
+    )
     what.add_argument("--no-floor", action="store_true", help="do not measure the C floor rows")
     how = p.add_argument_group("how to measure")
     how.add_argument(
@@ -341,11 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         timeout=args.timeout,
         floor=not args.no_floor,
+        env=args.env,
     )
     table_out = sys.stderr if args.json == "-" else sys.stdout
     machine = machine_info()  # before the run: the load average is the machine's, not ours
     bar = args.progress or sys.stderr.isatty()
 
+    if args.url and args.env != "echo":
+        parser.error("--env chooses the reference servers' env: --url probes the server's own")
     if args.schema is not None and not args.url:
         parser.error("--schema goes with --url (the reference servers speak pac_env)")
     if args.url:

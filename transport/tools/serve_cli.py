@@ -42,9 +42,11 @@ port that was bound).
   transport-serve --list-shm [--json]     the project's shared-memory regions, stale or live
   transport-serve --cleanup-shm [--json]  remove the stale ones (whose server is dead)
 
-Envs: echo (a deterministic result derived from the action: pure transport cost), pac (a
-seeded synthetic game on the pac_env schema, identical bytes from the Python and Node servers)
-and mahjong (a four-seat turn-based tile game on the mahjong_env schema; identical in both).
+Envs: echo (a deterministic result derived from the action: pure transport cost), vector-echo
+(the same bytes from one vector env object that steps all --num-envs envs: the transport
+without per-env Python; in process only, no --workers), pac (a seeded synthetic game on the
+pac_env schema, identical bytes from the Python and Node servers) and mahjong (a four-seat
+turn-based tile game on the mahjong_env schema; identical in both).
 zmq+tcp refuses a non-loopback address without CURVE keys (URL query or TRANSPORT_ZMQ_*
 variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq keygen DIR`
 (docs/zmq.md).
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(node, command)  # signals go straight to the Node server
 
     try:
-        factory, schema = _env_and_schema(args.env, args.schema)
+        factory, schema = _env_and_schema(args.env, args.schema, args.num_envs)
     except (SchemaError, _EnvSpecError) as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -353,10 +355,13 @@ class _EnvSpecError(Exception):
     is not its own (the message says why)."""
 
 
-def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], Any], Schema]:
+def _env_and_schema(
+    spec: str, schema_file: Path | None, num_envs: int = 1
+) -> tuple[Callable[[], Any], Schema]:
     """The env factory and schema for ``--env`` / ``--schema`` (the file wins); a schema that
-    cannot be served (no ``[env]`` table) is refused here, before anything is created."""
-    factory, schema = _load_env_and_schema(spec, schema_file)
+    cannot be served (no ``[env]`` table) is refused here, before anything is created. A
+    reference vector env (``vector-echo``) is made as one object of ``num_envs`` envs."""
+    factory, schema = _load_env_and_schema(spec, schema_file, num_envs)
     if schema.ir.env is None:
         raise SchemaError(
             f"schema {schema.name} has no [env] table: a served schema names its result and "
@@ -366,7 +371,9 @@ def _env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], A
     return factory, schema
 
 
-def _load_env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[[], Any], Schema]:
+def _load_env_and_schema(
+    spec: str, schema_file: Path | None, num_envs: int
+) -> tuple[Callable[[], Any], Schema]:
     from transport import load_schema
 
     if spec == "contract":  # the contract suite's env, for any schema (--schema FILE or NAME)
@@ -379,11 +386,11 @@ def _load_env_and_schema(spec: str, schema_file: Path | None) -> tuple[Callable[
     if spec in ENVS:
         own = env_schema(spec)
         if schema_file is None:
-            return env_factory(spec), own
+            return env_factory(spec, num_envs), own
         given = load_schema(schema_file)
         if given.fingerprint != own.fingerprint:
             raise _EnvSpecError(_schema_mismatch(spec, own, given, str(schema_file)))
-        return env_factory(spec), given
+        return env_factory(spec, num_envs), given
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
         raise _EnvSpecError(f"--env {spec!r}: expected package.module:Factory")

@@ -23,7 +23,7 @@ from transport.backends.http.wire import (
     parse_url,
     routes,
 )
-from transport.backends.sockets import connect_with_retry, send_parts
+from transport.backends.sockets import connect_with_retry, send_parts, set_kernel_timeout
 from transport.codec import Schema
 from transport.errors import (
     BadFrameError,
@@ -39,6 +39,8 @@ from transport.protocol import (
     MessageIds,
     encode_error,
 )
+
+_TIMED_OUT = (TimeoutError, BlockingIOError)  # BlockingIOError: SO_RCVTIMEO / SO_SNDTIMEO ran out
 
 
 @dataclass(frozen=True)
@@ -144,11 +146,12 @@ class HttpChannel(BufferChannel):
             ).encode("ascii")
         self._requests: dict[int, dict[int, bytes]] = {t: {} for t in self._prefixes}
         self._responses: dict[bytes, _ResponseHead] = {}
-        self._timeout_dirty = False
         self._progress = (0, -1, -1)  # (head bytes, body start, body end) of the response read
         self._owed = 0  # responses still due to requests that timed out (dropped when they come)
         self._carry = b""  # bytes already received of the first of them
-        sock.settimeout(timeout)
+        # the kernel times reads and writes out (no poll before each call); the deadline of a
+        # whole response is checked between reads, so it takes at most deadline + timeout
+        set_kernel_timeout(sock, timeout)
 
     @property
     def buffer(self) -> bytearray:
@@ -171,15 +174,12 @@ class HttpChannel(BufferChannel):
             head = self._prefixes[msg_type] + b"%d\r\n\r\n" % length
             if len(heads) < _CACHE_LIMIT:
                 heads[length] = head
-        if self._timeout_dirty:
-            sock.settimeout(self.timeout)
-            self._timeout_dirty = False
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         if self._owed:
             self._drain(sock, deadline)
         try:
-            send_parts(sock, (head, body))
-        except TimeoutError as exc:
+            send_parts(sock, (head, body), len(head) + length)
+        except _TIMED_OUT as exc:
             self._abandon("a send timed out")
             raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
         except _PEER_GONE as exc:
@@ -239,15 +239,11 @@ class HttpChannel(BufferChannel):
     def _recv_into(
         self, sock: socket.socket, view: memoryview, deadline: float | None, first: bool
     ) -> int:
-        if not first and deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TransportTimeoutError(f"no complete response within {self.timeout} s")
-            sock.settimeout(remaining)
-            self._timeout_dirty = True
+        if not first and deadline is not None and time.monotonic() > deadline:
+            raise TransportTimeoutError(f"no complete response within {self.timeout} s")
         try:
             n = sock.recv_into(view)
-        except TimeoutError as exc:
+        except _TIMED_OUT as exc:
             raise TransportTimeoutError(f"no complete response within {self.timeout} s") from exc
         except _PEER_GONE as exc:
             raise PeerGoneError(f"the server reset the connection ({exc.strerror})") from exc

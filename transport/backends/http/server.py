@@ -220,17 +220,18 @@ class _Connection:
         refused as soon as it arrives (``BARE_LF_TEXT``), not waited on until the read timeout."""
         scanned = 0
         while True:
-            skip = self._blank_prefix()
-            start = max(skip, scanned - 3)
-            end = self.buffer.find(b"\r\n\r\n", start, self.have)
-            if end >= 0:
-                break  # a whole head: parse_request_head refuses a bare LF in it
-            if _BARE_LF.search(self.buffer, start, self.have):
-                raise _BadRequest(BARE_LF_TEXT)
-            scanned = self.have
-            if self.have >= MAX_HEAD:
-                raise _BadRequest(f"request head is larger than {MAX_HEAD} bytes")
-            self._check_start()
+            if self.have:  # nothing yet (between requests): straight to the read
+                skip = self._blank_prefix()
+                start = max(skip, scanned - 3)
+                end = self.buffer.find(b"\r\n\r\n", start, self.have)
+                if end >= 0:
+                    break  # a whole head: parse_request_head refuses a bare LF in it
+                if _BARE_LF.search(self.buffer, start, self.have):
+                    raise _BadRequest(BARE_LF_TEXT)
+                scanned = self.have
+                if self.have >= MAX_HEAD:
+                    raise _BadRequest(f"request head is larger than {MAX_HEAD} bytes")
+                self._check_start()
             self._recv()
         if end > MAX_HEAD:
             raise _BadRequest(f"request head is larger than {MAX_HEAD} bytes")
@@ -327,10 +328,12 @@ class _Connection:
                 return self._refuse(
                     400, ErrorCode.HELLO_REQUIRED, text, close=head.close, json=head
                 )
+        elif fingerprint == self.fingerprint:
+            pass  # every request after the first: one comparison, no pattern match
         elif _HEX16.fullmatch(fingerprint) is None:
             text = f"X-Transport-Fingerprint {fingerprint[:40]!r} is not 16 hex digits"
             return self._refuse(400, ErrorCode.BAD_FRAME, text, close=head.close, json=head)
-        elif fingerprint != self.fingerprint:
+        else:
             text = (
                 f"schema fingerprint mismatch: client has {fingerprint.decode()}, "
                 f"this side has {self.fingerprint.decode()}"
@@ -418,7 +421,8 @@ class _Connection:
     def _send(self, head: bytes, body: Any) -> None:
         if self.watch is not None:
             self.watch.sending()
-        send_parts(self.sock, (head, body))  # scatter/gather; a partial send copies nothing
+        # scatter/gather; a partial send copies nothing
+        send_parts(self.sock, (head, body), len(head) + memoryview(body).nbytes)
 
     def _linger(self) -> None:
         """Half-close and drain briefly, so the client reads our answer instead of a reset."""

@@ -21,6 +21,7 @@ from transport.backends.zmq.wire import (
     _DISCARD,
     _MONITOR_EVENTS,
     _SLICE_MS,
+    SNDMORE_NOBLOCK,
     ZERO_COPY_THRESHOLD,
     Address,
     Context,
@@ -159,7 +160,7 @@ class ZmqChannel(BufferChannel):
             self._wait_tracker(deadline)
         while True:
             try:
-                self._sock.send(self._header, zmq.SNDMORE | zmq.NOBLOCK)
+                self._sock.send(self._header, SNDMORE_NOBLOCK)
                 break
             except zmq.Again:
                 self._wait_monitor(deadline, "send")

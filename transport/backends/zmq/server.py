@@ -21,6 +21,8 @@ from transport.backends.zmq.wire import (
     _DISCARD,
     ENV_SERVER_SECRET,
     MAX_SESSIONS,
+    SNDMORE,
+    SNDMORE_NOBLOCK,
     ZERO_COPY_THRESHOLD,
     Address,
     Context,
@@ -263,10 +265,10 @@ class Listener:
         view = memoryview(body)
         header = HEADER.pack(msg_type, msg_id, view.nbytes)
         try:
-            sock.send(identity, zmq.SNDMORE | zmq.NOBLOCK)
+            sock.send(identity, SNDMORE_NOBLOCK)
             if envelope:
-                sock.send(b"", zmq.SNDMORE)
-            sock.send(header, zmq.SNDMORE)
+                sock.send(b"", SNDMORE)
+            sock.send(header, SNDMORE)
             if view.nbytes >= ZERO_COPY_THRESHOLD and isinstance(body, memoryview):
                 return sock.send(view, copy=False, track=True)
             sock.send(view)
