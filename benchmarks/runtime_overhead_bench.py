@@ -2,7 +2,7 @@
 env's own ``step``, with an env whose step does nothing, N = 256 (one run, medians).
 
   .venv/bin/python benchmarks/runtime_overhead_bench.py [--envs 256] [--steps 200]
-      [--repeat 7] [--workers 2] [--shm] [--json]
+      [--repeat 7] [--workers 2] [--shm] [--json] [--tree LABEL=DIR ... [--rounds 3]]
 
 Rows (us per env per step, the median of ``--repeat`` runs of ``--steps`` batched steps):
 
@@ -11,9 +11,14 @@ Rows (us per env per step, the median of ``--repeat`` runs of ``--steps`` batche
                    ``step_into`` (writes in place), ``record`` (returns a record), and
                    ``same_step`` (step_into, same_step auto-reset)
   runtime-net      in-process/step_into minus the floor: the runtime's work per env
+  same_step-net    in-process/same_step minus the floor (the same, same_step auto-reset)
   pool/<K>         ``EnvRuntime.step`` over a ``WorkerPool`` of K worker processes (wall time
                    per step / N: the envs of K workers step concurrently)
   vector-echo      ``EnvRuntime.step`` over one ``VectorEchoEnv`` of N envs (one call a step)
+
+``--tree LABEL=DIR`` (repeatable) measures whole trees instead (DIR holds a ``transport``
+package, say a copy of the code before a change), each in its own process, alternating
+``--rounds`` times, and prints one column per tree (medians of the rounds' medians).
 
 ``--envpool`` adds EnvPool CartPole at N stepped in process and served over shm (env-steps/s).
 ``--shm`` adds end-to-end env-steps/s at N over shm (a server in this process's thread, a client
@@ -138,6 +143,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         runtime.close()
     rows["runtime-net"] = rows["in-process/step_into"] - rows["floor"]
     BEST["runtime-net"] = BEST["in-process/step_into"] - BEST["floor"]
+    rows["same_step-net"] = rows["in-process/same_step"] - rows["floor"]
+    BEST["same_step-net"] = BEST["in-process/same_step"] - BEST["floor"]
     if args.workers:
         runtime, _ = _runtime(NullEnv, n, workers=args.workers)
         try:
@@ -270,6 +277,51 @@ def measure_shm(n: int, steps: int, repeat: int) -> dict[str, float]:
     return rows
 
 
+def compare_trees(args: argparse.Namespace) -> None:
+    """Each tree's rows, measured in a child process per tree and round (alternating: the same
+    load for each), printed side by side: the median of the rounds' medians (best run of all)."""
+    import subprocess
+    import sys
+
+    trees = [(label, path) for label, _, path in (t.partition("=") for t in args.tree)]
+    passed = ["--envs", str(args.envs), "--steps", str(args.steps), "--repeat", str(args.repeat)]
+    passed += ["--workers", str(args.workers), "--json"] + (["--shm"] if args.shm else [])
+    found: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+    best: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+    for _ in range(args.rounds):
+        for label, path in trees:
+            env = dict(os.environ, PYTHONPATH=path)
+            done = subprocess.run(
+                [sys.executable, __file__, *passed],
+                env=env,
+                cwd=path,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            rows = json.loads(done.stdout)
+            found[label].append(rows["median"])
+            best[label].append(rows["best"])
+    keys = list(found[trees[0][0]][0])
+    print(
+        f"N = {args.envs}, {args.rounds} alternating rounds of {args.repeat} x {args.steps} "
+        "steps: median of the rounds' medians (best run of all)"
+    )
+    print(f"  {'row':24s}" + "".join(f"{label:>24s}" for label, _ in trees))
+    for key in keys:
+        text = ""
+        for label, _ in trees:
+            values = [run[key] for run in found[label] if key in run]
+            bests = [run[key] for run in best[label] if key in run]
+            if not values:
+                text += f"{'-':>24s}"
+            elif "steps/s" in key:
+                text += f"{statistics.median(values):14,.0f} ({max(bests):,.0f})"
+            else:
+                text += f"{statistics.median(values):15.3f} ({min(bests):6.3f})"
+        print(f"  {key:24s}{text}" + ("" if "steps/s" in key else "  us/env"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", type=int, default=256)
@@ -279,7 +331,14 @@ def main() -> None:
     parser.add_argument("--shm", action="store_true", help="env-steps/s over shm too")
     parser.add_argument("--envpool", action="store_true", help="EnvPool in process vs over shm")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--tree", action="append", default=[], help="LABEL=DIR: a tree to measure (repeatable)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the trees")
     args = parser.parse_args()
+    if args.tree:
+        compare_trees(args)
+        return
     rows = measure(args)
     if args.json:
         print(json.dumps({"median": rows, "best": BEST}))

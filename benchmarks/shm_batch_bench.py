@@ -3,11 +3,13 @@ and the vectorised echo env, a server process and a client process, and the spli
 into client Python, server Python (``_serve_batch``) and the rest (waits, wake-ups, the C loops).
 
     python benchmarks/shm_batch_bench.py [--envs 256] [--steps 2000] [--repeat 5]
-        [--before DIR] [--profile client|server]
+        [--before DIR | --tree LABEL=DIR ...] [--profile client|server]
 
 ``--before DIR``: DIR holds another copy of ``transport/backends/shm`` (say, the code before a
 change); each run is made twice, alternating, on a copy of this tree whose shm backend is DIR's,
-and on this tree as it is (same machine, same load).
+and on this tree as it is (same machine, same load). ``--tree LABEL=DIR`` (repeatable) instead
+runs whole trees (DIR holds a ``transport`` package: say, a copy of the code before a runtime
+change), alternating in the order given.
 """
 
 from __future__ import annotations
@@ -228,11 +230,18 @@ def main() -> None:
     parser.add_argument("--kinds", default="echo,vector", help="echo, vector, raw, unix-KIND")
     parser.add_argument("--wait", default=None, help="the shm URL's wait policy")
     parser.add_argument("--profile", choices=["client", "server"], default=None)
+    parser.add_argument(
+        "--tree", action="append", default=[], help="LABEL=DIR: a whole tree to run (repeatable)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shmbb-") as tmp:
         trees = [("after", ROOT)]
         if args.before is not None:
             trees.insert(0, ("before", before_tree(args.before, Path(tmp))))
+        if args.tree:
+            trees = [
+                (label, Path(path)) for label, _, path in (t.partition("=") for t in args.tree)
+            ]
         print(f"N={args.envs}, {args.steps} steps x {args.repeat} (median); us per step")
         print(
             f"{'env':11} {'code':7} {'step':>7} {'client py':>9} {'server py':>9} "

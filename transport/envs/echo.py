@@ -9,9 +9,15 @@ echo env (node_bridge/src/envs/echo.ts) produces the same bytes.
 length is L, plus ``seed % 5`` after a seeded reset (an unseeded reset keeps the last length),
 shown in observation[2]; the step that reaches it sets done = 1. ``VectorEchoEnv``
 (``transport.envs.vector_echo``) is the same env, N at a time.
+
+A runtime hands env i the same record view every step, so ``step_into`` keeps typed memoryviews
+of that record's bytes (made when it is handed a record it has not seen): a step is four item
+stores (~0.3 us), not four NumPy field writes (~0.6 us).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +25,20 @@ from transport.runtime.env import Spaces
 
 OBS_N = 612
 ACT_N = 92
+
+Views = tuple[Any, Any, Any, int, int, int, int, int]
+"""A record's bytes as an f32, a u16 and a byte memoryview, and where a step writes in them:
+observation[0] and [1], reward (f32 items), life (u16 item), done (byte)."""
+
+
+_FIELD_TYPES = (
+    ("observation", np.dtype("=f4"), 1),
+    ("reward", np.dtype("=f4"), 0),
+    ("life", np.dtype("=u2"), 0),
+    ("done", np.dtype("u1"), 0),
+)
+"""The fields a step writes, their element types (native byte order: memoryview items) and
+dimensions (observation: a vector of at least 2)."""
 
 
 def episode_length(episode_len: int, seed: int | None, last: int) -> int:
@@ -28,7 +48,37 @@ def episode_length(episode_len: int, seed: int | None, last: int) -> int:
     return episode_len + seed % 5
 
 
+def record_views(out: Any) -> Views | None:
+    """Writable typed memoryviews of a 0-d record's bytes and the items a step writes (any
+    field offsets: a packed row, an shm slot profile), or None when ``out`` is not a writable
+    0-d record array whose fields are in native byte order and aligned to their size (the step
+    then writes with NumPy)."""
+    if not isinstance(out, np.ndarray) or out.ndim != 0 or not out.flags.writeable:
+        return None
+    fields = out.dtype.fields
+    if fields is None:
+        return None
+    places = []
+    for name, dtype, ndim in _FIELD_TYPES:
+        field = fields.get(name)
+        if field is None or field[0].base != dtype or field[1] % dtype.itemsize:
+            return None
+        shape = field[0].shape
+        if len(shape) != ndim or (ndim and shape[0] < 2):
+            return None
+        places.append(field[1] // dtype.itemsize)
+    obs, reward, life, done = places
+    raw = out.reshape(1).view(np.uint8).data  # the record's bytes, no copy
+    whole = len(raw) - len(raw) % 4
+    f32 = raw[:whole].cast("f")
+    u16 = raw[:whole].cast("H")
+    return f32, u16, raw, obs, obs + 1, reward, life, done
+
+
 class EchoEnv:
+    _out: Any = None  # the record the views below are of (kept: its id cannot be reused)
+    _views: Views | None = None
+
     def __init__(self, episode_len: int = 0) -> None:
         self.steps = 0
         self.episode_len = episode_len
@@ -47,14 +97,29 @@ class EchoEnv:
         return None
 
     def step_into(self, action: int, out: np.ndarray) -> None:
-        self.steps += 1
-        obs = out["observation"]
-        obs[0] = action
-        obs[1] = self.steps
+        if out is not self._out:
+            self._out, self._views = out, record_views(out)
+        self.steps = steps = self.steps + 1
+        views = self._views
+        if views is not None:
+            f32, u16, raw, obs, obs_next, reward, life, done = views
+            try:
+                f32[obs] = action
+                f32[obs_next] = steps
+                f32[reward] = action / 4
+                u16[life] = steps & 0xFFFF
+                if self.episode_len:
+                    raw[done] = steps >= self.length
+                return None
+            except (TypeError, ValueError, OverflowError):  # an action a memoryview refuses
+                pass
+        observation = out["observation"]  # not a 0-d native record: NumPy field writes
+        observation[0] = action
+        observation[1] = steps
         out["reward"] = action / 4
-        out["life"] = self.steps & 0xFFFF
+        out["life"] = steps & 0xFFFF
         if self.episode_len:
-            out["done"] = self.steps >= self.length
+            out["done"] = steps >= self.length
         return None
 
     def reset(self, seed: int | None = None) -> np.ndarray:

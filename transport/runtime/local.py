@@ -113,6 +113,36 @@ class LocalEnvs(Runner):
         if outputs:
             self._write_outputs(outputs, failures)
 
+    def step_same(
+        self, ids: list[int] | None, values: Sequence[Any], failures: Failures
+    ) -> list[int]:
+        """SAME_STEP's loop (``Runner.step_same``, the same order and outcome) without a call
+        per env beyond its own step: the env's ``step_into`` (or ``step``, its output written
+        at once), then its end fields read through memoryviews; an env that ended has its
+        final result kept and is reset before the next env steps."""
+        steppers, records, ends = self._steppers, self.records, self._end_items
+        ended: list[int] = []
+        if ids is None:
+            calls: Any = zip(range(self.num_envs), steppers, values, records, strict=False)
+        else:
+            calls = ((i, steppers[i], values[i], records[i]) for i in ids)
+        for i, stepper, action, record in calls:
+            try:
+                output = stepper(action, record)
+                if output is not None:
+                    self.write(i, output)
+                for end in ends:
+                    if end[i]:
+                        break
+                else:
+                    continue
+                self.final_records[i][...] = record
+                self.reset_one(i, None)
+                ended.append(i)
+            except Exception as exc:  # the other envs still step
+                failures.append((i, exc))
+        return ended
+
     def _write_outputs(self, outputs: list[tuple[int, StepOutput]], failures: Failures) -> None:
         """Envs' outputs into their rows: records of the codec's dtype in one assignment
         (NaNs canonicalised and padding zeroed once for all of them), the rest one by one."""

@@ -148,8 +148,8 @@ class VectorEnvs(Runner):
         failures: Failures = []
         active = None if skip is None else ~skip[:n]
         if mode == _NEXT_STEP and not self.native_next_step:
-            done = self.done_rows()
-            if done is not None and done.any():
+            done = self.ended()
+            if done is not None:
                 self._reset_ids(np.flatnonzero(done), [None] * int(done.sum()), failures)
                 active = ~done if active is None else active & ~done
         ids = None if active is None else np.flatnonzero(active)
@@ -157,7 +157,7 @@ class VectorEnvs(Runner):
             self._step_ids(block, ids, failures)
         ended: list[int] = []
         if mode == _SAME_STEP:
-            done = self.done_rows()
+            done = self.ended()
             if done is not None:
                 if active is not None:
                     done &= active

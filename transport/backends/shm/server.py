@@ -56,6 +56,9 @@ _CLIENT_PID_WORD = CB["client_pid"].offset // 4
 # the slot commands as module names: on Python 3.11 each SlotCommand.X lookup costs ~50 ns
 _STEP, _RESET, _HELLO = SlotCommand.STEP, SlotCommand.RESET, SlotCommand.HELLO
 _OBSERVE, _STEP_MULTI, _SHUTDOWN = SlotCommand.OBSERVE, SlotCommand.STEP_MULTI, SlotCommand.SHUTDOWN
+_STEP_CODE = int(_STEP)  # the lock-step hot path compares plain ints
+# the per-request native calls, looked up once (each ``native.lib.X`` is a cffi lookup)
+_server_pending, _server_publish = native.lib.tp_server_pending, native.lib.tp_server_publish
 
 
 class _Lease:
@@ -356,7 +359,7 @@ class Listener:
 
     def _serve_batch(self) -> None:
         ctx, pending = self._ctx, self._pending_ptr
-        count = native.lib.tp_server_pending(ctx, pending, self._command_offset, self._same_cmd)
+        count = _server_pending(ctx, pending, self._command_offset, self._same_cmd)
         if self._flying is not None:
             self._pending[self._flying.in_flight] = 0  # answered when their env ends
             count = int(np.count_nonzero(self._pending))
@@ -373,9 +376,11 @@ class Listener:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first")
             runtime = lease.runtime
             n = self.num_envs
-            if count == n and cmd == _STEP:
+            if count == n and cmd == _STEP_CODE:
                 if n > 1:
-                    self._stamp(runtime.step(self._env_actions))
+                    ended = runtime.step(self._env_actions)
+                    if ended:
+                        self._stamp(ended)
                 elif runtime.step_one(
                     0, self._actions.item(0) if self._scalar_action else self._action_at(0)
                 ):
@@ -414,7 +419,7 @@ class Listener:
         if self._checksums is not None:
             for index in np.flatnonzero(self._pending).tolist():
                 self._checksums.stamp(index)
-        native.lib.tp_server_publish(ctx, pending, status)
+        _server_publish(ctx, pending, status)
 
     def _to_columns(self, ids: np.ndarray | list[int] | None) -> None:
         """Column layout: the runtime's rows of envs ``ids`` (None: every env) into the result
