@@ -156,7 +156,7 @@ def _runtime(
 
 def _plain(runtime: EnvRuntime) -> EnvRuntime:
     """The runtime without its fast paths: no screen, SAME_STEP through ``Runner.step_same``."""
-    runtime._accepts_all = lambda actions: False  # type: ignore[method-assign]
+    runtime._accepts_all = lambda actions, skip_done=False: False  # type: ignore[method-assign]
     runner = runtime.runner
     runner.step_same = functools.partial(Runner.step_same, runner)  # type: ignore[method-assign]
     return runtime
@@ -224,7 +224,12 @@ def test_the_screen_gives_the_full_checks_outcome(dtype: str) -> None:
             values = [rng.randrange(ACT_N) for _ in range(N)]
             edits: list[tuple[str, int, int]] = []
             if state < 0.2:
-                edits.append(("done", rng.randrange(N), 1))
+                done = rng.randrange(N)
+                edits.append(("done", done, 1))
+                if rng.random() < 0.3:  # a done env's action out of range, or masked
+                    values[done] = ACT_N + rng.randrange(30)
+                elif rng.random() < 0.3:
+                    edits.append(("mask", done, 0))
             if 0.2 <= state < 0.4:
                 edits.append(("mask", rng.randrange(N), 0))
             if 0.4 <= state < 0.5:

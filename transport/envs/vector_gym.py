@@ -145,6 +145,16 @@ class GymVectorEnv:
         self.env.close()
 
 
+def _native_action_dtype(pool: Any) -> np.dtype[Any]:
+    """The dtype EnvPool's C++ side takes actions in (CartPole: int32, where the gymnasium
+    space says int64): other dtypes are converted on every step (~50 us at 256 envs)."""
+    try:
+        native: np.dtype[Any] = np.dtype(pool.spec.action_array_spec["action"].dtype)
+    except (AttributeError, KeyError, TypeError):
+        native = np.dtype(pool.action_space.dtype)
+    return native
+
+
 class EnvPoolEnv:
     """An EnvPool instance (``envpool.make_gymnasium(...)``, synchronous: ``batch_size`` =
     ``num_envs``) as a ``VectorEnv``: any subset of its envs steps in one call, results placed
@@ -162,17 +172,26 @@ class EnvPoolEnv:
         self.pool = pool
         self.columns = _Columns(pool.observation_space, pool.action_space, shm_layout)
         self.SCHEMA = self.columns.schema
-        self._action = pool.action_space.dtype
+        self._action = _native_action_dtype(pool)
+        self._in_order = np.arange(self.num_envs, dtype=np.int32).tobytes()
 
     def spaces(self) -> Spaces:
         return self.columns.spaces
+
+    def _rows(self, env_id: Any) -> np.ndarray | slice:
+        """The result rows of EnvPool's ``env_id`` order: a slice when it is every env in order
+        (a synchronous pool's usual answer), whose writes are plain copies, not scatters."""
+        rows = np.asarray(env_id)
+        if rows.dtype == np.int32 and rows.tobytes() == self._in_order:  # ~0.5 us at 256 envs
+            return slice(None)
+        return rows
 
     def reset_envs(self, ids: np.ndarray, seeds: Sequence[int | None], out: np.ndarray) -> None:
         if ids.size == self.num_envs:
             obs, info = self.pool.reset()
         else:
             obs, info = self.pool.reset(ids.astype(np.int32))
-        rows = np.asarray(info["env_id"])
+        rows = self._rows(info["env_id"])
         self.columns.write_observation(obs, out, rows, slice(None))
         _ended(out, rows)
 
@@ -182,7 +201,7 @@ class EnvPoolEnv:
         obs, reward, terminated, truncated, info = self.pool.step(
             taken.astype(self._action, copy=False), env_id
         )
-        rows = np.asarray(info["env_id"])
+        rows = self._rows(info["env_id"])
         self.columns.write_observation(obs, out, rows, slice(None))
         out["reward"][rows] = reward
         out["terminated"][rows] = terminated
