@@ -8,7 +8,7 @@ buffer (stream servers: outputs are encoded straight into it) or the slots of an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -91,18 +91,22 @@ class LocalEnvs(Runner):
         else:
             self.write(index, self.envs[index].step(action))
 
+    def _calls(
+        self, ids: list[int] | None, values: Sequence[Any]
+    ) -> Iterator[tuple[int, Any, Any, Any]]:
+        """(env index, its step callable, its action, its record) of every env stepped."""
+        steppers, records = self._steppers, self.records
+        if ids is None:
+            return zip(range(self.num_envs), steppers, values, records, strict=False)
+        return ((i, steppers[i], values[i], records[i]) for i in ids)
+
     def step_many(self, ids: list[int] | None, values: Sequence[Any], failures: Failures) -> None:
         """The hot loop (issue 24 item 2): each env's ``step_into(action, record)`` (or
         ``step(action)``) called in one tight loop; outputs that are records of the codec's dtype
         are written after it in one vectorised assignment, other outputs (mappings, validated)
         env by env."""
-        steppers, records = self._steppers, self.records
         outputs: list[tuple[int, StepOutput]] = []
-        if ids is None:
-            calls: Any = zip(range(self.num_envs), steppers, values, records, strict=False)
-        else:
-            calls = ((i, steppers[i], values[i], records[i]) for i in ids)
-        for i, stepper, action, record in calls:
+        for i, stepper, action, record in self._calls(ids, values):
             try:
                 output = stepper(action, record)
             except Exception as exc:  # the other envs still step
@@ -120,13 +124,9 @@ class LocalEnvs(Runner):
         per env beyond its own step: the env's ``step_into`` (or ``step``, its output written
         at once), then its end fields read through memoryviews; an env that ended has its
         final result kept and is reset before the next env steps."""
-        steppers, records, ends = self._steppers, self.records, self._end_items
+        ends = self._end_items
         ended: list[int] = []
-        if ids is None:
-            calls: Any = zip(range(self.num_envs), steppers, values, records, strict=False)
-        else:
-            calls = ((i, steppers[i], values[i], records[i]) for i in ids)
-        for i, stepper, action, record in calls:
+        for i, stepper, action, record in self._calls(ids, values):
             try:
                 output = stepper(action, record)
                 if output is not None:
