@@ -109,7 +109,7 @@ class AsyncBatches:
         in_flight = self.in_flight
         rt = self.runtime
         mode = rt.autoreset
-        if self._clean_array_actions(id_list, actions):  # nothing to refuse, no noop, none done
+        if rt.accepts_array_subset(id_list, actions):  # nothing to refuse, no noop, none done
             self.stepped[id_list] = True
             in_flight[id_list] = True
             self.count += len(id_list)
@@ -138,23 +138,6 @@ class AsyncBatches:
         self.count += len(id_list)
         if stepped:
             rt.runner.submit([i for i, _ in stepped], [a for _, a in stepped], mode)
-
-    def _clean_array_actions(self, ids: list[int], actions: np.ndarray) -> bool:
-        """The screen of a SEND of array actions (Box, MultiDiscrete): True when nothing in it
-        can be refused or become a noop (every env reset, none done, each action of the
-        schema's shape and inside its bounds, in one vectorised ``ActionRule.bad``), so the
-        per-env checks are skipped (a NumPy call each: ~35 us per env of a MuJoCo SEND). False
-        sends the batch through the per-env checks, which find and name the refused env."""
-        rt = self.runtime
-        rule = rt.action_rule
-        if rule.kind == "discrete" or rt.masks is not None or not rt.all_reset:
-            return False
-        if actions.ndim != 1 + len(rule.dims) or actions.shape[1:] != rule.dims:
-            return False
-        for i in ids:
-            if rt.is_done(i):
-                return False
-        return not bool(rule.bad(actions, 0).any())
 
     def reset(self, seed: int | None) -> None:
         """ASYNC_RESET: reset every env (env i: ``seed + i``); RECV returns them."""

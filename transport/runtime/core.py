@@ -698,6 +698,22 @@ class EnvRuntime:
             taken = self.masks[self._env_index, actions]
         return int(np.count_nonzero(taken)) == self.num_envs
 
+    def accepts_array_subset(self, ids: list[int], actions: np.ndarray) -> bool:
+        """The screen of array actions (Box, MultiDiscrete) for envs ``ids`` (an asynchronous
+        SEND): True when nothing can be refused or become a noop (every env reset, none done,
+        no masks, each action of the schema's shape and inside its bounds, in one vectorised
+        ``ActionRule.bad``), so the per-env checks can be skipped (a NumPy call each: ~35 us per
+        env of a MuJoCo SEND). False: the per-env checks find and name the refused env."""
+        rule = self.action_rule
+        if rule.kind == "discrete" or self.masks is not None or not self.all_reset:
+            return False
+        if actions.ndim != 1 + len(rule.dims) or actions.shape[1:] != rule.dims:
+            return False
+        for i in ids:
+            if self.is_done(i):
+                return False
+        return not bool(rule.bad(actions, 0).any())
+
     def set_autoreset(self, mode: int) -> AutoReset:
         """The client's auto-reset mode (HELLO flags, or the shm HELLO command)."""
         try:
