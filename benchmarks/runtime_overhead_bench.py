@@ -41,8 +41,9 @@ import numpy as np
 
 from transport.generated import pac_env
 from transport.protocol import AutoReset
-from transport.runtime.core import EnvHost, EnvRuntime
+from transport.runtime.core import EnvRuntime
 from transport.runtime.env import Spaces
+from transport.runtime.host import EnvHost
 
 OBS_N, ACT_N = 612, 92
 

@@ -29,7 +29,7 @@ def started_listener(url: str, num_envs: int = 1) -> Any:
 
     try:
         from transport.backends.shm.server import Listener
-        from transport.runtime.core import EnvHost
+        from transport.runtime.host import EnvHost
     except ImportError:  # 296e6f6: transport.backends.shm is one module, sessions in server.py
         from transport.server import SessionFactory  # type: ignore[import-not-found]
 

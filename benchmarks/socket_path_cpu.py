@@ -44,7 +44,7 @@ def _host(env: str, n: int) -> Any:
     from transport.envs.echo import EchoEnv
     from transport.envs.vector_echo import VectorEchoEnv
     from transport.generated import pac_env
-    from transport.runtime.core import EnvHost
+    from transport.runtime.host import EnvHost
 
     factory: Any = {
         "null": functools.partial(NullVectorEnv, n),

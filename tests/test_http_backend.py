@@ -29,7 +29,7 @@ from transport.errors import (
 )
 from transport.generated import pac_env
 from transport.protocol import ErrorCode, MessageIds
-from transport.runtime.core import EnvHost
+from transport.runtime.host import EnvHost
 from transport.schema import compile_schema
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -196,7 +196,7 @@ def test_the_pool_spins_only_when_every_party_has_a_core(monkeypatch: pytest.Mon
 
 
 def _reach_runtime(num_envs: int, mode: AutoReset) -> Any:
-    from transport.runtime.core import EnvHost
+    from transport.runtime.host import EnvHost
 
     schema = env_schema("reach")
     host = EnvHost(schema, env_factory("reach"), num_envs=num_envs)

@@ -19,8 +19,9 @@ import transport.runtime.core as core
 from transport.envs.echo import EchoEnv
 from transport.generated import pac_env
 from transport.protocol import RequestError
-from transport.runtime.core import MASKED_ACTION_POLICIES, EnvHost
+from transport.runtime.core import MASKED_ACTION_POLICIES
 from transport.runtime.env import Spaces
+from transport.runtime.host import EnvHost
 
 MASK_WIDTH = 92  # pac_env's action_mask
 

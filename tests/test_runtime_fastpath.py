@@ -31,14 +31,9 @@ from transport.envs.echo import ACT_N, OBS_N, EchoEnv, episode_length
 from transport.envs.vector_echo import VectorEchoEnv
 from transport.generated import pac_env
 from transport.protocol import AutoReset, RequestError
-from transport.runtime.core import (
-    EACH_CHECK_MAX,
-    MASKED_ACTION_POLICIES,
-    EnvHost,
-    EnvRuntime,
-    Runner,
-)
+from transport.runtime.core import EACH_CHECK_MAX, MASKED_ACTION_POLICIES, EnvRuntime, Runner
 from transport.runtime.env import Spaces
+from transport.runtime.host import EnvHost
 
 N = 24
 EPISODE = 3

@@ -18,7 +18,7 @@ from transport.backends.shm.channel import ShmChannel
 from transport.backends.shm.region import PRESETS
 from transport.backends.shm.server import Listener
 from transport.envs import env_factory, env_schema
-from transport.runtime.core import EnvHost
+from transport.runtime.host import EnvHost
 
 from .servers import ServerProcess
 

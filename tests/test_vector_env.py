@@ -23,7 +23,8 @@ from transport.envs.vector_echo import VectorEchoEnv
 from transport.errors import RemoteError
 from transport.generated import pac_env
 from transport.protocol import AutoReset, ErrorCode, RequestError
-from transport.runtime.core import EnvHost, EnvRuntime
+from transport.runtime.core import EnvRuntime
+from transport.runtime.host import EnvHost
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*precision lowered")
 

@@ -22,8 +22,8 @@ from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolv
 from transport.codec import Schema
 from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
-from transport.runtime.core import EnvHost
 from transport.runtime.env import Env, Served, is_vector_env
+from transport.runtime.host import EnvHost
 
 log = logging.getLogger("transport.server")
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from transport.protocol import DEFAULT_MAX_BODY
-from transport.runtime.core import EnvHost
+from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
 
 log = logging.getLogger("transport.backends.socket_listener")

@@ -17,7 +17,7 @@ from transport.backends.url_params import single_params
 from transport.codec import Schema
 from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, HEADER, MESSAGE_IDS, ErrorCode, encode_error
-from transport.runtime.core import EnvHost
+from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
 
 

@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from transport.runtime.core import EnvHost, EnvRuntime, Runner
+from transport.runtime.core import EnvRuntime, Runner
 from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
+from transport.runtime.host import EnvHost
 
 __all__ = ["Env", "EnvFactory", "EnvHost", "EnvRuntime", "Runner", "Spaces", "StepOutput"]

@@ -7,8 +7,8 @@
   action range and mask checks, seeds (env i gets seed + i; the server's first seed), the three
   auto-reset modes, env-error recovery (reset, else recreate from the factory), ``step_batch``
   seats, OBSERVE. Refusals are ``RequestError`` (one ERROR response); backends never check.
-- ``EnvHost``: what a server serves (the env or its factory, how many, where they run); makes
-  one ``EnvRuntime`` per client over the record views the backend hands it.
+``EnvHost`` (``transport.runtime.host``) builds them: it imports the runners, which import this
+module, so this module never imports them back.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from transport.codec import Schema, StructCodec
-from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError, ProtocolError
+from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
-from transport.runtime.env import Env, EnvFactory, Served, Spaces, StepOutput, is_vector_env
+from transport.runtime.env import Spaces, StepOutput
 from transport.schema.ir import FieldIR
 
 FATE_RESET = "the env was reset"
@@ -1093,218 +1092,6 @@ def _seeded(name: str, seed: int | None) -> str:
 
 
 # -- what a server serves ------------------------------------------------------------------------
-
-
-class EnvHost:
-    """The envs a server serves: one ``EnvRuntime`` per client over record views it is given.
-
-    ``env_or_factory``: an env instance (one env, shared by every client under a lock) or a
-    zero-argument factory (each client gets ``num_envs`` fresh envs). ``workers`` > 0 runs each
-    client's envs in that many worker processes (``transport.runtime.pool``). A setup the
-    server cannot serve is refused here, when the server starts, with the reason.
-    """
-
-    def __init__(
-        self,
-        schema: Schema,
-        env_or_factory: Served,
-        *,
-        num_envs: int = 1,
-        env_name: str = "",
-        server_lang: str = "python",
-        seed: int | None = None,
-        workers: int = 0,
-        masked_actions: str = "reject",
-    ) -> None:
-        if num_envs < 1:
-            raise ValueError("num_envs must be at least 1")
-        self.masked_actions = check_masked_actions(masked_actions)
-        self._penalty: float | None = None  # the envs' penalty, asked of one env (worker pools)
-        if workers < 0:
-            raise ValueError("workers must be 0 (in-process) or more")
-        self.schema = schema
-        self.num_envs = num_envs
-        self.env_name = env_name
-        self.server_lang = server_lang
-        self.seed = seed
-        self.workers = workers  # > 0: each client's envs run in that many worker processes
-        self.result = body_codec(schema, "STEP_RESP")
-        self.step_request = body_codec(schema, "STEP_REQ")
-        action = self.step_request.ir.role("action")
-        if action is None:
-            raise ProtocolError("the STEP_REQ body struct has no field with role 'action'")
-        self.action_rule = rule = ActionRule(action)
-        carried = action.elem in ACTION_CODES and action.count == 1
-        if rule.kind != "discrete":
-            carried = action.elem in FLOAT_ACTION_TYPES or action.elem in ACTION_CODES
-        if not carried:
-            raise ProtocolError(
-                f"this server cannot carry the action {self.step_request.ir.name}.{action.name}: "
-                f"{action.type} (one integer, an integer array or an f32/f64 array per env)"
-            )
-        self.action = action
-        # [env] seats, not the multi request field's element count (8 seats of f32[3] is 24)
-        env_ir = schema.ir.env
-        self.seats = (
-            env_ir.seats
-            if env_ir is not None
-            else body_codec(schema, "STEP_MULTI_REQ").ir.fields[0].count
-        )
-        self.vector: bool | None = None  # a VectorEnv (one object, N envs); None: not known yet
-        self._shared: Any = None  # an Env or a VectorEnv instance, shared by every client
-        self.factory: EnvFactory | None = None
-        self._lock: threading.Lock | None = None
-        if is_vector_env(env_or_factory):
-            self.vector = True
-            self._shared = env_or_factory
-            self._lock = threading.Lock()
-            self._check_vector(env_or_factory)
-        elif not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env):
-            if num_envs != 1:
-                raise ValueError("pass an env factory to serve more than one env")
-            if workers:
-                raise ValueError("pass an env factory to run envs in worker processes")
-            self._shared = env_or_factory
-            self._lock = threading.Lock()
-        else:
-            # an env factory, or a vector env factory (``check`` / ``create_envs`` tell)
-            self.factory = cast(EnvFactory, env_or_factory)
-            if workers:
-                try:
-                    pickle.dumps(env_or_factory)
-                except Exception as exc:
-                    raise ValueError(
-                        f"workers={workers} needs an env factory that can be pickled (it is sent "
-                        f"to each worker process): {describe(exc)}; use a module-level class or "
-                        "function, or functools.partial of one"
-                    ) from None
-
-    def _check_vector(self, env: Any) -> None:
-        """What a vector env (``VectorEnv``) cannot be served with, refused at start."""
-        if self.workers:
-            raise ValueError(
-                "a vector env steps its envs itself: serve it with workers=0 (worker processes "
-                "are for one-env-per-object envs)"
-            )
-        if env.num_envs != self.num_envs:
-            raise ValueError(
-                f"the vector env has num_envs={env.num_envs}; serve it with num_envs="
-                f"{env.num_envs} (shm: ?num_envs={env.num_envs}), not {self.num_envs}"
-            )
-        subsets = bool(getattr(env, "steps_subsets", True))
-        if not subsets and not getattr(env, "autoreset_next_step", False):
-            raise ValueError(
-                "a vector env that steps only all its envs together (steps_subsets=False) must "
-                "reset ended envs itself (autoreset_next_step=True): NEXT_STEP steps the others"
-            )
-        if not subsets and self.masked_actions == "noop":
-            raise ValueError(
-                "masked_actions='noop' leaves masked envs unstepped; this vector env steps all "
-                "its envs together (steps_subsets=False): use 'reject' or 'pass'"
-            )
-
-    def check(self) -> None:
-        """Make one env and ask its spaces, now: a factory that cannot make an env fails when
-        the server starts, with the reason, not at every client's connection."""
-        try:
-            env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
-            env.spaces()
-            self._penalty = penalty_of(env)
-        except Exception as exc:
-            raise ValueError(
-                f"cannot serve these envs: making one failed: {describe(exc)}"
-            ) from exc
-        try:
-            if self.vector is None:
-                self.vector = is_vector_env(env)
-            if self.vector:
-                self._check_vector(env)
-        finally:
-            close = getattr(env, "close", None) if self._shared is None else None
-            if close is not None:
-                close()
-
-    def create_envs(self) -> list[Env]:
-        """A new client's envs (none here when they live in worker processes; one object for
-        a vector env)."""
-        if self.factory is not None and self.workers and not self.vector:
-            return []
-        if self.factory is not None:
-            first = self.factory()
-            if self.vector is None:  # check() was not called: the first env says
-                self.vector = is_vector_env(first)
-                if self.vector:
-                    self._check_vector(first)
-            if self.vector:
-                return [first]
-            return [first] + [self.factory() for _ in range(self.num_envs - 1)]
-        assert self._shared is not None
-        return [self._shared]
-
-    def rows(self, envs: Sequence[Env]) -> int:
-        """Result rows a client needs: ``num_envs``, or the seats of one env with step_batch."""
-        if self.vector:
-            return self.num_envs
-        if len(envs) == 1 and getattr(envs[0], "step_batch", None) is not None:
-            return max(self.num_envs, self.seats)
-        return self.num_envs
-
-    def runtime(
-        self, envs: list[Env], results: np.ndarray, finals: np.ndarray | None
-    ) -> EnvRuntime:
-        """An ``EnvRuntime`` for ``envs`` (from ``create_envs``) writing into ``results`` (an
-        (R,) record array, R = ``rows(envs)``) and SAME_STEP finals into ``finals`` ((N,))."""
-        runner: Runner
-        if self.vector or (self.vector is None and envs and is_vector_env(envs[0])):
-            from transport.runtime.vector import VectorEnvs
-
-            self._check_vector(envs[0])
-            runner = VectorEnvs(
-                envs[0],
-                self.result,
-                results,
-                finals,
-                action_dtype(self.schema),
-                owned=self._shared is None,
-            )
-        elif self.workers:
-            from transport.runtime.pool import WorkerPool
-
-            assert self.factory is not None
-            runner = WorkerPool(
-                self.factory,
-                self.schema,
-                self.result.ir.name,
-                self.num_envs,
-                self.workers,
-                results,
-                finals,
-            )
-        else:
-            from transport.runtime.local import LocalEnvs
-
-            runner = LocalEnvs(envs, self.result, results, finals, self.factory)
-        penalties = None
-        if self.masked_actions == "noop" and self.workers:  # the envs live in the workers
-            if self._penalty is None:
-                assert self.factory is not None
-                self._penalty = penalty_of(self.factory())
-            penalties = [self._penalty] * self.num_envs
-        elif self.masked_actions == "noop" and not self.vector:
-            penalties = [penalty_of(env) for env in envs]
-        elif self.masked_actions == "noop":  # a vector env: one penalty for its N envs
-            penalties = [penalty_of(envs[0])] * self.num_envs
-        runtime = EnvRuntime(
-            runner,
-            seats=self.seats,
-            first_seed=self.seed,
-            lock=self._lock,
-            action=self.action,
-            masked_actions=self.masked_actions,
-            penalties=penalties,
-        )
-        runtime.watchdog = ProgressWatchdog.of(self.schema, results)
-        return runtime
 
 
 def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, at: int) -> None:

@@ -34,7 +34,8 @@ from transport.protocol import (
     encode_hello_response,
 )
 from transport.runtime.async_session import AsyncHandlers
-from transport.runtime.core import ACTION_CODES, EnvHost
+from transport.runtime.core import ACTION_CODES
+from transport.runtime.host import EnvHost
 
 
 class Session:

@@ -53,7 +53,7 @@ from transport.protocol import (
     encode_error,
     encode_hello,
 )
-from transport.runtime.core import EnvHost
+from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
 
 log = logging.getLogger("transport.http")

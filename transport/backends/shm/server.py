@@ -48,8 +48,9 @@ from transport.codec import Schema
 from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, ErrorCode, RequestError
 from transport.runtime.async_batches import AsyncBatches
-from transport.runtime.core import EnvHost, EnvRuntime, describe
+from transport.runtime.core import EnvRuntime, describe
 from transport.runtime.env import writes_columns
+from transport.runtime.host import EnvHost
 
 log = logging.getLogger("transport.shm")
 _CLIENT_PID_WORD = CB["client_pid"].offset // 4

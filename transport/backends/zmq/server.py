@@ -45,7 +45,7 @@ from transport.protocol import (
     MessageIds,
     encode_error,
 )
-from transport.runtime.core import EnvHost
+from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
 
 # -- server ---------------------------------------------------------------------------------------
