@@ -43,7 +43,11 @@ from transport.generated import pac_env
 from transport.protocol import AutoReset
 from transport.runtime.core import EnvRuntime
 from transport.runtime.env import Spaces
-from transport.runtime.host import EnvHost
+
+try:
+    from transport.runtime.host import EnvHost
+except ImportError:  # a tree before runtime/host.py (--tree runs older trees)
+    from transport.runtime.core import EnvHost  # type: ignore[attr-defined,no-redef]
 
 OBS_N, ACT_N = 612, 92
 
