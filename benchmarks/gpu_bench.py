@@ -303,7 +303,7 @@ def registered_path(region: Region, device: Any, reps: int, limit: float) -> flo
     """transport.torch's own path (``_DevicePlan``): the registered region's block of result
     records copied on the connection's stream, the field sliced on the device (a view), then
     made contiguous (the table's destination)."""
-    from transport.client import StepView
+    from transport.step_view import StepView
     from transport.torch import _DevicePlan
 
     _register(region.address, region.size)
@@ -333,7 +333,7 @@ def column_path(region: ColumnRegion, device: Any, reps: int, limit: float) -> f
     registered region's result columns (observation, mask, reward, ...) copied to the device in
     ONE asynchronous copy, the observation a view of it (no slot block, no gather); CPU,
     ``torch.from_numpy`` of the column (no copy at all)."""
-    from transport.client import StepView
+    from transport.step_view import StepView
     from transport.torch import _ColumnPlan, _HostPlan
 
     view = StepView(region.records)  # type: ignore[arg-type]

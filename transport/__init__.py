@@ -11,7 +11,7 @@ from pathlib import Path as _Path
 from typing import Any as _Any
 
 from transport.api import Server, ServerLimits, connect, serve
-from transport.client import Client, StepView
+from transport.client import Client
 from transport.codec import Schema, StructCodec
 from transport.collector import EpisodeBatch, EpisodeCollector, request_episodes
 from transport.errors import (
@@ -46,6 +46,7 @@ from transport.multi import BatchError, MultiClient, connect_many
 from transport.protocol import AutoReset
 from transport.runtime.env import Env, EnvFactory, Spaces, StepOutput
 from transport.schema import load_schema as _load_ir
+from transport.step_view import StepView
 
 __version__ = "0.1.0"
 

@@ -8,17 +8,19 @@ The wire messages are SEND_REQ / RECV_REQ / ASYNC_RESET_REQ (schema/protocol.tom
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 
+from transport.codec import Schema
 from transport.errors import ProtocolError
 from transport.protocol import body_codec
+from transport.step_view import StepView
 
-if TYPE_CHECKING:
-    from transport.client import Client, StepView
+Exchange = Callable[[int, Any, int], memoryview]
+"""The client's one request: (message type, body, expected response type) -> response body."""
 
 
 class Received(NamedTuple):
@@ -34,49 +36,48 @@ class Received(NamedTuple):
 class AsyncCalls:
     """The encoders and decoders of one client's asynchronous calls."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        msgs = client.schema.ir.messages
+    def __init__(self, schema: Schema, num_envs: int, exchange: Exchange) -> None:
+        self.num_envs = num_envs
+        self.exchange = exchange
+        msgs = schema.ir.messages
         missing = [
             n for n in ("SEND_REQ", "RECV_REQ", "ASYNC_RESET_REQ", "RECV_RESP") if n not in msgs
         ]
         if missing:
             raise ProtocolError(
-                f"schema {client.schema.name} has no asynchronous batches ({', '.join(missing)})"
+                f"schema {schema.name} has no asynchronous batches ({', '.join(missing)})"
             )
         self.send_req, self.send_resp = msgs["SEND_REQ"].id, msgs["SEND_RESP"].id
         self.recv_req, self.recv_resp = msgs["RECV_REQ"].id, msgs["RECV_RESP"].id
         self.reset_req = msgs["ASYNC_RESET_REQ"].id
-        self.request = body_codec(client.schema, "STEP_REQ")
+        self.request = body_codec(schema, "STEP_REQ")
         action = self.request.ir.role("action")
         assert action is not None  # the client checked it
         self.action_name = action.name
-        self.result = body_codec(client.schema, "STEP_RESP")
-        self.recv_codec = body_codec(client.schema, "RECV_REQ")
-        self.seed_codec = body_codec(client.schema, "ASYNC_RESET_REQ")
-        self.buffer = bytearray(self.request.size * client.num_envs)
+        self.result = body_codec(schema, "STEP_RESP")
+        self.recv_codec = body_codec(schema, "RECV_REQ")
+        self.seed_codec = body_codec(schema, "ASYNC_RESET_REQ")
+        self.buffer = bytearray(self.request.size * num_envs)
 
     def send(
         self, actions: Sequence[Any] | np.ndarray, env_ids: Sequence[int] | np.ndarray
     ) -> None:
         ids = [int(i) for i in np.asarray(env_ids).reshape(-1).tolist()]
         k = len(ids)
-        if k == 0 or k > self.client.num_envs:
-            raise ValueError(f"send takes 1..{self.client.num_envs} env ids, got {k}")
+        if k == 0 or k > self.num_envs:
+            raise ValueError(f"send takes 1..{self.num_envs} env ids, got {k}")
         if len(actions) != k:
             raise ValueError(f"send got {len(actions)} actions for {k} env ids")
         size = self.request.size
         body = memoryview(self.buffer)[: k * size]
         body[:] = b"\x00" * (k * size)
         self.request.view(body, count=k)[self.action_name] = actions
-        self.client._exchange(self.send_req, bytes(body) + msgpack.packb(ids), self.send_resp)
+        self.exchange(self.send_req, bytes(body) + msgpack.packb(ids), self.send_resp)
 
     def recv(self, batch_size: int, copy: bool) -> Received:
-        from transport.client import StepView
-
         body = memoryview(bytearray(self.recv_codec.size))
         self.recv_codec.view(body)["batch_size"] = batch_size
-        resp = self.client._exchange(self.recv_req, body, self.recv_resp)
+        resp = self.exchange(self.recv_req, body, self.recv_resp)
         size = self.result.size
         try:
             # the tail: msgpack [env ids, ended ids, final results]; it starts after B results
@@ -107,4 +108,4 @@ class AsyncCalls:
         view = self.seed_codec.view(body)
         view["seed"] = 0 if seed is None else seed
         view["has_seed"] = seed is not None
-        self.client._exchange(self.reset_req, body, self.send_resp)
+        self.exchange(self.reset_req, body, self.send_resp)

@@ -9,7 +9,7 @@ views that stay valid until the next call on the same client. ``copy=True`` retu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from transport.protocol import (
     schema_from_ir_text,
 )
 from transport.runtime.env import Spaces
+from transport.step_view import StepView
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -96,51 +97,6 @@ def explain(exc: TransportError, url: str) -> TransportError:
         named = text if url in text else f"{url}: {text}"
         exc.args = (f"{named} ({hint})",)
     return exc
-
-
-class StepView:
-    """The fields of a step or reset response as NumPy arrays, by attribute or by key.
-
-    Views into the client's receive buffer unless made with ``copy=True``: valid until the next
-    call on the client that returned them. ``observation`` of a batched call has shape (N, 612).
-    """
-
-    __slots__ = ("_fields", "source")
-
-    def __init__(self, record: np.ndarray) -> None:
-        self.source = record
-        """What the fields view: the channel's record array, or (shm column layout) its
-        ``ColumnRecords``, whose fields are the region's columns."""
-        self._fields = {name: record[name] for name in record.dtype.names or ()}
-
-    @property
-    def record(self) -> np.ndarray:
-        """The results as a record array: the views' own array, or for the shm column layout
-        (fields in separate columns, not one array) an owned copy in the wire layout."""
-        source = self.source
-        return source if isinstance(source, np.ndarray) else np.asarray(source)
-
-    def __getattr__(self, name: str) -> np.ndarray:
-        try:
-            return self._fields[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._fields[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
-
-    def keys(self) -> list[str]:
-        return list(self._fields)
-
-    def copy(self) -> StepView:
-        return StepView(self.source.copy())
-
-    def __repr__(self) -> str:
-        shape = self.source.shape
-        return f"StepView({', '.join(self._fields)}; envs={shape[0] if shape else 1})"
 
 
 def seeds_body(schema: Schema, seeds: Sequence[int | None], num_envs: int) -> bytearray:
@@ -527,7 +483,7 @@ class Client:
     def _async_calls(self) -> AsyncCalls:
         calls = self.__dict__.get("_async")
         if calls is None:
-            calls = self.__dict__["_async"] = AsyncCalls(self)
+            calls = self.__dict__["_async"] = AsyncCalls(self.schema, self.num_envs, self._exchange)
         return calls
 
     @property

@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from transport.client import Client, StepView
+from transport.client import Client
 from transport.errors import AdapterError
 from transport.multi import MultiClient
 from transport.schema.ir import FieldIR
 from transport.spaces import Observation, action_field_of, observation_of
+from transport.step_view import StepView
 
 PolicyFn = Callable[[Any, np.ndarray], Any]
 """``policy_fn(observations, env_ids[M]) -> actions[M, *action shape]``: called once per lock

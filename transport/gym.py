@@ -30,7 +30,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, Client, StepView
+from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
 from transport.errors import AdapterError, NoProgressError, RemoteError
 from transport.protocol import ErrorCode
@@ -41,6 +41,7 @@ from transport.spaces import (
     observation_of,
     observation_space_of,
 )
+from transport.step_view import StepView
 
 URL_ENV = "TRANSPORT_URL"
 NUM_ENVS_ENV = "TRANSPORT_NUM_ENVS"

@@ -21,18 +21,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from transport.api import connect
-from transport.client import (
-    DEFAULT_TIMEOUT,
-    ActionShapes,
-    Client,
-    StepView,
-    resolve_schema,
-    seeds_body,
-)
+from transport.client import DEFAULT_TIMEOUT, ActionShapes, Client, resolve_schema, seeds_body
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, body_codec, decode_error
 from transport.runtime.env import Spaces
+from transport.step_view import StepView
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ from gymnasium import spaces
 from pettingzoo import AECEnv
 
 from transport.api import Server, connect
-from transport.client import DEFAULT_TIMEOUT, Client, StepView
+from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
 from transport.errors import AdapterError
 from transport.gym import (
@@ -43,6 +43,7 @@ from transport.gym import (
 )
 from transport.runtime.env import Spaces
 from transport.spaces import observation_space_of
+from transport.step_view import StepView
 
 
 def _default_schema() -> Schema:

@@ -42,10 +42,11 @@ import torch
 
 from transport.api import connect as _connect
 from transport.backends.shm.region import ColumnRecords
-from transport.client import DEFAULT_TIMEOUT, Client, StepView
+from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
 from transport.errors import AdapterError, TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset
+from transport.step_view import StepView
 
 _cuda: Any = torch.cuda  # torch's CUDA calls are untyped: called through Any
 

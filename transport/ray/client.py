@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from transport.client import ActionShapes, StepView, describe_action_space
+from transport.client import ActionShapes, describe_action_space
 from transport.errors import (
     ConnectError,
     PeerGoneError,
@@ -50,6 +50,7 @@ from transport.errors import (
 )
 from transport.multi import BatchError, MultiClient, ServerFailure
 from transport.ray.servers import DEFAULT_TIMEOUT, RayLaunchError, ServerSet, connect_all
+from transport.step_view import StepView
 
 if TYPE_CHECKING:
     from transport.client import Client

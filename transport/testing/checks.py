@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 import transport
-from transport.client import Client, StepView
+from transport.client import Client
 from transport.codec import Schema
 from transport.errors import (
     ConnectError,
@@ -34,6 +34,7 @@ from transport.errors import (
 )
 from transport.protocol import HELLO, PROTOCOL_VERSION, AutoReset, ErrorCode, MessageIds
 from transport.runtime.core import action_dtype
+from transport.step_view import StepView
 from transport.testing.contract_env import POISON_ACTION, contract_spaces
 from transport.testing.model import ExpectedSession, field_differences
 from transport.testing.servers import (
