@@ -7,39 +7,10 @@
  * and one line to `BACKENDS`.
  */
 
-import type { SchemaModule } from "../codec";
 import { ConnectError } from "../errors";
-import type { EnvHost } from "../runtime/host";
-import type { Channel, ChannelOptions, ConnectionStats, ServerLimits } from "../stream";
+import type { Backend } from "./backend";
 
-/** Server-side options every backend understands. */
-export interface ListenOptions {
-  /** Largest request body accepted (bytes); larger ones are refused before they are read. */
-  readonly maxBody?: number;
-  /** http: bind a non-loopback address (the protocol has no authentication). */
-  readonly allowRemote?: boolean;
-  /** unix, http: the connection cap and timeouts (defaults: DEFAULT_SERVER_LIMITS). */
-  readonly limits?: Partial<ServerLimits>;
-}
-
-/** A listening server endpoint. */
-export interface Listener {
-  /** The URL clients use (a requested port 0 is resolved). */
-  readonly url: string;
-  readonly stats: ConnectionStats;
-  /** Stop accepting, drop every connection, remove what was created (socket files). */
-  close(): Promise<void>;
-}
-
-/** Client-side options every backend understands. */
-export interface OpenOptions extends ChannelOptions {
-  readonly schema?: SchemaModule;
-}
-
-export interface Backend {
-  listen(url: string, host: EnvHost, options?: ListenOptions): Promise<Listener>;
-  openChannel(url: string, options?: OpenOptions): Promise<Channel>;
-}
+export type { Backend, Listener, ListenOptions, OpenOptions } from "./backend";
 
 export const BACKENDS: Readonly<Record<string, () => Promise<Backend>>> = {
   unix: async () => require("./unix") as Backend,

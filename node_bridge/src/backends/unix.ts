@@ -26,7 +26,7 @@ import {
   serverLimits,
 } from "../stream";
 import { DEFAULT_MAX_BODY, ErrorCode } from "../protocol";
-import type { Listener, ListenOptions } from "./index";
+import type { Listener, ListenOptions } from "./backend";
 
 /**
  * The socket file of `unix:///path`; a unix URL takes no query parameters, so any `?name=value`

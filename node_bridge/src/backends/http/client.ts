@@ -16,7 +16,7 @@ import {
 import * as pac_env from "../../generated/pac_env";
 import { BODY_OFFSET, DEFAULT_MAX_BODY, ErrorCode, type MessageIds, encodeError, fingerprintHex16, messageIds, parseError } from "../../protocol";
 import { type Channel } from "../../stream";
-import type { OpenOptions } from "../index";
+import type { OpenOptions } from "../backend";
 import { Address, METHODS, netloc, parseUrl } from "./wire";
 
 // -- client --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import {
   newStats,
   serverLimits,
 } from "../../stream";
-import type { Listener, ListenOptions } from "../index";
+import type { Listener, ListenOptions } from "../backend";
 import { BARE_LF_TEXT, HEX16, MAX_HEAD, MAX_HEADERS, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
 
 // -- server --------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ import {
 } from "../../runtime/core";
 import { checkIdle, checkRecv, checkSend, sendEnvIds } from "../../runtime/async_batches";
 import type { Channel, ChannelRecords, Final } from "../../stream";
-import type { OpenOptions } from "../index";
+import type { OpenOptions } from "../backend";
 import {
   CB,
   CONTROL_SIZE,

@@ -70,7 +70,7 @@ import {
 import type { EnvHost } from "../../runtime/host";
 import type { ResultColumns } from "../../runtime/vector";
 import { type ConnectionStats, newStats } from "../../stream";
-import type { Listener, ListenOptions } from "../index";
+import type { Listener, ListenOptions } from "../backend";
 import {
   CB,
   LAYOUT_VERSION,

@@ -7,7 +7,7 @@ import * as zmq from "zeromq";
 import { BadFrameError, ConnectError, PeerGoneError, TransportTimeoutError } from "../../errors";
 import { BODY_OFFSET, DEFAULT_MAX_BODY, HEADER_SIZE, packHeader, readU32 } from "../../protocol";
 import { type Channel, type ChannelOptions } from "../../stream";
-import type { OpenOptions } from "../index";
+import type { OpenOptions } from "../backend";
 import { commonOptions, Address, asBuffer, binary, clientCurve, errorCode, parseUrl, sendable } from "./wire";
 
 // -- client ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import { CLOSING_ERRORS, DEFAULT_MAX_BODY, ErrorCode, HEADER_SIZE, encodeError, 
 import type { EnvHost } from "../../runtime/host";
 import { LATER, type Session, sessionsOf } from "../../runtime/session";
 import { type ConnectionStats, newStats } from "../../stream";
-import type { Listener, ListenOptions } from "../index";
+import type { Listener, ListenOptions } from "../backend";
 import { commonOptions, Address, EMPTY, ENV_SERVER_SECRET, MAX_SESSIONS, ZAP_ENDPOINT, binary, errorCode, parseUrl, sendable, serverCurve, z85Encode } from "./wire";
 
 // -- server ---------------------------------------------------------------------------------------
