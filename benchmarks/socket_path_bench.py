@@ -118,28 +118,16 @@ def client(url: str, num_envs: int, count: int, seconds: float, server_pid: int)
     )
 
 
-def _url(scheme: str, tag: str) -> str:
-    tmp = tempfile.gettempdir()
-    if scheme == "unix":
-        return f"unix://{tmp}/{tag}.sock"
-    if scheme == "zmq+ipc":
-        return f"zmq+ipc://{tmp}/{tag}.ipc"
-    if scheme == "zmq+tcp":
-        from transport.probe.servers import _free_port
-
-        return f"zmq+tcp://127.0.0.1:{_free_port()}"
-    return "http://127.0.0.1:0"
-
-
 def cell(
     tree: str, scheme: str, env: str, batch: int, count: int, seconds: float
 ) -> tuple[float, float, float]:
     path = os.environ.copy()
     path["PYTHONPATH"] = tree
-    tag = f"spb-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    from transport.testing.servers import unique_url
+
     me = str(Path(__file__).resolve())
     server = subprocess.Popen(
-        [sys.executable, me, "--serve", _url(scheme, tag), env, str(batch)],
+        [sys.executable, me, "--serve", unique_url(scheme), env, str(batch)],
         env=path,
         cwd=tempfile.gettempdir(),
         stdout=subprocess.PIPE,

@@ -294,6 +294,11 @@ def _write_error(ctl: np.ndarray, text: str) -> None:
     ctl["error_len"] = len(data)
 
 
+def _read_error(ctl: np.ndarray) -> str:
+    """The text ``_write_error`` left in a control record."""
+    return bytes(ctl["error_text"][: int(ctl["error_len"])]).decode("utf-8", "replace")
+
+
 INFO_PIPED = 0xFFFF
 """error_len of an OBSERVE info map too large for the error_text area (a rendered frame): the
 worker sends it through its pipe after answering (``_write_info``, ``WorkerPool.observe``)."""
@@ -598,8 +603,7 @@ class WorkerPool(Runner):
             )
         if not self.lay.blocks[k][_W_OK]:
             lo = self._ranges[k][0]
-            ctl = self.lay.ctl[lo]
-            text = bytes(ctl["error_text"][: int(ctl["error_len"])]).decode("utf-8", "replace")
+            text = _read_error(self.lay.ctl[lo])
             raise WorkerDiedError(f"worker process {k}: creating its envs failed: {text}")
         self._seq[k] = 1
         self._ctxs[k] = _wait_ctx(proc.pid, self.spin)
@@ -688,9 +692,7 @@ class WorkerPool(Runner):
         record = self.lay.ctl[i]
         flags = int(record["flags"])
         if flags & FAILED:
-            text = bytes(record["error_text"][: int(record["error_len"])]).decode(
-                "utf-8", "replace"
-            )
+            text = _read_error(record)
             failures.append((i, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")))
         if flags & ENDED:
             ended.append(i)
@@ -849,10 +851,7 @@ class WorkerPool(Runner):
         flags = int(record["async_flags"])
         native.store_release(self.lay.async_state[i], IDLE)
         if flags & FAILED:
-            text = bytes(record["error_text"][: int(record["error_len"])]).decode(
-                "utf-8", "replace"
-            )
-            return i, False, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {text}")
+            return i, False, RequestError(ErrorCode.ENV_ERROR, f"env {i}: {_read_error(record)}")
         if self._rows is None:
             self.records[i][...] = self.lay.result_records[i]
         ended = bool(flags & ENDED)
