@@ -8,6 +8,7 @@ import mmap
 import os
 import random
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -240,3 +241,51 @@ def test_a_clean_box_send_skips_the_per_env_checks_and_a_bad_one_is_refused() ->
     assert checked == [0, 2]  # the per-env checks found and named it
     assert batches.count == 0  # a refused SEND starts nothing
     runtime.close()
+
+
+class SlowEchoEnv:
+    """The echo env with a 0.3 s step, whose worker process bumps FINISHED 0.12 s late after
+    its first op (a worker descheduled between its done word and the bump, as on a loaded
+    machine): later than the server's 50 ms wait slice, sooner than the next op's step."""
+
+    def __init__(self) -> None:
+        import transport.runtime.pool as pool
+
+        if not getattr(pool, "_late_once", False):
+            real = pool._finish
+
+            def late_once(word: Any, finish_at: Any) -> None:
+                pool._finish = real
+                time.sleep(0.12)
+                real(word, finish_at)
+
+            pool._finish = late_once
+            pool._late_once = True  # type: ignore[attr-defined]
+        self.env = env_factory("echo")()
+
+    def spaces(self) -> Any:
+        return self.env.spaces()
+
+    def reset_into(self, seed: int | None, out: np.ndarray) -> None:
+        self.env.reset_into(seed, out)
+
+    def step_into(self, action: int, out: np.ndarray) -> None:
+        time.sleep(0.3)
+        self.env.step_into(action, out)
+
+
+def test_a_late_finished_bump_never_ends_the_next_op_early() -> None:
+    """The server returns from a fan-out only once every worker counted itself finished: a
+    bump that came after a wait slice saw every done word must not count for the next op (it
+    did: the step returned before the workers stepped, with the reset's rows)."""
+    schema = env_schema("echo")
+    codec = schema["StepResult"]
+    rows = codec.view(bytearray(codec.size * 2), 0, count=2)
+    finals = codec.view(bytearray(codec.size * 2), 0, count=2)
+    pool = WorkerPool(SlowEchoEnv, schema, "StepResult", 2, 2, rows, finals)
+    try:
+        assert pool.reset([None, None]) == []
+        pool.step(np.full(2, 3, dtype=np.uint8), AutoReset.DISABLED)
+        assert rows["observation"][:, :2].tolist() == [[3, 1], [3, 1]]
+    finally:
+        pool.close()

@@ -630,8 +630,9 @@ class WorkerPool(Runner):
 
         One wait for all: each worker bumps FINISHED after its done word and only the last one
         wakes the server (one sleep and one wake per op, not one per worker). The wait sleeps
-        in 50 ms slices; after each, a worker not done whose process is gone counts as dead:
-        a death is found within a slice, never a hang."""
+        in 50 ms slices and ends only when FINISHED reached the op's count or a worker's
+        process is gone (a worker not done then counts as dead): a death is found within a
+        slice, never a hang."""
         if self._closed:
             raise TransportError("the worker pool is closed")
         lay = self.lay
@@ -646,11 +647,12 @@ class WorkerPool(Runner):
             seqs[k] = (seqs[k] + 1) & native.SEQ_MASK
             native.publish(lay.cmd[k], seqs[k])
         wait, ctx, finished = native.lib.tp_wait_value, self._finish_ctx, lay.finished
-        while True:
-            if wait(ctx, finished, target, 50_000_000) == native.OK:
-                break
-            pending = [k for k in workers if not self._finished_op(k)]
-            if not pending or not all(self._procs[k].is_alive() for k in pending):
+        while wait(ctx, finished, target, 50_000_000) != native.OK:
+            # Done words alone do not end the wait: a live worker bumps FINISHED right after
+            # its done word, and a bump left for later would count toward the next op (which
+            # then ended before its workers did). Only a death ends it: a worker not done, or
+            # one done that can no longer bump.
+            if not all(self._procs[k].is_alive() for k in workers):
                 break
         return [k for k in workers if not self._finished_op(k)]
 
