@@ -13,8 +13,10 @@ environment first (Python, torch, CUDA, device name, CPU count).
    this project's shm slot layouts: pac_env's Appendix B slots (5120 bytes, f32[612] at 32)
    and a derived-layout image schema (u8[3,84,84]); N = 32 and 256:
    naive (the strided slot view ``.to(device)``), host copy then ``.to``, the
-   ``transport.torch`` path (region registered with ``cudaHostRegister``, the slots' block
-   copied on a stream, the field sliced on the device, made contiguous), the column layout
+   ``transport.torch`` paths (region registered with ``cudaHostRegister``; each field of the
+   slots copied by one strided ``cudaMemcpy2DAsync`` into its contiguous tensor, and the
+   fallback: the slots' block copied, the field sliced on the device, made contiguous), the
+   column layout
    (``[env] shm = "columns"``: a real column region of the same observation, image_columns
    and an f32[612] columns schema; ``transport.torch``'s one copy of every result column from
    the registered region; on the CPU its zero-copy ``from_numpy``), and the struct-of-arrays floor
@@ -242,6 +244,10 @@ def transfer_table(device: Any, reps: int, budget: Budget) -> list[dict[str, Any
                 row["columns"] = column_path(ColumnRegion(n, columns), device, reps, limit)
             except Exception as exc:  # said in the cell; the other columns stand
                 row["columns"] = f"{type(exc).__name__}: {exc}"
+            for key in ("registered", "columns"):
+                value, floor = row.get(key), row.get("soa_floor")
+                if isinstance(value, float) and isinstance(floor, float) and floor > 0:
+                    row[key.replace("registered", "slot") + "_ratio"] = f"{value / floor:.2f}x"
             rows.append(row)
     return rows
 
@@ -257,8 +263,10 @@ def transfer_row(name: str, region: Region, device: Any, reps: int, limit: float
         row["host_copy"] = median_us(
             lambda: torch.from_numpy(np.ascontiguousarray(view)).to(device), sync, reps, limit
         )
-        row["registered"] = registered_path(region, device, reps, limit)
+        row["slot_block"] = registered_path(region, device, reps, limit, strided=False)
+        row["registered"] = registered_path(region, device, reps, limit, strided=True)
         row["soa_floor"] = soa_floor(view, device, reps, limit)
+        row["soa_floor_raw"] = soa_floor(view, device, reps, limit, raw=True)
         return row
     # on the CPU the destination is a contiguous CPU tensor: the naive path and the host copy
     # are the same one copy; the CUDA columns do not exist (n/a)
@@ -266,8 +274,10 @@ def transfer_row(name: str, region: Region, device: Any, reps: int, limit: float
     row["host_copy"] = median_us(
         lambda: torch.from_numpy(np.ascontiguousarray(view)), _no_sync, reps, limit
     )
+    row["slot_block"] = NA
     row["registered"] = NA
     row["soa_floor"] = NA
+    row["soa_floor_raw"] = NA
     return row
 
 
@@ -281,37 +291,46 @@ def _register(address: int, size: int) -> None:
         raise RuntimeError(f"cudaHostRegister({size} bytes) failed: {rc}")
 
 
-class _Owner:
-    """What ``transport.torch``'s device plan needs of its client: the device, the registered
-    span, the copy stream and its event (the bench's region stands in for an shm client's)."""
+def _owner(device: Any, span: tuple[int, int], runtime: bool = True) -> Any:
+    """What ``transport.torch``'s plans need of their client (the device, the registered span,
+    the runtime's copy calls, the copies' event): a ``TorchClient`` without a connection, the
+    bench's region standing in for an shm client's."""
+    from transport import cudart
+    from transport.torch import TorchClient
 
-    def __init__(self, device: Any, span: tuple[int, int]) -> None:
-        self.device = device
-        self.cuda = True
-        self._registered = span
-        self._stream = torch.cuda.Stream(device)
-        self._copied = torch.cuda.Event()
-        self._pending = False
-
-    def _registered_span(self, address: int, nbytes: int) -> bool:
-        from transport.torch import TorchClient
-
-        return TorchClient._registered_span(self, address, nbytes)  # type: ignore[arg-type]
+    owner: Any = object.__new__(TorchClient)
+    owner.device, owner.cuda, owner._registered, owner._pending = device, True, span, False
+    owner._copied, owner._runtime, owner._event = torch.cuda.Event(), None, 0
+    owner._closed = True  # nothing to close: the bench unregisters its own region
+    loaded = cudart.load() if runtime else None
+    if loaded is not None:
+        owner._runtime, owner._event = loaded, loaded.event()
+    return owner
 
 
-def registered_path(region: Region, device: Any, reps: int, limit: float) -> float:
-    """transport.torch's own path (``_DevicePlan``): the registered region's block of result
-    records copied on the connection's stream, the field sliced on the device (a view), then
-    made contiguous (the table's destination)."""
+def registered_path(
+    region: Region, device: Any, reps: int, limit: float, *, strided: bool
+) -> float | str:
+    """transport.torch's own paths from the registered region: ``strided`` (``_StridedPlan``,
+    what a client uses when the CUDA runtime library is found) copies each field of every
+    slot's record by one ``cudaMemcpy2DAsync`` into its contiguous tensor; else
+    (``_DevicePlan``, the fallback) the block of result records is copied and the field sliced
+    on the device (a view), then made contiguous (the table's destination)."""
     from transport.step_view import StepView
-    from transport.torch import _DevicePlan
+    from transport.torch import _DevicePlan, _StridedPlan
 
     _register(region.address, region.size)
     try:
-        owner = _Owner(device, (region.address, region.size))
-        plan = _DevicePlan(owner, StepView(region.records))  # type: ignore[arg-type]
-        if plan.stage is not None:
-            raise RuntimeError("the device plan did not read the registered region directly")
+        owner = _owner(device, (region.address, region.size), runtime=strided)
+        view = StepView(region.records)
+        if strided:
+            if owner._runtime is None:
+                return "the CUDA runtime library is not in this process"
+            plan: Any = _StridedPlan(owner, view)
+        else:
+            plan = _DevicePlan(owner, view)
+            if plan.stage is not None:
+                raise RuntimeError("the device plan did not read the registered region")
         out: list[Any] = []
 
         def run() -> None:
@@ -345,8 +364,8 @@ def column_path(region: ColumnRegion, device: Any, reps: int, limit: float) -> f
         return median_us(lambda: plan.refresh(None).observation, _no_sync, reps, limit)
     _register(region.address, region.size)
     try:
-        owner = _Owner(device, (region.address, region.size))
-        plan = _ColumnPlan(owner, view)  # type: ignore[arg-type]
+        owner = _owner(device, (region.address, region.size))
+        plan = _ColumnPlan(owner, view)
         if any(stage is not None for _, _, stage, _ in plan.copies):
             raise RuntimeError("the column plan did not read the registered region directly")
         out: list[Any] = []
@@ -365,8 +384,11 @@ def column_path(region: ColumnRegion, device: Any, reps: int, limit: float) -> f
         torch.cuda.cudart().cudaHostUnregister(region.address)
 
 
-def soa_floor(view: np.ndarray, device: Any, reps: int, limit: float) -> float:
-    """The struct-of-arrays floor: the field of all envs contiguous, registered, one copy."""
+def soa_floor(
+    view: np.ndarray, device: Any, reps: int, limit: float, raw: bool = False
+) -> float | str:
+    """The struct-of-arrays floor: the field of all envs contiguous, registered, one copy
+    (``Tensor.copy_``; ``raw``: one ``cudaMemcpyAsync`` of the runtime, no torch dispatch)."""
     soa = mmap.mmap(-1, view.nbytes)
     host = np.ndarray(view.shape, dtype=view.dtype, buffer=soa)
     host[...] = view
@@ -375,6 +397,19 @@ def soa_floor(view: np.ndarray, device: Any, reps: int, limit: float) -> float:
     try:
         source = torch.from_numpy(host)
         target = torch.empty(view.shape, dtype=source.dtype, device=device)
+        if raw:  # the same DMA through the runtime's own call (what the column plan uses)
+            from transport import cudart
+
+            runtime = cudart.load()
+            if runtime is None:
+                return "the CUDA runtime library is not in this process"
+            index = torch.device(device).index or 0
+            stream = int(torch._C._cuda_getCurrentRawStream(index))
+            pointer, nbytes = target.data_ptr(), view.nbytes
+            return median_us(
+                lambda: runtime.copy(pointer, address, nbytes, stream),
+                torch.cuda.synchronize, reps, limit,
+            )  # fmt: skip
         return median_us(
             lambda: target.copy_(source, non_blocking=True), torch.cuda.synchronize, reps, limit
         )
@@ -615,9 +650,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"Observations to a contiguous {device.type} tensor, {us}",
                 [("batch", "batch"), ("naive", "naive: strided view .to"),
                  ("host_copy", "host copy then .to"),
-                 ("registered", "transport.torch: registered region, slot block, device slice"),
+                 ("slot_block", "registered region, slot block, device slice (fallback)"),
+                 ("registered", "transport.torch: registered region, one strided copy per field"),
                  ("columns", "column layout: transport.torch, result columns in one copy"),
-                 ("soa_floor", "struct-of-arrays registered (floor)")],
+                 ("soa_floor", "struct-of-arrays registered (floor)"),
+                 ("soa_floor_raw", "the floor's bytes, one cudaMemcpyAsync"),
+                 ("slot_ratio", "strided / floor"), ("columns_ratio", "columns / floor")],
                 results["transfer"],
             )  # fmt: skip
         except Exception:

@@ -220,3 +220,34 @@ def test_dict_observations_and_box_actions(device: str) -> None:
                 for index, final in plain.finals:
                     want[index] = final["reward"]
                 assert np.array_equal(rewards[t], want), t
+
+
+def test_finals_stage_sections_hold_each_field_of_each_final() -> None:
+    """The CUDA finals path's pinned stage: for ``count`` finals each field's section holds
+    their rows back to back (64-byte aligned), and views of one copy of its bytes give the
+    stacked fields (checked here on the host; the CUDA test above checks the device)."""
+    from transport.rollout import _FinalRow, _FinalsStage
+
+    fields = [("obs", "<f4", (3, 2)), ("mask", "u1", (5,)), ("reward", "<f4"), ("n", "<i8")]
+    dtype = np.dtype(fields)
+    records = np.zeros(7, dtype=dtype)
+    rng = np.random.default_rng(3)
+    for name in dtype.names or ():
+        records[name] = rng.integers(0, 50, size=records[name].shape)
+    ended = [1, 4, 6]
+    finals = records[ended]
+    stage = _FinalsStage(dtype, num_envs=7)
+    places, nbytes = stage.places(len(finals))
+    assert all(at % 64 == 0 for at, _, _, _ in places)
+    for name, rows in stage.rows(places, len(finals)).items():
+        rows[...] = finals[name]
+    block = stage.host[:nbytes].clone()  # what the device receives
+    stacked = {
+        name: block[at : at + len(finals) * width].view(tdtype).reshape(len(finals), *shape)
+        for name, (at, width, tdtype, shape) in zip(stage.fields, places, strict=True)
+    }
+    for k, index in enumerate(ended):
+        row = _FinalRow(stacked, k)
+        assert list(row) == list(dtype.names or ())
+        for name in dtype.names or ():
+            assert np.array_equal(row[name].numpy(), records[index][name]), name

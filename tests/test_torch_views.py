@@ -8,6 +8,7 @@ CUDA path is checked where a GPU exists and skipped with the reason elsewhere.
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 import transport  # noqa: E402
 import transport.torch as tt  # noqa: E402
+from transport import cudart  # noqa: E402
 from transport.errors import AdapterError, TransportError  # noqa: E402
 
 from .servers import ROOT, ServerProcess, unique_url  # noqa: E402
@@ -236,6 +238,81 @@ def test_device_slicing_equals_the_numpy_fields(server: ServerProcess) -> None:
             assert check_device_slicing(view) == []
 
 
+class _RowCopies:
+    """A host stand-in for ``cudart.CudaRuntime``: ``cudaMemcpy2DAsync``'s contract (``width``
+    bytes every ``pitch`` bytes into ``rows * width`` contiguous bytes) done row by row."""
+
+    def copy_strided(self, plan: Any, stream: int) -> None:
+        for row in range(plan.rows):
+            to = plan.target + row * (plan.target_pitch or plan.width)
+            ctypes.memmove(to, plan.source + row * plan.pitch, plan.width)
+
+
+class _StridedOwner(_HostOwner):
+    _runtime = _RowCopies()
+
+    def _stream(self) -> int:
+        return 0
+
+    def _mark_copied(self, stream: int | None) -> None:
+        self.marked = stream
+
+
+def check_strided_copies(view: Any) -> int:
+    """The strided plan's copies (from the slots) give each field's bytes; a large or
+    unaligned field is contiguous in a tensor of its own; returns the number of copies."""
+    plan = tt._StridedPlan(_StridedOwner(), view)  # type: ignore[arg-type]
+    step = plan.refresh(_StridedOwner())  # type: ignore[arg-type]
+    assert plan.copied == [] and plan.skipped == []
+    assert list(step) == list(view)
+    for name in view:
+        array = view[name]
+        tensor = step[name]
+        assert tuple(tensor.shape) == array.shape, name
+        if array[...].nbytes // max(1, len(array) if array.ndim else 1) >= tt.OWN_COPY_BYTES:
+            assert tensor.is_contiguous(), name
+        assert tensor_bytes(tensor) == np.ascontiguousarray(array).tobytes(), name
+    assert [copy.width for copy in plan.copies] == sorted(
+        (copy.width for copy in plan.copies), reverse=True
+    )
+    return len(plan.copies)
+
+
+def test_strided_copies_equal_the_numpy_fields(servers: dict[str, ServerProcess]) -> None:
+    """The registered slot path's copy plan (issue 25: only the fields' bytes move): each
+    field's source address, pitch and width, checked against the shm slots of a real server."""
+    with transport.connect(servers["shm"].url, TETRIS, autoreset="same_step") as client:
+        view = client.reset(seed=7)
+        assert check_strided_copies(view) == 2  # the observation; the rest in one span
+        for _ in range(3):
+            view = client.step(legal_actions(view["action_mask"]))
+            check_strided_copies(view)
+
+
+def test_strided_copies_of_a_packed_record() -> None:
+    """Unaligned fields (a packed record) land aligned in their tensors: no gather kernel."""
+    dtype = np.dtype([("flag", "u1"), ("obs", "<f4", (3, 5)), ("reward", "<f8"), ("id", "<i2")])
+    slots = np.zeros(6 * 160, dtype=np.uint8)
+    records = np.ndarray((6,), dtype=dtype, buffer=slots, offset=3, strides=(160,))
+    rng = np.random.default_rng(1)
+    for name in dtype.names or ():
+        records[name] = rng.integers(0, 100, size=records[name].shape)
+    from transport.step_view import StepView
+
+    assert check_strided_copies(StepView(records)) == 4  # flag's span; three unaligned fields
+    assert check_strided_copies(StepView(records[2])) == 4  # one record
+
+
+def test_the_cuda_runtime_is_found_in_the_process_maps() -> None:
+    maps = (
+        "7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n"
+        "7f20-7f30 r-xp 00000000 08:01 43 /site/nvidia/cu13/lib/libcudart.so.13\n"
+    )
+    assert cudart.runtime_path(maps) == "/site/nvidia/cu13/lib/libcudart.so.13"
+    assert cudart.runtime_path("7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n") is None
+    assert cudart.load("") is None  # absent: transport.torch keeps torch's own copies
+
+
 def test_region_span_covers_the_results(server: ServerProcess) -> None:
     """What cudaHostRegister pins: the whole shm mapping, which holds every result record;
     a stream backend has none (its records go through a pinned staging buffer)."""
@@ -305,9 +382,11 @@ def test_cuda_values_equal_the_numpy_path(server: ServerProcess) -> None:
     got = []
     with tt.connect(server.url, TETRIS, device="cuda", autoreset="same_step") as client:
         if server.url.startswith("shm://"):
-            assert "registered shm region" in repr(client)
+            assert "registered shm region, strided copies of the records' fields" in repr(client)
         result = client.reset(seed=7)
         assert result.observation.device.type == "cuda"
+        if server.url.startswith("shm://"):
+            assert result.observation.is_contiguous()  # in a tensor of its own
         got.append({name: tensor_bytes(result[name]) for name in result})
         for _ in range(STEPS):
             mask = result.action_mask.cpu().numpy()

@@ -17,7 +17,7 @@ observation. Torch is imported here: this module is the torch extra's, never the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +146,7 @@ class RolloutCollector:
             t.numpy() for t in self._host
         )
         self._uploaded: Any = _cuda.Event() if on_device else None
-        self._finals_stage: dict[str, Any] = {}  # pinned, one per field (CUDA clients)
+        self._finals_stage: _FinalsStage | None = None  # pinned (CUDA clients)
         self._finals_copied: Any = None
         self._uploading = False
 
@@ -277,10 +277,13 @@ class RolloutCollector:
         finals = self.client.client.finals
         if not finals:
             return
-        for index, final in finals:
-            self._rewards[t, index] = final[self.reward_name]
-            self._flags(t, final, index)
-        for index, step in self._final_tensors(finals):
+        # the ended envs' final records, stacked once: every field below is one array operation
+        at = np.array([index for index, _ in finals], dtype=np.intp)
+        first = finals[0][1].record
+        records = np.array([final.record for _, final in finals], dtype=first.dtype)
+        self._rewards[t, at] = records[self.reward_name]
+        self._flags(t, records, at)
+        for index, step in self._final_tensors(at.tolist(), records):
             buf.finals.append((t, index, step))
 
     def _flags(self, t: int, result: Any, at: Any) -> None:
@@ -295,44 +298,44 @@ class RolloutCollector:
         self._truncated[t, at] = truncated
         self._dones[t, at] = terminated | truncated
 
-    def _final_tensors(self, finals: list[tuple[int, Any]]) -> list[tuple[int, TensorStep]]:
-        """The step's final results as owned tensors on the device: per field, the ended envs'
-        values gathered into a reused pinned buffer and copied in one asynchronous copy into a
-        fresh device tensor (the finals of earlier steps stay intact)."""
-        device = self.client.device
-        on_device = device.type != "cpu"
-        if on_device and self._finals_copied is not None:
-            self._finals_copied.synchronize()  # the last step's copies have read the stage
-        first, count = finals[0][1], len(finals)
-        stacked = {}
-        for name in first:
-            sample = np.asarray(first[name])
-            if torch_dtype(sample.dtype) is None:
-                continue
-            if not on_device:
-                block = np.stack([np.asarray(final[name]) for _, final in finals])
-                stacked[name] = torch.from_numpy(block)
-                continue
-            stage = self._finals_stage.get(name)
-            if stage is None:
-                shape = (self.client.num_envs, *sample.shape)
-                stage = self._finals_stage[name] = torch.empty(
-                    shape, dtype=torch_dtype(sample.dtype), pin_memory=True
-                )
-            host = stage.numpy()
-            for k, (_, final) in enumerate(finals):
-                host[k] = final[name]
-            target = torch.empty((count, *sample.shape), dtype=stage.dtype, device=device)
-            target.copy_(stage[:count], non_blocking=True)
-            stacked[name] = target
-        if on_device:
-            if self._finals_copied is None:
-                self._finals_copied = _cuda.Event()
-            self._finals_copied.record(_cuda.current_stream(device))
-        return [
-            (index, TensorStep({name: value[k] for name, value in stacked.items()}))
-            for k, (index, _) in enumerate(finals)
-        ]
+    def _final_tensors(
+        self, indices: list[int], records: np.ndarray
+    ) -> list[tuple[int, TensorStep]]:
+        """The step's final results (``records``, of envs ``indices``) as owned tensors on the
+        device: field by field into a reused pinned stage (a 64-byte aligned section per field)
+        and in ONE asynchronous copy into a fresh device block, each field a view of it (the
+        finals of earlier steps stay intact); each final's ``TensorStep`` indexes its row only
+        when read."""
+        if self.client.device.type == "cpu":
+            stacked = {
+                name: torch.from_numpy(records[name].copy())  # owned, standard strides
+                for name in records.dtype.names or ()
+                if torch_dtype(records[name].dtype) is not None
+            }
+        else:
+            stacked = self._stage_finals(records)
+        return [(index, TensorStep(_FinalRow(stacked, k))) for k, index in enumerate(indices)]
+
+    def _stage_finals(self, records: np.ndarray) -> dict[str, Any]:
+        """The final records' fields stacked on the device (views of one block, one copy)."""
+        device, count = self.client.device, len(records)
+        if self._finals_copied is not None:
+            self._finals_copied.synchronize()  # the last step's copy has read the stage
+        stage = self._finals_stage
+        if stage is None:
+            stage = self._finals_stage = _FinalsStage(records.dtype, self.client.num_envs)
+        places, nbytes = stage.places(count)
+        for name, rows in stage.rows(places, count).items():
+            rows[...] = records[name]
+        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        block.copy_(stage.host[:nbytes], non_blocking=True)
+        if self._finals_copied is None:
+            self._finals_copied = _cuda.Event()
+        self._finals_copied.record(_cuda.current_stream(device))
+        return {
+            name: block[at : at + count * width].view(tdtype).reshape(count, *shape)
+            for name, (at, width, tdtype, shape) in zip(stage.fields, places, strict=True)
+        }
 
     def _episodes(self, buf: RolloutBuffer) -> None:
         """The returns and lengths of the episodes that ended in this rollout (from the host
@@ -386,3 +389,60 @@ class _PolicyGraph:
     def replay(self) -> Any:
         self.graph.replay()
         return self.out
+
+
+class _FinalRow(Mapping[str, Any]):
+    """Row ``k`` of a step's stacked final results, field by field, indexed when read."""
+
+    __slots__ = ("_k", "_stacked")
+
+    def __init__(self, stacked: dict[str, Any], k: int) -> None:
+        self._stacked, self._k = stacked, k
+
+    def __getitem__(self, name: str) -> Any:
+        return self._stacked[name][self._k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stacked)
+
+    def __len__(self) -> int:
+        return len(self._stacked)
+
+
+class _FinalsStage:
+    """A pinned host buffer for a step's final results (up to ``num_envs``): for ``count``
+    finals, each field (of a torch dtype) has a section of ``count`` rows at a multiple of 64
+    bytes, back to back, so the step's finals travel in one copy of exactly their bytes."""
+
+    def __init__(self, dtype: np.dtype[Any], num_envs: int) -> None:
+        self.fields: dict[str, tuple[int, Any, Any, tuple[int, ...]]] = {}
+        """name: (bytes per row, NumPy dtype, torch dtype, shape)."""
+        for name in dtype.names or ():
+            base, shape = dtype[name].base, dtype[name].shape
+            tdtype = torch_dtype(base)
+            if tdtype is not None:
+                self.fields[name] = (dtype[name].itemsize, base, tdtype, shape)
+        _, most = self.places(num_envs)
+        pinned = torch.cuda.is_available()  # pinned for the device's asynchronous copy
+        self.host = torch.empty(max(most, 1), dtype=torch.uint8, pin_memory=pinned)
+        self._whole = self.host.numpy()
+
+    def places(self, count: int) -> tuple[list[tuple[int, int, Any, tuple[int, ...]]], int]:
+        """Per field ``(offset, bytes per row, torch dtype, shape)`` for ``count`` rows, and
+        the bytes of all the sections."""
+        at, out = 0, []
+        for width, _, tdtype, shape in self.fields.values():
+            out.append((at, width, tdtype, shape))
+            at += -(-(width * count) // 64) * 64
+        return out, at
+
+    def rows(
+        self, places: list[tuple[int, int, Any, tuple[int, ...]]], count: int
+    ) -> dict[str, np.ndarray]:
+        """The sections of ``places`` as ``count`` NumPy rows each (views of the buffer)."""
+        return {
+            name: self._whole[at : at + width * count].view(dtype).reshape(count, *shape)
+            for (name, (_, dtype, _, shape)), (at, width, _, _) in zip(
+                self.fields.items(), places, strict=True
+            )
+        }

@@ -16,10 +16,15 @@ return a ``TensorStep`` whose fields are torch tensors, and ``step`` takes actio
   region) travel in ONE asynchronous copy from the registered region, each field a view of the
   device block (no slot block, no gather).
 - **CUDA.** A per-connection staging path: the shm region is registered with CUDA once
-  (``cudaHostRegister``: page-locked in place, so the DMA engine reads the slots directly); a
-  stream backend's records are copied (one ``memcpy``) into a pinned staging buffer. The block
-  of all the step's records is copied asynchronously on the current CUDA stream, and every
-  field is a slice of that device block (``view(dtype)``, no kernel for aligned fields).
+  (``cudaHostRegister``: page-locked in place, so the DMA engine reads the slots directly).
+  From a registered slot region the records travel in strided copies (``cudaMemcpy2DAsync``:
+  some bytes at every slot stride, through ``transport.cudart``): each large field (an
+  observation) into a contiguous device tensor of its own, the small fields that lie together
+  in one copy of their span. Only the records' bytes move: no slot block, no gather kernel.
+  Without the runtime library (``transport.cudart.load()`` is None), and for a stream backend
+  (its records copied with one ``memcpy`` into a pinned staging buffer), the block of all the
+  step's records is copied asynchronously and every field is a slice of that device block
+  (``view(dtype)``, no kernel for aligned fields). Copies go on the current CUDA stream.
   Actions go back through a pinned host buffer (one device-to-host copy of N actions).
 
 Lifetimes: as for ``StepView``, a step's tensors are valid until the next call on the client
@@ -33,13 +38,14 @@ unmaps its pages). The core never imports torch: only this module does.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from transport import cudart
 from transport.api import connect as _connect
 from transport.backends.shm.region import ColumnRecords
 from transport.client import DEFAULT_TIMEOUT, Client
@@ -130,7 +136,7 @@ class TensorStep:
 
     __slots__ = ("_fields",)
 
-    def __init__(self, fields: dict[str, Any]) -> None:
+    def __init__(self, fields: Mapping[str, Any]) -> None:
         self._fields = fields
 
     def __getattr__(self, name: str) -> Any:
@@ -273,12 +279,89 @@ class _DevicePlan:
         next request wait until the DMA has read the slots (``_settle``)."""
         if self.stage is not None:
             np.copyto(self.stage, self.host)  # the stream backends: one memcpy into pinned
-        current = torch.cuda.current_stream(owner.device)
         self.target.copy_(self.source, non_blocking=True)
         for raw, own in self.gathers:
             own.copy_(raw)
-        owner._copied.record(current)
-        owner._pending = True
+        owner._mark_copied(None)
+        return self.step
+
+
+OWN_COPY_BYTES = 256
+"""A field of at least this many bytes per record gets a strided copy of its own (a contiguous
+tensor); smaller fields that lie together travel in one strided copy of their span (a launch
+costs ~4 us of host time: as much as ~200 KB of DMA)."""
+
+
+class _StridedPlan:
+    """The device tensors of one ``StepView`` over a registered slot region, copied by strided
+    DMAs (``cudaMemcpy2DAsync``: some bytes at every slot stride). Each large field (an
+    observation) lands in a contiguous (N, ...) tensor of its own; the small fields that lie
+    together in the record (reward, flags, a mask) travel in one copy of their span and are
+    views of it. Only the record's bytes move: a slot also holds control words, actions and
+    info text. An unaligned field gets a copy of its own, so it lands aligned (no gather)."""
+
+    def __init__(self, owner: TorchClient, view: StepView) -> None:
+        self.view = view
+        records = view.record
+        self.count = None if records.ndim == 0 else int(records.shape[0])
+        rows = 1 if self.count is None else self.count
+        dtype = records.dtype
+        pitch = dtype.itemsize if rows == 1 else int(records.strides[0])
+        address = _address(records)
+        self.copies: list[cudart.StridedCopy] = []
+        self.fields: dict[str, Any] = {}
+        self.skipped: list[str] = []
+        self.copied: list[str] = []  # nothing is gathered on the device
+        runs: list[list[tuple[str, int, int, Any, tuple[int, ...]]]] = []
+        """Small aligned fields by offset, grouped while they lie within OWN_COPY_BYTES."""
+        fields = []
+        for name in dtype.names or ():
+            base, shape = dtype[name].base, dtype[name].shape
+            tdtype = torch_dtype(base)
+            if tdtype is None:
+                self.skipped.append(name)
+                continue
+            offset = int(dtype.fields[name][1])  # type: ignore[index]
+            width = base.itemsize * int(np.prod(shape, dtype=np.int64))
+            fields.append((name, offset, width, base.itemsize, tdtype, shape))
+        for name, offset, width, size, tdtype, shape in sorted(fields, key=lambda f: f[1]):
+            if width >= OWN_COPY_BYTES or offset % size:  # large, or unaligned in its span
+                target = torch.empty((rows, *shape), dtype=tdtype, device=owner.device)
+                if width:
+                    self.copies.append(
+                        cudart.StridedCopy(target.data_ptr(), address + offset, pitch, width, rows)
+                    )
+                self.fields[name] = target[0] if self.count is None else target
+                continue
+            if runs and offset - (runs[-1][-1][1] + runs[-1][-1][2]) < OWN_COPY_BYTES:
+                runs[-1].append((name, offset, width, tdtype, shape))
+            else:
+                runs.append([(name, offset, width, tdtype, shape)])
+        for run in runs:
+            first = run[0][1] - run[0][1] % 8  # 8-byte aligned: every element stays aligned
+            span = max(offset + width for _, offset, width, _, _ in run) - first
+            row = -(-span // 64) * 64
+            block = torch.empty((rows, row), dtype=torch.uint8, device=owner.device)
+            self.copies.append(
+                cudart.StridedCopy(block.data_ptr(), address + first, pitch, span, rows, row)
+            )
+            for name, offset, width, tdtype, shape in run:
+                at = offset - first
+                tensor = block[:, at : at + width].view(tdtype).reshape(rows, *shape)
+                self.fields[name] = tensor[0] if self.count is None else tensor
+        self.fields = {name: self.fields[name] for name in dtype.names or () if name in self.fields}
+        # the largest first: the small copies' launches overlap its DMA
+        self.copies.sort(key=lambda copy: -copy.width * copy.rows)
+        self.step = TensorStep(self.fields)
+
+    def refresh(self, owner: TorchClient) -> TensorStep:
+        """Queue this step's copies on the device's current stream (ordered after the kernels
+        that read the last step's tensors, before those that read these)."""
+        runtime, stream = owner._runtime, owner._stream()
+        assert runtime is not None
+        for copy in self.copies:
+            runtime.copy_strided(copy, stream)
+        owner._mark_copied(stream)
         return self.step
 
 
@@ -295,6 +378,8 @@ class _ColumnPlan:
         self.fields: dict[str, Any] = {}
         self.copies: list[tuple[Any, Any, np.ndarray | None, np.ndarray | None]] = []
         """(device target, host source, pinned stage or None, the column view or None)."""
+        self.span: tuple[int, int, int] | None = None
+        """(device address, host address, bytes): the one runtime copy of the result columns."""
         self.skipped: list[str] = []
         self.copied: list[str] = []  # nothing is gathered: every column is one block
         arrays: dict[str, tuple[np.ndarray, Any]] = {}
@@ -318,6 +403,8 @@ class _ColumnPlan:
             source = torch.from_numpy(whole[start : start + hi - lo])  # the region itself
             block = torch.empty(hi - lo, dtype=torch.uint8, device=owner.device)
             self.copies.append((block, source, None, None))
+            if owner._runtime is not None:
+                self.span = (block.data_ptr(), lo, hi - lo)
             for name, (array, tdtype) in arrays.items():
                 at = _address(array) - lo
                 raw = block[at : at + array.nbytes]
@@ -335,14 +422,17 @@ class _ColumnPlan:
         after the kernels that read the last step's tensors and before those that read these
         (no side stream to synchronise with: one DMA, nothing to overlap); the event lets the
         next request wait until the DMA has read the region (``_settle``)."""
+        if self.span is not None and owner._runtime is not None:
+            stream = owner._stream()
+            owner._runtime.copy(*self.span, stream)  # ~1 us of host time; copy_ costs several
+            owner._mark_copied(stream)
+            return self.step
         for _, _, stage, array in self.copies:
             if stage is not None and array is not None:
                 np.copyto(stage, array)
-        current = torch.cuda.current_stream(owner.device)
         for target, source, _, _ in self.copies:
             target.copy_(source, non_blocking=True)
-        owner._copied.record(current)
-        owner._pending = True
+        owner._mark_copied(None)
         return self.step
 
 
@@ -362,6 +452,9 @@ class TorchClient:
         self._closed = False
         self._registered: tuple[int, int] | None = None
         self._actions_host: Any = None
+        self._runtime: cudart.CudaRuntime | None = None
+        """The CUDA runtime's copy calls (strided and ~1 us ones), None: torch's copies."""
+        self._event = 0  # the runtime's event for the copies of the last result
         self.view: StepView | None = None
         """The client's NumPy view of the last result (the CPU tensors view its arrays)."""
         self.path = "zero-copy views" if not self.cuda else "pinned staging buffer"
@@ -369,6 +462,8 @@ class TorchClient:
             self._copied = _cuda.Event()
             self._acted = _cuda.Event()
             self._register()
+            if self._registered is not None:
+                self._load_runtime()
 
     # -- CUDA registration of the shm region -------------------------------------------------
 
@@ -387,6 +482,41 @@ class TorchClient:
         self._registered = (base, size)
         columns = getattr(getattr(self.client.channel, "layout", None), "columns", False)
         self.path = "registered shm region" + (", result columns in one copy" if columns else "")
+
+    def _load_runtime(self) -> None:
+        """The runtime's own copy calls, where torch's runtime is a library in this process."""
+        runtime = cudart.load()
+        if runtime is None:
+            self.path += "; slot block per step (the CUDA runtime library was not found)"
+            return
+        with torch.cuda.device(self.device):
+            self._event = runtime.event()
+        self._runtime = runtime
+        if "columns" not in self.path:
+            self.path += ", strided copies of the records' fields"
+
+    def _stream(self) -> int:
+        """The device's current stream, as the runtime's handle."""
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            index = self.device.index
+            return int(raw(torch.cuda.current_device() if index is None else index))
+        return int(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _mark_copied(self, stream: int | None) -> None:
+        """Record that the copies queued so far read the last result (``_settle`` waits)."""
+        if self._runtime is not None:
+            self._runtime.record(self._event, self._stream() if stream is None else stream)
+        else:
+            self._copied.record(torch.cuda.current_stream(self.device))
+        self._pending = True
+
+    def _wait_copied(self) -> None:
+        if self._runtime is not None:
+            self._runtime.synchronize(self._event)
+        else:
+            self._copied.synchronize()
+        self._pending = False
 
     def _registered_span(self, address: int, nbytes: int) -> bool:
         span = self._registered
@@ -463,8 +593,7 @@ class TorchClient:
         if self._closed:
             raise TransportError(f"{self.client.url}: the client is closed")
         if self._pending:
-            self._copied.synchronize()
-            self._pending = False
+            self._wait_copied()
 
     def _tensors(self, view: StepView, copy: bool) -> TensorStep:
         self.view = view
@@ -481,6 +610,12 @@ class TorchClient:
             return _HostPlan(view)  # columns too: each field is its column, viewed as is
         if isinstance(view.source, ColumnRecords):
             return _ColumnPlan(self, view)
+        records = view.record
+        nbytes = records.dtype.itemsize
+        if records.ndim:
+            nbytes += (records.shape[0] - 1) * records.strides[0]
+        if self._runtime is not None and self._registered_span(_address(records), nbytes):
+            return _StridedPlan(self, view)
         return _DevicePlan(self, view)
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -492,9 +627,11 @@ class TorchClient:
         self._closed = True
         try:
             if self._pending:
-                self._copied.synchronize()
-                self._pending = False
+                self._wait_copied()
             self._plans.clear()
+            if self._runtime is not None:
+                self._runtime.destroy(self._event)
+                self._runtime = None
             self._unregister()
         finally:
             self.client.close()
