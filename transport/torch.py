@@ -218,6 +218,24 @@ class _HostPlan:
         return self.step
 
 
+def _record_fields(
+    dtype: np.dtype[Any], skipped: list[str]
+) -> list[tuple[str, int, int, int, Any, tuple[int, ...]]]:
+    """``(name, offset, bytes, element size, torch dtype, shape)`` of each field of a record
+    that a tensor can hold; the others' names go to ``skipped``."""
+    out = []
+    for name in dtype.names or ():
+        base, shape = dtype[name].base, dtype[name].shape
+        tdtype = torch_dtype(base)
+        if tdtype is None:
+            skipped.append(name)
+            continue
+        offset = int(dtype.fields[name][1])  # type: ignore[index]
+        width = base.itemsize * int(np.prod(shape, dtype=np.int64))
+        out.append((name, offset, width, base.itemsize, tdtype, shape))
+    return out
+
+
 class _DevicePlan:
     """The device tensors of one ``StepView``: the records' block, copied to the device each
     step, and each field as a slice of it."""
@@ -253,17 +271,10 @@ class _DevicePlan:
         self.gathers: list[tuple[Any, Any]] = []  # unaligned fields: (bytes slice, own bytes)
         self.skipped: list[str] = []
         self.copied: list[str] = []  # on the device: a gather kernel per unaligned field
-        dtype = records.dtype
-        for name in dtype.names or ():
-            base, shape = dtype[name].base, dtype[name].shape
-            tdtype = torch_dtype(base)
-            if tdtype is None:
-                self.skipped.append(name)
-                continue
-            offset = int(dtype.fields[name][1])  # type: ignore[index]
-            length = base.itemsize * int(np.prod(shape, dtype=np.int64))
+        fields = _record_fields(records.dtype, self.skipped)
+        for name, offset, length, size, tdtype, shape in fields:
             raw = grid[:, offset : offset + length]
-            if offset % base.itemsize or stride % base.itemsize:
+            if offset % size or stride % size:
                 own = torch.empty((rows, length), dtype=torch.uint8, device=device)
                 self.gathers.append((raw, own))
                 self.copied.append(name)
@@ -314,17 +325,8 @@ class _StridedPlan:
         self.copied: list[str] = []  # nothing is gathered on the device
         runs: list[list[tuple[str, int, int, Any, tuple[int, ...]]]] = []
         """Small aligned fields by offset, grouped while they lie within OWN_COPY_BYTES."""
-        fields = []
-        for name in dtype.names or ():
-            base, shape = dtype[name].base, dtype[name].shape
-            tdtype = torch_dtype(base)
-            if tdtype is None:
-                self.skipped.append(name)
-                continue
-            offset = int(dtype.fields[name][1])  # type: ignore[index]
-            width = base.itemsize * int(np.prod(shape, dtype=np.int64))
-            fields.append((name, offset, width, base.itemsize, tdtype, shape))
-        for name, offset, width, size, tdtype, shape in sorted(fields, key=lambda f: f[1]):
+        fields = sorted(_record_fields(dtype, self.skipped), key=lambda field: field[1])
+        for name, offset, width, size, tdtype, shape in fields:
             if width >= OWN_COPY_BYTES or offset % size:  # large, or unaligned in its span
                 target = torch.empty((rows, *shape), dtype=tdtype, device=owner.device)
                 if width:
