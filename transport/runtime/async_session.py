@@ -4,16 +4,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgpack
 import numpy as np
 
+from transport.codec import Schema, StructCodec
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.async_batches import AsyncBatches
+from transport.runtime.core import EnvRuntime
 
-if TYPE_CHECKING:
-    from transport.runtime.session import Session
+
+class Session(Protocol):
+    """What the handlers read of their ``transport.runtime.session.Session`` (a structural
+    type: that module imports this one, so this one does not import it back)."""
+
+    schema: Schema
+    runtime: EnvRuntime
+    step_request: StructCodec
+    result: StructCodec
+    num_envs: int
+    action_name: str
+    _finals_buffer: bytearray
+
+    def _expect_size(self, body: memoryview, size: int, what: str) -> None: ...
 
 
 class AsyncHandlers:
