@@ -25,8 +25,7 @@ import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
-import type { Action, Column, Spaces } from "./env";
-import type { ResultColumns } from "./vector";
+import type { Action, Column, RunnerColumns, Spaces } from "./env";
 
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
@@ -136,7 +135,7 @@ export interface Records {
    * vector env writes the region's columns: `ResultColumns.adopt`): the runner copies nothing
    * into the records, and the runtime writes a "noop" result's reward into its column.
    */
-  readonly resultColumns?: ResultColumns | null;
+  readonly resultColumns?: RunnerColumns | null;
 }
 
 /** Runs the envs: executes per-env operations and encodes results into records. */
@@ -175,7 +174,7 @@ export interface Runner {
    * A vector env's result columns (vector.ts): the runtime reads each env's mask and episode end
    * from them, for every env at once, instead of from its record. Absent for one-env objects.
    */
-  readonly columns?: ResultColumns;
+  readonly columns?: RunnerColumns;
   /** The env writes `columns` afresh in every call (`VectorEnv.writesColumns`): a backend may adopt them. */
   readonly writesColumns?: boolean;
   /**
@@ -978,7 +977,7 @@ export class EnvRuntime {
    * A vector env's masks and episode ends, for every env that did its op, from the columns it
    * wrote (one pass each; a whole u8 mask block in one copy).
    */
-  #rememberColumns(columns: ResultColumns, ops: Uint8Array, failed: Uint8Array): void {
+  #rememberColumns(columns: RunnerColumns, ops: Uint8Array, failed: Uint8Array): void {
     const n = this.numEnvs;
     const mask = this.#mask;
     if (this.#keepMasks && mask !== null) {

@@ -108,6 +108,17 @@ export interface VectorResults {
 }
 
 /**
+ * A vector runner's result columns as the runtime and the backends use them (`ResultColumns`
+ * in vector.ts): the columns the env writes, re-pointable at a backend's memory (`adopt`).
+ */
+export interface RunnerColumns extends VectorResults {
+  /** The columns were re-pointed at a backend's memory. */
+  readonly adopted: boolean;
+  /** Re-point every column at `bytes` from `starts[name]` (what they hold copied there first). */
+  adopt(bytes: Uint8Array, starts: Readonly<Record<string, number>>): void;
+}
+
+/**
  * N envs in one object (a batch simulator, typed-array physics): the runtime hands it every
  * action at once and it writes every result at once, into `VectorResults` columns. `ids` are
  * the envs of the call: sorted env indices, each once (an Int32Array valid during the call);

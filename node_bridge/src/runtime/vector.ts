@@ -13,7 +13,7 @@ import { TransportError } from "../errors";
 import { ErrorCode, RequestError } from "../protocol";
 import type { FieldJson } from "../ir";
 import { type Failure, Op, type Records, type Runner, bodyCodec, elementType } from "./core";
-import type { Column, Spaces, VectorEnv, VectorResults } from "./env";
+import type { Column, RunnerColumns, Spaces, VectorEnv } from "./env";
 
 /** How a scalar field's column is written into a row (one monomorphic loop per kind). */
 const enum Kind {
@@ -76,7 +76,7 @@ interface ColumnPlan {
 }
 
 /** The columns of N results of a schema's result struct (the `VectorResults` a vector env writes). */
-export class ResultColumns implements VectorResults {
+export class ResultColumns implements RunnerColumns {
   readonly numEnvs: number;
   /** The result record's size (bytes per row). */
   readonly size: number;

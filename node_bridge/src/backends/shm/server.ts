@@ -68,7 +68,7 @@ import {
   stepAction,
 } from "../../runtime/core";
 import type { EnvHost } from "../../runtime/host";
-import type { ResultColumns } from "../../runtime/vector";
+import type { RunnerColumns } from "../../runtime/env";
 import { type ConnectionStats, newStats } from "../../stream";
 import type { Listener, ListenOptions } from "../backend";
 import {
@@ -209,7 +209,7 @@ class SlotRecords implements Records {
    * lease's runner's columns, over the region. Then `written` copies nothing and a final result
    * is taken from the columns. Null: the runtime writes the scratch records (copied over).
    */
-  resultColumns: ResultColumns | null = null;
+  resultColumns: RunnerColumns | null = null;
   /** The column layout: each result field's column start, size and final-area offset. */
   readonly #columnRuns: ReadonlyArray<{ readonly start: number; readonly size: number; readonly final: number }>;
 
