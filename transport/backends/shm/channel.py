@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,10 @@ from transport.runtime.async_session import send_env_ids
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1
 _CLIENT_PID_WORD = CB["client_pid"].offset // 4
+_LEASES: weakref.WeakValueDictionary[int, ShmChannel] = weakref.WeakValueDictionary()
+"""The channel of this process that holds each region's lease (by the segment's inode): a
+channel whose lease the server took back must not release it once another channel of this
+process took it again (the same pid in ``client_pid``)."""
 
 
 _STEP = int(SlotCommand.STEP)
@@ -307,6 +312,7 @@ class ShmChannel:
             self._validate()
             self._take_lease(10.0 if timeout is None else timeout)
             self._setup()
+            self._await_last_holder(10.0 if timeout is None else timeout)
             self._closed = False
         except BaseException:
             self._closed = True
@@ -400,9 +406,19 @@ class ShmChannel:
         deadline = time.monotonic() + timeout
         while True:
             if native.compare_exchange(region.client_pid_word, 0, me):
-                region.set("client_start_time", own_start_time())
-                self._leased = True
-                return
+                start = own_start_time()
+                region.set("client_start_time", start)
+                holder = region.get("client_pid")
+                if holder == me:
+                    self._leased = True
+                    _LEASES[region.inode] = self
+                    return
+                # the server reclaimed the lease between the two stores (this process stalled
+                # for over a second: "never completed"): not ours; give a new holder its own
+                # start time back and take the lease again
+                if holder and region.get("client_start_time") == start:
+                    region.set("client_start_time", native.proc_start_time(holder))
+                continue
             holder = region.get("client_pid")
             holder_start = region.get("client_start_time")
             if holder and native.peer_alive(holder, holder_start):
@@ -417,6 +433,31 @@ class ShmChannel:
                     "reclaimed by the server in time"
                 )
             time.sleep(0.01)
+
+    def _await_last_holder(self, timeout: float) -> None:
+        """The previous lease holder's last request, if the server has not answered it yet
+        (its close gave up on SHUTDOWN after 1 s: a stalled server), is answered before this
+        client writes a slot. Else this client's first request overwrote that command and, the
+        same process having the same pid, the server took it for the old holder's: this client
+        went on in the old session (its envs, its auto-reset mode). Nothing to wait for on an
+        ordinary attach (every slot answered)."""
+        region = self.region
+        answered = np.asarray(region.strided("sem_result_ready"), dtype=np.uint32)
+        if np.array_equal(answered & native.SEQ_MASK, self._seqs):
+            return
+        ctx = self._ctx
+        ctx.n = region.num_slots  # every slot: a STEP_MULTI uses one per seat
+        try:
+            rc = native.lib.tp_client_wait(ctx, int(timeout * 1e9))
+        finally:
+            ctx.n = self.num_envs
+        if rc == native.TIMEOUT:
+            raise ConnectError(
+                f"shm://{self.shm.name}: the server did not answer the previous client's last "
+                f"request within {timeout:g} s"
+            )
+        if rc < 0:
+            self._raise(rc)  # its server died or closed the region
 
     def _setup(self) -> None:
         region, n = self.region, self.num_envs
@@ -919,8 +960,10 @@ class ShmChannel:
         if self._closed:
             return
         try:
-            if self.region.state == RegionState.READY and native.peer_alive(
-                self.owner_pid, self.owner_start
+            if (
+                self._holds_lease()
+                and self.region.state == RegionState.READY
+                and native.peer_alive(self.owner_pid, self.owner_start)
             ):
                 self._exchange(SlotCommand.SHUTDOWN, timeout_ns=int(1e9))
         except _Refused as refused:  # the server answered SHUTDOWN with a status: still gone
@@ -932,13 +975,28 @@ class ShmChannel:
             self._last_cmd = -1  # no hot path after close
             self._release()
 
+    def _holds_lease(self) -> bool:
+        """Is the region's lease still this channel's? Not after the server took it back (a
+        stalled attach, a holder it took for a foreign process): then another client may hold
+        it, and this channel's SHUTDOWN would end that client's session (same pid) and reuse
+        its request sequences, and its release would free or alter that client's lease."""
+        region = self.region
+        return (
+            self._leased
+            and _LEASES.get(region.inode) is self
+            and region.get("client_pid") == os.getpid()
+        )
+
     def _release(self) -> None:
         region = getattr(self, "region", None)
         if region is None:
             return
         if self._leased:
-            region.set("client_start_time", 0)
-            native.compare_exchange(region.client_pid_word, os.getpid(), 0)
+            if self._holds_lease():  # else: another client's now (see _holds_lease)
+                region.set("client_start_time", 0)
+                native.compare_exchange(region.client_pid_word, os.getpid(), 0)
+            if _LEASES.get(region.inode) is self:
+                del _LEASES[region.inode]
             self._leased = False
         self._ended = []
         side = getattr(self, "_side", None)

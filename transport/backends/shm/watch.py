@@ -126,7 +126,14 @@ class RegionWatch:
 
     def foreign_holder(self, pid: int, start_time: int) -> str | None:
         """Why the live process ``pid`` in ``client_pid`` (with ``client_start_time``) holds no
-        real lease, or None (a client, or it cannot be told yet)."""
+        real lease, or None (a client, or it cannot be told yet).
+
+        "Still 0 for a second" means seen attaching at every look for a second: any look that
+        finds a completed lease (even one verified before: the same process takes the lease
+        again with the same pid and start time) ends that attach, so the next attach is timed
+        from its own first look and not from an earlier client's."""
+        if start_time != 0:
+            self._zero_since = None  # a completed lease: any attach seen before is over
         if self._verified == (pid, start_time):
             return None
         now = time.monotonic()
@@ -148,7 +155,6 @@ class RegionWatch:
                 f"{self.url}: client pid {pid} never completed taking the lease "
                 f"(client_start_time still 0 after {UNFINISHED_LEASE_S:g} s); reclaiming the lease"
             )
-        self._zero_since = None
         self._verified = (pid, start_time)
         return None
 

@@ -258,6 +258,11 @@ function readInfo(region: Region, index: number): Record<string, unknown> {
   }
 }
 
+/** The channel of this thread that holds each region's lease (by the segment's inode): a channel
+ * whose lease the server took back must not release it once another channel of this process
+ * took it again (the same pid in `client_pid`). */
+const LEASES = new Map<number, WeakRef<ShmChannel>>();
+
 /** A Node client's attachment to one region: the lease, the sequences, the requests. */
 export class ShmChannel implements Channel {
   info: Record<string, unknown> = {};
@@ -393,6 +398,7 @@ export class ShmChannel implements Channel {
       for (let i = 0; i < region.numSlots; i++) {
         channel.#seqs[i] = Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2) & SEQ_MASK;
       }
+      await channel.#awaitLastHolder(timeoutMs ?? 10_000);
       channel.info = { ...readInfo(region, 0), num_envs: channel.numEnvs };
       // the env's spaces, which the control block cannot say (its act_size is the mask's length)
       const spaces = channel.info["spaces"];
@@ -424,12 +430,25 @@ export class ShmChannel implements Channel {
     const region = this.region;
     const word = region.cbWord("client_pid");
     const me = process.pid;
+    const startAt = off(CB, "client_start_time");
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       if (Atomics.compareExchange(region.words, word, 0, me) === 0) {
-        region.dv.setBigUint64(off(CB, "client_start_time"), procStartTime(me), true);
-        this.#leased = true;
-        return;
+        const start = procStartTime(me);
+        region.dv.setBigUint64(startAt, start, true);
+        const holder = Atomics.load(region.words, word) >>> 0;
+        if (holder === me) {
+          this.#leased = true;
+          LEASES.set(region.inode, new WeakRef(this));
+          return;
+        }
+        // the server reclaimed the lease between the two stores (this process stalled for over
+        // a second: "never completed"): not ours; give a new holder its own start time back and
+        // take the lease again
+        if (holder !== 0 && region.dv.getBigUint64(startAt, true) === start) {
+          region.dv.setBigUint64(startAt, procStartTime(holder), true);
+        }
+        continue;
       }
       const holder = Atomics.load(region.words, word) >>> 0;
       const holderStart = region.dv.getBigUint64(off(CB, "client_start_time"), true);
@@ -933,6 +952,32 @@ export class ShmChannel implements Channel {
   }
 
   /**
+   * The previous lease holder's last request, if the server has not answered it yet (its close
+   * gave up on SHUTDOWN after 1 s: a stalled server), is answered before this client writes a
+   * slot. Else this client's first request overwrote that command and, the same process having
+   * the same pid, the server took it for the old holder's: this client went on in the old
+   * session (its envs, its auto-reset mode). Nothing to wait for on an ordinary attach.
+   */
+  async #awaitLastHolder(timeoutMs: number): Promise<void> {
+    const region = this.region;
+    const seqs = this.#seqs;
+    const deadline = Date.now() + timeoutMs;
+    const url = `shm://${this.shm.name}`;
+    for (let i = 0; i < seqs.length; i++) {
+      const at = this.layout.slotBase(i) + this.#respOff;
+      if ((Atomics.load(region.words, at >> 2) & SEQ_MASK) === seqs[i]) continue;
+      const rc = await waitWordAsync(region, at, seqs[i] as number, Math.max(0, deadline - Date.now()) * 1e6, this.#wait);
+      if (rc >= 0) continue;
+      if (rc === WAIT_TIMEOUT) {
+        throw new ConnectError(`${url}: the server did not answer the previous client's last request within ${timeoutMs} ms`);
+      }
+      if (rc === WAIT_PEER_DEAD) throw new PeerGoneError(`${url}: the server (pid ${this.ownerPid}) died`);
+      if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
+      throw new TransportError(`${url}: wait failed (${rc})`);
+    }
+  }
+
+  /**
    * After a timeout: wait, up to the timeout, until the server answered the request that timed
    * out, so the next request is not written into slots the server may still be reading. The late
    * response (results or error) is dropped; the server still did what it asked. Python:
@@ -1030,7 +1075,7 @@ export class ShmChannel implements Channel {
     if (this.#closed) return;
     this.#closed = true;
     if (this.#busy) return;
-    if (this.#alive()) {
+    if (this.#holdsLease() && this.#alive()) {
       try {
         await this.#roundTrip(SlotCommand.SHUTDOWN, this.numEnvs, 1000);
       } catch {
@@ -1040,11 +1085,27 @@ export class ShmChannel implements Channel {
     this.#release();
   }
 
+  /** Is the region's lease still this channel's? Not after the server took it back (a stalled
+   * attach, a holder it took for a foreign process): then another client may hold it, and this
+   * channel's SHUTDOWN would end that client's session (same pid) and reuse its request
+   * sequences, and its release would free or alter that client's lease. */
+  #holdsLease(): boolean {
+    const region = this.region;
+    return (
+      this.#leased &&
+      LEASES.get(region.inode)?.deref() === this &&
+      Atomics.load(region.words, region.cbWord("client_pid")) >>> 0 === process.pid
+    );
+  }
+
   #release(): void {
     const region = this.region;
     if (this.#leased) {
-      region.dv.setBigUint64(off(CB, "client_start_time"), 0n, true);
-      Atomics.compareExchange(region.words, region.cbWord("client_pid"), process.pid, 0);
+      if (this.#holdsLease()) {
+        region.dv.setBigUint64(off(CB, "client_start_time"), 0n, true);
+        Atomics.compareExchange(region.words, region.cbWord("client_pid"), process.pid, 0);
+      } // else: another client's now (see #holdsLease)
+      if (LEASES.get(region.inode)?.deref() === this) LEASES.delete(region.inode);
       this.#leased = false;
     }
     sideReaders.get(region)?.close();

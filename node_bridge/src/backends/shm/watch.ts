@@ -171,8 +171,13 @@ export class RegionWatch {
   }
 
   /** Why the live process `pid` in `client_pid` (with `client_start_time`) holds no real
-   * lease, or null (a client, or it cannot be told yet). */
+   * lease, or null (a client, or it cannot be told yet). "Still 0 for a second" means seen
+   * attaching at every look for a second: any look that finds a completed lease (even one
+   * verified before: the same process takes the lease again with the same pid and start time)
+   * ends that attach, so the next attach is timed from its own first look, not an earlier
+   * client's. */
   foreignHolder(pid: number, startTime: bigint): string | null {
+    if (startTime !== 0n) this.#zeroSince = null; // a completed lease: any attach seen before is over
     const key = `${pid}/${startTime}`;
     if (this.#verified === key) return null;
     const now = performance.now();
@@ -196,7 +201,6 @@ export class RegionWatch {
         `(client_start_time still 0 after ${UNFINISHED_LEASE_MS / 1000} s); reclaiming the lease`
       );
     }
-    this.#zeroSince = null;
     this.#verified = key;
     return null;
   }
