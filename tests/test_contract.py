@@ -67,10 +67,14 @@ def pools() -> Iterator[PoolsByCase]:
 @pytest.mark.parametrize("case", CASES)
 def test_contract(case: Case, pools: PoolsByCase) -> None:
     require_lang(case.target[1])
+    pool = pools.get(case)
     try:
-        run_check(case.check, pools.get(case), schema_named(case.schema))
+        run_check(case.check, pool, schema_named(case.schema))
     except NotApplicable as exc:
         pytest.skip(f"not applicable: {exc}")
+    except BaseException:
+        print(pool.logs())  # shown with the failure: the servers' own warnings
+        raise
 
 
 def test_every_gap_names_a_cell() -> None:

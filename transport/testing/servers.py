@@ -175,6 +175,17 @@ class ServeProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    def log(self, limit: int = 4000) -> str:
+        """The last ``limit`` characters the server wrote to stderr so far ("" once closed)."""
+        if self._stderr.closed:
+            return ""
+        self._stderr.flush()
+        end = self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(0)
+        text = self._stderr.read()
+        self._stderr.seek(end)
+        return text[-limit:]
+
     def _wait_ready(self, timeout: float) -> str:
         assert self.proc.stdout is not None
         with selectors.DefaultSelector() as selector:
@@ -323,6 +334,17 @@ class ServerPool:
 
     def __iter__(self) -> Iterator[RunningServer]:
         return iter([*self.shared.values(), *self.dedicated])
+
+    def logs(self) -> str:
+        """What the pool's servers wrote to stderr (those that wrote and can tell), for the
+        report of a failed check: a server's warning often names the cause."""
+        out = []
+        for server in self:
+            log = getattr(server, "log", None)
+            text = log() if callable(log) else ""
+            if text:
+                out.append(f"--- stderr of the server at {server.url} (pid {server.pid}):\n{text}")
+        return "\n".join(out)
 
 
 def _alive(pid: int) -> bool:
