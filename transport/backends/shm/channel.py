@@ -73,6 +73,10 @@ _LEASES: weakref.WeakValueDictionary[int, ShmChannel] = weakref.WeakValueDiction
 """The channel of this process that holds each region's lease (by the segment's inode): a
 channel whose lease the server took back must not release it once another channel of this
 process took it again (the same pid in ``client_pid``)."""
+_UNANSWERED: set[int] = set()
+"""Regions (by the segment's inode) whose SHUTDOWN from a channel of this process went
+unanswered (its close gave up: a stalled server): the next channel of this process there waits
+until the server answered it, else the server (same pid) would take it for the old session."""
 
 
 _STEP = int(SlotCommand.STEP)
@@ -439,11 +443,15 @@ class ShmChannel:
         (its close gave up on SHUTDOWN after 1 s: a stalled server), is answered before this
         client writes a slot. Else this client's first request overwrote that command and, the
         same process having the same pid, the server took it for the old holder's: this client
-        went on in the old session (its envs, its auto-reset mode). Nothing to wait for on an
-        ordinary attach (every slot answered)."""
+        went on in the old session (its envs, its auto-reset mode). Only after such a close in
+        this process (``_UNANSWERED``): slots another process left unanswered (a client killed
+        with an env in flight) belong to a session the server ends by the new pid."""
         region = self.region
+        if region.inode not in _UNANSWERED:
+            return
         answered = np.asarray(region.strided("sem_result_ready"), dtype=np.uint32)
         if np.array_equal(answered & native.SEQ_MASK, self._seqs):
+            _UNANSWERED.discard(region.inode)
             return
         ctx = self._ctx
         ctx.n = region.num_slots  # every slot: a STEP_MULTI uses one per seat
@@ -458,6 +466,7 @@ class ShmChannel:
             )
         if rc < 0:
             self._raise(rc)  # its server died or closed the region
+        _UNANSWERED.discard(region.inode)
 
     def _setup(self) -> None:
         region, n = self.region, self.num_envs
@@ -970,6 +979,8 @@ class ShmChannel:
             log.debug("shm://%s: SHUTDOWN answered %d: %s", self.shm.name, refused.code, refused)
         except TransportError as exc:  # timed out or its server died: the lease goes anyway
             log.debug("shm://%s: SHUTDOWN: %s", self.shm.name, exc)
+            if isinstance(exc, TransportTimeoutError):
+                _UNANSWERED.add(self.region.inode)
         finally:
             self._closed = True
             self._last_cmd = -1  # no hot path after close

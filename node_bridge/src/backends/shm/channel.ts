@@ -263,6 +263,11 @@ function readInfo(region: Region, index: number): Record<string, unknown> {
  * took it again (the same pid in `client_pid`). */
 const LEASES = new Map<number, WeakRef<ShmChannel>>();
 
+/** Regions (by the segment's inode) whose SHUTDOWN from a channel of this thread went unanswered
+ * (its close gave up: a stalled server): the next channel here waits until the server answered
+ * it, else the server (same pid) would take it for the old session. */
+const UNANSWERED = new Set<number>();
+
 /** A Node client's attachment to one region: the lease, the sequences, the requests. */
 export class ShmChannel implements Channel {
   info: Record<string, unknown> = {};
@@ -960,6 +965,9 @@ export class ShmChannel implements Channel {
    */
   async #awaitLastHolder(timeoutMs: number): Promise<void> {
     const region = this.region;
+    // only after such a close here: slots another process left unanswered (a client killed with
+    // an env in flight) belong to a session the server ends by the new pid
+    if (!UNANSWERED.has(region.inode)) return;
     const seqs = this.#seqs;
     const deadline = Date.now() + timeoutMs;
     const url = `shm://${this.shm.name}`;
@@ -975,6 +983,7 @@ export class ShmChannel implements Channel {
       if (rc === WAIT_CLOSED) throw new PeerGoneError(`${url}: the server closed the region`);
       throw new TransportError(`${url}: wait failed (${rc})`);
     }
+    UNANSWERED.delete(region.inode);
   }
 
   /**
@@ -1078,8 +1087,10 @@ export class ShmChannel implements Channel {
     if (this.#holdsLease() && this.#alive()) {
       try {
         await this.#roundTrip(SlotCommand.SHUTDOWN, this.numEnvs, 1000);
-      } catch {
-        // best effort: the lease is released either way
+      } catch (error) {
+        // best effort: the lease is released either way; an unanswered SHUTDOWN is waited for
+        // by the next channel of this thread on the region
+        if (error instanceof TransportTimeoutError) UNANSWERED.add(this.region.inode);
       }
     }
     this.#release();
