@@ -13,7 +13,14 @@ Rows (us per env per step, the median of ``--repeat`` runs of ``--steps`` batche
   runtime-net      in-process/step_into minus the floor: the runtime's work per env
   same_step-net    in-process/same_step minus the floor (the same, same_step auto-reset)
   pool/<K>         ``EnvRuntime.step`` over a ``WorkerPool`` of K worker processes (wall time
-                   per step / N: the envs of K workers step concurrently)
+                   per step / N: the envs of K workers step concurrently), private result
+                   rows (a stream session's: the pool copies its N results into them)
+  pool/<K> in place  the same with the rows in a shared mapping (an shm server's slots: the
+                   workers write them in place, no copy)
+  pool/<K> sync only a fan-out whose workers do nothing (``WorkerPool.ping``): the pool's
+                   wake-ups and gather alone, the floor of any pool step on this machine
+  pool/... cpu     the CPU time of the server and its workers per env (/proc schedstat): the
+                   work done, which moves much less with the machine's other load than wall
   vector-echo      ``EnvRuntime.step`` over one ``VectorEchoEnv`` of N envs (one call a step)
 
 ``--tree LABEL=DIR`` (repeatable) measures whole trees instead (DIR holds a ``transport``
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import statistics
 import time
@@ -90,13 +98,30 @@ class NullRecordEnv:
         return self.record
 
 
-def _runtime(factory: Any, n: int, workers: int = 0, mode: AutoReset = AutoReset.NEXT_STEP) -> Any:
+def _runtime(
+    factory: Any,
+    n: int,
+    workers: int = 0,
+    mode: AutoReset = AutoReset.NEXT_STEP,
+    shared: bool = False,
+) -> Any:
+    """(an ``EnvRuntime`` over N envs, its envs); ``shared``: the result rows lie in a shared
+    file mapping (a memfd, as an shm region's slots do), so a pool's workers write them in place
+    (else private rows: a pool copies its N results into them, as for a stream session)."""
     host = EnvHost(pac_env.SCHEMA, factory, num_envs=n, workers=workers)
     host.check()
     envs = host.create_envs()
     codec = host.result
-    results = codec.view(bytearray(codec.size * n), 0, count=n)
-    finals = codec.view(bytearray(codec.size * n), 0, count=n)
+    if shared:
+        fd = os.memfd_create("rt-bench-rows", os.MFD_CLOEXEC)
+        os.ftruncate(fd, 2 * codec.size * n)
+        rows = mmap.mmap(fd, 2 * codec.size * n, mmap.MAP_SHARED)
+        os.close(fd)  # the mapping keeps the memfd open (find_shared dups an fd on it)
+        results = codec.view(rows, 0, count=n)
+        finals = codec.view(rows, codec.size * n, count=n)
+    else:
+        results = codec.view(bytearray(codec.size * n), 0, count=n)
+        finals = codec.view(bytearray(codec.size * n), 0, count=n)
     runtime: EnvRuntime = host.runtime(envs, results, finals)
     runtime.set_autoreset(int(mode))
     runtime.reset()
@@ -151,12 +176,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     rows["same_step-net"] = rows["in-process/same_step"] - rows["floor"]
     BEST["same_step-net"] = BEST["in-process/same_step"] - BEST["floor"]
     if args.workers:
-        runtime, _ = _runtime(NullEnv, n, workers=args.workers)
-        try:
-            key = f"pool/{args.workers}"
-            rows[key] = _median_us_per_env(lambda: runtime.step(actions), n, steps, repeat, key)
-        finally:
-            runtime.close()
+        rows.update(measure_pool(args.workers, n, steps, repeat, actions))
     vector: Any = None
     try:  # absent before issue 24: the bench also runs on older trees (PYTHONPATH)
         from transport.envs.vector_echo import VectorEchoEnv as vector
@@ -174,6 +194,61 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     if args.envpool:
         rows.update(measure_envpool(n, steps, repeat))
     return rows
+
+
+def measure_pool(
+    workers: int, n: int, steps: int, repeat: int, actions: np.ndarray
+) -> dict[str, float]:
+    """The worker-pool rows: private rows (the pool copies its results into them), rows in a
+    shared mapping (the workers write them in place: an shm server's case), and the pool's
+    synchronisation alone (a fan-out whose workers do nothing: ``WorkerPool.ping``, the floor
+    of any pool step on this machine), each per env of N (wall time / N)."""
+    rows: dict[str, float] = {}
+    for label, shared in (("", False), (" in place", True)):
+        runtime, _ = _runtime(NullEnv, n, workers=workers, shared=shared)
+        try:
+            pids = [os.getpid(), *runtime.runner.pids()]
+            key = f"pool/{workers}{label}"
+            step = lambda r=runtime: r.step(actions)  # noqa: E731
+            rows[key], rows[key + " cpu"] = _wall_and_cpu(step, pids, n, steps, repeat, key)
+            ping = getattr(runtime.runner, "ping", None)  # absent on older trees (--tree)
+            if shared and ping is not None:
+                key = f"pool/{workers} sync only"
+                rows[key], rows[key + " cpu"] = _wall_and_cpu(ping, pids, n, steps, repeat, key)
+        finally:
+            runtime.close()
+    return rows
+
+
+def _cpu_ns(pids: list[int]) -> int:
+    """Nanoseconds the processes ``pids`` ran on a CPU (/proc/<pid>/schedstat; 0 if absent)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat", encoding="ascii") as stat:
+                total += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _wall_and_cpu(
+    run: Any, pids: list[int], n: int, steps: int, repeat: int, key: str
+) -> tuple[float, float]:
+    """(median wall us per env, median CPU us per env of every process in ``pids``: the server
+    and its workers): on a loaded 2-core machine the wall time moves with the other load, the
+    CPU time (the work done) much less."""
+    for _ in range(max(3, steps // 10)):
+        run()
+    walls, cpus = [], []
+    for _ in range(repeat):
+        cpu, start = _cpu_ns(pids), time.perf_counter()
+        for _ in range(steps):
+            run()
+        walls.append((time.perf_counter() - start) / steps / n * 1e6)
+        cpus.append((_cpu_ns(pids) - cpu) / steps / n / 1e3)
+    BEST[key], BEST[key + " cpu"] = min(walls), min(cpus)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 _SERVE = """
@@ -307,7 +382,9 @@ def compare_trees(args: argparse.Namespace) -> None:
             rows = json.loads(done.stdout)
             found[label].append(rows["median"])
             best[label].append(rows["best"])
-    keys = list(found[trees[0][0]][0])
+    keys: list[str] = []  # every tree's rows, in the order they came (older trees lack some)
+    for runs in found.values():
+        keys += [key for key in runs[0] if key not in keys]
     print(
         f"N = {args.envs}, {args.rounds} alternating rounds of {args.repeat} x {args.steps} "
         "steps: median of the rounds' medians (best run of all)"

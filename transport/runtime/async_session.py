@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
@@ -25,7 +25,7 @@ class Session(Protocol):
     result: StructCodec
     num_envs: int
     action_name: str
-    _finals_buffer: bytearray
+    _finals_buffer: Any  # a bytearray, or a shared mapping with worker processes
 
     def _expect_size(self, body: memoryview, size: int, what: str) -> None: ...
 

@@ -13,6 +13,7 @@ import struct
 import traceback
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -36,6 +37,7 @@ from transport.protocol import (
 from transport.runtime.async_session import AsyncHandlers
 from transport.runtime.core import ACTION_CODES
 from transport.runtime.host import EnvHost
+from transport.runtime.pool import shared_buffer
 
 
 class Session:
@@ -77,11 +79,14 @@ class Session:
         envs = host.create_envs()
         rows = max(host.rows(envs), self.multi_request.ir.fields[0].count)
         size = self.result.size
-        # SAME_STEP auto-reset appends: u32 count, then per ended env (u32 index, final result)
-        self.buffer = bytearray(BODY_OFFSET + rows * size + 4 + n * (4 + size))
+        # SAME_STEP auto-reset appends: u32 count, then per ended env (u32 index, final result).
+        # With worker processes the rows live in a shared mapping: the workers write them in
+        # place (the pool finds them: ``find_shared``), nothing is copied back
+        alloc: Callable[[int], Any] = shared_buffer if host.workers else bytearray
+        self.buffer = alloc(BODY_OFFSET + rows * size + 4 + n * (4 + size))
         self._body = memoryview(self.buffer)[BODY_OFFSET:]
         results = self.result.view(self.buffer, BODY_OFFSET, count=rows)
-        self._finals_buffer = bytearray(n * size)
+        self._finals_buffer = alloc(n * size)
         finals = self.result.view(self._finals_buffer, 0, count=n)
         self.runtime = host.runtime(envs, results, finals)
         weakref.finalize(self, self.runtime.close)  # the session is dropped with its client

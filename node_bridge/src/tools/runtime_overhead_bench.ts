@@ -6,7 +6,10 @@
  * codec's encode of the same results alone (the part of that work the codec does); the in-place
  * path (`stepInto`: an env whose `stepInto` writes nothing, then `EchoEnv`, which copies its
  * record), in this thread and in the pool; and a vector env (`VectorEchoEnv`, issue 24 item 1)
- * through the same session. Prints, per mode, the median
+ * through the same session; and the pool's synchronisation alone (`WorkerPool.ping`: a command
+ * its workers answer doing nothing, the floor of any pool step), and the pool alone (`WorkerPool.run`)
+ * with private records (one copy out of the pool) and with records in a SharedArrayBuffer (the
+ * workers write them in place). Prints, per mode, the median
  * wall and CPU time (every thread of this process) per env of one batch, and the CPU time less
  * the envs' own `step` calls: the runtime's overhead per env.
  *
@@ -22,6 +25,8 @@ import * as pac_env from "../generated/pac_env";
 import { AutoReset } from "../protocol";
 import type { Action, Env, ResultRow, Spaces } from "../runtime/env";
 import { EnvHost } from "../runtime/host";
+import { Op, type Records } from "../runtime/core";
+import { WorkerPool } from "../runtime/pool";
 import { Session } from "../runtime/session";
 import { EchoEnv, echoResult } from "../envs/echo";
 import { VectorEchoEnv } from "../envs/vector_echo";
@@ -259,7 +264,39 @@ function run(args: Args): Row[] {
       const { session, body } = readySession(host, AutoReset.NEXT_STEP);
       const pooled = { ...args, batches: Math.max(1, Math.floor(args.batches / 4)) };
       add(`pool workers=${args.workers}${label}`, timePerEnv(stepBlock(session, body, pooled.batches), pooled), own);
+      const runner = session.runtime.runner as unknown as { start?: () => { ping?: () => number[] } };
+      const pool = runner.start?.();
+      if (label === "" && pool?.ping !== undefined) {
+        // the pool's synchronisation alone: a command its workers answer doing nothing
+        const ping = (): void => {
+          for (let b = 0; b < pooled.batches; b++) pool.ping!();
+        };
+        add(`pool workers=${args.workers} sync only`, timePerEnv(ping, pooled), own);
+      }
       session.runtime.close();
+    }
+    // the pool alone (WorkerPool.run, no session): results copied out of the pool's area into
+    // private records, then written in place by the workers into records in a SharedArrayBuffer
+    const pool = new WorkerPool({ module: __filename, exportName: "noopIntoEnv" }, n, args.workers);
+    try {
+      const size = pool.resultSize;
+      const ops = new Uint8Array(n).fill(Op.STEP);
+      const actions = new Float64Array(n);
+      const seeds = new Array<bigint | null>(n).fill(null);
+      const pooled = { ...args, batches: Math.max(1, Math.floor(args.batches / 4)) };
+      for (const [label, memory] of [
+        ["", new ArrayBuffer(n * size)],
+        [" in place (shared records)", new SharedArrayBuffer(n * size)],
+      ] as const) {
+        const out: Records = { bytes: new Uint8Array(memory), at: (i) => i * size, packed: true, written: () => undefined, keepFinal: () => undefined };
+        pool.run(new Uint8Array(n).fill(Op.RESET), actions, seeds, out);
+        const block = (): void => {
+          for (let b = 0; b < pooled.batches; b++) pool.run(ops, actions, seeds, out);
+        };
+        add(`pool.run workers=${args.workers} stepInto${label}`, timePerEnv(block, pooled), own);
+      }
+    } finally {
+      pool.close();
     }
   }
   return rows;
