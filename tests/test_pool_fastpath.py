@@ -289,3 +289,49 @@ def test_a_late_finished_bump_never_ends_the_next_op_early() -> None:
         assert rows["observation"][:, :2].tolist() == [[3, 1], [3, 1]]
     finally:
         pool.close()
+
+
+class DieOrSleepEchoEnv:
+    """The echo env whose step of action 9 ends its worker process at once, and whose other
+    steps take 0.4 s: one worker dies while the other is still stepping."""
+
+    def __init__(self) -> None:
+        self.env = env_factory("echo")()
+
+    def spaces(self) -> Any:
+        return self.env.spaces()
+
+    def reset_into(self, seed: int | None, out: np.ndarray) -> None:
+        self.env.reset_into(seed, out)
+
+    def step_into(self, action: int, out: np.ndarray) -> None:
+        if action == 9:
+            os._exit(3)
+        time.sleep(0.4)
+        self.env.step_into(action, out)
+
+
+def test_a_death_never_takes_a_live_worker_still_stepping_for_dead() -> None:
+    """When one worker dies mid-op, the fan-out still waits for the live ones: they finish
+    their envs and are not "replaced" while their process runs on (they were: every worker not
+    done at the death was reported dead, its envs failed, an orphan left stepping), and their
+    FINISHED bumps do not leak into the next op."""
+    schema = env_schema("echo")
+    codec = schema["StepResult"]
+    rows = codec.view(bytearray(codec.size * 2), 0, count=2)
+    finals = codec.view(bytearray(codec.size * 2), 0, count=2)
+    pool = WorkerPool(DieOrSleepEchoEnv, schema, "StepResult", 2, 2, rows, finals)
+    try:
+        assert pool.reset([None, None]) == []
+        live = pool.pids()[1]
+        _, failures = pool.step(np.array([9, 3], dtype=np.uint8), AutoReset.DISABLED)
+        assert [i for i, _ in failures] == [0]
+        assert pool.pids()[1] == live, "the live worker was replaced"
+        assert rows["observation"][1, 0] == 3  # its env stepped
+        fate, ok = pool.restore(0, None)
+        assert ok, fate
+        _, failures = pool.step(np.array([5, 6], dtype=np.uint8), AutoReset.DISABLED)
+        assert failures == []
+        assert rows["observation"][:, 0].tolist() == [5, 6]
+    finally:
+        pool.close()

@@ -61,6 +61,7 @@ import mmap
 import multiprocessing
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -712,8 +713,29 @@ class WorkerPool(Runner):
             # then ended before its workers did). Only a death ends it: a worker not done, or
             # one done that can no longer bump.
             if not all(self._procs[k].is_alive() for k in workers):
+                self._settle_after_death(workers, target)
                 break
         return [k for k in workers if not self._finished_op(k)]
+
+    def _settle_after_death(self, workers: Sequence[int], target: int) -> None:
+        """A worker of the op died: wait for the live ones to finish it (a live worker still
+        stepping is not dead: taken for dead it was replaced while its process ran on) and to
+        bump FINISHED (a late bump would count toward the next op). A live worker's wait has
+        no bound but its own death, as a step without deaths; the bumps get 1 s: a worker that
+        died between its done word and its bump never bumps."""
+        lay, start = self.lay, (target - len(workers)) & native.SEQ_MASK
+        while True:
+            live = [k for k in workers if self._procs[k].is_alive()]
+            if all(self._finished_op(k) for k in live):
+                break
+            time.sleep(0.001)
+        dead_done = sum(1 for k in workers if k not in live and self._finished_op(k))
+        expected = len(live) + dead_done
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if (native.load_acquire(lay.finished) - start) & native.SEQ_MASK >= expected:
+                return
+            time.sleep(0.001)
 
     def ping(self) -> list[int]:
         """A fan-out that does nothing: every worker wakes, answers and counts itself
