@@ -113,6 +113,8 @@ export class Session implements Records {
   #async: AsyncBatches | null = null;
   #frames = new Map<number, Buffer>();
   #bodies = new Map<number, Buffer>();
+  /** End of the results region (header + one record per env or seat): what a new buffer keeps. */
+  readonly #resultsEnd: number;
 
   constructor(runtime: EnvRuntime, info: SessionInfo = {}) {
     const schema = runtime.schema;
@@ -154,6 +156,7 @@ export class Session implements Records {
 
     // results (8 at least: STEP_MULTI), then the SAME_STEP tail: u32 k, k x (u32 index, result)
     const size = this.#resultSize;
+    this.#resultsEnd = BODY_OFFSET + Math.max(this.numEnvs, runtime.seats) * size;
     this.buffer = Buffer.alloc(
       BODY_OFFSET + Math.max(this.numEnvs, runtime.seats) * size + FINAL_COUNT_SIZE + this.numEnvs * (FINAL_COUNT_SIZE + size) + 1024,
     );
@@ -347,14 +350,17 @@ export class Session implements Records {
    * requests in a fresh one. Called by backends only when a write did not complete at once.
    */
   detachBuffer(minimum = this.buffer.byteLength): void {
-    // not zero-filled (Buffer.alloc's fill of a fresh ~N x 2.5 KB buffer was ~20% of a zmq
-    // Node server's time at N = 256): a copy of the old one instead, so the new buffer holds
-    // what a reused one would (a "noop" env's row keeps its previous result; nothing stale
-    // from elsewhere in the process can reach a response)
+    // not zero-filled and not a copy of the whole old buffer (each was ~20% of a zmq Node
+    // server's time at N = 256): only the header and the results region are carried over, as a
+    // reused buffer would hold them (a "noop" env's row keeps its previous result). The rest is
+    // scratch that every response writes in full before sending it (the SAME_STEP tail, an
+    // OBSERVE or RECV tail, an ERROR or HELLO body), so nothing stale from elsewhere in the
+    // process can reach a response, and its pages are not even touched until written.
     const old = this.buffer;
-    this.buffer = Buffer.allocUnsafeSlow(Math.max(minimum, old.byteLength));
-    this.buffer.set(old);
-    this.buffer.fill(0, old.byteLength);
+    const fresh = Buffer.allocUnsafeSlow(Math.max(minimum, old.byteLength));
+    const keep = Math.min(this.#resultsEnd, old.byteLength);
+    fresh.set(keep === old.byteLength ? old : old.subarray(0, keep));
+    this.buffer = fresh;
     this.#frames = new Map();
     this.#bodies = new Map();
   }
@@ -552,9 +558,7 @@ export class Session implements Records {
     const results = this.numEnvs * this.#resultSize;
     const tail = msgpackEncode(infos);
     if (BODY_OFFSET + results + tail.byteLength > this.buffer.byteLength) {
-      const old = this.buffer;
-      this.detachBuffer(BODY_OFFSET + results + tail.byteLength);
-      old.copy(this.buffer, BODY_OFFSET, BODY_OFFSET, BODY_OFFSET + results);
+      this.detachBuffer(BODY_OFFSET + results + tail.byteLength); // carries the results over
     }
     this.buffer.set(tail, BODY_OFFSET + results);
     this.bodyLength = results + tail.byteLength;
