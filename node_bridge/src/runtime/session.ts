@@ -29,6 +29,7 @@ import {
   ErrorCode,
   FINAL_COUNT_SIZE,
   HEADER_OFFSET,
+  HEADER_SIZE,
   type MessageIds,
   RequestError,
   acceptHello,
@@ -78,8 +79,13 @@ export class Session implements Records {
   closing = false;
   /** The response buffer: header at 7..15, body at 16. Replaced by `detachBuffer()`. */
   buffer: Buffer;
-  /** Length of the current response body (at BODY_OFFSET). */
-  bodyLength = 0;
+  #bodyLength = 0;
+  /**
+   * Where the current body starts: BODY_OFFSET for results, `#asideAt` for an ERROR, HELLO,
+   * HEALTH or SPACES body, which never overwrites the results region (a "noop" env's row is its
+   * last result, sent again).
+   */
+  #bodyAt = BODY_OFFSET;
   /**
    * Right after `handle` returned LATER: that response's promise, which resolves to its msg_type
    * once its body is in the buffer (an ERROR body for a refusal: it never rejects); null when no
@@ -296,11 +302,12 @@ export class Session implements Records {
           return this.#resetSeeds(buf, offset, length);
         case ids.STEP_MULTI_REQ:
           return this.#stepMulti(buf, offset, length);
-        case ids.HEALTH_REQ:
+        case ids.HEALTH_REQ: {
           this.#expectSize(length, 0, "HEALTH_REQ");
-          this.buffer[BODY_OFFSET] = 1;
-          this.bodyLength = 1;
+          const at = this.#aside(1); // first: it may replace the buffer
+          this.buffer[at] = 1;
           return ids.HEALTH_RESP;
+        }
         case ids.SPACES_REQ:
           return this.#spacesRequest(length);
         default:
@@ -320,9 +327,35 @@ export class Session implements Records {
     return this.ids.ERROR;
   }
 
+  /** Length of the current response body (results at BODY_OFFSET; setting it says so). */
+  get bodyLength(): number {
+    return this.#bodyLength;
+  }
+
+  set bodyLength(length: number) {
+    this.#bodyLength = length;
+    this.#bodyAt = BODY_OFFSET;
+  }
+
+  /** Where a body that is not results goes: after the results region, its header before it. */
+  get #asideAt(): number {
+    return this.#resultsEnd + BODY_OFFSET;
+  }
+
+  /** Room for an aside body of `length` bytes; returns where it starts (the current body). */
+  #aside(length: number): number {
+    const at = this.#asideAt;
+    if (at + length > this.buffer.byteLength) this.detachBuffer(at + length);
+    this.#bodyAt = at;
+    this.#bodyLength = length;
+    return at;
+  }
+
   /** The current response body (a view of `buffer`, valid until the next request). */
   body(): Buffer {
     const length = this.bodyLength;
+    const at = this.#bodyAt;
+    if (at !== BODY_OFFSET) return this.buffer.subarray(at, at + length);
     let view = this.#bodies.get(length);
     if (view === undefined) {
       view = this.buffer.subarray(BODY_OFFSET, BODY_OFFSET + length);
@@ -335,6 +368,11 @@ export class Session implements Records {
   /** Header + current body as one contiguous view of `buffer` (no copy). */
   frame(msgType: number, msgId: number): Buffer {
     const length = this.bodyLength;
+    const at = this.#bodyAt;
+    if (at !== BODY_OFFSET) {
+      packHeader(this.buffer, at - HEADER_SIZE, msgType, msgId, length);
+      return this.buffer.subarray(at - HEADER_SIZE, at + length);
+    }
     packHeader(this.buffer, HEADER_OFFSET, msgType, msgId, length);
     let view = this.#frames.get(length);
     if (view === undefined) {
@@ -373,10 +411,10 @@ export class Session implements Records {
     return encodeHello(this.schema.fingerprint, info, mode);
   }
 
+  /** An ERROR or HELLO body: aside, never over the results region. */
   #setBody(body: Uint8Array): void {
-    if (BODY_OFFSET + body.byteLength > this.buffer.byteLength) this.detachBuffer(BODY_OFFSET + body.byteLength);
-    this.buffer.set(body, BODY_OFFSET);
-    this.bodyLength = body.byteLength;
+    const at = this.#aside(body.byteLength); // first: it may replace the buffer
+    this.buffer.set(body, at);
   }
 
   #helloRequest(buf: Uint8Array, offset: number, length: number): number {
@@ -546,8 +584,8 @@ export class Session implements Records {
   #spacesRequest(length: number): number {
     this.#expectSize(length, 0, "SPACES_REQ");
     const [obs, act] = this.#spacesNames;
-    this.#spacesCodec.encodeInto({ [obs]: this.spaces.obsN, [act]: this.spaces.actN }, this.buffer, BODY_OFFSET);
-    this.bodyLength = this.#spacesCodec.size;
+    const at = this.#aside(this.#spacesCodec.size);
+    this.#spacesCodec.encodeInto({ [obs]: this.spaces.obsN, [act]: this.spaces.actN }, this.buffer, at);
     return this.ids.SPACES_RESP;
   }
 
