@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -307,17 +308,22 @@ class RolloutCollector:
         finals of earlier steps stay intact); each final's ``TensorStep`` indexes its row only
         when read."""
         if self.client.device.type == "cpu":
-            stacked = {
-                name: torch.from_numpy(records[name].copy())  # owned, standard strides
-                for name in records.dtype.names or ()
-                if torch_dtype(records[name].dtype) is not None
-            }
+            names = records.dtype.names or ()
+            stacked = _Stacked(
+                {
+                    # owned, standard strides
+                    name: partial(lambda n: torch.from_numpy(records[n].copy()), name)
+                    for name in names
+                    if torch_dtype(records[name].dtype) is not None
+                }
+            )
         else:
             stacked = self._stage_finals(records)
         return [(index, TensorStep(_FinalRow(stacked, k))) for k, index in enumerate(indices)]
 
-    def _stage_finals(self, records: np.ndarray) -> dict[str, Any]:
-        """The final records' fields stacked on the device (views of one block, one copy)."""
+    def _stage_finals(self, records: np.ndarray) -> _Stacked:
+        """The final records' fields stacked on the device (views of one block, one copy;
+        each view made when first read)."""
         device, count = self.client.device, len(records)
         if self._finals_copied is not None:
             self._finals_copied.synchronize()  # the last step's copy has read the stage
@@ -332,10 +338,12 @@ class RolloutCollector:
         if self._finals_copied is None:
             self._finals_copied = _cuda.Event()
         self._finals_copied.record(_cuda.current_stream(device))
-        return {
-            name: block[at : at + count * width].view(tdtype).reshape(count, *shape)
-            for name, (at, width, tdtype, shape) in zip(stage.fields, places, strict=True)
-        }
+        return _Stacked(
+            {
+                name: partial(_field_view, block, at, count, width, tdtype, shape)
+                for name, (at, width, tdtype, shape) in zip(stage.fields, places, strict=True)
+            }
+        )
 
     def _episodes(self, buf: RolloutBuffer) -> None:
         """The returns and lengths of the episodes that ended in this rollout (from the host
@@ -391,12 +399,42 @@ class _PolicyGraph:
         return self.out
 
 
+def _field_view(
+    block: Any, at: int, count: int, width: int, tdtype: Any, shape: tuple[int, ...]
+) -> Any:
+    """``count`` rows of one field: a view of the device block's section at ``at``."""
+    return block[at : at + count * width].view(tdtype).reshape(count, *shape)
+
+
+class _Stacked(Mapping[str, Any]):
+    """A step's final results, field by field as (count, ...) tensors, each made when first
+    read (most finals are never read: ~2 torch calls per field a step saved)."""
+
+    __slots__ = ("_made", "_makers")
+
+    def __init__(self, makers: dict[str, Callable[[], Any]]) -> None:
+        self._makers = makers
+        self._made: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        made = self._made.get(name)
+        if made is None:
+            made = self._made[name] = self._makers[name]()
+        return made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
 class _FinalRow(Mapping[str, Any]):
     """Row ``k`` of a step's stacked final results, field by field, indexed when read."""
 
     __slots__ = ("_k", "_stacked")
 
-    def __init__(self, stacked: dict[str, Any], k: int) -> None:
+    def __init__(self, stacked: Mapping[str, Any], k: int) -> None:
         self._stacked, self._k = stacked, k
 
     def __getitem__(self, name: str) -> Any:
