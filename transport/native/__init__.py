@@ -34,10 +34,10 @@ def _load() -> tuple[Any, Any]:
                 "transport.native._native is not built and cannot be compiled here "
                 f"({exc}); run `pip install -e .` on a machine with gcc and Python headers"
             ) from exc
-    if not hasattr(lib, "tp_privatize"):  # the newest function: a build older than the C source
+    if not hasattr(lib, "tp_strided_any"):  # the newest function: a build older than the C source
         raise ImportError(
             "transport.native._native was built from an older tp_native.c (it lacks "
-            "tp_privatize): rebuild it with `pip install -e .` (or ./dev setup)"
+            "tp_strided_any): rebuild it with `pip install -e .` (or ./dev setup)"
         )
     return ffi, lib
 

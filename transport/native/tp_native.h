@@ -62,6 +62,10 @@ int tp_wait_either(tp_ctx *ctx, uint32_t *a, uint32_t a_last, uint32_t *b, uint3
                    int64_t timeout_ns);
 int tp_server_publish(tp_ctx *ctx, const uint8_t *pending, int32_t status);
 void tp_wake_all(tp_ctx *ctx);
+/* The env runtime's whole-batch screens over strided columns (transport/runtime/core.py). */
+int tp_screen_actions(const char *actions, int64_t stride, uint32_t itemsize, int32_t is_signed,
+                      uint32_t n, int64_t act_n, const uint8_t *mask, int64_t mask_stride);
+int tp_strided_any(const char *base, int64_t stride, uint32_t itemsize, uint32_t n);
 
 int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode,
                       int64_t *out_ns, int64_t spin, int64_t timeout_ns);

@@ -18,11 +18,13 @@ import logging
 import os
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from transport import native
 from transport.codec import Schema, StructCodec
 from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
@@ -270,6 +272,74 @@ def ended_rows(
     return None
 
 
+# -- native screens (issue 24: a batch's whole-array checks in one C pass each) ------------------
+
+_screen_actions = native.lib.tp_screen_actions
+_strided_any = native.lib.tp_strided_any
+_NO_MASK = native.ffi.NULL
+
+
+class NativeColumn:
+    """A 1-d integer or bool ndarray (native byte order, any row stride: shm slots, packed rows)
+    as the native screens read it: the address of its first item, its stride, item size and
+    signedness. ``array`` holds the array (the memory stays mapped while the address is in
+    use), unless it was made with ``keep=False``: its user then checks that the array lives."""
+
+    __slots__ = ("array", "count", "itemsize", "ptr", "signed", "stride")
+
+    def __init__(self, array: np.ndarray, keep: bool = True) -> None:
+        self.array: np.ndarray | None = array if keep else None
+        self.ptr = native.ffi.cast("char *", array.__array_interface__["data"][0])
+        self.stride = int(array.strides[0])
+        self.itemsize = array.dtype.itemsize
+        self.signed = 1 if array.dtype.kind == "i" else 0
+        self.count = int(array.shape[0])
+
+    @staticmethod
+    def of(array: Any, kinds: str = "biu", keep: bool = True) -> NativeColumn | None:
+        """The column's native view, or None when the screens cannot read it (NumPy does)."""
+        if (
+            not isinstance(array, np.ndarray)
+            or array.ndim != 1
+            or array.shape[0] == 0
+            or array.dtype.kind not in kinds
+            or not array.dtype.isnative
+            or array.dtype.itemsize not in (1, 2, 4, 8)
+        ):
+            return None
+        return NativeColumn(array, keep)
+
+    def any(self) -> bool:
+        """True when some item is not 0 (``np.count_nonzero(array) > 0``), in one C pass."""
+        return bool(_strided_any(self.ptr, self.stride, self.itemsize, self.count))
+
+
+def native_columns(columns: Sequence[Any]) -> list[NativeColumn] | None:
+    """Every column's native view, or None when one of them has none (NumPy reads them all)."""
+    out = []
+    for column in columns:
+        view = NativeColumn.of(column)
+        if view is None:
+            return None
+        out.append(view)
+    return out
+
+
+def _native_mask_rows(masks: Any) -> tuple[Any, int] | None:
+    """(address of row 0, row stride) of an (R, W) byte mask (one byte per entry, unit column
+    stride, any row stride) for ``tp_screen_actions``; None when it is not one."""
+    if (
+        not isinstance(masks, np.ndarray)
+        or masks.ndim != 2
+        or masks.shape[0] == 0
+        or masks.dtype.itemsize != 1
+        or masks.dtype.kind not in "bu"
+        or masks.strides[1] != 1
+    ):
+        return None
+    return native.ffi.cast("char *", masks.__array_interface__["data"][0]), int(masks.strides[0])
+
+
 def _item_reader(column: np.ndarray) -> Any:
     """A 1-d integer or bool column as a memoryview (``view[i]``: a Python int or bool, same
     truth as the NumPy scalar), else the column itself."""
@@ -336,6 +406,7 @@ class Runner:
         self._ends = tuple(f.name for f in codec.ir.episode_end_fields())
         self._end_columns = [results[name] for name in self._ends]  # (R,) views: is_done
         self._end_rows = [column[:num_envs] for column in self._end_columns]  # (N,): ended()
+        self._end_native = native_columns(self._end_rows) if num_envs else None
         # the end columns as per-item readers for the per-env loops: a memoryview item read is
         # ~3x cheaper than a NumPy scalar read (integer and bool columns; else the column)
         self._end_items: list[Any] = [_item_reader(column) for column in self._end_columns]
@@ -420,8 +491,14 @@ class Runner:
 
     def ended(self) -> np.ndarray | None:
         """``done_rows()`` when some env's result ends an episode, else None: the common case
-        (no env ended) costs one ``count_nonzero`` per end field."""
-        return ended_rows(self._end_rows, self.done_rows)
+        (no env ended) costs one C pass (else one ``count_nonzero``) per end field."""
+        columns = self._end_native
+        if columns is None:
+            return ended_rows(self._end_rows, self.done_rows)
+        for column in columns:
+            if column.any():
+                return self.done_rows()
+        return None
 
     def step(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset
@@ -614,6 +691,12 @@ class EnvRuntime:
         # check_actions' screen: each env's mask entry for its action as one gather from a flat
         # byte view of the mask rows (one index array: ~2x cheaper than masks[env, action])
         self._mask_flat, self._mask_at = _flat_rows(self.masks, self.num_envs)
+        # the same screen in one C pass (tp_screen_actions): the mask rows' address, the end
+        # columns' native views, and the last actions array's (kept by a weak reference: a
+        # server hands the same slots' view every step; a caller's own array is not kept alive)
+        self._mask_native = _native_mask_rows(self.masks)
+        self._ends_native = native_columns(self._end_rows) if self.num_envs else None
+        self._screened: tuple[Any, NativeColumn] | None = None
         self._unsigned: dict[np.dtype[Any], np.dtype[Any]] = {}
         self.was_reset = np.zeros(self.num_envs, dtype=bool)
         self.all_reset = False
@@ -669,9 +752,18 @@ class EnvRuntime:
         if not self.all_reset:
             return False
         if not skip_done:  # NEXT_STEP over envs that end often (EnvPool): the screen still serves
-            for end in self._end_rows:
-                if np.count_nonzero(end):
-                    return False
+            ends = self._ends_native
+            if ends is not None:
+                for column in ends:
+                    if column.any():
+                        return False
+            else:
+                for end in self._end_rows:
+                    if np.count_nonzero(end):
+                        return False
+        screened = self._screen_native(actions)
+        if screened is not None:
+            return screened
         kind = actions.dtype.kind
         if kind == "i":  # negative values read as unsigned are huge: one max checks both ends
             unsigned = self._unsigned.get(actions.dtype)
@@ -696,6 +788,40 @@ class EnvRuntime:
         else:
             taken = self.masks[self._env_index, actions]
         return int(np.count_nonzero(taken)) == self.num_envs
+
+    def _screen_native(self, actions: np.ndarray) -> bool | None:
+        """``_accepts_all``'s range and mask screen of (N,) integer actions in one C pass
+        (``tp_screen_actions``); None when the actions or the masks are not what it reads
+        (the NumPy screen then runs)."""
+        screened = self._screened
+        if screened is not None and screened[0]() is actions:
+            column = screened[1]
+        else:
+            view = NativeColumn.of(actions, "iu", keep=False)
+            if view is None or view.count != self.num_envs:
+                return None
+            self._screened = (weakref.ref(actions), view)
+            column = view
+        if self.masks is None or self.masked_actions == "pass":
+            mask, mask_stride = _NO_MASK, 0
+        elif self._mask_width < self._act_n:
+            return False  # actions past the mask: the full check says which are masked
+        elif self._mask_native is None:
+            return None
+        else:
+            mask, mask_stride = self._mask_native
+        return bool(
+            _screen_actions(
+                column.ptr,
+                column.stride,
+                column.itemsize,
+                column.signed,
+                column.count,
+                self._act_n,
+                mask,
+                mask_stride,
+            )
+        )
 
     def accepts_array_subset(self, ids: list[int], actions: np.ndarray) -> bool:
         """The screen of array actions (Box, MultiDiscrete) for envs ``ids`` (an asynchronous

@@ -53,6 +53,8 @@ class LocalEnvs(Runner):
             else None
         )
         self._bytes: np.ndarray | None = None  # row_bytes(results), made when first needed
+        # env index by id of its record (held in self.records: the ids stay theirs)
+        self._index = {id(record): i for i, record in enumerate(self.records)}
         self._refresh()
 
     def _refresh(self) -> None:
@@ -104,7 +106,31 @@ class LocalEnvs(Runner):
         """The hot loop (issue 24 item 2): each env's ``step_into(action, record)`` (or
         ``step(action)``) called in one tight loop; outputs that are records of the codec's dtype
         are written after it in one vectorised assignment, other outputs (mappings, validated)
-        env by env."""
+        env by env.
+
+        Every env (``ids`` None, the common case) is stepped by a loop over (step, action,
+        record) alone: the index of an env that returned an output or raised is looked up by
+        its record (``_index``), never counted in the loop."""
+        if ids is not None:
+            self._step_ids(ids, values, failures)
+            return
+        outputs: list[tuple[int, StepOutput]] = []
+        index = self._index
+        steps = zip(self._steppers, values, self.records, strict=False)  # records: R >= N rows
+        while True:
+            try:
+                for stepper, action, record in steps:
+                    output = stepper(action, record)
+                    if output is not None:
+                        outputs.append((index[id(record)], output))
+                break
+            except Exception as exc:  # the other envs still step: the loop goes on after it
+                failures.append((index[id(record)], exc))
+        if outputs:
+            self._write_outputs(outputs, failures)
+
+    def _step_ids(self, ids: list[int], values: Sequence[Any], failures: Failures) -> None:
+        """``step_many`` of the envs ``ids`` (a subset: the others are skipped or reset)."""
         outputs: list[tuple[int, StepOutput]] = []
         for i, stepper, action, record in self._calls(ids, values):
             try:
