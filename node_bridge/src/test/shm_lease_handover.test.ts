@@ -257,7 +257,12 @@ for (const lang of LANGS) {
         assert.equal(await next(), "6");
       } finally {
         await first.close();
-        if (holder.exitCode === null) holder.kill("SIGKILL");
+        // the holder closes its client and exits; wait until it is reaped (a killed child not
+        // yet reaped still looks alive in /proc: the next test's client was refused "in use")
+        const exited = new Promise<void>((ok) => (holder.exitCode !== null || holder.signalCode !== null ? ok() : holder.once("exit", () => ok())));
+        const killer = setTimeout(() => holder.kill("SIGKILL"), 5_000);
+        await exited;
+        clearTimeout(killer);
       }
     });
 

@@ -1033,7 +1033,11 @@ export class ShmChannel implements Channel {
     publishWord(region, off(CB, "doorbell"), this.#doorbell);
     const timeoutNs = timeoutMs === null ? Number.MAX_SAFE_INTEGER : timeoutMs * 1e6;
     const wait = this.#wait;
-    for (let i = 0; i < count; i++) {
+    // the last slot first, then the others in order (normally answered by then): servers
+    // publish in slot order, so the client waits on one line instead of reading each slot's
+    // just as the server's next publish needs it back
+    for (let j = 0; j < count; j++) {
+      const i = j === 0 ? count - 1 : j - 1;
       const rc = await waitWordAsync(region, layout.slotBase(i) + this.#respOff, seqs[i] as number, timeoutNs, wait);
       if (rc >= 0) continue;
       const url = `shm://${this.shm.name}`;

@@ -624,12 +624,20 @@ export class ShmListener implements Listener {
     }
     const statusOff = off(layout.slot, "status");
     const dv = region.dv;
+    if (status >= 0) {
+      // first the statuses, each only where it changes (its line is one the client reads every
+      // step: an unchanged store would take it from the client's core), then the words in slot
+      // order (the client waits on the last slot first), as the Python server does
+      for (let i = 0; i < k; i++) {
+        if (!pending[i]) continue;
+        const at = layout.slotBase(i) + statusOff;
+        if (dv.getUint16(at, true) !== status) dv.setUint16(at, status, true);
+      }
+    }
     for (let i = 0; i < k; i++) {
       if (!pending[i]) continue;
-      const base = layout.slotBase(i);
-      if (status >= 0) dv.setUint16(base + statusOff, status, true);
       this.#checksums?.stamp(i);
-      publishWord(region, base + respOff, seqs[i] as number); // results, status, checksum, word
+      publishWord(region, layout.slotBase(i) + respOff, seqs[i] as number); // results, status, checksum, word
     }
   }
 
