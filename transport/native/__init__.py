@@ -267,6 +267,50 @@ def floor_socket(
     )
 
 
+FLOOR_SHM_DATA = 128
+"""Where ``floor_shm``'s request bytes start in its region (after the two words)."""
+
+
+def floor_shm_size(request_bytes: int, response_bytes: int) -> int:
+    """The region ``floor_shm`` needs for a request and a response of these sizes."""
+    return FLOOR_SHM_DATA + -(-request_bytes // 64) * 64 + response_bytes
+
+
+def floor_shm(
+    region: Any,
+    role: int,
+    iterations: int,
+    request_bytes: int,
+    response_bytes: int,
+    out_ns: npt.NDArray[np.int64] | None = None,
+    *,
+    mode: str = "spin",
+    spin: int = 10_000,
+    timeout: float = 10.0,
+) -> int:
+    """The shared-memory floor of a batch: ``iterations`` round trips with a peer process over
+    ``region`` (``floor_shm_size`` zeroed shared bytes) that move the row's bytes: role 0 copies
+    ``request_bytes`` in and pings (recording each round trip in ``out_ns``), role 1 copies
+    ``response_bytes`` in and pongs; nothing else. Returns OK, TIMEOUT or ERRNO (no memory)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}")
+    if role not in (0, 1):
+        raise ValueError("role must be 0 (ping) or 1 (pong)")
+    if len(region) < floor_shm_size(request_bytes, response_bytes):
+        raise ValueError("region is smaller than floor_shm_size(request_bytes, response_bytes)")
+    out = ffi.NULL
+    if out_ns is not None:
+        if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
+            raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
+        out = ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+    timeout_ns = int(timeout * 1e9)
+    rc = lib.tp_floor_shm(
+        address(region), role, iterations, MODES[mode], request_bytes, response_bytes, out, spin,
+        timeout_ns,
+    )  # fmt: skip
+    return int(rc)
+
+
 def floor_pingpong(
     region: Any,
     role: int,

@@ -706,6 +706,54 @@ int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode, int6
     return TP_OK;
 }
 
+/* The shared-memory floor of a batch: round trips that move a row's bytes through a shared
+ * mapping with no protocol. Role 0 copies `request_bytes` from its own memory into the region
+ * and pings; role 1 waits, copies `response_bytes` from its own memory into the region (as an
+ * env writes its results into its slot) and pongs; role 0 takes the response in place (an shm
+ * client's views copy nothing). The words are tp_floor_pingpong's (0 and 64); the request at
+ * byte 128 of `region`, the response after it at a multiple of 64 (`FLOOR_SHM_DATA`). Returns
+ * TP_OK, TP_TIMEOUT when the peer stops answering, or TP_ERRNO when no memory is left. */
+int tp_floor_shm(char *region, int role, int64_t iterations, int mode, int64_t request_bytes,
+                 int64_t response_bytes, int64_t *out_ns, int64_t spin, int64_t timeout_ns) {
+    uint32_t *ping = (uint32_t *)region;
+    uint32_t *pong = (uint32_t *)(region + 64);
+    char *request = region + 128;
+    char *response = request + ((request_bytes + 63) / 64) * 64;
+    int64_t own_bytes = role == 0 ? request_bytes : response_bytes;
+    char *own = malloc(own_bytes > 0 ? (size_t)own_bytes : 1);
+    if (own == NULL) return TP_ERRNO;
+    memset(own, role + 1, own_bytes > 0 ? (size_t)own_bytes : 1);
+    tp_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.spin = mode == TP_MODE_SPIN ? INT64_MAX : (mode == TP_MODE_FUTEX ? 0 : spin);
+    ctx.slice_ns = 0;
+    int result = TP_OK;
+    for (int64_t k = 1; k <= iterations; k++) {
+        uint32_t seq = (uint32_t)(k & TP_MASK);
+        if (role == 0) {
+            int64_t t0 = now_ns();
+            memcpy(request, own, (size_t)request_bytes);
+            tp_publish_word(ping, seq);
+            int64_t rc = wait_loop(&ctx, pong, seq, 1, timeout_ns);
+            if (rc < 0) {
+                result = (int)rc;
+                break;
+            }
+            if (out_ns != NULL) out_ns[k - 1] = now_ns() - t0;
+        } else {
+            int64_t rc = wait_loop(&ctx, ping, seq, 1, timeout_ns);
+            if (rc < 0) {
+                result = (int)rc;
+                break;
+            }
+            memcpy(response, own, (size_t)response_bytes);
+            tp_publish_word(pong, seq);
+        }
+    }
+    free(own);
+    return result;
+}
+
 /* The socket floor: round trips over a connected stream socket (Unix or TCP) with no protocol at
  * all. Role 0 sends `request_bytes` and reads `response_bytes`, recording each round trip's
  * nanoseconds in out_ns[k]; role 1 reads `request_bytes` and answers `response_bytes`. Blocking

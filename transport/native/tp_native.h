@@ -69,6 +69,8 @@ int tp_strided_any(const char *base, int64_t stride, uint32_t itemsize, uint32_t
 
 int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode,
                       int64_t *out_ns, int64_t spin, int64_t timeout_ns);
+int tp_floor_shm(char *region, int role, int64_t iterations, int mode, int64_t request_bytes,
+                 int64_t response_bytes, int64_t *out_ns, int64_t spin, int64_t timeout_ns);
 int tp_floor_socket(int fd, int role, int64_t iterations, int64_t request_bytes,
                     int64_t response_bytes, int64_t *out_ns, int64_t timeout_ns);
 

@@ -14,13 +14,17 @@ of sleeping, which is what a blocking transport pays).
 
 The socket floors (``c-floor-unix``, ``c-floor-tcp``) send the same bytes as a row (request and
 response, frame headers included) over a connected Unix or loopback TCP stream socket between
-the two processes, in C (``transport.native.floor_socket``), with no protocol at all.
+the two processes, in C (``transport.native.floor_socket``), with no protocol at all. The
+shared-memory floor of a batch (``c-floor-shm``) moves a row's bytes through a shared mapping
+(``transport.native.floor_shm``): the client side copies the request in, the server side
+copies the response in (as an env writes its slot), each hand-off a spin-waited word.
 
 ``ratio_to_floor`` of a row is its p50 over the p50 of the floor that applies to it
-(``FLOOR_OF_SCHEME``): the spin floor for shm (a region waited on by spinning first), the Unix
-socket floor of the same bytes for unix and zmq+ipc, the TCP floor of the same bytes for http
-and zmq+tcp; the futex floor (``REFERENCE``) for anything else. No transport can beat its floor,
-so no ratio is below 1 but for noise.
+(``FLOOR_OF_SCHEME``): for shm the shared-memory floor of its bytes (a region waited on by
+spinning first; ``c-floor-spin``, 4 bytes, where that floor is missing), the Unix socket floor
+of the same bytes for unix and zmq+ipc, the TCP floor of the same bytes for http and zmq+tcp;
+the futex floor (``REFERENCE``) for anything else. No transport can beat its floor, so no ratio
+is below 1 but for noise.
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from transport.probe.histogram import LogHistogram
 
 MODES = ("spin", "futex")
 SOCKET_KINDS = ("unix", "tcp")
+BYTE_FLOOR_KINDS = (*SOCKET_KINDS, "shm")
+"""The floors measured per point with the row's bytes: the socket floors and the shm floor."""
 REFERENCE = "c-floor-futex"
 FLOOR_OF_SCHEME = {
-    "shm": "c-floor-spin",
+    "shm": "c-floor-shm",
     "unix": "c-floor-unix",
     "zmq+ipc": "c-floor-unix",
     "http": "c-floor-tcp",
@@ -178,6 +184,51 @@ def measure_socket_floor(
     measured = int(out[warmup:].sum())
     return FloorResult(
         kind, hist, measured if measured > 0 else elapsed, request_bytes, response_bytes
+    )
+
+
+def measure_shm_floor(
+    request_bytes: int,
+    response_bytes: int,
+    count: int,
+    warmup: int,
+    *,
+    timeout: float = 10.0,
+) -> FloorResult:
+    """``warmup + count`` round trips moving ``request_bytes`` in and ``response_bytes`` back
+    through an anonymous shared mapping with a forked child (``transport.native.floor_shm``,
+    spin waits); the last ``count`` recorded. Nothing is named in /dev/shm."""
+    nat = _load()
+    if not hasattr(nat, "floor_shm"):
+        raise FloorUnavailable("transport.native has no floor_shm (rebuild: ./dev setup)")
+    total = warmup + count
+    out = np.zeros(total, dtype=np.int64)
+    size = nat.floor_shm_size(request_bytes, response_bytes)
+    region = mmap.mmap(-1, max(size, mmap.PAGESIZE))  # MAP_SHARED | ANONYMOUS
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child process
+        code = 1
+        try:
+            rc = nat.floor_shm(region, 1, total, request_bytes, response_bytes, timeout=timeout)
+            code = 0 if rc == nat.OK else 1
+        finally:
+            os._exit(code)
+    try:
+        started = _now()
+        rc = nat.floor_shm(region, 0, total, request_bytes, response_bytes, out, timeout=timeout)
+        elapsed = _now() - started
+    finally:
+        _, status = os.waitpid(pid, 0)
+        region.close()
+    if rc != nat.OK:
+        raise RuntimeError(f"the shm floor failed (rc {rc}: the peer stopped)")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the shm floor's child exited with status {status}")
+    hist = LogHistogram()
+    hist.record_many(out[warmup:])
+    measured = int(out[warmup:].sum())
+    return FloorResult(
+        "shm", hist, measured if measured > 0 else elapsed, request_bytes, response_bytes
     )
 
 

@@ -298,13 +298,16 @@ FLOOR_RULE = (
     "floor raw-<scheme> of its scheme and server language at the same batch (a bare echo "
     "server on the same socket stack, no protocol), else the C socket floor of its bytes "
     "(c-floor-unix for unix and zmq+ipc, c-floor-tcp for http and zmq+tcp); for shm "
-    "c-floor-spin when the row waits by spinning (wait policy balanced or spin), "
+    "c-floor-shm (the row's request and response bytes copied through a shared mapping, "
+    "spin-waited hand-offs) when the row waits by spinning (wait policy balanced or spin; "
+    "c-floor-spin, 4 bytes, where c-floor-shm was not measured), "
     f"{REFERENCE} when it sleeps (wait=futex); {REFERENCE} for anything else"
 )
 FLOOR_DEFINITION = f"ratio_to_floor = {FLOOR_RULE}"
 FLOOR_RULE_SHORT = (
-    "p50 / the p50 of the floor in column floor (shm: c-floor-spin when the row spins while "
-    "waiting, c-floor-futex when it sleeps; sockets: raw-<scheme>/<server>, a bare server of "
+    "p50 / the p50 of the floor in column floor (shm: c-floor-shm, the same bytes through "
+    "shared memory, when the row spins while waiting, c-floor-futex when it sleeps; sockets: "
+    "raw-<scheme>/<server>, a bare server of "
     "the same language moving the same bytes, else the C socket floor of those bytes)"
 )
 

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from transport.probe.floor import (
+    BYTE_FLOOR_KINDS,
     FLOOR_OF_SCHEME,
     REFERENCE,
-    SOCKET_KINDS,
     FloorResult,
     FloorUnavailable,
     measure_floor,
+    measure_shm_floor,
     measure_socket_floor,
 )
 from transport.probe.histogram import LogHistogram
@@ -252,10 +253,12 @@ def new_tag() -> str:
 
 
 def socket_floor_plan(settings: Settings) -> list[tuple[str, Point]]:
-    """The socket floors the planned rows need: (kind, point) for each socket kind one of the
-    backends maps to (``FLOOR_OF_SCHEME``) and each point measured."""
+    """The floors of the rows' bytes the planned rows need: (kind, point) for each socket kind
+    or shm that one of the backends maps to (``FLOOR_OF_SCHEME``) and each point measured."""
     kinds = {FLOOR_OF_SCHEME.get(b, "").removeprefix("c-floor-") for b in settings.backends}
-    return [(kind, point) for kind in SOCKET_KINDS if kind in kinds for point in settings.points]
+    return [
+        (kind, point) for kind in BYTE_FLOOR_KINDS if kind in kinds for point in settings.points
+    ]
 
 
 def floor_count(settings: Settings) -> int:
@@ -287,6 +290,14 @@ def floor_rows(
             if point is None:
                 floor = measure_floor(
                     mode, settings.count, settings.warmup, timeout=settings.timeout
+                )
+            elif mode == "shm":  # no frames: the actions in, the results back
+                floor = measure_shm_floor(
+                    point.request_bytes(request_size),
+                    point.response_bytes(result_size),
+                    settings.count,
+                    settings.warmup,
+                    timeout=settings.timeout,
                 )
             else:
                 floor = measure_socket_floor(
@@ -695,8 +706,9 @@ def waits_by_spinning(row: Row) -> bool:
 def floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
     """The floor ``row`` is compared with: for a socket row the raw floor of its scheme and
     server language at the same point (transport/probe/raw.py), else the C socket floor of its
-    scheme (``FLOOR_OF_SCHEME``) at the same point; for shared memory the spin floor when the
-    row waits by spinning, the futex floor when it sleeps; for anything else the futex floor."""
+    scheme (``FLOOR_OF_SCHEME``) at the same point; for shared memory the shm floor of its
+    bytes when the row waits by spinning (the 4-byte spin floor where that one is missing), the
+    futex floor when it sleeps; for anything else the futex floor."""
     raw = raw_name(row.backend)
     for f in floors:
         if (f.backend, f.server, f.point.batch, f.point.message) == (
@@ -715,8 +727,15 @@ def c_floor_for(row: Row, floors: Sequence[Row]) -> Row | None:
     floor. The figures draw these: a few per batch, where the raw floors are one per scheme
     and language."""
     name = FLOOR_OF_SCHEME.get(row.backend, REFERENCE)
-    if name == "c-floor-spin" and not waits_by_spinning(row):
-        name = REFERENCE
+    if name == "c-floor-shm":
+        if not waits_by_spinning(row):
+            name = REFERENCE
+        elif not any(
+            f.backend == name
+            and (f.point.batch, f.point.message) == (row.point.batch, row.point.message)
+            for f in floors
+        ):
+            name = "c-floor-spin"  # no floor of its bytes (a health row, --no-floor sizes)
     same_point = [
         f
         for f in floors
