@@ -384,11 +384,11 @@ export class ConnectionGuard {
   }
 }
 
-/** A frame that answers no request (msg_id 0): an ERROR with `code` and `text`. */
-export function errorFrame(code: number, text: string): Buffer {
+/** An ERROR frame with `code` and `text`, answering request `msgId` (0: no request). */
+export function errorFrame(code: number, text: string, msgId = 0): Buffer {
   const body = encodeError(code, text);
   const frame = Buffer.alloc(HEADER_SIZE + body.byteLength);
-  packHeader(frame, 0, MESSAGE_IDS.ERROR, 0, body.byteLength);
+  packHeader(frame, 0, MESSAGE_IDS.ERROR, msgId, body.byteLength);
   body.copy(frame, HEADER_SIZE);
   return frame;
 }
@@ -442,7 +442,17 @@ export function serveConnection(
       }
       if (!ready) break;
       answered = true;
-      const type = session.handle(reader.msgType, reader.body, reader.offset, reader.length);
+      let type: number;
+      try {
+        type = session.handle(reader.msgType, reader.body, reader.offset, reader.length);
+      } catch (error) {
+        // `handle` never throws but for a bug: the request gets INTERNAL and the connection
+        // closes (the session's state is unknown), never a request left unanswered
+        const why = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+        socket.write(errorFrame(ErrorCode.INTERNAL, `the server failed: ${why}`, reader.msgId));
+        finish();
+        return;
+      }
       if (type === LATER) {
         waiting = true;
         const msgId = reader.msgId;
