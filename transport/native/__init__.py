@@ -238,6 +238,15 @@ def shm_unlink(name: str) -> None:
 FLOOR_REGION_SIZE = 128  # two words, each on its own cache line
 
 
+def _round_trip_times(out_ns: npt.NDArray[np.int64] | None, iterations: int) -> Any:
+    """A floor's ``out_ns`` as the C pointer it fills (NULL for none), checked first."""
+    if out_ns is None:
+        return ffi.NULL
+    if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
+        raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
+    return ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+
+
 def floor_socket(
     fd: int,
     role: int,
@@ -255,11 +264,7 @@ def floor_socket(
     """
     if role not in (0, 1):
         raise ValueError("role must be 0 (ping) or 1 (pong)")
-    out = ffi.NULL
-    if out_ns is not None:
-        if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
-            raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
-        out = ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+    out = _round_trip_times(out_ns, iterations)
     return int(
         lib.tp_floor_socket(
             fd, role, iterations, request_bytes, response_bytes, out, int(timeout * 1e9)
@@ -298,11 +303,7 @@ def floor_shm(
         raise ValueError("role must be 0 (ping) or 1 (pong)")
     if len(region) < floor_shm_size(request_bytes, response_bytes):
         raise ValueError("region is smaller than floor_shm_size(request_bytes, response_bytes)")
-    out = ffi.NULL
-    if out_ns is not None:
-        if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
-            raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
-        out = ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+    out = _round_trip_times(out_ns, iterations)
     timeout_ns = int(timeout * 1e9)
     rc = lib.tp_floor_shm(
         address(region), role, iterations, MODES[mode], request_bytes, response_bytes, out, spin,
@@ -333,11 +334,7 @@ def floor_pingpong(
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     if role not in (0, 1):
         raise ValueError("role must be 0 (ping) or 1 (pong)")
-    out = ffi.NULL
-    if out_ns is not None:
-        if out_ns.dtype != np.int64 or not out_ns.flags.c_contiguous or out_ns.size < iterations:
-            raise ValueError("out_ns must be a contiguous int64 array of `iterations` entries")
-        out = ffi.cast("int64_t *", ffi.from_buffer(out_ns, require_writable=True))
+    out = _round_trip_times(out_ns, iterations)
     return int(
         lib.tp_floor_pingpong(
             address(region), role, iterations, MODES[mode], out, spin, int(timeout * 1e9)

@@ -33,8 +33,10 @@ import mmap
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -93,32 +95,53 @@ def measure_floor(mode: str, count: int, warmup: int, *, timeout: float = 10.0) 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     nat = _load()
+
+    def round_trips(region: mmap.mmap, role: int, total: int, out: Any) -> int:
+        return int(nat.floor_pingpong(region, role, total, mode, out, timeout=timeout))
+
+    hist, elapsed = _over_shared_memory(
+        nat, nat.FLOOR_REGION_SIZE, round_trips, count, warmup, f"the {mode} floor"
+    )
+    return FloorResult(mode, hist, elapsed)
+
+
+def _over_shared_memory(
+    nat: ModuleType,
+    size: int,
+    round_trips: Callable[[mmap.mmap, int, int, Any], int],
+    count: int,
+    warmup: int,
+    what: str,
+) -> tuple[LogHistogram, int]:
+    """Run ``round_trips(region, role, total, out_ns)`` in this process (role 0, recording) and
+    in a forked child (role 1) over an anonymous shared mapping of ``size`` bytes (nothing named
+    in /dev/shm); the last ``count`` of ``warmup + count`` round trips as a histogram, and the
+    nanoseconds they took. Raises ``RuntimeError`` when either side failed."""
     total = warmup + count
-    region = mmap.mmap(-1, max(nat.FLOOR_REGION_SIZE, mmap.PAGESIZE))  # MAP_SHARED | ANONYMOUS
+    region = mmap.mmap(-1, max(size, mmap.PAGESIZE))  # MAP_SHARED | ANONYMOUS
     out = np.zeros(total, dtype=np.int64)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child process
         code = 1
         try:
-            rc = nat.floor_pingpong(region, 1, total, mode, timeout=timeout)
-            code = 0 if rc == nat.OK else 1
+            code = 0 if round_trips(region, 1, total, None) == nat.OK else 1
         finally:
             os._exit(code)
     try:
         started = _now()
-        rc = nat.floor_pingpong(region, 0, total, mode, out, timeout=timeout)
+        rc = round_trips(region, 0, total, out)
         elapsed = _now() - started
     finally:
         _, status = os.waitpid(pid, 0)
         region.close()
     if rc != nat.OK:
-        raise RuntimeError(f"the {mode} floor ping-pong failed (rc {rc}: the peer stopped)")
+        raise RuntimeError(f"{what} failed (rc {rc}: the peer stopped)")
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"the {mode} floor's child exited with status {status}")
+        raise RuntimeError(f"{what}'s child exited with status {status}")
     hist = LogHistogram()
     hist.record_many(out[warmup:])
     measured = int(out[warmup:].sum())
-    return FloorResult(mode, hist, measured if measured > 0 else elapsed)
+    return hist, measured if measured > 0 else elapsed
 
 
 def _connected_pair(kind: str) -> tuple[socket.socket, socket.socket]:
@@ -201,35 +224,14 @@ def measure_shm_floor(
     nat = _load()
     if not hasattr(nat, "floor_shm"):
         raise FloorUnavailable("transport.native has no floor_shm (rebuild: ./dev setup)")
-    total = warmup + count
-    out = np.zeros(total, dtype=np.int64)
+
+    def round_trips(region: mmap.mmap, role: int, total: int, out: Any) -> int:
+        rc = nat.floor_shm(region, role, total, request_bytes, response_bytes, out, timeout=timeout)
+        return int(rc)
+
     size = nat.floor_shm_size(request_bytes, response_bytes)
-    region = mmap.mmap(-1, max(size, mmap.PAGESIZE))  # MAP_SHARED | ANONYMOUS
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child process
-        code = 1
-        try:
-            rc = nat.floor_shm(region, 1, total, request_bytes, response_bytes, timeout=timeout)
-            code = 0 if rc == nat.OK else 1
-        finally:
-            os._exit(code)
-    try:
-        started = _now()
-        rc = nat.floor_shm(region, 0, total, request_bytes, response_bytes, out, timeout=timeout)
-        elapsed = _now() - started
-    finally:
-        _, status = os.waitpid(pid, 0)
-        region.close()
-    if rc != nat.OK:
-        raise RuntimeError(f"the shm floor failed (rc {rc}: the peer stopped)")
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"the shm floor's child exited with status {status}")
-    hist = LogHistogram()
-    hist.record_many(out[warmup:])
-    measured = int(out[warmup:].sum())
-    return FloorResult(
-        "shm", hist, measured if measured > 0 else elapsed, request_bytes, response_bytes
-    )
+    hist, elapsed = _over_shared_memory(nat, size, round_trips, count, warmup, "the shm floor")
+    return FloorResult("shm", hist, elapsed, request_bytes, response_bytes)
 
 
 def _now() -> int:
