@@ -7,6 +7,7 @@ for an ended episode: same_step auto-reset), and the episode returns the rewards
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,32 +223,132 @@ def test_dict_observations_and_box_actions(device: str) -> None:
                 assert np.array_equal(rewards[t], want), t
 
 
-def test_finals_stage_sections_hold_each_field_of_each_final() -> None:
-    """The CUDA finals path's pinned stage: for ``count`` finals each field's section holds
-    their rows back to back (64-byte aligned), and views of one copy of its bytes give the
-    stacked fields (checked here on the host; the CUDA test above checks the device)."""
+class _StageClient:
+    """A host stand-in for a CUDA ``TorchClient`` as ``_stage_finals`` uses it: the device a
+    CPU one, the runtime's ``cudaMemcpyAsync`` a ``memmove`` (or None: torch's ``copy_``)."""
+
+    def __init__(self, runtime: bool) -> None:
+        self.device = torch.device("cpu")
+        self.num_envs = 7
+        self._runtime = self if runtime else None
+        self.marked: list[int | None] = []
+
+    def copy(self, target: int, source: int, nbytes: int, stream: int) -> None:
+        ctypes.memmove(target, source, nbytes)
+
+    def _stream(self) -> int:
+        return 5
+
+    def _mark_copied(self, stream: int | None) -> None:
+        self.marked.append(stream)
+
+
+@pytest.mark.parametrize("runtime", [True, False], ids=["runtime-copy", "torch-copy"])
+@pytest.mark.parametrize("packed", [False, True], ids=["natural", "packed"])
+def test_staged_finals_hold_each_field_of_each_final(runtime: bool, packed: bool) -> None:
+    """The CUDA finals path on the host: the ended envs' records stacked into the pinned stage,
+    ONE copy of their bytes to a fresh block, each field a view of it (an unaligned field of
+    a packed record an owned copy), row k of each the k-th final, bit for bit; the copy is
+    marked on the client (its next request waits for it before the stage is reused)."""
     from transport.rollout import _FinalRow, _FinalsStage
 
-    fields = [("obs", "<f4", (3, 2)), ("mask", "u1", (5,)), ("reward", "<f4"), ("n", "<i8")]
-    dtype = np.dtype(fields)
+    fields = [
+        ("obs", "<f4", (3, 2)),
+        ("mask", "u1", (5,)),
+        ("reward", "<f4"),
+        ("none", "<f4", (0,)),
+        ("n", "<i8"),
+    ]
+    dtype = np.dtype(fields, align=not packed)
     records = np.zeros(7, dtype=dtype)
     rng = np.random.default_rng(3)
     for name in dtype.names or ():
         records[name] = rng.integers(0, 50, size=records[name].shape)
     ended = [1, 4, 6]
-    finals = records[ended]
-    stage = _FinalsStage(dtype, num_envs=7)
-    places, nbytes = stage.places(len(finals))
-    assert all(at % 64 == 0 for at, _, _, _ in places)
-    for name, rows in stage.rows(places, len(finals)).items():
-        rows[...] = finals[name]
-    block = stage.host[:nbytes].clone()  # what the device receives
-    stacked = {
-        name: block[at : at + len(finals) * width].view(tdtype).reshape(len(finals), *shape)
-        for name, (at, width, tdtype, shape) in zip(stage.fields, places, strict=True)
-    }
-    for k, index in enumerate(ended):
-        row = _FinalRow(stacked, k)
-        assert list(row) == list(dtype.names or ())
-        for name in dtype.names or ():
-            assert np.array_equal(row[name].numpy(), records[index][name]), name
+    client = _StageClient(runtime)
+    collector: Any = RolloutCollector.__new__(RolloutCollector)
+    collector.client = client
+    collector._staged = True  # the CUDA branch
+    collector._finals_stage = None
+    collector._final_fields = None
+    blocks = []
+    for step in range(2):  # the stage is reused; each step's block is its own
+        stacked = records[ended] if step == 0 else records[ended[1:2]]  # and one alone
+        staged = collector._final_records(dtype, len(stacked))
+        assert isinstance(collector._finals_stage, _FinalsStage)
+        for k in range(len(stacked)):
+            staged[k] = stacked[k]
+        finals = collector._stack_finals(staged)
+        blocks.append((finals, stacked))
+    assert client.marked == ([5, 5] if runtime else [None, None])
+    for finals, stacked in blocks:
+        for k in range(len(stacked)):
+            row = _FinalRow(finals, k)
+            assert list(row) == list(dtype.names or ())
+            for name in dtype.names or ():
+                assert np.array_equal(row[name].numpy(), stacked[k][name]), name
+
+
+def test_finals_outlive_the_next_collect_and_close(server: ServerProcess) -> None:
+    """A final result kept from one collect reads the same values after the next collect
+    and after the client is closed (each step's finals own their block: never the stage, never
+    the slots)."""
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
+        collector = RolloutCollector(client, policy, T, seed=11)
+        kept = list(collector.collect().finals)
+        assert kept
+        before = [{name: host(step[name]) for name in step} for _, _, step in kept]
+        collector.collect()
+        after_next = [{name: host(step[name]) for name in step} for _, _, step in kept]
+    after_close = [{name: host(step[name]) for name in step} for _, _, step in kept]
+    for want, got, closed in zip(before, after_next, after_close, strict=True):
+        for name, value in want.items():
+            assert np.array_equal(got[name], value) and np.array_equal(closed[name], value), name
+
+
+def test_flags_of_a_schema_without_truncated() -> None:
+    """pac_env's result has ``done`` and no ``truncated`` field: every end is a termination
+    (``truncated`` all False), rewards and flags of ended envs from their final results, as
+    the plain client's replay of the same actions gives them."""
+    url = unique_url("shm")
+    schema = str(ROOT / "schema" / "pac_env.toml")
+    with ServerProcess(url, env="contract", num_envs=N, extra=["--schema", schema]) as proc:
+        with tt.connect(proc.url, schema, device="cpu", autoreset="same_step") as client:
+            collector = RolloutCollector(client, policy, T, seed=3)
+            assert collector.truncated_name is None and collector.ended_is_done
+            buf = collector.collect()
+            actions = host(buf.actions)
+            got = {name: host(getattr(buf, name)) for name in ("rewards", "terminated", "dones")}
+            assert not buf.truncated.any()
+            finals = [(t, i) for t, i, _ in buf.finals]
+        with transport.connect(proc.url, schema, autoreset="same_step") as plain:
+            plain.reset(seed=3)
+            ends = []
+            for t in range(T):
+                view = plain.step(actions[t])
+                reward = view["reward"].astype(np.float32)
+                done = view["done"] != 0
+                for index, final in plain.finals:
+                    reward[index] = final["reward"]
+                    done[index] = final["done"] != 0
+                    ends.append((t, index))
+                assert np.array_equal(got["rewards"][t], reward), t
+                assert np.array_equal(got["terminated"][t], done), t
+                assert np.array_equal(got["dones"][t], done), t
+    assert ends and finals == ends
+
+
+def test_episodes_continue_across_collects(server: ServerProcess) -> None:
+    """Two collects of T steps give the episodes (returns, lengths, in order) of one collect
+    of 2T steps from the same reset: an episode that spans the two is counted whole."""
+    got: list[tuple[float, int]] = []
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
+        collector = RolloutCollector(client, policy, T, seed=11)
+        for _ in range(2):
+            buf = collector.collect()
+            got += list(zip(buf.episode_returns, buf.episode_lengths, strict=True))
+    with tt.connect(server.url, TETRIS, device="cpu", autoreset="same_step") as client:
+        buf = RolloutCollector(client, policy, 2 * T, seed=11).collect()
+        want = list(zip(buf.episode_returns, buf.episode_lengths, strict=True))
+    assert want and got == want
+    assert any(length > 1 for _, length in want)

@@ -303,6 +303,49 @@ def test_strided_copies_of_a_packed_record() -> None:
     assert check_strided_copies(StepView(records[2])) == 4  # one record
 
 
+class _DeviceCopies:
+    """A host stand-in for the runtime's ``cudaMemcpyAsync`` within a device (a memmove)."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, int, int, int]] = []
+
+    def copy_on_device(self, target: int, source: int, nbytes: int, stream: int) -> None:
+        self.copies.append((target, source, nbytes, stream))
+        ctypes.memmove(target, source, nbytes)
+
+
+class _CopyOwner:
+    """What ``TorchClient._copy_on_device`` reads of its client (the device a CPU one)."""
+
+    def __init__(self) -> None:
+        self._runtime = _DeviceCopies()
+        self.device = torch.device("cpu")
+
+    def _stream(self) -> int:
+        return 7
+
+
+def test_copies_within_the_device_use_the_runtime_where_they_can() -> None:
+    """The collector's buffer copies (observations, actions, extras): a contiguous source of
+    the target's dtype and shape is one runtime copy of its bytes on the current stream; any
+    other (a dtype to convert, a strided view) is ``copy_``; the values are the source's."""
+    owner = _CopyOwner()
+    copy = tt.TorchClient._copy_on_device
+    source = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    target = torch.zeros(3, 4, 6)[1]
+    copy(owner, target, source)  # type: ignore[arg-type]
+    assert owner._runtime.copies == [(target.data_ptr(), source.data_ptr(), 96, 7)]
+    assert torch.equal(target, source)
+    for other, into in (
+        (torch.arange(24, dtype=torch.uint8).reshape(4, 6), torch.zeros(4, 6, dtype=torch.bool)),
+        (torch.arange(48.0).reshape(4, 12)[:, ::2], torch.zeros(4, 6)),  # strided
+        (torch.arange(24.0).reshape(4, 6), torch.zeros(6, 4).t()),  # strided target
+    ):
+        copy(owner, into, other)  # type: ignore[arg-type]
+        assert torch.equal(into, other.to(into.dtype))
+    assert len(owner._runtime.copies) == 1
+
+
 def test_the_cuda_runtime_is_found_in_the_process_maps() -> None:
     maps = (
         "7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n"
@@ -454,3 +497,14 @@ def test_gpu_bench_runs_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "torch=" in out and "256 x u8[3,84,84]" in out and "| 1024 |" in out
     assert out.count("n/a") >= 8 + 3  # two CUDA columns x four batches, one per policy row
+
+
+def test_a_tensor_step_copies_and_pickles() -> None:
+    """``copy.copy`` / ``pickle`` look special methods up on an instance made without
+    ``__init__``: ``TensorStep.__getattr__`` must not recurse through its unset fields."""
+    import copy
+    import pickle
+
+    step = tt.TensorStep({"reward": torch.arange(3.0)})
+    for again in (copy.copy(step), pickle.loads(pickle.dumps(step))):
+        assert list(again) == ["reward"] and torch.equal(again.reward, step.reward)

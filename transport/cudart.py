@@ -22,6 +22,10 @@ __all__ = ["CudaError", "CudaRuntime", "StridedCopy", "load", "runtime_path"]
 
 HOST_TO_DEVICE = 1
 """``cudaMemcpyHostToDevice``."""
+DEVICE_TO_HOST = 2
+"""``cudaMemcpyDeviceToHost``."""
+DEVICE_TO_DEVICE = 3
+"""``cudaMemcpyDeviceToDevice``."""
 EVENT_DISABLE_TIMING = 2
 """``cudaEventDisableTiming``: an event that only orders, the cheapest kind to record."""
 
@@ -66,6 +70,7 @@ class CudaRuntime:
         self._event_record = self._fn("cudaEventRecord", [vp, vp])
         self._event_sync = self._fn("cudaEventSynchronize", [vp])
         self._event_destroy = self._fn("cudaEventDestroy", [vp])
+        self._stream_sync = self._fn("cudaStreamSynchronize", [vp])
         self._error_string = library.cudaGetErrorString
         self._error_string.argtypes = [i]
         self._error_string.restype = ctypes.c_char_p
@@ -85,6 +90,20 @@ class CudaRuntime:
     def copy(self, target: int, source: int, nbytes: int, stream: int) -> None:
         """``nbytes`` from host ``source`` to device ``target``, queued on ``stream``."""
         self._check(self._memcpy(target, source, nbytes, HOST_TO_DEVICE, stream), "cudaMemcpyAsync")
+
+    def copy_to_host(self, target: int, source: int, nbytes: int, stream: int) -> None:
+        """``nbytes`` from device ``source`` to (pinned) host ``target``, queued on ``stream``."""
+        rc = self._memcpy(target, source, nbytes, DEVICE_TO_HOST, stream)
+        self._check(rc, "cudaMemcpyAsync")
+
+    def copy_on_device(self, target: int, source: int, nbytes: int, stream: int) -> None:
+        """``nbytes`` from device ``source`` to device ``target``, queued on ``stream``."""
+        rc = self._memcpy(target, source, nbytes, DEVICE_TO_DEVICE, stream)
+        self._check(rc, "cudaMemcpyAsync")
+
+    def synchronize_stream(self, stream: int) -> None:
+        """Wait (the GIL released) until the work queued on ``stream`` has run."""
+        self._check(self._stream_sync(stream), "cudaStreamSynchronize")
 
     def copy_strided(self, plan: StridedCopy, stream: int) -> None:
         """Some bytes of every record to the device, queued on ``stream``."""

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from transport.errors import AdapterError
-from transport.torch import TensorStep, TorchClient, torch_dtype
+from transport.torch import TensorStep, TorchClient, _address, _record_fields, torch_dtype
 
 _cuda: Any = torch.cuda  # torch's CUDA calls are untyped: called through Any
+
+_ACTIONS = object()
+"""The key of the actions' rows among the extras' (no extra's name)."""
 
 Policy = Callable[[Any, Any], Any]
 """``policy(observations [N, *obs] (a dict of them by field name for several observation
@@ -127,6 +129,7 @@ class RolloutCollector:
         self._last: TensorStep | None = None
         self.cuda_graph = cuda_graph
         self._graphs: dict[tuple[int, ...], _PolicyGraph] = {}
+        self._graph_last: tuple[TensorStep, _PolicyGraph] | None = None  # the last one used
         self._graph_inputs = [*self.obs_names, *([self.mask_name] if self.mask_name else [])]
         self._returns = np.zeros(client.num_envs, dtype=np.float64)
         self._lengths = np.zeros(client.num_envs, dtype=np.int64)
@@ -146,9 +149,18 @@ class RolloutCollector:
         self._rewards, self._terminated, self._truncated, self._dones = (
             t.numpy() for t in self._host
         )
+        # step t's host rows and buffer rows, made once: a step indexes nothing
+        self._host_rows = list(
+            zip(self._rewards, self._terminated, self._truncated, self._dones, strict=True)
+        )
+        self._rows_of_buffer: RolloutBuffer | None = None  # the buffer the rows below are of
+        self._obs_rows: list[list[tuple[str, Any]]] = []
+        self._mask_rows: list[Any] = []
+        self._kept_rows: dict[Any, list[Any]] = {}  # [whole, *rows] of actions and extras
         self._uploaded: Any = _cuda.Event() if on_device else None
+        self._staged = on_device  # finals through the pinned stage, to a device block
         self._finals_stage: _FinalsStage | None = None  # pinned (CUDA clients)
-        self._finals_copied: Any = None
+        self._final_fields: _FinalFields | None = None
         self._uploading = False
 
     def _allocate(self, steps: int) -> RolloutBuffer:
@@ -202,23 +214,29 @@ class RolloutCollector:
         if self._uploading:  # the last collect's flags may still be read from the host arrays
             self._uploaded.synchronize()
             self._uploading = False
-        for t in range(buf.steps):
-            obs = self._observe(buf.observations, t, last)
-            mask = None
-            if buf.masks is not None and self.mask_name is not None:
-                mask = buf.masks[t]
-                mask.copy_(last[self.mask_name], non_blocking=True)  # u8 -> bool on the device
-            if self.cuda_graph:
-                out = self._graph_for(last).replay()
-            else:
-                with torch.no_grad():
+        if self._rows_of_buffer is not buf:  # made once (again if the buffer was replaced)
+            self._obs_rows = [self._rows_of(buf.observations, t) for t in range(buf.steps)]
+            self._mask_rows = [
+                None if buf.masks is None else buf.masks[t] for t in range(buf.steps)
+            ]
+            self._rows_of_buffer = buf
+        step, mask_name = self.client.step, self.mask_name or ""
+        with torch.no_grad():  # the policy's, and the buffer's copies need no graph either
+            for t in range(buf.steps):
+                obs = self._observe(self._obs_rows[t], last)
+                mask = self._mask_rows[t]
+                if mask is not None:
+                    mask.copy_(last[mask_name], non_blocking=True)  # u8 -> bool on the device
+                if self.cuda_graph:
+                    out = self._graph_for(last).replay()
+                else:
                     out = self.policy(obs, mask)
-            actions, extras = out if isinstance(out, tuple) else (out, {})
-            self._keep(buf, t, actions, extras)
-            last = self.client.step(actions)
-            self._ends(buf, t)
+                actions, extras = out if isinstance(out, tuple) else (out, None)
+                self._keep(buf, t, actions, extras)
+                last = step(actions)
+                self._ends(buf, t)
         self._last = last
-        self._observe(buf.next_observations, None, last)
+        self._observe(self._rows_of(buf.next_observations, None), last)
         if buf.next_masks is not None and self.mask_name is not None:
             buf.next_masks.copy_(last[self.mask_name])
         if self._uploaded is not None:
@@ -234,7 +252,11 @@ class RolloutCollector:
     def _graph_for(self, last: TensorStep) -> _PolicyGraph:
         """The policy captured for the client's device tensors that ``last`` holds: one graph
         per staging block (the client keeps one per result view: a reset's and a step's may
-        differ), captured the first time it is seen."""
+        differ), captured the first time it is seen. The client returns its plan's own
+        ``TensorStep`` each step (fixed tensors): the same object, the same graph."""
+        seen = self._graph_last
+        if seen is not None and seen[0] is last:
+            return seen[1]
         key = tuple(int(last[name].data_ptr()) for name in self._graph_inputs)
         graph = self._graphs.get(key)
         if graph is None:
@@ -242,124 +264,156 @@ class RolloutCollector:
                 self._graphs.clear()
             graph = _PolicyGraph(self.policy, last, self.obs_names, self.mask_name)
             self._graphs[key] = graph
+        self._graph_last = (last, graph)
         return graph
 
-    def _observe(self, into: Any, t: int | None, result: TensorStep) -> Any:
-        """Copy ``result``'s observation field(s) into ``into`` (row ``t``); the row(s)."""
-        rows = {}
+    def _rows_of(self, into: Any, t: int | None) -> list[tuple[str, Any]]:
+        """``(field name, row t of into)`` per observation field (``into`` itself: None)."""
+        rows = []
         for name in self.obs_names:
             kept = into[name] if self.dict_obs else into
-            row = kept if t is None else kept[t]
-            row.copy_(result[name], non_blocking=True)
-            rows[name] = row
-        return rows if self.dict_obs else rows[self.obs_names[0]]
+            rows.append((name, kept if t is None else kept[t]))
+        return rows
 
-    def _keep(self, buf: RolloutBuffer, t: int, actions: Any, extras: dict[str, Any]) -> None:
-        if buf.actions is None:
+    def _observe(self, rows: list[tuple[str, Any]], result: TensorStep) -> Any:
+        """Copy ``result``'s observation field(s) into ``rows`` (``_rows_of``); the row(s)."""
+        copy = self.client._copy_on_device
+        for name, row in rows:
+            copy(row, result[name])
+        return dict(rows) if self.dict_obs else rows[0][1]
+
+    def _keep(
+        self, buf: RolloutBuffer, t: int, actions: Any, extras: dict[str, Any] | None
+    ) -> None:
+        """Step t's actions and extras into the buffer (allocated at the first step, by the
+        policy's shapes and dtypes; their rows made once)."""
+        kept = self._kept_rows
+        whole = buf.actions
+        if whole is None:
             shape = (buf.steps, *actions.shape)
-            buf.actions = torch.zeros(shape, dtype=actions.dtype, device=self.client.device)
-        buf.actions[t].copy_(actions)
+            whole = buf.actions = torch.zeros(shape, dtype=actions.dtype, device=self.client.device)
+        rows = kept.get(_ACTIONS)
+        if rows is None or rows[0] is not whole:
+            rows = kept[_ACTIONS] = [whole, *whole]
+        copy = self.client._copy_on_device
+        copy(rows[t + 1], actions, False)
+        if not extras:
+            return
         for name, value in extras.items():
-            kept = buf.extras.get(name)
-            if kept is None:
+            whole = buf.extras.get(name)
+            if whole is None:
                 shape = (buf.steps, *value.shape)
-                kept = buf.extras[name] = torch.zeros(
+                whole = buf.extras[name] = torch.zeros(
                     shape, dtype=value.dtype, device=self.client.device
                 )
-            kept[t].copy_(value)
+            rows = kept.get(name)
+            if rows is None or rows[0] is not whole:
+                rows = kept[name] = [whole, *whole]
+            copy(rows[t + 1], value, False)
 
     def _ends(self, buf: RolloutBuffer, t: int) -> None:
-        """Step t's reward and end flags, on the host from the client's NumPy view; an ended
-        episode's come from its final result, which ``buf.finals`` keeps as tensors."""
+        """Step t's reward and end flags, on the host from the client's NumPy view (written in
+        place into the host rows: a few ufuncs, no temporaries); an ended episode's come from
+        its final result, which ``buf.finals`` keeps as tensors."""
         view = self.client.view
         assert view is not None
-        self._rewards[t] = view[self.reward_name]
-        self._flags(t, view, slice(None))
+        rewards, terminated, truncated, dones = self._host_rows[t]
+        rewards[...] = view[self.reward_name]
+        np.not_equal(view[self.ended_name], 0, out=terminated)  # "ended" until the flags below
+        cut = self.truncated_name
+        if cut is not None:
+            np.not_equal(view[cut], 0, out=truncated)
         finals = self.client.client.finals
-        if not finals:
+        if finals:
+            # the ended envs' final records, stacked once (CUDA: straight into the pinned
+            # stage); their reward and flags patched into the rows, one array operation each
+            count = len(finals)
+            at = np.empty(count, dtype=np.intp)
+            records = self._final_records(finals[0][1].record.dtype, count)
+            for k, (index, final) in enumerate(finals):
+                at[k] = index
+                records[k] = final.record
+            rewards[at] = records[self.reward_name]
+            terminated[at] = records[self.ended_name] != 0
+            if cut is not None:
+                truncated[at] = records[cut] != 0
+            stacked = self._stack_finals(records)
+            append = buf.finals.append
+            for k, index in enumerate(at.tolist()):
+                append((t, index, TensorStep(_FinalRow(stacked, k))))
+        if cut is None:
+            truncated[...] = False
+            dones[...] = terminated
             return
-        # the ended envs' final records, stacked once: every field below is one array operation
-        at = np.array([index for index, _ in finals], dtype=np.intp)
-        first = finals[0][1].record
-        records = np.array([final.record for _, final in finals], dtype=first.dtype)
-        self._rewards[t, at] = records[self.reward_name]
-        self._flags(t, records, at)
-        for index, step in self._final_tensors(at.tolist(), records):
-            buf.finals.append((t, index, step))
+        if self.ended_is_done:  # terminated = done and not truncated
+            np.greater(terminated, truncated, out=terminated)
+        np.logical_or(terminated, truncated, out=dones)
 
-    def _flags(self, t: int, result: Any, at: Any) -> None:
-        ended = np.asarray(result[self.ended_name]) != 0
-        truncated = (
-            np.asarray(result[self.truncated_name]) != 0
-            if self.truncated_name is not None
-            else np.zeros_like(ended)
-        )
-        terminated = ended & ~truncated if self.ended_is_done else ended
-        self._terminated[t, at] = terminated
-        self._truncated[t, at] = truncated
-        self._dones[t, at] = terminated | truncated
-
-    def _final_tensors(
-        self, indices: list[int], records: np.ndarray
-    ) -> list[tuple[int, TensorStep]]:
-        """The step's final results (``records``, of envs ``indices``) as owned tensors on the
-        device: field by field into a reused pinned stage (a 64-byte aligned section per field)
-        and in ONE asynchronous copy into a fresh device block, each field a view of it (the
-        finals of earlier steps stay intact); each final's ``TensorStep`` indexes its row only
-        when read."""
-        if self.client.device.type == "cpu":
-            names = records.dtype.names or ()
-            stacked = _Stacked(
-                {
-                    # owned, standard strides
-                    name: partial(lambda n: torch.from_numpy(records[n].copy()), name)
-                    for name in names
-                    if torch_dtype(records[name].dtype) is not None
-                }
-            )
-        else:
-            stacked = self._stage_finals(records)
-        return [(index, TensorStep(_FinalRow(stacked, k))) for k, index in enumerate(indices)]
-
-    def _stage_finals(self, records: np.ndarray) -> _Stacked:
-        """The final records' fields stacked on the device (views of one block, one copy;
-        each view made when first read)."""
-        device, count = self.client.device, len(records)
-        if self._finals_copied is not None:
-            self._finals_copied.synchronize()  # the last step's copy has read the stage
+    def _final_records(self, dtype: np.dtype[Any], count: int) -> np.ndarray:
+        """Where a step's ``count`` final records are stacked: an owned array (CPU: the finals'
+        tensors view it), or the first rows of the pinned stage (CUDA: copied from there)."""
+        if not self._staged:
+            return np.empty(count, dtype=dtype)
         stage = self._finals_stage
-        if stage is None:
-            stage = self._finals_stage = _FinalsStage(records.dtype, self.client.num_envs)
-        places, nbytes = stage.places(count)
-        for name, rows in stage.rows(places, count).items():
-            rows[...] = records[name]
-        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        block.copy_(stage.host[:nbytes], non_blocking=True)
-        if self._finals_copied is None:
-            self._finals_copied = _cuda.Event()
-        self._finals_copied.record(_cuda.current_stream(device))
-        return _Stacked(
-            {
-                name: partial(_field_view, block, at, count, width, tdtype, shape)
-                for name, (at, width, tdtype, shape) in zip(stage.fields, places, strict=True)
-            }
-        )
+        if stage is None or stage.dtype != dtype:
+            stage = self._finals_stage = _FinalsStage(dtype, self.client.num_envs)
+        return stage.records[:count]
+
+    def _stack_finals(self, records: np.ndarray) -> _Stacked:
+        """The step's final results (``records``) by field, each a (count, ...) tensor made
+        when first read (``_Stacked``), over one block of the records' bytes: on the CPU the
+        stacked records themselves, on CUDA a fresh device block (the finals of earlier steps
+        stay intact) that ONE asynchronous copy from the pinned stage fills."""
+        fields = self._final_fields
+        if fields is None or fields.dtype != records.dtype:
+            fields = self._final_fields = _FinalFields(records.dtype)
+        if not self._staged:
+            return _Stacked(torch.from_numpy(records.view(np.uint8)), len(records), fields)
+        return _Stacked(self._stage_finals(records), len(records), fields)
+
+    def _stage_finals(self, records: np.ndarray) -> Any:
+        """One asynchronous copy of the staged final records (the first rows of the pinned
+        stage) to a fresh device block, on the current stream; the block.
+
+        The stage is reused at the next step with finals: its copy must have read it by then.
+        It has: the copy is queued before the client marks its copies (``_mark_copied``), and
+        the next step's request waits for that mark (``TorchClient._settle``) before this
+        collector stages again (``_ends`` runs after ``client.step``)."""
+        client = self.client
+        nbytes = records.nbytes
+        block = torch.empty(nbytes, dtype=torch.uint8, device=client.device)
+        runtime = client._runtime
+        if runtime is not None:  # ~1 us of host time; copy_ costs several
+            stream = client._stream()
+            runtime.copy(block.data_ptr(), _address(records), nbytes, stream)
+            client._mark_copied(stream)
+        else:
+            stage = self._finals_stage
+            assert stage is not None
+            block.copy_(stage.host[:nbytes], non_blocking=True)
+            client._mark_copied(None)
+        return block
 
     def _episodes(self, buf: RolloutBuffer) -> None:
         """The returns and lengths of the episodes that ended in this rollout (from the host
-        arrays: no device sync)."""
+        arrays: no device sync), in step order, then env order within a step."""
         rewards = self._rewards.astype(np.float64)
-        dones = self._dones
+        returns, lengths, dones = self._returns, self._lengths, self._dones
+        ends = dones.any(axis=1).tolist()
         buf.episode_returns = []
         buf.episode_lengths = []
+        # lengths[i] + t + 1 is env i's episode length at step t: an end at t records it and
+        # sets lengths[i] = -(t + 1) (the next episode starts at t + 1); the steps are added
+        # once at the end. Returns are summed step by step (the same float additions).
         for t in range(buf.steps):
-            self._returns += rewards[t]
-            self._lengths += 1
-            for i in np.flatnonzero(dones[t]).tolist():
-                buf.episode_returns.append(float(self._returns[i]))
-                buf.episode_lengths.append(int(self._lengths[i]))
-                self._returns[i] = 0.0
-                self._lengths[i] = 0
+            returns += rewards[t]
+            if ends[t]:
+                ended = np.flatnonzero(dones[t])
+                buf.episode_returns += returns[ended].tolist()
+                buf.episode_lengths += (lengths[ended] + (t + 1)).tolist()
+                returns[ended] = 0.0
+                lengths[ended] = -(t + 1)
+        lengths += buf.steps
 
 
 class _PolicyGraph:
@@ -399,34 +453,52 @@ class _PolicyGraph:
         return self.out
 
 
-def _field_view(
-    block: Any, at: int, count: int, width: int, tdtype: Any, shape: tuple[int, ...]
-) -> Any:
-    """``count`` rows of one field: a view of the device block's section at ``at``."""
-    return block[at : at + count * width].view(tdtype).reshape(count, *shape)
+class _FinalFields:
+    """Where each field (of a torch dtype) of a final record lies: ``(offset, bytes, element
+    size, torch dtype, shape)`` by name, in the record's field order."""
+
+    def __init__(self, dtype: np.dtype[Any]) -> None:
+        self.dtype = dtype
+        self.itemsize = dtype.itemsize
+        self.fields: dict[str, tuple[int, int, int, Any, tuple[int, ...]]] = {}
+        for name, offset, width, size, tdtype, shape in _record_fields(dtype, []):
+            self.fields[name] = (offset, width, size, tdtype, shape)
+
+    def stacked(self, block: Any, count: int, name: str) -> Any:
+        """Field ``name`` of the ``count`` records in ``block`` (their bytes, back to back)
+        as a (count, ...) tensor: a strided view of the block where the field's elements are
+        aligned in it, else an owned copy of its bytes (a packed record: a kernel, once)."""
+        offset, width, size, tdtype, shape = self.fields[name]
+        if not width:
+            return torch.empty((count, *shape), dtype=tdtype, device=block.device)
+        rows = block.view(count, self.itemsize)[:, offset : offset + width]
+        if offset % size or self.itemsize % size or block.data_ptr() % size:
+            own = torch.empty((count, width), dtype=torch.uint8, device=block.device)
+            rows = own.copy_(rows)  # standard strides, whatever the count
+        return rows.view(tdtype).reshape(count, *shape)
 
 
 class _Stacked(Mapping[str, Any]):
-    """A step's final results, field by field as (count, ...) tensors, each made when first
-    read (most finals are never read: ~2 torch calls per field a step saved)."""
+    """A step's final results, field by field as (count, ...) tensors over one block of the
+    stacked records' bytes, each made when first read (most finals are never read)."""
 
-    __slots__ = ("_made", "_makers")
+    __slots__ = ("_block", "_count", "_fields", "_made")
 
-    def __init__(self, makers: dict[str, Callable[[], Any]]) -> None:
-        self._makers = makers
+    def __init__(self, block: Any, count: int, fields: _FinalFields) -> None:
+        self._block, self._count, self._fields = block, count, fields
         self._made: dict[str, Any] = {}
 
     def __getitem__(self, name: str) -> Any:
         made = self._made.get(name)
         if made is None:
-            made = self._made[name] = self._makers[name]()
+            made = self._made[name] = self._fields.stacked(self._block, self._count, name)
         return made
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._makers)
+        return iter(self._fields.fields)
 
     def __len__(self) -> int:
-        return len(self._makers)
+        return len(self._fields.fields)
 
 
 class _FinalRow(Mapping[str, Any]):
@@ -448,39 +520,13 @@ class _FinalRow(Mapping[str, Any]):
 
 
 class _FinalsStage:
-    """A pinned host buffer for a step's final results (up to ``num_envs``): for ``count``
-    finals, each field (of a torch dtype) has a section of ``count`` rows at a multiple of 64
-    bytes, back to back, so the step's finals travel in one copy of exactly their bytes."""
+    """A pinned host buffer for a step's final records (up to ``num_envs``, stacked as the
+    records' own dtype), so that they travel to the device in one copy of their bytes."""
 
     def __init__(self, dtype: np.dtype[Any], num_envs: int) -> None:
-        self.fields: dict[str, tuple[int, Any, Any, tuple[int, ...]]] = {}
-        """name: (bytes per row, NumPy dtype, torch dtype, shape)."""
-        for name in dtype.names or ():
-            base, shape = dtype[name].base, dtype[name].shape
-            tdtype = torch_dtype(base)
-            if tdtype is not None:
-                self.fields[name] = (dtype[name].itemsize, base, tdtype, shape)
-        _, most = self.places(num_envs)
+        self.dtype = dtype
         pinned = torch.cuda.is_available()  # pinned for the device's asynchronous copy
-        self.host = torch.empty(max(most, 1), dtype=torch.uint8, pin_memory=pinned)
-        self._whole = self.host.numpy()
-
-    def places(self, count: int) -> tuple[list[tuple[int, int, Any, tuple[int, ...]]], int]:
-        """Per field ``(offset, bytes per row, torch dtype, shape)`` for ``count`` rows, and
-        the bytes of all the sections."""
-        at, out = 0, []
-        for width, _, tdtype, shape in self.fields.values():
-            out.append((at, width, tdtype, shape))
-            at += -(-(width * count) // 64) * 64
-        return out, at
-
-    def rows(
-        self, places: list[tuple[int, int, Any, tuple[int, ...]]], count: int
-    ) -> dict[str, np.ndarray]:
-        """The sections of ``places`` as ``count`` NumPy rows each (views of the buffer)."""
-        return {
-            name: self._whole[at : at + width * count].view(dtype).reshape(count, *shape)
-            for (name, (_, dtype, _, shape)), (at, width, _, _) in zip(
-                self.fields.items(), places, strict=True
-            )
-        }
+        self.host = torch.empty(
+            max(num_envs * dtype.itemsize, 1), dtype=torch.uint8, pin_memory=pinned
+        )
+        self.records: np.ndarray = self.host.numpy()[: num_envs * dtype.itemsize].view(dtype)
