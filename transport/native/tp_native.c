@@ -331,8 +331,22 @@ void tp_client_send(tp_ctx *ctx, const uint32_t *ids, uint32_t count) {
  * round. Spin, then per slice: CLOSED, TIMEOUT, PEER_DEAD checks as in wait_loop, SLEEP set on
  * every unanswered word (CAS) and one FUTEX_WAITV on them. Returns the count found (== want,
  * or fewer when fewer are in flight) or a negative error. */
+static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
+                           uint32_t *out, int64_t timeout_ns, int *hinted);
+
+/* The RECV wake hint is this wait's only: cleared (seq_cst, before any later load of a
+ * response word) when it returns, so that no other wait of the client (a RECV of every env,
+ * which sleeps on one word; settle; SHUTDOWN) meets a server that holds back its wake-ups. */
 int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
                        uint32_t *out, int64_t timeout_ns) {
+    int hinted = 0;
+    int rc = client_wait_any(ctx, in_flight, want, start, out, timeout_ns, &hinted);
+    if (hinted) __atomic_store_n(ctx->recv_hint, 0, __ATOMIC_SEQ_CST);
+    return rc;
+}
+
+static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
+                           uint32_t *out, int64_t timeout_ns, int *hinted) {
     uint32_t *words[TP_WAITV_MAX];
     uint32_t vals[TP_WAITV_MAX];
     int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
@@ -340,13 +354,14 @@ int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uin
     int checked = 0;
     uint32_t n = ctx->n;
     for (;;) {
-        uint32_t found = 0, waiting = 0, unanswered = 0;
+        uint32_t found = 0, answered = 0, waiting = 0, unanswered = 0;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = (start + k) % n;
             if (!in_flight[i]) continue;
             uint32_t *resp = SLOT_WORD(ctx, i, ctx->resp_off);
             uint32_t v = __atomic_load_n(resp, __ATOMIC_ACQUIRE);
             if ((v & TP_MASK) == ctx->seqs[i]) {
+                answered++;
                 if (found < want) out[found++] = i;
             } else {
                 unanswered++;
@@ -370,6 +385,23 @@ int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uin
         int64_t now;
         int rc = sleep_checks(ctx, deadline, &checked, &now);
         if (rc != TP_OK) return rc;
+        if (!*hinted && ctx->recv_hint != NULL) {
+            /* The wake hint (docs/shm.md "One wake per RECV"): wake me once fewer than
+             * hint envs are unanswered, i.e. once `want` of the in-flight ones are answered.
+             * 0 (no hint: a wake per publish) when this sleep cannot watch every unanswered
+             * word (more than one futex_waitv takes, or no futex_waitv: one word at a time).
+             * Stored seq_cst before any SLEEP bit is set and before the sleep: a server that
+             * publishes after it and then loads the hint sees it (or the sleep sees the word
+             * moved). */
+            uint32_t inflight = answered + unanswered;
+            uint32_t hint = (!waitv_missing && inflight <= TP_WAITV_MAX && want <= inflight)
+                                ? inflight - want + 1
+                                : 0;
+            if (hint != 0) {
+                __atomic_store_n(ctx->recv_hint, hint, __ATOMIC_SEQ_CST);
+                *hinted = 1;
+            }
+        }
         int moved = 0;
         for (uint32_t j = 0; j < waiting && !moved; j++) {
             uint32_t v = vals[j];
@@ -385,6 +417,10 @@ int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uin
         if (ctx->slice_ns > 0 && slice > ctx->slice_ns) slice = ctx->slice_ns;
         ctx->sleeps++;
         if (wait_words(words, vals, waiting, slice) == TP_ERRNO) return TP_ERRNO;
+        if (*hinted && waitv_missing) { /* found out just now: one word at a time, no hint */
+            __atomic_store_n(ctx->recv_hint, 0, __ATOMIC_SEQ_CST);
+            *hinted = 0;
+        }
     }
 }
 
@@ -469,6 +505,59 @@ int tp_server_publish(tp_ctx *ctx, const uint8_t *pending, int32_t status) {
         if (i + TP_PREFETCH_AHEAD < n)
             __builtin_prefetch(SLOT_WORD(ctx, i + TP_PREFETCH_AHEAD, ctx->resp_off), 1, 3);
         woken += tp_publish_word(SLOT_WORD(ctx, i, ctx->resp_off), ctx->seqs[i]);
+    }
+    ctx->wakes += (uint64_t)woken;
+    return woken;
+}
+
+/* Server, asynchronous batches: publish the response word of every pending slot (statuses and
+ * results are written), like tp_server_publish, but wake the client only when its RECV can
+ * complete: the RECV wake hint h (final area 0, byte 4, written by the client before it sleeps)
+ * says "wake me once fewer than h of my in-flight envs are unanswered"; `remaining` is how many
+ * envs this server still has in flight (never more than the client counts unanswered: requests
+ * the server has not seen yet are unanswered for the client only). h == 0 (an older client, or
+ * one that cannot watch every word) or no hint word: every sleeping word is woken, as before.
+ *
+ * No lost wake-up: the client stores the hint (seq_cst), sets SLEEP on each unanswered word
+ * (CAS) and sleeps on all of them (futex_waitv); the server exchanges each word (seq_cst), then
+ * loads the hint. A publish that reads the previous hint came before the client's store, so
+ * the client's CAS or its futex_waitv sees the word moved. A publish withheld here leaves the
+ * client asleep on the other words, which the publish that completes its RECV wakes (each of
+ * them was unanswered, so watched, when the client went to sleep); a slice timeout, CLOSED
+ * (tp_wake_all) or a dead server end its sleep as before. */
+int tp_server_publish_async(tp_ctx *ctx, const uint8_t *pending, uint32_t remaining) {
+    uint32_t n = ctx->n;
+    uint32_t sleepers[TP_WAITV_MAX];
+    uint32_t asleep = 0, overflow = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!pending[i]) continue;
+        uint32_t *word = SLOT_WORD(ctx, i, ctx->resp_off);
+        uint32_t old = __atomic_exchange_n(word, ctx->seqs[i] & TP_MASK, __ATOMIC_SEQ_CST);
+        if (old & TP_SLEEP) {
+            if (asleep < TP_WAITV_MAX)
+                sleepers[asleep++] = i;
+            else
+                overflow = 1;
+        }
+    }
+    if (asleep == 0) return 0;
+    uint32_t hint = ctx->recv_hint == NULL ? 0 : __atomic_load_n(ctx->recv_hint, __ATOMIC_SEQ_CST);
+    if (hint != 0 && remaining >= hint && !overflow) return 0; /* the RECV cannot end yet */
+    int woken = 0;
+    if (overflow) { /* more sleeping words than listed: wake every pending one */
+        for (uint32_t i = 0; i < n; i++)
+            if (pending[i]) {
+                tp_futex_wake(SLOT_WORD(ctx, i, ctx->resp_off), INT_MAX);
+                woken++;
+            }
+    } else if (hint != 0) { /* a hinting client sleeps on every word at once: one wake ends it */
+        tp_futex_wake(SLOT_WORD(ctx, sleepers[0], ctx->resp_off), INT_MAX);
+        woken = 1;
+    } else {
+        for (uint32_t j = 0; j < asleep; j++) {
+            tp_futex_wake(SLOT_WORD(ctx, sleepers[j], ctx->resp_off), INT_MAX);
+            woken++;
+        }
     }
     ctx->wakes += (uint64_t)woken;
     return woken;

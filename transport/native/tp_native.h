@@ -31,6 +31,7 @@ typedef struct {
     int64_t slice_ns;          /* one FUTEX_WAIT's length: the liveness re-check period */
     uint64_t wakes;            /* statistics: FUTEX_WAKE calls made */
     uint64_t sleeps;           /* statistics: FUTEX_WAIT calls made */
+    uint32_t *recv_hint;       /* the RECV wake hint word (final area 0, byte 4), NULL: none */
 } tp_ctx;
 
 uint32_t tp_load_acquire(uint32_t *word);
@@ -61,6 +62,9 @@ int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uin
 int tp_wait_either(tp_ctx *ctx, uint32_t *a, uint32_t a_last, uint32_t *b, uint32_t b_last,
                    int64_t timeout_ns);
 int tp_server_publish(tp_ctx *ctx, const uint8_t *pending, int32_t status);
+/* Publish answered in-flight slots; wake the client only when the RECV wake hint allows it
+ * (`remaining` envs are still unanswered): docs/shm.md "One wake per RECV". */
+int tp_server_publish_async(tp_ctx *ctx, const uint8_t *pending, uint32_t remaining);
 void tp_wake_all(tp_ctx *ctx);
 /* The env runtime's whole-batch screens over strided columns (transport/runtime/core.py). */
 int tp_screen_actions(const char *actions, int64_t stride, uint32_t itemsize, int32_t is_signed,

@@ -165,6 +165,19 @@ class ShmLayout:
         """The columns of a column-layout region of ``slots`` slots (where each field starts)."""
         return shm_columns(self.schema.ir, slots)[0]
 
+    def recv_hint_offset(self, slots: int) -> int | None:
+        """Where the RECV wake hint word lies in a region of ``slots`` slots: the u32 at byte
+        ``RECV_HINT_AT`` of final area 0, which every built-in layout leaves free (pac_shm's
+        FinalArea has final_seq at 0 and the result from 16; derived layouts pad to 64). None
+        when a profile puts a field there (no hint: the client is woken per publish)."""
+        at, end = RECV_HINT_AT, RECV_HINT_AT + 4
+        if self.final_size < end:
+            return None
+        for f in self.final.ir.fields:
+            if f.offset < end and f.offset + f.size > at:
+                return None
+        return self.finals_offset(slots) + at
+
     def finals_offset(self, slots: int) -> int:
         """Where the first final-result area starts: right after the last slot."""
         return CONTROL_SIZE + slots * self.slot_size
@@ -195,6 +208,12 @@ class ShmLayout:
                 return k, True
         return None
 
+
+RECV_HINT_AT = 4
+"""Byte of final area 0 that holds the RECV wake hint (docs/shm.md "One wake per RECV"): u32,
+written by the client before a RECV sleeps, ``in flight - want + 1`` (0: no hint, wake me on
+every publish); a server wakes the client only once fewer than that many of its envs are
+unanswered."""
 
 COLUMN_SLACK = 64
 """The most one column's start rounding (to 64 bytes) adds."""
@@ -520,6 +539,13 @@ class Region:
             slots, has_finals = found if found is not None else (0, False)
         self.num_slots = slots
         self.has_finals = has_finals
+        hint_at = layout.recv_hint_offset(slots) if has_finals and slots else None
+        self.recv_hint: Any = (
+            native.word(self.map, hint_at)
+            if hint_at is not None and hint_at + 4 <= size - self.schema_area
+            else None
+        )
+        """``uint32_t *`` to the RECV wake hint word, or None (no final areas: no hint)."""
         self.slots = layout.slot.view(self.map, CONTROL_SIZE, count=slots)
         self.request_columns: dict[str, np.ndarray] = {}
         """Column layout: each request field's (k, ...) column, C-contiguous (empty otherwise)."""
@@ -694,6 +720,8 @@ def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
     ctx.doorbell = region.doorbell
     ctx.state = region.state_word
     ctx.ready_state = RegionState.READY
+    if region.recv_hint is not None:
+        ctx.recv_hint = region.recv_hint
     policy.apply(ctx)
     return ctx
 

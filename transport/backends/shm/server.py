@@ -447,7 +447,15 @@ class Listener:
         self._spare = None
         self.lease = _Lease(runtime, pid)
         self._flying = None
+        self._clear_recv_hint()
         return self.lease
+
+    def _clear_recv_hint(self) -> None:
+        """A new client starts without a RECV wake hint (an older one never writes it: a
+        hint left by the previous client must not hold back its wakes)."""
+        region = self.region
+        if region is not None and region.recv_hint is not None:
+            native.store_release(region.recv_hint, 0)
 
     def _drop_lease(self) -> None:
         """The client said SHUTDOWN or died: its envs go (a worker pool stops); slot 0's info
@@ -455,6 +463,7 @@ class Listener:
         if self.lease is not None:
             self.lease.runtime.close()
         self.lease = self._flying = None
+        self._clear_recv_hint()
         self._write_info(0, self._server_info)
 
     def _write_info(self, index: int, data: bytes) -> None:
@@ -569,9 +578,13 @@ class Listener:
         for i, exc in failed:
             self._status[i] = int(exc.code)
             self._error_len[i] = write_text(self._error_text[i], exc.text)
-        self._publish(ids + [i for i, _ in failed])
+        # an env's error wakes the client at once (a Node client's RECV ends on the first)
+        self._publish(ids + [i for i, _ in failed], None if failed else batches.count)
 
-    def _publish(self, ids: list[int]) -> None:
+    def _publish(self, ids: list[int], remaining: int | None = None) -> None:
+        """Answer slots ``ids`` (statuses written). ``remaining``: the envs still in flight
+        after these; the client is then woken only when its RECV can end (the RECV wake hint,
+        docs/shm.md "One wake per RECV"); None: wake it if it sleeps."""
         done = self._done
         done[:] = 0
         done[ids] = 1
@@ -580,7 +593,10 @@ class Listener:
         if self._checksums is not None:
             for i in ids:
                 self._checksums.stamp(i)
-        native.lib.tp_server_publish(self._ctx, self._done_ptr, -1)
+        if remaining is None:
+            native.lib.tp_server_publish(self._ctx, self._done_ptr, -1)
+        else:
+            native.lib.tp_server_publish_async(self._ctx, self._done_ptr, remaining)
 
     def _wait_in_flight(self, batches: AsyncBatches, last: int, idle_ns: int) -> int:
         """Envs run in the pool: wait for the doorbell (new requests) or a finished env,

@@ -327,6 +327,11 @@ export class ShmChannel implements Channel {
   readonly #inPlace: number;
   /** The column layout's result columns in declaration order (empty: a slot layout). */
   readonly #columns: readonly ShmColumn[];
+  /** FUTEX_WAIT / FUTEX_WAITV calls a RECV made (how often this client slept waiting for envs). */
+  sleeps = 0;
+  /** Turns of RECV's sleeping loop: a look at the words before each sleep (a RECV that spins
+   * instead of sleeping shows here). */
+  looks = 0;
   /** RECV's `struct futex_waitv` array (FUTEX_WAITV_WORDS u32 per waited word). */
   readonly #waiters = new Uint32Array(FUTEX_WAITV_MAX * FUTEX_WAITV_WORDS);
 
@@ -742,10 +747,27 @@ export class ShmChannel implements Channel {
       }
     }
     const words = this.region.words;
+    let hinted = false;
+    try {
+      return await this.#sleepAny(want, deadline, (h) => (hinted = h));
+    } finally {
+      // the hint is this wait's only (no other wait of this client meets a server that holds
+      // back its wake-ups): cleared, seq_cst, before any later look at a response word
+      const at = this.region.recvHintAt;
+      if (hinted && at !== null && this.region.mapped) Atomics.store(words, at >> 2, 0);
+    }
+  }
+
+  /** #waitAny's sleeping loop (after the spin): `setHinted(true)` once it wrote a hint. */
+  async #sleepAny(want: number, deadline: number, setHinted: (hinted: boolean) => void): Promise<number> {
+    const nat = native();
+    const wait = this.#wait;
+    const words = this.region.words;
     const stateIndex = this.region.cbWord("state");
     const waitv = nat.futexWaitvAsync;
     const timespec = { tv_sec: 0, tv_nsec: 0 };
     let checked = false;
+    let hinted = false;
     for (;;) {
       if (this.#answered(want) >= want) return 0;
       if (Atomics.load(words, stateIndex) !== RegionState.READY) return WAIT_CLOSED;
@@ -753,8 +775,13 @@ export class ShmChannel implements Channel {
       if (now >= deadline) return WAIT_TIMEOUT;
       if (checked && !peerAlive(this.ownerPid, this.ownerStart)) return WAIT_PEER_DEAD;
       checked = true;
-      const sleeping = this.#armWaiters();
-      if (sleeping < 0) continue; // a word moved while SLEEP was being set: look again
+      if (!hinted) {
+        hinted = this.#writeRecvHint(waitv !== null ? want : 0);
+        setHinted(hinted);
+      }
+      this.looks++;
+      const sleeping = this.#armWaiters(want);
+      if (sleeping < 0) continue; // enough answered (or an error) while SLEEP was being set: look again
       let ms = Math.max(0, Math.min(Math.max(1, wait.sliceMs), deadline - now));
       if (waitv !== null) {
         // more unanswered words than one futex_waitv takes: the others are seen within 1 ms
@@ -762,6 +789,7 @@ export class ShmChannel implements Channel {
         const until = process.hrtime.bigint() + BigInt(Math.ceil(ms * 1e6)); // CLOCK_MONOTONIC
         timespec.tv_sec = Number(until / 1_000_000_000n);
         timespec.tv_nsec = Number(until % 1_000_000_000n);
+        this.sleeps++;
         await waitv(this.#waiters, Math.min(sleeping, FUTEX_WAITV_MAX), timespec);
       } else {
         // no futex_waitv (Linux < 5.16, or a seccomp filter): the first word, in short slices
@@ -771,6 +799,7 @@ export class ShmChannel implements Channel {
         timespec.tv_nsec = ns % 1e9;
         const w = this.#waiters;
         const address = (w[2] as number) + (w[3] as number) * 0x1_0000_0000;
+        this.sleeps++;
         await nat.futexWaitAsync(address, w[0] as number, timespec);
       }
       // close() came while this RECV slept: end it now (the region is unmapped when it returns)
@@ -779,26 +808,55 @@ export class ShmChannel implements Channel {
   }
 
   /**
+   * The RECV wake hint (docs/shm.md "One wake per RECV"; tp_client_wait_any): before this
+   * RECV's first sleep, `in flight - want + 1` ("wake me once fewer than that many of my envs
+   * are unanswered"), or 0 (`want` 0: wake me on every publish) when the sleep cannot watch
+   * every unanswered word (more than one futex_waitv takes, or no futex_waitv). Atomics.store
+   * is seq_cst: a server that publishes after it and then loads the hint sees it, and one that
+   * published before it is seen by the SLEEP CAS or by futex_waitv's value check.
+   */
+  #writeRecvHint(want: number): boolean {
+    const at = this.region.recvHintAt;
+    if (at === null) return false;
+    const flying = this.#flying;
+    const hint = want > 0 && want <= flying && flying <= FUTEX_WAITV_MAX ? flying - want + 1 : 0;
+    if (hint === 0) return false;
+    Atomics.store(this.region.words, at >> 2, hint);
+    return true;
+  }
+
+  /**
    * Set SLEEP (CAS, no lost wake-up: the server's publish is an exchange of the same word) on
    * every unanswered in-flight response word and list the first FUTEX_WAITV_MAX of them in
-   * `#waiters`, scanning from `#scanFrom`. Their count, or -1 when one was answered meanwhile.
+   * `#waiters`, scanning from `#scanFrom`. Their count, or -1 when `want` are answered by now
+   * or an answered one carries an error (the RECV looks again and ends).
    */
-  #armWaiters(): number {
+  #armWaiters(want: number): number {
     const region = this.region;
     const words = region.words;
+    const dv = region.dv;
     const layout = this.layout;
     const inFlight = this.#inFlight;
     const seqs = this.#seqs;
     const waiters = this.#waiters;
     const n = this.numEnvs;
     let count = 0;
+    let answered = 0;
     for (let s = 0, i = this.#scanFrom; s < n; s++, i = i + 1 === n ? 0 : i + 1) {
       if (!inFlight[i]) continue;
       const at = layout.slotBase(i) + this.#respOff;
       const target = seqs[i] as number;
       let v = Atomics.load(words, at >> 2);
+      let done = false;
       for (;;) {
-        if ((v & SEQ_MASK) === target) return -1;
+        if ((v & SEQ_MASK) === target) {
+          // answered: not waited on. Enough of them now, or an error (the RECV ends on it):
+          // look again. (Returning at any answered word, as before, made a RECV that still
+          // needed more envs spin here until they came: no sleep once one env was answered.)
+          if (++answered >= want || dv.getUint16(layout.slotBase(i) + this.#statusOff, true) !== 0) return -1;
+          done = true;
+          break;
+        }
         if (v & SLEEP_BIT) break;
         const old = Atomics.compareExchange(words, at >> 2, v, v | SLEEP_BIT);
         if (old === v) {
@@ -807,6 +865,7 @@ export class ShmChannel implements Channel {
         }
         v = old;
       }
+      if (done) continue;
       if (count < FUTEX_WAITV_MAX) {
         const address = region.addressOf(at);
         const e = count * FUTEX_WAITV_WORDS;

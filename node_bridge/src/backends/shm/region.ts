@@ -62,6 +62,14 @@ export function off(fields: Readonly<Record<string, FieldJson>>, name: string): 
   return f.offset;
 }
 
+/**
+ * Byte of final area 0 that holds the RECV wake hint (docs/shm.md "One wake per RECV"): u32,
+ * written by the client before a RECV sleeps, `in flight - want + 1` (0: no hint, wake me on
+ * every publish); a server wakes the client only once fewer than that many of its envs are
+ * unanswered.
+ */
+export const RECV_HINT_AT = 4;
+
 /** A schema's region layout, from its IR `shm` section. */
 export class ShmLayout {
   readonly schema: SchemaModule;
@@ -137,6 +145,22 @@ export class ShmLayout {
   /** Bytes of the control block and `k` slots (a region without final areas). */
   slotsSize(k: number): number {
     return CONTROL_SIZE + k * this.slotSize;
+  }
+
+  /**
+   * Where the RECV wake hint word lies in a region of `k` slots (docs/shm.md "One wake per
+   * RECV"): the u32 at byte RECV_HINT_AT of final area 0, which every built-in layout leaves
+   * free; null when a profile puts a field there (no hint: the client is woken per publish).
+   * The same rule as Python's `ShmLayout.recv_hint_offset`.
+   */
+  recvHintOffset(k: number): number | null {
+    const at = RECV_HINT_AT;
+    const end = at + 4;
+    if (this.finalSize < end) return null;
+    for (const f of this.schema.ir.structs[this.ir.final]?.fields ?? []) {
+      if (f.offset < end && f.offset + f.size > at) return null;
+    }
+    return this.finalsOffset(k) + at;
   }
 
   /** Where final area 0 starts: right after the last of `k` slots. */
@@ -622,6 +646,16 @@ export class Region {
   get hasFinals(): boolean {
     return this.size >= this.layout.regionSize(this.numSlots);
   }
+
+  /** Byte offset of the RECV wake hint word, or null (no final areas, or no room: no hint). */
+  get recvHintAt(): number | null {
+    if (this.#recvHintAt === undefined) {
+      this.#recvHintAt = !this.hasFinals || this.numSlots === 0 ? null : this.layout.recvHintOffset(this.numSlots);
+    }
+    return this.#recvHintAt;
+  }
+
+  #recvHintAt: number | null | undefined = undefined;
 
   /** Byte offset of env `index`'s final-result area (its `final_seq` word). */
   finalAt(index: number): number {

@@ -78,6 +78,7 @@ import {
   Region,
   RegionState,
   SEQ_MASK,
+  SLEEP_BIT,
   type ShmLayout,
   ShmLayout as Layouts,
   type ShmUrl,
@@ -361,6 +362,8 @@ export class ShmListener implements Listener {
   /** Slots submitted to the lease's worker pool and not published yet (asynchronous batches). */
   readonly #inFlight: Uint8Array;
   #inFlightCount = 0;
+  /** #publishFinished's scratch: the byte offsets of the response words a client slept on. */
+  readonly #sleepers: number[] = [];
   /** When the loop next looks for a dead client while envs are in flight (performance.now ms). */
   #housekeepAt = 0;
   /** Each slot's op of an asynchronous submit (scratch). */
@@ -484,7 +487,12 @@ export class ShmListener implements Listener {
     this.#inFlightCount = 0;
     this.#lease?.runtime.close();
     this.#lease = null;
-    if (!this.#closed) this.#writeInfo(0, this.#serverInfo); // closed: the region is unmapped
+    if (!this.#closed) {
+      this.#writeInfo(0, this.#serverInfo); // closed: the region is unmapped
+      // the next client starts without a RECV wake hint (an older one never writes it)
+      const hintAt = this.region.recvHintAt;
+      if (hintAt !== null) Atomics.store(this.region.words, hintAt >> 2, 0);
+    }
   }
 
   // -- the loop ------------------------------------------------------------------------------------
@@ -808,7 +816,13 @@ export class ShmListener implements Listener {
     publishWord(this.region, this.layout.slotBase(i) + off(this.layout.slot, "sem_result_ready"), this.#seqs[i] as number);
   }
 
-  /** Publish each slot whose env finished in the pool: its result (or its env's error after recovery), status, word. */
+  /**
+   * Publish each slot whose env finished in the pool: its result (or its env's error after
+   * recovery), status, word; then wake the client only if its RECV can end (docs/shm.md "One
+   * wake per RECV", tp_server_publish_async): the words are exchanged first, the client's RECV
+   * wake hint is loaded after them, and one sleeping word is woken once fewer than `hint` envs
+   * are still in flight (hint 0, an older client: every sleeping word, as before).
+   */
   #publishFinished(): void {
     const runtime = this.#lease?.runtime;
     const pool = runtime?.runner.concurrent;
@@ -816,6 +830,11 @@ export class ShmListener implements Listener {
     const done: AsyncDone[] = pool.take(this.numSlots, this.#records);
     if (done.length === 0) return;
     const region = this.region;
+    const words = region.words;
+    const respOff = off(this.layout.slot, "sem_result_ready");
+    const sleepers = this.#sleepers;
+    let asleep = 0;
+    let failed = false; // an env's error is answered at once (a Node client's RECV ends on it)
     for (const d of done) {
       const i = d.index;
       let code = 0;
@@ -824,14 +843,26 @@ export class ShmListener implements Listener {
         const error = runtime.recoverAsync([stalled ?? [i, d.error]], this.#records);
         code = error.code;
         this.#writeText(i, error.text);
+        failed = true;
       }
       region.dv.setUint16(region.slotAt(i, "status"), code, true);
       if (this.#inFlight[i]) {
         this.#inFlight[i] = 0;
         this.#inFlightCount--;
       }
-      this.#publishSlot(i); // results, status, final, word
+      this.#checksums?.stamp(i); // results, status, final, checksum, then the word
+      const at = this.layout.slotBase(i) + respOff;
+      if (Atomics.exchange(words, at >> 2, (this.#seqs[i] as number) & SEQ_MASK) & SLEEP_BIT) sleepers[asleep++] = at;
     }
+    if (asleep === 0) return;
+    const hintAt = region.recvHintAt;
+    const hint = hintAt === null ? 0 : Atomics.load(words, hintAt >> 2) >>> 0;
+    if (hint !== 0 && !failed) {
+      // a hinting client sleeps on every unanswered word at once: one wake ends its sleep
+      if (this.#inFlightCount < hint) futexWake(region, sleepers[0] as number);
+      return;
+    }
+    for (let j = 0; j < asleep; j++) futexWake(region, sleepers[j] as number);
   }
 
   #writeText(index: number, text: string): void {
