@@ -306,8 +306,15 @@ def _element_values(schema: SchemaIR, leaf: Leaf, data: bytes) -> list[Any]:
     return [v for v in arr.tolist()]
 
 
-def annotate(schema: SchemaIR, struct: StructIR | str, data: bytes, title: str = "") -> str:
-    """The annotated hex of an encoding: ``offset | bytes | field path | value`` lines."""
+def annotate(
+    schema: SchemaIR,
+    struct: StructIR | str,
+    data: bytes,
+    title: str = "",
+    fingerprint: str | None = None,
+) -> str:
+    """The annotated hex of an encoding: ``offset | bytes | field path | value`` lines
+    (``fingerprint``: the schema's, when the caller has it: computing it hashes the layout)."""
     s = schema.structs[struct] if isinstance(struct, str) else struct
     rows: list[tuple[int, int, str, str]] = []  # offset, length, path, value text
     for leaf in leaves(schema, s):
@@ -322,17 +329,22 @@ def annotate(schema: SchemaIR, struct: StructIR | str, data: bytes, title: str =
                 path = f"{leaf.path}[{start}]"
             else:
                 path = f"{leaf.path}[{start}..{stop - 1}]"
-            text = " ".join(format_value(schema, f, v) for v in values[start:stop])
+            chunk = values[start:stop]
+            if f.kind == "int":  # plain ints from tolist(): str() is format_value's text
+                text = " ".join(map(str, chunk))
+            else:
+                text = " ".join(format_value(schema, f, v) for v in chunk)
             rows.append((leaf.element_offset(start), (stop - start) * f.elem_size, path, text))
     for lo, hi in padding_ranges(schema, s):
         for start in range(lo, hi, BYTES_PER_LINE):
             stop = min(hi, start + BYTES_PER_LINE)
-            zero = all(b == 0 for b in data[start:stop])
+            zero = not any(data[start:stop])
             rows.append((start, stop - start, "(padding)", "0" if zero else "NOT ZERO"))
     rows.sort()
+    fingerprint = fingerprint or schema.fingerprint_hex
     lines = [
         f"# {title}" if title else f"# {schema.name} {s.name}",
-        f"# {s.size} bytes, little-endian; schema fingerprint {schema.fingerprint_hex}",
+        f"# {s.size} bytes, little-endian; schema fingerprint {fingerprint}",
         "# offset | bytes (hex) | field path | value",
     ]
     width = len(str(s.size))

@@ -387,6 +387,7 @@ class Runner:
             self.line(ir.name, "golden", f"none in {where} (skipped)", None)
             return
         count = result.checks.setdefault("golden", Count())
+        fingerprint = ir.fingerprint_hex  # once: each computation hashes the layout's JSON
         try:
             cases = load_golden(ir, self.options.golden_root)
         except ValueError as exc:
@@ -460,11 +461,11 @@ class Runner:
                         )
                     )
 
-                if case.fingerprint != ir.fingerprint_hex:
+                if case.fingerprint != fingerprint:
                     fail(
                         "?",
                         f"golden vector written for fingerprint {case.fingerprint}, "
-                        f"schema is {ir.fingerprint_hex}",
+                        f"schema is {fingerprint}",
                         details=[
                             "if the schema change is intentional, run "
                             "`transport-conformance --write-golden` and review the diff"
@@ -476,7 +477,7 @@ class Runner:
                         f"{case.path.with_suffix('.bin').name} has {len(case.data)} bytes, "
                         f"the struct {struct.size}",
                     )
-                expected_hex = annotate(ir, struct, case.data, hex_title(case))
+                expected_hex = annotate(ir, struct, case.data, hex_title(case), fingerprint)
                 if case.hex_text != expected_hex:
                     fail(
                         "?",
@@ -485,7 +486,8 @@ class Runner:
                     )
                 # Python side
                 try:
-                    got = codec.encode(case.values)
+                    # numeric lists as arrays: the same values, checked vectorised
+                    got = codec.encode(wire.to_codec(ir, struct, case.values))
                     if got != case.data:
                         fld, details = bytes_failure_details(
                             ir, struct, case.data, got, ("golden", "python")

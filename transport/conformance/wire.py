@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping
+from itertools import chain
 from typing import IO, Any
 
 import msgpack
@@ -143,8 +144,15 @@ def _array_to_wire(f: FieldIR, item: Any) -> Any:
             item = item.astype(np.float64)
         return item.reshape(-1).tolist() if f.shape is not None else item.tolist()
     if isinstance(item, list | tuple):
-        return [_leaf_to_wire(f, v) for v in _flat(f, item)]
+        flat = _flat(f, item)
+        kinds = set(map(type, flat))
+        if kinds <= ({float} if f.kind == "float" else {int, bool}):
+            return list(flat)  # already plain: what _leaf_to_wire would give, element by element
+        return [_leaf_to_wire(f, v) for v in flat]
     return item
+
+
+_SEQUENCES: set[type] = {list, tuple}
 
 
 def _flat(f: FieldIR, items: Any) -> Any:
@@ -153,7 +161,16 @@ def _flat(f: FieldIR, items: Any) -> Any:
         return items
     if isinstance(items, np.ndarray):
         return items.reshape(-1)
-    out: list[Any] = []
+    if isinstance(items, list | tuple):  # nested lists: one C-level chain per dimension
+        level = items
+        for _ in range(len(f.shape) - 1):
+            kinds = set(map(type, level))
+            if not kinds or not kinds <= _SEQUENCES:
+                break  # flat already (row-major elements), or irregular
+            level = list(chain.from_iterable(level))
+        if not any(issubclass(t, list | tuple | np.ndarray) for t in set(map(type, level))):
+            return list(level)
+    out: list[Any] = []  # irregular nesting: element by element, as deep as it goes
     stack = [items]
     while stack:
         item = stack.pop()
@@ -172,6 +189,8 @@ def _leaf_from_wire(f: FieldIR, value: Any) -> Any:
 
 def _array_from_wire(f: FieldIR, item: Any) -> Any:
     if f.kind in ("int", "enum") and isinstance(item, list | tuple):
+        if float not in set(map(type, item)):
+            return list(item)  # no float to make an int of
         return [int(v) if type(v) is float and v.is_integer() else v for v in item]
     return item
 
@@ -181,15 +200,16 @@ def _array_to_codec(f: FieldIR, item: Any) -> Any:
     item = _array_from_wire(f, item)
     if not isinstance(item, list) or not item:
         return item
+    kinds = set(map(type, item))
     if f.kind == "float":
-        if all(type(v) is float for v in item):
+        if kinds <= {float}:
             return np.array(item, dtype=np.float64)
     elif f.kind == "int":
-        if all(type(v) is int for v in item):
+        if kinds <= {int}:
             arr = np.array(item) if -(2**63) <= min(item) and max(item) < 2**64 else None
             if arr is not None and arr.dtype.kind in "iu":
                 return arr
-    elif f.kind == "bool" and all(type(v) is bool for v in item):
+    elif f.kind == "bool" and kinds <= {bool}:
         return np.array(item, dtype=bool)
     return item
 
@@ -263,21 +283,23 @@ def _clean_array(f: FieldIR, items: Any) -> np.ndarray | None:
     (the caller then compares element by element and reports the odd one)."""
     items = _flat(f, items)
     if isinstance(items, np.ndarray):
-        kinds = {"float": "f", "bool": "b"}.get(f.kind, "iu")
-        return items if items.ndim == 1 and items.dtype.kind in kinds else None
+        dtype_kinds = {"float": "f", "bool": "b"}.get(f.kind, "iu")
+        return items if items.ndim == 1 and items.dtype.kind in dtype_kinds else None
     if not isinstance(items, list | tuple):
         return None
+    kinds = set(map(type, items))  # the element types, in one C-level pass
     if f.kind == "float":
-        if all(type(v) is float for v in items):
-            return np.array(items, dtype=np.float64)
-        return None
+        return np.array(items, dtype=np.float64) if kinds <= {float} else None
     if f.kind == "bool":
-        return np.array(items, dtype=bool) if all(type(v) is bool for v in items) else None
-    if all(type(v) is int for v in items):
+        return np.array(items, dtype=bool) if kinds <= {bool} else None
+    if kinds <= {int}:
         arr = np.array(items) if items and -(2**63) <= min(items) and max(items) < 2**64 else None
         return arr if arr is not None and arr.dtype.kind in "iu" else None
-    if all(type(v) is float and v.is_integer() and abs(v) <= 2**53 for v in items):
-        return np.array(items, dtype=np.float64)  # JavaScript numbers in an integer field
+    if kinds <= {float}:  # JavaScript numbers in an integer field: each integral, <= 2**53
+        arr = np.array(items, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(arr) & (np.floor(arr) == arr) & (np.abs(arr) <= 2**53)
+        return arr if whole.all() else None
     return None
 
 
