@@ -124,7 +124,9 @@ def http_step(env: str, n: int) -> Callable[[], object]:
             if served.have == len(served.buffer):
                 served._grow(min(end, 2 * len(served.buffer)))
             served._recv()
-        served._answer(head, served.view[body_start:end])
+        body_view = getattr(served, "_body_view", None)  # (a tree from before it)
+        body = served.view[body_start:end] if body_view is None else body_view(body_start, end)
+        served._answer(head, body)
         served.have -= end
 
     def _receive(sock: socket.socket, deadline: float | None) -> tuple[int, memoryview]:

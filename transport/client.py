@@ -181,6 +181,11 @@ _SAFE, _CHECK_RANGE, _LOSSY, _NOT_NUMBERS = 0, 1, 2, 3
 refused (floats into integers) or refused (not numbers)."""
 
 
+_largest = np.maximum.reduce  # the ufuncs themselves: ndarray.max() adds a Python call
+_smallest = np.minimum.reduce
+_UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
+
+
 class ActionShapes:
     """The one rule for what an action argument means (docs/client.md, "Actions"), applied by
     the client before any bytes move, so every backend gives the same answer.
@@ -298,7 +303,20 @@ class ActionShapes:
         return _SAFE if np.can_cast(dtype, self.dtype, "safe") else _CHECK_RANGE
 
     def _fits(self, array: np.ndarray) -> bool:
-        return array.size == 0 or (int(array.min()) >= self.lo and int(array.max()) <= self.hi)
+        """Whether every value of an integer ``array`` fits the action field. Each step of a
+        trainer that passes int64 actions to an int32 field asks: one reduction (the largest
+        value read as unsigned: from 0 to ``hi``, every value fits) decides the common case of
+        no negative action; otherwise its minimum and maximum do."""
+        if array.size == 0:
+            return True
+        if array.dtype.kind == "u":  # nothing below 0: the field's minimum is 0 or less
+            return int(_largest(array, None)) <= self.hi
+        size = array.dtype.itemsize
+        # a negative value read as unsigned is 2**(bits - 1) or more: past hi when hi is less
+        if array.dtype.isnative and size in _UNSIGNED and self.hi < 1 << (8 * size - 1):
+            if int(_largest(array.view(_UNSIGNED[size]), None)) <= self.hi:
+                return True  # every value is in 0..hi
+        return int(_smallest(array, None)) >= self.lo and int(_largest(array, None)) <= self.hi
 
     def _wanted(self, shape: tuple[int, ...]) -> str:
         """What to pass instead of an argument of ``shape``; a batch of the wrong length

@@ -55,6 +55,10 @@ class FramedSocket:
         self._have = 0  # bytes received beyond HEADER_OFFSET that are not yet consumed
         self._header = bytearray(HEADER_SIZE)
         self._pending = b""  # bytes of the next frame(s) that arrived with the previous one
+        # the body view of the last frame, returned again (the same object) for the next frame
+        # of the same length while the buffer stays: a receiver may cache what it builds over
+        # it (the session's actions array), and no view is made per frame
+        self._body: memoryview = self._view[BODY_OFFSET:BODY_OFFSET]
         set_kernel_timeout(sock, timeout)
 
     def ensure_capacity(self, body_len: int) -> None:
@@ -69,6 +73,7 @@ class FramedSocket:
         grown[: HEADER_OFFSET + self._have] = self._view[: HEADER_OFFSET + self._have]
         self.buffer = grown
         self._view = memoryview(grown)
+        self._body = self._view[BODY_OFFSET:BODY_OFFSET]
         self.generation += 1
 
     def send_frame(self, msg_type: int, msg_id: int, body: Any = b"") -> None:
@@ -107,8 +112,14 @@ class FramedSocket:
         frame_len = HEADER_SIZE + body_len
         if self._have < frame_len:  # usually the first read brought the whole frame
             self._fill(frame_len, deadline, inside_frame=True)
-        body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
-        self._consume(frame_len)
+        body = self._body
+        if body.nbytes != body_len:  # (the buffer, when it grew, reset the view to 0 bytes)
+            body = self._body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
+        if self._have == frame_len:  # the common case: nothing pipelined behind the frame
+            self._have = 0
+            self._pending = b""
+        else:
+            self._consume(frame_len)
         if self.watch is not None:
             self.watch.busy()
         return msg_type, msg_id, body
@@ -222,18 +233,21 @@ class StreamChannel(BufferChannel):
 def serve_connection(framed: FramedSocket, session: Session) -> None:
     """Answer one connection's requests until it closes or must be closed (server side)."""
     watch = framed.watch
+    # bound once: the loop runs once per request (issue 24: per-request Python work)
+    recv_frame, send_raw = framed.recv_frame, framed.send_raw
+    handle, frame = session.handle, session.frame
     try:
         while True:
             try:
-                msg_type, msg_id, body = framed.recv_frame()
+                msg_type, msg_id, body = recv_frame()
             except BadFrameError as exc:
                 error_type, error_body = session.error(ErrorCode.BODY_TOO_LARGE, str(exc))
-                framed.send_raw(session.frame(error_type, exc.msg_id, error_body))
+                send_raw(frame(error_type, exc.msg_id, error_body))
                 return
-            resp_type, resp = session.handle(msg_type, body)
+            resp_type, resp = handle(msg_type, body)
             if watch is not None:
                 watch.sending()
-            framed.send_raw(session.frame(resp_type, msg_id, resp))
+            send_raw(frame(resp_type, msg_id, resp))
             if session.closing:
                 return
     except (PeerGoneError, TransportTimeoutError, OSError):

@@ -19,6 +19,8 @@ from transport.runtime.env import Spaces
 
 SCHEMA = pac_env.SCHEMA
 """The schema its results follow (``transport.serve`` finds it here)."""
+_ONE = np.array(1, dtype=np.int64)
+_QUARTER = np.array(0.25, dtype=np.float32)
 
 
 class VectorEchoEnv:
@@ -65,13 +67,15 @@ class VectorEchoEnv:
                 self._out = out
             first, second, reward, life, done = self._columns
             steps = self.steps
-            steps += 1
+            # 0-d operands of the columns' own dtypes: a ufunc call that converts no Python
+            # scalar (~30% less of NumPy's per-call work; the same values)
+            np.add(steps, _ONE, out=steps)
             first[...] = actions
             second[...] = steps
             if actions.dtype.itemsize <= 4 and actions.dtype.kind in "iu":
                 # f32(a) * 0.25 == f32(a / 4) for |a| < 2**32: both round a / 4 once (scaling
                 # by a power of two commutes with rounding); a cast-free f32 multiply
-                np.multiply(first, 0.25, out=reward)
+                np.multiply(first, _QUARTER, out=reward)
             else:
                 reward[...] = actions / 4
             life[...] = steps  # int64 -> u16 wraps: steps & 0xFFFF

@@ -39,6 +39,10 @@ from transport.runtime.core import ACTION_CODES
 from transport.runtime.host import EnvHost
 from transport.runtime.pool import shared_buffer
 
+_VIEWS_KEPT = 64
+"""Response views a session keeps by length (a SAME_STEP tail varies with the envs that ended;
+past this many the cache starts over)."""
+
 
 class Session:
     """One client of a stream server: HELLO, then requests answered in place.
@@ -85,6 +89,15 @@ class Session:
         alloc: Callable[[int], Any] = shared_buffer if host.workers else bytearray
         self.buffer = alloc(BODY_OFFSET + rows * size + 4 + n * (4 + size))
         self._body = memoryview(self.buffer)[BODY_OFFSET:]
+        # per-request views made once (issue 24): response bodies and frames by length, and
+        # the STEP_BATCH actions array of the last request body view (a backend that hands
+        # the same view object again, its body in the same place, reuses the array, and with
+        # it the runtime's screens and the env's caches keyed on the array)
+        self._frame_view = memoryview(self.buffer)
+        self._body_views: dict[int, memoryview] = {}
+        self._frames: dict[int, memoryview] = {}
+        self._batch_body: memoryview | None = None
+        self._batch_actions: np.ndarray = np.zeros(0)
         results = self.result.view(self.buffer, BODY_OFFSET, count=rows)
         self._finals_buffer = alloc(n * size)
         finals = self.result.view(self._finals_buffer, 0, count=n)
@@ -144,7 +157,12 @@ class Session:
             if self._async is not None and self._async.batches.count:
                 self._async.batches.check_idle(msg_type)
             resp_type, length = handler(body)
-            return resp_type, self._body[:length]
+            view = self._body_views.get(length)
+            if view is None:
+                if len(self._body_views) >= _VIEWS_KEPT:
+                    self._body_views.clear()
+                view = self._body_views[length] = self._body[:length]
+            return resp_type, view
         except RequestError as exc:
             return self.error(exc.code, exc.text)
         except Exception as exc:  # a bug must not take the server down (env errors: runtime)
@@ -161,7 +179,13 @@ class Session:
         length = body.nbytes
         if body.obj is self.buffer:
             HEADER.pack_into(self.buffer, HEADER_OFFSET, msg_type, msg_id, length)
-            return memoryview(self.buffer)[HEADER_OFFSET : BODY_OFFSET + length]
+            frame = self._frames.get(length)
+            if frame is None:
+                if len(self._frames) >= _VIEWS_KEPT:
+                    self._frames.clear()
+                frame = self._frame_view[HEADER_OFFSET : BODY_OFFSET + length]
+                self._frames[length] = frame
+            return frame
         return memoryview(HEADER.pack(msg_type, msg_id, length) + bytes(body))
 
     # -- requests ------------------------------------------------------------------------------
@@ -231,15 +255,19 @@ class Session:
         return self.ids.STEP_MULTI_RESP, self._results_length(runtime.seats, ended)
 
     def _step_batch(self, body: memoryview) -> tuple[int, int]:
-        size = self.step_request.size
-        if body.nbytes != self.num_envs * size:
-            raise RequestError(
-                ErrorCode.BAD_BATCH,
-                f"STEP_BATCH_REQ carries {body.nbytes // size if size else 0} actions "
-                f"({body.nbytes} bytes); this server has {self.num_envs} envs",
-            )
-        # the size is checked above: a view of the body as N request records, made directly
-        actions = np.ndarray(self._batch_shape, self._request_dtype, body)[self.action_name]
+        if body is self._batch_body:  # the same view as last time: its size was checked
+            actions = self._batch_actions
+        else:
+            size = self.step_request.size
+            if body.nbytes != self.num_envs * size:
+                raise RequestError(
+                    ErrorCode.BAD_BATCH,
+                    f"STEP_BATCH_REQ carries {body.nbytes // size if size else 0} actions "
+                    f"({body.nbytes} bytes); this server has {self.num_envs} envs",
+                )
+            # the size is checked above: a view of the body as N request records, made directly
+            actions = np.ndarray(self._batch_shape, self._request_dtype, body)[self.action_name]
+            self._batch_body, self._batch_actions = body, actions
         ended = self.runtime.step(actions)
         return self.ids.STEP_BATCH_RESP, self._results_length(self.num_envs, ended)
 

@@ -52,6 +52,7 @@ class VectorEnvs(Runner):
         self.subsets = bool(getattr(env, "steps_subsets", True))
         self.native_next_step = bool(getattr(env, "autoreset_next_step", False))
         self._all = np.arange(n, dtype=np.int64)
+        self._n_shape = (n,)
         self._one_action = np.zeros((n, *action.shape), dtype=action.base)  # step_one's block
         self._names = frozenset(results.dtype.names or ())
 
@@ -134,6 +135,27 @@ class VectorEnvs(Runner):
         if failures:
             raise failures[0][1]
         return bool(ended)
+
+    def step(
+        self, actions: Sequence[int] | np.ndarray, mode: AutoReset
+    ) -> tuple[list[int], Failures]:
+        """Every env: ``step_except`` with no env skipped, its common case (an (N, ...) array
+        of actions, no env to reset first, no finals to keep) as one ``step_envs`` call with
+        nothing else done per request (issue 24: the socket paths' per-request work)."""
+        if (
+            mode == _SAME_STEP
+            or type(actions) is not np.ndarray
+            or actions.shape[:1] != self._n_shape
+            or (mode == _NEXT_STEP and not self.native_next_step and self.ended() is not None)
+        ):
+            return self.step_except(actions, mode, None)
+        try:
+            out = self.env.step_envs(actions, None, self.rows)
+            if out is not None:
+                self._columns(None, out)
+        except Exception as exc:  # every env of the call failed
+            return [], [(i, exc) for i in self._all.tolist()]
+        return [], []
 
     def step_except(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None

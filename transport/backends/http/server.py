@@ -186,6 +186,8 @@ class _Connection:
         self.hello_body = encode_hello(self.schema.fingerprint)
         self.buffer = bytearray(_INITIAL_BUFFER)
         self.view = memoryview(self.buffer)
+        self._body = self.view[:0]  # ``_body_view``'s last view, and where it starts
+        self._body_at = 0
         self.have = 0
         self.heads: dict[bytes, _RequestHead] = {}
         self.replies: dict[tuple[int, int, bool], bytes] = {}
@@ -208,6 +210,16 @@ class _Connection:
             raise PeerGoneError("client closed the connection")
         self.have += n
         return n
+
+    def _body_view(self, start: int, end: int) -> memoryview:
+        """The buffer's bytes start..end: the same view object as last time when the body is
+        where it was (a keep-alive client's heads are alike), so the session reuses what it
+        built over it (its STEP_BATCH actions array) and no view is made per request."""
+        body = self._body
+        if start != self._body_at or body.nbytes != end - start or body.obj is not self.buffer:
+            body = self._body = self.view[start:end]
+            self._body_at = start
+        return body
 
     def _grow(self, size: int) -> None:
         grown = bytearray(size)
@@ -290,7 +302,7 @@ class _Connection:
                     self._recv()
                 if self.watch is not None:
                     self.watch.busy()
-                keep = self._answer(head, self.view[body_start:end])
+                keep = self._answer(head, self._body_view(body_start, end))
                 rest = self.have - end
                 if rest:  # pipelined bytes of the next request (rare)
                     self.buffer[:rest] = bytes(self.view[end : self.have])

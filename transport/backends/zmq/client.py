@@ -90,6 +90,7 @@ class ZmqChannel(BufferChannel):
         self.max_body = max_body
         self._buffer = bytearray(BODY_OFFSET + capacity)
         self._view = memoryview(self._buffer)
+        self._body = self._view[BODY_OFFSET:BODY_OFFSET]  # ``_body_view``'s last view
         self._generation = 0
         self._header = bytearray(HEADER_SIZE)
         self._next_id = 1
@@ -184,7 +185,7 @@ class ZmqChannel(BufferChannel):
                 self._raise_if_lost()
             else:
                 if resp_id == msg_id:
-                    return resp_type, self._view[BODY_OFFSET : BODY_OFFSET + body_len]
+                    return resp_type, self._body_view(body_len)
                 log.debug("discarded a stale reply (msg_id %d, awaiting %d)", resp_id, msg_id)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransportTimeoutError(
@@ -206,7 +207,7 @@ class ZmqChannel(BufferChannel):
             error.msg_id = msg_id
             raise error
         self._ensure_capacity(body_len)
-        got = sock.recv_into(self._view[BODY_OFFSET : BODY_OFFSET + body_len])
+        got = sock.recv_into(self._body_view(body_len))
         if got != body_len or _more(sock):
             self._drain_parts()
             raise BadFrameError(f"reply body part is {got} bytes, its header says {body_len}")
@@ -216,11 +217,21 @@ class ZmqChannel(BufferChannel):
         while _more(self._sock):
             self._sock.recv_into(_DISCARD)
 
+    def _body_view(self, body_len: int) -> memoryview:
+        """The buffer's ``body_len`` bytes at BODY_OFFSET: the same view object for the same
+        length while the buffer stays (made once, not per message; a session reuses what it
+        built over it, e.g. its STEP_BATCH actions array)."""
+        body = self._body
+        if body.nbytes != body_len:
+            body = self._body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
+        return body
+
     def _ensure_capacity(self, body_len: int) -> None:
         needed = BODY_OFFSET + body_len
         if needed > len(self._buffer):
             self._buffer = bytearray(max(needed, 2 * len(self._buffer)))
             self._view = memoryview(self._buffer)
+            self._body = self._view[BODY_OFFSET:BODY_OFFSET]
             self._generation += 1
 
     def _drain_monitor(self) -> None:
