@@ -96,9 +96,9 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
         assert hist.percentile(50.0) / 1000.0 == pytest.approx(row["p50_us"])
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("probe")
+def run_quick(out: Path) -> dict[str, Any]:
+    """``transport-probe --quick`` with JSON, plot and markdown into ``out``: the main job,
+    about a minute on 2 cores, so one test runs it once and checks everything it made."""
     results_md = out / "RESULTS.md"
     others = "# Results\n\n## Codec (written by someone else)\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
     results_md.write_text(others)
@@ -131,7 +131,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def test_quick_run_exits_zero_and_prints_the_table(quick_run: dict[str, Any]) -> None:
+def check_exits_zero_and_prints_the_table(quick_run: dict[str, Any]) -> None:
     assert quick_run["status"] == 0, quick_run["stdout"] + quick_run["stderr"]
     out = quick_run["stdout"]
     assert "p99.9 us" in out and "c-floor-futex" in out and "c-floor-unix" in out
@@ -140,7 +140,7 @@ def test_quick_run_exits_zero_and_prints_the_table(quick_run: dict[str, Any]) ->
     assert "auto" not in quick_run["stderr"] and "auto" not in out
 
 
-def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
+def check_json_schema(quick_run: dict[str, Any]) -> None:
     doc = json.loads((quick_run["dir"] / "probe.json").read_text())
     assert doc["tool"] == "transport-probe" and doc["ok"] is True and doc["failed"] == []
     assert MACHINE_KEYS <= doc["machine"].keys()
@@ -195,7 +195,7 @@ def test_quick_run_json_schema(quick_run: dict[str, Any]) -> None:
     assert batches == {1, 8, 64}
 
 
-def test_quick_run_plot_and_markdown(quick_run: dict[str, Any]) -> None:
+def check_plot_and_markdown(quick_run: dict[str, Any]) -> None:
     png = (quick_run["dir"] / "probe.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     text = (quick_run["dir"] / "RESULTS.md").read_text()
@@ -204,11 +204,21 @@ def test_quick_run_plot_and_markdown(quick_run: dict[str, Any]) -> None:
     assert "transport-probe --quick" in block and "| unix | python | 1 |" in block
 
 
-def test_quick_run_leaves_nothing_behind(quick_run: dict[str, Any]) -> None:
+def check_leaves_nothing_behind(quick_run: dict[str, Any]) -> None:
     assert tagged(quick_run["tag"]) == []
     if os.path.isdir("/dev/shm"):
         new = set(os.listdir("/dev/shm")) - quick_run["shm_before"]
         assert not [n for n in new if n.startswith("transport-tprobe")]
+
+
+def test_quick_run(tmp_path: Path) -> None:
+    """The main job as README runs it: the table, the JSON, the plot and markdown, no leftovers
+    (one test: the run is shared, and a module fixture would run once per xdist worker)."""
+    quick_run = run_quick(tmp_path)
+    check_exits_zero_and_prints_the_table(quick_run)
+    check_json_schema(quick_run)
+    check_plot_and_markdown(quick_run)
+    check_leaves_nothing_behind(quick_run)
 
 
 def test_probe_a_running_server_by_url(tmp_path: Path) -> None:
