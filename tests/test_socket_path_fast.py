@@ -177,18 +177,15 @@ def test_fits_agrees_with_min_and_max(field: str, given: str) -> None:
 
 
 def test_zmq_body_view_is_kept_per_length() -> None:
-    from transport.backends.zmq.server import Listener
+    from transport.backends.zmq.wire import ReceiveBuffer
 
-    listener = Listener.__new__(Listener)
-    listener._buffer = bytearray(64)
-    listener._view = memoryview(listener._buffer)
-    listener._body = listener._view[:0]
-    first = listener._body_view(16)
-    assert listener._body_view(16) is first
-    assert listener._body_view(8) is not first and listener._body_view(8).nbytes == 8
-    listener._ensure_capacity(1 << 12)  # a new buffer: a new view of it
-    grown = listener._body_view(8)
-    assert grown.obj is listener._buffer and grown.nbytes == 8
+    receive = ReceiveBuffer(64)
+    first = receive.body(16)
+    assert receive.body(16) is first
+    assert receive.body(8) is not first and receive.body(8).nbytes == 8
+    receive.ensure_capacity(1 << 12)  # a new buffer: a new view of it
+    grown = receive.body(8)
+    assert grown.obj is receive.buffer and grown.nbytes == 8 and receive.generation == 1
 
 
 def test_http_body_view_is_kept_while_the_body_stays_in_place() -> None:

@@ -25,6 +25,7 @@ from transport.backends.zmq.wire import (
     ZERO_COPY_THRESHOLD,
     Address,
     Context,
+    ReceiveBuffer,
     Sock,
     _common_options,
     _more,
@@ -39,7 +40,6 @@ from transport.errors import (
     TransportTimeoutError,
 )
 from transport.protocol import (
-    BODY_OFFSET,
     DEFAULT_MAX_BODY,
     HEADER,
     HEADER_SIZE,
@@ -88,10 +88,7 @@ class ZmqChannel(BufferChannel):
         self.address = address
         self.timeout = timeout
         self.max_body = max_body
-        self._buffer = bytearray(BODY_OFFSET + capacity)
-        self._view = memoryview(self._buffer)
-        self._body = self._view[BODY_OFFSET:BODY_OFFSET]  # ``_body_view``'s last view
-        self._generation = 0
+        self._receive = ReceiveBuffer(capacity)
         self._header = bytearray(HEADER_SIZE)
         self._next_id = 1
         self._connected = False
@@ -125,11 +122,11 @@ class ZmqChannel(BufferChannel):
 
     @property
     def buffer(self) -> bytearray:
-        return self._buffer
+        return self._receive.buffer
 
     @property
     def generation(self) -> int:
-        return self._generation
+        return self._receive.generation
 
     def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -185,7 +182,7 @@ class ZmqChannel(BufferChannel):
                 self._raise_if_lost()
             else:
                 if resp_id == msg_id:
-                    return resp_type, self._body_view(body_len)
+                    return resp_type, self._receive.body(body_len)
                 log.debug("discarded a stale reply (msg_id %d, awaiting %d)", resp_id, msg_id)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransportTimeoutError(
@@ -206,8 +203,8 @@ class ZmqChannel(BufferChannel):
             error = BadFrameError(f"reply body_len {body_len} exceeds the maximum {self.max_body}")
             error.msg_id = msg_id
             raise error
-        self._ensure_capacity(body_len)
-        got = sock.recv_into(self._body_view(body_len))
+        self._receive.ensure_capacity(body_len)
+        got = sock.recv_into(self._receive.body(body_len))
         if got != body_len or _more(sock):
             self._drain_parts()
             raise BadFrameError(f"reply body part is {got} bytes, its header says {body_len}")
@@ -216,23 +213,6 @@ class ZmqChannel(BufferChannel):
     def _drain_parts(self) -> None:
         while _more(self._sock):
             self._sock.recv_into(_DISCARD)
-
-    def _body_view(self, body_len: int) -> memoryview:
-        """The buffer's ``body_len`` bytes at BODY_OFFSET: the same view object for the same
-        length while the buffer stays (made once, not per message; a session reuses what it
-        built over it, e.g. its STEP_BATCH actions array)."""
-        body = self._body
-        if body.nbytes != body_len:
-            body = self._body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
-        return body
-
-    def _ensure_capacity(self, body_len: int) -> None:
-        needed = BODY_OFFSET + body_len
-        if needed > len(self._buffer):
-            self._buffer = bytearray(max(needed, 2 * len(self._buffer)))
-            self._view = memoryview(self._buffer)
-            self._body = self._view[BODY_OFFSET:BODY_OFFSET]
-            self._generation += 1
 
     def _drain_monitor(self) -> None:
         monitor = self._monitor

@@ -26,6 +26,7 @@ from transport.backends.zmq.wire import (
     ZERO_COPY_THRESHOLD,
     Address,
     Context,
+    ReceiveBuffer,
     Sock,
     _common_options,
     _more,
@@ -36,7 +37,6 @@ from transport.errors import (
     ConnectError,
 )
 from transport.protocol import (
-    BODY_OFFSET,
     CLOSING_ERRORS,
     DEFAULT_MAX_BODY,
     HEADER,
@@ -80,9 +80,7 @@ class Listener:
         self._inode: int | None = None
         self._sessions: OrderedDict[bytes, Session] = OrderedDict()
         self._trackers: dict[bytes, zmq.MessageTracker] = {}
-        self._buffer = bytearray(BODY_OFFSET + (64 << 10))
-        self._view = memoryview(self._buffer)
-        self._body = self._view[BODY_OFFSET:BODY_OFFSET]  # ``_body_view``'s last view
+        self._receive = ReceiveBuffer(64 << 10)
         self._header = bytearray(HEADER_SIZE)
         self._lock = threading.Lock()
         self._closed = False
@@ -189,8 +187,8 @@ class Listener:
             )
         if _more(sock):
             if problem is None:
-                self._ensure_capacity(body_len)
-                got = sock.recv_into(self._body_view(body_len))
+                self._receive.ensure_capacity(body_len)
+                got = sock.recv_into(self._receive.body(body_len))
                 if got != body_len:
                     problem = (
                         ErrorCode.BAD_FRAME,
@@ -225,7 +223,7 @@ class Listener:
                 log.warning("dropping a session whose client does not read its replies")
                 self._drop(identity)
                 return
-        resp_type, resp = session.handle(msg_type, self._body_view(body_len))
+        resp_type, resp = session.handle(msg_type, self._receive.body(body_len))
         if session.closing:
             self._drop(identity)
         sent = self._reply(sock, identity, envelope, resp_type, msg_id, resp)
@@ -279,22 +277,6 @@ class Listener:
             else:  # EAGAIN: its queue is full (a client that stopped reading)
                 log.warning("dropped a reply to a client whose queue is full: %s", exc)
         return None
-
-    def _body_view(self, body_len: int) -> memoryview:
-        """The buffer's ``body_len`` bytes at BODY_OFFSET: the same view object for the same
-        length while the buffer stays (made once, not per message; a session reuses what it
-        built over it, e.g. its STEP_BATCH actions array)."""
-        body = self._body
-        if body.nbytes != body_len:
-            body = self._body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
-        return body
-
-    def _ensure_capacity(self, body_len: int) -> None:
-        needed = BODY_OFFSET + body_len
-        if needed > len(self._buffer):
-            self._buffer = bytearray(max(needed, 2 * len(self._buffer)))
-            self._view = memoryview(self._buffer)
-            self._body = self._view[BODY_OFFSET:BODY_OFFSET]
 
     def close(self) -> None:
         """Stop serving, close the socket and remove the ipc file (if still ours)."""

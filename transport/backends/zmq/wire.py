@@ -16,6 +16,7 @@ from transport.errors import (
     ConnectError,
 )
 from transport.protocol import (
+    BODY_OFFSET,
     HEADER_SIZE,
 )
 
@@ -28,6 +29,36 @@ Measured (docs/zmq.md): tracking a zero-copy send costs ~40 us, more than copyin
 below 1 MiB a copy into the zmq message is cheaper."""
 DEFAULT_HEARTBEAT = 1.0
 """ZMTP heartbeat interval in seconds; a peer silent for 3 intervals is disconnected."""
+
+
+class ReceiveBuffer:
+    """A growing buffer a body part is received into, at BODY_OFFSET (both zmq sides). The
+    body view of a length is made once and handed on again while the buffer stays, so what a
+    receiver builds over it (a session's STEP_BATCH actions array) is reused, not rebuilt."""
+
+    def __init__(self, capacity: int) -> None:
+        self.buffer = bytearray(BODY_OFFSET + capacity)
+        self.generation = 0  # bumped when the buffer is replaced (views of the old one go stale)
+        self._view = memoryview(self.buffer)
+        self._body = self._view[BODY_OFFSET:BODY_OFFSET]
+
+    def body(self, body_len: int) -> memoryview:
+        """The buffer's ``body_len`` bytes at BODY_OFFSET (the same view for the same length)."""
+        body = self._body
+        if body.nbytes != body_len:
+            body = self._body = self._view[BODY_OFFSET : BODY_OFFSET + body_len]
+        return body
+
+    def ensure_capacity(self, body_len: int) -> None:
+        """Room for a body of ``body_len`` bytes (a new, larger buffer when there is none)."""
+        needed = BODY_OFFSET + body_len
+        if needed > len(self.buffer):
+            self.buffer = bytearray(max(needed, 2 * len(self.buffer)))
+            self._view = memoryview(self.buffer)
+            self._body = self._view[BODY_OFFSET:BODY_OFFSET]
+            self.generation += 1
+
+
 MAX_HEARTBEAT = 86400.0
 """The longest ``?heartbeat=`` interval (a day: 3 intervals in ms still fit libzmq's int)."""
 MAX_SESSIONS = 1024
