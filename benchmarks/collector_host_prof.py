@@ -81,17 +81,8 @@ def run(
                 return mask.to(torch.uint8).argmax(dim=1)
 
             inner = client.client
-            step = inner.step
-            spent = [0.0]  # (thread_time is a ~100 us system call here: wall time only)
-
-            def timed(actions: Any, **kwargs: Any) -> Any:
-                start = time.perf_counter()
-                try:
-                    return step(actions, **kwargs)
-                finally:
-                    spent[0] += time.perf_counter() - start
-
-            inner.step = timed  # type: ignore[method-assign]
+            # (thread_time is a ~100 us system call here: wall time only)
+            spent = gpu_bench.time_round_trips(inner)
             collector = RolloutCollector(client, policy, steps, seed=0)
             collector.collect()  # warm-up
             if offline:

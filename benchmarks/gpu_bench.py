@@ -465,6 +465,23 @@ def policy_table(device: Any, reps: int, budget: Budget) -> list[dict[str, Any]]
 # -- 3. collector --------------------------------------------------------------------------------
 
 
+def time_round_trips(inner: Any) -> list[float]:
+    """Wrap ``inner.step`` (the NumPy client's) to sum its wall seconds into the returned
+    one-item list: a collector step minus that is the collector's own work."""
+    step = inner.step
+    spent = [0.0]
+
+    def timed(actions: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return step(actions, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    inner.step = timed
+    return spent
+
+
 def spawn(env: str, n: int) -> tuple[str, subprocess.Popen[str]]:
     url = f"shm://gpu-bench-{uuid.uuid4().hex[:8]}"
     if env == "tetris":
@@ -527,18 +544,7 @@ def collector_row(
             def policy(obs: Any, mask: Any) -> Any:
                 return masked_sample(net, obs.flatten(1).float(), mask & allowed)
 
-            inner = client.client
-            step = inner.step
-            spent = [0.0]
-
-            def timed(actions: Any, **kwargs: Any) -> Any:
-                start = time.perf_counter()
-                try:
-                    return step(actions, **kwargs)
-                finally:
-                    spent[0] += time.perf_counter() - start
-
-            inner.step = timed  # type: ignore[method-assign]
+            spent = time_round_trips(client.client)
             steps = 16
             collector = RolloutCollector(client, policy, steps, seed=0, cuda_graph=graph)
             collector.collect()  # warm-up: allocation, first reset, kernels
