@@ -96,6 +96,7 @@ class Listener:
         self.stop_reason: str | None = None  # why serve_forever returned without close()
         self.lease: _Lease | None = None
         self._flying: AsyncBatches | None = None  # the lease's envs in a pool, while any are
+        self._closing: EnvRuntime | None = None  # a SHUTDOWN's runtime, closed once answered
         self._spare: EnvRuntime | None = None
         self._watch: RegionWatch | None = None
         self._side = SideWriter(self.shm)  # info maps a slot cannot hold (frames): on demand
@@ -362,15 +363,24 @@ class Listener:
         ctx, pending = self._ctx, self._pending_ptr
         count = _server_pending(ctx, pending, self._command_offset, self._same_cmd)
         if self._flying is not None:
-            self._pending[self._flying.in_flight] = 0  # answered when their env ends
+            flying = self._flying.in_flight
+            if self._shutdown_in_flight(flying):
+                return
+            self._pending[flying] = 0  # answered when their env ends
             count = int(np.count_nonzero(self._pending))
         if count == 0:
             return
         lease = self.lease
         pid = self._words.item(_CLIENT_PID_WORD)
-        if lease is None or lease.client_pid != pid:
-            lease = self._new_lease(pid) if pid else None
         cmd = self._same_cmd[0]
+        if lease is None or lease.client_pid != pid:
+            if cmd == _SHUTDOWN:  # no session of this client to end: none is made (a pool)
+                closing = self._drop_lease(close=False)  # a previous holder's, if any
+                _server_publish(ctx, pending, 0)
+                if closing is not None:
+                    closing.close()
+                return
+            lease = self._new_lease(pid) if pid else None
         status = 0
         try:
             if lease is None:
@@ -395,7 +405,7 @@ class Listener:
             elif cmd == _STEP_MULTI and count == runtime.seats and self._pending[0]:
                 self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
             elif cmd == _SHUTDOWN:
-                self._drop_lease()
+                self._closing = self._drop_lease(close=False)
             else:
                 self._mixed(runtime)
                 status = -1  # statuses written per slot
@@ -421,6 +431,10 @@ class Listener:
             for index in np.flatnonzero(self._pending).tolist():
                 self._checksums.stamp(index)
         _server_publish(ctx, pending, status)
+        closing = self._closing
+        if closing is not None:  # after the answer: a pool's close may wait for a busy worker
+            self._closing = None
+            closing.close()
 
     def _to_columns(self, ids: np.ndarray | list[int] | None) -> None:
         """Column layout: the runtime's rows of envs ``ids`` (None: every env) into the result
@@ -457,14 +471,20 @@ class Listener:
         if region is not None and region.recv_hint is not None:
             native.store_release(region.recv_hint, 0)
 
-    def _drop_lease(self) -> None:
+    def _drop_lease(self, close: bool = True) -> EnvRuntime | None:
         """The client said SHUTDOWN or died: its envs go (a worker pool stops); slot 0's info
-        area says the server's info again (OBSERVE wrote env info there)."""
-        if self.lease is not None:
-            self.lease.runtime.close()
+        area says the server's info again (OBSERVE wrote env info there). ``close=False``: the
+        lease's runtime is returned to be closed by the caller once it answered the SHUTDOWN
+        (closing a pool waits up to 2 s for a worker busy in a step; the client's close waits
+        1 s for its answer)."""
+        runtime = self.lease.runtime if self.lease is not None else None
         self.lease = self._flying = None
         self._clear_recv_hint()
         self._write_info(0, self._server_info)
+        if runtime is not None and close:
+            runtime.close()
+            return None
+        return runtime
 
     def _write_info(self, index: int, data: bytes) -> None:
         """A msgpack map into slot ``index``'s info area (info_len 0 when it does not fit)."""
@@ -526,7 +546,9 @@ class Listener:
             try:
                 cmd = int(self._commands[i])
                 if cmd == SlotCommand.SHUTDOWN:
-                    self._drop_lease()
+                    closing = self._drop_lease(close=False)
+                    if closing is not None:
+                        self._closing = closing
                 elif cmd == SlotCommand.HELLO:
                     runtime.set_autoreset(int(self._modes[i]))
                 elif cmd == SlotCommand.STEP:
@@ -544,6 +566,26 @@ class Listener:
             self._status[i] = code
 
     # -- asynchronous batches on a worker pool (docs/shm.md) ------------------------------------
+
+    def _shutdown_in_flight(self, flying: np.ndarray) -> bool:
+        """A SHUTDOWN in a slot whose env is still in the pool (a client closed with envs in
+        flight: its close writes SHUTDOWN into every slot). Answered at once, every pending slot
+        with status 0, then the session's pool is closed (its in-flight envs are dropped; a
+        worker stuck in a step is killed after its grace): the client's close, bounded to 1 s,
+        must not wait for the envs, and its lease is free for the next client as soon as it
+        is answered. False (nothing done) when no in-flight slot carries a SHUTDOWN."""
+        n = flying.shape[0]
+        again = flying & (self._pending[:n] != 0)  # a new request over an env in flight
+        if not again.any() or not (self._commands[:n][again] == _SHUTDOWN).any():
+            return False
+        closing = self._drop_lease(close=False)
+        if self._checksums is not None:
+            for index in np.flatnonzero(self._pending).tolist():
+                self._checksums.stamp(index)
+        _server_publish(self._ctx, self._pending_ptr, 0)
+        if closing is not None:
+            closing.close()
+        return True
 
     def _submit(self, batches: AsyncBatches) -> None:
         """The pending STEP slots go to the pool at once; they leave ``_pending`` (answered by
@@ -660,7 +702,9 @@ class Listener:
             self.lease.runtime.close()
         if self._spare is not None:
             self._spare.close()
-        self.lease = self._spare = self._flying = self._watch = None
+        if self._closing is not None:
+            self._closing.close()
+        self.lease = self._spare = self._flying = self._watch = self._closing = None
         self.results = self.finals = np.zeros(0)
         self._columns = []
         self._final_seqs = np.zeros(0, dtype=np.uint32)

@@ -567,6 +567,7 @@ export class ShmListener implements Listener {
     const reqOff = off(layout.slot, "sem_action_ready");
     const respOff = off(layout.slot, "sem_result_ready");
     const cmdOff = off(layout.slot, "command");
+    if (this.#inFlightCount > 0 && this.#shutdownInFlight()) return;
     let count = 0;
     let below = 0; // pending slots among 0..n-1
     let cmd = -2;
@@ -588,13 +589,26 @@ export class ShmListener implements Listener {
     if (count === 0) return;
     const pid = Atomics.load(words, this.#clientPidWord) >>> 0;
     let lease = this.#lease;
-    if (lease === null || lease.clientPid !== pid) lease = pid ? this.#newLease(pid) : null;
+    if (lease === null || lease.clientPid !== pid) {
+      // a SHUTDOWN with no session of this client (a close that raced its own SEND, a server
+      // that already ended it): answered without making one (a worker pool) to drop it again
+      if (cmd === SlotCommand.SHUTDOWN) {
+        this.#dropLease(); // a previous holder's, if any
+        lease = null;
+      } else {
+        lease = pid ? this.#newLease(pid) : null;
+      }
+    }
     const all = count === n && below === n;
     let status = 0;
     try {
-      if (lease === null) throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
-      const runtime = lease.runtime;
-      if (cmd === SlotCommand.STEP_MULTI) {
+      if (lease === null && cmd !== SlotCommand.SHUTDOWN) {
+        throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
+      }
+      const runtime = lease?.runtime;
+      if (runtime === undefined) {
+        // a SHUTDOWN with no session: answered below (status 0)
+      } else if (cmd === SlotCommand.STEP_MULTI) {
         this.#stepMulti(runtime, count);
       } else if (all && cmd === SlotCommand.STEP) {
         this.#readActions(runtime, 0, n);
@@ -647,6 +661,54 @@ export class ShmListener implements Listener {
       this.#checksums?.stamp(i);
       publishWord(region, layout.slotBase(i) + respOff, seqs[i] as number); // results, status, checksum, word
     }
+  }
+
+  /**
+   * A SHUTDOWN in a slot whose env is still in the pool (a client closed with envs in flight:
+   * its close writes SHUTDOWN into every slot; its request word moved past the STEP's sequence
+   * the server answers when the env ends). Answered at once, every slot with a request (status
+   * 0), after the lease's envs are dropped (worker threads terminated, in-flight results never
+   * published): the client's close, bounded to 1 s, must not wait for the envs, and the lease is
+   * free for the next client once it is answered. False (nothing done) when no in-flight slot
+   * carries a SHUTDOWN. As the Python server's `_shutdown_in_flight`.
+   */
+  #shutdownInFlight(): boolean {
+    const region = this.region;
+    const words = region.words;
+    const layout = this.layout;
+    const k = this.numSlots;
+    const reqOff = off(layout.slot, "sem_action_ready");
+    const respOff = off(layout.slot, "sem_result_ready");
+    const cmdOff = off(layout.slot, "command");
+    let found = false;
+    for (let i = 0; i < k && !found; i++) {
+      if (!this.#inFlight[i]) continue;
+      const base = layout.slotBase(i);
+      const req = Atomics.load(words, (base + reqOff) >> 2) & SEQ_MASK;
+      // seqs[i]: the STEP's sequence, answered when its env ends; a newer request is the client's
+      if (req !== (this.#seqs[i] as number) && words[(base + cmdOff) >> 2] === SlotCommand.SHUTDOWN) found = true;
+    }
+    if (!found) return false;
+    const pending = this.#pending;
+    for (let i = 0; i < k; i++) {
+      const base = layout.slotBase(i);
+      const req = Atomics.load(words, (base + reqOff) >> 2) & SEQ_MASK;
+      const resp = Atomics.load(words, (base + respOff) >> 2) & SEQ_MASK;
+      pending[i] = req !== resp ? 1 : 0;
+      if (pending[i]) this.#seqs[i] = req;
+    }
+    this.#dropLease(); // in-flight flags cleared: nothing of the old session is published later
+    const statusOff = off(layout.slot, "status");
+    for (let i = 0; i < k; i++) {
+      if (!pending[i]) continue;
+      region.dv.setUint16(layout.slotBase(i) + statusOff, 0, true);
+    }
+    for (let i = 0; i < k; i++) {
+      if (!pending[i]) continue;
+      this.#checksums?.stamp(i);
+      publishWord(region, layout.slotBase(i) + respOff, this.#seqs[i] as number);
+    }
+    return true;
   }
 
   /** STEP_MULTI on slots 0..seats-1 (one seat action each) and no others: the runtime's. */
