@@ -24,28 +24,20 @@ import * as pac_env from "../generated/pac_env";
 import { type Client, RemoteError, connect } from "../index";
 import { AutoReset, ErrorCode, MESSAGE_IDS as IDS, encodeHello } from "../protocol";
 import { LATER, sessionFactory } from "../runtime/session";
+import { GATE_ENV, waitForGate } from "./gate";
 
 const N = 4;
 /** Actions of the gated env: SLOW waits for the gate file, POISON throws, EXIT ends the thread. */
 const SLOW = 50;
 const POISON = 7;
 const EXIT = 8;
-const GATE_ENV = "TRANSPORT_TEST_GATE";
-const SLEEPER = new Int32Array(new SharedArrayBuffer(4));
 
 /** Echo, but SLOW waits (up to 20 s) until the file `$TRANSPORT_TEST_GATE` exists. */
 class GatedEnv extends EchoEnv {
   override step(action: number): EchoResult {
     if (action === POISON) throw new TypeError("poisoned action");
     if (action === EXIT) process.exit(3);
-    if (action === SLOW) {
-      const gate = process.env[GATE_ENV] ?? "";
-      const deadline = Date.now() + 20_000;
-      while (!existsSync(gate)) {
-        if (Date.now() > deadline) throw new Error(`the gate ${gate} never opened`);
-        Atomics.wait(SLEEPER, 0, 0, 2);
-      }
-    }
+    if (action === SLOW) waitForGate();
     return super.step(action);
   }
 }

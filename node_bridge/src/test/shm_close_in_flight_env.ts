@@ -7,26 +7,21 @@
  * tests/shm_close_in_flight_env.py.
  */
 
-import { existsSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import { threadId } from "node:worker_threads";
 
 import { EchoEnv, type EchoResult } from "../envs/echo";
+import { gatePath, waitForGate } from "./gate";
 
+export { GATE_ENV } from "./gate";
 export const SLOW = 50;
-export const GATE_ENV = "TRANSPORT_TEST_GATE";
-const SLEEPER = new Int32Array(new SharedArrayBuffer(4));
 let marks = 0;
 
 class GatedEnv extends EchoEnv {
   override step(action: number): EchoResult {
     if (action === SLOW) {
-      const gate = process.env[GATE_ENV] ?? "";
-      writeFileSync(`${gate}.in-${process.pid}-${threadId}-${marks++}`, "");
-      const deadline = Date.now() + 20_000;
-      while (!existsSync(gate)) {
-        if (Date.now() > deadline) throw new Error(`the gate ${gate} never opened`);
-        Atomics.wait(SLEEPER, 0, 0, 2);
-      }
+      writeFileSync(`${gatePath()}.in-${process.pid}-${threadId}-${marks++}`, "");
+      waitForGate();
     }
     return super.step(action);
   }
