@@ -73,6 +73,10 @@ _LEASES: weakref.WeakValueDictionary[int, ShmChannel] = weakref.WeakValueDiction
 """The channel of this process that holds each region's lease (by the segment's inode): a
 channel whose lease the server took back must not release it once another channel of this
 process took it again (the same pid in ``client_pid``)."""
+
+_SHUTDOWN_WAIT_S = 1.0
+"""How long ``close()`` waits for its SHUTDOWN to be answered (the lease goes either way)."""
+
 _UNANSWERED: set[int] = set()
 """Regions (by the segment's inode) whose SHUTDOWN from a channel of this process went
 unanswered (its close gave up: a stalled server): the next channel of this process there waits
@@ -974,13 +978,18 @@ class ShmChannel:
                 and self.region.state == RegionState.READY
                 and native.peer_alive(self.owner_pid, self.owner_start)
             ):
-                self._exchange(SlotCommand.SHUTDOWN, timeout_ns=int(1e9))
+                self._exchange(SlotCommand.SHUTDOWN, timeout_ns=int(_SHUTDOWN_WAIT_S * 1e9))
         except _Refused as refused:  # the server answered SHUTDOWN with a status: still gone
             log.debug("shm://%s: SHUTDOWN answered %d: %s", self.shm.name, refused.code, refused)
-        except TransportError as exc:  # timed out or its server died: the lease goes anyway
+        except TransportTimeoutError:  # a stalled server: the lease goes anyway
+            log.debug(
+                "shm://%s: SHUTDOWN unanswered within %s s; the lease is released anyway",
+                self.shm.name,
+                _SHUTDOWN_WAIT_S,
+            )
+            _UNANSWERED.add(self.region.inode)
+        except TransportError as exc:  # its server died: the lease goes anyway
             log.debug("shm://%s: SHUTDOWN: %s", self.shm.name, exc)
-            if isinstance(exc, TransportTimeoutError):
-                _UNANSWERED.add(self.region.inode)
         finally:
             self._closed = True
             self._last_cmd = -1  # no hot path after close
