@@ -168,6 +168,11 @@ export interface Runner {
    * and take each as it finishes. Absent: the envs step at SEND, in this thread.
    */
   readonly concurrent?: ConcurrentRunner;
+  /**
+   * Set when the runner writes results in place into records that lie in a SharedArrayBuffer
+   * (a worker pool): the session then keeps its response buffer in one (no copy back).
+   */
+  readonly wantsSharedRecords?: boolean;
   /** Env i's `info()` map (`{}` without it). */
   info(index: number): Record<string, unknown>;
   /**

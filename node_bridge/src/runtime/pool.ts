@@ -34,8 +34,11 @@
  * sleep and one wake per command whatever K). Results land in the pool's results area and are
  * copied into the runtime's records, or, when those records lie in a SharedArrayBuffer (a
  * session that holds its response buffer in one: `PoolRunner.wantsSharedRecords`), the workers
- * write them there themselves (TASK_ROWS tells a worker where, through its MessagePort, once per
- * change): no copy. `ping` is a command that does nothing: the pool's synchronisation alone.
+ * write them there themselves: no copy. Where they write is told once per change (a session
+ * whose buffer was detached: a zmq reply handed to libzmq), by a message on each worker's
+ * MessagePort and its `rows` word, which the worker reads with the next command it gets: no
+ * command of its own (no extra round trip), nothing at all while the records stay where they
+ * are. `ping` is a command that does nothing: the pool's synchronisation alone.
  *
  * Asynchronous batches (`submit` / `take` / `poll`, Python's `submit` / `poll`): the main thread
  * marks each env PENDING with its op and rings its worker's bell; a worker steps its PENDING envs
@@ -87,12 +90,6 @@ const TASK_RUN = 1;
 const TASK_INFO = 2;
 /** A command that does nothing (`WorkerPool.ping`: the pool's synchronisation alone). */
 const TASK_NOP = 3;
-/**
- * Where the next lock-step commands write results (a message on the worker's port): the
- * runtime's own records when they lie in a SharedArrayBuffer (written in place, no copy), else
- * this pool's results area.
- */
-const TASK_ROWS = 4;
 const FAILED = 2;
 /** An asynchronous step's flags: its episode ended (SAME_STEP, final kept); it threw. */
 const ASYNC_ENDED = 1;
@@ -122,6 +119,13 @@ const W_ARG = 3;
 const W_BELL = 4;
 const W_OK = 5;
 const W_DEAD = 6;
+/**
+ * Set (by the main thread, before a command) when a message on the worker's port says where its
+ * lock-step results go from now on: the runtime's own records when they lie in a
+ * SharedArrayBuffer (written in place, no copy), else this pool's results area. The worker
+ * takes the message with the next command it gets (whatever the task) and clears the word.
+ */
+const W_ROWS = 7;
 // bytes of an env record
 const C_SEED_NEG = 7;
 const C_HAS_SEED = 9;
@@ -147,11 +151,11 @@ interface WorkerData {
   readonly workers: number;
   readonly k: number;
   readonly spec: WorkerEnvSpec;
-  /** TASK_ROWS messages (the main thread posts before the command: read synchronously). */
+  /** Rows messages (W_ROWS; the main thread posts before the command: read synchronously). */
   readonly port: MessagePort;
 }
 
-/** A TASK_ROWS message: env i's lock-step result at `bytes[at + i * size]`; null: the pool's area. */
+/** A rows message (W_ROWS): env i's lock-step result at `bytes[at + i * size]`; null: the pool's area. */
 type RowsMessage = { readonly sab: SharedArrayBuffer; readonly at: number } | null;
 
 /** `Atomics.waitAsync` (Node 16+; the project's TypeScript lib predates its declaration). */
@@ -324,6 +328,7 @@ export function runWorker(data: WorkerData): void {
   const cmdAt = lay.word(k, W_CMD);
   const doneAt = lay.word(k, W_DONE);
   const bellAt = lay.word(k, W_BELL);
+  const rowsWord = lay.word(k, W_ROWS);
   const markDead = (): void => {
     Atomics.store(i32, lay.word(k, W_DEAD), 1);
     Atomics.notify(i32, doneAt);
@@ -349,7 +354,7 @@ export function runWorker(data: WorkerData): void {
     process.off("exit", markDead);
     return;
   }
-  // where lock-step results go (TASK_ROWS): the pool's results area, or the runtime's records
+  // where lock-step results go (W_ROWS): the pool's results area, or the runtime's records
   let rows: Uint8Array = buf;
   let rowsAt = lay.resultsAt;
   const errorText = (i: number, error: unknown): Uint8Array =>
@@ -399,16 +404,17 @@ export function runWorker(data: WorkerData): void {
     const seq = Atomics.load(i32, cmdAt);
     if (seq !== last) {
       last = seq;
-      const task = i32[lay.word(k, W_TASK)];
-      if (task === TASK_NOP) {
-        // nothing: answered below
-      } else if (task === TASK_ROWS) {
-        // posted before the command: already queued (the retries only guard that assumption)
+      if (Atomics.load(i32, rowsWord) !== 0) {
+        // where results go now: posted before the command, so already queued (the retries only
+        // guard that assumption); the last message wins (the rows moved twice while this worker
+        // had no command)
+        Atomics.store(i32, rowsWord, 0);
         let received = receiveMessageOnPort(data.port);
         for (let tries = 0; received === undefined && tries < 1000; tries++) {
           Atomics.wait(i32, bellAt, Atomics.load(i32, bellAt), 1);
           received = receiveMessageOnPort(data.port);
         }
+        for (let more = received; more !== undefined; more = receiveMessageOnPort(data.port)) received = more;
         const message = received?.message as RowsMessage | undefined;
         if (message === undefined || message === null) {
           rows = buf;
@@ -417,6 +423,10 @@ export function runWorker(data: WorkerData): void {
           rows = new Uint8Array(message.sab);
           rowsAt = message.at;
         }
+      }
+      const task = i32[lay.word(k, W_TASK)];
+      if (task === TASK_NOP) {
+        // nothing: answered below
       } else if (task === TASK_INFO) {
         const i = i32[lay.word(k, W_ARG)] as number;
         try {
@@ -479,10 +489,12 @@ export class WorkerPool {
   readonly #pending = new Set<number>();
   /** Envs DONE, their results copied out, not taken yet (finishing order). */
   readonly #completed: AsyncDone[] = [];
-  /** Each worker's TASK_ROWS port, and where its lock-step results go now (null: the pool's area). */
+  /** Each worker's rows port (W_ROWS), and where its lock-step results go now (null: the pool's area). */
   readonly #ports: Array<MessagePort | null>;
   readonly #rowsSab: Array<SharedArrayBuffer | null>;
   readonly #rowsAt: number[];
+  /** Lock-step commands whose results were copied back from the pool's area (`copiedBack`). */
+  #copiedBack = 0;
   #closed = false;
 
   constructor(spec: WorkerEnvSpec, numEnvs: number, workers: number, options: { startTimeoutMs?: number } = {}) {
@@ -846,6 +858,7 @@ export class WorkerPool {
         (failures ??= []).push([i, new RequestError(ErrorCode.ENV_ERROR, `env ${i}: ${text}`)]);
       }
     }
+    if (!inPlace) this.#copiedBack++;
     if (inPlace) {
       // the workers wrote the records themselves
     } else if (all && out.packed === true) {
@@ -867,31 +880,35 @@ export class WorkerPool {
   }
 
   /**
+   * How many lock-step commands (`run`) copied their results back from the pool's area into the
+   * caller's records; those written in place by the workers (records in a SharedArrayBuffer)
+   * do not count. A test's witness that a pool session copies nothing back.
+   */
+  get copiedBack(): number {
+    return this.#copiedBack;
+  }
+
+  /**
    * Point the workers' lock-step results at `out`'s records when they lie in a
    * SharedArrayBuffer as one block (a session whose response buffer is shared): the workers
    * write them in place and nothing is copied (~30-60 us per 256 pac_env results on a loaded
-   * 2-core machine); else at this pool's area. A worker is told only when that changes (one
-   * command with a message on its port). True when the results go to `out` itself.
+   * 2-core machine); else at this pool's area. A worker is told only when that changes (a
+   * detached session buffer): a message on its port and its W_ROWS word, taken with the
+   * command that follows (no command of its own). True when the results go to `out` itself.
    */
   #writeInto(out: Records): boolean {
     const buffer = out.bytes.buffer;
     const shared = out.packed === true && buffer instanceof SharedArrayBuffer;
     const sab = shared ? buffer : null;
     const at = shared ? out.bytes.byteOffset + out.at(0) : 0;
-    const busy = this.#busy;
-    busy.fill(0);
-    let any = false;
+    const i32 = this.#lay.i32;
     for (let k = 0; k < this.workers; k++) {
       if (this.#rowsSab[k] === sab && (sab === null || this.#rowsAt[k] === at)) continue;
       const message: RowsMessage = sab === null ? null : { sab, at };
       this.#ports[k]?.postMessage(message);
+      Atomics.store(i32, this.#lay.word(k, W_ROWS), 1); // before the command's seq: seen with it
       this.#rowsSab[k] = sab;
       this.#rowsAt[k] = at;
-      busy[k] = 1;
-      any = true;
-    }
-    if (any && this.#send(TASK_ROWS, 0)) {
-      for (let k = 0; k < this.workers; k++) if (busy[k] === 2) this.#rowsSab[k] = null; // replaced by the next command
     }
     return shared;
   }
