@@ -24,6 +24,7 @@ import { type PoolRunner, WorkerPool } from "../runtime/pool";
 import { EnvHost } from "../runtime/host";
 import { listen } from "../backends/zmq/server";
 import { connect } from "../client";
+import { blankPacResult } from "../testing/fixtures";
 
 const OBS_N = 612;
 const ACT_N = 92;
@@ -36,21 +37,7 @@ class EndingEnv implements Env<pac_env.StepResultInput> {
   #limit = 2;
   #resets = 0;
   #base = 0;
-  readonly #out = {
-    observation: new Float32Array(OBS_N),
-    action_mask: new Uint8Array(ACT_N).fill(1),
-    reward: 0,
-    done: 0,
-    rank: 0,
-    life: 0,
-    money: 0,
-    stage: 0,
-    board_size: 0,
-    level: 0,
-    synergy_count: 0,
-    items_held: 0,
-    actions_this_turn: 0,
-  };
+  readonly #out = blankPacResult();
 
   spaces(): Spaces {
     return { obsN: OBS_N, actN: ACT_N };

@@ -375,10 +375,8 @@ class Listener:
         cmd = self._same_cmd[0]
         if lease is None or lease.client_pid != pid:
             if cmd == _SHUTDOWN:  # no session of this client to end: none is made (a pool)
-                closing = self._drop_lease(close=False)  # a previous holder's, if any
-                _server_publish(ctx, pending, 0)
-                if closing is not None:
-                    closing.close()
+                self._drop_lease(deferred=True)  # a previous holder's, if any
+                self._answer(0)
                 return
             lease = self._new_lease(pid) if pid else None
         status = 0
@@ -405,7 +403,7 @@ class Listener:
             elif cmd == _STEP_MULTI and count == runtime.seats and self._pending[0]:
                 self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
             elif cmd == _SHUTDOWN:
-                self._closing = self._drop_lease(close=False)
+                self._drop_lease(deferred=True)
             else:
                 self._mixed(runtime)
                 status = -1  # statuses written per slot
@@ -427,12 +425,18 @@ class Listener:
             self._error(describe(exc))
         if self._columns and cmd not in (_HELLO, _SHUTDOWN):
             self._to_columns(None if count == self.num_envs else np.flatnonzero(self._pending))
+        self._answer(status)
+
+    def _answer(self, status: int) -> None:
+        """Publish the pending slots with ``status`` (-1: each slot's own, written), their
+        checksums stamped first; then close the runtime of a SHUTDOWN this answered (after the
+        answer: a pool's close may wait for a busy worker, the client's close waits 1 s)."""
         if self._checksums is not None:
             for index in np.flatnonzero(self._pending).tolist():
                 self._checksums.stamp(index)
-        _server_publish(ctx, pending, status)
+        _server_publish(self._ctx, self._pending_ptr, status)
         closing = self._closing
-        if closing is not None:  # after the answer: a pool's close may wait for a busy worker
+        if closing is not None:
             self._closing = None
             closing.close()
 
@@ -471,20 +475,20 @@ class Listener:
         if region is not None and region.recv_hint is not None:
             native.store_release(region.recv_hint, 0)
 
-    def _drop_lease(self, close: bool = True) -> EnvRuntime | None:
+    def _drop_lease(self, *, deferred: bool = False) -> None:
         """The client said SHUTDOWN or died: its envs go (a worker pool stops); slot 0's info
-        area says the server's info again (OBSERVE wrote env info there). ``close=False``: the
-        lease's runtime is returned to be closed by the caller once it answered the SHUTDOWN
-        (closing a pool waits up to 2 s for a worker busy in a step; the client's close waits
-        1 s for its answer)."""
+        area says the server's info again (OBSERVE wrote env info there). ``deferred``: the
+        lease's runtime is closed by ``_answer``, once the SHUTDOWN is answered (closing a pool
+        waits up to 2 s for a worker busy in a step; the client's close waits 1 s)."""
         runtime = self.lease.runtime if self.lease is not None else None
         self.lease = self._flying = None
         self._clear_recv_hint()
         self._write_info(0, self._server_info)
-        if runtime is not None and close:
-            runtime.close()
-            return None
-        return runtime
+        if runtime is not None:
+            if deferred:
+                self._closing = runtime
+            else:
+                runtime.close()
 
     def _write_info(self, index: int, data: bytes) -> None:
         """A msgpack map into slot ``index``'s info area (info_len 0 when it does not fit)."""
@@ -546,9 +550,7 @@ class Listener:
             try:
                 cmd = int(self._commands[i])
                 if cmd == SlotCommand.SHUTDOWN:
-                    closing = self._drop_lease(close=False)
-                    if closing is not None:
-                        self._closing = closing
+                    self._drop_lease(deferred=True)
                 elif cmd == SlotCommand.HELLO:
                     runtime.set_autoreset(int(self._modes[i]))
                 elif cmd == SlotCommand.STEP:
@@ -578,13 +580,8 @@ class Listener:
         again = flying & (self._pending[:n] != 0)  # a new request over an env in flight
         if not again.any() or not (self._commands[:n][again] == _SHUTDOWN).any():
             return False
-        closing = self._drop_lease(close=False)
-        if self._checksums is not None:
-            for index in np.flatnonzero(self._pending).tolist():
-                self._checksums.stamp(index)
-        _server_publish(self._ctx, self._pending_ptr, 0)
-        if closing is not None:
-            closing.close()
+        self._drop_lease(deferred=True)
+        self._answer(0)
         return True
 
     def _submit(self, batches: AsyncBatches) -> None:

@@ -644,12 +644,25 @@ export class ShmListener implements Listener {
         this.#errorAll(describeError(error));
       }
     }
-    const statusOff = off(layout.slot, "status");
-    const dv = region.dv;
+    this.#answerPending(status);
+  }
+
+  /**
+   * Publish every pending slot with `status` (-1: each slot's own, already written): first the
+   * statuses, each only where it changes (its line is one the client reads every step: an
+   * unchanged store would take it from the client's core), then the checksums and words in slot
+   * order (the client waits on the last slot first), as the Python server does.
+   */
+  #answerPending(status: number): void {
+    const region = this.region;
+    const layout = this.layout;
+    const pending = this.#pending;
+    const seqs = this.#seqs;
+    const k = this.numSlots;
+    const respOff = off(layout.slot, "sem_result_ready");
     if (status >= 0) {
-      // first the statuses, each only where it changes (its line is one the client reads every
-      // step: an unchanged store would take it from the client's core), then the words in slot
-      // order (the client waits on the last slot first), as the Python server does
+      const statusOff = off(layout.slot, "status");
+      const dv = region.dv;
       for (let i = 0; i < k; i++) {
         if (!pending[i]) continue;
         const at = layout.slotBase(i) + statusOff;
@@ -698,16 +711,7 @@ export class ShmListener implements Listener {
       if (pending[i]) this.#seqs[i] = req;
     }
     this.#dropLease(); // in-flight flags cleared: nothing of the old session is published later
-    const statusOff = off(layout.slot, "status");
-    for (let i = 0; i < k; i++) {
-      if (!pending[i]) continue;
-      region.dv.setUint16(layout.slotBase(i) + statusOff, 0, true);
-    }
-    for (let i = 0; i < k; i++) {
-      if (!pending[i]) continue;
-      this.#checksums?.stamp(i);
-      publishWord(region, layout.slotBase(i) + respOff, this.#seqs[i] as number);
-    }
+    this.#answerPending(0);
     return true;
   }
 
