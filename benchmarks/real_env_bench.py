@@ -16,7 +16,10 @@ same settings. Columns, at N envs and ``--workers`` P processes:
 - gymnasium ``AsyncVectorEnv`` and SB3 ``SubprocVecEnv``: one process per env (N processes;
   they have no other mode);
 - EnvPool in process: ``envpool.make(..., num_envs=N, num_threads=P)``, lock-step
-  (``batch_size=N``) and async (``batch_size=N/2``, ``send``/``recv``).
+  (``batch_size=N``) and async (``batch_size=N/2``, ``send``/``recv``);
+- EnvPool over shm: the same EnvPool instance (lock-step) served by ``transport.serve`` as one
+  ``EnvPoolEnv`` in a child process, stepped here through ``RemoteVectorEnv``: what the
+  transport costs a trainer next to EnvPool in its own process (issue 23 item 5: within 1.2x).
 
 Actions are random, drawn before timing. Each cell (an env at one N) opens every column's envs
 at once, runs a ``--warmup`` window of each, then ``--repeats`` rounds of one ``--seconds``
@@ -94,6 +97,7 @@ COLUMNS = [
     "SubprocVecEnv",
     "EnvPool",
     "EnvPool async",
+    "EnvPool over shm",
 ]
 
 
@@ -247,6 +251,68 @@ def open_envpool(
     return send_recv(envs, actions, envs.recv()[-1]["env_id"]), envs.close
 
 
+def serve_envpool(name: str, n: str, threads: str, url: str) -> None:
+    """(In the child process of ``open_envpool_shm``: its arguments as given on the command
+    line) serve EnvPool's ``name`` env, N envs in one lock-step ``EnvPoolEnv``, until SIGTERM;
+    prints ``ready URL``."""
+    import envpool
+
+    import transport
+    from transport.envs.vector_gym import EnvPoolEnv
+
+    _, pool_id, kwargs = ENVS[name]
+
+    def factory() -> EnvPoolEnv:
+        pool = envpool.make(
+            pool_id,
+            env_type="gymnasium",
+            num_envs=int(n),
+            num_threads=int(threads),
+            seed=0,
+            **kwargs,
+        )
+        return EnvPoolEnv(pool)
+
+    transport.serve(
+        factory,
+        url,
+        schema=factory().SCHEMA,
+        num_envs=int(n),
+        ready=lambda at: print(f"ready {at}", flush=True),
+    )
+
+
+def open_envpool_shm(name: str, n: int, threads: int) -> Opened:
+    """EnvPool served over shm by our server (a child process) and stepped through
+    ``RemoteVectorEnv`` here."""
+    from transport.gym import RemoteVectorEnv
+
+    url = f"shm://real-bench-{uuid.uuid4().hex[:8]}?num_envs={n}"
+    code = "import sys, real_env_bench as b; b.serve_envpool(*sys.argv[1:])"
+    command = [sys.executable, "-c", code, name, str(n), str(threads), url]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("ready "):
+        stop(proc)
+        raise RuntimeError(f"the EnvPool server did not start ({line!r})")
+    try:
+        envs = RemoteVectorEnv(url, n, timeout=120.0)
+        envs.reset(seed=0)
+    except BaseException:
+        stop(proc)
+        raise
+
+    def close() -> None:
+        try:
+            envs.close()
+        finally:
+            stop(proc)
+
+    return lock_step(envs, random_actions(envs.single_action_space, n), n), close
+
+
 # -- the run --------------------------------------------------------------------------------------
 
 
@@ -258,6 +324,8 @@ def open_column(column: str, name: str, n: int, workers: int) -> Opened:
         return open_gym_async(gym_id, n)
     if column == "SubprocVecEnv":
         return open_subproc(gym_id, n)
+    if column == "EnvPool over shm":
+        return open_envpool_shm(name, n, workers)
     return open_envpool(pool_id, pool_kwargs, n, workers, column == "EnvPool async")
 
 
@@ -285,6 +353,8 @@ def table(results: dict[tuple[str, int], dict[str, float]], columns: list[str]) 
     ratio_of = [c for c in ("AsyncVectorEnv", "SubprocVecEnv", "EnvPool") if c in columns]
     head = ["env", "N", *columns]
     head += [f"lock-step / {c}" for c in ratio_of] + [f"async / {c}" for c in ratio_of]
+    served = "EnvPool" in columns and "EnvPool over shm" in columns
+    head += ["EnvPool / EnvPool over shm"] if served else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for (name, n), got in results.items():
         cells = [f"{ENVS[name][0].rpartition(':')[2]}", str(n)]
@@ -293,6 +363,8 @@ def table(results: dict[tuple[str, int], dict[str, float]], columns: list[str]) 
             for c in ratio_of:
                 ok = ours in got and c in got
                 cells.append(f"{got[ours] / got[c]:.2f}x" if ok else "-")
+        if served:
+            cells.append(f"{got['EnvPool'] / got['EnvPool over shm']:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

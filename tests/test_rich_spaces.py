@@ -158,6 +158,36 @@ def test_box_rule_refuses_nonfinite_unless_allowed() -> None:
     assert not rule.bad(actions, 0).any()
 
 
+@pytest.mark.parametrize(
+    "act, attrs",
+    [
+        ("f32[2]", ", low = -1.0, high = 1.0"),
+        ("f64[2]", ", low = -1.0"),
+        ("f32[2]", ""),
+        ("f32[2]", ", high = 0.5, allow_nonfinite = true"),
+        ("f32[2]", ", low = -1.0, high = 1.0, allow_nonfinite = true"),
+        ("i16[2]", ", low = 0, high = 3"),
+    ],
+)
+def test_flat_action_screen_agrees_with_the_per_env_rule(act: str, attrs: str) -> None:
+    # the runtime's fast screen (accepts_all) passes a batch only when bad() refuses none, and
+    # fails one bad() refuses (or, allow_nonfinite, one with a NaN: bad() decides)
+    rule = ActionRule(compiled(act=act, act_attrs=attrs).ir.structs["StepRequest"].field("act"))
+    dtype = np.float32 if act.startswith("f32") else np.float64 if act[0] == "f" else np.int16
+    special = [0.0, 0.5, 0.50001, 1.0, 1.01, -1.0, -1.01, 3.0, 4.0, -np.inf, np.inf, np.nan]
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        picks = (
+            rng.choice(special, size=(3, 2)) if dtype != np.int16 else rng.integers(-1, 5, (3, 2))
+        )
+        batch = np.asarray(picks, dtype=dtype)
+        refused = bool(rule.bad(batch, 0).any())
+        if rule.accepts_all(batch):
+            assert not refused, batch
+        elif not np.isnan(batch.astype(np.float64)).any():  # allowed NaN: left to bad()
+            assert refused, batch
+
+
 # -- end to end: both server languages, every backend --------------------------------------------
 
 

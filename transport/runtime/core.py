@@ -127,6 +127,26 @@ class ActionRule:
         self.low = None if low is None else np.reshape(np.array(low, dtype=dtype), self.dims)
         self.high = None if high is None else np.reshape(np.array(high, dtype=dtype), self.dims)
         self.finite = not (field is not None and field.allow_nonfinite)
+        # finite bounds on both sides refuse NaN and +-inf by themselves (comparisons with NaN
+        # are false): the flat screen needs no isfinite pass then
+        self._bounds_refuse_nonfinite = (
+            self.low is not None
+            and self.high is not None
+            and bool(np.isfinite(self.low).all() and np.isfinite(self.high).all())
+        )
+
+    def accepts_all(self, actions: np.ndarray) -> bool:
+        """True when ``bad`` would refuse none of the array actions (Box, MultiDiscrete) of
+        ``actions``, found with whole-array reductions (~3 us for 8 x f32[6], where ``bad``'s
+        per-env reductions take ~30). False says only that ``bad`` must name the envs (a NaN
+        that ``allow_nonfinite`` lets through also lands there)."""
+        with np.errstate(invalid="ignore"):
+            if self.kind == "box" and self.finite and not self._bounds_refuse_nonfinite:
+                if not np.isfinite(actions).all():
+                    return False
+            if self.low is not None and not (actions >= self.low).all():
+                return False
+            return self.high is None or bool((actions <= self.high).all())
 
     def bad(self, actions: np.ndarray, act_n: int) -> np.ndarray:
         """(N,) bool: the actions (N of them, each of ``dims``) this rule refuses."""
@@ -837,7 +857,7 @@ class EnvRuntime:
         for i in ids:
             if self.is_done(i):
                 return False
-        return not bool(rule.bad(actions, 0).any())
+        return rule.accepts_all(actions)
 
     def set_autoreset(self, mode: int) -> AutoReset:
         """The client's auto-reset mode (HELLO flags, or the shm HELLO command)."""
@@ -902,6 +922,8 @@ class EnvRuntime:
                 bad_range = actions >= act_n
             else:
                 bad_range = (actions < 0) | (actions >= act_n)
+        elif self.action_rule.accepts_all(actions):
+            bad_range = np.zeros(len(actions), dtype=bool)
         else:
             bad_range = self.action_rule.bad(actions, act_n)
         noop: np.ndarray | None = None
