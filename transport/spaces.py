@@ -22,14 +22,18 @@ nested dicts) for the fields of that schema.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gymnasium import spaces
 
 from transport.codec import Schema
 from transport.errors import AdapterError
 from transport.schema.ir import FieldIR, StructIR
+
+if TYPE_CHECKING:
+    from gymnasium import spaces
+# gymnasium is imported where a space is made (~60 ms): `import transport` in a server or a CLI
+# that makes none (most of a test run's hundreds of processes) does not pay for it
 
 Observation = np.ndarray | dict[str, np.ndarray]
 """What an adapter returns as an observation: one array, or one per observation field."""
@@ -76,6 +80,8 @@ def _bound_array(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np
 
 def space_of_description(desc: dict[str, Any]) -> spaces.Space[Any]:
     """The gymnasium space a description node says (``transport.gym_schema``)."""
+    from gymnasium import spaces
+
     kind = desc.get("type")
     try:
         if kind == "dict":
@@ -161,6 +167,8 @@ def _dtype(schema: Schema, struct: StructIR, field: FieldIR) -> np.dtype[Any]:
 
 def _box(field: FieldIR, dtype: np.dtype[Any], default: tuple[float, float] | None) -> spaces.Box:
     """A Box of the field's shape (a scalar field: shape (1,)) and its bounds."""
+    from gymnasium import spaces
+
     shape = field.dims or (1,)
     lo_default, hi_default = default if default is not None else (-np.inf, np.inf)
     low, high = field.bound("low"), field.bound("high")
@@ -174,6 +182,8 @@ def observation_space_of(
 ) -> spaces.Space[Any]:
     """One observation field: its Box; several: a Dict of their Boxes (see the module doc).
     ``bounds`` apply to fields that declare no ``low`` / ``high``."""
+    from gymnasium import spaces
+
     result = _body_struct(schema, "STEP_RESP")
     fields = observation_fields_of(schema)
     described = spaces_from_description(schema)
@@ -192,6 +202,8 @@ def observation_space_of(
 
 def action_space_of(schema: Schema, act_n: int) -> spaces.Space[Any]:
     """The action space: Discrete(act_n), MultiDiscrete or Box (see the module doc)."""
+    from gymnasium import spaces
+
     described = spaces_from_description(schema)
     if described is not None:
         return described[1]
