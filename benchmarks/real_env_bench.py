@@ -152,21 +152,30 @@ def send_recv(envs: Any, actions: np.ndarray, first_ids: np.ndarray) -> Step:
 # -- the columns: each opens its envs and returns (step, close) -----------------------------------
 
 
-def serve(gym_id: str, n: int, workers: int) -> tuple[str, subprocess.Popen[str]]:
-    """``transport-serve shm://... --gym ID`` as a child; returns (URL, process)."""
-    url = f"shm://real-bench-{uuid.uuid4().hex[:8]}?num_envs={n}"
-    command = [sys.executable, "-m", "transport.tools.serve_cli", url, "--gym", gym_id]
-    command += ["--num-envs", str(n), "--seed", "0"]
-    if workers:
-        command += ["--workers", str(workers)]
+def shm_url(n: int) -> str:
+    return f"shm://real-bench-{uuid.uuid4().hex[:8]}?num_envs={n}"
+
+
+def start_server(command: list[str]) -> tuple[str, subprocess.Popen[str]]:
+    """A server child (this directory and the repository on its path) that prints
+    ``ready URL`` once clients can connect; returns (URL, process)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("ready "):
         stop(proc)
-        raise RuntimeError(f"transport-serve did not start ({line!r}): {' '.join(command)}")
+        raise RuntimeError(f"the server did not start ({line!r}): {' '.join(command)}")
     return line.split(" ", 1)[1], proc
+
+
+def serve(gym_id: str, n: int, workers: int) -> tuple[str, subprocess.Popen[str]]:
+    """``transport-serve shm://... --gym ID`` as a child; returns (URL, process)."""
+    command = [sys.executable, "-m", "transport.tools.serve_cli", shm_url(n), "--gym", gym_id]
+    command += ["--num-envs", str(n), "--seed", "0"]
+    if workers:
+        command += ["--workers", str(workers)]
+    return start_server(command)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -287,16 +296,9 @@ def open_envpool_shm(name: str, n: int, threads: int) -> Opened:
     ``RemoteVectorEnv`` here."""
     from transport.gym import RemoteVectorEnv
 
-    url = f"shm://real-bench-{uuid.uuid4().hex[:8]}?num_envs={n}"
     code = "import sys, real_env_bench as b; b.serve_envpool(*sys.argv[1:])"
-    command = [sys.executable, "-c", code, name, str(n), str(threads), url]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("ready "):
-        stop(proc)
-        raise RuntimeError(f"the EnvPool server did not start ({line!r})")
+    command = [sys.executable, "-c", code, name, str(n), str(threads), shm_url(n)]
+    url, proc = start_server(command)
     try:
         envs = RemoteVectorEnv(url, n, timeout=120.0)
         envs.reset(seed=0)
