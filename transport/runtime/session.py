@@ -25,6 +25,7 @@ from transport.protocol import (
     FINAL_COUNT,
     HEADER,
     HEADER_OFFSET,
+    HEADER_SIZE,
     AutoReset,
     ErrorCode,
     MessageIds,
@@ -39,9 +40,26 @@ from transport.runtime.core import ACTION_CODES
 from transport.runtime.host import EnvHost
 from transport.runtime.pool import shared_buffer
 
-_VIEWS_KEPT = 64
-"""Response views a session keeps by length (a SAME_STEP tail varies with the envs that ended;
-past this many the cache starts over)."""
+
+class _ViewsByLength:
+    """``base[:extra + length]`` for a body ``length``, made once per length: a session hands
+    on the same response views request after request (a SAME_STEP tail varies with the envs
+    that ended, so past ``KEPT`` lengths the cache starts over)."""
+
+    KEPT = 64
+
+    def __init__(self, base: memoryview, extra: int = 0) -> None:
+        self._base = base
+        self._extra = extra
+        self._views: dict[int, memoryview] = {}
+
+    def get(self, length: int) -> memoryview:
+        view = self._views.get(length)
+        if view is None:
+            if len(self._views) >= self.KEPT:
+                self._views.clear()
+            view = self._views[length] = self._base[: self._extra + length]
+        return view
 
 
 class Session:
@@ -93,9 +111,8 @@ class Session:
         # the STEP_BATCH actions array of the last request body view (a backend that hands
         # the same view object again, its body in the same place, reuses the array, and with
         # it the runtime's screens and the env's caches keyed on the array)
-        self._frame_view = memoryview(self.buffer)
-        self._body_views: dict[int, memoryview] = {}
-        self._frames: dict[int, memoryview] = {}
+        self._body_views = _ViewsByLength(self._body)
+        self._frames = _ViewsByLength(memoryview(self.buffer)[HEADER_OFFSET:], HEADER_SIZE)
         self._batch_body: memoryview | None = None
         self._batch_actions: np.ndarray = np.zeros(0)
         results = self.result.view(self.buffer, BODY_OFFSET, count=rows)
@@ -157,12 +174,7 @@ class Session:
             if self._async is not None and self._async.batches.count:
                 self._async.batches.check_idle(msg_type)
             resp_type, length = handler(body)
-            view = self._body_views.get(length)
-            if view is None:
-                if len(self._body_views) >= _VIEWS_KEPT:
-                    self._body_views.clear()
-                view = self._body_views[length] = self._body[:length]
-            return resp_type, view
+            return resp_type, self._body_views.get(length)
         except RequestError as exc:
             return self.error(exc.code, exc.text)
         except Exception as exc:  # a bug must not take the server down (env errors: runtime)
@@ -179,13 +191,7 @@ class Session:
         length = body.nbytes
         if body.obj is self.buffer:
             HEADER.pack_into(self.buffer, HEADER_OFFSET, msg_type, msg_id, length)
-            frame = self._frames.get(length)
-            if frame is None:
-                if len(self._frames) >= _VIEWS_KEPT:
-                    self._frames.clear()
-                frame = self._frame_view[HEADER_OFFSET : BODY_OFFSET + length]
-                self._frames[length] = frame
-            return frame
+            return self._frames.get(length)
         return memoryview(HEADER.pack(msg_type, msg_id, length) + bytes(body))
 
     # -- requests ------------------------------------------------------------------------------

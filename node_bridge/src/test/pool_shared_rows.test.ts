@@ -18,13 +18,14 @@ import type { Env, Spaces } from "../runtime/env";
 import type { Records } from "../runtime/core";
 import { Op } from "../runtime/core";
 import * as pac_env from "../generated/pac_env";
-import { AutoReset, BODY_OFFSET, MESSAGE_IDS as IDS, encodeHello } from "../protocol";
+import { AutoReset, BODY_OFFSET, MESSAGE_IDS as IDS } from "../protocol";
 import { type Session, sessionFactory } from "../runtime/session";
 import { type PoolRunner, WorkerPool } from "../runtime/pool";
 import { EnvHost } from "../runtime/host";
 import { listen } from "../backends/zmq/server";
 import { connect } from "../client";
 import { blankPacResult } from "../testing/fixtures";
+import { hello, reset, step } from "../testing/pac_session";
 
 const OBS_N = 612;
 const ACT_N = 92;
@@ -72,22 +73,6 @@ export function makeEnding(): Env<pac_env.StepResultInput> {
   return new EndingEnv();
 }
 
-function hello(session: Session, mode: AutoReset): void {
-  const body = encodeHello(pac_env.SCHEMA.fingerprint, undefined, mode);
-  assert.equal(session.handle(IDS.HELLO_REQ, body, 0, body.byteLength), IDS.HELLO_RESP);
-}
-
-function step(session: Session, actions: readonly number[]): number {
-  const body = Buffer.alloc(4 * actions.length);
-  actions.forEach((a, i) => body.writeInt32LE(a, 4 * i));
-  return session.handle(IDS.STEP_BATCH_REQ, body, 0, body.byteLength);
-}
-
-function resetSeeded(session: Session, seed: bigint): number {
-  const body = Buffer.alloc(8);
-  body.writeBigUInt64LE(seed);
-  return session.handle(IDS.RESET_SEED_REQ, body, 0, 8);
-}
 
 function sessions(mode: AutoReset): { local: Session; pooled: Session; pool: WorkerPool } {
   const local = sessionFactory(makeEnding, { numEnvs: N })();
@@ -117,7 +102,7 @@ function drive(mode: AutoReset, detach: (t: number) => boolean): { local: Sessio
   let ended = 0;
   try {
     for (let round = 0; round < 3; round++) {
-      same(local, pooled, resetSeeded(local, BigInt(round * 11)), resetSeeded(pooled, BigInt(round * 11)), `reset ${round}`);
+      same(local, pooled, reset(local, BigInt(round * 11)), reset(pooled, BigInt(round * 11)), `reset ${round}`);
       for (let t = 0; t < 12; t++) {
         if (detach(t)) {
           const before = pooled.buffer;
@@ -134,7 +119,7 @@ function drive(mode: AutoReset, detach: (t: number) => boolean): { local: Sessio
         }
         if (typeLocal === IDS.ERROR) {
           // DISABLED: an env is done and must be reset first
-          same(local, pooled, resetSeeded(local, BigInt(t)), resetSeeded(pooled, BigInt(t)), `reset after ${t}`);
+          same(local, pooled, reset(local, BigInt(t)), reset(pooled, BigInt(t)), `reset after ${t}`);
         }
       }
     }
@@ -187,7 +172,7 @@ if (isMainThread) {
             if (t === 2) pooled.detachBuffer();
             const typeLocal = step(local, actions);
             same(local, pooled, typeLocal, step(pooled, actions), `after detaches, step ${t}`);
-            if (typeLocal === IDS.ERROR) same(local, pooled, resetSeeded(local, 9n), resetSeeded(pooled, 9n), "reset");
+            if (typeLocal === IDS.ERROR) same(local, pooled, reset(local, 9n), reset(pooled, 9n), "reset");
           }
           assert.equal(isShared(pooled), true);
           const last = pool.copiedBack;
@@ -207,7 +192,7 @@ if (isMainThread) {
   test("a detached buffer keeps the results region: a detach right after a response sends the same bytes", () => {
     const { local, pooled } = sessions(AutoReset.NEXT_STEP);
     try {
-      same(local, pooled, resetSeeded(local, 5n), resetSeeded(pooled, 5n), "reset");
+      same(local, pooled, reset(local, 5n), reset(pooled, 5n), "reset");
       const body = Buffer.from(pooled.body());
       pooled.detachBuffer();
       assert.deepEqual(Buffer.from(pooled.body()), body);

@@ -19,7 +19,7 @@ import { after, describe, test } from "node:test";
 import { ShmChannel } from "../backends/shm/channel";
 import { native } from "../backends/shm/native";
 import { PREFIX, SHM_DIR, parseShmUrl } from "../backends/shm/region";
-import { connect } from "../index";
+import { type Client, connect } from "../index";
 import { HAVE_PYTHON, ROOT, ServerProcess } from "../testing/servers";
 
 const TAG = `node-wakes-${randomBytes(3).toString("hex")}`;
@@ -51,51 +51,44 @@ for (const lang of ["node", "python"] as const) {
       return `${server.url}&slice_ms=2000`;
     };
 
-    test("a RECV of 3 envs that finish one after the other sleeps once", async () => {
+    /** A fresh client reset with `seed` runs `round` ROUNDS times: its channel's sleeps and
+     * looks meanwhile. */
+    const counted = async (seed: number, round: (client: Client) => Promise<void>): Promise<{ sleeps: number; looks: number }> => {
       const client = await connect(await url(), { timeoutMs: 30_000 });
       try {
         const channel = client.channel;
         assert.ok(channel instanceof ShmChannel);
-        await client.reset(1);
+        await client.reset(seed);
         const before = channel.sleeps;
         const looked = channel.looks;
-        for (let r = 0; r < ROUNDS; r++) {
-          await client.send(ACTIONS, SENT);
-          const got = await client.recv(SENT.length);
-          assert.deepEqual([...got.envIds].sort(), SENT);
-        }
-        const sleeps = channel.sleeps - before;
-        const looks = channel.looks - looked;
-        assert.ok(sleeps <= 2 * ROUNDS, `${sleeps} sleeps for ${ROUNDS} RECVs of ${SENT.length} envs`);
-        // and no spinning instead of sleeping: a look before each sleep, one more at most
-        assert.ok(looks <= 2 * ROUNDS + 2, `${looks} looks for ${ROUNDS} RECVs of ${SENT.length} envs`);
+        for (let r = 0; r < ROUNDS; r++) await round(client);
+        return { sleeps: channel.sleeps - before, looks: channel.looks - looked };
       } finally {
         await client.close();
       }
+    };
+
+    test("a RECV of 3 envs that finish one after the other sleeps once", async () => {
+      const { sleeps, looks } = await counted(1, async (client) => {
+        await client.send(ACTIONS, SENT);
+        const got = await client.recv(SENT.length);
+        assert.deepEqual([...got.envIds].sort(), SENT);
+      });
+      assert.ok(sleeps <= 2 * ROUNDS, `${sleeps} sleeps for ${ROUNDS} RECVs of ${SENT.length} envs`);
+      // and no spinning instead of sleeping: a look before each sleep, one more at most
+      assert.ok(looks <= 2 * ROUNDS + 2, `${looks} looks for ${ROUNDS} RECVs of ${SENT.length} envs`);
     });
 
     test("RECV(2) then RECV(1) of 3 in flight: one sleep each", async () => {
-      const client = await connect(await url(), { timeoutMs: 30_000 });
-      try {
-        const channel = client.channel;
-        assert.ok(channel instanceof ShmChannel);
-        await client.reset(2);
-        const before = channel.sleeps;
-        const looked = channel.looks;
-        for (let r = 0; r < ROUNDS; r++) {
-          await client.send(ACTIONS, SENT);
-          const first = (await client.recv(2)).envIds;
-          const last = (await client.recv(1)).envIds;
-          assert.equal(first.length, 2);
-          assert.deepEqual([...first, ...last].sort(), SENT);
-        }
-        const sleeps = channel.sleeps - before;
-        const looks = channel.looks - looked;
-        assert.ok(sleeps <= 2 * ROUNDS + 2, `${sleeps} sleeps for ${2 * ROUNDS} RECVs`);
-        assert.ok(looks <= 2 * ROUNDS + 4, `${looks} looks for ${2 * ROUNDS} RECVs`);
-      } finally {
-        await client.close();
-      }
+      const { sleeps, looks } = await counted(2, async (client) => {
+        await client.send(ACTIONS, SENT);
+        const first = (await client.recv(2)).envIds;
+        const last = (await client.recv(1)).envIds;
+        assert.equal(first.length, 2);
+        assert.deepEqual([...first, ...last].sort(), SENT);
+      });
+      assert.ok(sleeps <= 2 * ROUNDS + 2, `${sleeps} sleeps for ${2 * ROUNDS} RECVs`);
+      assert.ok(looks <= 2 * ROUNDS + 4, `${looks} looks for ${2 * ROUNDS} RECVs`);
     });
   });
 }

@@ -12,8 +12,9 @@ import { describe, test } from "node:test";
 import type { Env, Spaces } from "../runtime/env";
 import { ENVS } from "../envs";
 import * as pac_env from "../generated/pac_env";
-import { AutoReset, BODY_OFFSET, ErrorCode, MESSAGE_IDS as IDS, encodeError, encodeHello, parseError } from "../protocol";
+import { AutoReset, BODY_OFFSET, ErrorCode, MESSAGE_IDS as IDS, encodeError, parseError } from "../protocol";
 import { REMOTE_TRACEBACK_MARKER } from "../errors";
+import { hello, reset, step } from "../testing/pac_session";
 import { Session, sessionFactory } from "../runtime/session";
 import { WorkerPool, split } from "../runtime/pool";
 
@@ -70,23 +71,6 @@ export function makeFaulty(): Env<pac_env.StepResultInput> {
   return new FaultyEnv();
 }
 
-function hello(session: Session, mode: AutoReset): void {
-  const body = encodeHello(pac_env.SCHEMA.fingerprint, undefined, mode);
-  assert.equal(session.handle(IDS.HELLO_REQ, body, 0, body.byteLength), IDS.HELLO_RESP);
-}
-
-function step(session: Session, actions: readonly number[]): number {
-  const body = Buffer.alloc(4 * actions.length);
-  actions.forEach((a, i) => body.writeInt32LE(a, 4 * i));
-  return session.handle(IDS.STEP_BATCH_REQ, body, 0, body.byteLength);
-}
-
-function reset(session: Session, seed: bigint | null = null): number {
-  if (seed === null) return session.handle(IDS.RESET_REQ, new Uint8Array(0), 0, 0);
-  const body = Buffer.alloc(8);
-  body.writeBigUInt64LE(seed);
-  return session.handle(IDS.RESET_SEED_REQ, body, 0, 8);
-}
 
 /** A seeded xorshift policy: a legal action of each env in the current response. */
 function legal(session: Session, state: { s: number }): number[] {

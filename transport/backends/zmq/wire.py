@@ -29,6 +29,31 @@ Measured (docs/zmq.md): tracking a zero-copy send costs ~40 us, more than copyin
 below 1 MiB a copy into the zmq message is cheaper."""
 DEFAULT_HEARTBEAT = 1.0
 """ZMTP heartbeat interval in seconds; a peer silent for 3 intervals is disconnected."""
+MAX_HEARTBEAT = 86400.0
+"""The longest ``?heartbeat=`` interval (a day: 3 intervals in ms still fit libzmq's int)."""
+MAX_SESSIONS = 1024
+"""Sessions a server keeps (least recently used beyond this are dropped; ROUTER sees no closes)."""
+
+ENV_SERVER_SECRET = "TRANSPORT_ZMQ_SERVER_SECRET"
+ENV_SERVER_PUBLIC = "TRANSPORT_ZMQ_SERVER_PUBLIC"
+ENV_CLIENT_SECRET = "TRANSPORT_ZMQ_CLIENT_SECRET"
+ENV_CLIENTS_DIR = "TRANSPORT_ZMQ_CLIENTS_DIR"
+ENV_ALLOWED_CLIENTS = "TRANSPORT_ZMQ_ALLOWED_CLIENTS"
+
+_PARAMS = {"server_key", "client_key", "clients", "allow_insecure", "heartbeat"}
+_MONITOR_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_DISCARD = bytearray()
+_SLICE_MS = 20
+"""Blocking receives wait this long at most, then check the monitor and the deadline."""
+
+Context = zmq.Context[zmq.Socket[bytes]]
+Sock = zmq.Socket[bytes]
 
 
 class ReceiveBuffer:
@@ -57,33 +82,6 @@ class ReceiveBuffer:
             self._view = memoryview(self.buffer)
             self._body = self._view[BODY_OFFSET:BODY_OFFSET]
             self.generation += 1
-
-
-MAX_HEARTBEAT = 86400.0
-"""The longest ``?heartbeat=`` interval (a day: 3 intervals in ms still fit libzmq's int)."""
-MAX_SESSIONS = 1024
-"""Sessions a server keeps (least recently used beyond this are dropped; ROUTER sees no closes)."""
-
-ENV_SERVER_SECRET = "TRANSPORT_ZMQ_SERVER_SECRET"
-ENV_SERVER_PUBLIC = "TRANSPORT_ZMQ_SERVER_PUBLIC"
-ENV_CLIENT_SECRET = "TRANSPORT_ZMQ_CLIENT_SECRET"
-ENV_CLIENTS_DIR = "TRANSPORT_ZMQ_CLIENTS_DIR"
-ENV_ALLOWED_CLIENTS = "TRANSPORT_ZMQ_ALLOWED_CLIENTS"
-
-_PARAMS = {"server_key", "client_key", "clients", "allow_insecure", "heartbeat"}
-_MONITOR_EVENTS = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_DISCARD = bytearray()
-_SLICE_MS = 20
-"""Blocking receives wait this long at most, then check the monitor and the deadline."""
-
-Context = zmq.Context[zmq.Socket[bytes]]
-Sock = zmq.Socket[bytes]
 
 
 # -- addresses ------------------------------------------------------------------------------------
