@@ -149,13 +149,9 @@ class VectorEnvs(Runner):
             or (mode == _NEXT_STEP and not self.native_next_step and self.ended() is not None)
         ):
             return self.step_except(actions, mode, None)
-        try:
-            out = self.env.step_envs(actions, None, self.rows)
-            if out is not None:
-                self._columns(None, out)
-        except Exception as exc:  # every env of the call failed
-            return [], [(i, exc) for i in self._all.tolist()]
-        return [], []
+        failures: Failures = []
+        self._step_ids(actions, None, failures)
+        return [], failures
 
     def step_except(
         self, actions: Sequence[int] | np.ndarray, mode: AutoReset, skip: np.ndarray | None
