@@ -167,20 +167,42 @@ def test_box_rule_refuses_nonfinite_unless_allowed() -> None:
         ("f32[2]", ", high = 0.5, allow_nonfinite = true"),
         ("f32[2]", ", low = -1.0, high = 1.0, allow_nonfinite = true"),
         ("i16[2]", ", low = 0, high = 3"),
+        ("f32[2]", ", low = -0.4, high = 0.4"),  # 0.4f > 0.4: the f32 batch compares in f64
+        ("f32[2]", ", low = [-1.0, 0.0], high = [1.0, 0.5]"),  # per-element bounds
+        ("f64[2,2]", ", low = -1.0, high = 1.0"),
+        ("f64[2]", ", high = 1.0"),
     ],
 )
-def test_flat_action_screen_agrees_with_the_per_env_rule(act: str, attrs: str) -> None:
+@pytest.mark.parametrize("layout", ["packed", "slots", "fortran"])
+def test_flat_action_screen_agrees_with_the_per_env_rule(act: str, attrs: str, layout: str) -> None:
     # the runtime's fast screen (accepts_all) passes a batch only when bad() refuses none, and
-    # fails one bad() refuses (or, allow_nonfinite, one with a NaN: bad() decides)
-    rule = ActionRule(compiled(act=act, act_attrs=attrs).ir.structs["StepRequest"].field("act"))
+    # fails one bad() refuses (or, allow_nonfinite, one with a NaN: bad() decides); "slots":
+    # the batch is a strided view of wider rows, as a server's view of its shm slots (the C
+    # screen reads both); "fortran": rows not contiguous (NumPy's min and max read it)
+    field = compiled(act=act, act_attrs=attrs).ir.structs["StepRequest"].field("act")
+    rule = ActionRule(field)
     dtype = np.float32 if act.startswith("f32") else np.float64 if act[0] == "f" else np.int16
-    special = [0.0, 0.5, 0.50001, 1.0, 1.01, -1.0, -1.01, 3.0, 4.0, -np.inf, np.inf, np.nan]
+    f32_edge = float(np.float32(0.4))
+    special = [0.0, 0.4, f32_edge, -f32_edge, 0.5, 0.50001, 1.0, 1.01, -1.0, -1.01, 3.0, 4.0]
+    special += [-np.inf, np.inf, np.nan]
+    shape = (3, *field.dims)
     rng = np.random.default_rng(0)
-    for _ in range(400):
-        picks = (
-            rng.choice(special, size=(3, 2)) if dtype != np.int16 else rng.integers(-1, 5, (3, 2))
-        )
+    for draw in range(400):
+        if dtype == np.int16:
+            picks = rng.integers(-1, 5, shape)
+        elif draw % 2:
+            picks = rng.choice(special, size=shape)
+        else:  # in bounds but for one or two values: each special value alone decides
+            picks = np.zeros(shape)
+            picks.flat[rng.integers(0, picks.size, 2)] = rng.choice(special, size=2)
         batch = np.asarray(picks, dtype=dtype)
+        if layout == "slots":
+            rows = np.zeros((3, batch[0].nbytes + 24), dtype=np.uint8)
+            view = rows[:, 8 : 8 + batch[0].nbytes].view(dtype).reshape(shape)
+            view[...] = batch
+            batch = view
+        elif layout == "fortran":
+            batch = np.asfortranarray(batch)
         refused = bool(rule.bad(batch, 0).any())
         if rule.accepts_all(batch):
             assert not refused, batch

@@ -594,6 +594,25 @@ int tp_screen_actions(const char *actions, int64_t stride, uint32_t itemsize, in
     return 1;
 }
 
+/* 1 when each of the `count` floats (f32 or f64: `itemsize` 4 or 8, contiguous) of each of
+ * the n rows (`stride` bytes apart) is in [low, high] (`strict_low` / `strict_high`: the open
+ * side, for an infinite bound that refuses +-inf) and not NaN; else 0. An f32 is compared as the
+ * double it widens to, as NumPy compares an f32 batch with f64 bounds. */
+int tp_screen_floats(const char *rows, int64_t stride, uint32_t n, uint32_t count,
+                     uint32_t itemsize, double low, double high, int32_t strict_low,
+                     int32_t strict_high) {
+    if (itemsize != 4 && itemsize != 8) return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *row = rows + (int64_t)i * stride;
+        for (uint32_t k = 0; k < count; k++) {
+            double x = itemsize == 4 ? (double)((const float *)row)[k] : ((const double *)row)[k];
+            if (!(strict_low ? x > low : x >= low)) return 0; /* NaN fails every comparison */
+            if (!(strict_high ? x < high : x <= high)) return 0;
+        }
+    }
+    return 1;
+}
+
 /* 1 when any of the n items (`itemsize` bytes each, `stride` bytes apart) has a byte that is
  * not 0 (integer and bool columns: the item is not 0). */
 int tp_strided_any(const char *base, int64_t stride, uint32_t itemsize, uint32_t n) {

@@ -69,6 +69,9 @@ void tp_wake_all(tp_ctx *ctx);
 /* The env runtime's whole-batch screens over strided columns (transport/runtime/core.py). */
 int tp_screen_actions(const char *actions, int64_t stride, uint32_t itemsize, int32_t is_signed,
                       uint32_t n, int64_t act_n, const uint8_t *mask, int64_t mask_stride);
+int tp_screen_floats(const char *rows, int64_t stride, uint32_t n, uint32_t count,
+                     uint32_t itemsize, double low, double high, int32_t strict_low,
+                     int32_t strict_high);
 int tp_strided_any(const char *base, int64_t stride, uint32_t itemsize, uint32_t n);
 
 int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode,
