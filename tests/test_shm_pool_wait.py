@@ -8,6 +8,7 @@ Real POSIX shm regions and real worker processes; no timing is asserted.
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import numpy as np
@@ -18,6 +19,7 @@ from transport.backends.shm.channel import ShmChannel
 from transport.backends.shm.region import PRESETS
 from transport.backends.shm.server import Listener
 from transport.envs import env_factory, env_schema
+from transport.envs.vector_echo import SCHEMA, VectorEchoEnv
 from transport.runtime.host import EnvHost
 
 from .servers import ServerProcess
@@ -49,6 +51,44 @@ def test_server_spin_between_requests(query: str, workers: int, spin: int) -> No
         assert listener._ctx.spin == spin  # the native wait context of the doorbell wait
     finally:
         listener.close()
+
+
+class _ThreadedVectorEcho(VectorEchoEnv):
+    """A vector env that says it steps on threads of its own (as EnvPool does)."""
+
+    steps_on_own_threads = True
+
+
+@pytest.mark.parametrize(
+    ("env", "query", "spin", "policy"),
+    [
+        (_ThreadedVectorEcho, "", 0, "futex"),  # on its own threads: both sleep, as for a pool
+        (VectorEchoEnv, "", PRESETS["balanced"].spin, "balanced"),  # in the server: the default
+        (_ThreadedVectorEcho, "&wait=spin", PRESETS["spin"].spin, "spin"),  # named: kept
+    ],
+)
+def test_vector_env_on_its_own_threads_sleeps_like_a_pool(
+    env: type[VectorEchoEnv], query: str, spin: int, policy: str
+) -> None:
+    # EnvPool's threads share the cores with the server and the client: a server spinning for
+    # the next request took a core from them (HalfCheetah N = 8: 0.93x the step time asleep)
+    url = f"shm://test-poolwait-{uuid.uuid4().hex[:12]}?num_envs=4{query}"
+    listener = Listener(url, EnvHost(SCHEMA, lambda: env(4), num_envs=4, env_name="vector"))
+    listener.start()
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert listener._ctx.spin == spin  # the native wait context of the doorbell wait
+        with api.connect(url, timeout=10) as client:
+            channel = client.channel
+            assert isinstance(channel, ShmChannel)
+            assert channel.policy == PRESETS[policy]
+            assert "client_wait" not in client.server_info
+            client.reset(seed=1)
+            assert client.step(np.full(4, 2)).observation.shape[0] == 4
+    finally:
+        listener.close()
+        thread.join(10)
 
 
 @pytest.mark.parametrize("lang", ["python", "node"])

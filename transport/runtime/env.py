@@ -77,8 +77,11 @@ class VectorEnv(Protocol):
     called with ``ids=None``, which needs ``autoreset_next_step``), ``autoreset_next_step``
     (default False; True: stepping an env whose episode ended resets it instead, its action
     ignored, and writes its reset result, as gymnasium's NEXT_STEP mode and EnvPool do; the
-    runtime then leaves NEXT_STEP resets to the env), ``infos()`` (N info maps for OBSERVE),
-    ``close()``. An exception from a call fails every env of that call (each is then reset).
+    runtime then leaves NEXT_STEP resets to the env), ``steps_on_own_threads`` (default False;
+    True: a step runs on threads or processes of the env's own, as EnvPool's and an
+    ``AsyncVectorEnv``'s do, so an shm server and its client sleep while it steps instead of
+    spinning, as for worker processes), ``infos()`` (N info maps for OBSERVE), ``close()``. An
+    exception from a call fails every env of that call (each is then reset).
     """
 
     num_envs: int
@@ -113,6 +116,17 @@ def writes_columns(envs: Sequence[object]) -> bool:
         len(envs) == 1
         and is_vector_env(envs[0])
         and getattr(envs[0], "writes_columns", False) is True
+    )
+
+
+def steps_on_own_threads(envs: Sequence[object]) -> bool:
+    """True when ``envs`` is one vector env that steps on threads or processes of its own
+    (``steps_on_own_threads = True``: EnvPool, an ``AsyncVectorEnv``): a waiter that spins while
+    it steps takes a core from them (docs/shm.md "Waiting while a pool steps")."""
+    return (
+        len(envs) == 1
+        and is_vector_env(envs[0])
+        and getattr(envs[0], "steps_on_own_threads", False) is True
     )
 
 

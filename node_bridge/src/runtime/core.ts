@@ -182,6 +182,8 @@ export interface Runner {
   readonly columns?: RunnerColumns;
   /** The env writes `columns` afresh in every call (`VectorEnv.writesColumns`): a backend may adopt them. */
   readonly writesColumns?: boolean;
+  /** The envs step on threads of their own (`VectorEnv.stepsOnOwnThreads`): waiters sleep. */
+  readonly stepsOnOwnThreads?: boolean;
   /**
    * The envs reset themselves under NEXT_STEP (a vector env's `autoresetNextStep`): a done env
    * is stepped (its action ignored), not reset by the runtime.

@@ -156,6 +156,12 @@ export interface VectorEnv {
    * writes the region's result columns and the server copies nothing.
    */
   readonly writesColumns?: boolean;
+  /**
+   * Optional, default false. True: a step runs on threads or processes of the env's own (worker
+   * threads, a native batch simulator), so an shm server and its client sleep while it steps
+   * instead of spinning, as for a worker pool (Python's `steps_on_own_threads`).
+   */
+  readonly stepsOnOwnThreads?: boolean;
   /** Optional: the N envs' free-form info maps (OBSERVE's tail); `{}` each without it. */
   infos?(): ReadonlyArray<Record<string, unknown>>;
   /** Optional: called when the runtime that made it closes. */

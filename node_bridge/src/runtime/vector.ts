@@ -288,6 +288,8 @@ export class VectorRunner implements Runner {
   readonly columns: ResultColumns;
   /** The env looks its columns up in every call (`VectorEnv.writesColumns`): they may be adopted. */
   readonly writesColumns: boolean;
+  /** The env steps on threads of its own (`VectorEnv.stepsOnOwnThreads`). */
+  readonly stepsOnOwnThreads: boolean;
   readonly #owned: boolean;
   /** Scratch: the ids of a call, and its 0/1 mask (for `fail`'s check). */
   readonly #ids: Int32Array;
@@ -314,6 +316,7 @@ export class VectorRunner implements Runner {
     }
     this.columns = new ResultColumns(schema, n);
     this.writesColumns = env.writesColumns === true;
+    this.stepsOnOwnThreads = env.stepsOnOwnThreads === true;
     this.#owned = owned;
     this.#ids = new Int32Array(n);
     this.#which = new Uint8Array(n);

@@ -15,6 +15,7 @@ import { PREFIX, SHM_DIR, WAIT_PRESETS, namesWaitPolicy } from "../backends/shm/
 import { ShmListener } from "../backends/shm/server";
 import { connect } from "../client";
 import { ENVS } from "../envs";
+import { VectorEchoEnv } from "../envs/vector_echo";
 import { EnvHost } from "../runtime/host";
 
 const TAG = `node-poolwait-${randomBytes(3).toString("hex")}`;
@@ -32,6 +33,27 @@ describe("shm server wait when a pool serves", () => {
       const url = `shm://${TAG}-${randomBytes(4).toString("hex")}?num_envs=2${query}`;
       const host = new EnvHost(ENVS["echo"]!, { numEnvs: 2, envName: "echo", ...(workers ? { workers } : {}) });
       const listener = new ShmListener(url, host);
+      try {
+        assert.equal(listener.requestSpin, spin);
+      } finally {
+        await listener.close();
+      }
+    });
+  }
+
+  /** A vector env that says it steps on threads of its own (as EnvPool does). */
+  class ThreadedVectorEcho extends VectorEchoEnv {
+    readonly stepsOnOwnThreads = true;
+  }
+  const vectorCases: [string, typeof VectorEchoEnv, number][] = [
+    ["", ThreadedVectorEcho, 0], // on its own threads: sleep at once, as for a pool
+    ["", VectorEchoEnv, WAIT_PRESETS["balanced"]!.spin], // in the server: the default
+    ["&wait=spin", ThreadedVectorEcho, WAIT_PRESETS["spin"]!.spin], // named in the URL: kept
+  ];
+  for (const [query, env, spin] of vectorCases) {
+    test(`vector env ${env.name}, query "${query}": spin ${spin}`, async () => {
+      const url = `shm://${TAG}-${randomBytes(4).toString("hex")}?num_envs=4${query}`;
+      const listener = new ShmListener(url, new EnvHost(env, { numEnvs: 4, envName: "vector" }));
       try {
         assert.equal(listener.requestSpin, spin);
       } finally {

@@ -49,7 +49,7 @@ from transport.errors import ConnectError
 from transport.protocol import DEFAULT_MAX_BODY, ErrorCode, RequestError
 from transport.runtime.async_batches import AsyncBatches
 from transport.runtime.core import EnvRuntime, describe
-from transport.runtime.env import writes_columns
+from transport.runtime.env import steps_on_own_threads, writes_columns
 from transport.runtime.host import EnvHost
 
 log = logging.getLogger("transport.shm")
@@ -107,10 +107,6 @@ class Listener:
         """Create the region (replacing a stale one, never a live one) and mark it READY."""
         host, layout = self.host, ShmLayout.of(self.schema)
         self.layout = layout
-        # envs in worker processes: a step takes the workers' time (ms on a real env), and a
-        # server or client spinning meanwhile takes a core from them (2 cores: one of two), so
-        # both sleep at once unless the URL names a wait policy
-        pool_sleeps = bool(host.workers) and not names_wait_policy(self.url)
         # one env: made now, it says whether it needs a slot per seat (step_batch); more envs
         # are made once the region (checked against /dev/shm's room) exists
         envs = host.create_envs() if self.num_envs == 1 else None
@@ -140,6 +136,13 @@ class Listener:
                 ]
             else:
                 self.results = region.results()
+            # envs in worker processes, or a vector env on threads of its own (EnvPool): a
+            # step takes their time (ms on a real env), and a server or client spinning
+            # meanwhile takes a core from them (2 cores: one of two), so both sleep at once
+            # unless the URL names a wait policy
+            pool_sleeps = (bool(host.workers) or steps_on_own_threads(envs)) and not (
+                names_wait_policy(self.url)
+            )
             final_seqs, finals = region.finals()
             self._final_seqs, self.finals = final_seqs[:n], finals[:n]
             self._spare = host.runtime(envs, self.results, self.finals)

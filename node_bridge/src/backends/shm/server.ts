@@ -420,10 +420,12 @@ export class ShmListener implements Listener {
     // the env's spaces (SPACES_RESP): the control block's act_size is the mask's length
     // (Appendix B), 0 for an env without one (a plain Discrete(n))
     this.#serverInfo["spaces"] = [spare.spaces.obsN, spare.spaces.actN];
-    // envs in worker threads: a step takes the workers' time, and a waiter spinning meanwhile
-    // takes a core from them; this server then sleeps at once between requests and advises the
-    // client to (`client_wait`, popped by the client), unless the URL names a wait policy
-    const poolSleeps = host.pooled && !namesWaitPolicy(url); // see the Python server's start()
+    // envs in worker threads (or a vector env on threads of its own): a step takes their time,
+    // and a waiter spinning meanwhile takes a core from them; this server then sleeps at once
+    // between requests and advises the client to (`client_wait`, popped by the client), unless
+    // the URL names a wait policy
+    const elsewhere = host.pooled || spare.runner.stepsOnOwnThreads === true;
+    const poolSleeps = elsewhere && !namesWaitPolicy(url); // see the Python server's start()
     this.#requestSpin = poolSleeps ? 0 : this.shm.wait.spin;
     if (poolSleeps) this.#serverInfo["client_wait"] = "futex";
     this.numSlots = Math.max(numEnvs, this.#seats);
