@@ -19,6 +19,7 @@ from transport.errors import SchemaError
 from transport.gym import RemoteVectorEnv
 from transport.gym_schema import schema_of_spaces, schema_toml
 from transport.gym_serve import gym_schema, gym_schema_toml
+from transport.protocol import schema_from_ir_text, schema_ir_text
 from transport.schema import compile_schema
 from transport.spaces import action_space_of, observation_space_of
 
@@ -102,6 +103,21 @@ def test_same_spaces_give_the_same_schema_and_fingerprint() -> None:
         schema_of_spaces(spaces.Box(0, 1, (2,), np.int8), spaces.Discrete(2)).fingerprint
         != schema_of_spaces(spaces.MultiBinary(2), spaces.Discrete(2)).fingerprint
     )
+
+
+def test_two_envs_with_the_same_spaces_announce_their_own_names() -> None:
+    # the fingerprint leaves the name out: a process serving one env and then another with the
+    # same spaces (two Atari games) announced the first one's IR, name included, for both (the
+    # space-matrix contract check discover_schema failed after the real-env tests' Pong)
+    box, action = spaces.Box(0, 255, (4, 8), np.uint8), spaces.Discrete(6)
+    pong, breakout = (
+        schema_of_spaces(box, action, "pong"),
+        schema_of_spaces(box, action, "breakout"),
+    )
+    assert pong.fingerprint == breakout.fingerprint
+    for schema in (pong, breakout, pong):
+        found = schema_from_ir_text(schema_ir_text(schema), schema.fingerprint, peer="test")
+        assert (found.name, found.fingerprint) == (schema.name, schema.fingerprint)
 
 
 @pytest.mark.parametrize(

@@ -281,14 +281,18 @@ def encode_hello_response(schema: Schema, hello: Hello, info: dict[str, Any], mo
     return encode_hello(schema.fingerprint, tail, flags=mode)
 
 
-_IR_TEXT: dict[int, str] = {}
+_IR_TEXT: dict[tuple[int, str, int], str] = {}
 
 
 def schema_ir_text(schema: Schema) -> str:
-    """The compiled IR of ``schema`` as compact JSON text (cached per fingerprint)."""
-    text = _IR_TEXT.get(schema.fingerprint)
+    """The compiled IR of ``schema`` as compact JSON text, cached per fingerprint, name and
+    version (the fingerprint leaves the name and version out: two schemas that differ only there,
+    such as two gymnasium envs with the same spaces, each announce their own)."""
+    ir = schema.ir
+    key = (schema.fingerprint, ir.name, ir.version)
+    text = _IR_TEXT.get(key)
     if text is None:
-        text = _IR_TEXT[schema.fingerprint] = json.dumps(schema.ir.to_json(), separators=(",", ":"))
+        text = _IR_TEXT[key] = json.dumps(ir.to_json(), separators=(",", ":"))
     return text
 
 
