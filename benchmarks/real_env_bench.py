@@ -282,10 +282,11 @@ def serve_envpool(name: str, n: str, threads: str, url: str) -> None:
         )
         return EnvPoolEnv(pool)
 
+    first = [factory()]  # its schema, then the first client's env (not a second idle pool)
     transport.serve(
-        factory,
+        lambda: first.pop() if first else factory(),
         url,
-        schema=factory().SCHEMA,
+        schema=first[0].SCHEMA,
         num_envs=int(n),
         ready=lambda at: print(f"ready {at}", flush=True),
     )
