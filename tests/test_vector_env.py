@@ -327,6 +327,46 @@ def test_envpool_in_the_shm_column_layout_writes_the_columns() -> None:
         server.close()
 
 
+def test_envpool_box_actions_over_shm_equal_envpool_in_process() -> None:
+    """A MuJoCo EnvPool (Box actions: the adapter's one-cast action path, the runtime's C
+    screen of float actions) served over shm:// steps as the same pool in this process, byte
+    for byte, actions at and inside the bounds."""
+    envpool = pytest.importorskip("envpool")
+    from transport.envs.vector_gym import EnvPoolEnv
+
+    n, steps = 4, 40
+
+    def make() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return envpool.make_gymnasium("HalfCheetah-v5", num_envs=n, seed=5)
+            except Exception as exc:  # an EnvPool wheel without MuJoCo
+                pytest.skip(f"EnvPool has no HalfCheetah-v5 here: {exc}")
+
+    actions = np.random.default_rng(2).uniform(-1, 1, (steps, n, 6)).astype(np.float32)
+    actions[::5, 0] = 1.0  # the bounds themselves are legal
+    actions[1::5, 1] = -1.0
+    pool = make()
+    obs, _ = pool.reset()
+    expected = [(obs.copy(), np.zeros(n))]
+    for t in range(steps):
+        obs, reward, _, _, _ = pool.step(actions[t].astype(np.float64))
+        expected.append((obs.copy(), reward.copy()))
+    adapter = EnvPoolEnv(make())
+    url = f"shm://vec-box-{os.getpid()}-{uuid.uuid4().hex[:6]}?num_envs={n}"
+    server = api.Server(lambda: adapter, url, schema=adapter.SCHEMA, num_envs=n).start()
+    try:
+        with api.connect(server.bound_url, autoreset="next_step", timeout=30) as client:
+            got = [client.reset(copy=True)]
+            got += [client.step(actions[t], copy=True) for t in range(steps)]
+    finally:
+        server.close()
+    for t, (view, (observation, reward)) in enumerate(zip(got, expected, strict=True)):
+        assert view.observation.tobytes() == observation.astype(view.observation.dtype).tobytes(), t
+        assert np.array_equal(view.reward, reward), t
+
+
 def test_envpool_same_step_over_shm_equals_the_runtime_in_process(servers: Any) -> None:
     """SAME_STEP (the runtime's: finals kept, ended envs reset by EnvPool's partial reset): the
     served trace equals the same adapter under the runtime in this process."""
