@@ -52,10 +52,10 @@ StepBatch = Callable[[np.ndarray], Sequence[StepOutput]]
 
 _NEXT_STEP = AutoReset.NEXT_STEP
 _SAME_STEP = AutoReset.SAME_STEP
-_min_of = np.minimum.reduce  # whole-array reductions without ndarray.min's Python wrapper
-_max_of = np.maximum.reduce
 """The auto-reset modes the per-step paths compare with, as module names: on Python 3.11 each
 ``AutoReset.X`` lookup on the enum class costs ~50 ns, several times per step."""
+_min_of = np.minimum.reduce  # whole-array reductions without ndarray.min's Python wrapper
+_max_of = np.maximum.reduce
 
 MASKED_ACTION_POLICIES = ("reject", "pass", "noop")
 """What a server does with an action its env's mask forbids (``serve(masked_actions=...)``):
@@ -159,9 +159,11 @@ class ActionRule:
 
     def accepts_all(self, actions: np.ndarray) -> bool:
         """True when ``bad`` would refuse none of the array actions (Box, MultiDiscrete) of
-        ``actions``, found with whole-array reductions (~3 us for 8 x f32[6], where ``bad``'s
-        per-env reductions take ~30). False says only that ``bad`` must name the envs (a NaN
-        that ``allow_nonfinite`` lets through also lands there)."""
+        ``actions``: uniform bounds in one C pass over a Box batch with packed rows
+        (``tp_screen_floats``) or with the batch's min and max, other bounds with whole-array
+        reductions (~3 us for 8 x f32[6], where ``bad``'s per-env reductions take ~30). False
+        says only that ``bad`` must name the envs (a NaN that ``allow_nonfinite`` lets through
+        also lands there)."""
         span = self._span
         if span is not None and actions.size:  # a NaN min or max fails both comparisons
             low, high = span
