@@ -249,3 +249,26 @@ def test_the_bars_figure_has_one_bar_per_backend_and_language() -> None:
     finally:
         plt.close(fig)
     assert str(bars_path("out/probe.png")) == "out/probe-bars.png"
+
+
+def test_a_floor_beaten_by_a_row_is_called_disturbed_not_a_ratio() -> None:
+    """A floor that a row beats by more than noise ran while a core was taken (seen on this
+    2-core machine: c-floor-shm at 17.3 us against the Python shm row's 7.58, a spin floor whose
+    two processes shared a core): the summary does not print "0.44x its floor", the floors
+    section names the floor, the row and what to do."""
+    floor_rows = [*floors(), make_row("c-floor-shm", "c", 17.3)]
+    fast = make_row("shm", "python", 7.58, url="shm://a?num_envs=1")
+    fine = make_row("shm", "node", 30.0, url="shm://b?num_envs=1")
+    results = results_with([fast, fine], floor_rows)
+    assert fast.floor_name == "c-floor-shm" and fast.ratio_to_floor is not None
+    assert fast.ratio_to_floor < report.DISTURBED
+    notes = report.floor_notes(results.rows)
+    assert len(notes) == 1
+    assert re.match(
+        r"c-floor-shm at batch 1 \(17\.\d us p50\) is slower than shm, Python", notes[0]
+    )
+    assert "rerun" in notes[0]
+    summary = report.summary_lines(results.rows)[0]
+    assert "faster than its floor (c-floor-shm: disturbed" in summary and "0.44" not in summary
+    # a floor no row beats gets no note
+    assert report.floor_notes(results_with([fine], floor_rows).rows) == []

@@ -164,6 +164,35 @@ def floors_text(floors: list[Row]) -> str:
     return "\n".join(out)
 
 
+DISTURBED = 0.9
+"""A row at under this many times its floor beat it by more than noise: the floor ran while
+the machine was busy (``floor_notes``)."""
+
+
+def floor_notes(rows: list[Row]) -> list[str]:
+    """One line per floor that a row beat by more than noise (``ratio_to_floor`` under
+    ``DISTURBED``): no transport can beat its floor, so that floor ran while a core was taken
+    (a spin floor whose two processes shared one core, another job on the machine) and the
+    ratios against it say nothing; the line says so and what to do."""
+    worst: dict[tuple[str, str], Row] = {}
+    for row in rows:
+        ratio = row.ratio_to_floor
+        if row.is_floor or ratio is None or ratio >= DISTURBED or row.floor_name is None:
+            continue
+        key = (_floor_cell(row), _point_name(row))
+        if key not in worst or ratio < (worst[key].ratio_to_floor or 0.0):
+            worst[key] = row
+    out = []
+    for (floor, point), row in sorted(worst.items()):
+        floor_p50 = row.p50_us / (row.ratio_to_floor or 1.0)
+        out.append(
+            f"{floor} at {point} ({_num(floor_p50)} us p50) is slower than {_who(row)} "
+            f"({_num(row.p50_us)} us): the floor ran while a core was taken, so its ratios say "
+            "nothing; rerun on a quiet machine (a larger --count evens it out)"
+        )
+    return out
+
+
 def _lang(row: Row) -> str:
     return LANG_NAMES.get(row.server, row.server)
 
@@ -206,7 +235,9 @@ def summary_lines(rows: list[Row]) -> list[str]:
                 f", {ratio:.1f}x faster than {versus.backend} "
                 f"({_lang(versus)} server, {_num(versus.p50_us)} us)"
             )
-        if best.ratio_to_floor is not None:
+        if best.ratio_to_floor is not None and best.ratio_to_floor < DISTURBED:
+            text += f", faster than its floor ({_floor_cell(best)}: disturbed, see the floors)"
+        elif best.ratio_to_floor is not None:
             text += f", {_ratio(best.ratio_to_floor)}x its floor ({_floor_cell(best)})"
         out.append(text)
     return out

@@ -431,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     floors = report.floors_text(results.floors)
     if floors:
         print(f"\n{floors}", file=table_out)
+        for note in report.floor_notes(rows):
+            print(f"  note: {note}", file=table_out)
     closing = report.summary_text(rows)
     if closing:
         print(f"\n{closing}", file=table_out)
