@@ -270,5 +270,11 @@ def test_a_floor_beaten_by_a_row_is_called_disturbed_not_a_ratio() -> None:
     assert "rerun" in notes[0]
     summary = report.summary_lines(results.rows)[0]
     assert "faster than its floor (c-floor-shm: disturbed" in summary and "0.44" not in summary
-    # a floor no row beats gets no note
+    # a floor no row beats gets no note; nor does a raw floor (a bare Python or Node server,
+    # which a tuned server may beat: its ratio stays)
     assert report.floor_notes(results_with([fine], floor_rows).rows) == []
+    tuned = make_row("unix", "python", 30.0)  # raw-unix/python at 40 us
+    assert tuned.floor_name is None
+    raw = results_with([tuned], floor_rows)
+    assert tuned.floor_name == "raw-unix" and report.floor_notes(raw.rows) == []
+    assert "0.75x its floor (raw-unix/python)" in report.summary_lines(raw.rows)[0]

@@ -165,22 +165,35 @@ def floors_text(floors: list[Row]) -> str:
 
 
 DISTURBED = 0.9
-"""A row at under this many times its floor beat it by more than noise: the floor ran while
+"""A row at under this many times its C floor beat it by more than noise: the floor ran while
 the machine was busy (``floor_notes``)."""
 
 
+def _beats_c_floor(row: Row) -> bool:
+    """``row`` is under ``DISTURBED`` times its C floor (``c-floor-*``: bytes moved with no
+    protocol at all, which no transport can beat; a raw floor is a bare server in Python or
+    Node, which a tuned server may beat)."""
+    ratio, name = row.ratio_to_floor, row.floor_name
+    return (
+        not row.is_floor
+        and ratio is not None
+        and ratio < DISTURBED
+        and name is not None
+        and name.startswith("c-floor-")
+    )
+
+
 def floor_notes(rows: list[Row]) -> list[str]:
-    """One line per floor that a row beat by more than noise (``ratio_to_floor`` under
-    ``DISTURBED``): no transport can beat its floor, so that floor ran while a core was taken
-    (a spin floor whose two processes shared one core, another job on the machine) and the
-    ratios against it say nothing; the line says so and what to do."""
+    """One line per C floor that a row beat by more than noise (``_beats_c_floor``): that
+    floor ran while a core was taken (a spin floor whose two processes shared one core, another
+    job on the machine) and the ratios against it say nothing; the line says so and what to
+    do."""
     worst: dict[tuple[str, str], Row] = {}
     for row in rows:
-        ratio = row.ratio_to_floor
-        if row.is_floor or ratio is None or ratio >= DISTURBED or row.floor_name is None:
+        if not _beats_c_floor(row):
             continue
         key = (_floor_cell(row), _point_name(row))
-        if key not in worst or ratio < (worst[key].ratio_to_floor or 0.0):
+        if key not in worst or (row.ratio_to_floor or 0.0) < (worst[key].ratio_to_floor or 0.0):
             worst[key] = row
     out = []
     for (floor, point), row in sorted(worst.items()):
@@ -235,7 +248,7 @@ def summary_lines(rows: list[Row]) -> list[str]:
                 f", {ratio:.1f}x faster than {versus.backend} "
                 f"({_lang(versus)} server, {_num(versus.p50_us)} us)"
             )
-        if best.ratio_to_floor is not None and best.ratio_to_floor < DISTURBED:
+        if _beats_c_floor(best):
             text += f", faster than its floor ({_floor_cell(best)}: disturbed, see the floors)"
         elif best.ratio_to_floor is not None:
             text += f", {_ratio(best.ratio_to_floor)}x its floor ({_floor_cell(best)})"
