@@ -328,8 +328,8 @@ def test_envpool_in_the_shm_column_layout_writes_the_columns() -> None:
 
 
 def test_envpool_box_actions_over_shm_equal_envpool_in_process() -> None:
-    """A MuJoCo EnvPool (Box actions: the adapter's one-cast action path, the runtime's C
-    screen of float actions) served over shm:// steps as the same pool in this process, byte
+    """A MuJoCo EnvPool (Box actions: the adapter's cast to EnvPool's dtype, the runtime's
+    C screen of float actions) served over shm:// steps as the same pool in this process, byte
     for byte, actions at and inside the bounds."""
     envpool = pytest.importorskip("envpool")
     from transport.envs.vector_gym import EnvPoolEnv

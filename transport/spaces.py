@@ -44,10 +44,6 @@ GYM_SPACES_ENUM = "GymSpaces"
 """The enum of a schema derived from gymnasium spaces that packs their exact description."""
 _DESCRIPTIONS: dict[int, dict[str, Any] | None] = {}
 _STRUCTURES: dict[int, tuple[FieldIR, dict[str, Any]]] = {}
-_ONE_ARRAY: dict[tuple[int, int | None], tuple[FieldIR, str, tuple[int, ...], Any]] = {}
-"""``observation_of``'s one-field observations that are one array: (field, name, shape, the
-``_STRUCTURES`` entry it was planned with) by the field's id and ``num_envs``; the field is
-kept, so its id is not reused while the entry lives."""
 
 
 def gym_description_of(schema: Schema) -> dict[str, Any] | None:
@@ -231,10 +227,6 @@ def observation_of(
 ) -> Observation:
     """The adapter's observation from a result view: an owned array of the field's shape (with
     a leading env axis when ``num_envs`` is given), or a dict of them for several fields."""
-    if len(fields) == 1:  # one array (a Box, an image): its shape is known after one call
-        plan = _ONE_ARRAY.get((id(fields[0]), num_envs))
-        if plan is not None and plan[0] is fields[0] and _STRUCTURES.get(id(fields[0])) is plan[3]:
-            return np.array(view[plan[1]], copy=True).reshape(plan[2])
     out: dict[str, np.ndarray] = {}
     entry = _STRUCTURES.get(id(fields[0])) if fields else None
     structure = entry[1] if entry is not None and entry[0] is fields[0] else None
@@ -243,14 +235,6 @@ def observation_of(
         if num_envs is not None:
             shape = (num_envs, *shape)
         out[field.name] = np.array(view[field.name], copy=True).reshape(shape)
-    if len(fields) == 1 and (
-        structure is None
-        or (
-            structure.get("type") not in ("dict", "tuple")
-            and not (num_envs is None and structure.get("type") == "discrete")
-        )
-    ):
-        _ONE_ARRAY[(id(fields[0]), num_envs)] = (fields[0], fields[0].name, shape, entry)
     if structure is not None:  # a gymnasium-derived schema: the spaces' own structure
         return _structured(structure, out, num_envs is None)  # type: ignore[no-any-return]
     if len(fields) == 1:

@@ -44,8 +44,6 @@ class _Columns:
         self.schema = schema_of_spaces(observation_space, action_space, shm_layout=shm_layout)
         self.spaces = Spaces(_obs_n(observation_space), act_n_of(action_space))
         self._views: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
-        # one Box observation (MuJoCo, Atari): its field, written without the leaf walk
-        self._single = self.observation.get("field") if "items" not in self.observation else None
 
     def fields(self, out: np.ndarray) -> dict[str, np.ndarray]:
         """``out``'s field views by name, made once per result array (the runner hands the
@@ -58,11 +56,6 @@ class _Columns:
     def write_observation(self, value: Any, out: np.ndarray, rows: Any, take: Any = None) -> None:
         """Each leaf of a batched observation ``value`` (rows ``take`` of it; None: all) into
         the result rows ``rows`` (a slice or an index array)."""
-        if self._single is not None and take is None and type(value) is np.ndarray:
-            column = self.fields(out)[self._single]
-            if value.shape[1:] == column.shape[1:]:
-                column[rows] = value
-                return
         self._leaf(self.observation, value, self.fields(out), rows, take)
 
     def _leaf(
@@ -199,14 +192,6 @@ class EnvPoolEnv:
         self.columns = _Columns(pool.observation_space, pool.action_space, shm_layout)
         self.SCHEMA = self.columns.schema
         self._action = _native_action_dtype(pool)
-        # wire actions already in the space's dtype and shape: one cast to EnvPool's dtype
-        action = self.columns.action
-        self._direct_action: tuple[int, ...] | None = None
-        if (
-            action["type"] in ("box", "multi_discrete")
-            and np.dtype(action["dtype"]) == self._action
-        ):
-            self._direct_action = tuple(action["shape"])
         self._in_order = np.arange(self.num_envs, dtype=np.int32).tobytes()
 
     def spaces(self) -> Spaces:
@@ -230,14 +215,11 @@ class EnvPoolEnv:
         _ended(self.columns.fields(out), rows)
 
     def step_envs(self, actions: np.ndarray, ids: np.ndarray | None, out: np.ndarray) -> None:
-        if ids is None and actions.shape[1:] == self._direct_action:
-            taken = actions.astype(self._action)  # an owned, packed copy of the slots' view
-            env_id = None
-        else:
-            taken = self.columns.actions(actions if ids is None else actions[ids])
-            taken = taken.astype(self._action, copy=False)
-            env_id = None if ids is None else ids.astype(np.int32)
-        obs, reward, terminated, truncated, info = self.pool.step(taken, env_id)
+        taken = self.columns.actions(actions if ids is None else actions[ids])
+        env_id = None if ids is None else ids.astype(np.int32)
+        obs, reward, terminated, truncated, info = self.pool.step(
+            taken.astype(self._action, copy=False), env_id
+        )
         rows = self._rows(info["env_id"])
         self.columns.write_observation(obs, out, rows)
         _stepped(self.columns.fields(out), rows, reward, terminated, truncated)

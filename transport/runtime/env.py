@@ -112,22 +112,19 @@ def writes_columns(envs: Sequence[object]) -> bool:
     as its ``out`` (it declares ``writes_columns = True``: it writes ``out[field][rows]`` and
     whole records ``out[rows] = records``, nothing else of a record array), so a column-layout
     server publishes what it wrote without a copy."""
-    return (
-        len(envs) == 1
-        and is_vector_env(envs[0])
-        and getattr(envs[0], "writes_columns", False) is True
-    )
+    return _one_vector_env_declares(envs, "writes_columns")
 
 
 def steps_on_own_threads(envs: Sequence[object]) -> bool:
     """True when ``envs`` is one vector env that steps on threads or processes of its own
     (``steps_on_own_threads = True``: EnvPool, an ``AsyncVectorEnv``): a waiter that spins while
     it steps takes a core from them (docs/shm.md "Waiting while a pool steps")."""
-    return (
-        len(envs) == 1
-        and is_vector_env(envs[0])
-        and getattr(envs[0], "steps_on_own_threads", False) is True
-    )
+    return _one_vector_env_declares(envs, "steps_on_own_threads")
+
+
+def _one_vector_env_declares(envs: Sequence[object], flag: str) -> bool:
+    """``envs`` is one vector env whose optional attribute ``flag`` is True (not just truthy)."""
+    return len(envs) == 1 and is_vector_env(envs[0]) and getattr(envs[0], flag, False) is True
 
 
 VectorEnvFactory = Callable[[], VectorEnv]
