@@ -29,6 +29,7 @@ from pettingzoo import AECEnv
 from transport.api import Server, connect
 from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
+from transport.envs.in_place import RecordPlan
 from transport.errors import AdapterError
 from transport.gym import (
     SERVE_HINT,
@@ -493,11 +494,19 @@ class AECServerEnv:
     ends with the game (an agent that ends before is an env error): the classic board games.
     """
 
+    _out: Any = None  # the record ``_plan`` stores into (kept: its id cannot be reused)
+    _plan: tuple[RecordPlan, np.ndarray, np.ndarray] | None = None  # + mask and agent views
+
     def __init__(self, make: Callable[[], Any]) -> None:
         self.env = make()
         observation, _, self._masked, self._act_n, self._agents = _aec_parts(self.env)
         self._index = {agent: k for k, agent in enumerate(self._agents)}
         self._obs_n = int(np.prod(observation.shape or (1,)))
+        self._observation = {
+            "type": "box",
+            "shape": list(observation.shape),
+            "field": "observation",
+        }
 
     def spaces(self) -> Spaces:
         return Spaces(self._obs_n, self._act_n)
@@ -516,11 +525,46 @@ class AECServerEnv:
             "agent": self._index[agent],
         }
 
+    def _write(
+        self, out: np.ndarray, agent: str, reward: float, terminated: bool, truncated: bool
+    ) -> dict[str, Any] | None:
+        """The result stored in ``out`` (``transport.envs.in_place``); the mapping instead
+        where the observation is not an array of the field's dtype and shape."""
+        if out is not self._out:
+            plan = RecordPlan.of(out, self._observation)
+            self._out = out
+            self._plan = None if plan is None else (plan, out["action_mask"], out["agent"])
+        if self._plan is None:
+            return self._result(agent, reward, terminated, truncated)
+        plan, mask_view, agent_view = self._plan
+        seen = self.env.observe(agent)
+        if not plan.store_result(
+            seen["observation"] if self._masked else seen, reward, terminated, truncated
+        ):
+            return self._result(agent, reward, terminated, truncated)
+        mask = seen["action_mask"] if self._masked else 1
+        if self._masked and (type(mask) is not np.ndarray or mask.shape != mask_view.shape):
+            return self._result(agent, reward, terminated, truncated)  # the codec checks it
+        mask_view[...] = mask  # cast to u8 as np.asarray(mask, dtype=np.uint8) casts
+        agent_view[...] = self._index[agent]
+        return None
+
     def reset(self, seed: int | None = None) -> dict[str, Any]:
         self.env.reset(seed=seed)
         return self._result(self.env.agent_selection, 0.0, False, False)
 
+    def reset_into(self, seed: int | None, out: np.ndarray) -> dict[str, Any] | None:
+        self.env.reset(seed=seed)
+        return self._write(out, self.env.agent_selection, 0.0, False, False)
+
     def step(self, action: int) -> dict[str, Any]:
+        return self._result(*self._advance(action))
+
+    def step_into(self, action: int, out: np.ndarray) -> dict[str, Any] | None:
+        return self._write(out, *self._advance(action))
+
+    def _advance(self, action: int) -> tuple[str, float, bool, bool]:
+        """Play ``action``: (the agent the result is for, its reward, terminated, truncated)."""
         env = self.env
         actor = env.agent_selection
         env.step(int(action))
@@ -532,7 +576,7 @@ class AECServerEnv:
                     f"agent {following!r} ended while {live} play on: a served AEC env's agents "
                     "end together (RemoteAECEnv ends every agent with the game)"
                 )
-            return self._result(following, float(env.rewards.get(following, 0.0)), False, False)
+            return following, float(env.rewards.get(following, 0.0)), False, False
         rewards = {a: float(env.rewards.get(a, 0.0)) for a in self._agents}
         reward = rewards[actor]
         share = -reward / (len(self._agents) - 1) if len(self._agents) > 1 else 0.0
@@ -543,7 +587,7 @@ class AECServerEnv:
                 f"({actor!r}: {reward}, every other agent {share})"
             )
         terminated = any(bool(env.terminations.get(a, False)) for a in self._agents)
-        return self._result(actor, reward, terminated, not terminated)
+        return actor, reward, terminated, not terminated
 
     def close(self) -> None:
         self.env.close()

@@ -16,14 +16,13 @@ shape) goes back as the validated mapping ``step`` returns, so the errors stay t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium
 import numpy as np
 
-from transport import native
+from transport.envs.in_place import RecordPlan
 from transport.errors import AdapterError
 from transport.gym_schema import act_n_of, describe_spaces
 from transport.runtime.env import Spaces
@@ -85,7 +84,7 @@ class GymEnv:
     """One gymnasium env behind the server's Env interface (see the module doc)."""
 
     _out: Any = None  # the record ``_plan`` stores into (kept: its id cannot be reused)
-    _plan: _RecordPlan | None = None
+    _plan: RecordPlan | None = None
 
     def __init__(self, source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> None:
         self.env = make_gym_env(source, gym_kwargs)
@@ -158,14 +157,10 @@ class GymEnv:
     ) -> dict[str, Any] | None:
         """Store a result in ``out``; the mapping instead where a leaf is not stored as is."""
         if out is not self._out:
-            self._out, self._plan = out, _RecordPlan.of(out, self._observation)
+            self._out, self._plan = out, RecordPlan.of(out, self._observation)
         plan = self._plan
-        if plan is None or not plan.store(obs):
+        if plan is None or not plan.store_result(obs, reward, terminated, truncated):
             return self._result(obs, reward, terminated, truncated)
-        reward = float(reward)
-        plan.reward[...] = reward if reward == reward else math.nan  # the canonical NaN
-        plan.terminated[...] = bool(terminated)
-        plan.truncated[...] = bool(truncated)
         return None
 
     def _convert(self, action: Any) -> Any:
@@ -198,85 +193,3 @@ def _leaf_spaces(space: Any) -> list[Any]:
     if isinstance(space, gymnasium.spaces.Tuple):
         return [leaf for sub in space.spaces for leaf in _leaf_spaces(sub)]
     return [space]
-
-
-_SCREEN_FLOATS = native.lib.tp_screen_floats
-_INF = math.inf
-_EXACT_INTS = (int, np.int64)  # a Discrete leaf's value stored as is in its i64 field
-_I64 = np.dtype(np.int64)
-
-
-class _RecordPlan:
-    """Where each observation leaf of one result record goes: a view of its field in the
-    space's shape, stored into only from an array of exactly that dtype and shape (a Discrete
-    leaf: an int or np.int64), so the bytes are those the codec would write, minus its checks."""
-
-    __slots__ = ("leaves", "reward", "terminated", "truncated")
-
-    def __init__(
-        self, leaves: list[tuple[tuple[Any, ...], np.ndarray, Any, bool]], out: np.ndarray
-    ):
-        self.leaves = leaves
-        self.reward = out["reward"]
-        self.terminated = out["terminated"]
-        self.truncated = out["truncated"]
-
-    @classmethod
-    def of(cls, out: Any, observation: dict[str, Any]) -> _RecordPlan | None:
-        """The plan of record ``out`` (a writable 0-d record of the derived schema), or None
-        where a field is not laid out for it (then every result goes as a mapping)."""
-        if not isinstance(out, np.ndarray) or out.ndim != 0 or not out.flags.writeable:
-            return None
-        names = out.dtype.names or ()
-        if not {"reward", "terminated", "truncated"} <= set(names):
-            return None
-        leaves: list[tuple[tuple[Any, ...], np.ndarray, Any, bool]] = []
-        for path, desc in _leaf_paths(observation, ()):
-            if desc["field"] not in names:
-                return None
-            field = out[desc["field"]]
-            shape = () if desc["type"] == "discrete" else tuple(desc["shape"])
-            view = field.reshape(shape)
-            if not np.shares_memory(view, field) or not view.flags.c_contiguous:
-                return None
-            screen = None
-            if view.dtype.kind == "f" and view.dtype.itemsize in (4, 8) and view.size:
-                address = view.__array_interface__["data"][0]
-                screen = (native.ffi.cast("char *", address), view.size, view.dtype.itemsize)
-            leaves.append((path, view, screen, view.ndim == 0 and view.dtype == _I64))
-        return cls(leaves, out)
-
-    def store(self, obs: Any) -> bool:
-        """Store every leaf of ``obs``; False (some leaves maybe stored) where one is not an
-        array of its field's dtype and shape, or a Discrete leaf is not an int in range."""
-        for path, view, screen, int_scalar in self.leaves:
-            value = obs
-            for key in path:
-                value = value[key]
-            if type(value) is np.ndarray:  # exactly: a subclass may behave otherwise
-                if value.dtype != view.dtype or value.shape != view.shape:
-                    return False
-                view[...] = value
-                if screen is not None and not _SCREEN_FLOATS(
-                    screen[0], 0, 1, screen[1], screen[2], -_INF, _INF, 0, 0
-                ):  # a NaN: written as the canonical quiet NaN, as the codec does
-                    np.copyto(view, np.nan, where=np.isnan(view))
-            elif int_scalar and type(value) in _EXACT_INTS:
-                try:
-                    view[...] = value
-                except OverflowError:
-                    return False
-            else:
-                return False
-        return True
-
-
-def _leaf_paths(desc: dict[str, Any], path: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
-    """(keys from the observation to the leaf, the leaf's description) of every leaf."""
-    if desc["type"] == "dict":
-        return [leaf for key, sub in desc["items"] for leaf in _leaf_paths(sub, (*path, key))]
-    if desc["type"] == "tuple":
-        return [
-            leaf for i, sub in enumerate(desc["items"]) for leaf in _leaf_paths(sub, (*path, i))
-        ]
-    return [(path, desc)]
