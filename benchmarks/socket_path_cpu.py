@@ -272,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.before:
         trees = {"before": args.before, "after": str(ROOT)}
     envs = args.envs.split(",") + (["raw"] if args.raw else [])
+    unknown = sorted(set(envs) - {"fixed", "null", "vector-echo", "echo", "raw"})
+    if unknown:
+        parser.error(f"unknown env {', '.join(unknown)} (fixed, null, vector-echo, echo)")
+    if "fixed" in envs and args.backends.split(",") != ["unix"]:
+        parser.error("--envs fixed (one prepared response, no runtime) exists for unix only")
     got: dict[tuple[str, str, str, str], list[float]] = {}
     print(f"load {os.getloadavg()[0]:.2f}", flush=True)
     me = str(Path(__file__).resolve())
