@@ -428,6 +428,9 @@ def test_transport_serve_gym_serves_until_sigterm() -> None:
         (spaces.Discrete(5, start=-2), spaces.Discrete(4, start=3)),
         (spaces.MultiBinary([2, 3]), spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]))),
         (spaces.Box(0, 255, (3, 4), np.uint8), spaces.Discrete(300)),
+        # EnvPool's Jumanji envs (CVRP, BinPack): n a one-item tuple, unequal to MultiBinary(5)
+        (spaces.Dict({"a": spaces.MultiBinary((5,))}), spaces.MultiBinary((3,))),
+        (spaces.Dict({"a": spaces.MultiBinary(5)}), spaces.MultiBinary(3)),
     ],
 )
 def test_edge_spaces_rebuild_exactly(observation: Any, action: Any) -> None:

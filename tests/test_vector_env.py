@@ -367,6 +367,74 @@ def test_envpool_box_actions_over_shm_equal_envpool_in_process() -> None:
         assert np.array_equal(view.reward, reward), t
 
 
+def _space_dtypes(space: Any) -> Any:
+    """A zero of each leaf space's dtype, in the space's Dict structure."""
+    if hasattr(space, "spaces") and isinstance(space.spaces, dict):
+        return {key: _space_dtypes(sub) for key, sub in space.spaces.items()}
+    return np.zeros((), space.dtype)
+
+
+def _leaves(value: Any, path: str = "") -> list[tuple[str, np.ndarray]]:
+    if isinstance(value, dict):
+        return [leaf for key in value for leaf in _leaves(value[key], f"{path}{key}.")]
+    return [(path, np.asarray(value))]
+
+
+@pytest.mark.parametrize("env_id", ["CVRP-v1", "Parking-v0", "LunarLanderContinuous-v3"])
+def test_envpool_envs_of_rich_spaces_served_equal_the_pool_in_process(env_id: str) -> None:
+    """EnvPool envs nobody here wrote, with spaces our own envs lack (Jumanji's CVRP: a Dict of
+    a 2-D Box, MultiBinary((21,)) masks, a scalar Box, an int32 Box; highway's Parking: a
+    goal-conditioned Dict; Box2D's LunarLander: Box actions), served over shm by ``EnvPoolEnv``
+    and stepped through ``RemoteVectorEnv``: the same spaces and the same trajectories (the
+    values, each leaf in its space's dtype) as the same pool stepped here. (CVRP's
+    MultiBinary((21,)) did not rebuild: MultiBinary(21) is not equal to it.)"""
+    envpool = pytest.importorskip("envpool")
+    from transport.envs.vector_gym import EnvPoolEnv
+    from transport.gym import RemoteVectorEnv
+
+    if env_id not in envpool.list_all_envs():
+        pytest.skip(f"this EnvPool build has no {env_id}")
+    n, steps = 3, 25
+
+    def make() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return envpool.make_gymnasium(env_id, num_envs=n, seed=5)
+
+    pool = make()
+    pool.action_space.seed(1)
+    actions = [np.stack([pool.action_space.sample() for _ in range(n)]) for _ in range(steps)]
+    expected = [_leaves(pool.reset()[0])]
+    for t in range(steps):
+        obs, reward, terminated, truncated, _ = pool.step(actions[t])
+        expected.append(_leaves(obs) + _leaves({"r": reward, "te": terminated, "tr": truncated}))
+    space = pool.single_observation_space
+    declared = {k: v.dtype for k, v in _leaves(_space_dtypes(space))}
+    adapter = EnvPoolEnv(make())
+    url = f"shm://vec-rich-{os.getpid()}-{uuid.uuid4().hex[:6]}?num_envs={n}"
+    server = api.Server(lambda: adapter, url, schema=adapter.SCHEMA, num_envs=n).start()
+    try:
+        remote = RemoteVectorEnv(server.bound_url, timeout=30)
+        try:
+            assert remote.single_observation_space == pool.single_observation_space
+            assert remote.single_action_space == pool.single_action_space
+            got = [_leaves(remote.reset()[0])]
+            for t in range(steps):
+                obs, reward, terminated, truncated, _ = remote.step(actions[t])
+                got.append(_leaves(obs) + _leaves({"r": reward, "te": terminated, "tr": truncated}))
+        finally:
+            remote.close()
+    finally:
+        server.close()
+    for t, (have, want) in enumerate(zip(got, expected, strict=True)):
+        assert [k for k, _ in have] == [k for k, _ in want], t
+        for (key, a), (_, b) in zip(have, want, strict=True):
+            # each leaf in its space's dtype (CVRP's masks come out of EnvPool as bool for an
+            # int8 MultiBinary); rewards f64 as gymnasium's (EnvPool's f32 widens exactly)
+            assert a.dtype == declared.get(key, np.float64 if key == "r." else b.dtype), (t, key)
+            assert a.shape == b.shape and np.array_equal(a, b), (t, key)
+
+
 def test_envpool_same_step_over_shm_equals_the_runtime_in_process(servers: Any) -> None:
     """SAME_STEP (the runtime's: finals kept, ended envs reset by EnvPool's partial reset): the
     served trace equals the same adapter under the runtime in this process."""

@@ -216,6 +216,9 @@ def _leaf(space: Any, where: str, *, action: bool) -> tuple[dict[str, Any], str,
     if isinstance(space, spaces.MultiBinary):
         shape = tuple(int(n) for n in np.atleast_1d(np.asarray(space.n)))
         desc = {"type": "multi_binary", "shape": list(shape)}
+        if len(shape) == 1 and not isinstance(space.n, int | np.integer):
+            # MultiBinary((21,)) (EnvPool's Jumanji envs) is not equal to MultiBinary(21)
+            desc["n_sequence"] = True
         return desc, f"{'u8' if action else 'i8'}{_dims(shape)}", 0, 1
     if isinstance(space, spaces.Dict | spaces.Tuple):
         raise _refuse(

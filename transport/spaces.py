@@ -103,7 +103,8 @@ def space_of_description(desc: dict[str, Any]) -> spaces.Space[Any]:
             return spaces.MultiDiscrete(nvec, dtype=np.dtype(desc["dtype"]).type, start=start)
         if kind == "multi_binary":
             shape = tuple(int(n) for n in desc["shape"])
-            return spaces.MultiBinary(shape[0] if len(shape) == 1 else list(shape))
+            one = len(shape) == 1 and not desc.get("n_sequence")  # MultiBinary(5), not ((5,))
+            return spaces.MultiBinary(shape[0] if one else list(shape))
     except (KeyError, TypeError, ValueError) as exc:
         raise AdapterError(f"a gymnasium space description is broken ({exc}): {desc!r}") from None
     raise AdapterError(f"a gymnasium space description has an unknown type: {desc!r}")
