@@ -52,6 +52,7 @@ _NUMPY_SCALAR = {
     "f64": "<f8",
     "bool": "?",
 }
+_ELEM_DTYPES = {elem: np.dtype(code) for elem, code in _NUMPY_SCALAR.items()}
 _FLOAT_BITS = {"f32": "<u4", "f64": "<u8"}
 _CANONICAL_NAN_BITS = {"f32": 0x7FC00000, "f64": 0x7FF8000000000000}
 _EXP_MASK = {"f32": 0x7F800000, "f64": 0x7FF0000000000000}
@@ -157,6 +158,10 @@ class StructCodec:
             values = record
             for name in path:
                 values = values[name]
+            if values.ndim == 0:  # a scalar field of one record: one comparison
+                if values != values:
+                    values[...] = np.nan
+                continue
             nan = np.isnan(values)
             if nan.any():
                 np.copyto(values, np.nan, where=nan)
@@ -522,6 +527,8 @@ def _flatten(value: Sequence[Any], f: FieldIR, path: str) -> list[Any]:
 
 
 def _check_numeric_array(f: FieldIR, arr: np.ndarray, path: str) -> None:
+    if arr.dtype == _ELEM_DTYPES[f.elem]:  # the field's own type: every element fits it
+        return
     if f.kind == "float":
         if f.elem == "f32":
             with np.errstate(invalid="ignore"):
