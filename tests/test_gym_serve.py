@@ -354,6 +354,7 @@ def _first(value: Any) -> Any:
             r"observation_space\[1\]: OneOf",
         ),
         (spaces.Box(0, 1, (2,), np.float16), spaces.Discrete(2), r"dtype float16"),
+        (spaces.Discrete(2), spaces.Box(0, 1, (2,), bool), r"Box action of bools"),
         (spaces.Discrete(2), spaces.Dict({"a": spaces.Discrete(2)}), r"action_space: Dict"),
         (spaces.Discrete(2), spaces.Text(4), r"action_space: Text"),
     ],
@@ -431,6 +432,8 @@ def test_transport_serve_gym_serves_until_sigterm() -> None:
         # EnvPool's Jumanji envs (CVRP, BinPack): n a one-item tuple, unequal to MultiBinary(5)
         (spaces.Dict({"a": spaces.MultiBinary((5,))}), spaces.MultiBinary((3,))),
         (spaces.Dict({"a": spaces.MultiBinary(5)}), spaces.MultiBinary(3)),
+        # a Box of bools (PettingZoo's Go planes): a bool array field
+        (spaces.Box(0, 1, (2, 3), bool), spaces.Discrete(2)),
     ],
 )
 def test_edge_spaces_rebuild_exactly(observation: Any, action: Any) -> None:

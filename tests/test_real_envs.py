@@ -473,6 +473,52 @@ def test_pettingzoo_tictactoe_served_equals_the_env_in_process(servers: Servers)
         local.close()
 
 
+def go() -> Any:
+    from pettingzoo.classic import go_v5
+
+    return go_v5.env(board_size=5, komi=0.5)
+
+
+@pytest.mark.skipif(PETTINGZOO_MISSING is not None, reason=str(PETTINGZOO_MISSING))
+def test_pettingzoo_go_with_bool_planes_served_equals_the_env_in_process() -> None:
+    """Go's observation is a Box of bools (5 x 5 x 17 planes here): the schema carries it as a
+    bool array (it was refused: 'dtype bool has no schema type'), the client's space is
+    Box(False, True) as the env's (a bool field without bounds read as True..True), and every
+    turn equals the env in this process given the same moves."""
+    from transport.pettingzoo import RemoteAECEnv, aec_schema, aec_server
+
+    server = aec_server(go, unique_url("shm"), name="go").start()
+    remote = RemoteAECEnv(server.bound_url, schema=aec_schema(go), timeout=60)
+    local = go()
+    rng = np.random.default_rng(SEED)
+    try:
+        for agent in local.possible_agents:
+            assert remote.observation_space(agent) == local.observation_space(agent)
+        for game in range(2):
+            remote.reset(seed=game)
+            local.reset(seed=game)
+            while True:
+                got, want = remote.last(), local.last()
+                if want[2] or want[3]:
+                    assert got[2] or got[3], game
+                    break
+                assert remote.agent_selection == local.agent_selection, game
+                assert same(got[0]["observation"], want[0]["observation"]), game
+                assert np.array_equal(got[0]["action_mask"], want[0]["action_mask"]), game
+                assert got[1:4] == want[1:4], game
+                move = int(rng.choice(np.flatnonzero(want[0]["action_mask"])))
+                remote.step(move)
+                local.step(move)
+            assert remote.rewards == local.rewards, game
+            for env in (remote, local):
+                while env.agents:
+                    env.step(None)
+    finally:
+        remote.close()
+        local.close()
+        server.close()
+
+
 @pytest.mark.skipif(PETTINGZOO_MISSING is not None, reason=str(PETTINGZOO_MISSING))
 def test_pettingzoo_tictactoe_tables_equal_the_envs_in_process() -> None:
     """4 tables of tic-tac-toe on one connection (``RemoteAECTables``, same-step restarts):

@@ -8,7 +8,8 @@ spaces, so the same spaces always give the same fingerprint.
 Field names: a single leaf observation is ``observation``; a Dict's leaves are named by their
 keys (nested Dicts and Tuples join the path with ``_``: ``{"a": {"b": ...}}`` -> ``a_b``, a Tuple's
 items are ``obs_0``, ``obs_1``, ...; a key that is not a legal field name, or clashes, becomes
-``obs_<leaf index>``). Leaves: ``Box`` (its dtype and shape; bounds written when finite),
+``obs_<leaf index>``). Leaves: ``Box`` (its dtype and shape; bounds written when finite; a Box
+of bools is a bool array, its bounds in the description),
 ``Discrete(n, start)`` (an i64 scalar, ``low = start``, ``high = start + n - 1``),
 ``MultiDiscrete`` (its dtype, ``low = start``, ``high = start + nvec - 1``), ``MultiBinary`` (i8,
 0..1). The action is one field: ``Discrete(n)`` a u8/u16/u32 (``act_n = n``), ``Discrete(n,
@@ -56,6 +57,7 @@ _DTYPES = {
     "int16": "i16",
     "int32": "i32",
     "int64": "i64",
+    "bool": "bool",  # a Box of bools (PettingZoo's Go): a bool array field, no bounds
 }
 _RESERVED = {"reward", "terminated", "truncated"}
 _CARRIED = "Box, Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of these"
@@ -181,6 +183,10 @@ def _leaf(space: Any, where: str, *, action: bool) -> tuple[dict[str, Any], str,
             "high": _bound_json(space.high),
         }
         low, high = _finite(space.low), _finite(space.high)
+        if dtype.kind == "b":
+            if action:
+                raise _refuse(space, where, "a Box action of bools (use MultiBinary)")
+            low = high = None  # a bool field takes no bounds; the description keeps them
         if action and dtype.kind in "iu":
             elem, low, high = "i32", _bound_json(space.low), _bound_json(space.high)
             if not (_I32[0] <= float(np.min(space.low)) and float(np.max(space.high)) <= _I32[1]):

@@ -461,7 +461,7 @@ def aec_schema_toml(env: Any, name: str = "aec_env") -> str:
     low, high = _finite(observation.low), _finite(observation.high)
     bounds = (
         f", low = {_toml(low)}, high = {_toml(high)}"
-        if low is not None and high is not None
+        if low is not None and high is not None and elem != "bool"  # (Go: bool planes)
         else ""
     )
     agent_type = "u8" if len(agents) <= 256 else "u16"

@@ -172,6 +172,8 @@ def _box(field: FieldIR, dtype: np.dtype[Any], default: tuple[float, float] | No
 
     shape = field.dims or (1,)
     lo_default, hi_default = default if default is not None else (-np.inf, np.inf)
+    if dtype.kind == "b":  # a bool field: False..True (inf cast to bool would be True..True)
+        lo_default, hi_default = 0, 1
     low, high = field.bound("low"), field.bound("high")
     lows = np.full(shape, lo_default) if low is None else np.reshape(low, shape)
     highs = np.full(shape, hi_default) if high is None else np.reshape(high, shape)
