@@ -423,6 +423,27 @@ def tictactoe() -> Any:
     return tictactoe_v3.env()
 
 
+def play_alongside(remote: Any, local: Any, game: int, rng: np.random.Generator) -> None:
+    """One game of random legal moves on a served AEC env and the same env in this process
+    (seeded ``game``): the same agent, observation, mask and reward every live turn, the same
+    final rewards."""
+    remote.reset(seed=game)
+    local.reset(seed=game)
+    while True:
+        got, want = remote.last(), local.last()
+        if want[2] or want[3]:
+            assert got[2] or got[3], game
+            break
+        assert remote.agent_selection == local.agent_selection, game
+        assert same(got[0]["observation"], want[0]["observation"]), game
+        assert np.array_equal(got[0]["action_mask"], want[0]["action_mask"]), game
+        assert got[1:4] == want[1:4], game
+        move = int(rng.choice(np.flatnonzero(want[0]["action_mask"])))
+        remote.step(move)
+        local.step(move)
+    assert remote.rewards == local.rewards, game
+
+
 @pytest.mark.skipif(PETTINGZOO_MISSING is not None, reason=str(PETTINGZOO_MISSING))
 def test_pettingzoo_tictactoe_served_equals_the_env_in_process(servers: Servers) -> None:
     """``transport.pettingzoo.aec_server`` of PettingZoo's tic-tac-toe, played by
@@ -443,21 +464,7 @@ def test_pettingzoo_tictactoe_served_equals_the_env_in_process(servers: Servers)
             assert remote.action_space(agent) == local.action_space(agent)
         outcomes = set()
         for game in range(6):
-            remote.reset(seed=game)
-            local.reset(seed=game)
-            while True:
-                got, want = remote.last(), local.last()
-                if want[2] or want[3]:
-                    assert got[2] or got[3], game
-                    break
-                assert remote.agent_selection == local.agent_selection, game
-                assert same(got[0]["observation"], want[0]["observation"]), game
-                assert np.array_equal(got[0]["action_mask"], want[0]["action_mask"]), game
-                assert got[1:4] == want[1:4], game
-                move = int(rng.choice(np.flatnonzero(want[0]["action_mask"])))
-                remote.step(move)
-                local.step(move)
-            assert remote.rewards == local.rewards, game
+            play_alongside(remote, local, game, rng)
             assert remote.terminations == local.terminations, game
             assert remote.truncations == local.truncations, game
             outcomes.add(tuple(local.rewards.values()))
@@ -495,21 +502,7 @@ def test_pettingzoo_go_with_bool_planes_served_equals_the_env_in_process() -> No
         for agent in local.possible_agents:
             assert remote.observation_space(agent) == local.observation_space(agent)
         for game in range(2):
-            remote.reset(seed=game)
-            local.reset(seed=game)
-            while True:
-                got, want = remote.last(), local.last()
-                if want[2] or want[3]:
-                    assert got[2] or got[3], game
-                    break
-                assert remote.agent_selection == local.agent_selection, game
-                assert same(got[0]["observation"], want[0]["observation"]), game
-                assert np.array_equal(got[0]["action_mask"], want[0]["action_mask"]), game
-                assert got[1:4] == want[1:4], game
-                move = int(rng.choice(np.flatnonzero(want[0]["action_mask"])))
-                remote.step(move)
-                local.step(move)
-            assert remote.rewards == local.rewards, game
+            play_alongside(remote, local, game, rng)
             for env in (remote, local):
                 while env.agents:
                     env.step(None)
