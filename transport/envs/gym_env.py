@@ -91,16 +91,7 @@ class GymEnv:
         _, _, description = describe_spaces(self.env.observation_space, self.env.action_space)
         self._observation = description["observation"]
         self._action = description["action"]
-        self._leaves: list[str] = []
-        self._collect(self._observation)
         self._spaces = Spaces(self._obs_n(), act_n_of(self.env.action_space))
-
-    def _collect(self, desc: dict[str, Any]) -> None:
-        if desc["type"] in ("dict", "tuple"):
-            for item in desc["items"]:
-                self._collect(item[1] if desc["type"] == "dict" else item)
-        else:
-            self._leaves.append(desc["field"])
 
     def _obs_n(self) -> int:
         return sum(int(np.prod(s.shape or (1,))) for s in _leaf_spaces(self.env.observation_space))
