@@ -355,7 +355,7 @@ def test_envpool_box_actions_over_shm_equal_envpool_in_process() -> None:
         expected.append((obs.copy(), reward.copy()))
     adapter = EnvPoolEnv(make())
     url = f"shm://vec-box-{os.getpid()}-{uuid.uuid4().hex[:6]}?num_envs={n}"
-    server = api.Server(lambda: adapter, url, schema=adapter.SCHEMA, num_envs=n).start()
+    server = api.Server(adapter, url, schema=adapter.SCHEMA, num_envs=n).start()
     try:
         with api.connect(server.bound_url, autoreset="next_step", timeout=30) as client:
             got = [client.reset(copy=True)]
@@ -412,7 +412,7 @@ def test_envpool_envs_of_rich_spaces_served_equal_the_pool_in_process(env_id: st
     declared = {k: v.dtype for k, v in _leaves(_space_dtypes(space))}
     adapter = EnvPoolEnv(make())
     url = f"shm://vec-rich-{os.getpid()}-{uuid.uuid4().hex[:6]}?num_envs={n}"
-    server = api.Server(lambda: adapter, url, schema=adapter.SCHEMA, num_envs=n).start()
+    server = api.Server(adapter, url, schema=adapter.SCHEMA, num_envs=n).start()
     try:
         remote = RemoteVectorEnv(server.bound_url, timeout=30)
         try:

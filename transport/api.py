@@ -146,10 +146,12 @@ def connect(
         raise
     try:
         found, channel.info = handshake(channel, codecs, mode, url=url)
-        if codecs is None and (first_max != max_body or not _built_for(channel, found)):
+        adopt = getattr(channel, "adopt", None)
+        if codecs is None and first_max == max_body and adopt is not None:
+            adopt(found)  # HTTP: the same connection (and server session), found's fingerprint
+        elif codecs is None and (first_max != max_body or not _built_for(channel, found)):
             # the channel was opened before the schema was known and carries a schema of its
-            # own (HTTP's fingerprint header), or a larger max_body: a fresh one, pinned to the
-            # discovered schema
+            # own, or a larger max_body: a fresh one, pinned to the discovered schema
             channel.close()
             channel = backend.open_channel(url, timeout=timeout, max_body=max_body, schema=found)
             found, channel.info = handshake(channel, found, mode, url=url)
@@ -162,8 +164,11 @@ def connect(
 
 
 def _built_for(channel: Any, schema: Schema) -> bool:
-    """The channel opened without a schema already speaks ``schema``: it found it itself (shm
-    reads it from the region) or its default happens to be it."""
+    """The channel opened without a schema already speaks ``schema``: it carries none (unix and
+    zmq frames: reopening would make the server build a session and its envs twice), found it
+    itself (shm reads it from the region) or its default happens to be it."""
+    if getattr(channel, "speaks_any_schema", False):
+        return True
     own = getattr(channel, "schema", None)
     return isinstance(own, Schema) and own.fingerprint == schema.fingerprint
 
@@ -284,14 +289,19 @@ class Server:
             masked_actions=masked_actions,
         )
         host.check()
-        if declared is None:
-            check_default_schema_fits(codecs, env_or_factory, url)
-        listener: Any = backend.Listener
-        capped = isinstance(listener, type) and issubclass(listener, SocketListener)
-        if capped:  # unix, http: the connection cap and timeouts (docs/server.md "Limits")
-            self.listener: Any = listener(url, host, max_body=max_body, limits=limits)
-        else:
-            self.listener = listener(url, host, max_body=max_body)
+        try:
+            if declared is None:
+                check_default_schema_fits(codecs, env_or_factory, url)
+            listener: Any = backend.Listener
+            capped = isinstance(listener, type) and issubclass(listener, SocketListener)
+            if capped:  # unix, http: the connection cap and timeouts (docs/server.md "Limits")
+                self.listener: Any = listener(url, host, max_body=max_body, limits=limits)
+            else:
+                self.listener = listener(url, host, max_body=max_body)
+        except BaseException:
+            host.close()
+            raise
+        self.host = host
         self.url = url
         self.schema = codecs
         self.num_envs = num_envs
@@ -351,6 +361,7 @@ class Server:
         self.listener.close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.host.close()  # the env made at start, if no client took it
 
     def __enter__(self) -> Server:
         return self

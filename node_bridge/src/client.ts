@@ -865,10 +865,13 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   let session: { schema: SchemaModule; info: Record<string, unknown> };
   try {
     session = await handshake(channel, pinned, autoreset, url);
-    const own = (channel as { schema?: SchemaModule }).schema;
-    if (pinned === null && (firstMax !== maxBody || own?.fingerprint !== session.schema.fingerprint)) {
-      // opened before the schema was known, and it carries one (HTTP's fingerprint header) or
-      // a larger maxBody: a fresh channel pinned to the discovered schema
+    const builtFor = channel.speaksAnySchema === true || channel.schema?.fingerprint === session.schema.fingerprint;
+    if (pinned === null && firstMax === maxBody && channel.adopt !== undefined) {
+      channel.adopt(session.schema); // HTTP: the same connection (and server session)
+    } else if (pinned === null && (firstMax !== maxBody || !builtFor)) {
+      // opened before the schema was known, and it carries one of its own or a larger
+      // maxBody: a fresh channel pinned to the discovered schema (unix and zmq frames carry
+      // none: their channel is kept, or the server would build a session and its envs twice)
       await channel.close();
       channel = await open(session.schema, maxBody);
       session = await handshake(channel, session.schema, autoreset, url);

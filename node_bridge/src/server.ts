@@ -162,18 +162,26 @@ export async function serve(
   });
   const limits = serverLimits(options.limits); // a bad limit fails before anything starts
   const backend = await backendFor(url);
-  if (!url.toLowerCase().startsWith("shm://")) host.runtime().close(); // fail now, not on the first connection
-  const listener: Listener = await backend.listen(url, host, {
-    maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
-    allowRemote: options.allowRemote ?? false,
-    limits,
-  });
+  // fail now, not on the first connection; the envs made serve the first client
+  if (!url.toLowerCase().startsWith("shm://")) host.check();
+  let listener: Listener;
+  try {
+    listener = await backend.listen(url, host, {
+      maxBody: options.maxBody ?? DEFAULT_MAX_BODY,
+      allowRemote: options.allowRemote ?? false,
+      limits,
+    });
+  } catch (error) {
+    host.close();
+    throw error;
+  }
   const server: Server = {
     url: listener.url,
     stats: listener.stats,
-    close: () => {
+    close: async () => {
       OPEN_SERVERS.delete(server);
-      return listener.close();
+      await listener.close();
+      host.close(); // the first client's envs, if no client took them
     },
   };
   OPEN_SERVERS.add(server);

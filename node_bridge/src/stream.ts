@@ -32,6 +32,7 @@ import {
   packHeader,
   readU32,
 } from "./protocol";
+import type { SchemaModule } from "./codec";
 import { LATER, type Session } from "./runtime/session";
 
 /** Seconds a refused connection is drained before it is destroyed (the peer reads the ERROR). */
@@ -210,6 +211,12 @@ export interface ConnectionStats {
 
 export function newStats(): ConnectionStats {
   return { connections: 0, pauses: 0, paused: 0, detached: 0 };
+}
+
+/** What a client whose envs the server cannot make is told (Python: the same words). */
+export function cannotMakeEnvs(error: unknown): string {
+  const what = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  return `the server cannot make this client's envs: ${what}`;
 }
 
 /** Half-close, drain what the peer still sends for a moment, then destroy. */
@@ -558,6 +565,12 @@ export interface Channel {
   /** Send a request; resolves to the response's msg_type (its body: `buffer`, `bodyLength`). */
   request(msgType: number, body: Uint8Array): Promise<number>;
   close(): void | Promise<void>;
+  /** The schema the channel speaks, where it carries one (shm: the region's; HTTP: its headers'). */
+  readonly schema?: SchemaModule;
+  /** True where frames carry no schema (unix, zmq): a discovering connect keeps the channel. */
+  readonly speaksAnySchema?: boolean;
+  /** Speak `schema` from now on, on this connection (HTTP: the fingerprint header). */
+  adopt?(schema: SchemaModule): void;
 }
 
 /** A response body as a Buffer view of the channel's receive buffer (valid until the next call). */
@@ -568,6 +581,7 @@ export function responseBody(channel: Channel): Buffer {
 /** The client side of a stream backend over one connected socket. */
 export class StreamChannel implements Channel {
   info: Record<string, unknown> = {};
+  readonly speaksAnySchema = true;
   buffer: Buffer;
   bodyLength = 0;
   generation = 0;

@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from transport.protocol import DEFAULT_MAX_BODY
+from transport.runtime.core import describe
 from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
 
@@ -33,6 +34,9 @@ SWEEP_INTERVAL = 0.2
 """Seconds between two looks at the connections' deadlines (a timeout fires up to this late)."""
 REFUSED_LINGER = 0.5
 """Seconds a refused connection is kept half-closed, so its client reads the refusal."""
+TURNED_AWAY_WAIT = 5.0
+"""Seconds a connection whose envs cannot be made waits for its request and its close (on
+its own thread), so its client reads why."""
 MAX_LINGERING = 256
 """Refused connections kept half-closed at once; beyond that the oldest is closed at once."""
 
@@ -147,7 +151,8 @@ class SocketListener:
         conn.settimeout(None)
 
     def refusal(self, text: str) -> bytes:
-        """The bytes that tell a client over max_connections that it is refused (then close)."""
+        """The bytes that tell a client it is refused, then closed: over max_connections, or
+        the server cannot make its envs (``text`` says which)."""
         return b""
 
     def timeout_reply(self, text: str) -> bytes:
@@ -227,6 +232,19 @@ class SocketListener:
             oldest.close()
         self._lingering.append((conn, time.monotonic() + REFUSED_LINGER))
 
+    def _turn_away(self, conn: socket.socket, text: str) -> None:
+        """Tell a connection the server cannot serve it (the backend's refusal, with why), on
+        its own thread: half-close, let the client's request arrive and read it (a close with
+        unread bytes would reset before the client reads the reason), then close."""
+        try:
+            conn.sendall(self.refusal(text))
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(TURNED_AWAY_WAIT)
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
+
     def _sweep(self, now: float) -> None:
         """Close the connections whose deadline passed, and the refused ones that lingered."""
         while self._lingering and (self._lingering[0][1] <= now or self._closed.is_set()):
@@ -259,8 +277,9 @@ class SocketListener:
         try:
             try:
                 session = Session(self.host)
-            except Exception:
+            except Exception as exc:
                 log.exception("cannot create a session for a new connection on %s", self.url)
+                self._turn_away(conn, f"the server cannot make this client's envs: {describe(exc)}")
                 return
             try:
                 self.serve_connection(conn, session, watch)

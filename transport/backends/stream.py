@@ -177,6 +177,8 @@ class FramedSocket:
 class StreamChannel(BufferChannel):
     """The client side of a stream backend: numbered requests, each awaited with a deadline."""
 
+    speaks_any_schema = True  # frames carry no schema: a discovering connect keeps the channel
+
     def __init__(self, framed: FramedSocket, timeout: float | None) -> None:
         super().__init__()
         self.framed = framed

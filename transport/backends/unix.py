@@ -126,7 +126,7 @@ class Listener(SocketListener):
         serve_connection(framed, session)
 
     def refusal(self, text: str) -> bytes:
-        """An ERROR frame with msg_id 0 (it answers no request): INTERNAL, "server busy"."""
+        """An ERROR frame with msg_id 0 (it answers no request): INTERNAL, with why."""
         return _error_frame(ErrorCode.INTERNAL, text)
 
     def timeout_reply(self, text: str) -> bytes:

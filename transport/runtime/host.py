@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -89,6 +90,8 @@ class EnvHost:
         self._shared: Any = None  # an Env or a VectorEnv instance, shared by every client
         self.factory: EnvFactory | None = None
         self._lock: threading.Lock | None = None
+        self._first: Any = None  # the env check() made, kept for the first client's envs
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()  # envs the factory returned
         if is_vector_env(env_or_factory):
             self.vector = True
             self._shared = env_or_factory
@@ -140,24 +143,49 @@ class EnvHost:
 
     def check(self) -> None:
         """Make one env and ask its spaces, now: a factory that cannot make an env fails when
-        the server starts, with the reason, not at every client's connection."""
+        the server starts, with the reason, not at every client's connection. The env made is
+        kept for the first client (a vector env of processes is not started twice)."""
         try:
-            env = self._shared if self._shared is not None else self.factory()  # type: ignore[misc]
+            env = self._shared if self._shared is not None else self._make_env()
             env.spaces()
             self._penalty = penalty_of(env)
         except Exception as exc:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
             ) from exc
+        keep = False
         try:
             if self.vector is None:
                 self.vector = is_vector_env(env)
             if self.vector:
                 self._check_vector(env)
+            keep = self._shared is None and (self.vector or not self.workers)
         finally:
-            close = getattr(env, "close", None) if self._shared is None else None
-            if close is not None:
-                close()
+            if keep:
+                self._first = env
+            elif self._shared is None:
+                _close(env)
+
+    def _make_env(self) -> Any:
+        """One env from the factory, refused when it is an object the factory returned before:
+        the server closes the envs it made when their client leaves, so a factory that returns
+        one object made beforehand would hand the next client a closed env."""
+        assert self.factory is not None
+        env = self.factory()
+        try:
+            again = env in self._made
+            self._made.add(env)
+        except TypeError:  # not weakly referenceable or not hashable: not tracked
+            return env
+        if again:
+            name = getattr(self.factory, "__qualname__", None) or type(self.factory).__qualname__
+            raise ValueError(
+                f"the env factory {name} returned an env object it had returned before "
+                f"({type(env).__qualname__}): a factory must make a new env on every call (the "
+                "server closes the envs it made when their client leaves); to serve one env "
+                "object made beforehand, pass the object itself, not a function returning it"
+            )
+        return env
 
     def create_envs(self) -> list[Env]:
         """A new client's envs (none here when they live in worker processes; one object for
@@ -165,16 +193,31 @@ class EnvHost:
         if self.factory is not None and self.workers and not self.vector:
             return []
         if self.factory is not None:
-            first = self.factory()
+            first, self._first = self._first, None
+            if first is None:
+                first = self._make_env()
             if self.vector is None:  # check() was not called: the first env says
                 self.vector = is_vector_env(first)
                 if self.vector:
                     self._check_vector(first)
             if self.vector:
                 return [first]
-            return [first] + [self.factory() for _ in range(self.num_envs - 1)]
+            envs = [first]
+            try:
+                envs.extend(self._make_env() for _ in range(self.num_envs - 1))
+            except BaseException:
+                for env in envs:
+                    _close(env)
+                raise
+            return envs
         assert self._shared is not None
         return [self._shared]
+
+    def close(self) -> None:
+        """Close the env kept from ``check()`` if no client took it (the server is closing)."""
+        first, self._first = self._first, None
+        if first is not None:
+            _close(first)
 
     def rows(self, envs: Sequence[Env]) -> int:
         """Result rows a client needs: ``num_envs``, or the seats of one env with step_batch."""
@@ -218,7 +261,8 @@ class EnvHost:
         else:
             from transport.runtime.local import LocalEnvs
 
-            runner = LocalEnvs(envs, self.result, results, finals, self.factory)
+            remake = self._make_env if self.factory is not None else None
+            runner = LocalEnvs(envs, self.result, results, finals, remake)
         penalties = None
         if self.masked_actions == "noop" and self.workers:  # the envs live in the workers
             if self._penalty is None:
@@ -240,3 +284,9 @@ class EnvHost:
         )
         runtime.watchdog = ProgressWatchdog.of(self.schema, results)
         return runtime
+
+
+def _close(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()

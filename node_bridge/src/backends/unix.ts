@@ -19,6 +19,7 @@ import {
   type ConnectionStats,
   type Expiry,
   StreamChannel,
+  cannotMakeEnvs,
   errorFrame,
   linger,
   newStats,
@@ -207,7 +208,10 @@ export async function listen(
       session = sessions();
     } catch (error) {
       process.emitWarning(`cannot create a session for a new connection on ${path}: ${String(error)}`);
-      socket.destroy();
+      // an ERROR that answers no request (msg_id 0) says why, then close
+      socket.on("error", () => undefined);
+      socket.write(errorFrame(ErrorCode.INTERNAL, cannotMakeEnvs(error)));
+      linger(socket);
       return;
     }
     serveConnection(socket, session, maxBody, listener.stats, watch);

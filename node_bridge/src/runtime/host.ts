@@ -69,6 +69,10 @@ export class EnvHost {
   #poolSpaces: Spaces | null = null;
   /** The pool's envs' `maskedActionPenalty` (asked of the same env). */
   #poolPenalty: number | null = null;
+  /** The runtime `check()` made, kept for the first client (its envs are not made twice). */
+  #kept: EnvRuntime | null = null;
+  /** The envs the factory returned (one returned again is refused: `#make`). */
+  readonly #made = new WeakSet<object>();
 
   constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
     const sharedVector = isVectorEnv(envOrFactory) ? envOrFactory : null;
@@ -124,6 +128,11 @@ export class EnvHost {
    * a factory). Node runs one request at a time: a shared env needs no lock.
    */
   runtime(numEnvs = this.numEnvs, url = ""): EnvRuntime {
+    const kept = this.#kept;
+    if (kept !== null && numEnvs === this.numEnvs) {
+      this.#kept = null;
+      return kept;
+    }
     const factory = this.factory;
     const resizable = factory !== null || this.#vectorClass !== null;
     if (numEnvs !== this.numEnvs && (!resizable || !Number.isInteger(numEnvs) || numEnvs < 1)) {
@@ -159,14 +168,45 @@ export class EnvHost {
       const penalties = noop ? new Array<number>(numEnvs).fill(this.#poolPenalty ?? 0) : [];
       return new EnvRuntime(this.schema, new PoolRunner(numEnvs, spaces, () => new WorkerPool(spec, numEnvs, workers)), options(penalties));
     }
-    const first = factory();
+    const make = (): AnyEnv => this.#make(factory);
+    const first = make();
     // a zero-argument factory may make a vector env: it then holds all of the client's envs
     if (isVectorEnv(first)) return this.#vectorRuntime(first, true, options, numEnvs, url);
     const envs: AnyEnv[] = [first];
-    for (let i = 1; i < numEnvs; i++) envs.push(factory());
+    for (let i = 1; i < numEnvs; i++) envs.push(make());
     const codec = bodyCodec(this.schema, "STEP_RESP");
     const penalties = noop ? envs.map(penaltyOf) : [];
-    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, factory, this.#validate, this.#actionRule), options(penalties));
+    return new EnvRuntime(this.schema, new LocalRunner(envs, codec, make, this.#validate, this.#actionRule), options(penalties));
+  }
+
+  /** Make one client's runtime now (a factory that cannot make its envs fails at start, with
+   * the reason) and keep it for the first client. */
+  check(): void {
+    this.#kept = this.runtime();
+  }
+
+  /** Close the runtime `check()` kept if no client took it (the server is closing). */
+  close(): void {
+    const kept = this.#kept;
+    this.#kept = null;
+    kept?.close();
+  }
+
+  /** One env from the factory, refused when it is an object the factory returned before: the
+   * server closes a client's envs when it leaves, so a factory returning one object made
+   * beforehand would hand the next client a closed env (Python: `EnvHost._make_env`). */
+  #make(factory: () => AnyEnv): AnyEnv {
+    const env = factory();
+    if (typeof env !== "object" || env === null) return env;
+    if (this.#made.has(env)) {
+      throw new TransportError(
+        `the env factory returned an env object it had returned before (${env.constructor.name}): a factory ` +
+          "must make a new env on every call (the server closes the envs it made when their client leaves); to " +
+          "serve one env object made beforehand, pass the object itself, not a function returning it",
+      );
+    }
+    this.#made.add(env);
+    return env;
   }
 
   /**

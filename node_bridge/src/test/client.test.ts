@@ -237,3 +237,66 @@ describe("node client against the python and node servers", { skip }, () => {
     });
   }
 });
+
+describe("a client's envs are made once, and a factory's repeat is refused", () => {
+  // unix and zmq frames carry no schema and HTTP adopts the discovered fingerprint: the
+  // server builds one session (and its envs) per client, not one per connection attempt (the
+  // client used to reconnect after a discovering HELLO: two sets of envs, one thrown away);
+  // the envs the server makes at start to check the factory serve the first client
+  const urls = {
+    unix: () => uniqueUrl("unix"),
+    http: () => uniqueUrl("http"),
+    "zmq+ipc": () => `zmq+ipc://${join(tmpdir(), `transport-node-disc-${randomBytes(6).toString("hex")}.sock`)}`,
+    shm: () => `shm://transport-node-disc-${randomBytes(6).toString("hex")}`,
+  };
+  for (const [scheme, url] of Object.entries(urls)) {
+    test(`over ${scheme}://: a discovering client's envs are the ones made at start`, async () => {
+      let made = 0;
+      const factory = (): PacEnv => {
+        made += 1;
+        return new PacEnv();
+      };
+      const server = await serve(factory, url(), { envName: "pac", numEnvs: 3, schema: pac_env.SCHEMA });
+      try {
+        assert.equal(made, 3);
+        const client = await connect(server.url, { timeoutMs: 10_000 });
+        assert.equal(client.schema.fingerprint, pac_env.SCHEMA.fingerprint);
+        const first = (await client.reset(5)) as pac_env.StepResultView[];
+        assert.equal(first.length, 3);
+        await client.step([0, 0, 0]);
+        assert.equal(made, 3); // (an shm server makes the next client's envs once this one left)
+        await client.close();
+      } finally {
+        await server.close();
+      }
+    });
+
+    test(`over ${scheme}://: a factory returning one object again is refused, saying why`, async () => {
+      const env = new PacEnv();
+      const server = await serve(() => env, url(), { envName: "pac", schema: pac_env.SCHEMA });
+      try {
+        const client = await connect(server.url, { timeoutMs: 10_000 });
+        await client.reset(1); // the first client steps the env made at start
+        await client.close();
+        const second = async (): Promise<void> => {
+          const again = await connect(server.url, { timeoutMs: 10_000 });
+          try {
+            await again.reset(1); // shm: the client's first request is the server's first word
+          } finally {
+            await again.close();
+          }
+        };
+        await assert.rejects(
+          second(),
+          (e: unknown) =>
+            e instanceof RemoteError &&
+            e.code === ErrorCode.INTERNAL &&
+            /returned an env object it had returned before/.test(e.text) &&
+            /pass the object itself/.test(e.text),
+        );
+      } finally {
+        await server.close();
+      }
+    });
+  }
+});

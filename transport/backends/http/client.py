@@ -121,13 +121,26 @@ class HttpChannel(BufferChannel):
         self.sock: socket.socket | None = sock
         self.timeout = timeout
         self.max_body = max_body
-        self.ids = MessageIds.from_schema(schema.ir)
+        self._netloc = address.netloc
+        self._pin(schema)
         self._buffer = bytearray(BODY_OFFSET + (64 << 10))
         self._view = memoryview(self._buffer)
         self._generation = 0
         self._head = bytearray(MAX_HEAD + _RECV_CHUNK)
         self._head_view = memoryview(self._head)
         self._gone = ""
+        self._responses: dict[bytes, _ResponseHead] = {}
+        self._progress = (0, -1, -1)  # (head bytes, body start, body end) of the response read
+        self._owed = 0  # responses still due to requests that timed out (dropped when they come)
+        self._carry = b""  # bytes already received of the first of them
+        # the kernel times reads and writes out (no poll before each call); the deadline of a
+        # whole response is checked between reads, so it takes at most deadline + timeout
+        set_kernel_timeout(sock, timeout)
+
+    def _pin(self, schema: Schema) -> None:
+        """Every request's head, with ``schema``'s fingerprint (HELLO's carries it in its body)."""
+        self.schema = schema
+        self.ids = MessageIds.from_schema(schema.ir)
         fingerprint = f"{schema.fingerprint:016x}"
         self._prefixes: dict[int, bytes] = {}
         for method, msg_type in routes(schema.ir.messages).items():
@@ -139,19 +152,18 @@ class HttpChannel(BufferChannel):
             )
             self._prefixes[msg_type] = (
                 f"POST /v1/{method} HTTP/1.1\r\n"
-                f"Host: {address.netloc}\r\n"
+                f"Host: {self._netloc}\r\n"
                 f"{header}"
                 "Content-Type: application/octet-stream\r\n"
                 "Content-Length: "
             ).encode("ascii")
         self._requests: dict[int, dict[int, bytes]] = {t: {} for t in self._prefixes}
-        self._responses: dict[bytes, _ResponseHead] = {}
-        self._progress = (0, -1, -1)  # (head bytes, body start, body end) of the response read
-        self._owed = 0  # responses still due to requests that timed out (dropped when they come)
-        self._carry = b""  # bytes already received of the first of them
-        # the kernel times reads and writes out (no poll before each call); the deadline of a
-        # whole response is checked between reads, so it takes at most deadline + timeout
-        set_kernel_timeout(sock, timeout)
+
+    def adopt(self, schema: Schema) -> None:
+        """Speak ``schema`` from now on, on this connection: the schema a discovering HELLO
+        found (its session is this connection's; reconnecting would make the server build a
+        second session and its envs)."""
+        self._pin(schema)
 
     @property
     def buffer(self) -> bytearray:

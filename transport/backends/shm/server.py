@@ -98,6 +98,7 @@ class Listener:
         self._flying: AsyncBatches | None = None  # the lease's envs in a pool, while any are
         self._closing: EnvRuntime | None = None  # a SHUTDOWN's runtime, closed once answered
         self._spare: EnvRuntime | None = None
+        self._spare_failed = False  # making the spare failed: the next client's HELLO retries
         self._watch: RegionWatch | None = None
         self._side = SideWriter(self.shm)  # info maps a slot cannot hold (frames): on demand
 
@@ -376,14 +377,16 @@ class Listener:
         lease = self.lease
         pid = self._words.item(_CLIENT_PID_WORD)
         cmd = self._same_cmd[0]
-        if lease is None or lease.client_pid != pid:
-            if cmd == _SHUTDOWN:  # no session of this client to end: none is made (a pool)
-                self._drop_lease(deferred=True)  # a previous holder's, if any
-                self._answer(0)
-                return
-            lease = self._new_lease(pid) if pid else None
+        if (lease is None or lease.client_pid != pid) and cmd == _SHUTDOWN:
+            # no session of this client to end: none is made (a pool)
+            self._drop_lease(deferred=True)  # a previous holder's, if any
+            self._answer(0)
+            return
         status = 0
         try:
+            if lease is None or lease.client_pid != pid:
+                # making the client's envs can fail (the env factory): its HELLO says why
+                lease = self._new_lease(pid) if pid else None
             if lease is None:
                 raise RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first")
             runtime = lease.runtime
@@ -465,7 +468,7 @@ class Listener:
 
     def _new_lease(self, pid: int) -> _Lease:
         runtime = self._spare if self._spare is not None else self._new_runtime()
-        self._spare = None
+        self._spare, self._spare_failed = None, False
         self.lease = _Lease(runtime, pid)
         self._flying = None
         self._clear_recv_hint()
@@ -669,8 +672,12 @@ class Listener:
         if pid and not native.peer_alive(pid, start):
             log.warning("%s: client pid %d is gone; reclaiming its lease", self.url, pid)
             self._reclaim(pid, start)
-        if self._spare is None and self.lease is None:
-            self._spare = self._new_runtime()  # ready for the next client
+        if self._spare is None and self.lease is None and not self._spare_failed:
+            try:
+                self._spare = self._new_runtime()  # ready for the next client
+            except Exception as exc:  # the next client's HELLO is told (it tries again)
+                self._spare_failed = True
+                log.error("%s: cannot make the next client's envs: %s", self.url, describe(exc))
 
     # -- shutdown ----------------------------------------------------------------------------
 

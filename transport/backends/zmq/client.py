@@ -75,6 +75,8 @@ class ZmqChannel(BufferChannel):
     several servers, then wait); a reply whose msg_id is not the awaited one is discarded.
     """
 
+    speaks_any_schema = True  # frames carry no schema: a discovering connect keeps the channel
+
     def __init__(
         self,
         address: Address,

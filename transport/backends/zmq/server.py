@@ -45,6 +45,7 @@ from transport.protocol import (
     MessageIds,
     encode_error,
 )
+from transport.runtime.core import describe
 from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
 
@@ -211,8 +212,8 @@ class Listener:
             )
             return
         session = self._session_for(identity, msg_type)
-        if session is None:
-            body = encode_error(ErrorCode.INTERNAL, "the server could not create a session")
+        if isinstance(session, str):
+            body = encode_error(ErrorCode.INTERNAL, session)
             self._reply(sock, identity, envelope, self._error_type, msg_id, body)
             return
         tracker = self._trackers.pop(identity, None)
@@ -230,7 +231,8 @@ class Listener:
         if sent is not None:
             self._trackers[identity] = sent
 
-    def _session_for(self, identity: bytes, msg_type: int) -> Session | None:
+    def _session_for(self, identity: bytes, msg_type: int) -> Session | str:
+        """The client's session, made on its first message; why not, when it cannot be made."""
         session = self._sessions.get(identity)
         if session is not None:
             if not (session.hello_done and msg_type == session.ids.HELLO_REQ):
@@ -239,9 +241,9 @@ class Listener:
             del self._sessions[identity]  # a second HELLO: a fresh session, fresh envs
         try:
             session = Session(self.host)
-        except Exception:
+        except Exception as exc:
             log.exception("cannot create a session for a new client on %s", self.url)
-            return None
+            return f"the server cannot make this client's envs: {describe(exc)}"
         self._sessions[identity] = session
         while len(self._sessions) > self.max_sessions:
             old, _ = self._sessions.popitem(last=False)

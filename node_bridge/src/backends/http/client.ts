@@ -53,10 +53,11 @@ export class HttpChannel implements Channel {
   readonly maxBody: number;
   readonly #agent: http.Agent;
   readonly #address: Address;
-  readonly #ids: MessageIds;
+  #schema!: SchemaModule;
+  #ids!: MessageIds;
   readonly #paths = new Map<number, string>();
   readonly #headers = new Map<string, http.OutgoingHttpHeaders>();
-  readonly #fingerprint: string;
+  #fingerprint!: string;
   #gone = "";
   #busy = false;
   #socket: net.Socket | null;
@@ -66,11 +67,7 @@ export class HttpChannel implements Channel {
     this.#address = address;
     this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
     this.maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
-    this.#ids = messageIds(schema);
-    this.#fingerprint = fingerprintHex16(schema.fingerprint);
-    for (const [method, name] of Object.entries(METHODS)) {
-      this.#paths.set((this.#ids as unknown as Record<string, number>)[name] as number, `/v1/${method}`);
-    }
+    this.#pin(schema);
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1, maxFreeSockets: 1 });
     // the agent's only connection is the one we opened: no silent reconnect
     (agent as unknown as { createConnection: unknown }).createConnection = (
@@ -89,6 +86,28 @@ export class HttpChannel implements Channel {
     socket.on("close", () => {
       if (!this.#gone && !this.#busy) this.#gone = "the server closed the connection; open a new client";
     });
+  }
+
+  /** The schema every request's fingerprint header names. */
+  get schema(): SchemaModule {
+    return this.#schema;
+  }
+
+  /** Speak `schema` from now on, on this connection: the schema a discovering HELLO found (the
+   * server's session is this connection's; reconnecting would make it build a second one). */
+  adopt(schema: SchemaModule): void {
+    this.#pin(schema);
+  }
+
+  #pin(schema: SchemaModule): void {
+    this.#schema = schema;
+    this.#ids = messageIds(schema);
+    this.#fingerprint = fingerprintHex16(schema.fingerprint);
+    this.#paths.clear();
+    this.#headers.clear();
+    for (const [method, name] of Object.entries(METHODS)) {
+      this.#paths.set((this.#ids as unknown as Record<string, number>)[name] as number, `/v1/${method}`);
+    }
   }
 
   request(msgType: number, body: Uint8Array): Promise<number> {

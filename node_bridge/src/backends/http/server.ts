@@ -15,6 +15,7 @@ import {
   type ConnectionWatch,
   type Expiry,
   type ServerLimits,
+  cannotMakeEnvs,
   linger,
   newStats,
   serverLimits,
@@ -123,7 +124,10 @@ export class HttpServer {
       socket[CONNECTION] = { session: this.sessions(), inflight: 0, watch, turns: [], open: 0, ended: false, refusing: false, afterAll: null };
     } catch (error) {
       process.emitWarning(`cannot create a session for a new http connection: ${String(error)}`);
-      socket.destroy();
+      socket[REFUSED] = true; // 503 with the ERROR contract body saying why, then close
+      socket.on("error", () => undefined);
+      socket.write(rawErrorResponse(503, ErrorCode.INTERNAL, cannotMakeEnvs(error)));
+      linger(socket);
     }
   }
 

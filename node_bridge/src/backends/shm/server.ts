@@ -381,6 +381,8 @@ export class ShmListener implements Listener {
   readonly #seedOf = (index: number): bigint | null => this.#slotSeed(index);
   #lease: Lease | null = null;
   #spare: EnvRuntime | null = null;
+  /** Making the spare failed: the next client's HELLO tries again and is told why. */
+  #spareFailed = false;
   readonly #serverInfo: Record<string, unknown>;
   #checksums: SlotChecksums | null = null;
   /** Info maps a slot cannot hold (rendered frames): the side segment, made on demand. */
@@ -591,19 +593,18 @@ export class ShmListener implements Listener {
     if (count === 0) return;
     const pid = Atomics.load(words, this.#clientPidWord) >>> 0;
     let lease = this.#lease;
-    if (lease === null || lease.clientPid !== pid) {
+    const newClient = lease === null || lease.clientPid !== pid;
+    if (newClient && cmd === SlotCommand.SHUTDOWN) {
       // a SHUTDOWN with no session of this client (a close that raced its own SEND, a server
       // that already ended it): answered without making one (a worker pool) to drop it again
-      if (cmd === SlotCommand.SHUTDOWN) {
-        this.#dropLease(); // a previous holder's, if any
-        lease = null;
-      } else {
-        lease = pid ? this.#newLease(pid) : null;
-      }
+      this.#dropLease(); // a previous holder's, if any
+      lease = null;
     }
     const all = count === n && below === n;
     let status = 0;
     try {
+      // making the client's envs can fail (the env factory): its HELLO says why
+      if (newClient && cmd !== SlotCommand.SHUTDOWN) lease = pid ? this.#newLease(pid) : null;
       if (lease === null && cmd !== SlotCommand.SHUTDOWN) {
         throw new RequestError(ErrorCode.HELLO_REQUIRED, "take the region's lease first");
       }
@@ -735,6 +736,7 @@ export class ShmListener implements Listener {
     this.#dropLease();
     const runtime = this.#spare ?? this.#host.runtime(this.numEnvs, this.url);
     this.#spare = null;
+    this.#spareFailed = false;
     this.#records.useRuntime(runtime);
     this.#lease = { clientPid: pid, runtime };
     this.stats.connections++;
@@ -954,9 +956,15 @@ export class ShmListener implements Listener {
       process.stderr.write(`transport: shm://${this.shm.name}: client pid ${pid} is gone; reclaiming its lease\n`);
       this.#reclaim(pid, start);
     }
-    if (this.#spare === null && this.#lease === null) {
-      this.#spare = this.#host.runtime(this.numEnvs, this.url);
-      this.#spare.runner.start?.();
+    if (this.#spare === null && this.#lease === null && !this.#spareFailed) {
+      try {
+        this.#spare = this.#host.runtime(this.numEnvs, this.url);
+        this.#spare.runner.start?.();
+      } catch (error) {
+        // the next client's HELLO is told (it tries again); not retried while idle
+        this.#spareFailed = true;
+        process.stderr.write(`transport: shm://${this.shm.name}: cannot make the next client's envs: ${describeError(error)}\n`);
+      }
     }
   }
 

@@ -35,6 +35,7 @@ export interface Wait {
  */
 export class ZmqChannel implements Channel {
   info: Record<string, unknown> = {};
+  readonly speaksAnySchema = true;
   buffer: Buffer;
   bodyLength = 0;
   generation = 0;

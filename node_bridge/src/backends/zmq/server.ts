@@ -9,7 +9,7 @@ import { ConnectError } from "../../errors";
 import { CLOSING_ERRORS, DEFAULT_MAX_BODY, ErrorCode, HEADER_SIZE, encodeError, messageIds, packHeader, readU32 } from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
 import { LATER, type Session, sessionsOf } from "../../runtime/session";
-import { type ConnectionStats, newStats } from "../../stream";
+import { type ConnectionStats, cannotMakeEnvs, newStats } from "../../stream";
 import type { Listener, ListenOptions } from "../backend";
 import { commonOptions, Address, EMPTY, ENV_SERVER_SECRET, MAX_SESSIONS, ZAP_ENDPOINT, binary, errorCode, parseUrl, sendable, serverCurve, z85Encode } from "./wire";
 
@@ -249,8 +249,8 @@ export class ZmqListener implements Listener {
       return;
     }
     const session = this.#sessionFor(key, msgType);
-    if (session === null) {
-      const error = encodeError(ErrorCode.INTERNAL, "the server could not create a session");
+    if (typeof session === "string") {
+      const error = encodeError(ErrorCode.INTERNAL, session);
       this.#reply(sock, identity, key, envelope, this.#errorType, msgId, error, null);
       return;
     }
@@ -267,7 +267,8 @@ export class ZmqListener implements Listener {
     this.#reply(sock, identity, key, envelope, type, msgId, session.body(), session);
   }
 
-  #sessionFor(key: string, msgType: number): Session | null {
+  /** The client's session, made on its first message; why not, when it cannot be made. */
+  #sessionFor(key: string, msgType: number): Session | string {
     const sessions = this.#sessions;
     let session = sessions.get(key);
     if (session !== undefined) {
@@ -284,7 +285,7 @@ export class ZmqListener implements Listener {
       session = this.#factory();
     } catch (error) {
       process.emitWarning(`cannot create a session for a new client on ${this.url}: ${String(error)}`);
-      return null;
+      return cannotMakeEnvs(error);
     }
     this.stats.connections += 1;
     sessions.set(key, session);

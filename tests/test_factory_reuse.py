@@ -1,0 +1,128 @@
+"""A factory that returns one env object made beforehand (``serve(lambda: env, ...)``).
+
+The server closes what a factory makes when its client leaves, so such a factory used to hand
+the first client a closed env: an ``AsyncVectorEnv`` answered its first reset with gymnasium's
+``ClosedEnvironmentError`` (the server had made and closed it at start to check its spaces).
+Now the env made at start is kept for the first client (a vector env of processes is started
+once, not twice), and a factory that returns an object it returned before is refused with a
+message that says what to pass, on every backend. Real servers and real gymnasium envs."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+
+from transport import api
+from transport.envs.echo import EchoEnv
+from transport.envs.vector_gym import GymVectorEnv
+from transport.errors import TransportError
+from transport.generated import pac_env
+
+REUSED = "returned an env object it had returned before"
+
+
+def _url(scheme: str, tag: str) -> str:
+    name = f"reuse-{tag}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    if scheme == "shm":
+        return f"shm://{name}?num_envs=2"
+    if scheme in ("http", "zmq+tcp"):
+        return f"{scheme}://127.0.0.1:0"
+    path = f"/tmp/{name}.sock"
+    return (
+        f"ipc://{path}".replace("ipc://", "zmq+ipc://") if scheme == "zmq+ipc" else f"unix://{path}"
+    )
+
+
+def _async_cartpole() -> GymVectorEnv:
+    vec = gymnasium.vector.AsyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
+    return GymVectorEnv(vec)
+
+
+class _Counted:
+    """A factory of one object made beforehand (the misuse), counting its calls."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        return self.env
+
+
+def test_the_first_client_steps_the_vector_env_made_at_start() -> None:
+    """``lambda: vec`` over an AsyncVectorEnv: the first client resets and steps it (before: an
+    ENV_ERROR with ``ClosedEnvironmentError`` on its first reset), and the server started it
+    once (the start check's env is the first client's)."""
+    vec = _async_cartpole()
+    factory = _Counted(vec)
+    server = api.Server(factory, _url("unix", "first"), schema=vec.SCHEMA, num_envs=2).start()
+    try:
+        with api.connect(server.bound_url, timeout=30) as client:
+            first = client.reset(seed=3, copy=True)
+            view = client.step(np.array([0, 1]), copy=True)
+        assert first.observation.shape == (2, 4)
+        assert np.all(view.reward == 1.0)
+        assert factory.calls == 1
+    finally:
+        server.close()
+        vec.close()
+
+
+@pytest.mark.parametrize("scheme", ["unix", "http", "zmq+ipc", "shm"])
+def test_a_second_client_is_told_the_factory_returned_one_object_twice(scheme: str) -> None:
+    """Once the first client leaves (its envs closed), the next one gets an error saying the
+    factory must make a new env per call, not a closed env or a silent hang."""
+    vec = _async_cartpole()
+    server = api.Server(_Counted(vec), _url(scheme, "second"), schema=vec.SCHEMA, num_envs=2)
+    server.start()
+    try:
+        with api.connect(server.bound_url, timeout=30) as client:
+            client.reset(seed=1)
+        with pytest.raises(TransportError, match=REUSED):
+            with api.connect(server.bound_url, timeout=10) as client:
+                client.reset(seed=1)
+        with pytest.raises(TransportError, match="pass the object itself"):
+            with api.connect(server.bound_url, timeout=10) as client:
+                client.reset(seed=1)
+    finally:
+        server.close()
+        vec.close()
+
+
+def test_one_env_object_for_several_envs_is_refused_at_start() -> None:
+    """``lambda: env`` with num_envs=2 would step one object as two envs: over shm (whose
+    server makes the first client's envs when it starts) ``Server`` refuses it, naming why."""
+    env = EchoEnv()
+    with pytest.raises(ValueError, match=REUSED):
+        api.Server(_Counted(env), _url("shm", "start"), num_envs=2).start()
+
+
+@pytest.mark.parametrize("scheme", ["unix", "http", "zmq+ipc"])
+def test_a_factory_of_new_envs_is_called_once_per_env(scheme: str) -> None:
+    """The ordinary case: a factory of new envs, two clients one after the other, every env
+    made fresh and made once: the start check's env serves the first client, and a client that
+    discovers the schema keeps its connection (it used to reconnect, and the server built a
+    session and its envs for each connection: 1 + 2 + 2 calls a client, not 2)."""
+    made: list[EchoEnv] = []
+
+    def factory() -> EchoEnv:
+        made.append(EchoEnv())
+        return made[-1]
+
+    url = _url(scheme, "fresh")
+    server = api.Server(factory, url, schema=pac_env.SCHEMA, num_envs=2).start()
+    try:
+        for seed in (1, 2):
+            with api.connect(server.bound_url, timeout=30) as client:
+                client.reset(seed=seed)
+                client.step(np.zeros(2, dtype=np.int64))
+        assert len(made) == 4
+        assert len({id(env) for env in made}) == 4
+    finally:
+        server.close()
