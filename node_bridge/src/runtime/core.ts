@@ -132,8 +132,9 @@ export interface Records {
   keepFinal(index: number): void;
   /**
    * Set when the results live in these columns, not in the records (an shm column region whose
-   * vector env writes the region's columns: `ResultColumns.adopt`): the runner copies nothing
-   * into the records, and the runtime writes a "noop" result's reward into its column.
+   * vector env writes the region's columns: `ResultColumns.adopt`; shm slots that `written`
+   * fills from the columns): the runner copies nothing into the records, and the runtime writes
+   * a "noop" result's reward into its column.
    */
   readonly resultColumns?: RunnerColumns | null;
 }

@@ -362,10 +362,10 @@ export class VectorRunner implements Runner {
     return this.#finish(failures, ops, out);
   }
 
-  /** `out`'s results are this runner's adopted columns (the env wrote them there: no copy). */
+  /** `out` takes its results from this runner's columns (adopted: the env wrote them in the
+   * region; else the records copy env i's as it is `written`): nothing to scatter. */
   #inPlace(out: Records): boolean {
-    const columns = this.columns;
-    return columns.adopted && out.resultColumns === columns;
+    return out.resultColumns === this.columns;
   }
 
   /** The sorted ids of the envs whose op is `a` or `b` (a view of scratch; null: none). */

@@ -355,4 +355,32 @@ describe("hosting a vector env", () => {
       await server.close();
     }
   });
+
+  test("over shm:// slots (results copied from the env's columns) as over unix://: noop, finals, seeds", async () => {
+    // the shm server copies each env's result from the vector env's columns straight into its
+    // slot (no scratch record between); a "noop" masked action writes its penalty into the
+    // reward column, and SAME_STEP finals are taken from the slots
+    const traces: string[] = [];
+    for (const url of [
+      `unix://${join(tmpdir(), `transport-vector-${randomBytes(6).toString("hex")}.sock`)}`,
+      `shm://transport-vector-${randomBytes(6).toString("hex")}?num_envs=3`,
+    ]) {
+      const server = await serve(EpisodicVectorEchoEnv, url, { numEnvs: 3, maskedActions: "noop" });
+      const out: unknown[] = [];
+      try {
+        const client = await connect(server.url, { timeoutMs: 10_000, autoreset: "same_step" });
+        out.push(await client.reset(40n, { copy: true }));
+        for (let k = 0; k < 30; k++) {
+          const actions = [k % 7, k === 3 || k === 11 ? MASKED_ACTION : (k * 3) % 5, 2];
+          out.push(await client.step(actions, { copy: true }), client.finals);
+        }
+        await client.close();
+      } finally {
+        await server.close();
+      }
+      traces.push(JSON.stringify(out, (_key, value: unknown) => (ArrayBuffer.isView(value) ? Array.from(value as Float32Array) : value)));
+    }
+    assert.ok((traces[0] as string).includes('"index"'), "some episodes ended (finals)");
+    assert.equal(traces[1], traces[0]);
+  });
 });

@@ -187,6 +187,42 @@ export function utf8Cut(text: string, max: number): Buffer {
 }
 
 /**
+ * One result field of a vector runner's columns and its offset in a slot (`SlotRecords`): a
+ * field of 1, 2, 4 or 8 bytes is copied as unsigned words (the same bytes: a little-endian
+ * host, as the columns need), a larger one with `set` from a row view.
+ */
+interface ColumnToSlot {
+  readonly to: number;
+  readonly size: number;
+  readonly u8: Uint8Array;
+  readonly u16: Uint16Array | null;
+  readonly u32: Uint32Array | null;
+  /** Env i's bytes of any other size (views made once: `written` allocates nothing). */
+  readonly rows: readonly Uint8Array[] | null;
+}
+
+/** Where each result field of `columns` goes in a slot of `layout` (the IR's result offsets). */
+function columnsToSlots(columns: RunnerColumns, layout: ShmLayout, numSlots: number): ColumnToSlot[] {
+  const plans: ColumnToSlot[] = [];
+  for (const [name, column] of Object.entries(columns.columns)) {
+    const to = layout.ir.result_offsets[name];
+    if (to === undefined) throw new ProtocolError(`shm:// cannot carry result field ${name}: the layout has no offset for it`);
+    const { buffer, byteOffset, byteLength } = column;
+    const size = byteLength / columns.numEnvs;
+    const u8 = new Uint8Array(buffer, byteOffset, byteLength);
+    const u16 = size === 2 ? new Uint16Array(buffer, byteOffset, byteLength / 2) : null;
+    const u32 = size === 4 || size === 8 ? new Uint32Array(buffer, byteOffset, byteLength / 4) : null;
+    let rows: Uint8Array[] | null = null;
+    if (size !== 1 && size !== 2 && size !== 4 && size !== 8) {
+      rows = [];
+      for (let i = 0; i < Math.min(numSlots, columns.numEnvs); i++) rows.push(u8.subarray(i * size, (i + 1) * size));
+    }
+    plans.push({ to, size, u8, u16, u32, rows });
+  }
+  return plans;
+}
+
+/**
  * The runtime's records over the region: env i's result goes straight into slot i when the
  * slot holds the result whole, else into scratch record i whose fields `written` copies to the
  * slot (pac_shm) or to env i's place in each result column (the column layout: the runtime
@@ -213,6 +249,12 @@ class SlotRecords implements Records {
   resultColumns: RunnerColumns | null = null;
   /** The column layout: each result field's column start, size and final-area offset. */
   readonly #columnRuns: ReadonlyArray<{ readonly start: number; readonly size: number; readonly final: number }>;
+  /**
+   * The slot layout with a vector env (`useRuntime`): each result field of the runner's
+   * columns and where it goes in a slot; `written(i)` copies env i's straight into slot i (no
+   * scratch record between: one copy of a step's results, not two). Null: scratch records.
+   */
+  #fromColumns: readonly ColumnToSlot[] | null = null;
 
   constructor(region: Region, plan: ResultLayout, seqs: Int32Array) {
     this.#region = region;
@@ -256,6 +298,13 @@ class SlotRecords implements Records {
   useRuntime(runtime: EnvRuntime): void {
     const runner = runtime.runner;
     const columns = runner.columns;
+    this.#fromColumns = null;
+    if (!this.#plan.columns && this.#plan.inPlace < 0 && columns !== undefined && runtime.watchdog === null) {
+      // a vector env over slots: its columns are where the results are, copied per env
+      this.#fromColumns = columnsToSlots(columns, this.#region.layout, this.#region.numSlots);
+      this.resultColumns = columns;
+      return;
+    }
     if (!this.#plan.columns || columns === undefined || runner.writesColumns !== true || runtime.watchdog !== null) {
       this.resultColumns = null;
       return;
@@ -277,6 +326,34 @@ class SlotRecords implements Records {
   }
 
   written(index: number): void {
+    const fromColumns = this.#fromColumns;
+    if (fromColumns !== null) {
+      const region = this.#region;
+      const dv = region.dv;
+      const slot = this.#layout.slotBase(index);
+      for (let k = 0; k < fromColumns.length; k++) {
+        const c = fromColumns[k] as ColumnToSlot;
+        const at = slot + c.to;
+        switch (c.size) {
+          case 1:
+            region.bytes[at] = c.u8[index] as number;
+            break;
+          case 2:
+            dv.setUint16(at, (c.u16 as Uint16Array)[index] as number, true);
+            break;
+          case 4:
+            dv.setUint32(at, (c.u32 as Uint32Array)[index] as number, true);
+            break;
+          case 8:
+            dv.setUint32(at, (c.u32 as Uint32Array)[2 * index] as number, true);
+            dv.setUint32(at + 4, (c.u32 as Uint32Array)[2 * index + 1] as number, true);
+            break;
+          default:
+            region.bytes.set((c.rows as readonly Uint8Array[])[index] as Uint8Array, at);
+        }
+      }
+      return;
+    }
     if (this.#plan.inPlace >= 0 || this.resultColumns !== null) return; // written in the region itself
     const bytes = this.#region.bytes;
     const runs = this.#runs[index] as readonly Uint8Array[];
@@ -288,7 +365,7 @@ class SlotRecords implements Records {
     const region = this.#region;
     const final = this.#finalsAt + index * this.#layout.finalSize;
     const copies = this.#plan.finalCopies;
-    if (this.resultColumns !== null) {
+    if (this.#plan.columns && this.resultColumns !== null) {
       // from env index's place in each result column (the env wrote them)
       const runs = this.#columnRuns;
       for (let k = 0; k < runs.length; k++) {
