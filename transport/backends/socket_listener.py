@@ -24,9 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from transport.protocol import DEFAULT_MAX_BODY
-from transport.runtime.core import describe
 from transport.runtime.host import EnvHost
-from transport.runtime.session import Session
+from transport.runtime.session import Session, cannot_make_envs
 
 log = logging.getLogger("transport.backends.socket_listener")
 
@@ -279,7 +278,7 @@ class SocketListener:
                 session = Session(self.host)
             except Exception as exc:
                 log.exception("cannot create a session for a new connection on %s", self.url)
-                self._turn_away(conn, f"the server cannot make this client's envs: {describe(exc)}")
+                self._turn_away(conn, cannot_make_envs(exc))
                 return
             try:
                 self.serve_connection(conn, session, watch)

@@ -36,7 +36,7 @@ from transport.protocol import (
     encode_hello_response,
 )
 from transport.runtime.async_session import AsyncHandlers
-from transport.runtime.core import ACTION_CODES
+from transport.runtime.core import ACTION_CODES, describe
 from transport.runtime.host import EnvHost
 from transport.runtime.pool import shared_buffer
 
@@ -60,6 +60,12 @@ class _ViewsByLength:
                 self._views.clear()
             view = self._views[length] = self._base[: self._extra + length]
         return view
+
+
+def cannot_make_envs(exc: BaseException) -> str:
+    """What a client whose session (its envs) the server cannot make is told (Node:
+    ``cannotMakeEnvs``, the same words)."""
+    return f"the server cannot make this client's envs: {describe(exc)}"
 
 
 class Session:

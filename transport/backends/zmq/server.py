@@ -45,9 +45,8 @@ from transport.protocol import (
     MessageIds,
     encode_error,
 )
-from transport.runtime.core import describe
 from transport.runtime.host import EnvHost
-from transport.runtime.session import Session
+from transport.runtime.session import Session, cannot_make_envs
 
 # -- server ---------------------------------------------------------------------------------------
 
@@ -243,7 +242,7 @@ class Listener:
             session = Session(self.host)
         except Exception as exc:
             log.exception("cannot create a session for a new client on %s", self.url)
-            return f"the server cannot make this client's envs: {describe(exc)}"
+            return cannot_make_envs(exc)
         self._sessions[identity] = session
         while len(self._sessions) > self.max_sessions:
             old, _ = self._sessions.popitem(last=False)
