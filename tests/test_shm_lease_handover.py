@@ -287,6 +287,40 @@ def test_the_unfinished_lease_timer_restarts_with_each_attach(
     assert why is not None and "never completed" in why, why
 
 
+def test_a_holder_not_mapping_the_segment_is_told_at_the_second_look_in_a_row(
+    watch: tuple[RegionWatch, _Clock],
+) -> None:
+    """CI (once in many runs, loaded): the client after an unanswered SHUTDOWN got
+    HELLO_REQUIRED on its first step. A look whose words were read before the server stalled
+    saw this process in client_pid while it held no mapping (between its close and its next
+    attach) and freed the lease the next client of this process had taken meanwhile: same pid,
+    same start time. The words a look reads may be stale, so "does not map" must hold twice."""
+    w, _ = watch
+    me, start = os.getpid(), native.proc_start_time(os.getpid())
+    name = f"transport-test-unmapped-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        region: Any = SimpleNamespace(size=4096, inode=os.fstat(fd).st_ino)
+        stale = RegionWatch("shm://test", path, region, {}, b"")
+        assert stale.foreign_holder(me, start) is None  # not mapped now: a stale look, maybe
+        with mmap.mmap(fd, 4096):  # this process attaches (again): mapped, then it holds
+            assert stale.foreign_holder(me, start) is None
+            assert stale.foreign_holder(me, start) is None  # verified
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    foreign = subprocess.Popen(["sleep", "60"])
+    try:
+        assert w.foreign_holder(foreign.pid, 0) is None  # first look
+        why = w.foreign_holder(foreign.pid, 0)  # second look: still no mapping
+        assert why is not None and "does not map" in why, why
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
 def test_the_client_after_a_shutdown_left_unanswered_starts_a_new_session(
     server: ServerProcess,
 ) -> None:

@@ -70,6 +70,28 @@ describe("the unfinished-lease rule", () => {
     }
     assert.ok(!existsSync(shm.path));
   });
+
+  test("a holder that does not map the segment is told at the second look in a row, not the first", () => {
+    // CI (once, loaded): the client after an unanswered SHUTDOWN got HELLO_REQUIRED on its first
+    // step. A look whose words were read before the server stalled saw that process in
+    // client_pid while it held no mapping (between its close and its next attach), and freed
+    // the lease its next client (same pid, same start time) had taken meanwhile
+    const shm = parseShmUrl(`shm://node-handover-${process.pid}-${randomBytes(5).toString("hex")}`);
+    const region = Region.create(shm, ShmLayout.of(pac_env.SCHEMA), 1);
+    const foreign = spawn("sleep", ["60"], { stdio: "ignore" });
+    try {
+      const watch = new RegionWatch(`shm://${shm.name}`, region, new Uint8Array(0));
+      const pid = foreign.pid as number;
+      assert.equal(watch.foreignHolder(pid, 0n), null); // first look: its words may be stale
+      assert.match(watch.foreignHolder(pid, 0n) ?? "", new RegExp(`client pid ${pid} is alive but does not map`));
+      const me = process.pid;
+      assert.equal(watch.foreignHolder(me, procStartTime(me)), null); // mapped: a client
+    } finally {
+      foreign.kill("SIGKILL");
+      region.unlinkIfOurs();
+      region.unmap();
+    }
+  });
 });
 
 /** The region module's exports, as the channel calls them (`region_1.procStartTime(pid)`). */

@@ -77,6 +77,7 @@ class RegionWatch:
         self._verified: tuple[int, int] | None = None  # the holder known to be a client
         self._seen_pid = 0  # the live holder being looked at
         self._zero_since: float | None = None  # since when it has been attaching (start time 0)
+        self._unmapped = False  # the last look found the holder not mapping the segment
 
     def lost(self) -> str | None:
         """Why the server cannot keep serving this region (gone, replaced, resized), or None."""
@@ -128,6 +129,7 @@ class RegionWatch:
         """Why the live process ``pid`` in ``client_pid`` (with ``client_start_time``) holds no
         real lease, or None (a client, or it cannot be told yet).
 
+        "Does not map" must hold at two looks in a row (the words a look read may be stale).
         "Still 0 for a second" means seen attaching at every look for a second: any look that
         finds a completed lease (even one verified before: the same process takes the lease
         again with the same pid and start time) ends that attach, so the next attach is timed
@@ -138,12 +140,20 @@ class RegionWatch:
             return None
         now = time.monotonic()
         if pid != self._seen_pid:
-            self._seen_pid, self._zero_since = pid, None
+            self._seen_pid, self._zero_since, self._unmapped = pid, None, False
+            if maps_segment(pid, self.inode) is False:
+                self._unmapped = True  # told at the next look if it still holds no mapping
+                return None
+        elif self._unmapped:
+            # at two looks in a row: one look's words may be stale (read before this server
+            # stalled), and the same process, unmapped between a release and its next attach,
+            # then holds the lease again with the same pid and start time
             if maps_segment(pid, self.inode) is False:
                 return (
                     f"{self.url}: client pid {pid} is alive but does not map {self.path}: it is "
                     "not a client (another process wrote client_pid); reclaiming the lease"
                 )
+            self._unmapped = False
         if start_time == 0:
             # measured from the first check that saw this holder attaching, not from when the
             # pid was first seen: the same process may release and take the lease again
@@ -163,6 +173,7 @@ class RegionWatch:
         self._verified = None
         self._seen_pid = 0
         self._zero_since = None
+        self._unmapped = False
 
 
 CONTROL_FIELDS = (

@@ -15,7 +15,8 @@
  *   what it wrote? If not, it rewrites them and says which changed (one line).
  * - `foreignHolder()`: is the live process in `client_pid` a client? A client maps the region
  *   before it takes the lease and stores `client_start_time` right after; a live process that
- *   does not map it, or whose lease stays incomplete for `UNFINISHED_LEASE_MS`, is not one.
+ *   does not map it (at two looks in a row), or whose lease stays incomplete for
+ *   `UNFINISHED_LEASE_MS`, is not one.
  */
 
 import { readFileSync, statSync } from "node:fs";
@@ -99,6 +100,8 @@ export class RegionWatch {
   #seenPid = 0;
   /** Since when (performance.now()) the holder has been attaching (start time 0). */
   #zeroSince: number | null = null;
+  /** The last look found the holder not mapping the segment. */
+  #unmapped = false;
 
   /** Call once the server has written every field of `CONTROL_FIELDS` and the schema area. */
   constructor(url: string, region: Region, area: Uint8Array) {
@@ -171,7 +174,8 @@ export class RegionWatch {
   }
 
   /** Why the live process `pid` in `client_pid` (with `client_start_time`) holds no real
-   * lease, or null (a client, or it cannot be told yet). "Still 0 for a second" means seen
+   * lease, or null (a client, or it cannot be told yet). "Does not map" must hold at two looks
+   * in a row (the words a look read may be stale). "Still 0 for a second" means seen
    * attaching at every look for a second: any look that finds a completed lease (even one
    * verified before: the same process takes the lease again with the same pid and start time)
    * ends that attach, so the next attach is timed from its own first look, not an earlier
@@ -184,12 +188,20 @@ export class RegionWatch {
     if (pid !== this.#seenPid) {
       this.#seenPid = pid;
       this.#zeroSince = null;
+      // told at the next look if it still holds no mapping
+      this.#unmapped = mapsSegment(pid, this.#region.inode) === false;
+      if (this.#unmapped) return null;
+    } else if (this.#unmapped) {
+      // at two looks in a row: one look's words may be stale (read before this server stalled),
+      // and the same process, unmapped between a release and its next attach, then holds the
+      // lease again with the same pid and start time
       if (mapsSegment(pid, this.#region.inode) === false) {
         return (
           `${this.#url}: client pid ${pid} is alive but does not map ${this.#path}: it is not a client ` +
           "(another process wrote client_pid); reclaiming the lease"
         );
       }
+      this.#unmapped = false;
     }
     if (startTime === 0n) {
       // measured from the first check that saw this holder attaching, not from when the pid was
@@ -210,5 +222,6 @@ export class RegionWatch {
     this.#verified = null;
     this.#seenPid = 0;
     this.#zeroSince = null;
+    this.#unmapped = false;
   }
 }
