@@ -126,3 +126,58 @@ def test_a_factory_of_new_envs_is_called_once_per_env(scheme: str) -> None:
         assert len({id(env) for env in made}) == 4
     finally:
         server.close()
+
+
+class _Undeclared:
+    """A user's env that declares no schema (no SCHEMA, not a reference env): its results fit
+    the default pac_env, which the server tries at start."""
+
+    def __init__(self) -> None:
+        self._echo = EchoEnv()
+
+    def spaces(self) -> Any:
+        return self._echo.spaces()
+
+    def reset(self, seed: int | None = None) -> Any:
+        return self._echo.reset(seed)
+
+    def step(self, action: int) -> Any:
+        return self._echo.step(action)
+
+
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_an_env_without_a_schema_is_tried_on_the_first_clients_env(scheme: str) -> None:
+    """No schema= and none declared: the default schema is tried on the env the start check
+    makes (the first client's), not on one more env made for the try and closed (before: 3
+    envs made for a first client of 2)."""
+    made: list[_Undeclared] = []
+
+    def factory() -> _Undeclared:
+        made.append(_Undeclared())
+        return made[-1]
+
+    server = api.Server(factory, _url(scheme, "undeclared"), num_envs=2).start()
+    try:
+        assert server.schema.fingerprint == pac_env.SCHEMA.fingerprint
+        with api.connect(server.bound_url, timeout=30) as client:
+            client.reset(seed=1)
+            client.step(np.zeros(2, dtype=np.int64))
+        assert len(made) == 2
+    finally:
+        server.close()
+
+
+def test_an_env_whose_results_do_not_fit_the_default_is_refused_at_start() -> None:
+    """The same try, failing: a TypeError naming what to pass, and the env it made closed."""
+    closed: list[int] = []
+
+    class Other(_Undeclared):
+        def reset(self, seed: int | None = None) -> Any:
+            return {"score": 1.0}
+
+        def close(self) -> None:
+            closed.append(1)
+
+    with pytest.raises(TypeError, match="declares none, so the default schema pac_env was tried"):
+        api.Server(Other, _url("unix", "misfit"), num_envs=2)
+    assert closed == [1]

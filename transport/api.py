@@ -208,49 +208,61 @@ def declared_schema(env_or_factory: Any) -> Schema | None:
 
 
 def check_default_schema_fits(schema: Schema, env_or_factory: Any, url: str) -> None:
-    """For an env that declares no schema: make one (or take the instance), reset it and
-    check that its result fits ``schema`` (pac_env, the default); a ``TypeError`` naming what
-    to pass when it does not, so a server never starts serving results it cannot encode
-    (every reset would fail with "StepResult.observation: no value given")."""
+    """For an env that declares no schema and no ``EnvHost`` to ask (``transport.ray.launch``):
+    make one env (or take the instance), run ``default_schema_check`` on it and close it."""
     if is_vector_env(env_or_factory):
         return  # a vector env instance: the runtime checks its columns against the schema
-    name = getattr(env_or_factory, "__qualname__", None) or type(env_or_factory).__qualname__
     shared = not isinstance(env_or_factory, type) and isinstance(env_or_factory, Env)
     try:
         env = env_or_factory if shared else env_or_factory()
     except Exception:
         return  # making it fails: the server reports that itself, with the reason
     try:
+        default_schema_check(schema, env_or_factory, url)(env)
+    finally:
+        close = None if shared else getattr(env, "close", None)
+        if close is not None:
+            close()
+
+
+def default_schema_check(schema: Schema, env_or_factory: Any, url: str) -> Callable[[Any], None]:
+    """For an env that declares no schema: a check that resets an env and tells whether its
+    result fits ``schema`` (pac_env, the default), a ``TypeError`` naming what to pass when it
+    does not, so a server never starts serving results it cannot encode (every reset would
+    fail with "StepResult.observation: no value given"). ``Server`` runs it on the env its
+    start check makes (kept for the first client: no env is made for it alone)."""
+    name = getattr(env_or_factory, "__qualname__", None) or type(env_or_factory).__qualname__
+
+    def check(env: Any) -> None:
         if is_vector_env(env):
-            return  # a factory of vector envs: closed below, checked by the runtime
+            return  # a vector env: the runtime checks its columns against the schema
         try:
             output = env.reset(None)
         except Exception:
             return  # resetting it fails: the server reports that itself, with the reason
         codec = body_codec(schema, "STEP_RESP")
-        if isinstance(output, np.ndarray | np.void):
-            if output.dtype != codec.dtype:
-                fields = ", ".join(output.dtype.names or ())
-                raise TypeError(f"its reset returned a record of other fields ({fields})")
-        else:
-            codec.encode(output)
-    except (TransportError, TypeError) as exc:
-        raise TypeError(
-            f"Server({name}, {url!r}): no schema= was given and {name} declares none, so the "
-            f"default schema {schema.name} was tried, and {name}'s results do not fit it: "
-            f"{exc}. Pass schema= (transport.load_schema('your_env.toml'), or a generated "
-            f"module's SCHEMA), or give {name} (or its module) a SCHEMA attribute"
-        ) from None
-    finally:
-        close = None if shared else getattr(env, "close", None)
-        if close is not None:
-            close()
-    log.info(
-        "%s declares no schema; its results fit the default %s, which is served (pass schema= "
-        "to say so)",
-        name,
-        schema.name,
-    )
+        try:
+            if isinstance(output, np.ndarray | np.void):
+                if output.dtype != codec.dtype:
+                    fields = ", ".join(output.dtype.names or ())
+                    raise TypeError(f"its reset returned a record of other fields ({fields})")
+            else:
+                codec.encode(output)
+        except (TransportError, TypeError) as exc:
+            raise TypeError(
+                f"Server({name}, {url!r}): no schema= was given and {name} declares none, so "
+                f"the default schema {schema.name} was tried, and {name}'s results do not fit "
+                f"it: {exc}. Pass schema= (transport.load_schema('your_env.toml'), or a "
+                f"generated module's SCHEMA), or give {name} (or its module) a SCHEMA attribute"
+            ) from None
+        log.info(
+            "%s declares no schema; its results fit the default %s, which is served (pass "
+            "schema= to say so)",
+            name,
+            schema.name,
+        )
+
+    return check
 
 
 class Server:
@@ -288,10 +300,11 @@ class Server:
             workers=workers,
             masked_actions=masked_actions,
         )
-        host.check()
         try:
-            if declared is None:
-                check_default_schema_fits(codecs, env_or_factory, url)
+            # no schema declared: the env made now (the first client's) is tried against pac_env
+            host.check(
+                default_schema_check(codecs, env_or_factory, url) if declared is None else None
+            )
             listener: Any = backend.Listener
             capped = isinstance(listener, type) and issubclass(listener, SocketListener)
             if capped:  # unix, http: the connection cap and timeouts (docs/server.md "Limits")

@@ -16,7 +16,7 @@ import * as pac_env from "./generated/pac_env";
 import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
 import type { MaskedActions } from "./runtime/core";
 import { bodyCodec } from "./runtime/core";
-import { type Env, type EnvOrFactory, isEnv, isVectorEnv, makerOf } from "./runtime/env";
+import { type Env, type EnvOrFactory, isEnv, isVectorEnv } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
 import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
@@ -145,7 +145,6 @@ export async function serve(
   url: string,
   options: ServeOptions = {},
 ): Promise<Server> {
-  if (options.schema === undefined) checkDefaultSchemaFits(envOrFactory, url);
   // a vector env instance serves its own numEnvs unless the options name one
   const numEnvs = options.numEnvs ?? (isVectorEnv(envOrFactory) ? envOrFactory.numEnvs : 1);
   checkServerLimits(options.schema ?? pac_env.SCHEMA, url, numEnvs, options.maxBody ?? DEFAULT_MAX_BODY);
@@ -160,6 +159,8 @@ export async function serve(
     ...(options.workerEnv ? { workerEnv: options.workerEnv } : {}),
     ...(options.maskedActions ? { maskedActions: options.maskedActions } : {}),
   });
+  // no schema: the default is tried on the first env made (the first client's, made below)
+  if (options.schema === undefined) host.inspectFirstEnv(defaultSchemaCheck(envOrFactory, url));
   const limits = serverLimits(options.limits); // a bad limit fails before anything starts
   const backend = await backendFor(url);
   // fail now, not on the first connection; the envs made serve the first client
@@ -190,32 +191,30 @@ export async function serve(
 }
 
 /**
- * For `serve()` without `schema`: make one env (or take the instance), reset it and check that
- * its result fits the default pac_env; a `TypeError` naming what to pass when it does not, so a
- * server never starts serving results it cannot encode (Python: `check_default_schema_fits`).
+ * For `serve()` without `schema`: a check that resets an env (the first one the host makes, or
+ * the instance) and tells whether its result fits the default pac_env; a `TypeError` naming
+ * what to pass when it does not, so a server never starts serving results it cannot encode
+ * (Python: `default_schema_check`).
  */
-function checkDefaultSchemaFits(envOrFactory: EnvOrFactory, url: string): void {
+function defaultSchemaCheck(envOrFactory: EnvOrFactory, url: string): (env: Env<unknown>) => void {
   const name = (isEnv(envOrFactory) ? envOrFactory.constructor?.name : (envOrFactory as { name?: string }).name) || "the env";
-  let env: Env<unknown>;
-  let result: unknown;
-  try {
-    env = isEnv(envOrFactory) ? envOrFactory : makerOf(envOrFactory)();
-    result = env.reset();
-  } catch {
-    return; // making or resetting it fails: the server reports that itself, with the reason
-  }
-  try {
-    bodyCodec(pac_env.SCHEMA, "STEP_RESP").encode(result as never);
-  } catch (err) {
-    throw new TypeError(
-      `serve(${name}, ${JSON.stringify(url)}): no schema was given, so the default schema pac_env was ` +
-        `tried, and ${name}'s results do not fit it: ${(err as Error).message}. Pass { schema: ` +
-        `loadSchemaFile("your_env.toml") } or a generated module's SCHEMA`,
-    );
-  } finally {
-    const close = (env as { close?: () => void }).close;
-    if (!isEnv(envOrFactory) && typeof close === "function") close.call(env);
-  }
+  return (env) => {
+    let result: unknown;
+    try {
+      result = env.reset();
+    } catch {
+      return; // resetting it fails: the server reports that itself, with the reason
+    }
+    try {
+      bodyCodec(pac_env.SCHEMA, "STEP_RESP").encode(result as never);
+    } catch (err) {
+      throw new TypeError(
+        `serve(${name}, ${JSON.stringify(url)}): no schema was given, so the default schema pac_env was ` +
+          `tried, and ${name}'s results do not fit it: ${(err as Error).message}. Pass { schema: ` +
+          `loadSchemaFile("your_env.toml") } or a generated module's SCHEMA`,
+      );
+    }
+  };
 }
 
 const OPEN_SERVERS = new Set<Server>();

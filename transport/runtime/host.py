@@ -8,7 +8,7 @@ from __future__ import annotations
 import pickle
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -141,10 +141,11 @@ class EnvHost:
                 "its envs together (steps_subsets=False): use 'reject' or 'pass'"
             )
 
-    def check(self) -> None:
+    def check(self, inspect: Callable[[Any], None] | None = None) -> None:
         """Make one env and ask its spaces, now: a factory that cannot make an env fails when
         the server starts, with the reason, not at every client's connection. The env made is
-        kept for the first client (a vector env of processes is not started twice)."""
+        kept for the first client (a vector env of processes is not started twice); ``inspect``
+        (the default schema's check) runs on it, not a vector env, and may raise."""
         try:
             env = self._shared if self._shared is not None else self._make_env()
             env.spaces()
@@ -159,6 +160,8 @@ class EnvHost:
                 self.vector = is_vector_env(env)
             if self.vector:
                 self._check_vector(env)
+            elif inspect is not None:
+                inspect(env)
             keep = self._shared is None and (self.vector or not self.workers)
         finally:
             if keep:

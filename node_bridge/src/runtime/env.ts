@@ -222,3 +222,14 @@ export function makerOf(factory: EnvOrFactory): () => Env<unknown> {
   const isClass = /^class[\s{]/.test(Function.prototype.toString.call(make));
   return isClass ? () => new make() : () => make();
 }
+
+/** Close an env the runtime made, if it has `close` (best effort: a failing close is ignored). */
+export function closeEnv(env: unknown): void {
+  const close = (env as { close?: () => void } | null)?.close;
+  if (typeof close !== "function") return;
+  try {
+    close.call(env);
+  } catch {
+    // closing is best effort
+  }
+}

@@ -8,7 +8,7 @@ import type { SchemaModule } from "../codec";
 import { ConnectError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { ActionRule, EnvRuntime, type MaskedActions, bodyCodec, checkMaskedActions, penaltyOf } from "./core";
-import { type Env, type EnvOrFactory, type Spaces, type VectorEnv, isEnv, isVectorEnv, makerOf, vectorClassOf } from "./env";
+import { type Env, type EnvOrFactory, type Spaces, type VectorEnv, closeEnv, isEnv, isVectorEnv, makerOf, vectorClassOf } from "./env";
 import { LocalRunner } from "./local";
 import { PoolRunner, WorkerPool, type WorkerEnvSpec } from "./pool";
 import { VectorRunner } from "./vector";
@@ -73,6 +73,8 @@ export class EnvHost {
   #kept: EnvRuntime | null = null;
   /** The envs the factory returned (one returned again is refused: `#make`). */
   readonly #made = new WeakSet<object>();
+  /** Run on the first env the host makes (or its shared env), then dropped: `inspectFirstEnv`. */
+  #inspect: ((env: AnyEnv) => void) | null = null;
 
   constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
     const sharedVector = isVectorEnv(envOrFactory) ? envOrFactory : null;
@@ -147,20 +149,27 @@ export class EnvHost {
       maskedActions: this.maskedActions,
       ...(noop ? { penalties } : {}),
     });
+    if (this.#sharedVector !== null || this.#vectorClass !== null) this.#inspect = null; // its columns are checked
     if (this.#sharedVector !== null) return this.#vectorRuntime(this.#sharedVector, false, options);
     if (this.#vectorClass !== null) return this.#vectorRuntime(this.#vectorClass(numEnvs), true, options);
     if (factory === null) {
       const codec = bodyCodec(this.schema, "STEP_RESP");
       const shared = this.#shared as AnyEnv;
+      this.#inspectOnce(shared, false);
       const runner = new LocalRunner([shared], codec, null, this.#validate, this.#actionRule);
       return new EnvRuntime(this.schema, runner, options(noop ? [penaltyOf(shared)] : []));
     }
     if (this.#workers > 0) {
       if (this.#poolSpaces === null || (noop && this.#poolPenalty === null)) {
         const env = factory(); // the envs live in the pool's threads: ask one made here
-        if (isVectorEnv(env)) throw new TransportError("a vector env steps its envs itself: serve it without workers");
-        this.#poolSpaces = env.spaces();
-        this.#poolPenalty = penaltyOf(env);
+        try {
+          if (isVectorEnv(env)) throw new TransportError("a vector env steps its envs itself: serve it without workers");
+          this.#poolSpaces = env.spaces();
+          this.#poolPenalty = penaltyOf(env);
+          this.#inspectOnce(env, false);
+        } finally {
+          closeEnv(env);
+        }
       }
       const spaces = this.#poolSpaces;
       const spec = this.#workerEnv;
@@ -171,12 +180,36 @@ export class EnvHost {
     const make = (): AnyEnv => this.#make(factory);
     const first = make();
     // a zero-argument factory may make a vector env: it then holds all of the client's envs
-    if (isVectorEnv(first)) return this.#vectorRuntime(first, true, options, numEnvs, url);
+    if (isVectorEnv(first)) {
+      this.#inspect = null; // its columns are checked
+      return this.#vectorRuntime(first, true, options, numEnvs, url);
+    }
+    this.#inspectOnce(first, true);
     const envs: AnyEnv[] = [first];
     for (let i = 1; i < numEnvs; i++) envs.push(make());
     const codec = bodyCodec(this.schema, "STEP_RESP");
     const penalties = noop ? envs.map(penaltyOf) : [];
     return new EnvRuntime(this.schema, new LocalRunner(envs, codec, make, this.#validate, this.#actionRule), options(penalties));
+  }
+
+  /** Run `inspect` (serve()'s default-schema check) on the first env this host makes, or its
+   * shared env: the env tried is the first client's, not one made for the try alone. */
+  inspectFirstEnv(inspect: (env: AnyEnv) => void): void {
+    this.#inspect = inspect;
+  }
+
+  /** The pending `inspectFirstEnv` check on `env`, once; an env made for the client (`owned`)
+   * is closed when it fails. */
+  #inspectOnce(env: AnyEnv, owned: boolean): void {
+    const inspect = this.#inspect;
+    if (inspect === null) return;
+    this.#inspect = null;
+    try {
+      inspect(env);
+    } catch (error) {
+      if (owned) closeEnv(env);
+      throw error;
+    }
   }
 
   /** Make one client's runtime now (a factory that cannot make its envs fails at start, with
@@ -222,14 +255,14 @@ export class EnvHost {
     url = "",
   ): EnvRuntime {
     if (env.numEnvs !== numEnvs) {
-      if (owned) (env as { close?: () => void }).close?.();
+      if (owned) closeEnv(env);
       throw new ConnectError(
         `${url || "the server"} asks for ${numEnvs} envs but the env factory made a vector env of ${String(env.numEnvs)} ` +
           "(pass a vector env class, which the server makes with new C(numEnvs))",
       );
     }
     if (this.maskedActions === "noop" && env.stepsSubsets === false) {
-      if (owned) (env as { close?: () => void }).close?.();
+      if (owned) closeEnv(env);
       throw new TransportError("maskedActions \"noop\" steps a subset of the envs, which this vector env cannot (stepsSubsets false): use \"reject\" or \"pass\"");
     }
     const penalties = this.maskedActions === "noop" ? new Array<number>(env.numEnvs).fill(penaltyOf(env)) : [];

@@ -11,7 +11,7 @@ import type { AnyStructCodec } from "../codec";
 import { CodecError } from "../errors";
 import { ErrorCode, RequestError } from "../protocol";
 import { type ActionRule, type Failure, Op, type Records, type Runner, actionOf } from "./core";
-import type { Action, Env, ResultRow, Spaces } from "./env";
+import { type Action, type Env, type ResultRow, type Spaces, closeEnv } from "./env";
 
 type AnyEnv = Env<unknown>;
 
@@ -208,16 +208,7 @@ export class EnvTable {
   }
 
   close(): void {
-    for (const env of this.envs) {
-      const close = (env as { close?: () => void }).close;
-      if (typeof close === "function") {
-        try {
-          close.call(env);
-        } catch {
-          // closing is best effort
-        }
-      }
-    }
+    for (const env of this.envs) closeEnv(env);
   }
 
   #write(index: number, k: number, output: unknown, bytes: Uint8Array, at: number): void {

@@ -11,6 +11,7 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
@@ -303,5 +304,45 @@ describe("serve() without a schema", () => {
     } finally {
       await server.close();
     }
+  });
+
+  for (const scheme of ["unix", "shm"] as const) {
+    test(`${scheme}: the default is tried on the first client's env, not on one more made for the try`, async () => {
+      // before: a factory of 2 envs was called 3 times for the first client (one env made,
+      // reset and closed by the try), also over shm, whose server makes those envs at start
+      let made = 0;
+      const factory = (): EchoEnv => {
+        made++;
+        return new EchoEnv();
+      };
+      const tag = `${process.pid}-${randomBytes(4).toString("hex")}`;
+      const url = scheme === "shm" ? `shm://tp-noschema-${tag}?num_envs=2` : `unix://${join(tmpdir(), `tp-noschema-${tag}.sock`)}`;
+      const server = await serve(factory, url, { numEnvs: 2 });
+      try {
+        const client = await connect(server.url, { timeoutMs: 5000 });
+        try {
+          await client.reset(1n);
+          await client.step([0, 0]);
+          assert.equal(made, 2); // (after it leaves, an shm server makes the next client's envs)
+        } finally {
+          await client.close();
+        }
+      } finally {
+        await server.close();
+      }
+    });
+  }
+
+  test("shm: an env whose results do not fit is refused at serve(), its env closed, no region left", async () => {
+    let closed = 0;
+    class ClosingWalk extends Walk {
+      close(): void {
+        closed++;
+      }
+    }
+    const name = `tp-noschema-${process.pid}-${randomBytes(4).toString("hex")}`;
+    await assert.rejects(serve(ClosingWalk, `shm://${name}`), /no schema was given, so the default schema pac_env was tried/);
+    assert.equal(closed, 1);
+    assert.ok(!existsSync(`/dev/shm/transport-${name}`));
   });
 });
