@@ -15,6 +15,8 @@ from types import TracebackType
 
 import pytest
 
+from transport.testing.servers import stop_process as stop_process  # tests import it from here
+
 ROOT = Path(__file__).resolve().parents[1]
 NODE_SERVER = ROOT / "node_bridge" / "dist" / "cli" / "serve.js"
 LANGS = ["python", "node"]
@@ -23,26 +25,6 @@ LANGS = ["python", "node"]
 def require_lang(lang: str) -> None:
     if lang == "node" and (shutil.which("node") is None or not NODE_SERVER.is_file()):
         pytest.skip("the Node server is not built (run ./dev setup)")
-
-
-def stop_process(pid: int, timeout: float = 5.0) -> None:
-    """SIGSTOP ``pid`` and wait until every one of its threads is stopped (the signal is
-    asynchronous: a thread may still answer a request right after ``kill`` returns)."""
-    import time
-
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-        if states and all(state in ("T", "t") for state in states):
-            return
-        time.sleep(0.002)
-    raise AssertionError(f"process {pid} did not stop within {timeout} s")
 
 
 def unique_unix_url() -> str:
