@@ -9,6 +9,7 @@ views that stay valid until the next call on the same client. ``copy=True`` retu
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -386,6 +387,9 @@ class Client:
         self._final_views: dict[int, tuple[np.ndarray, StepView]] = {}
         self._closed = False
         self._late = False  # a request timed out: its late reply is still due (``_settle``)
+        # one request at a time: taken (never waited for) by each call that writes the request
+        # area or exchanges, so a second thread is told at once instead of interleaving frames
+        self._in_use = threading.Lock()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -416,34 +420,39 @@ class Client:
         Anything else is ``ActionError`` before any bytes move (``ActionShapes``)."""
         # The hot path: every line here costs each step (measured: benchmarks/RESULTS.md).
         values, count = self._shapes.count(actions)
-        if self._late:
-            self._settle()  # before the actions go where the late request may still be read
-        if count is None:
-            self._actions[0] = values
-            msg_type, expect, count = self._step_one
-        else:
-            self._actions[:] = values
-            msg_type, expect, count = self._step_batch
-        if self._closed:
-            raise TransportError(f"{self.url}: the client is closed")
+        if not self._in_use.acquire(False):
+            raise self._in_use_error()
         try:
-            resp_type, body = self.channel.request(msg_type, self._request)
-        except TransportError as exc:
-            self._failed(exc)
-            raise
-        if resp_type != expect:
-            self._unexpected(resp_type, body, expect)
-        if self._same_step or copy:
-            return self._results(body, count, self._same_step, copy)
-        try:
-            records = self.channel.result_records(body, self._result, count, False)
-        except TransportError as exc:
-            self._failed(exc)
-            raise
-        cached = self._views.get(count)
-        if cached is None or cached[0] is not records:
-            cached = self._views[count] = (records, StepView(records))
-        return cached[1]
+            if self._late:
+                self._settle()  # before the actions go where the late request may still be read
+            if count is None:
+                self._actions[0] = values
+                msg_type, expect, count = self._step_one
+            else:
+                self._actions[:] = values
+                msg_type, expect, count = self._step_batch
+            if self._closed:
+                raise TransportError(f"{self.url}: the client is closed")
+            try:
+                resp_type, body = self.channel.request(msg_type, self._request)
+            except TransportError as exc:
+                self._failed(exc)
+                raise
+            if resp_type != expect:
+                self._unexpected(resp_type, body, expect)
+            if self._same_step or copy:
+                return self._results(body, count, self._same_step, copy)
+            try:
+                records = self.channel.result_records(body, self._result, count, False)
+            except TransportError as exc:
+                self._failed(exc)
+                raise
+            cached = self._views.get(count)
+            if cached is None or cached[0] is not records:
+                cached = self._views[count] = (records, StepView(records))
+            return cached[1]
+        finally:
+            self._in_use.release()
 
     def step_multi(self, actions: Sequence[int] | np.ndarray, *, copy: bool = False) -> StepView:
         """STEP_MULTI (seed 000): 8 actions, 8 results (a leading axis of 8). The server is an
@@ -452,11 +461,16 @@ class Client:
         seats = len(self._multi_actions)
         if len(actions) != seats:
             raise ValueError(f"expected {seats} actions, got {len(actions)}")
-        self._multi_actions[:] = actions
-        body = self._exchange(
-            self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP
-        )
-        return self._results(body, seats, self._same_step, copy)
+        if not self._in_use.acquire(False):  # the request buffer below is this client's
+            raise self._in_use_error()
+        try:
+            self._multi_actions[:] = actions
+            body = self._exchange_held(
+                self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP
+            )
+            return self._results(body, seats, self._same_step, copy)
+        finally:
+            self._in_use.release()
 
     def observe(self, *, copy: bool = False) -> tuple[StepView, list[dict[str, Any]]]:
         """OBSERVE: every env's current result (no step, no auto-reset) and its ``info()`` map.
@@ -561,6 +575,20 @@ class Client:
     # -- internals -----------------------------------------------------------------------------
 
     def _exchange(self, msg_type: int, body: Any, expect: int) -> memoryview:
+        if not self._in_use.acquire(False):
+            raise self._in_use_error()
+        try:
+            return self._exchange_held(msg_type, body, expect)
+        finally:
+            self._in_use.release()
+
+    def _in_use_error(self) -> TransportError:
+        return TransportError(
+            f"{self.url}: another thread is in a call on this client: a client makes one "
+            "request at a time; use one client per thread, or a lock around its calls"
+        )
+
+    def _exchange_held(self, msg_type: int, body: Any, expect: int) -> memoryview:
         if self._closed:
             raise TransportError(f"{self.url}: the client is closed")
         if self._late:

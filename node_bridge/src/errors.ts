@@ -16,6 +16,12 @@ export class TransportError extends Error {
 }
 
 /** A schema file or an embedded IR is invalid. */
+/** A second call on a client whose request is still in flight: each channel makes one request
+ * at a time (the words every backend uses; Python's client says the same of another thread). */
+export function requestInFlight(): TransportError {
+  return new TransportError("a request is already in flight on this client (await it first)");
+}
+
 export class SchemaError extends TransportError {}
 
 /**

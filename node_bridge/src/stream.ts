@@ -21,7 +21,7 @@
  */
 
 import type { Socket } from "node:net";
-import { BadFrameError, PeerGoneError, ProtocolError, TransportError, TransportTimeoutError } from "./errors";
+import { BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError, requestInFlight } from "./errors";
 import {
   BODY_OFFSET,
   DEFAULT_MAX_BODY,
@@ -626,7 +626,7 @@ export class StreamChannel implements Channel {
     if (this.#gone) return Promise.reject(new PeerGoneError(this.#gone));
     if (this.#resolve !== null) {
       return Promise.reject(
-        new TransportError("a request is already in flight on this client (await it first)"),
+        requestInFlight(),
       );
     }
     const msgId = this.#nextId;

@@ -300,3 +300,40 @@ describe("a client's envs are made once, and a factory's repeat is refused", () 
     });
   }
 });
+
+describe("a second call while a request is in flight is refused at once, on every backend", () => {
+  // zmq let both go: the second's reply wait took the first's, which timed out (3 s) with no
+  // word of why; the other backends refused the second call (the rule is the channels')
+  const urls = {
+    unix: () => uniqueUrl("unix"),
+    http: () => uniqueUrl("http"),
+    "zmq+ipc": () => `zmq+ipc://${join(tmpdir(), `transport-node-busy-${randomBytes(6).toString("hex")}.sock`)}`,
+    shm: () => `shm://transport-node-busy-${randomBytes(6).toString("hex")}`,
+  };
+  for (const [scheme, url] of Object.entries(urls)) {
+    test(`over ${scheme}://`, async () => {
+      const server = await serve(() => new PacEnv(), url(), { envName: "pac", numEnvs: 2, schema: pac_env.SCHEMA });
+      try {
+        const client = await connect(server.url, { timeoutMs: 3000 });
+        try {
+          await client.reset(1);
+          const started = Date.now();
+          const outcome = (p: Promise<unknown>): Promise<string> =>
+            p.then(
+              () => "ok",
+              (e: unknown) => (e as Error).message,
+            );
+          const [first, second] = await Promise.all([outcome(client.step([0, 0])), outcome(client.step([1, 1]))]);
+          assert.equal(first, "ok");
+          assert.match(second, /a request is already in flight on this client \(await it first\)/);
+          assert.ok(Date.now() - started < 2000, `took ${Date.now() - started} ms`);
+          await client.step([0, 0]); // the client goes on
+        } finally {
+          await client.close();
+        }
+      } finally {
+        await server.close();
+      }
+    });
+  }
+});

@@ -10,8 +10,8 @@ import {
   ConnectError,
   PeerGoneError,
   ProtocolError,
-  TransportError,
   TransportTimeoutError,
+  requestInFlight,
 } from "../../errors";
 import * as pac_env from "../../generated/pac_env";
 import { BODY_OFFSET, DEFAULT_MAX_BODY, ErrorCode, type MessageIds, encodeError, fingerprintHex16, messageIds, parseError } from "../../protocol";
@@ -113,7 +113,7 @@ export class HttpChannel implements Channel {
   request(msgType: number, body: Uint8Array): Promise<number> {
     if (this.#gone) return Promise.reject(new PeerGoneError(this.#gone));
     if (this.#busy) {
-      return Promise.reject(new TransportError("a request is already in flight on this client (await it first)"));
+      return Promise.reject(requestInFlight());
     }
     const path = this.#paths.get(msgType);
     if (path === undefined) {

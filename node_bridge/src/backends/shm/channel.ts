@@ -38,6 +38,7 @@ import {
   TransportError,
   TransportTimeoutError,
   VersionMismatchError,
+  requestInFlight,
 } from "../../errors";
 import {
   AutoReset,
@@ -479,7 +480,7 @@ export class ShmChannel implements Channel {
   /** Answer a protocol request through the slots (see the top of this file). */
   async request(msgType: number, body: Uint8Array): Promise<number> {
     if (this.#closed) throw new TransportError("the client is closed");
-    if (this.#busy) throw new TransportError("a request is already in flight on this client (await it first)");
+    if (this.#busy) throw requestInFlight();
     this.#busy = true;
     try {
       if (this.#late) await this.#settle();

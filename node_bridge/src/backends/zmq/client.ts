@@ -4,7 +4,7 @@
 
 import { randomBytes } from "node:crypto";
 import * as zmq from "zeromq";
-import { BadFrameError, ConnectError, PeerGoneError, TransportTimeoutError } from "../../errors";
+import { BadFrameError, ConnectError, PeerGoneError, TransportTimeoutError, requestInFlight } from "../../errors";
 import { BODY_OFFSET, DEFAULT_MAX_BODY, HEADER_SIZE, packHeader, readU32 } from "../../protocol";
 import { type Channel, type ChannelOptions } from "../../stream";
 import type { OpenOptions } from "../backend";
@@ -52,6 +52,8 @@ export class ZmqChannel implements Channel {
   #closed = false;
   #receiving: Promise<Buffer[]> | null = null;
   #wait: Wait | null = null;
+  /** A `request` is in flight (one at a time). */
+  #requesting = false;
   #connectWaiters: Array<() => void> = [];
 
   constructor(address: Address, options: ChannelOptions = {}) {
@@ -105,11 +107,18 @@ export class ZmqChannel implements Channel {
     return this.#connected;
   }
 
-  /** Send a request and await its reply: resolves to the reply's msg_type (body in `buffer`). */
+  /** Send a request and await its reply: resolves to the reply's msg_type (body in `buffer`).
+   * One at a time, as every channel (a second one's reply wait would take the first's). */
   async request(msgType: number, body: Uint8Array): Promise<number> {
-    const deadline = this.timeoutMs === null ? null : Date.now() + this.timeoutMs;
-    const msgId = await this.sendRequest(msgType, body, deadline);
-    return this.recvResponse(msgId, deadline);
+    if (this.#requesting) throw requestInFlight();
+    this.#requesting = true;
+    try {
+      const deadline = this.timeoutMs === null ? null : Date.now() + this.timeoutMs;
+      const msgId = await this.sendRequest(msgType, body, deadline);
+      return await this.recvResponse(msgId, deadline);
+    } finally {
+      this.#requesting = false;
+    }
   }
 
   /** Queue one request; resolves to its msg_id. Waits for a connection until the deadline. */
@@ -206,6 +215,8 @@ export class ZmqChannel implements Channel {
 
   /** The next message, or a rejection at the deadline or when the connection is lost. */
   #next(deadline: number | null): Promise<Buffer[]> {
+    // one waiter: a second would take the first's place, and the first would time out
+    if (this.#wait !== null) return Promise.reject(requestInFlight());
     let receiving = this.#receiving;
     if (receiving === null) {
       // one receive is outstanding at a time (zeromq.js); a timed-out one is picked up later
