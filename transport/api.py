@@ -321,6 +321,7 @@ class Server:
         self.workers = workers
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._pid = os.getpid()  # the process that serves (``close`` in a forked child: nothing)
         self.stopped = threading.Event()  # set when the serving thread ends, for any reason
         self.failure: str | None = None  # why it ended without close(), when it did
         self._on_stop: Callable[[], None] | None = None
@@ -369,8 +370,13 @@ class Server:
             raise ServerStoppedError(self.failure)
 
     def close(self) -> None:
+        """Stop serving and remove what the server created. In a process forked from the one
+        that started it (``os.fork``: its atexit runs this too) nothing: the socket file, the
+        shm region and the workers are the parent's, still serving."""
         self._closing = True
         atexit.unregister(self.close)
+        if os.getpid() != self._pid:
+            return
         self.listener.close()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,29 @@ class ActionShapes:
         return ActionError(f"{what}: {given} is not an action for {self._space()} ({envs}): {why}")
 
 
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+"""The clients of this process (``_refuse_after_fork``)."""
+
+
+def _refuse_after_fork() -> None:
+    """In a child made by ``os.fork``: the parent's clients are closed here without a word to
+    their servers. A connection, an shm lease and a ZeroMQ socket serve one process: a child
+    that stepped one wrote into the parent's session (over shm the parent's next step returned
+    the child's results; over zmq the child hung)."""
+    parent = os.getppid()
+    for client in list(_CLIENTS):
+        if not client._closed:
+            client._closed = True
+            client._closed_why = (
+                f"this client was connected in process {parent}, and this process was forked "
+                "from it: connect a client of its own here (a connection, an shm lease and a "
+                "ZeroMQ socket serve one process)"
+            )
+
+
+os.register_at_fork(after_in_child=_refuse_after_fork)
+
+
 class Client:
     """A connection to an env server. Use as a context manager, or call ``close()``."""
 
@@ -386,6 +410,8 @@ class Client:
         self._no_finals: list[tuple[int, StepView]] = []
         self._final_views: dict[int, tuple[np.ndarray, StepView]] = {}
         self._closed = False
+        self._closed_why = "the client is closed"
+        _CLIENTS.add(self)
         self._late = False  # a request timed out: its late reply is still due (``_settle``)
         # one request at a time: taken (never waited for) by each call that writes the request
         # area or exchanges, so a second thread is told at once instead of interleaving frames
@@ -423,6 +449,8 @@ class Client:
         if not self._in_use.acquire(False):
             raise self._in_use_error()
         try:
+            if self._closed:  # before the actions go to its request area (shm: the slots)
+                raise TransportError(f"{self.url}: {self._closed_why}")
             if self._late:
                 self._settle()  # before the actions go where the late request may still be read
             if count is None:
@@ -431,8 +459,6 @@ class Client:
             else:
                 self._actions[:] = values
                 msg_type, expect, count = self._step_batch
-            if self._closed:
-                raise TransportError(f"{self.url}: the client is closed")
             try:
                 resp_type, body = self.channel.request(msg_type, self._request)
             except TransportError as exc:
@@ -590,7 +616,7 @@ class Client:
 
     def _exchange_held(self, msg_type: int, body: Any, expect: int) -> memoryview:
         if self._closed:
-            raise TransportError(f"{self.url}: the client is closed")
+            raise TransportError(f"{self.url}: {self._closed_why}")
         if self._late:
             self._settle()
         try:

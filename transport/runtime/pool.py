@@ -62,6 +62,7 @@ import multiprocessing
 import os
 import stat
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,6 +90,24 @@ from transport.runtime.env import Env, Spaces
 from transport.runtime.local import LocalEnvs
 
 _FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worker process"}
+
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+"""The pools of this process (``_forget_parent_workers``)."""
+
+
+def _forget_parent_workers() -> None:
+    """In a child made by ``os.fork``: multiprocessing's set of this process's children came
+    with the fork, and at the child's exit multiprocessing would SIGTERM every daemonic one: the
+    parent's pool workers, serving its clients. They are not the child's."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is None:
+        return
+    for pool in list(_POOLS):
+        for proc in pool._procs:
+            children.discard(proc)
+
+
+os.register_at_fork(after_in_child=_forget_parent_workers)
 
 
 # -- worker processes ----------------------------------------------------------------------------
@@ -574,6 +593,7 @@ class WorkerPool(Runner):
         self._owner = [k for k, (lo, hi) in enumerate(self._ranges) for _ in range(lo, hi)]
         self._spaces: Spaces | None = None
         self._closed = False
+        self._pid = os.getpid()  # a forked child's copy of this pool is not its to stop
         self._action = action_dtype(schema)
         size = _Layout.total(num_envs, self.workers, self.codec, self._action)
         self._fd = os.memfd_create("transport-workers", os.MFD_CLOEXEC)
@@ -584,6 +604,7 @@ class WorkerPool(Runner):
         native.store_release(self.lay.state, READY)
         self._mp = multiprocessing.get_context("spawn")
         self._procs: list[Any] = [None] * self.workers
+        _POOLS.add(self)
         self._ctxs: list[Any] = [None] * self.workers
         self._pipes: list[Any] = [None] * self.workers  # worker k -> server: large info maps
         self._seq = [0] * self.workers
@@ -1018,10 +1039,14 @@ class WorkerPool(Runner):
         return (_FATES[code], True) if code else (FATE_FAILED, False)
 
     def close(self) -> None:
-        """Stop every worker (CLOSED wakes them; stragglers are killed) and unmap."""
+        """Stop every worker (CLOSED wakes them; stragglers are killed) and unmap. In a forked
+        child (its copy of the pool, closed at its exit) nothing: the workers and the shared
+        memory are the parent's."""
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:
+            return
         native.store_release(self.lay.state, CLOSED)
         for k in range(self.workers):
             native.futex_wake(self.lay.cmd[k])
