@@ -70,3 +70,40 @@ def test_a_second_thread_is_refused_and_every_step_gets_its_own_results(scheme: 
     assert steps[0] + steps[1] + len(refused) == 400
     assert all(IN_USE in text and "one client per thread" in text for text in refused), refused
     assert refused, "the two threads never overlapped: nothing was tested"
+
+
+def test_a_batch_of_servers_refuses_a_second_thread_too() -> None:
+    """``connect_many``: its call takes every server's client (the same rule), so a second
+    thread is refused there as well, and each step that ran got its own results."""
+    servers = [
+        transport.Server(EchoEnv, _url("unix"), schema=pac_env.SCHEMA, num_envs=2).start()
+        for _ in range(2)
+    ]
+    refused: list[str] = []
+    wrong: list[str] = []
+    try:
+        with transport.connect_many([s.bound_url for s in servers], timeout=10) as batch:
+            batch.reset(seed=1)
+
+            def work(k: int) -> None:
+                actions = np.full(4, k, dtype=np.int64)
+                for _ in range(150):
+                    try:
+                        view = batch.step(actions, copy=True)
+                    except TransportError as exc:
+                        refused.append(str(exc))
+                        continue
+                    if not np.all(view.observation[:, 0] == k):
+                        wrong.append(f"thread {k}: {view.observation[:, 0]}")
+
+            threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert np.all(batch.step(np.full(4, 3), copy=True).observation[:, 0] == 3)
+    finally:
+        for server in servers:
+            server.close()
+    assert wrong == []
+    assert refused and all(IN_USE in text for text in refused), refused[:3]

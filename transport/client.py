@@ -8,10 +8,11 @@ views that stay valid until the next call on the same client. ``copy=True`` retu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -424,21 +425,22 @@ class Client:
     ) -> StepView:
         """Reset every env (env i gets ``seed + i``, or ``seed[i]`` from a list of one seed or
         None per env: RESET_SEEDS); fields have a leading env axis if N > 1."""
-        if seed is None:
-            body = self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
-        elif not isinstance(seed, int | np.integer):
-            body = self._exchange(
-                self.ids.RESET_SEEDS_REQ,
-                seeds_body(self.schema, seed, self.num_envs),
-                self.ids.RESET_RESP,
-            )
-        else:
-            self._seed_codec.encode_into(
-                self._seed_body, 0, {self._seed_codec.ir.fields[0].name: seed}
-            )
-            body = self._exchange(self.ids.RESET_SEED_REQ, self._seed_body, self.ids.RESET_RESP)
-        self.finals = self._no_finals
-        return self._results(body, None if self.num_envs == 1 else self.num_envs, False, copy)
+        with self._call():
+            if seed is None:
+                body = self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
+            elif not isinstance(seed, int | np.integer):
+                body = self._exchange(
+                    self.ids.RESET_SEEDS_REQ,
+                    seeds_body(self.schema, seed, self.num_envs),
+                    self.ids.RESET_RESP,
+                )
+            else:
+                self._seed_codec.encode_into(
+                    self._seed_body, 0, {self._seed_codec.ir.fields[0].name: seed}
+                )
+                body = self._exchange(self.ids.RESET_SEED_REQ, self._seed_body, self.ids.RESET_RESP)
+            self.finals = self._no_finals
+            return self._results(body, None if self.num_envs == 1 else self.num_envs, False, copy)
 
     def step(self, actions: Any, *, copy: bool = False) -> StepView:
         """Step with one env's action (1-env server: fields without an env axis) or one action
@@ -487,16 +489,12 @@ class Client:
         seats = len(self._multi_actions)
         if len(actions) != seats:
             raise ValueError(f"expected {seats} actions, got {len(actions)}")
-        if not self._in_use.acquire(False):  # the request buffer below is this client's
-            raise self._in_use_error()
-        try:
+        with self._call():
             self._multi_actions[:] = actions
-            body = self._exchange_held(
+            body = self._exchange(
                 self.ids.STEP_MULTI_REQ, self._multi_request, self.ids.STEP_MULTI_RESP
             )
             return self._results(body, seats, self._same_step, copy)
-        finally:
-            self._in_use.release()
 
     def observe(self, *, copy: bool = False) -> tuple[StepView, list[dict[str, Any]]]:
         """OBSERVE: every env's current result (no step, no auto-reset) and its ``info()`` map.
@@ -506,18 +504,20 @@ class Client:
         response = self.schema.ir.messages.get("OBSERVE_RESP")
         if request is None or response is None:
             raise ProtocolError(f"schema {self.schema.name} declares no OBSERVE_REQ/OBSERVE_RESP")
-        body = self._exchange(request.id, b"", response.id)
-        results_len = self._result.size * self.num_envs
-        if body.nbytes < results_len:
-            raise ProtocolError(f"OBSERVE_RESP of {body.nbytes} bytes; expected {results_len}+")
-        try:
-            infos = msgpack.unpackb(bytes(body[results_len:])) if body.nbytes > results_len else []
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ProtocolError(f"OBSERVE_RESP tail is not msgpack: {exc}") from exc
-        if not isinstance(infos, list) or len(infos) != self.num_envs:
-            raise ProtocolError(f"OBSERVE_RESP tail is not a list of {self.num_envs} info maps")
-        count = None if self.num_envs == 1 else self.num_envs
-        view = self._results(body[:results_len], count, False, copy)
+        with self._call():
+            body = self._exchange(request.id, b"", response.id)
+            results_len = self._result.size * self.num_envs
+            if body.nbytes < results_len:
+                raise ProtocolError(f"OBSERVE_RESP of {body.nbytes} bytes; expected {results_len}+")
+            try:
+                tail = bytes(body[results_len:])
+                infos = msgpack.unpackb(tail) if body.nbytes > results_len else []
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise ProtocolError(f"OBSERVE_RESP tail is not msgpack: {exc}") from exc
+            if not isinstance(infos, list) or len(infos) != self.num_envs:
+                raise ProtocolError(f"OBSERVE_RESP tail is not a list of {self.num_envs} info maps")
+            count = None if self.num_envs == 1 else self.num_envs
+            view = self._results(body[:results_len], count, False, copy)
         return view, [dict(info) if isinstance(info, dict) else {} for info in infos]
 
     # -- asynchronous batches (transport/async_batch.py) ----------------------------------------
@@ -527,16 +527,19 @@ class Client:
     ) -> None:
         """Start stepping envs ``env_ids`` (action ``actions[k]`` for env ``env_ids[k]``);
         ``recv`` returns their results as they finish. An env already in flight is refused."""
-        self._async_calls().send(actions, env_ids)
+        with self._call():
+            self._async_calls().send(actions, env_ids)
 
     def recv(self, batch_size: int | None = None, *, copy: bool = False) -> Received:
         """The first ``batch_size`` (default ``self.batch_size``: N) in-flight envs to finish,
         or all in flight if fewer: results, env ids and SAME_STEP finals (``Received``)."""
-        return self._async_calls().recv(batch_size or self.batch_size, copy)
+        with self._call():
+            return self._async_calls().recv(batch_size or self.batch_size, copy)
 
     def async_reset(self, seed: int | None = None) -> None:
         """Reset every env (env i: ``seed + i``) for ``recv`` to return (nothing in flight)."""
-        self._async_calls().reset(seed)
+        with self._call():
+            self._async_calls().reset(seed)
 
     def _async_calls(self) -> AsyncCalls:
         calls = self.__dict__.get("_async")
@@ -578,14 +581,15 @@ class Client:
 
     def spaces(self) -> Spaces:
         codec = body_codec(self.schema, "SPACES_RESP")
-        body = self._exchange(self.ids.SPACES_REQ, b"", self.ids.SPACES_RESP)
-        values = codec.decode(body)
+        with self._call():
+            values = codec.decode(self._exchange(self.ids.SPACES_REQ, b"", self.ids.SPACES_RESP))
         first, second = (f.name for f in codec.ir.fields[:2])
         return Spaces(int(values[first]), int(values[second]))
 
     def health(self) -> bool:
-        body = self._exchange(self.ids.HEALTH_REQ, b"", self.ids.HEALTH_RESP)
-        return body.nbytes >= 1 and body[0] == 1
+        with self._call():
+            body = self._exchange(self.ids.HEALTH_REQ, b"", self.ids.HEALTH_RESP)
+            return body.nbytes >= 1 and body[0] == 1
 
     def close(self) -> None:
         if not self._closed:
@@ -600,11 +604,14 @@ class Client:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _exchange(self, msg_type: int, body: Any, expect: int) -> memoryview:
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """This client for one call: refused at once while another thread is in one (the
+        request area and the receive buffer are this client's; ``step`` does the same inline)."""
         if not self._in_use.acquire(False):
             raise self._in_use_error()
         try:
-            return self._exchange_held(msg_type, body, expect)
+            yield
         finally:
             self._in_use.release()
 
@@ -614,7 +621,8 @@ class Client:
             "request at a time; use one client per thread, or a lock around its calls"
         )
 
-    def _exchange_held(self, msg_type: int, body: Any, expect: int) -> memoryview:
+    def _exchange(self, msg_type: int, body: Any, expect: int) -> memoryview:
+        """One request and its response (the caller holds ``_call``)."""
         if self._closed:
             raise TransportError(f"{self.url}: {self._closed_why}")
         if self._late:

@@ -234,23 +234,46 @@ class MultiClient:
                 first = base + part.env_ids.start
                 part.seed_codec.encode_into(part.seed_body, 0, {name: first})
                 requests.append((ids.RESET_SEED_REQ, part.seed_body, ids.RESET_RESP))
-        self.finals = []
-        self._run(requests)
-        return self._view.copy() if copy else self._view
+        self._take()
+        try:
+            self.finals = []
+            self._run(requests)
+            return self._view.copy() if copy else self._view
+        finally:
+            self._give()
 
     def step(self, actions: Any, *, copy: bool = False) -> StepView:
         """Step with one action per global env, shape (num_envs, *action shape); fields have a
         leading axis of ``num_envs``. Any other argument is ``ActionError`` (nothing is sent)."""
         flat, _ = self._shapes.count(actions)
-        requests = []
-        for part in self.parts:
-            part.actions[:] = flat[part.env_ids.start : part.env_ids.stop]
-            requests.append((part.step_type, part.request, part.step_resp))
-        self.finals = []
-        self._run(requests, finals=self._same_step)
-        if self.finals:
-            self.finals.sort(key=lambda final: final[0])
-        return self._view.copy() if copy else self._view
+        self._take()
+        try:
+            requests = []
+            for part in self.parts:
+                part.actions[:] = flat[part.env_ids.start : part.env_ids.stop]
+                requests.append((part.step_type, part.request, part.step_resp))
+            self.finals = []
+            self._run(requests, finals=self._same_step)
+            if self.finals:
+                self.finals.sort(key=lambda final: final[0])
+            return self._view.copy() if copy else self._view
+        finally:
+            self._give()
+
+    def _take(self) -> None:
+        """Every server's client for this call (the clients' one-call-at-a-time rule: another
+        thread in a call on this batch, or on one of its clients, is refused at once)."""
+        taken: list[Client] = []
+        for client in self.clients:
+            if not client._in_use.acquire(False):
+                for held in taken:
+                    held._in_use.release()
+                raise client._in_use_error()
+            taken.append(client)
+
+    def _give(self) -> None:
+        for client in self.clients:
+            client._in_use.release()
 
     def close(self) -> None:
         if self._closed:
