@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,20 @@ def test_a_child_is_refused_the_parents_client(scheme: str) -> None:
     out = _run(scheme, 0, "step")
     assert "child refused:" in out and "connect a client of its own here" in out, out
     assert "parent steps its own: True" in out, out
+
+
+def test_a_client_cannot_be_pickled_and_says_what_to_do(tmp_path: Path) -> None:
+    """Sending a client to another process (multiprocessing spawn, Ray) used to fail deep in
+    pickle ("cannot pickle '_thread.lock' object"); it now names the URL and what to do."""
+    import pickle
+
+    import transport
+    from transport.envs.echo import EchoEnv
+    from transport.generated import pac_env
+
+    url = f"unix://{tmp_path}/pickle.sock"
+    with transport.Server(EchoEnv, url, schema=pac_env.SCHEMA).start() as server:
+        with transport.connect(server.bound_url, timeout=10) as client:
+            with pytest.raises(TypeError, match=r"call transport\.connect\(url\) there"):
+                pickle.dumps(client)
+            client.reset(seed=1)  # untouched

@@ -596,6 +596,13 @@ class Client:
             self._closed = True
             self.channel.close()
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"a transport Client ({self.url}) cannot be sent to another process: its connection, "
+            "shm lease or ZeroMQ socket belong to this one; pass the URL and call "
+            "transport.connect(url) there"
+        )
+
     def __enter__(self) -> Client:
         return self
 
