@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,43 +34,50 @@ def _url(scheme: str) -> str:
     return f"{scheme}:///tmp/{tag}.sock"
 
 
+def _two_threads(client: Any, num_envs: int, rounds: int) -> tuple[int, list[str], list[str]]:
+    """Threads 1 and 2 step ``client`` ``rounds`` times each with actions all k: (steps that
+    ran, refusals, steps whose results were not their own action's)."""
+    refused: list[str] = []
+    wrong: list[str] = []
+    ran = [0]
+
+    def work(k: int) -> None:
+        actions = np.full(num_envs, k, dtype=np.int64)
+        for _ in range(rounds):
+            try:
+                view = client.step(actions, copy=True)
+            except TransportError as exc:
+                refused.append(str(exc))
+                continue
+            ran[0] += 1
+            # the echo env: observation[0] is the action, the reward a quarter of it
+            if not (np.all(view.observation[:, 0] == k) and np.all(view.reward == k / 4)):
+                wrong.append(f"thread {k}: {view.observation[:, 0]} {view.reward}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    view = client.step(np.full(num_envs, 3), copy=True)  # the client goes on
+    assert np.all(view.observation[:, 0] == 3)
+    assert refused, "the two threads never overlapped: nothing was tested"
+    assert all(IN_USE in text and "one client per thread" in text for text in refused), refused
+    return ran[0], refused, wrong
+
+
 @pytest.mark.parametrize("scheme", ["unix", "zmq+ipc", "http", "shm"])
 def test_a_second_thread_is_refused_and_every_step_gets_its_own_results(scheme: str) -> None:
     server = transport.Server(EchoEnv, _url(scheme), schema=pac_env.SCHEMA, num_envs=2).start()
-    refused: list[str] = []
-    wrong: list[str] = []
-    steps = [0, 0]
     try:
         with transport.connect(server.bound_url, timeout=10) as client:
             client.reset(seed=1)
-
-            def work(k: int) -> None:
-                actions = np.array([k, k], dtype=np.int64)
-                for _ in range(200):
-                    try:
-                        view = client.step(actions, copy=True)
-                    except TransportError as exc:
-                        refused.append(str(exc))
-                        continue
-                    steps[k - 1] += 1
-                    # the echo env: observation[0] is the action, the reward a quarter of it
-                    if not (np.all(view.observation[:, 0] == k) and np.all(view.reward == k / 4)):
-                        wrong.append(f"thread {k}: {view.observation[:, 0]} {view.reward}")
-
-            threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(60)
-            assert not any(thread.is_alive() for thread in threads)
-            view = client.step(np.array([3, 3]), copy=True)  # the client goes on
-            assert np.all(view.observation[:, 0] == 3)
+            ran, refused, wrong = _two_threads(client, 2, 200)
     finally:
         server.close()
     assert wrong == []
-    assert steps[0] + steps[1] + len(refused) == 400
-    assert all(IN_USE in text and "one client per thread" in text for text in refused), refused
-    assert refused, "the two threads never overlapped: nothing was tested"
+    assert ran + len(refused) == 400
 
 
 def test_a_batch_of_servers_refuses_a_second_thread_too() -> None:
@@ -79,31 +87,12 @@ def test_a_batch_of_servers_refuses_a_second_thread_too() -> None:
         transport.Server(EchoEnv, _url("unix"), schema=pac_env.SCHEMA, num_envs=2).start()
         for _ in range(2)
     ]
-    refused: list[str] = []
-    wrong: list[str] = []
     try:
         with transport.connect_many([s.bound_url for s in servers], timeout=10) as batch:
             batch.reset(seed=1)
-
-            def work(k: int) -> None:
-                actions = np.full(4, k, dtype=np.int64)
-                for _ in range(150):
-                    try:
-                        view = batch.step(actions, copy=True)
-                    except TransportError as exc:
-                        refused.append(str(exc))
-                        continue
-                    if not np.all(view.observation[:, 0] == k):
-                        wrong.append(f"thread {k}: {view.observation[:, 0]}")
-
-            threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(60)
-            assert np.all(batch.step(np.full(4, 3), copy=True).observation[:, 0] == 3)
+            ran, refused, wrong = _two_threads(batch, 4, 150)
     finally:
         for server in servers:
             server.close()
     assert wrong == []
-    assert refused and all(IN_USE in text for text in refused), refused[:3]
+    assert ran + len(refused) == 300

@@ -10,6 +10,7 @@ message that says what to pass, on every backend. Real servers and real gymnasiu
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from typing import Any
 
@@ -181,3 +182,67 @@ def test_an_env_whose_results_do_not_fit_the_default_is_refused_at_start() -> No
     with pytest.raises(TypeError, match="declares none, so the default schema pac_env was tried"):
         api.Server(Other, _url("unix", "misfit"), num_envs=2)
     assert closed == [1]
+
+
+class _SlowToClose(EchoEnv):
+    """An env whose close takes a while (an AsyncVectorEnv joining its processes, say)."""
+
+    closed: list[int] = []
+
+    def close(self) -> None:
+        time.sleep(0.5)
+        _SlowToClose.closed.append(1)
+
+
+@pytest.mark.parametrize("scheme", ["unix", "http"])
+@pytest.mark.parametrize("leave", ["before", "during"])
+def test_the_envs_are_closed_when_server_close_returns(scheme: str, leave: str) -> None:
+    """CI (once): a test closed the AsyncVectorEnv it had served right after ``Server.close()``
+    and got EBADF: the connection's thread was still closing the same env. ``close()`` returned
+    once the connections were shut down, not once their sessions had closed their envs. It now
+    waits for them (``CLOSE_WAIT``), whether the client left before or is still connected."""
+    _SlowToClose.closed = []
+    server = api.Server(_SlowToClose, _url(scheme, "slowclose"), schema=pac_env.SCHEMA).start()
+    client = api.connect(server.bound_url, timeout=10)
+    client.reset(seed=1)
+    if leave == "before":
+        client.close()
+    server.close()
+    assert _SlowToClose.closed == [1]
+    client.close()
+
+
+@pytest.mark.parametrize("scheme", ["unix", "http", "zmq+ipc", "shm"])
+def test_a_clients_envs_are_closed_when_it_leaves_and_a_shared_env_is_not(scheme: str) -> None:
+    """Envs a factory made for a client are closed when it leaves (a MuJoCo renderer, an ALE
+    instance: before, only a vector env was; ordinary envs waited for the garbage collector).
+    zmq has no connection to end: its sessions' envs are closed when the server drops them (it
+    closes, or the session is the least recently used over max_sessions). An env instance
+    served to every client is left open for the next one."""
+    _SlowToClose.closed = []
+    url = _url(scheme, "leave").replace("num_envs=2", "num_envs=1")
+    server = api.Server(_SlowToClose, url, schema=pac_env.SCHEMA).start()
+    try:
+        with api.connect(server.bound_url, timeout=10) as client:
+            client.reset(seed=1)
+        if scheme == "zmq+ipc":
+            server.close()
+        deadline = time.monotonic() + 10
+        while not _SlowToClose.closed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _SlowToClose.closed == [1]
+    finally:
+        server.close()
+    _SlowToClose.closed = []
+    shared = _SlowToClose()
+    server = api.Server(shared, _url(scheme, "shared").replace("num_envs=2", "num_envs=1"))
+    server.start()
+    try:
+        for seed in (1, 2):
+            with api.connect(server.bound_url, timeout=10) as client:
+                client.reset(seed=seed)
+                client.step(1)
+        time.sleep(0.3)
+        assert _SlowToClose.closed == []
+    finally:
+        server.close()

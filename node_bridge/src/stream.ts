@@ -517,6 +517,7 @@ export function serveConnection(
       blocked = false;
       reader.clear();
     }
+    session.runtime.close(); // the client left: the envs made for it are closed
   });
 }
 

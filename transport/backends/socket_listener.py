@@ -38,6 +38,9 @@ TURNED_AWAY_WAIT = 5.0
 its own thread), so its client reads why."""
 MAX_LINGERING = 256
 """Refused connections kept half-closed at once; beyond that the oldest is closed at once."""
+CLOSE_WAIT = 10.0
+"""Seconds ``close`` waits, in all, for the connections' threads to close their sessions (their
+envs: an AsyncVectorEnv joins its processes), so envs are closed when ``close`` returns."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class SocketListener:
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
         self._conns: dict[socket.socket, ConnectionWatch] = {}
+        self._threads: set[threading.Thread] = set()  # serving a connection (or turning it away)
         self._lingering: deque[tuple[socket.socket, float]] = deque()
         self._lock = threading.Lock()
         self.refused = 0  # connections refused because max_connections were open
@@ -210,7 +214,10 @@ class SocketListener:
                     self._conns.pop(conn, None)
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn, watch), daemon=True).start()
+            thread = threading.Thread(target=self._serve, args=(conn, watch), daemon=True)
+            with self._lock:
+                self._threads.add(thread)
+            thread.start()
 
     def _refuse(self, conn: socket.socket) -> None:
         """Answer a connection over max_connections with the backend's refusal, half-close it
@@ -287,6 +294,7 @@ class SocketListener:
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
+                self._threads.discard(threading.current_thread())
             conn.close()
 
     @property
@@ -296,7 +304,8 @@ class SocketListener:
             return len(self._conns)
 
     def close(self) -> None:
-        """Stop accepting, drop every connection, then ``cleanup()``."""
+        """Stop accepting, drop every connection, wait (``CLOSE_WAIT``) for their sessions to
+        close their envs, then ``cleanup()``."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -309,6 +318,14 @@ class SocketListener:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        # each connection's thread now ends and closes its session's envs: wait for them (a
+        # caller that closes what it gave the server, or counts its processes, comes next)
+        deadline = time.monotonic() + CLOSE_WAIT
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
         self.cleanup()
 
 

@@ -232,8 +232,15 @@ class LocalEnvs(Runner):
             return fate, True
         return FATE_FAILED, False
 
+    def close(self) -> None:
+        """The client left: the envs the factory made for it are closed, as a vector env the
+        server made is; a shared env is not (the next client steps it)."""
+        if self.factory is not None and not self.__dict__.get("_closed"):
+            self.__dict__["_closed"] = True
+            self.close_envs()
+
     def close_envs(self) -> None:
-        """Call each env's ``close()`` (a worker process that owns its envs, at shutdown)."""
+        """Call each env's ``close()`` (a session's own envs; a worker process's, at shutdown)."""
         for env in self.envs:
             close = getattr(env, "close", None)
             if close is not None:

@@ -125,7 +125,8 @@ class Session:
         self._finals_buffer = alloc(n * size)
         finals = self.result.view(self._finals_buffer, 0, count=n)
         self.runtime = host.runtime(envs, results, finals)
-        weakref.finalize(self, self.runtime.close)  # the session is dropped with its client
+        # the session is dropped with its client: its envs are closed then, or at ``close``
+        self._close = weakref.finalize(self, self.runtime.close)
         ids = self.ids
         self._handlers: dict[int, Callable[[memoryview], tuple[int, int]]] = {
             ids.RESET_REQ: self._reset,
@@ -149,8 +150,9 @@ class Session:
             self._other[observe.id] = self._observe
 
     def close(self) -> None:
-        """Stop the worker processes (if any) now instead of when the session is collected."""
-        self.runtime.close()
+        """Close the session's envs (stop its worker processes) now instead of when it is
+        collected; once."""
+        self._close()
 
     def handle(self, msg_type: int, body: memoryview) -> tuple[int, memoryview]:
         """Answer one request: (response msg_type, response body).

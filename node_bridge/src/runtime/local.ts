@@ -245,6 +245,7 @@ export class LocalRunner implements Runner {
   readonly actionElements: number;
   /** How each env gets its action (`actionOf`, the runtime's one rule). */
   readonly #action: Pick<ActionRule, "kind" | "elements">;
+  #closed = false;
 
   /**
    * `action`: the schema's `ActionRule` (an array action of any element count, even 1, is a
@@ -294,7 +295,10 @@ export class LocalRunner implements Runner {
     return this.table.info(index);
   }
 
+  /** The client left: the envs the factory made for it are closed (`close()`, if they have
+   * one), as a vector env the server made is; a shared env is not (the next client steps it). */
   close(): void {
-    // the envs belong to the server's factory (or are shared): nothing to stop
+    if (this.canRecreate && !this.#closed) this.table.close();
+    this.#closed = true;
   }
 }

@@ -337,3 +337,53 @@ describe("a second call while a request is in flight is refused at once, on ever
     });
   }
 });
+
+describe("a client's envs are closed when it leaves; a shared env is not", () => {
+  // before: an ordinary env a factory made was never closed (only a vector env was); the stream
+  // servers did not even close a session's runtime when its connection ended
+  class Closing extends PacEnv {
+    static closed = 0;
+    close(): void {
+      Closing.closed += 1;
+    }
+  }
+  const urls = {
+    unix: () => uniqueUrl("unix"),
+    http: () => uniqueUrl("http"),
+    "zmq+ipc": () => `zmq+ipc://${join(tmpdir(), `transport-node-close-${randomBytes(6).toString("hex")}.sock`)}`,
+    shm: () => `shm://transport-node-close-${randomBytes(6).toString("hex")}`,
+  };
+  const until = async (ok: () => boolean): Promise<void> => {
+    for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 25));
+  };
+  for (const [scheme, url] of Object.entries(urls)) {
+    test(`over ${scheme}:// (zmq: when the server drops the session, here at its close)`, async () => {
+      Closing.closed = 0;
+      let server = await serve(() => new Closing(), url(), { envName: "pac", schema: pac_env.SCHEMA });
+      try {
+        const client = await connect(server.url, { timeoutMs: 10_000 });
+        await client.reset(1);
+        await client.close();
+        if (scheme === "zmq+ipc") await server.close();
+        await until(() => Closing.closed === 1);
+        assert.equal(Closing.closed, 1);
+      } finally {
+        await server.close();
+      }
+      Closing.closed = 0;
+      const shared = new Closing();
+      server = await serve(shared, url(), { envName: "pac", schema: pac_env.SCHEMA });
+      try {
+        for (const seed of [1, 2]) {
+          const client = await connect(server.url, { timeoutMs: 10_000 });
+          await client.reset(seed);
+          await client.close();
+        }
+        await new Promise((r) => setTimeout(r, 200));
+        assert.equal(Closing.closed, 0);
+      } finally {
+        await server.close();
+      }
+    });
+  }
+});

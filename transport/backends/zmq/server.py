@@ -238,6 +238,7 @@ class Listener:
                 self._sessions.move_to_end(identity)
                 return session
             del self._sessions[identity]  # a second HELLO: a fresh session, fresh envs
+            session.close()
         try:
             session = Session(self.host)
         except Exception as exc:
@@ -245,13 +246,16 @@ class Listener:
             return cannot_make_envs(exc)
         self._sessions[identity] = session
         while len(self._sessions) > self.max_sessions:
-            old, _ = self._sessions.popitem(last=False)
+            old, dropped = self._sessions.popitem(last=False)
             self._trackers.pop(old, None)
+            dropped.close()
             log.info("dropped the least recently used session (over %d)", self.max_sessions)
         return session
 
     def _drop(self, identity: bytes) -> None:
-        self._sessions.pop(identity, None)
+        session = self._sessions.pop(identity, None)
+        if session is not None:
+            session.close()
 
     def _reply(
         self,
@@ -294,8 +298,10 @@ class Listener:
             self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
-        self._sessions.clear()
         self._trackers.clear()
+        for session in self._sessions.values():
+            session.close()  # its envs (the loop has ended: nothing steps them)
+        self._sessions.clear()
         if self.address.transport == "ipc" and self._inode is not None:
             try:
                 if os.stat(self.address.path).st_ino == self._inode:

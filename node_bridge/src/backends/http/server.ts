@@ -121,7 +121,9 @@ export class HttpServer {
     this.stats.connections += 1;
     socket.setNoDelay(true);
     try {
-      socket[CONNECTION] = { session: this.sessions(), inflight: 0, watch, turns: [], open: 0, ended: false, refusing: false, afterAll: null };
+      const session = this.sessions();
+      socket[CONNECTION] = { session, inflight: 0, watch, turns: [], open: 0, ended: false, refusing: false, afterAll: null };
+      socket.once("close", () => session.runtime.close()); // the client left: its envs are closed
     } catch (error) {
       process.emitWarning(`cannot create a session for a new http connection: ${String(error)}`);
       socket[REFUSED] = true; // 503 with the ERROR contract body saying why, then close

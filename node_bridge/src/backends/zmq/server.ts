@@ -244,7 +244,7 @@ export class ZmqListener implements Listener {
     const key = identity.toString("latin1");
     if (problem !== null) {
       const [code, text] = problem;
-      if (CLOSING_ERRORS.has(code)) this.#sessions.delete(key);
+      if (CLOSING_ERRORS.has(code)) this.#drop(key);
       this.#reply(sock, identity, key, envelope, this.#errorType, msgId, encodeError(code, text), null);
       return;
     }
@@ -258,13 +258,22 @@ export class ZmqListener implements Listener {
     if (type === LATER) {
       // a RECV waiting for worker threads: answer when it is ready (other clients go on)
       void (session.later as Promise<number>).then((later) => {
-        if (session.closing) this.#sessions.delete(key);
+        if (session.closing) this.#drop(key);
         this.#reply(sock, identity, key, envelope, later, msgId, session.body(), session);
       });
       return;
     }
-    if (session.closing) this.#sessions.delete(key);
+    if (session.closing) this.#drop(key);
     this.#reply(sock, identity, key, envelope, type, msgId, session.body(), session);
+  }
+
+  /** Forget a client's session and close its envs (as a stream server does when its
+   * connection ends: zmq has no connection, so this is when the session is dropped). */
+  #drop(key: string): void {
+    const session = this.#sessions.get(key);
+    if (session === undefined) return;
+    this.#sessions.delete(key);
+    session.runtime.close();
   }
 
   /** The client's session, made on its first message; why not, when it cannot be made. */
@@ -279,7 +288,7 @@ export class ZmqListener implements Listener {
         }
         return session;
       }
-      sessions.delete(key); // a second HELLO: a fresh session, fresh envs
+      this.#drop(key); // a second HELLO: a fresh session, fresh envs
     }
     try {
       session = this.#factory();
@@ -290,8 +299,7 @@ export class ZmqListener implements Listener {
     this.stats.connections += 1;
     sessions.set(key, session);
     while (sessions.size > this.maxSessions) {
-      const oldest = sessions.keys().next().value as string;
-      sessions.delete(oldest);
+      this.#drop(sessions.keys().next().value as string);
     }
     return session;
   }
@@ -313,7 +321,7 @@ export class ZmqListener implements Listener {
     // sendTimeout 0: the send happens now (header and identity copied); failures come async
     sock.send(parts).then(undefined, (error: unknown) => {
       const code = errorCode(error);
-      if (code === "EHOSTUNREACH") this.#sessions.delete(key); // the client is gone: so is its session
+      if (code === "EHOSTUNREACH") this.#drop(key); // the client is gone: so is its session
       else process.emitWarning(`dropped a reply to a client whose queue is full: ${code}`);
     });
     if (given && session !== null) {
@@ -329,7 +337,7 @@ export class ZmqListener implements Listener {
       this.#sock?.close();
       this.#zap?.close();
       await this.#loop?.catch(() => undefined);
-      this.#sessions.clear();
+      for (const key of [...this.#sessions.keys()]) this.#drop(key); // their envs
       if (this.address.transport === "ipc" && this.#inode !== null) {
         try {
           if (statSync(this.address.path).ino === this.#inode) unlinkSync(this.address.path);
