@@ -304,8 +304,8 @@ class SocketListener:
             return len(self._conns)
 
     def close(self) -> None:
-        """Stop accepting, drop every connection, wait (``CLOSE_WAIT``) for their sessions to
-        close their envs, then ``cleanup()``."""
+        """Stop accepting, drop every connection, ``cleanup()``, then wait (``CLOSE_WAIT``) for
+        the connections' sessions to close their envs."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -318,15 +318,16 @@ class SocketListener:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        self.cleanup()  # the socket file goes at once
         # each connection's thread now ends and closes its session's envs: wait for them (a
         # caller that closes what it gave the server, or counts its processes, comes next)
         deadline = time.monotonic() + CLOSE_WAIT
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
-            if thread is not threading.current_thread():
+            # one registered but not started yet serves a connection shut down above: it ends
+            if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
-        self.cleanup()
 
 
 def _drain(conn: socket.socket) -> None:
