@@ -10,6 +10,7 @@ the rows that did arrive.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Sequence
@@ -215,39 +216,35 @@ class MultiClient:
     ) -> StepView:
         """Reset every env of every server; global env i gets ``seed + i`` (or ``seed[i]`` from
         a list of one seed or None per global env)."""
-        requests: list[tuple[int, Any, int]] = []
         base = int(seed) if isinstance(seed, int | np.integer) else None
         seeds = None if seed is None or isinstance(seed, int | np.integer) else list(seed)
         if seeds is not None and len(seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} seeds (one per env), got {len(seeds)}")
-        for part in self.parts:
-            ids = part.client.ids
-            if seeds is not None:
-                mine = seeds[part.env_ids.start : part.env_ids.stop]
-                body = seeds_body(self.schema, mine, part.client.num_envs)
-                requests.append((ids.RESET_SEEDS_REQ, body, ids.RESET_RESP))
-            elif seed is None:
-                requests.append((ids.RESET_REQ, b"", ids.RESET_RESP))
-            else:
-                name = part.seed_codec.ir.fields[0].name
-                assert base is not None
-                first = base + part.env_ids.start
-                part.seed_codec.encode_into(part.seed_body, 0, {name: first})
-                requests.append((ids.RESET_SEED_REQ, part.seed_body, ids.RESET_RESP))
-        self._take()
-        try:
+        with self._calls():  # before the shared seed bodies are written
+            requests: list[tuple[int, Any, int]] = []
+            for part in self.parts:
+                ids = part.client.ids
+                if seeds is not None:
+                    mine = seeds[part.env_ids.start : part.env_ids.stop]
+                    body = seeds_body(self.schema, mine, part.client.num_envs)
+                    requests.append((ids.RESET_SEEDS_REQ, body, ids.RESET_RESP))
+                elif seed is None:
+                    requests.append((ids.RESET_REQ, b"", ids.RESET_RESP))
+                else:
+                    name = part.seed_codec.ir.fields[0].name
+                    assert base is not None
+                    first = base + part.env_ids.start
+                    part.seed_codec.encode_into(part.seed_body, 0, {name: first})
+                    requests.append((ids.RESET_SEED_REQ, part.seed_body, ids.RESET_RESP))
             self.finals = []
             self._run(requests)
             return self._view.copy() if copy else self._view
-        finally:
-            self._give()
 
     def step(self, actions: Any, *, copy: bool = False) -> StepView:
         """Step with one action per global env, shape (num_envs, *action shape); fields have a
         leading axis of ``num_envs``. Any other argument is ``ActionError`` (nothing is sent)."""
         flat, _ = self._shapes.count(actions)
-        self._take()
-        try:
+        with self._calls():
             requests = []
             for part in self.parts:
                 part.actions[:] = flat[part.env_ids.start : part.env_ids.stop]
@@ -257,23 +254,15 @@ class MultiClient:
             if self.finals:
                 self.finals.sort(key=lambda final: final[0])
             return self._view.copy() if copy else self._view
-        finally:
-            self._give()
 
-    def _take(self) -> None:
-        """Every server's client for this call (the clients' one-call-at-a-time rule: another
-        thread in a call on this batch, or on one of its clients, is refused at once)."""
-        taken: list[Client] = []
-        for client in self.clients:
-            if not client._in_use.acquire(False):
-                for held in taken:
-                    held._in_use.release()
-                raise client._in_use_error()
-            taken.append(client)
-
-    def _give(self) -> None:
-        for client in self.clients:
-            client._in_use.release()
+    def _calls(self) -> contextlib.ExitStack:
+        """Every server's client for this call (``Client._call``: another thread in a call on
+        this batch, or on one of its clients, is refused at once; those taken are given back)."""
+        stack = contextlib.ExitStack()
+        with stack:
+            for client in self.clients:
+                stack.enter_context(client._call())
+            return stack.pop_all()
 
     def close(self) -> None:
         if self._closed:

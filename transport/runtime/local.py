@@ -43,6 +43,7 @@ class LocalEnvs(Runner):
         super().__init__(codec, results, finals, len(envs), base=base)
         self.envs = envs
         self.factory = factory
+        self._closed = False
         self._scratch = bytearray(codec.size)
         self._scratch_record = codec.view(self._scratch)
         # rows laid out exactly as the codec (a packed buffer): encode straight into them
@@ -235,8 +236,8 @@ class LocalEnvs(Runner):
     def close(self) -> None:
         """The client left: the envs the factory made for it are closed, as a vector env the
         server made is; a shared env is not (the next client steps it)."""
-        if self.factory is not None and not self.__dict__.get("_closed"):
-            self.__dict__["_closed"] = True
+        if self.factory is not None and not self._closed:
+            self._closed = True
             self.close_envs()
 
     def close_envs(self) -> None:
