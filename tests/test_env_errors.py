@@ -17,6 +17,7 @@ from .servers import unique_url
 POISON = 7  # the action that makes an env raise
 OBS_N, ACT_N = 612, 92
 created: list[int] = []
+closed: list[FlakyEnv] = []
 
 
 class FlakyEnv:
@@ -30,6 +31,9 @@ class FlakyEnv:
 
     def spaces(self) -> Spaces:
         return Spaces(OBS_N, ACT_N)
+
+    def close(self) -> None:
+        closed.append(self)
 
     def _result(self, action: int) -> dict[str, object]:
         obs = np.zeros(OBS_N, dtype=np.float32)
@@ -67,6 +71,7 @@ class FlakyEnv:
 @pytest.fixture(params=["unix", "http"])
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
     FlakyEnv.broken_resets = 0
+    closed.clear()
     with api.Server(FlakyEnv, unique_url(request.param), num_envs=4).start() as server:
         yield server.bound_url
 
@@ -81,6 +86,7 @@ def test_a_failed_reset_recreates_the_env(url: str) -> None:
             client.step([1, POISON, 1, 1])
         assert info.value.env_id == 1 and "recreated" in info.value.text
         assert len(created) == before + 1
+        assert len(closed) == 1 and closed[0].steps == 1  # the broken env: closed when replaced
         result = client.step([2, 2, 2, 2])
         assert list(result.observation[:, 1]) == [3, 1, 3, 3]
 
@@ -91,6 +97,7 @@ def test_an_env_whose_reset_keeps_failing_needs_a_reset(url: str) -> None:
         FlakyEnv.broken_resets = 2  # its reset, then the recreated env's reset
         with pytest.raises(EnvError) as info:
             client.step([POISON, 1, 1, 1])
+        assert len(closed) == 1  # one of the two broken envs is let go of, and closed
         assert info.value.env_id == 0 and "send a reset" in info.value.text
         with pytest.raises(RemoteError) as refused:
             client.step([1, 1, 1, 1])

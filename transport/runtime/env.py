@@ -122,6 +122,17 @@ def steps_on_own_threads(envs: Sequence[object]) -> bool:
     return _one_vector_env_declares(envs, "steps_on_own_threads")
 
 
+def close_env(env: object) -> None:
+    """Call ``env.close()`` if it has one, best effort: an env being let go of (a client left,
+    or a broken env was replaced) must not fail the request that lets it go."""
+    close = getattr(env, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            pass
+
+
 def _one_vector_env_declares(envs: Sequence[object], flag: str) -> bool:
     """``envs`` is one vector env whose optional attribute ``flag`` is True (not just truthy)."""
     return len(envs) == 1 and is_vector_env(envs[0]) and getattr(envs[0], flag, False) is True

@@ -24,7 +24,7 @@ from transport.runtime.core import (
     row_bytes,
     write_result,
 )
-from transport.runtime.env import Env, Spaces, StepOutput
+from transport.runtime.env import Env, Spaces, StepOutput, close_env
 
 
 class LocalEnvs(Runner):
@@ -225,8 +225,11 @@ class LocalEnvs(Runner):
         for fate, make in attempts:
             try:
                 fresh = make()
-                self.envs[index] = fresh
-                self._refresh()
+                old = self.envs[index]
+                if fresh is not old:  # the broken env is let go of: closed, not left to the GC
+                    self.envs[index] = fresh
+                    self._refresh()
+                    close_env(old)
                 self.reset_one(index, seed)
             except Exception:
                 continue
@@ -243,12 +246,7 @@ class LocalEnvs(Runner):
     def close_envs(self) -> None:
         """Call each env's ``close()`` (a session's own envs; a worker process's, at shutdown)."""
         for env in self.envs:
-            close = getattr(env, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    pass
+            close_env(env)
 
 
 def _outputs(step: Callable[[Any], StepOutput]) -> Callable[[Any, Any], StepOutput]:

@@ -130,9 +130,16 @@ export class EnvTable {
         if (this.factory === null) throw new Error("no env factory to recreate the env from");
         const fresh = this.factory();
         const inPlace = inPlaceOf(fresh);
-        this.#reset(index, k, fresh, inPlace, seed, bytes, at);
+        try {
+          this.#reset(index, k, fresh, inPlace, seed, bytes, at);
+        } catch (error) {
+          closeEnv(fresh); // the broken env stays (closed with the others); this one is let go
+          throw error;
+        }
+        const old = this.envs[k];
         this.envs[k] = fresh;
         this.#inPlace[k] = inPlace;
+        if (old !== fresh) closeEnv(old); // the broken env is let go of: closed, not left to the GC
         return;
       }
       case Op.OBSERVE: {

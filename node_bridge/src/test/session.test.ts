@@ -34,6 +34,7 @@ const END = 9; // the action that ends the episode
 const RESULT = pac_env.StepResultCodec.size;
 
 let created = 0;
+const closed: FlakyEnv[] = [];
 
 /** Counts its steps in observation[1]; throws on POISON; END ends the episode. */
 class FlakyEnv implements Env<pac_env.StepResultInput> {
@@ -61,6 +62,10 @@ class FlakyEnv implements Env<pac_env.StepResultInput> {
 
   spaces(): Spaces {
     return { obsN: OBS_N, actN: ACT_N };
+  }
+
+  close(): void {
+    closed.push(this);
   }
 
   #result(action: number): pac_env.StepResultInput {
@@ -249,10 +254,12 @@ describe("env errors", () => {
     driver.reset();
     driver.step([1, 1, 1, 1]);
     const before = created;
+    closed.length = 0;
     FlakyEnv.brokenResets = 1;
     assert.equal(driver.step([1, POISON, 1, 1]), IDS.ERROR);
     assert.equal(driver.error().text, "env 1: TypeError: poisoned action (the env was recreated)");
     assert.equal(created, before + 1);
+    assert.deepEqual(closed.map((env) => env.steps), [1]); // the broken env: closed when replaced
     driver.step([2, 2, 2, 2]);
     assert.deepEqual(driver.counts(), [3, 1, 3, 3]);
   });
@@ -262,7 +269,11 @@ describe("env errors", () => {
     const driver = new Driver(4);
     driver.reset();
     FlakyEnv.brokenResets = 2;
+    closed.length = 0;
+    const before = created;
     assert.equal(driver.step([POISON, 1, 1, 1]), IDS.ERROR);
+    assert.equal(created, before + 1);
+    assert.equal(closed.length, 1); // the made env whose reset failed is closed, not dropped
     assert.match(driver.error().text, /^env 0: TypeError: poisoned action \(.*send a reset\)$/);
     assert.equal(driver.step([1, 1, 1, 1]), IDS.ERROR);
     assert.equal(driver.error().code, ErrorCode.NOT_RESET);
