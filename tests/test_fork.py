@@ -106,3 +106,56 @@ def test_a_client_cannot_be_pickled_and_says_what_to_do(tmp_path: Path) -> None:
             with pytest.raises(TypeError, match=r"call transport\.connect\(url\) there"):
                 pickle.dumps(client)
             client.reset(seed=1)  # untouched
+
+
+CHANNELS_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, uuid
+    import numpy as np
+    from transport.channels import PolicyBoard, Ring
+    from transport.generated import experience
+
+    tag = f"fork-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    with Ring.create(tag, experience.Transition, capacity=16) as ring, PolicyBoard.create(
+        tag, {"w": np.zeros(4, np.float32)}
+    ) as board:
+        producer, consumer = ring.producer(), ring.consumer()
+        producer.push(np.zeros(2, ring.record.dtype))
+        batch = consumer.take(1, timeout=1)  # one record held by the consumer
+        pid = os.fork()
+        if pid == 0:
+            producer.close()
+            consumer.close()
+            sys.exit(0)  # through both with blocks: the child's copies close
+        os.waitpid(pid, 0)
+        print("ring file:", os.path.exists(ring.segment.path), flush=True)
+        print("board file:", os.path.exists(board.segment.path), flush=True)
+        with Ring.open(tag, experience.Transition, timeout=1) as again:  # a new process's view
+            print("opened again:", again.segment.header["state"] == ring.segment.header["state"])
+        producer.push(np.ones(1, ring.record.dtype), timeout=1)
+        print("taken:", len(consumer.take(4, timeout=1)), flush=True)
+        print("published:", board.publish({"w": np.ones(4, np.float32)}), flush=True)
+        version, arrays = board.read(timeout=1)
+        print("read:", version, float(arrays["w"].sum()), flush=True)
+    print("after close:", os.path.exists(ring.segment.path), flush=True)
+    """
+)
+
+
+def test_a_child_that_exits_leaves_the_parents_channels_open() -> None:
+    """A child forked inside ``with Ring.create(...)`` that exits through the block closed the
+    parent's ring and board (marked CLOSED, unlinked) and its producer and consumer (the
+    consumer's held records released, the producer's end seen by the consumer)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CHANNELS_SCRIPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "ring file: True" in out and "board file: True" in out, out
+    assert "opened again: True" in out, out
+    assert "taken: 2" in out and "published: 1" in out and "read: 1 4.0" in out, out
+    assert "after close: False" in out, out  # the parent, the owner, still unlinks

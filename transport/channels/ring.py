@@ -419,7 +419,7 @@ class Producer:
         if self.closed:
             return
         self.closed = True
-        if not self.ring.segment.closed:
+        if not (self.ring.segment.closed or self.ring.segment.forked):  # a fork's copy: not ours
             base = PRODUCERS_OFFSET + self.index * ENTRY_SIZE
             native.store_release(
                 self.ring.segment.word(base + _ENTRY["state"]), int(PeerState.CLOSED)
@@ -578,7 +578,7 @@ class Consumer:
             return
         self.closed = True
         seg = self.ring.segment
-        if seg.closed:
+        if seg.closed or seg.forked:  # a forked child's copy: the lease and records are the parent's
             return
         held = native.load64_acquire(seg.word64(_RING["cursor"])) >> 32
         self._outstanding.clear()

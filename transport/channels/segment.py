@@ -96,7 +96,8 @@ class Segment:
         self.shm_name = segment_name(kind, name)
         self.path = os.path.join(SHM_DIR, self.shm_name[1:])
         self.size = size
-        self.owner = owner
+        self._owner = owner
+        self.pid = os.getpid()  # the process that mapped it (a forked child has a copy)
         self.inode = os.fstat(fd).st_ino
         try:
             self.mapping = native.SharedMapping(fd, size)
@@ -293,6 +294,18 @@ class Segment:
             return False
         return True
 
+    @property
+    def owner(self) -> bool:
+        """This process created the segment (a child forked from the creator is not its owner:
+        its copy of a ring or board closing, as ``sys.exit`` through a ``with`` block does,
+        must not close or unlink the parent's)."""
+        return self._owner and not self.forked
+
+    @property
+    def forked(self) -> bool:
+        """This object was mapped in another process, which forked this one."""
+        return os.getpid() != self.pid
+
     def close(self, *, unlink: bool | None = None) -> None:
         """End this process's use of the segment; the owner (or ``unlink=True``) first marks it
         CLOSED and unlinks it. The kinds drop their own views first; views still alive (kept by
@@ -300,7 +313,7 @@ class Segment:
         them dies; with none left it is unmapped now (docs/shm.md, "Lifetimes")."""
         if self.closed:
             return
-        if self.owner if unlink is None else unlink:
+        if (self.owner if unlink is None else unlink) and not self.forked:
             self.mark_closed()
             self.unlink_if_ours()
         self.closed = True
