@@ -578,7 +578,7 @@ class Consumer:
             return
         self.closed = True
         seg = self.ring.segment
-        if seg.closed or seg.forked:  # a forked child's copy: the lease and records are the parent's
+        if seg.closed or seg.forked:  # a fork's copy: the parent's lease
             return
         held = native.load64_acquire(seg.word64(_RING["cursor"])) >> 32
         self._outstanding.clear()
