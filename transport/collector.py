@@ -34,7 +34,13 @@ from transport.client import Client
 from transport.errors import AdapterError
 from transport.multi import MultiClient
 from transport.schema.ir import FieldIR
-from transport.spaces import Observation, action_field_of, observation_of
+from transport.spaces import (
+    Observation,
+    action_field_of,
+    gym_description_of,
+    observation_of,
+    observation_space_of,
+)
 from transport.step_view import StepView
 
 PolicyFn = Callable[[Any, np.ndarray], Any]
@@ -150,6 +156,13 @@ class EpisodeCollector:
         self.drain_limit = 10 * max_len if drain_limit is None else drain_limit
         self.fields = ResultFields(client)  # type: ignore[arg-type]  # a MultiClient has .schema
         self._observation_fields: tuple[FieldIR, ...] = self.fields.observations
+        # the adapters' shapes: a schema derived from gymnasium spaces gives each field the
+        # space's own shape (a Discrete leaf: no axis of its own), as RemoteVectorEnv does;
+        # observation_space_of tells observation_of the spaces' structure
+        described = gym_description_of(client.schema)
+        self._structure = described["observation"] if described is not None else None
+        if described is not None:
+            observation_space_of(client.schema)
         self._action = action_field_of(client.schema)
         self.num_envs = int(client.num_envs)
         self._cond = threading.Condition()
@@ -339,6 +352,10 @@ class EpisodeCollector:
         """Every observation field of ``view``'s ``count`` envs, ``[count, *field shape]``: the
         adapters' rule (``observation_of``), kept as a dict even for one field."""
         found = observation_of(view, self._observation_fields, count)
+        if self._structure is not None:  # the spaces' structure (Dict, Tuple): its leaves
+            leaves: Fields = {}
+            _leaves_of(self._structure, found, leaves)
+            return {f.name: leaves[f.name] for f in self._observation_fields}
         if isinstance(found, dict):
             return found
         return {self._observation_fields[0].name: found}
@@ -346,6 +363,19 @@ class EpisodeCollector:
     def _action_dtype(self) -> np.dtype[Any]:
         dtype: np.dtype[Any] = self.client.action_dtype
         return dtype
+
+
+def _leaves_of(desc: dict[str, Any], value: Any, out: Fields) -> None:
+    """The field arrays of an observation in a gymnasium space's structure, by field name."""
+    kind = desc["type"]
+    if kind == "dict":
+        for key, sub in desc["items"]:
+            _leaves_of(sub, value[str(key)], out)
+    elif kind == "tuple":
+        for sub, item in zip(desc["items"], value, strict=True):
+            _leaves_of(sub, item, out)
+    else:
+        out[desc["field"]] = value
 
 
 def _public(fields: Fields) -> Observation:

@@ -276,14 +276,69 @@ def _text(name: str, result: str, action: str, enum: str, shm_layout: str = "slo
     )
 
 
+_MAX_PARTS = 2**15
+"""The ``GymSpaces`` enum's most values (two bytes of the description each): each value
+packs its index in its upper 16 bits, so every value stays below 2**31."""
+_KINDS = {"box": "Box", "multi_discrete": "MultiDiscrete", "multi_binary": "MultiBinary"}
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def _leaf_sizes(desc: dict[str, Any], where: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """(bytes its element-wise lists take, where it sits, its description) of every leaf."""
+    kind = desc["type"]
+    if kind == "dict":
+        return [leaf for k, d in desc["items"] for leaf in _leaf_sizes(d, f"{where}[{k!r}]")]
+    if kind == "tuple":
+        return [
+            leaf for i, d in enumerate(desc["items"]) for leaf in _leaf_sizes(d, f"{where}[{i}]")
+        ]
+    lists = [desc[k] for k in ("low", "high", "nvec", "start") if isinstance(desc.get(k), list)]
+    return [(sum(_json_size(v) for v in lists), where, desc)]
+
+
+def _too_long(description: dict[str, Any], size: int) -> str:
+    """Why the description is too long: the leaf whose element-wise lists take the most of it,
+    and what would make it short."""
+    leaves = _leaf_sizes(description["observation"], "observation_space")
+    leaves += _leaf_sizes(description["action"], "action_space")
+    taken, where, leaf = max(leaves, key=lambda entry: entry[0])
+    text = f"the spaces' description is too long ({size} bytes, at most {2 * _MAX_PARTS - 2})"
+    if not taken:
+        return f"{text}: the spaces have too many leaves; serve fewer"
+    kind, shape = _KINDS.get(leaf["type"], leaf["type"]), tuple(leaf.get("shape", ()))
+    text += f": {where}, a {kind} of shape {shape}"
+    if leaf["type"] != "box":
+        return (
+            f"{text}, takes {taken} bytes of it (written element by element); serve fewer elements"
+        )
+    uneven = " and ".join(k for k in ("low", "high") if isinstance(leaf[k], list))
+    text = (
+        f"{text} and dtype {leaf['dtype']}, takes {taken} bytes of it: its {uneven} "
+        f"{'differ' if ' and ' in uneven else 'differs'} between elements, so the description "
+        "(which says what the plain schema cannot: a Tuple, a Discrete leaf, a bound infinite "
+        "on some elements only, ...) lists them element by element. Give that Box the same low "
+        "and the same high on every element"
+    )
+    if where.startswith("action"):
+        return f"{text} (an action wrapper that declares them and maps the actions)"
+    return (
+        f"{text} (e.g. an observation wrapper declaring Box(-inf, inf, shape)), or, with "
+        "finite bounds, serve an observation that is one Box or a Dict of Boxes (the plain "
+        "schema carries their bounds, with no description)"
+    )
+
+
 def _enum(description: dict[str, Any]) -> str:
     """The ``GymSpaces`` enum: the description's canonical JSON, two bytes per u32 value
     (``index << 16 | byte0 << 8 | byte1``; an odd length is padded with a space)."""
     data = json.dumps(description, sort_keys=True, separators=(",", ":")).encode("ascii")
     if len(data) % 2:
         data += b" "
-    if len(data) // 2 >= 2**15:
-        raise SchemaError(f"the spaces' description is too long ({len(data)} bytes)")
+    if len(data) // 2 >= _MAX_PARTS:
+        raise SchemaError(_too_long(description, len(data)))
     lines = [
         "\n# The exact gymnasium spaces (transport.spaces rebuilds them), packed:",
         f"# {data.decode()}",

@@ -5,20 +5,20 @@ The schema is derived from the env's ``observation_space`` and ``action_space``
 clients discover it in the handshake, so a trainer needs no schema file:
 ``transport.gym.RemoteVectorEnv(url)`` has the env's exact spaces. Each env of a connection
 is one gymnasium env (``transport.envs.gym_env.GymEnv``); the runtime auto-resets as the
-client asks (next_step, same_step, disabled), so trajectories equal gymnasium's
-``SyncVectorEnv`` on the same seeds.
+client asks (next_step, same_step, disabled), so trajectories (observations, rewards, flags)
+equal gymnasium's ``SyncVectorEnv`` on the same seeds; the env's ``info`` dicts are not
+carried (docs/gym.md, "What is not carried").
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from transport.api import Server, ServerLimits, serve
 from transport.codec import Schema
-from transport.envs.gym_env import GymEnv, GymSource, make_gym_env
+from transport.envs.gym_env import GymFactory, GymSource, make_gym_env
 from transport.gym_schema import schema_of_spaces, schema_toml
 from transport.protocol import DEFAULT_MAX_BODY
 from transport.schema.rules import check_schema_name
@@ -33,8 +33,12 @@ def gym_schema_name(source: GymSource) -> str:
     return name if ok and check_schema_name(name, envelope=False) is None else "gym_env"
 
 
-def _spaces_of(source: GymSource, gym_kwargs: Mapping[str, Any] | None) -> tuple[Any, Any]:
-    env = make_gym_env(source, gym_kwargs)
+def _spaces_of(
+    source: GymSource, gym_kwargs: Mapping[str, Any] | None, factory: GymFactory | None = None
+) -> tuple[Any, Any]:
+    """The env's spaces, from one env made (by ``factory`` when given: it then knows the env,
+    and refuses it if the source hands it out again) and closed."""
+    env = make_gym_env(source, gym_kwargs) if factory is None else factory.make()
     try:
         return env.observation_space, env.action_space
     finally:
@@ -58,12 +62,23 @@ def gym_schema(
     return schema_of_spaces(observation, action, gym_schema_name(source), shm_layout)
 
 
-def gym_factory(
-    source: GymSource, gym_kwargs: Mapping[str, Any] | None = None
-) -> Callable[[], GymEnv]:
+def gym_factory(source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> GymFactory:
     """A zero-argument factory of ``GymEnv`` (picklable for worker processes when ``source``
-    is an env id or a module-level factory)."""
-    return functools.partial(GymEnv, source, dict(gym_kwargs) if gym_kwargs else None)
+    is an env id or a module-level factory). A ``source`` that returns an env it returned
+    before (``lambda: env``) is refused when it does, as ``transport.Server`` refuses such a
+    factory: every env of a connection would step the same env."""
+    return GymFactory(source, gym_kwargs)
+
+
+def gym_factory_and_schema(
+    source: GymSource, gym_kwargs: Mapping[str, Any] | None = None, shm_layout: str = "slots"
+) -> tuple[GymFactory, Schema]:
+    """``gym_factory`` and ``gym_schema`` together, the schema's env made by the factory: a
+    factory that returns one env made beforehand is then refused when the server starts (its
+    first env is that env again), not by the first client."""
+    factory = gym_factory(source, gym_kwargs)
+    observation, action = _spaces_of(source, gym_kwargs, factory)
+    return factory, schema_of_spaces(observation, action, gym_schema_name(source), shm_layout)
 
 
 def gym_server(
@@ -79,10 +94,11 @@ def gym_server(
     shm_layout: str = "slots",
 ) -> Server:
     """A ``Server`` (not started) of a gymnasium env, for scripts that manage its lifetime."""
+    factory, schema = gym_factory_and_schema(source, gym_kwargs, shm_layout)
     return Server(
-        gym_factory(source, gym_kwargs),
+        factory,
         url,
-        schema=gym_schema(source, gym_kwargs, shm_layout),
+        schema=schema,
         num_envs=num_envs,
         env_name=source if isinstance(source, str) else gym_schema_name(source),
         seed=seed,
@@ -109,10 +125,11 @@ def serve_gym(
     until SIGINT or SIGTERM, with the schema derived from its spaces (see the module doc;
     ``shm_layout="columns"``: the shm column layout). The other arguments are
     ``transport.serve``'s."""
+    factory, schema = gym_factory_and_schema(env_id_or_factory, gym_kwargs, shm_layout)
     serve(
-        gym_factory(env_id_or_factory, gym_kwargs),
+        factory,
         url,
-        schema=gym_schema(env_id_or_factory, gym_kwargs, shm_layout),
+        schema=schema,
         num_envs=num_envs,
         env_name=(
             env_id_or_factory

@@ -16,6 +16,7 @@ shape) goes back as the validated mapping ``step`` returns, so the errors stay t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy as np
 from transport.envs.in_place import RecordPlan
 from transport.errors import AdapterError
 from transport.gym_schema import act_n_of, describe_spaces
-from transport.runtime.env import Spaces
+from transport.runtime.env import Spaces, repeated_env_error
 
 GymSource = str | Callable[[], Any]
 """A gymnasium env id (``gymnasium.make(id, **kwargs)``) or a zero-argument factory."""
@@ -80,6 +81,58 @@ def make_gym_env(source: GymSource, gym_kwargs: Mapping[str, Any] | None = None)
     return source()
 
 
+class GymFactory:
+    """The server's factory of ``GymEnv`` (``gym_factory``): each call makes one gymnasium env
+    from ``source`` and refuses, as the server refuses a factory that returns an env it
+    returned before (``transport.runtime.host``), one whose base env (``env.unwrapped``) this
+    factory made before: ``lambda: env`` over one env made beforehand, or new wrappers around
+    it, would have every env of a connection step the same env. The server never sees that
+    repeat itself, since each call's ``GymEnv`` is new. Picklable when ``source`` is an env id
+    or a module-level factory (worker processes, Ray): each copy remembers its own envs."""
+
+    def __init__(self, source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.source = source
+        self.gym_kwargs = dict(gym_kwargs) if gym_kwargs else None
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()  # envs made and their bases, alive
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "gym_kwargs": self.gym_kwargs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["source"], state["gym_kwargs"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"GymFactory({self.source!r}, {self.gym_kwargs!r})"
+
+    def make(self) -> Any:
+        """One new gymnasium env (the ``ValueError`` above when it is not new)."""
+        env = make_gym_env(self.source, self.gym_kwargs)
+        base = getattr(env, "unwrapped", env)
+        try:
+            again, same = base in self._made, env in self._made
+            self._made.update((base, env))
+        except TypeError:  # not weakly referenceable or not hashable: not tracked
+            return env
+        if again:
+            source = self.source
+            name = (
+                f"gymnasium.make({source!r})"
+                if isinstance(source, str)
+                else getattr(source, "__qualname__", None) or type(source).__qualname__
+            )
+            inside = "" if same else ", inside new wrappers"
+            raise repeated_env_error(
+                name,
+                f"{type(base).__qualname__}{inside}",
+                "make the gymnasium env inside the factory (lambda: gymnasium.make(...), or an "
+                "env id), not once before it",
+            )
+        return env
+
+    def __call__(self) -> GymEnv:
+        return GymEnv.wrapping(self.make())
+
+
 class GymEnv:
     """One gymnasium env behind the server's Env interface (see the module doc)."""
 
@@ -87,7 +140,18 @@ class GymEnv:
     _plan: RecordPlan | None = None
 
     def __init__(self, source: GymSource, gym_kwargs: Mapping[str, Any] | None = None) -> None:
-        self.env = make_gym_env(source, gym_kwargs)
+        self._wrap(make_gym_env(source, gym_kwargs))
+
+    @classmethod
+    def wrapping(cls, env: Any) -> GymEnv:
+        """A ``GymEnv`` of a gymnasium env already made (``GymFactory`` makes it first, to
+        check that it is a new one)."""
+        self = cls.__new__(cls)
+        self._wrap(env)
+        return self
+
+    def _wrap(self, env: Any) -> None:
+        self.env = env
         _, _, description = describe_spaces(self.env.observation_space, self.env.action_space)
         self._observation = description["observation"]
         self._action = description["action"]

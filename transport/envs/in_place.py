@@ -71,11 +71,15 @@ class RecordPlan:
 
     def store(self, obs: Any) -> bool:
         """Store every leaf of ``obs``; False (some leaves maybe stored) where one is not an
-        array of its field's dtype and shape, or a Discrete leaf is not an int in range."""
+        array of its field's dtype and shape, a Discrete leaf is not an int in range, or
+        ``obs`` lacks a leaf's key or index."""
         for path, view, screen, int_scalar in self.leaves:
             value = obs
-            for key in path:
-                value = value[key]
+            try:
+                for key in path:
+                    value = value[key]
+            except (LookupError, TypeError, ValueError):  # not the space's structure: the
+                return False  # mapping path says so (a missing Dict key, a short Tuple)
             if type(value) is np.ndarray:  # exactly: a subclass may behave otherwise
                 if value.dtype != view.dtype or value.shape != view.shape:
                     return False

@@ -133,6 +133,16 @@ def close_env(env: object) -> None:
             pass
 
 
+def repeated_env_error(factory_name: str, what: str, remedy: str) -> ValueError:
+    """The refusal of a factory that returned an env object it returned before (``what``: the
+    env's type, and how it came back); one text for the server's check and gymnasium's."""
+    return ValueError(
+        f"the env factory {factory_name} returned an env object it had returned before "
+        f"({what}): a factory must make a new env on every call (the server closes the envs it "
+        f"made when their client leaves); {remedy}"
+    )
+
+
 def _one_vector_env_declares(envs: Sequence[object], flag: str) -> bool:
     """``envs`` is one vector env whose optional attribute ``flag`` is True (not just truthy)."""
     return len(envs) == 1 and is_vector_env(envs[0]) and getattr(envs[0], flag, False) is True

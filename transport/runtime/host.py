@@ -28,7 +28,7 @@ from transport.runtime.core import (
     describe,
     penalty_of,
 )
-from transport.runtime.env import Env, EnvFactory, Served, is_vector_env
+from transport.runtime.env import Env, EnvFactory, Served, is_vector_env, repeated_env_error
 
 
 class EnvHost:
@@ -182,11 +182,11 @@ class EnvHost:
             return env
         if again:
             name = getattr(self.factory, "__qualname__", None) or type(self.factory).__qualname__
-            raise ValueError(
-                f"the env factory {name} returned an env object it had returned before "
-                f"({type(env).__qualname__}): a factory must make a new env on every call (the "
-                "server closes the envs it made when their client leaves); to serve one env "
-                "object made beforehand, pass the object itself, not a function returning it"
+            raise repeated_env_error(
+                name,
+                type(env).__qualname__,
+                "to serve one env object made beforehand, pass the object itself, not a "
+                "function returning it",
             )
         return env
 

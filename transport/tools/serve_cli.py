@@ -175,8 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         return _shm_admin(cleanup=args.cleanup_shm, as_json=args.json)
     if args.url is None:
         parser.error("a URL is required (or --list-shm / --cleanup-shm)")
+    url_num_envs = _url_num_envs(args.url)
     if args.num_envs is None:
-        args.num_envs = _url_num_envs(args.url) or 1
+        args.num_envs = url_num_envs or 1
+    elif url_num_envs is not None and args.num_envs not in (1, url_num_envs):
+        # the shm server's rule (a URL's num_envs wins over 1 only), refused now: exit 2
+        parser.error(
+            f"{args.url} asks for {url_num_envs} envs but --num-envs is {args.num_envs}: give "
+            "the same number, or one of them"
+        )
     from transport.api import MAX_BODY_LIMIT, MAX_NUM_ENVS
     from transport.protocol import DEFAULT_MAX_BODY
 
@@ -269,19 +276,19 @@ def _serve_gym(
     kwargs = gym_kwargs_of(parser, args.gym_kwargs)
     _import_from_current_folder()  # an id "module:Env-v0" imports module from here
     try:
-        from transport.gym_serve import gym_factory, gym_schema
+        from transport.gym_serve import gym_factory_and_schema
     except ImportError as exc:
         print(f"transport-serve: error: --gym needs gymnasium ({exc})", file=sys.stderr)
         return 2
     try:
-        schema = gym_schema(args.gym, kwargs, args.shm_layout or "slots")
+        factory, schema = gym_factory_and_schema(args.gym, kwargs, args.shm_layout or "slots")
     except SchemaError as exc:
         print(f"transport-serve: error: --gym {args.gym}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # gymnasium.make: an unknown id, bad kwargs
         print(f"transport-serve: error: --gym {args.gym}: {_one_line(exc)}", file=sys.stderr)
         return 2
-    return _serve_python(args, gym_factory(args.gym, kwargs), schema, args.gym, max_body, limits)
+    return _serve_python(args, factory, schema, args.gym, max_body, limits)
 
 
 def _serve_python(
