@@ -30,14 +30,15 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, Client
+from transport.client import DEFAULT_TIMEOUT, Client, describe_given
 from transport.codec import Schema
-from transport.errors import AdapterError, NoProgressError, RemoteError
+from transport.errors import ActionError, AdapterError, NoProgressError, RemoteError
 from transport.protocol import ErrorCode
 from transport.spaces import (
     action_field_of,
     action_space_of,
     actions_of,
+    gym_description_of,
     observation_of,
     observation_space_of,
 )
@@ -137,6 +138,19 @@ FRAME_HELP = (
     "an env that renders returns, from info(), 'frame': the rgb_array frame as bytes (uint8, "
     "row-major) with 'frame_shape': [height, width, 3] (or 'frame' as nested lists)"
 )
+GYM_FRAME_HELP = (
+    "the server's gymnasium envs render only when made with a render mode: start the server "
+    """with `transport-serve URL --gym ENV_ID --gym-kwargs '{"render_mode": "rgb_array"}'` """
+    """(in a script: serve_gym(..., gym_kwargs={"render_mode": "rgb_array"}))"""
+)
+
+
+def no_frame_help(schema: Schema | None) -> str:
+    """What to do about an env that serves no frame: a server of gymnasium envs (a schema
+    derived from gymnasium spaces that says so) needs a render mode; else both hints."""
+    if schema is not None and gym_description_of(schema) is not None:
+        return GYM_FRAME_HELP
+    return f"{FRAME_HELP}; for a server started with --gym (serve_gym): {GYM_FRAME_HELP}"
 
 
 def check_render_mode(render_mode: str | None) -> str | None:
@@ -148,11 +162,12 @@ def check_render_mode(render_mode: str | None) -> str | None:
     return render_mode
 
 
-def frame_of(info: dict[str, Any], where: str) -> np.ndarray:
-    """The rgb_array frame an env's ``info()`` map carries (see ``FRAME_HELP``)."""
+def frame_of(info: dict[str, Any], where: str, schema: Schema | None = None) -> np.ndarray:
+    """The rgb_array frame an env's ``info()`` map carries (see ``FRAME_HELP``); ``schema``
+    (the server's) picks the advice when there is none (``no_frame_help``)."""
     frame = info.get("frame")
     if frame is None:
-        raise AdapterError(f"{where}: the env's info() map has no 'frame': {FRAME_HELP}")
+        raise AdapterError(f"{where}: the env's info() map has no 'frame': {no_frame_help(schema)}")
     try:
         if isinstance(frame, bytes | bytearray | memoryview):
             shape = tuple(int(n) for n in info["frame_shape"])
@@ -166,6 +181,43 @@ def frame_of(info: dict[str, Any], where: str) -> np.ndarray:
     if image.ndim != 3 or image.shape[2] != 3:
         raise AdapterError(f"{where}: the env's frame has shape {image.shape}: {FRAME_HELP}")
     return image
+
+
+def check_no_options(options: dict[str, Any] | None, who: str) -> None:
+    """``reset(options=...)``: None or {} (what trainers and wrappers pass) are fine; any
+    option is an AdapterError, since the protocol's reset carries a seed only."""
+    if options:
+        raise AdapterError(
+            f"{who}.reset(options={options!r}): reset options are not carried to the server "
+            "(the protocol's reset carries a seed only), so its envs would ignore them. Set the "
+            "envs up where the server makes them: a --gym server takes gymnasium.make() "
+            "arguments as `--gym-kwargs JSON` (serve_gym(..., gym_kwargs={...})), and a "
+            "factory (`--gym mymodule:MyEnv-v0`, serve_gym(make_env, ...)) can wrap the env "
+            "in a gymnasium.Wrapper whose reset() applies the options; then reset with "
+            "options=None"
+        )
+
+
+def ndim_of(actions: Any, otherwise: int) -> int:
+    """The number of axes of an action argument; ``otherwise`` when it is not numbers of one
+    shape (a ragged list: the client's ActionError says so)."""
+    ndim = getattr(actions, "ndim", None)  # numpy arrays and scalars: no np.ndim call
+    if type(ndim) is int:
+        return ndim
+    if isinstance(actions, int | float | str | bytes):
+        return 0
+    try:
+        return int(np.ndim(actions))
+    except (ValueError, TypeError):
+        return otherwise
+
+
+def one_action_error(action: Any, space: Any, who: str, wanted: str) -> ActionError:
+    """The ActionError of an adapter that takes one form of the client's two (docs/client.md
+    "Actions"): ``RemoteEnv`` one action, ``RemoteVectorEnv`` one action per env."""
+    return ActionError(
+        f"{who}.step(): {describe_given(action)} is not an action for {space}: {wanted}"
+    )
 
 
 def observe_infos(client: Client) -> list[dict[str, Any]]:
@@ -303,10 +355,12 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
             self.client.close()
             raise
         self._mask = np.ones(space.act_n, dtype=bool)
+        self._action_ndim = len(self.action_space.shape or ())  # one action's; a batch has more
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        check_no_options(options, "RemoteEnv")
         super().reset(seed=seed)
         view = self.client.reset(seed)
         return self._observe(view), self._info(view)
@@ -314,6 +368,16 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
     def step(
         self, action: np.int64 | int
     ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        if type(action) is not int and ndim_of(action, 0) > self._action_ndim:
+            one = self.action_space.shape
+            form = "an int" if one == () else f"an array of shape {one}"
+            raise one_action_error(
+                action,
+                self.action_space,
+                "RemoteEnv",
+                f"RemoteEnv plays one env: pass one action ({form}), not a batch "
+                "(transport.gym.RemoteVectorEnv takes one action per env)",
+            )
         try:
             view = step_explained(self.client, actions_of(action, self._action))
         except NoProgressError as exc:
@@ -340,7 +404,7 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
         """The env's current rgb_array frame (``render_mode="rgb_array"``), else None."""
         if self.render_mode is None:
             return None
-        return frame_of(observe_infos(self.client)[0], self.client.url)
+        return frame_of(observe_infos(self.client)[0], self.client.url, self.client.schema)
 
     def close(self) -> None:
         self.client.close()
@@ -432,6 +496,11 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._masks = np.ones((self.num_envs, space.act_n), dtype=bool)
+        # one env: the client would also take one action (shape S) and answer without an env
+        # axis; a vector env takes (1, *S) only
+        self._one_action_ndim = (
+            len(self.single_action_space.shape or ()) if self.num_envs == 1 else -1
+        )
 
     def reset(
         self,
@@ -440,7 +509,9 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         options: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Reset every env; ``seed=s`` gives env i the seed s + i, a list ``[s0, s1, ...]`` (one
-        int or None per env, as ``SyncVectorEnv``) gives env i ``seeds[i]`` (RESET_SEEDS)."""
+        int or None per env, as ``SyncVectorEnv``) gives env i ``seeds[i]`` (RESET_SEEDS).
+        ``options``: None or {} only (AdapterError: the server's envs would not get them)."""
+        check_no_options(options, type(self).__name__)
         if isinstance(seed, list | tuple):
             if len(seed) != self.num_envs:
                 raise AdapterError(
@@ -457,6 +528,13 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if self._one_action_ndim >= 0 and ndim_of(actions, 99) <= self._one_action_ndim:
+            raise one_action_error(
+                actions,
+                self.action_space,
+                type(self).__name__,
+                f"pass one action per env: an array of shape {self.action_space.shape}",
+            )
         try:
             view = step_explained(self.client, actions_of(actions, self._action, self.num_envs))
         except NoProgressError as exc:
@@ -482,7 +560,8 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             return None
         url = self.client.url
         return tuple(
-            frame_of(info, f"{url} env {i}") for i, info in enumerate(observe_infos(self.client))
+            frame_of(info, f"{url} env {i}", self.client.schema)
+            for i, info in enumerate(observe_infos(self.client))
         )
 
     # -- what gymnasium's wrappers ask of a vector env (SyncVectorEnv's call/get_attr/set_attr)

@@ -44,6 +44,9 @@ GYM_SPACES_ENUM = "GymSpaces"
 """The enum of a schema derived from gymnasium spaces that packs their exact description."""
 _DESCRIPTIONS: dict[int, dict[str, Any] | None] = {}
 _STRUCTURES: dict[int, tuple[FieldIR, dict[str, Any]]] = {}
+_LIFTED: dict[int, FieldIR] = {}
+"""Action fields of one element (``i32[1]``, ``f32[1]``) whose gymnasium space has shape ()
+(a Discrete with a start, a Box of shape ()), by id: ``actions_of`` adds their axis."""
 
 
 def gym_description_of(schema: Schema) -> dict[str, Any] | None:
@@ -208,9 +211,11 @@ def action_space_of(schema: Schema, act_n: int) -> spaces.Space[Any]:
     from gymnasium import spaces
 
     described = spaces_from_description(schema)
-    if described is not None:
-        return described[1]
     field = action_field_of(schema)
+    if described is not None:
+        if described[1].shape == () and field.is_array and field.dims == (1,):
+            _LIFTED[id(field)] = field
+        return described[1]
     kind = action_kind_of(field)
     if kind == DISCRETE:
         return spaces.Discrete(act_n)
@@ -246,11 +251,23 @@ def observation_of(
 
 
 def actions_of(actions: Any, field: FieldIR, num_envs: int | None = None) -> Any:
-    """An adapter's action(s) in the shape the client sends: an int for one Discrete action,
-    else an array of the action field's shape (with a leading env axis for ``num_envs``)."""
-    if not field.is_array:
-        if num_envs is None:
-            return int(actions)
-        return np.asarray(actions).reshape(num_envs)
-    shape = field.dims if num_envs is None else (num_envs, *field.dims)
-    return np.asarray(actions).reshape(shape)
+    """An adapter's action(s) for ``Client.step``: what the caller gave, unchanged. The
+    client's one rule (``transport.client.ActionShapes``, docs/client.md "Actions") takes it or
+    raises ``ActionError`` naming the space; nothing is reshaped here, so an array of another
+    shape (transposed, flat, a wrong count) is refused rather than redistributed among envs.
+
+    The one change: a gymnasium-derived schema whose action space has shape () while its field
+    has one element (a ``Discrete`` with a start, a ``Box`` of shape (): ``i32[1]``, ``f32[1]``)
+    gets that axis added to an action of the space's shape (``num_envs``: shape (N,)); and a
+    numpy integer for one env's Discrete action goes as the Python int of the same value."""
+    if num_envs is None and not field.is_array:  # one env's Discrete action (never lifted)
+        if type(actions) is int or not isinstance(actions, np.integer):
+            return actions
+        return int(actions)  # the same integer (SB3's DummyVecEnv passes np.int64): the client's
+        # fast path takes a Python int; other numpy scalars take its checked path
+    if _LIFTED.get(id(field)) is not field:  # every field but those action_space_of lifts
+        return actions
+    array = np.asarray(actions)
+    if array.shape == (() if num_envs is None else (num_envs,)) and array.dtype.kind in "biuf":
+        return array[..., np.newaxis]
+    return actions
