@@ -3,13 +3,15 @@ stepping some envs, ``Client.recv`` returns the first results that are ready wit
 
 The wire messages are SEND_REQ / RECV_REQ / ASYNC_RESET_REQ (schema/protocol.toml); every rule
 (env ids in range and sent once, "RECV needs something in flight") is the server's env runtime's
-(transport/runtime/async_batches.py), so both client languages get the same errors.
+(transport/runtime/async_batches.py), so both client languages get the same errors. The actions
+of a SEND are checked here, before any bytes move, by the client's one rule for actions
+(``ActionShapes``: step's, with K env ids in place of N envs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -18,6 +20,9 @@ from transport.codec import Schema
 from transport.errors import ProtocolError
 from transport.protocol import body_codec
 from transport.step_view import StepView
+
+if TYPE_CHECKING:
+    from transport.client import ActionShapes
 
 Exchange = Callable[[int, Any, int], memoryview]
 """The client's one request: (message type, body, expected response type) -> response body."""
@@ -36,9 +41,12 @@ class Received(NamedTuple):
 class AsyncCalls:
     """The encoders and decoders of one client's asynchronous calls."""
 
-    def __init__(self, schema: Schema, num_envs: int, exchange: Exchange) -> None:
+    def __init__(
+        self, schema: Schema, num_envs: int, exchange: Exchange, shapes: ActionShapes
+    ) -> None:
         self.num_envs = num_envs
         self.exchange = exchange
+        self.shapes = shapes
         msgs = schema.ir.messages
         missing = [
             n for n in ("SEND_REQ", "RECV_REQ", "ASYNC_RESET_REQ", "RECV_RESP") if n not in msgs
@@ -57,22 +65,27 @@ class AsyncCalls:
         self.result = body_codec(schema, "STEP_RESP")
         self.recv_codec = body_codec(schema, "RECV_REQ")
         self.seed_codec = body_codec(schema, "ASYNC_RESET_REQ")
-        self.buffer = bytearray(self.request.size * num_envs)
 
-    def send(
+    def send_body(
         self, actions: Sequence[Any] | np.ndarray, env_ids: Sequence[int] | np.ndarray
-    ) -> None:
+    ) -> bytes:
+        """The SEND_REQ body of action ``actions[k]`` for env ``env_ids[k]``: K step requests,
+        then the msgpack array of the K env ids. The actions are checked first (``ActionShapes
+        .rows``: shape (K, *S), values that fit the action field; ``ActionError`` naming
+        ``send()``); nothing is sent here, and nothing shared is written (no lock needed)."""
         ids = [int(i) for i in np.asarray(env_ids).reshape(-1).tolist()]
         k = len(ids)
         if k == 0 or k > self.num_envs:
             raise ValueError(f"send takes 1..{self.num_envs} env ids, got {k}")
-        if len(actions) != k:
-            raise ValueError(f"send got {len(actions)} actions for {k} env ids")
-        size = self.request.size
-        body = memoryview(self.buffer)[: k * size]
-        body[:] = b"\x00" * (k * size)
-        self.request.view(body, count=k)[self.action_name] = actions
-        self.exchange(self.send_req, bytes(body) + msgpack.packb(ids), self.send_resp)
+        values = self.shapes.rows(actions, k)
+        body = bytearray(k * self.request.size)
+        self.request.view(body, count=k)[self.action_name] = values
+        packed: bytes = msgpack.packb(ids)
+        return bytes(body) + packed
+
+    def send(self, body: bytes) -> None:
+        """Exchange a SEND_REQ body (``send_body``; the caller holds the client)."""
+        self.exchange(self.send_req, body, self.send_resp)
 
     def recv(self, batch_size: int, copy: bool) -> Received:
         body = memoryview(bytearray(self.recv_codec.size))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,7 @@ from transport.backends.base import Channel
 from transport.codec import Schema
 from transport.errors import (
     ActionError,
+    AdapterError,
     ConnectError,
     FingerprintMismatchError,
     PeerGoneError,
@@ -145,22 +147,74 @@ def _bound_text(values: tuple[float, ...] | None, default: float) -> str:
     return "[" + ", ".join(repr(float(v)) for v in values) + "]"
 
 
+def _multi_discrete_text(nvec: list[int], start: list[int]) -> str:
+    text = ", ".join(str(n) for n in nvec)
+    starts = "" if not any(start) else ", start=[" + ", ".join(str(v) for v in start) + "]"
+    return f"MultiDiscrete([{text}]{starts})"
+
+
+def _described_bound(value: Any, integer: bool) -> str:
+    """A bound of a gymnasium space's description (``transport.gym_schema``: one value when
+    every element has it, else the flat list; floats may be "inf" / "-inf") as a message names
+    it: an integer Box's as integers (``-5``), a float Box's as gymnasium prints them."""
+    values = value if isinstance(value, list) else [value]
+    texts = [str(int(v)) if integer else repr(float(v)) for v in values]
+    if len(set(texts)) == 1:
+        return texts[0]
+    return "[" + ", ".join(texts) + "]"
+
+
+def _described_space(desc: dict[str, Any]) -> str | None:
+    """The space a gymnasium description node says, in gymnasium's spelling (None: unknown)."""
+    kind = desc.get("type")
+    if kind == "discrete":
+        start = int(desc.get("start", 0))
+        return f"Discrete({int(desc['n'])}" + (f", start={start}" if start else "") + ")"
+    if kind == "box":
+        dtype = np.dtype(desc["dtype"])
+        shape = tuple(int(n) for n in desc["shape"])
+        integer = dtype.kind in "iub"
+        low = _described_bound(desc["low"], integer)
+        high = _described_bound(desc["high"], integer)
+        return f"Box({low}, {high}, {shape!r}, {dtype.name})"
+    if kind == "multi_discrete":
+        return _multi_discrete_text([int(v) for v in desc["nvec"]], [int(v) for v in desc["start"]])
+    if kind == "multi_binary":
+        sizes = [int(n) for n in desc["shape"]]
+        if desc.get("n_sequence"):
+            return f"MultiBinary({tuple(sizes)!r})"
+        return f"MultiBinary({sizes[0] if len(sizes) == 1 else sizes})"
+    return None
+
+
 def describe_action_space(schema: Schema, act_n: int | None) -> str:
     """The action space of ``schema`` as a message names it (gymnasium's spelling):
     ``Discrete(92)``, ``MultiDiscrete([3, 4, 5])`` or ``Box(-1.0, 1.0, (2,), float32)``.
-    ``act_n`` None (the server did not say): ``Discrete(?)``. Node: ``describeActionSpace``."""
+    ``act_n`` None (the server did not say): ``Discrete(?)``. A schema derived from gymnasium
+    spaces that carries their description (``GymSpaces``, transport/spaces.py) is named by it:
+    an integer Box stays a Box (``Box(-5, 5, (2,), int16)``), not the MultiDiscrete its i32
+    field alone would say. Node: ``describeActionSpace``."""
     field = body_codec(schema, "STEP_REQ").ir.role("action")
     if field is None:
         return "no action space (the STEP_REQ body has no action field)"
+    from transport.spaces import gym_description_of  # the adapters' module: not at import
+
+    try:
+        described = gym_description_of(schema)
+        action = described.get("action") if described is not None else None
+        text = _described_space(action) if isinstance(action, dict) else None
+    except (AdapterError, KeyError, TypeError, ValueError):
+        text = None  # an unreadable description: the field's own
+    if text is not None:
+        return text
     if not field.is_array:
         return f"Discrete({'?' if act_n is None else act_n})"
     dims = field.dims
     if field.kind != "float":
         high = field.bound("high") or (0.0,) * field.count
         low = field.bound("low") or (0.0,) * field.count
-        nvec = ", ".join(str(int(h - lo + 1)) for lo, h in zip(low, high, strict=True))
-        start = "" if not any(low) else ", start=[" + ", ".join(str(int(v)) for v in low) + "]"
-        return f"MultiDiscrete([{nvec}]{start})"
+        nvec = [int(h - lo + 1) for lo, h in zip(low, high, strict=True)]
+        return _multi_discrete_text(nvec, [int(v) for v in low])
     low_text = _bound_text(field.bound("low"), -np.inf)
     high_text = _bound_text(field.bound("high"), np.inf)
     return f"Box({low_text}, {high_text}, {dims!r}, {NUMPY_NAMES.get(field.elem, field.elem)})"
@@ -205,7 +259,10 @@ class ActionShapes:
     Values: integers of any width go into an integer field when they fit its type (checked
     when the cast is not safe), bools too; floats into an integer field are refused (they would
     be truncated), integers and floats into a float field are taken (gymnasium's Box casts the
-    same way). A 1-env server always gets a STEP_REQ; the result's shape follows the call."""
+    same way). A 1-env server always gets a STEP_REQ; the result's shape follows the call.
+
+    ``count`` applies it to ``step`` (N envs); ``rows`` to a call for K env ids (``send``):
+    the same rule with K in place of N, its batch form (K, *S) only, the same texts."""
 
     def __init__(
         self, schema: Schema, num_envs: int, space: Any, *, batch_only: bool = False
@@ -247,6 +304,7 @@ class ActionShapes:
                 count = None
             else:
                 return self._slow(actions, what)
+            # ``_takes``, inline: each step of an array action passes here
             cast = self._casts.get(actions.dtype)
             if cast is None:
                 cast = self._casts[actions.dtype] = self._cast(actions.dtype)
@@ -254,46 +312,74 @@ class ActionShapes:
                 return actions, count
         return self._slow(actions, what)
 
-    def _slow(self, actions: Any, what: str) -> tuple[Any, int | None]:
+    def rows(self, actions: Any, k: int, *, what: str = "send()") -> np.ndarray:
+        """One action per env id of a call for ``k`` env ids (``send``): the rule of ``count``
+        with K in place of N, batch form only (shape (K, *S); a 1-env call's shape S is refused
+        as ``batch_only`` refuses it). The values as an array of that shape, taken as they are
+        (a float64 array for an f32 field: rounded where they are written); ``ActionError``
+        naming ``what`` and the K env ids otherwise."""
+        if type(actions) is np.ndarray and actions.shape == (k, *self.one):
+            if self._takes(actions):
+                return actions
+        values, _ = self._slow(actions, what, k)
+        return np.asarray(values)
+
+    def _takes(self, array: np.ndarray) -> bool:
+        """Whether the values of ``array`` (of an accepted shape) go into the field as they are."""
+        cast = self._casts.get(array.dtype)
+        if cast is None:
+            cast = self._casts[array.dtype] = self._cast(array.dtype)
+        return cast == _SAFE or (cast == _CHECK_RANGE and self._fits(array))
+
+    def _slow(self, actions: Any, what: str, k: int | None = None) -> tuple[Any, int | None]:
         """The argument as an array (lists, scalars, other array types), checked; the
-        ActionError that says why it is refused."""
+        ActionError that says why it is refused. ``k``: a call for K env ids (``rows``)."""
         given = describe_given(actions)
+        single = k is None and self.num_envs == 1 and not self.batch_only
+        n = self.num_envs if k is None else k
+        batch = self.batch if k is None else (k, *self.one)
         if type(actions) is int and not self.lo <= actions <= self.hi and self.integer:
-            if self.one == () and self.num_envs == 1 and not self.batch_only:
-                raise self._error(
-                    what,
-                    given,
-                    f"{actions} is outside {self.lo}..{self.hi}: it does not fit the "
-                    f"{self.elem} action field",
-                )
+            if self.one == () and single:
+                raise self._error(what, given, self._outside(str(actions)), k)
         try:
             array = np.asarray(actions)
         except (ValueError, TypeError):
-            raise self._error(what, given, "not numbers of one shape") from None
+            raise self._error(what, given, "not numbers of one shape", k) from None
         cast = self._cast(array.dtype)
         if cast == _NOT_NUMBERS:
-            raise self._error(what, given, "its values are not numbers")
-        if array.shape == self.batch:
-            count: int | None = self.num_envs
-        elif array.shape == self.one and self.num_envs == 1 and not self.batch_only:
+            raise self._error(what, given, "its values are not numbers", k)
+        if array.shape == batch:
+            count: int | None = n
+        elif array.shape == self.one and single:
             count = None
         else:
-            raise self._error(what, given, self._wanted(array.shape))
+            raise self._error(what, given, self._wanted(array.shape, k), k)
         if cast == _LOSSY:
             raise self._error(
                 what,
                 given,
                 f"its {array.dtype} values would be truncated to the {self.elem} action "
                 "field; pass integers",
+                k,
             )
         if cast == _CHECK_RANGE and not self._fits(array):
-            raise self._error(
-                what,
-                given,
-                f"a value is outside {self.lo}..{self.hi}: it does not fit the {self.elem} "
-                "action field",
-            )
+            raise self._error(what, given, self._outside("a value"), k)
         return (array if array.ndim else array[()]), count
+
+    def _outside(self, value: str) -> str:
+        """Why an integer the field's type cannot hold is refused. A Discrete space whose size
+        is known is named by its actions, 0..n-1 (the server's INVALID_ACTION stays the check of
+        the values the field holds); any other space by the field's type."""
+        if self.one == ():
+            found = _DISCRETE.fullmatch(self._space())
+            if found is not None and int(found[1]) > 0:
+                return (
+                    f"{value} is outside 0..{int(found[1]) - 1} (and does not fit the "
+                    f"{self.elem} action field)"
+                )
+        return (
+            f"{value} is outside {self.lo}..{self.hi}: it does not fit the {self.elem} action field"
+        )
 
     def _cast(self, dtype: np.dtype[Any]) -> int:
         kind = dtype.kind
@@ -321,12 +407,16 @@ class ActionShapes:
                 return True  # every value is in 0..hi
         return int(_smallest(array, None)) >= self.lo and int(_largest(array, None)) <= self.hi
 
-    def _wanted(self, shape: tuple[int, ...]) -> str:
+    def _wanted(self, shape: tuple[int, ...], k: int | None = None) -> str:
         """What to pass instead of an argument of ``shape``; a batch of the wrong length
-        first says the two counts."""
-        if len(shape) == len(self.batch) and shape[1:] == self.one:
-            plural = "" if self.num_envs == 1 else "s"
-            return f"expected {self.num_envs} action{plural}, got {shape[0]}; " + self._wanted(())
+        first says the two counts. ``k``: a call for K env ids."""
+        n = self.num_envs if k is None else k
+        batch = self.batch if k is None else (k, *self.one)
+        if len(shape) == len(batch) and shape[1:] == self.one:
+            plural = "" if n == 1 else "s"
+            return f"expected {n} action{plural}, got {shape[0]}; " + self._wanted((), k)
+        if k is not None:
+            return f"pass one action per env id: an array of shape {batch!r}"
         if self.num_envs == 1 and not self.batch_only:
             if self.one == ():
                 return "pass one integer (one action) or an array of shape (1,) (a batch of one)"
@@ -336,9 +426,16 @@ class ActionShapes:
             )
         return f"pass one action per env: an array of shape {self.batch!r}"
 
-    def _error(self, what: str, given: str, why: str) -> ActionError:
-        envs = f"{self.num_envs} env" + ("" if self.num_envs == 1 else "s")
+    def _error(self, what: str, given: str, why: str, k: int | None = None) -> ActionError:
+        if k is None:
+            envs = f"{self.num_envs} env" + ("" if self.num_envs == 1 else "s")
+        else:
+            envs = f"{k} env id" + ("" if k == 1 else "s")
         return ActionError(f"{what}: {given} is not an action for {self._space()} ({envs}): {why}")
+
+
+_DISCRETE = re.compile(r"Discrete\((\d+)\)")
+"""A Discrete space whose size is known, as ``describe_action_space`` names it."""
 
 
 _CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -526,9 +623,14 @@ class Client:
         self, actions: Sequence[Any] | np.ndarray, env_ids: Sequence[int] | np.ndarray
     ) -> None:
         """Start stepping envs ``env_ids`` (action ``actions[k]`` for env ``env_ids[k]``);
-        ``recv`` returns their results as they finish. An env already in flight is refused."""
+        ``recv`` returns their results as they finish. An env already in flight is refused.
+        ``actions``: one action per env id, shape (K, *action shape), by step's rule with K in
+        place of N (``ActionShapes.rows``): anything else is ``ActionError`` before any bytes
+        move."""
+        calls = self._async_calls()
+        body = calls.send_body(actions, env_ids)  # checked before the call (as step's actions)
         with self._call():
-            self._async_calls().send(actions, env_ids)
+            calls.send(body)
 
     def recv(self, batch_size: int | None = None, *, copy: bool = False) -> Received:
         """The first ``batch_size`` (default ``self.batch_size``: N) in-flight envs to finish,
@@ -544,7 +646,9 @@ class Client:
     def _async_calls(self) -> AsyncCalls:
         calls = self.__dict__.get("_async")
         if calls is None:
-            calls = self.__dict__["_async"] = AsyncCalls(self.schema, self.num_envs, self._exchange)
+            calls = self.__dict__["_async"] = AsyncCalls(
+                self.schema, self.num_envs, self._exchange, self._shapes
+            )
         return calls
 
     @property

@@ -259,24 +259,101 @@ function boundText(values: number[] | null, fallback: number): string {
   return `[${values.map(floatText).join(", ")}]`;
 }
 
+function multiDiscreteText(nvec: readonly number[], start: readonly number[]): string {
+  const starts = start.some((v) => v !== 0) ? `, start=[${start.map((v) => String(Math.trunc(v))).join(", ")}]` : "";
+  return `MultiDiscrete([${nvec.map((n) => String(Math.trunc(n))).join(", ")}]${starts})`;
+}
+
+/** The enum of a gymnasium-derived schema that packs the spaces' description (Python: `transport.spaces.GYM_SPACES_ENUM`). */
+const GYM_SPACES_ENUM = "GymSpaces";
+
+/**
+ * The gymnasium spaces' description a derived schema packs in its `GymSpaces` enum (two bytes
+ * of its JSON text per value, value i's high half i; Python: `transport.spaces.gym_description_of`),
+ * or null (none, or unreadable).
+ */
+function gymDescription(schema: SchemaModule): Record<string, unknown> | null {
+  const values = schema.ir.enums[GYM_SPACES_ENUM]?.values;
+  if (values === undefined) return null;
+  const packed = Object.values(values)
+    .map(Number)
+    .sort((a, b) => a - b);
+  const bytes: number[] = [];
+  for (let i = 0; i < packed.length; i++) {
+    const value = packed[i] as number;
+    if (Math.floor(value / 65536) !== i) return null;
+    bytes.push((value >> 8) & 0xff, value & 0xff);
+  }
+  try {
+    const found: unknown = JSON.parse(Buffer.from(bytes).toString("ascii"));
+    if (typeof found !== "object" || found === null || (found as Record<string, unknown>)["version"] !== 1) return null;
+    return found as Record<string, unknown>;
+  } catch {
+    return null;
+  }
+}
+
+/** A bound of a description ("inf" / "-inf" for the infinite ones; one value, or the flat list). */
+function describedBound(value: unknown, integer: boolean): string {
+  const values = Array.isArray(value) ? (value as unknown[]) : [value];
+  const texts = values.map((v) => {
+    const number = v === "inf" ? Infinity : v === "-inf" ? -Infinity : Number(v);
+    return integer ? String(Math.trunc(number)) : floatText(number);
+  });
+  return texts.every((t) => t === texts[0]) ? (texts[0] as string) : `[${texts.join(", ")}]`;
+}
+
+/** The space a gymnasium description node says, in gymnasium's spelling (null: unknown). */
+function describedSpace(desc: Record<string, unknown>): string | null {
+  const numbers = (key: string): number[] => (Array.isArray(desc[key]) ? (desc[key] as unknown[]).map(Number) : []);
+  switch (desc["type"]) {
+    case "discrete": {
+      const start = Number(desc["start"] ?? 0);
+      return `Discrete(${Number(desc["n"])}${start !== 0 ? `, start=${start}` : ""})`;
+    }
+    case "box": {
+      const dtype = String(desc["dtype"]);
+      const integer = /^u?int/.test(dtype) || dtype === "bool";
+      const low = describedBound(desc["low"], integer);
+      const high = describedBound(desc["high"], integer);
+      return `Box(${low}, ${high}, ${shapeText(numbers("shape"))}, ${dtype})`;
+    }
+    case "multi_discrete":
+      return multiDiscreteText(numbers("nvec"), numbers("start"));
+    case "multi_binary": {
+      const sizes = numbers("shape");
+      if (desc["n_sequence"] === true) return `MultiBinary(${shapeText(sizes)})`;
+      return `MultiBinary(${sizes.length === 1 ? String(sizes[0]) : `[${sizes.join(", ")}]`})`;
+    }
+    default:
+      return null;
+  }
+}
+
 /**
  * The action space of `schema` as a message names it (gymnasium's spelling): `Discrete(92)`,
- * `MultiDiscrete([3, 4, 5])` or `Box(-1.0, 1.0, (2,), float32)`; `actN` null: `Discrete(?)`.
- * Python: `transport.client.describe_action_space`.
+ * `MultiDiscrete([3, 4, 5])` or `Box(-1.0, 1.0, (2,), float32)`; `actN` null: `Discrete(?)`. A
+ * schema derived from gymnasium spaces that carries their description (`GymSpaces`) is named by
+ * it: an integer Box stays a Box (`Box(-5, 5, (2,), int16)`), not the MultiDiscrete its i32 field
+ * alone would say. Python: `transport.client.describe_action_space`.
  */
 export function describeActionSpace(schema: SchemaModule, actN: number | null): string {
   const body = schema.messages["STEP_REQ"]?.body;
   const field = body ? schema.ir.structs[body]?.fields.find((f) => f.role === "action") : undefined;
   if (field === undefined) return "no action space (the STEP_REQ body has no action field)";
+  const action = gymDescription(schema)?.["action"];
+  const described = typeof action === "object" && action !== null ? describedSpace(action as Record<string, unknown>) : null;
+  if (described !== null) return described;
   const dims = fieldDims(field);
   if (dims.length === 0) return `Discrete(${actN === null ? "?" : actN})`;
   const elem = elementType(schema, field);
   if (!elem.startsWith("f")) {
     const high = boundValues(field.high, field.count) ?? new Array<number>(field.count).fill(0);
     const low = boundValues(field.low, field.count) ?? new Array<number>(field.count).fill(0);
-    const nvec = high.map((h, i) => String(Math.trunc(h - (low[i] as number) + 1))).join(", ");
-    const start = low.some((v) => v !== 0) ? `, start=[${low.map((v) => String(Math.trunc(v))).join(", ")}]` : "";
-    return `MultiDiscrete([${nvec}]${start})`;
+    return multiDiscreteText(
+      high.map((h, i) => h - (low[i] as number) + 1),
+      low,
+    );
   }
   const low = boundText(boundValues(field.low, field.count), -Infinity);
   const high = boundText(boundValues(field.high, field.count), Infinity);
@@ -356,6 +433,16 @@ export function describeGiven(value: unknown): string {
 const SAME = (a: readonly number[], b: readonly number[]): boolean => a.length === b.length && a.every((d, i) => d === b[i]);
 
 /**
+ * Why `ActionShapes.write` refused an argument: a text, or `{ outside }` for an integer the
+ * action field's type cannot hold (`outside`: the value, or "a value"), which `error` words with
+ * the action space (a Discrete space whose size is known is named by its actions, 0..n-1).
+ */
+export type Refusal = string | { readonly outside: string };
+
+/** A Discrete space whose size is known, as `describeActionSpace` names it. */
+const DISCRETE = /^Discrete\((\d+)\)$/;
+
+/**
  * The one rule for what an action argument means (docs/client.md, "Actions"), applied before any
  * bytes move so every backend answers alike. With S one env's action shape (`()` Discrete, the
  * field's dims for Box and MultiDiscrete) and N the server's envs, an argument of shape S is one
@@ -364,6 +451,8 @@ const SAME = (a: readonly number[], b: readonly number[]): boolean => a.length =
  * one per env too (row-major). Anything else is refused, a number for a Box included. Values:
  * integers that fit the field's type go into an integer field, floats (a non-integer number or a
  * Float32Array/Float64Array) are refused there (truncated); any number goes into a float field.
+ * `write(actions, request)` applies it to `step`; `write(actions, body, k)` to a call for K env
+ * ids (`send`): the same rule with K in place of N, its batch forms only, the same texts.
  */
 export class ActionShapes {
   readonly one: readonly number[];
@@ -400,11 +489,13 @@ export class ActionShapes {
 
   /**
    * Write `actions` into `request` (one STEP_REQ record per env) and return 0 (one env's action)
-   * or N (one action per env); a string says why it is refused (`error` makes the ActionError).
+   * or N (one action per env); a `Refusal` says why it is refused (`error` makes the ActionError).
+   * `k`: a call for K env ids (`send`), one action per env id: K, or a refusal.
    */
-  write(actions: unknown, request: Buffer): number | string {
-    const n = this.numEnvs;
-    if (typeof actions === "number" && this.one.length === 0 && n === 1) {
+  write(actions: unknown, request: Buffer, k?: number): number | Refusal {
+    const n = k ?? this.numEnvs;
+    const single = k === undefined && n === 1;
+    if (typeof actions === "number" && this.one.length === 0 && single) {
       // the hot path of a Discrete 1-env server
       if (Number.isInteger(actions) && actions >= this.lo && actions <= this.hi) {
         writeAction(request, this.#at, actions, this.#type);
@@ -415,25 +506,33 @@ export class ActionShapes {
     if (found === null) return "not numbers of one shape";
     const shape = found.shape;
     let count: number;
-    if (SAME(shape, this.one) && n === 1) count = 0;
-    else if (SAME(shape, this.batch)) count = n;
+    if (single && SAME(shape, this.one)) count = 0;
+    else if (this.#isBatch(shape, n)) count = n;
     else if (this.one.length > 0 && n > 1 && shape.length === 1 && shape[0] === n * this.elements) count = n;
-    else return this.#wanted(shape);
+    else return this.#wanted(shape, k);
     if (this.integer && found.kind === "float") {
       const type = actions instanceof Float32Array ? "float32" : "float64";
       return `its ${type} values would be truncated to the ${this.elem} action field; pass integers`;
     }
-    let bad: string | null = null;
+    let bad: Refusal | null = null;
     if (this.integer) {
       forEachNumber(actions, (v) => {
         if (bad !== null) return;
         if (!Number.isInteger(v)) bad = `its value ${String(v)} would be truncated to the ${this.elem} action field; pass integers`;
-        else if (v < this.lo || v > this.hi) bad = `a value is outside ${this.lo}..${this.hi}: it does not fit the ${this.elem} action field`;
+        else if (v < this.lo || v > this.hi) bad = { outside: typeof actions === "number" ? String(v) : "a value" };
       });
     }
     if (bad !== null) return bad;
     this.#put(actions, request);
     return count;
+  }
+
+  /** Whether `shape` is (n, ...S): one action per env (or env id). */
+  #isBatch(shape: readonly number[], n: number): boolean {
+    const one = this.one;
+    if (shape.length !== one.length + 1 || shape[0] !== n) return false;
+    for (let i = 0; i < one.length; i++) if (shape[i + 1] !== one[i]) return false;
+    return true;
   }
 
   /** The values, row-major, into env i's action field at `i * stride + at` (element j after). */
@@ -455,11 +554,17 @@ export class ActionShapes {
     });
   }
 
-  /** What to pass instead of an argument of `shape`; a batch of the wrong length first says the two counts. */
-  #wanted(shape: readonly number[]): string {
-    if (shape.length === this.batch.length && SAME(shape.slice(1), this.one)) {
-      return `expected ${this.numEnvs} action${this.numEnvs === 1 ? "" : "s"}, got ${shape[0]}; ${this.#wanted([])}`;
+  /**
+   * What to pass instead of an argument of `shape`; a batch of the wrong length first says the
+   * two counts. `k`: a call for K env ids.
+   */
+  #wanted(shape: readonly number[], k?: number): string {
+    const n = k ?? this.numEnvs;
+    const batch = k === undefined ? this.batch : [k, ...this.one];
+    if (shape.length === batch.length && SAME(shape.slice(1), this.one)) {
+      return `expected ${n} action${n === 1 ? "" : "s"}, got ${shape[0]}; ${this.#wanted([], k)}`;
     }
+    if (k !== undefined) return `pass one action per env id: an array of shape ${shapeText(batch)}`;
     if (this.numEnvs === 1) {
       if (this.one.length === 0) return "pass one integer (one action) or an array of shape (1,) (a batch of one)";
       return `pass an array of shape ${shapeText(this.one)} (one action) or ${shapeText(this.batch)} (a batch of one)`;
@@ -467,10 +572,27 @@ export class ActionShapes {
     return `pass one action per env: an array of shape ${shapeText(this.batch)}`;
   }
 
-  /** The ActionError for a refusal `why` of `write`: names the space, what was given, what to pass. */
-  async error(what: string, actions: unknown, why: string): Promise<ActionError> {
-    const envs = `${this.numEnvs} env${this.numEnvs === 1 ? "" : "s"}`;
-    return new ActionError(`${what}: ${describeGiven(actions)} is not an action for ${await this.space()} (${envs}): ${why}`);
+  /**
+   * The ActionError for a refusal `why` of `write`: names the space, what was given, what to pass
+   * (`k`: a call for K env ids, as `write` was given).
+   */
+  async error(what: string, actions: unknown, why: Refusal, k?: number): Promise<ActionError> {
+    const envs = k === undefined ? `${this.numEnvs} env${this.numEnvs === 1 ? "" : "s"}` : `${k} env id${k === 1 ? "" : "s"}`;
+    const space = await this.space();
+    const text = typeof why === "string" ? why : this.#outside(why.outside, space);
+    return new ActionError(`${what}: ${describeGiven(actions)} is not an action for ${space} (${envs}): ${text}`);
+  }
+
+  /**
+   * Why an integer the field's type cannot hold is refused: a Discrete space whose size is known
+   * is named by its actions, 0..n-1 (the server's INVALID_ACTION stays the check of the values the
+   * field holds); any other space by the field's type.
+   */
+  #outside(value: string, space: string): string {
+    const found = this.one.length === 0 ? DISCRETE.exec(space) : null;
+    const size = found === null ? 0 : Number(found[1]);
+    if (size > 0) return `${value} is outside 0..${size - 1} (and does not fit the ${this.elem} action field)`;
+    return `${value} is outside ${this.lo}..${this.hi}: it does not fit the ${this.elem} action field`;
   }
 }
 
@@ -497,12 +619,8 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   readonly #result: AnyStructCodec;
   readonly #resultSize: number;
   readonly #request: Buffer;
-  readonly #actionAt: number;
-  readonly #actionType: ActionType;
-  /** The action field is an array (Box, MultiDiscrete): one array of numbers per env. */
-  readonly #arrayAction: boolean;
   readonly #stepSize: number;
-  /** The one rule for step's argument (shape, values) and its errors. */
+  /** The one rule for step's and send's argument (shape, values) and its errors. */
   readonly #shapes: ActionShapes;
   #spaceText: string | null = null;
   readonly #seed: Buffer;
@@ -529,9 +647,6 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     const step = bodyCodec(schema, "STEP_REQ");
     const action = schema.ir.structs[step.name]?.fields.find((f) => f.role === "action");
     if (action === undefined) throw new ProtocolError("the STEP_REQ body struct has no field with role 'action'");
-    this.#actionAt = action.offset;
-    this.#actionType = actionTypeOf(schema, action, "STEP_REQ action", 1, true);
-    this.#arrayAction = fieldDims(action).length > 0;
     this.#shapes = new ActionShapes(schema, this.numEnvs, () => this.#actionSpace());
     this.#stepSize = step.size;
     this.#request = Buffer.alloc(step.size * this.numEnvs);
@@ -585,7 +700,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   step(actions: Actions, options: ResultOptions & { copy: true }): Promise<Value | Value[]>;
   async step(actions: Actions, options: ResultOptions = {}): Promise<View | View[] | Value | Value[]> {
     const count = this.#shapes.write(actions, this.#request);
-    if (typeof count === "string") throw await this.#shapes.error("step()", actions, count);
+    if (typeof count !== "number") throw await this.#shapes.error("step()", actions, count);
     if (this.numEnvs === 1) {
       // a batch of one goes as a STEP_REQ too (every backend answers it alike): the call's
       // shape, not the backend, decides the result's
@@ -672,16 +787,17 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
 
   /**
    * Start stepping envs `envIds` (action `actions[k]` for env `envIds[k]`): `recv` returns their
-   * results as they finish. An env already in flight is refused (ASYNC_STATE).
+   * results as they finish. An env already in flight is refused (ASYNC_STATE). `actions`: one
+   * action per env id, shape (K, ...action shape) (array actions: a flat array of K x elements
+   * numbers too, K > 1), by step's rule with K in place of N (`ActionShapes`): anything else is an
+   * ActionError naming send() before any bytes move.
    */
-  async send(actions: ArrayLike<number>, envIds: ArrayLike<number>): Promise<void> {
+  async send(actions: Actions, envIds: ArrayLike<number>): Promise<void> {
     const k = envIds.length;
     if (k < 1 || k > this.numEnvs) throw new TransportError(`send takes 1..${this.numEnvs} env ids, got ${k}`);
-    if (actions.length !== k) throw new TransportError(`send got ${actions.length} actions for ${k} env ids`);
-    if (this.#arrayAction) throw new TransportError(`schema ${this.schema.name}: send takes one integer action per env`);
-    const size = this.#stepSize;
-    const body = Buffer.alloc(k * size);
-    for (let j = 0; j < k; j++) writeAction(body, j * size + this.#actionAt, (actions[j] as number) | 0, this.#actionType);
+    const body = Buffer.alloc(k * this.#stepSize);
+    const count = this.#shapes.write(actions, body, k);
+    if (typeof count !== "number") throw await this.#shapes.error("send()", actions, count, k);
     const ids = Array.from(envIds, (i) => Number(i));
     await this.#exchange(this.ids.SEND_REQ, Buffer.concat([body, msgpackEncode(ids)]), this.ids.SEND_RESP);
   }

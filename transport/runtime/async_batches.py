@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from transport.protocol import MESSAGE_IDS, AutoReset, ErrorCode, MessageIds, RequestError
-from transport.runtime.core import EnvRuntime, action_values
+from transport.runtime.core import EnvRuntime, action_values, step_before_reset
 
 _MESSAGE_NAMES: dict[int, str] = {
     getattr(MESSAGE_IDS, field.name): field.name for field in dataclasses.fields(MessageIds)
@@ -70,6 +70,15 @@ def check_send(ids: list[int], num_envs: int, in_flight: np.ndarray) -> None:
             raise _async_state(
                 f"env {i} is already in flight: call recv() for its result before sending it again"
             )
+
+
+def check_reset_sent(ids: list[int], reset_sent: bool) -> None:
+    """A SEND (after ``check_send``) from a client that sent no reset yet in its session: the
+    NOT_RESET of its first env, as the runtime's action check gives it at SEND. The shm client
+    asks this itself (its SEND publishes the slots without waiting for the server); a reset it
+    sent that failed for some env stays the server's to refuse (at RECV)."""
+    if not reset_sent and ids:
+        raise step_before_reset(ids[0])
 
 
 def check_recv(count: int, batch_size: int) -> int:

@@ -259,6 +259,12 @@ def _numbers(values: Any) -> str:
     return "[" + ", ".join(texts) + "]"
 
 
+def step_before_reset(index: int) -> RequestError:
+    """The NOT_RESET of a step of env ``index`` before its first reset (the runtime's check,
+    and the shm client's at SEND: ``async_batches.check_reset_sent``)."""
+    return RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
+
+
 def check_action_value(rule: ActionRule, index: int, action: Any, act_n: int) -> None:
     """One env's action against its type's rule: INVALID_ACTION (naming the env) when refused."""
     if rule.kind == "discrete":
@@ -964,7 +970,7 @@ class EnvRuntime:
         """``check_action`` given ``done`` (env ``index``'s episode ended), which a step has
         already read."""
         if not self.all_reset and not self.was_reset[index]:
-            raise RequestError(ErrorCode.NOT_RESET, f"env {index}: step before the first reset")
+            raise step_before_reset(index)
         if done:
             raise RequestError(ErrorCode.NOT_RESET, f"env {index}: episode is done; reset first")
         if self._discrete:  # check_action_value's first case, inline (each step)

@@ -12,7 +12,7 @@
 import { decode as msgpackDecode } from "@msgpack/msgpack";
 
 import { ErrorCode, MESSAGE_IDS, RequestError } from "../protocol";
-import { type AsyncDone, type EnvRuntime, type Failure, Op, type Records } from "./core";
+import { type AsyncDone, type EnvRuntime, type Failure, Op, type Records, stepBeforeReset } from "./core";
 
 /** The rows asynchronous steps write into: env i's result, and its SAME_STEP final result. */
 class AsyncRecords implements Records {
@@ -96,6 +96,16 @@ export function checkSend(ids: readonly number[], numEnvs: number, inFlight: Uin
   for (const i of ids) {
     if (inFlight[i]) throw asyncState(`env ${i} is already in flight: call recv() for its result before sending it again`);
   }
+}
+
+/**
+ * A SEND (after `checkSend`) from a client that sent no reset yet in its session: the NOT_RESET
+ * of its first env, as the runtime's action check gives it at SEND. The shm client asks this
+ * itself (its SEND publishes the slots without waiting for the server); a reset it sent that
+ * failed for some env stays the server's to refuse (at RECV). Python: `check_reset_sent`.
+ */
+export function checkResetSent(ids: readonly number[], resetSent: boolean): void {
+  if (!resetSent && ids.length > 0) throw stepBeforeReset(ids[0] as number);
 }
 
 /**

@@ -27,6 +27,14 @@ import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
 import type { Action, Column, RunnerColumns, Spaces } from "./env";
 
+/**
+ * The NOT_RESET of a step of env `index` before its first reset (the runtime's check, and the shm
+ * client's at SEND: `checkResetSent`). Python: `transport.runtime.core.step_before_reset`.
+ */
+export function stepBeforeReset(index: number): RequestError {
+  return new RequestError(ErrorCode.NOT_RESET, `env ${index}: step before the first reset`);
+}
+
 export const FATE_RESET = "the env was reset";
 export const FATE_RECREATED = "the env was recreated";
 export const FATE_FAILED = "the env could not be reset: send a reset";
@@ -1037,7 +1045,7 @@ export class EnvRuntime {
   /** Refuse a bad action (RequestError); true when it is masked out under "noop" (no step). */
   #checkAction(index: number, action: number): boolean {
     if (!this.#wasReset[index]) {
-      throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: step before the first reset`);
+      throw stepBeforeReset(index);
     }
     if (this.#isDone[index]) {
       throw new RequestError(ErrorCode.NOT_RESET, `env ${index}: episode is done; reset first`);

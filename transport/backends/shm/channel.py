@@ -63,7 +63,12 @@ from transport.protocol import (
     encode_hello_response,
     mismatch_text,
 )
-from transport.runtime.async_batches import check_idle, check_recv, check_send
+from transport.runtime.async_batches import (
+    check_idle,
+    check_recv,
+    check_reset_sent,
+    check_send,
+)
 from transport.runtime.async_session import send_env_ids
 
 log = logging.getLogger("transport.shm")
@@ -509,6 +514,9 @@ class ShmChannel:
             "uint8_t *", native.ffi.from_buffer(self._in_flight, require_writable=True)
         )
         self._async_count = 0
+        # a reset was sent in this lease's session (its envs are fresh): before one, a SEND is
+        # the runtime's NOT_RESET at once, as over the streams (``check_reset_sent``)
+        self._reset_sent = False
         self._async_next = 0  # RECV scans from here (round robin: no env starves)
         self._every = np.arange(n, dtype=np.uint32)
         self._async_ids = np.zeros(n, dtype=np.uint32)
@@ -726,6 +734,7 @@ class ShmChannel:
         view = memoryview(body).cast("B")
         found = send_env_ids(view, size, n)
         check_send(found, n, self._in_flight)
+        check_reset_sent(found, self._reset_sent)
         k = len(found)
         # wire records into the slots' layout (one structured assignment, fields by position)
         # or, column layout, each field into its column
@@ -825,6 +834,7 @@ class ShmChannel:
             self._has_seed[:] = 1
         else:
             self._has_seed[:] = 0
+        self._reset_sent = True
         self._exchange(SlotCommand.RESET)
         self._in_flight[:] = 1
         self._async_count = self.num_envs
@@ -846,6 +856,7 @@ class ShmChannel:
             self._has_seed[:] = 1
         else:
             self._has_seed[:] = 0
+        self._reset_sent = True
         self._exchange(SlotCommand.RESET)
         return self.ids.RESET_RESP, self._empty
 
@@ -854,6 +865,7 @@ class ShmChannel:
         entries = self._seeds_codec.view(body, 0, count=self.num_envs)
         self._seeds[:] = entries["seed"]
         self._has_seed[:] = entries["has_seed"]
+        self._reset_sent = True
         self._exchange(SlotCommand.RESET)
         return self.ids.RESET_RESP, self._empty
 

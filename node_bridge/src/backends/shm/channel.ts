@@ -66,7 +66,7 @@ import {
   writeAction,
   writeArrayAction,
 } from "../../runtime/core";
-import { checkIdle, checkRecv, checkSend, sendEnvIds } from "../../runtime/async_batches";
+import { checkIdle, checkRecv, checkResetSent, checkSend, sendEnvIds } from "../../runtime/async_batches";
 import type { Channel, ChannelRecords, Final } from "../../stream";
 import type { OpenOptions } from "../backend";
 import {
@@ -315,6 +315,11 @@ export class ShmChannel implements Channel {
   readonly #inFlight: Uint8Array;
   /** How many envs are in flight (0: lock-step requests are allowed). */
   #flying = 0;
+  /**
+   * A reset was sent in this lease's session (its envs are fresh): before one, a SEND is the
+   * runtime's NOT_RESET at once, as over the streams (`checkResetSent`).
+   */
+  #resetSent = false;
   /** checkSend's scratch (one byte per env). */
   readonly #seen: Uint8Array;
   /** Where the next RECV starts its scan (after the last env the previous one returned). */
@@ -503,6 +508,7 @@ export class ShmChannel implements Channel {
         return this.#hello(body);
       case ids.RESET_REQ:
       case ids.RESET_SEED_REQ: {
+        this.#resetSent = true;
         this.#writeSeeds(msgType === ids.RESET_REQ ? null : Buffer.from(body.buffer, body.byteOffset, body.byteLength).readBigUInt64LE(0));
         return (await this.#roundTrip(SlotCommand.RESET, n)) ?? ids.RESET_RESP;
       }
@@ -510,6 +516,7 @@ export class ShmChannel implements Channel {
         // one 16-byte EnvSeed per env (client.ts seedsBody): u64 seed at 0, has_seed at 8
         const entries = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
         const size = entries.byteLength / n;
+        this.#resetSent = true;
         const region = this.region;
         for (let i = 0; i < n; i++) {
           const has = entries[i * size + 8] === 1;
@@ -614,6 +621,7 @@ export class ShmChannel implements Channel {
     const check = (): void => {
       sent = sendEnvIds(body, size, n);
       checkSend(sent, n, this.#inFlight, this.#seen);
+      checkResetSent(sent, this.#resetSent);
     };
     if (this.#refused(check)) return this.#ids.ERROR;
     const k = sent.length;
@@ -654,6 +662,7 @@ export class ShmChannel implements Channel {
     if (this.#refused(() => checkIdle(this.#flying, "ASYNC_RESET_REQ"))) return this.#ids.ERROR;
     if (body.byteLength !== 16) return this.#error(ErrorCode.BAD_BODY_SIZE, `ASYNC_RESET_REQ body is ${body.byteLength} bytes, expected 16`);
     const entry = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+    this.#resetSent = true;
     this.#writeSeeds(entry[8] === 1 ? entry.readBigUInt64LE(0) : null);
     let type: number | null;
     try {
