@@ -19,7 +19,7 @@ from gymnasium import spaces  # noqa: E402
 from gymnasium.vector import SyncVectorEnv  # noqa: E402
 
 from transport.errors import ActionError, AdapterError  # noqa: E402
-from transport.gym import RemoteEnv, RemoteVectorEnv  # noqa: E402
+from transport.gym import RemoteAsyncVectorEnv, RemoteEnv, RemoteVectorEnv  # noqa: E402
 from transport.gym_serve import gym_server  # noqa: E402
 
 from .servers import unique_url  # noqa: E402
@@ -234,6 +234,16 @@ def test_a_discrete_action_with_a_start_is_one_integer(backend: str) -> None:
                 envs.step(np.array([3, 4]))
         finally:
             envs.close()
+        batches = RemoteAsyncVectorEnv(server.bound_url, batch_size=N)
+        try:  # send takes the same (K,) ints (before: an ActionError asking for (K, 1))
+            batches.async_reset(seed=0)
+            batches.recv()
+            batches.send(np.array([6, 3, 4]), np.array([2, 0, 1]))
+            obs, *_, infos = batches.recv()
+            got = dict(zip(infos["env_id"].tolist(), obs.tolist(), strict=True))
+            assert got == {0: [3.0], 1: [4.0], 2: [6.0]}
+        finally:
+            batches.close()
 
 
 def test_reset_options_are_refused_with_what_to_do(backend: str) -> None:

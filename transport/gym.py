@@ -708,7 +708,8 @@ class RemoteAsyncVectorEnv(RemoteVectorEnv):
 
     def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
         """Step env ``env_ids[k]`` with ``actions[k]``, without waiting."""
-        self.client.send(np.asarray(actions), np.asarray(env_ids))
+        ids = np.asarray(env_ids)
+        self.client.send(actions_of(actions, self._action, len(ids)), ids)
 
     def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """(obs, rewards, terminated, truncated, infos) of the first ``batch_size`` envs to
