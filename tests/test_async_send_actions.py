@@ -272,3 +272,32 @@ def test_a_gymnasium_derived_action_space_is_named_as_the_user_wrote_it() -> Non
     for space, name in cases:
         schema = schema_of_spaces(observation, space)
         assert describe_action_space(schema, 5).startswith(name), (space, name)
+
+
+def _padding(dtype: np.dtype) -> list[int]:
+    """Byte offsets of a record dtype that no field covers."""
+    covered = np.zeros(dtype.itemsize, dtype=bool)
+    for _name, (field, offset, *_) in (dtype.fields or {}).items():
+        covered[offset : offset + field.itemsize] = True
+    return [i for i in range(dtype.itemsize) if not covered[i]]
+
+
+@pytest.mark.parametrize("backend", ["unix", "zmq+ipc", "shm"])
+def test_results_carry_zeros_in_their_padding(backend: str) -> None:
+    """RECV_RESP from a Python server took its rows with records[ids], whose padding bytes NumPy
+    leaves unset: bytes of the server's heap (pointer fragments) went over the wire, and the
+    responses were not byte-identical to lock-step's. The client's copies (copy=True) had the
+    same hole: NumPy's copy of records leaves their padding unset."""
+    with ServerProcess(unique_url(backend), env="lock", num_envs=2) as server:
+        with api.connect(server.url) as client:
+            client.async_reset(5)
+            client.recv(2)
+            pad: list[int] = []
+            for k in range(6):
+                client.send(np.array([[2, 3, 4], [1, 0, 2]]), [0, 1])
+                got = client.recv(2, copy=k % 2 == 1).results.record  # the wire's, then a copy
+                pad = pad or _padding(got.dtype)
+                assert pad, "the lock env's result record has padding"
+                assert not got.view(np.uint8).reshape(2, -1)[:, pad].any()
+                stepped = client.step(np.array([[2, 3, 4], [1, 0, 2]]), copy=True).record
+                assert not stepped.view(np.uint8).reshape(2, -1)[:, pad].any()

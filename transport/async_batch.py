@@ -19,7 +19,7 @@ import numpy as np
 from transport.codec import Schema
 from transport.errors import ProtocolError
 from transport.protocol import body_codec
-from transport.step_view import StepView
+from transport.step_view import StepView, copy_records
 
 if TYPE_CHECKING:
     from transport.client import ActionShapes
@@ -109,7 +109,7 @@ class AsyncCalls:
         ids, ended, final_bytes = tail
         records = self.result.view(resp, 0, count=b)
         if copy:
-            records = records.copy()
+            records = copy_records(records)
         finals = []
         for k, index in enumerate(ended):
             record = self.result.view(bytearray(final_bytes[k * size : (k + 1) * size]))

@@ -47,8 +47,23 @@ class StepView:
         return list(self._fields)
 
     def copy(self) -> StepView:
-        return StepView(self.source.copy())
+        source = self.source
+        return StepView(copy_records(source) if isinstance(source, np.ndarray) else source.copy())
 
     def __repr__(self) -> str:
         shape = self.source.shape
         return f"StepView({', '.join(self._fields)}; envs={shape[0] if shape else 1})"
+
+
+def copy_records(records: np.ndarray) -> np.ndarray:
+    """An owned, C-contiguous copy of a record array, byte for byte (padding included): NumPy's
+    own copy of records whose dtype has padding leaves those bytes unset (heap bytes in a copy
+    a caller may hash, compare or write out), and copies field by field, which is slower."""
+    flat = records.reshape(-1)
+    count, size = flat.shape[0], records.dtype.itemsize
+    if count == 0:
+        return np.zeros(records.shape, records.dtype)
+    rows = np.lib.stride_tricks.as_strided(
+        flat[:1].view(np.uint8), shape=(count, size), strides=(flat.strides[0], 1)
+    )
+    return rows.copy().view(records.dtype).reshape(records.shape)

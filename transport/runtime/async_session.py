@@ -12,7 +12,7 @@ import numpy as np
 from transport.codec import Schema, StructCodec
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.async_batches import AsyncBatches
-from transport.runtime.core import EnvRuntime
+from transport.runtime.core import EnvRuntime, row_bytes
 
 
 class Session(Protocol):
@@ -72,7 +72,7 @@ class AsyncHandlers:
         batch_size = int(self.recv_request.view(body)["batch_size"])
         ids, ended = self.batches.recv(batch_size)
         results = s.runtime.runner.results[: s.num_envs]
-        data = results[ids].tobytes()
+        data = row_bytes(results)[ids].tobytes()  # byte rows: records[ids] leaves padding unset
         finals = b""
         if ended and s.runtime.autoreset == AutoReset.SAME_STEP:
             size = s.result.size
