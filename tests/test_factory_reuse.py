@@ -104,6 +104,30 @@ def test_one_env_object_for_several_envs_is_refused_at_start() -> None:
         api.Server(_Counted(env), _url("shm", "start"), num_envs=2).start()
 
 
+_ONE_ECHO = EchoEnv()
+
+
+def _one_echo() -> EchoEnv:
+    """A module-level factory (worker processes can call it) of one object made beforehand."""
+    return _ONE_ECHO
+
+
+@pytest.mark.parametrize("scheme", ["unix", "shm"])
+def test_one_env_object_for_several_envs_of_a_worker_is_refused(scheme: str) -> None:
+    """With worker processes each worker made its envs from the factory without the check: two
+    envs of one worker stepped one object (before: served, each step moved it twice)."""
+    url = _url(scheme, "workers")
+    if scheme == "shm":
+        url = url.replace("num_envs=2", "num_envs=4")
+    with pytest.raises((ValueError, TransportError), match=REUSED):
+        server = api.Server(_one_echo, url, schema=pac_env.SCHEMA, num_envs=4, workers=2).start()
+        try:
+            with api.connect(server.bound_url, timeout=10) as client:
+                client.reset()
+        finally:
+            server.close()
+
+
 @pytest.mark.parametrize("scheme", ["unix", "http", "zmq+ipc"])
 def test_a_factory_of_new_envs_is_called_once_per_env(scheme: str) -> None:
     """The ordinary case: a factory of new envs, two clients one after the other, every env

@@ -133,6 +133,12 @@ def close_env(env: object) -> None:
             pass
 
 
+SERVE_THE_OBJECT = (
+    "to serve one env object made beforehand, pass the object itself, not a function returning it"
+)
+"""The server's remedy in ``repeated_env_error`` (gymnasium factories give their own)."""
+
+
 def repeated_env_error(factory_name: str, what: str, remedy: str) -> ValueError:
     """The refusal of a factory that returned an env object it returned before (``what``: the
     env's type, and how it came back); one text for the server's check and gymnasium's."""

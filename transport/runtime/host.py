@@ -28,7 +28,14 @@ from transport.runtime.core import (
     describe,
     penalty_of,
 )
-from transport.runtime.env import Env, EnvFactory, Served, is_vector_env, repeated_env_error
+from transport.runtime.env import (
+    SERVE_THE_OBJECT,
+    Env,
+    EnvFactory,
+    Served,
+    is_vector_env,
+    repeated_env_error,
+)
 
 
 class EnvHost:
@@ -182,12 +189,7 @@ class EnvHost:
             return env
         if again:
             name = getattr(self.factory, "__qualname__", None) or type(self.factory).__qualname__
-            raise repeated_env_error(
-                name,
-                type(env).__qualname__,
-                "to serve one env object made beforehand, pass the object itself, not a "
-                "function returning it",
-            )
+            raise repeated_env_error(name, type(env).__qualname__, SERVE_THE_OBJECT)
         return env
 
     def create_envs(self) -> list[Env]:

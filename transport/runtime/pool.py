@@ -86,7 +86,7 @@ from transport.runtime.core import (
     row_bytes,
     with_traceback,
 )
-from transport.runtime.env import Env, Spaces
+from transport.runtime.env import SERVE_THE_OBJECT, Env, Spaces, repeated_env_error
 from transport.runtime.local import LocalEnvs
 
 _FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worker process"}
@@ -398,6 +398,9 @@ def _worker_main(
         results = _map_rows(rows, num_envs) if rows is not None else lay.results
         finals = _map_rows(final_rows, num_envs) if final_rows is not None else lay.finals
         envs = [factory() for _ in range(lo, hi)]
+        if len({id(env) for env in envs}) < len(envs):  # one object for several envs
+            name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+            raise repeated_env_error(name, type(envs[0]).__qualname__, SERVE_THE_OBJECT)
         local = LocalEnvs(envs, codec, results[lo:hi], finals[lo:hi], factory, base=lo)
         block[_W_OK] = 1
     except Exception as exc:
