@@ -3,7 +3,8 @@
 - Observation: the result struct's ``observation`` fields. One field is a ``Box`` of the
   field's shape (``f32[2,5,5]``: shape (2, 5, 5)); several make a ``Dict`` of Boxes keyed by
   field name, in field order. Bounds: the field's declared ``low`` / ``high``, else the
-  adapter's ``observation_bounds`` (or a reference env's known bounds), else (-inf, inf).
+  adapter's ``observation_bounds`` (or a reference env's known bounds), else (-inf, inf) for a
+  float field and the dtype's range for an integer one (u8: 0..255; bool: False..True).
 - Action: the request struct's ``action`` field. One integer is ``Discrete(act_n)`` (act_n from
   the server's ``spaces()``); an integer array is ``MultiDiscrete(high - low + 1, start=low)``
   (low defaults to 0); an f32/f64 array is ``Box(low, high, shape)`` (+-inf when undeclared).
@@ -22,6 +23,7 @@ nested dicts) for the fields of that schema.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -169,18 +171,62 @@ def _dtype(schema: Schema, struct: StructIR, field: FieldIR) -> np.dtype[Any]:
     return np.dtype(schema[struct.name].dtype[field.name].base)
 
 
+def _integer_default(value: float, dtype: np.dtype[Any], upper: bool) -> int:
+    """A default bound (``observation_bounds``, +-inf when none) for an integer field: inside
+    the dtype's range, +-inf its ends (a cast of inf to an integer dtype is undefined: numpy
+    gave ``Box(0, 0)`` for u8), a fraction rounded inward."""
+    info = np.iinfo(dtype)
+    if math.isinf(value):
+        whole = int(info.max) if value > 0 else int(info.min)
+    elif math.isnan(value):
+        whole = int(info.max) if upper else int(info.min)
+    else:
+        whole = math.floor(value) if upper else math.ceil(value)
+    return min(max(whole, int(info.min)), int(info.max))
+
+
+def _whole(text: str) -> int:
+    """An integer bound's IR text ("255"; "255.0" from a hand-written IR) as an exact int."""
+    try:
+        return int(text)
+    except ValueError:
+        return int(float(text))
+
+
+def _declared(
+    field: FieldIR, which: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> np.ndarray | None:
+    """The field's declared ``low`` / ``high`` as an array of its dtype; None when absent. An
+    integer field's bounds come from the IR's text, exact (a float would round an i64 / u64
+    bound past the dtype's end)."""
+    raw = field.low if which == "low" else field.high
+    if raw is None:
+        return None
+    texts = (raw,) * field.count if isinstance(raw, str) else raw
+    if dtype.kind in "iu":
+        return np.array([_whole(t) for t in texts], dtype=dtype).reshape(shape)
+    return np.array([float(t) for t in texts], dtype=np.float64).astype(dtype).reshape(shape)
+
+
 def _box(field: FieldIR, dtype: np.dtype[Any], default: tuple[float, float] | None) -> spaces.Box:
-    """A Box of the field's shape (a scalar field: shape (1,)) and its bounds."""
+    """A Box of the field's shape (a scalar field: shape (1,)) and its bounds: the declared
+    ones, else ``default``, else unbounded: (-inf, inf) for a float field, the dtype's range for
+    an integer one, False..True for a bool."""
     from gymnasium import spaces
 
     shape = field.dims or (1,)
     lo_default, hi_default = default if default is not None else (-np.inf, np.inf)
+    lo: float | int = lo_default
+    hi: float | int = hi_default
     if dtype.kind == "b":  # a bool field: False..True (inf cast to bool would be True..True)
-        lo_default, hi_default = 0, 1
-    low, high = field.bound("low"), field.bound("high")
-    lows = np.full(shape, lo_default) if low is None else np.reshape(low, shape)
-    highs = np.full(shape, hi_default) if high is None else np.reshape(high, shape)
-    return spaces.Box(lows.astype(dtype), highs.astype(dtype), shape, dtype=dtype.type)
+        lo, hi = 0, 1
+    elif dtype.kind in "iu":  # an integer field: never +-inf cast to the dtype
+        lo = _integer_default(float(lo_default), dtype, upper=False)
+        hi = _integer_default(float(hi_default), dtype, upper=True)
+    low, high = _declared(field, "low", shape, dtype), _declared(field, "high", shape, dtype)
+    lows = np.full(shape, lo, dtype=dtype) if low is None else low
+    highs = np.full(shape, hi, dtype=dtype) if high is None else high
+    return spaces.Box(lows, highs, shape, dtype=dtype.type)
 
 
 def observation_space_of(

@@ -67,6 +67,23 @@ MULTI_REQUEST, MULTI_RESULT = "StepMultiRequest", "StepMultiResult"
 SHM_CONTROL, SHM_SLOT, SHM_FINAL = "ShmControl", "ShmSlot", "ShmFinal"
 _ACTION_TYPES = ("u8", "u16", "u32", "i8", "i16", "i32")
 _FLOAT_ACTION_TYPES = ("f32", "f64")
+_INTEGERS = "u8, u16, u32, u64, i8, i16, i32, i64"
+_FLAG = (frozenset({"bool", "int"}), False, f"one bool or integer flag (bool, {_INTEGERS})")
+_ROLE_TYPES: dict[str, tuple[frozenset[str], bool, str]] = {
+    "reward": (frozenset({"int", "float"}), False, f"one float or integer (f32, f64, {_INTEGERS})"),
+    "done": _FLAG,
+    "terminated": _FLAG,
+    "truncated": _FLAG,
+    "action_mask": (
+        frozenset({"bool", "int"}),
+        True,
+        f"a bool or integer array, one flag per action (bool[N], or an array of {_INTEGERS})",
+    ),
+}
+"""The element kinds each result role takes, whether it is an array, and the types its refusal
+names (docs/schema.md, "Roles"): a reward is one number, an episode flag one bool or integer (on
+a float, 0.5 would end the episode), an action mask a bool or integer array. ``observation``,
+``action``, ``frames`` and ``events`` are checked elsewhere."""
 _SLOT_WORDS: tuple[tuple[str, str], ...] = (
     ("sem_action_ready", "u32"),
     ("sem_result_ready", "u32"),
@@ -461,6 +478,18 @@ class _Compiler:
             action.name,
         )
 
+    def _check_role_type(
+        self, struct: str, fname: str, role: str, kind: str, is_array: bool, type_str: str
+    ) -> None:
+        """A field's type fits its role (``_ROLE_TYPES``): a reward is one number, an episode
+        flag one bool or integer, an action mask a bool or integer array."""
+        rule = _ROLE_TYPES.get(role)
+        if rule is None:
+            return
+        kinds, array, takes = rule
+        if kind not in kinds or is_array != array:
+            raise self.error(f"role {role!r} takes {takes}, not {type_str}", struct, fname)
+
     def _bound(
         self,
         raw: dict[str, Any],
@@ -832,6 +861,7 @@ class _Compiler:
                 if role in roles and role not in MULTI_ROLES:
                     raise self.error(f"role {role!r} is already taken", name, fname)
                 roles.add(role)
+                self._check_role_type(name, fname, role, kind, is_array, type_str)
             low = self._bound(raw, "low", name, fname, role, elem, kind, count)
             high = self._bound(raw, "high", name, fname, role, elem, kind, count)
             if low is not None and high is not None:
