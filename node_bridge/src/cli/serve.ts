@@ -1,12 +1,16 @@
 #!/usr/bin/env node
 /**
- * The Node env server behind `transport-serve URL --lang node` (transport/tools/serve_cli.py
- * execs `node node_bridge/dist/cli/serve.js URL --env NAME --num-envs N [--seed S]
- * [--max-body B]`). Prints exactly `ready <url>` on stdout once clients can connect; on SIGINT
- * or SIGTERM closes (removing the socket file or the shm:// segment) and exits 0; on a start
- * failure prints one line `transport-serve: error: <message>` on stderr (never a stack) and
- * exits 1, or 2 for bad arguments, a schema file that cannot be read, an --env that cannot be
- * loaded and a reference env given another schema (the words of the Python CLI).
+ * The Node env server: the package's bin `transport-serve-node` (bin/transport-serve-node.js
+ * requires this file), and what `transport-serve URL --lang node` runs
+ * (transport/tools/serve_cli.py execs `node node_bridge/dist/cli/serve.js URL --env NAME
+ * --num-envs N [--schema S] ...`). Prints exactly `ready <url>` on stdout once clients can
+ * connect; on SIGINT or SIGTERM closes (removing the socket file or the shm:// segment) and
+ * exits 0; on a start failure prints one line `PROG: error: <message>` on stderr (never a
+ * stack), PROG the command that was run (`transport-serve-node` through the bin, else
+ * `transport-serve`), and exits 1 when the server cannot bind (a bad URL, an address in use, no
+ * room in /dev/shm), or 2 for bad arguments, a schema file that cannot be read, an --env that
+ * cannot be loaded, an env whose results do not fit the schema it gets by default, and a
+ * reference env given another schema (the rules and words of the Python CLI).
  */
 
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -36,32 +40,75 @@ function isReference(name: string): boolean {
 /** Every reference env name, sorted. */
 const REFERENCE_NAMES = [...Object.keys(ENVS), ...Object.keys(VECTOR_ENVS)].sort();
 
-const USAGE = `usage: serve.js URL [--env NAME] [--num-envs N] [--seed S] [--max-body B]
-                [--max-connections C] [--idle-timeout SECONDS] [--read-timeout SECONDS]
+/** `names`, comma-separated, in lines of at most `width` characters indented by `indent`. */
+function wrapped(names: readonly string[], indent: number, width: number): string {
+  const lines: string[] = [];
+  let line = "";
+  for (const [i, name] of names.entries()) {
+    const word = i < names.length - 1 ? `${name},` : name;
+    if (line !== "" && indent + line.length + 1 + word.length > width) {
+      lines.push(line);
+      line = word;
+    } else {
+      line = line === "" ? word : `${line} ${word}`;
+    }
+  }
+  if (line !== "") lines.push(line);
+  return lines.map((l) => " ".repeat(indent) + l).join("\n");
+}
 
-Serve a reference env (Node implementation) until SIGINT or SIGTERM. Prints one line
-"ready URL" on stdout once clients can connect (with http://127.0.0.1:0 the URL carries the
-port that was bound).
+/**
+ * Run through the package's bin (`transport-serve-node`, whose file requires this one), or
+ * directly (`node dist/cli/serve.js`: what `transport-serve --lang node` execs, whose help and
+ * usage errors are the Python CLI's).
+ */
+const VIA_BIN =
+  require.main !== undefined && require.main !== module && basename(require.main.filename).startsWith("transport-serve-node");
+/** The command the messages name: `PROG: error: ... (see PROG --help)`. */
+const PROG = VIA_BIN ? "transport-serve-node" : "transport-serve";
+/** How the usage line starts. */
+const SYNOPSIS = VIA_BIN ? "transport-serve-node URL" : "transport-serve URL --lang node";
+const INDENT = " ".repeat(`usage: ${SYNOPSIS} `.length);
+
+const USAGE = `usage: ${SYNOPSIS} [--env NAME | --env MODULE:FACTORY] [--schema S]
+${INDENT}[--num-envs N] [--workers K] [--seed S] [--max-body B]
+${INDENT}[--masked-actions reject|pass|noop] [--max-connections C]
+${INDENT}[--idle-timeout SECONDS] [--read-timeout SECONDS]
+
+Serve a reference env, or your own env from a JS module, with the Node server until SIGINT or
+SIGTERM. Prints one line "ready URL" on stdout once clients can connect (with
+http://127.0.0.1:0 the URL carries the port that was bound).
+
+  ${SYNOPSIS.replace(" URL", ' "unix:///tmp/g.sock"')} --env ./dist/grid.js:GridWorld --schema grid.toml
+                 (./dist/grid.js from the current directory; grid.toml compiled by transport-schema)
 
   URL            unix:///path.sock, http://127.0.0.1:PORT (?allow_remote=1 for other hosts)
                  zmq+ipc:///path, zmq+tcp://127.0.0.1:PORT (docs/zmq.md: CURVE, allow_insecure)
                  or shm://name?num_envs=N (region /dev/shm/transport-name; docs/shm.md)
   --env NAME     a reference env (default echo):
-                 ${REFERENCE_NAMES.join(", ")}
+${wrapped(REFERENCE_NAMES, 17, 94)}
                  (vector-echo: one vector env stepping all --num-envs envs in one call),
                  contract
-                 (the backend contract suite's env: any --schema), or MODULE:FACTORY, a JS
-                 module (path) exporting an env factory or class
-  --schema S     the schema the env speaks (default pac_env): a built-in schema by name
-                 (${Object.keys(SCHEMAS).sort().join(", ")}; schema/NAME.toml names it too), a
-                 schema file (.toml, compiled by transport-schema on PATH or
-                 TRANSPORT_SCHEMA_CLI), a compiled IR (.json, transport-schema inspect --json)
-                 or a generated module exporting SCHEMA; a reference env serves only its own
-                 schema (--env contract serves any)
-  --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs)
+                 (the backend contract suite's env: any --schema), or MODULE:FACTORY: a JS
+                 module's path, resolved from the current directory (./dist/my_env.js), and
+                 its export FACTORY, an env class or a zero-argument function that returns an
+                 env (or a vector env class: new FACTORY(--num-envs))
+  --schema S     the schema the env speaks: a built-in schema by name
+${wrapped(Object.keys(SCHEMAS).sort(), 17, 94)}
+                 (schema/NAME.toml names one too), a schema file (.toml, compiled by
+                 transport-schema on PATH or TRANSPORT_SCHEMA_CLI), a compiled IR (.json,
+                 transport-schema inspect --json) or a generated module exporting SCHEMA; a
+                 reference env serves only its own schema (--env contract serves any).
+                 Without --schema: a reference env's own schema (pac_env for contract); for
+                 MODULE:FACTORY the SCHEMA that FACTORY, else the module, exports
+                 (loadSchemaFile(...) or a generated module's SCHEMA), else pac_env, tried on
+                 the first env's reset at start: results that do not fit it are refused (exit 2)
+  --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs; another number
+                 than the URL's is refused, except 1, which yields to the URL)
   --seed S       seed of each connection's first unseeded reset (env i: S + i)
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
-  --workers K    step each connection's envs in K worker threads (default 0: in-process)
+  --workers K    step each connection's envs in K worker threads (default 0: in-process;
+                 each thread loads MODULE itself)
   --max-connections C    unix/http: clients served at once (default 1024); one more gets a
                  "server busy" ERROR (http: 503) and is closed
   --idle-timeout S       unix/http: seconds a connection may be idle between requests (default 600)
@@ -71,11 +118,13 @@ port that was bound).
                  an action the env's mask forbids: reject (MASKED_ACTION, default), pass (the
                  env steps with it) or noop (no step; reward env.maskedActionPenalty, default 0)
 
-Exit status: 0 after a signal, 1 when the server cannot start, 2 for bad arguments or limits
-(--num-envs 1..65536, --max-body 1..4294967295 and large enough for the schema's requests; a
-step response for every env must fit in max(--max-body, 64 MiB): the rules of the Python CLI),
-a schema that cannot be read or has no [env] table, an --env that cannot be loaded, or a
-reference env given a schema other than its own.
+Exit status (those of the Python CLI, transport-serve): 0 after a signal; 1 when the server
+cannot start while it binds (a bad URL: an unknown scheme, a bad shm:// name or parameter; a
+live server on the socket or shm name; no room in /dev/shm) or stops serving on its own; 2 for
+bad arguments or limits (--num-envs 1..65536, --max-body 1..4294967295 and large enough for
+the schema's requests; a step response for every env must fit in max(--max-body, 64 MiB)), a
+schema that cannot be read or has no [env] table, an --env that cannot be loaded, an env whose
+results do not fit the default schema, or a reference env given a schema other than its own.
 `;
 
 interface Args {
@@ -85,7 +134,6 @@ interface Args {
   numEnvs: number;
   seed: bigint | null;
   maxBody: number | undefined;
-  numEnvsGiven: boolean;
   workers: number;
   limits: Partial<ServerLimits>;
   maskedActions: MaskedActions;
@@ -97,7 +145,7 @@ function parseArgs(argv: readonly string[]): Args | null {
   let url: string | undefined;
   let env = "echo";
   let schema: string | null = null;
-  let numEnvs: number | null = null;
+  let numEnvsText: string | null = null;
   let seed: bigint | null = null;
   let maxBody: number | undefined;
   let workers = 0;
@@ -108,6 +156,13 @@ function parseArgs(argv: readonly string[]): Args | null {
       const what = integral ? "a positive integer" : "a positive number of seconds";
       throw new UsageError(`${name} must be ${what}, not ${JSON.stringify(text)}`);
     }
+    return number;
+  };
+  // --num-envs and --max-body: any integer parses, then the range rule and text of Python's CLI
+  const ranged = (text: string, name: string, max: number, unit: string): number => {
+    if (!/^[+-]?[0-9]+$/.test(text)) throw new UsageError(`argument ${name}: invalid int value: '${text}'`);
+    const number = Number(text);
+    if (number < 1 || number > max) throw new UsageError(`${name} must be 1..${max}${unit}, not ${BigInt(text)}`);
     return number;
   };
   let maskedActions: MaskedActions = "reject";
@@ -124,13 +179,6 @@ function parseArgs(argv: readonly string[]): Args | null {
       if (!/^[0-9]+$/.test(text)) throw new UsageError(`${name} must be a non-negative integer, got ${JSON.stringify(text)}`);
       return Number(text);
     };
-    // --num-envs and --max-body: any integer parses, then the range rule and text of Python's CLI
-    const ranged = (text: string, name: string, max: number, unit: string): number => {
-      if (!/^[+-]?[0-9]+$/.test(text)) throw new UsageError(`argument ${name}: invalid int value: '${text}'`);
-      const number = Number(text);
-      if (number < 1 || number > max) throw new UsageError(`${name} must be 1..${max}${unit}, not ${BigInt(text)}`);
-      return number;
-    };
     switch (flag) {
       case "--env":
         env = value();
@@ -143,9 +191,12 @@ function parseArgs(argv: readonly string[]): Args | null {
       case "--schema":
         schema = value();
         break;
-      case "--num-envs":
-        numEnvs = ranged(value(), "--num-envs", MAX_NUM_ENVS, "");
+      case "--num-envs": {
+        const text = value(); // an integer now (argparse's type=int); its range below, as in Python
+        if (!/^[+-]?[0-9]+$/.test(text)) throw new UsageError(`argument --num-envs: invalid int value: '${text}'`);
+        numEnvsText = text;
         break;
+      }
       case "--seed": {
         const text = value();
         if (!/^-?[0-9]+$/.test(text)) throw new UsageError(`--seed must be an integer, got ${JSON.stringify(text)}`);
@@ -183,7 +234,27 @@ function parseArgs(argv: readonly string[]): Args | null {
     }
   }
   if (url === undefined) throw new UsageError("the URL is required");
-  return { url, env, schema, numEnvs: numEnvs ?? 1, seed, maxBody, numEnvsGiven: numEnvs !== null, workers, limits, maskedActions };
+  // the shm server's rule (a URL's num_envs wins over 1 only), a usage error now: the Python CLI's
+  const urlNumEnvs = shmNumEnvs(url);
+  if (numEnvsText !== null && urlNumEnvs !== null) {
+    const given = BigInt(numEnvsText);
+    if (given !== 1n && given !== BigInt(urlNumEnvs)) {
+      throw new UsageError(`${url} asks for ${urlNumEnvs} envs but --num-envs is ${given}: give the same number, or one of them`);
+    }
+  }
+  const given = numEnvsText === null ? null : ranged(numEnvsText, "--num-envs", MAX_NUM_ENVS, "");
+  const numEnvs = given === null || (given === 1 && urlNumEnvs !== null) ? (urlNumEnvs ?? 1) : given;
+  return { url, env, schema, numEnvs, seed, maxBody, workers, limits, maskedActions };
+}
+
+/** An shm:// URL's num_envs (null: none, another scheme, or a bad URL, which binding reports). */
+function shmNumEnvs(url: string): number | null {
+  if (!url.toLowerCase().startsWith("shm://")) return null;
+  try {
+    return parseShmUrl(url).numEnvs;
+  } catch {
+    return null;
+  }
 }
 
 /** A start-up refusal of the command line's content (exit 2, like a usage error). */
@@ -194,8 +265,31 @@ function firstLine(error: unknown): string {
   return (error instanceof Error ? error.message : String(error)).split("\n", 1)[0] as string;
 }
 
+/** What `--env` names: the factory, the HELLO's env name, where worker threads find it. */
+interface LoadedEnv {
+  readonly factory: EnvOrFactory;
+  readonly envName: string;
+  readonly workerEnv: WorkerEnvSpec | null;
+  /** A user module's: the schema its FACTORY, else the module, exports as `SCHEMA` (or null). */
+  readonly declared?: SchemaModule | null;
+}
+
+/** A schema module (what `loadSchemaFile` returns, a generated module's `SCHEMA`). */
+function isSchemaModule(value: unknown): value is SchemaModule {
+  const schema = value as Partial<SchemaModule> | null;
+  return (
+    typeof schema === "object" &&
+    schema !== null &&
+    typeof schema.name === "string" &&
+    typeof schema.fingerprint === "bigint" &&
+    typeof schema.ir === "object" &&
+    typeof schema.structs === "object" &&
+    typeof schema.messages === "object"
+  );
+}
+
 /** A reference env by name, or `MODULE:FACTORY` (a user's JS module, resolved from the cwd). */
-function loadEnv(spec: string): { factory: EnvOrFactory; envName: string; workerEnv: WorkerEnvSpec | null } {
+function loadEnv(spec: string): LoadedEnv {
   const known = ENVS[spec];
   if (known !== undefined && Object.prototype.hasOwnProperty.call(ENVS, spec)) {
     return { factory: known as EnvFactory<unknown>, envName: spec, workerEnv: null };
@@ -222,7 +316,30 @@ function loadEnv(spec: string): { factory: EnvOrFactory; envName: string; worker
       `--env ${JSON.stringify(spec)}: ${modulePath} has no callable ${exportName} (a class or a zero-argument function that returns an env)`,
     );
   }
-  return { factory: factory as EnvFactory<unknown>, envName: exportName, workerEnv: { module, exportName } };
+  // the schema it declares, as the Python CLI finds it: FACTORY's SCHEMA, else the module's
+  const own = (factory as { SCHEMA?: unknown }).SCHEMA;
+  const declared = own ?? exports.SCHEMA;
+  if (declared !== undefined && declared !== null && !isSchemaModule(declared)) {
+    const owner = own !== undefined ? `${exportName}.SCHEMA` : `${modulePath}'s SCHEMA export`;
+    throw new StartError(
+      `--env ${JSON.stringify(spec)}: ${owner} is not a schema (loadSchemaFile("my_env.toml") or a generated module's SCHEMA)`,
+    );
+  }
+  return {
+    factory: factory as EnvFactory<unknown>,
+    envName: exportName,
+    workerEnv: { module, exportName },
+    declared: declared ?? null,
+  };
+}
+
+/** A private temporary file (removed at exit) holding `schema`'s IR, for worker threads to load. */
+function irFileFor(schema: SchemaModule): string {
+  const dir = mkdtempSync(join(tmpdir(), "transport-serve-schema-"));
+  process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, `${schema.name}.json`);
+  writeFileSync(path, JSON.stringify(schema.ir), { mode: 0o600 });
+  return path;
 }
 
 /**
@@ -252,11 +369,7 @@ function loadSchemaSpec(spec: string, workers: number): { schema: SchemaModule; 
   if (spec.endsWith(".toml")) {
     const schema = loadSchemaFile(spec);
     if (workers === 0) return { schema, path: location }; // only worker threads load the path
-    const dir = mkdtempSync(join(tmpdir(), "transport-serve-schema-"));
-    process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
-    const path = join(dir, `${schema.name}.json`);
-    writeFileSync(path, JSON.stringify(schema.ir), { mode: 0o600 });
-    return { schema, path };
+    return { schema, path: irFileFor(schema) };
   }
   try {
     return { schema: loadSchemaFile(spec), path: location };
@@ -277,12 +390,28 @@ function checkOwnSchema(env: string, given: SchemaModule, file: string): void {
   );
 }
 
+/**
+ * serve()'s refusal of an env whose results do not fit the default schema (no schema was given:
+ * server.ts `defaultSchemaCheck`), in the command line's words; null for any other error.
+ */
+function defaultSchemaRefusal(error: unknown, spec: string): string | null {
+  if (!(error instanceof TypeError) || !error.message.includes("no schema was given, so the default schema")) return null;
+  const why = /results do not fit it: ([\s\S]*?)\. Pass \{ schema:/.exec(error.message)?.[1] ?? firstLine(error);
+  const cut = spec.lastIndexOf(":");
+  const [modulePath, exportName] = [spec.slice(0, cut), spec.slice(cut + 1)];
+  return (
+    `--env ${JSON.stringify(spec)}: its results do not fit the default schema ${pac_env.SCHEMA.name} (no --schema was given, ` +
+    `and neither ${exportName} nor ${modulePath} exports SCHEMA): ${firstLine(why)}; pass --schema FILE (the schema its ` +
+    `results follow), or give ${exportName} or ${modulePath} a SCHEMA export (loadSchemaFile("my_env.toml"))`
+  );
+}
+
 async function main(argv: readonly string[]): Promise<number> {
   let args: Args | null;
   try {
     args = parseArgs(argv);
   } catch (error) {
-    process.stderr.write(`transport-serve: error: ${(error as Error).message} (see transport-serve --help)\n`);
+    process.stderr.write(`${PROG}: error: ${(error as Error).message} (see ${PROG} --help)\n`);
     return 2;
   }
   if (args === null) {
@@ -295,11 +424,16 @@ async function main(argv: readonly string[]): Promise<number> {
     const userEnv = args.env !== "contract" && !isReference(args.env) ? loadEnv(args.env) : null;
     const schemaName = args.schema ?? ENV_SCHEMAS[args.env] ?? null; // a reference env's own schema
     const loaded = schemaName === null ? null : loadSchemaSpec(schemaName, args.workers);
-    const schemaPath = loaded === null ? null : loaded.path;
-    const schema = loaded === null ? pac_env.SCHEMA : loaded.schema;
+    // no --schema: a user's module's SCHEMA export, as the Python CLI takes it
+    const declared = loaded === null ? (userEnv?.declared ?? null) : null;
+    const schemaPath = loaded !== null ? loaded.path : declared !== null && args.workers > 0 ? irFileFor(declared) : null;
+    const schema = loaded?.schema ?? declared ?? pac_env.SCHEMA;
+    // a user's env that declares none: serve() tries the default schema on its first env, and
+    // refuses it at start when its results do not fit (defaultSchemaRefusal: exit 2)
+    const byDefault = userEnv !== null && loaded === null && declared === null;
     if (args.schema !== null && args.env !== "contract") checkOwnSchema(args.env, schema, args.schema);
     if (schema.ir.env === undefined || schema.ir.env === null) {
-      const where = args.schema !== null ? `${args.schema}: ` : "";
+      const where = args.schema !== null ? `${args.schema}: ` : declared !== null ? `--env ${JSON.stringify(args.env)}: its SCHEMA: ` : "";
       throw new SchemaError(
         `${where}schema ${schema.name} has no [env] table: a served schema names its result and request structs there (docs/schema.md)`,
       );
@@ -313,9 +447,9 @@ async function main(argv: readonly string[]): Promise<number> {
           }
         : (userEnv ?? loadEnv(args.env));
     if (args.url.toLowerCase().startsWith("shm://")) {
-      // before any env is made: the URL's num_envs, and room in /dev/shm for that many slots
+      // before any env is made: room in /dev/shm for the slots (args.numEnvs: the URL's num_envs
+      // when it has one, parseArgs)
       const shm = parseShmUrl(args.url);
-      if (!args.numEnvsGiven && shm.numEnvs !== null) args.numEnvs = shm.numEnvs;
       checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
     }
     try {
@@ -323,13 +457,13 @@ async function main(argv: readonly string[]): Promise<number> {
     } catch (error) {
       if (!(error instanceof RangeError)) throw error;
       // a limit with which every client would be refused: exit 2 before anything is created
-      process.stderr.write(`transport-serve: error: ${error.message}\n`);
+      process.stderr.write(`${PROG}: error: ${error.message}\n`);
       return 2;
     }
     server = await serve(factory, args.url, {
       numEnvs: args.numEnvs,
       envName,
-      schema,
+      ...(byDefault ? {} : { schema }),
       ...(workerEnv !== null || schemaPath !== null
         ? { workerEnv: { ...(workerEnv ?? {}), ...(schemaPath !== null ? { schemaModule: schemaPath } : {}) } }
         : {}),
@@ -341,9 +475,14 @@ async function main(argv: readonly string[]): Promise<number> {
     });
   } catch (error) {
     // the command line names something unusable: a usage error (2), as in the Python CLI
+    const misfit = defaultSchemaRefusal(error, args.env);
+    if (misfit !== null) {
+      process.stderr.write(`${PROG}: error: ${misfit}\n`);
+      return 2;
+    }
     const refused = error instanceof StartError || error instanceof SchemaError;
     const message = refused ? firstLine(error) : String((error as Error).message).replace(/\nRequire stack:[\s\S]*$/, "");
-    process.stderr.write(`transport-serve: error: ${message}\n`);
+    process.stderr.write(`${PROG}: error: ${message}\n`);
     return refused ? 2 : 1;
   }
   return new Promise<number>((resolve) => {
@@ -356,7 +495,7 @@ async function main(argv: readonly string[]): Promise<number> {
       server.close().then(
         () => resolve(0),
         (error: unknown) => {
-          process.stderr.write(`transport-serve: error while closing: ${String(error)}\n`);
+          process.stderr.write(`${PROG}: error while closing: ${String(error)}\n`);
           resolve(1);
         },
       );
@@ -365,7 +504,7 @@ async function main(argv: readonly string[]): Promise<number> {
     process.on("SIGTERM", stop);
     // an shm:// server whose region another process changed stops on its own: exit 1, saying why
     onShmServerStopped((reason) => {
-      process.stderr.write(`transport-serve: error: ${reason}\n`);
+      process.stderr.write(`${PROG}: error: ${reason}\n`);
       resolve(1);
     });
     process.stdout.write(`ready ${server.url}\n`);
@@ -379,7 +518,7 @@ main(process.argv.slice(2)).then(
     setImmediate(() => process.exit(code));
   },
   (error: unknown) => {
-    process.stderr.write(`transport-serve: error: ${String(error)}\n`);
+    process.stderr.write(`${PROG}: error: ${String(error)}\n`);
     process.exit(1);
   },
 );

@@ -78,6 +78,35 @@ class MovingRow implements ResultRow {
   }
 }
 
+/** A Promise or another thenable: what an `async` env method returns instead of its result. */
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return (
+    (typeof value === "object" || typeof value === "function") &&
+    value !== null &&
+    typeof (value as { then?: unknown }).then === "function"
+  );
+}
+
+/**
+ * ENV_ERROR for an env method that returned a Promise (an `async step`): the runtime encodes
+ * each result as the method returns, so it never awaits one. The Promise's outcome is dropped
+ * (a rejection too: it would otherwise end the process as an unhandled rejection).
+ */
+function asyncResultError(index: number, method: string, promise: PromiseLike<unknown>): RequestError {
+  try {
+    promise.then(undefined, () => undefined);
+  } catch {
+    // a thenable whose then throws: nothing to wait for
+  }
+  return new RequestError(
+    ErrorCode.ENV_ERROR,
+    `env ${index}: ${method}() returned a Promise (is it async?), not a result: the server calls ` +
+      `${method} synchronously and never awaits it; make ${method} a plain method that returns ` +
+      "the result, and do asynchronous work elsewhere (before serving: in the factory or at " +
+      "module load; or on a thread of its own)",
+  );
+}
+
 /** Envs `base .. base + envs.length - 1` and what each op does to one of them. */
 export class EnvTable {
   readonly envs: AnyEnv[];
@@ -120,7 +149,7 @@ export class EnvTable {
           this.#wroteInPlace(k, inPlace, bytes, at);
           return;
         }
-        this.#write(index, k, env.step(action), bytes, at);
+        this.#write(index, k, env.step(action), bytes, at, "step");
         return;
       }
       case Op.RESET:
@@ -149,7 +178,7 @@ export class EnvTable {
           return;
         }
         if (env.observe !== undefined) {
-          this.#write(index, k, env.observe(), bytes, at);
+          this.#write(index, k, env.observe(), bytes, at, "observe");
           return;
         }
         const saved = this.#saved[k];
@@ -157,7 +186,7 @@ export class EnvTable {
           bytes.set(saved, at);
           return;
         }
-        this.#write(index, k, this.#last[k], bytes, at);
+        this.#write(index, k, this.#last[k], bytes, at, "observe");
         return;
       }
       default:
@@ -172,7 +201,7 @@ export class EnvTable {
       this.#wroteInPlace(k, inPlace, bytes, at);
       return;
     }
-    this.#write(index, k, seed === null ? env.reset() : env.reset(seed), bytes, at);
+    this.#write(index, k, seed === null ? env.reset() : env.reset(seed), bytes, at, "reset");
   }
 
   /**
@@ -198,9 +227,10 @@ export class EnvTable {
     return (actions, out) => {
       const outputs = (this.envs[index - this.base] as AnyEnv).stepBatch!(actions);
       if (outputs.length !== actions.length) {
+        if (isThenable(outputs)) throw asyncResultError(index, "stepBatch", outputs);
         throw new Error(`stepBatch returned ${outputs.length} results for ${actions.length} actions`);
       }
-      for (let seat = 0; seat < actions.length; seat++) this.#encode(index, outputs[seat], out.bytes, out.at(seat));
+      for (let seat = 0; seat < actions.length; seat++) this.#encode(index, outputs[seat], out.bytes, out.at(seat), "stepBatch");
       this.#last[index - this.base] = outputs[0];
     };
   }
@@ -218,13 +248,17 @@ export class EnvTable {
     for (const env of this.envs) closeEnv(env);
   }
 
-  #write(index: number, k: number, output: unknown, bytes: Uint8Array, at: number): void {
-    this.#encode(index, output, bytes, at);
+  #write(index: number, k: number, output: unknown, bytes: Uint8Array, at: number, method: string): void {
+    this.#encode(index, output, bytes, at, method);
     this.#last[k] = output;
   }
 
-  /** Encode one result (validated unless told otherwise: a bad value is the env's error). */
-  #encode(index: number, output: unknown, bytes: Uint8Array, at: number): void {
+  /**
+   * Encode one result (validated unless told otherwise: a bad value is the env's error). A
+   * result the codec refuses is looked at once more, off the hot path: a Promise (an `async`
+   * method) gets its own message.
+   */
+  #encode(index: number, output: unknown, bytes: Uint8Array, at: number, method: string): void {
     if (!this.#validate) {
       this.#codec.writeInto(output, bytes, at);
       return;
@@ -232,6 +266,7 @@ export class EnvTable {
     try {
       this.#codec.encodeInto(output, bytes, at);
     } catch (error) {
+      if (isThenable(output)) throw asyncResultError(index, method, output);
       if (error instanceof CodecError) {
         throw new RequestError(ErrorCode.ENV_ERROR, `env ${index}: returned bad values: ${error.message}`);
       }

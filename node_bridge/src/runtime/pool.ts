@@ -79,7 +79,7 @@ import {
   remoteTraceback,
   withTraceback,
 } from "./core";
-import type { Env, Spaces } from "./env";
+import { type Env, type EnvOrFactory, type Spaces, makerOf } from "./env";
 import { EnvTable } from "./local";
 
 const FATE_NEW_THREAD = `${FATE_RECREATED} in a new worker thread`;
@@ -300,14 +300,18 @@ export function schemaFromPath(path: string): SchemaModule {
   return schema;
 }
 
-/** The env factory a spec names: `module`'s `exportName` export, or `envName` in `ENVS`. */
+/**
+ * The env maker a spec names: `module`'s `exportName` export, or `envName` in `ENVS`. The
+ * export is a zero-argument function or an env class (docs/server.md), called as the main
+ * thread's host calls it (`makerOf`: `new C()` for a class).
+ */
 export function loadFactory(spec: WorkerEnvSpec): () => Env<unknown> {
   if (spec.module !== undefined) {
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     const mod = require(spec.module) as Record<string, unknown>;
     const make = mod[spec.exportName ?? "default"];
     if (typeof make !== "function") throw new TransportError(`${spec.module} has no factory ${spec.exportName}`);
-    return make as () => Env<unknown>;
+    return makerOf(make as EnvOrFactory);
   }
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const { ENVS } = require("../envs") as typeof import("../envs");
