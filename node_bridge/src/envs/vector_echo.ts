@@ -15,7 +15,7 @@
  *       --env node_bridge/dist/envs/vector_echo.js:VectorEchoEnv
  */
 
-import type { StepResultInput } from "../generated/pac_env";
+import { SCHEMA as PAC_ENV_SCHEMA, type StepResultInput } from "../generated/pac_env";
 import type { Env, Spaces, VectorEnv, VectorResults } from "../runtime/env";
 import { echoResult } from "./echo";
 
@@ -66,6 +66,9 @@ function seedMark(seed: bigint | null): number {
 }
 
 /** N echo envs in one object. */
+/** The schema every env of this module follows (`--env vector_echo.js:...` serves it as it is). */
+export const SCHEMA = PAC_ENV_SCHEMA;
+
 export class VectorEchoEnv implements VectorEnv {
   readonly numEnvs: number;
   /** It looks the columns up in every call: over an shm column region it writes the region's. */
