@@ -16,7 +16,7 @@ import * as pac_env from "./generated/pac_env";
 import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
 import type { MaskedActions } from "./runtime/core";
 import { bodyCodec } from "./runtime/core";
-import { type Env, type EnvOrFactory, isEnv, isVectorEnv } from "./runtime/env";
+import { type Env, type EnvOrFactory, asyncMethodText, isEnv, isThenable, isVectorEnv } from "./runtime/env";
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
 import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
@@ -205,6 +205,7 @@ function defaultSchemaCheck(envOrFactory: EnvOrFactory, url: string): (env: Env<
     } catch {
       return; // resetting it fails: the server reports that itself, with the reason
     }
+    if (isThenable(result)) throw new TypeError(`serve(${name}, ${JSON.stringify(url)}): ${asyncMethodText("reset", result)}`);
     try {
       bodyCodec(pac_env.SCHEMA, "STEP_RESP").encode(result as never);
     } catch (err) {

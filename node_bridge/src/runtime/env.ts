@@ -233,3 +233,31 @@ export function closeEnv(env: unknown): void {
     // closing is best effort
   }
 }
+
+/** A Promise or another thenable: what an `async` env method returns instead of its result. */
+export function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return (
+    (typeof value === "object" || typeof value === "function") &&
+    value !== null &&
+    typeof (value as { then?: unknown }).then === "function"
+  );
+}
+
+/**
+ * Why a Promise from env method `method` is refused (the runtime calls env methods
+ * synchronously and never awaits them). Its outcome is dropped here: a rejection would
+ * otherwise end the process as an unhandled rejection.
+ */
+export function asyncMethodText(method: string, promise: PromiseLike<unknown>): string {
+  try {
+    promise.then(undefined, () => undefined);
+  } catch {
+    // a thenable whose then throws: nothing to wait for
+  }
+  return (
+    `${method}() returned a Promise (is it async?), not a result: the server calls ` +
+    `${method} synchronously and never awaits it; make ${method} a plain method that returns ` +
+    "the result, and do asynchronous work elsewhere (before serving: in the factory or at " +
+    "module load; or on a thread of its own)"
+  );
+}

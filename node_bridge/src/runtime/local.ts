@@ -11,7 +11,7 @@ import type { AnyStructCodec } from "../codec";
 import { CodecError } from "../errors";
 import { ErrorCode, RequestError } from "../protocol";
 import { type ActionRule, type Failure, Op, type Records, type Runner, actionOf } from "./core";
-import { type Action, type Env, type ResultRow, type Spaces, closeEnv } from "./env";
+import { type Action, type Env, type ResultRow, type Spaces, asyncMethodText, closeEnv, isThenable } from "./env";
 
 type AnyEnv = Env<unknown>;
 
@@ -78,33 +78,12 @@ class MovingRow implements ResultRow {
   }
 }
 
-/** A Promise or another thenable: what an `async` env method returns instead of its result. */
-function isThenable(value: unknown): value is PromiseLike<unknown> {
-  return (
-    (typeof value === "object" || typeof value === "function") &&
-    value !== null &&
-    typeof (value as { then?: unknown }).then === "function"
-  );
-}
-
 /**
  * ENV_ERROR for an env method that returned a Promise (an `async step`): the runtime encodes
- * each result as the method returns, so it never awaits one. The Promise's outcome is dropped
- * (a rejection too: it would otherwise end the process as an unhandled rejection).
+ * each result as the method returns, so it never awaits one (`asyncMethodText`).
  */
 function asyncResultError(index: number, method: string, promise: PromiseLike<unknown>): RequestError {
-  try {
-    promise.then(undefined, () => undefined);
-  } catch {
-    // a thenable whose then throws: nothing to wait for
-  }
-  return new RequestError(
-    ErrorCode.ENV_ERROR,
-    `env ${index}: ${method}() returned a Promise (is it async?), not a result: the server calls ` +
-      `${method} synchronously and never awaits it; make ${method} a plain method that returns ` +
-      "the result, and do asynchronous work elsewhere (before serving: in the factory or at " +
-      "module load; or on a thread of its own)",
-  );
+  return new RequestError(ErrorCode.ENV_ERROR, `env ${index}: ${asyncMethodText(method, promise)}`);
 }
 
 /** Envs `base .. base + envs.length - 1` and what each op does to one of them. */

@@ -113,6 +113,15 @@ describe("an async env method gets an error that says so", () => {
     }
   });
 
+  test("async reset and no schema: serve() says so at start (not pac_env's 'no value given')", async () => {
+    await assert.rejects(serve(() => new (envs.AsyncReset as new () => never)(), unixUrl()), (error: unknown) => {
+      assert.ok(error instanceof TypeError, String(error));
+      assert.match(error.message, /reset\(\) returned a Promise \(is it async\?\), not a result/);
+      assert.doesNotMatch(error.message, /no value given|do not fit/);
+      return true;
+    });
+  });
+
   test("a rejected async step: the same error, and no unhandled rejection", async () => {
     const unhandled: unknown[] = [];
     const record = (reason: unknown): void => void unhandled.push(reason);
