@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from transport.codec import row_bytes
+
 
 class StepView:
     """The fields of a step or reset response as NumPy arrays, by attribute or by key.
@@ -59,11 +61,4 @@ def copy_records(records: np.ndarray) -> np.ndarray:
     """An owned, C-contiguous copy of a record array, byte for byte (padding included): NumPy's
     own copy of records whose dtype has padding leaves those bytes unset (heap bytes in a copy
     a caller may hash, compare or write out), and copies field by field, which is slower."""
-    flat = records.reshape(-1)
-    count, size = flat.shape[0], records.dtype.itemsize
-    if count == 0:
-        return np.zeros(records.shape, records.dtype)
-    rows = np.lib.stride_tricks.as_strided(
-        flat[:1].view(np.uint8), shape=(count, size), strides=(flat.strides[0], 1)
-    )
-    return rows.copy().view(records.dtype).reshape(records.shape)
+    return row_bytes(records.reshape(-1)).copy().view(records.dtype).reshape(records.shape)

@@ -9,10 +9,10 @@ from typing import Any, Protocol
 import msgpack
 import numpy as np
 
-from transport.codec import Schema, StructCodec
+from transport.codec import Schema, StructCodec, row_bytes
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.async_batches import AsyncBatches
-from transport.runtime.core import EnvRuntime, row_bytes
+from transport.runtime.core import EnvRuntime
 
 
 class Session(Protocol):

@@ -335,18 +335,6 @@ def with_traceback(message: str, trace: str, limit: int = ENV_ERROR_TEXT_MAX) ->
     return message + REMOTE_TRACEBACK_MARKER + data.decode("utf-8", "ignore")
 
 
-def row_bytes(rows: np.ndarray) -> np.ndarray:
-    """An (R,) record array (any row stride: a packed buffer, shm slots) as an (R, itemsize)
-    uint8 view: copying rows through it is a byte copy per row, several times faster than
-    NumPy's field-by-field copy of structured records."""
-    if rows.shape[0] == 0:
-        return np.zeros((0, rows.dtype.itemsize), dtype=np.uint8)
-    first = rows[:1].view(np.uint8)
-    return np.lib.stride_tricks.as_strided(
-        first, shape=(rows.shape[0], rows.dtype.itemsize), strides=(rows.strides[0], 1)
-    )
-
-
 def records_of(rows: np.ndarray) -> list[np.ndarray]:
     """One 0-d record view per row of an (N,) record array (any row stride)."""
     return [rows[i, ...] for i in range(rows.shape[0])]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from transport.codec import StructCodec
+from transport.codec import StructCodec, row_bytes
 from transport.runtime.core import (
     FATE_FAILED,
     FATE_RECREATED,
@@ -21,7 +21,6 @@ from transport.runtime.core import (
     Failures,
     Runner,
     StepBatch,
-    row_bytes,
     write_result,
 )
 from transport.runtime.env import Env, Spaces, StepOutput, close_env

@@ -70,7 +70,7 @@ import msgpack
 import numpy as np
 
 from transport import native
-from transport.codec import Schema, StructCodec
+from transport.codec import Schema, StructCodec, row_bytes
 from transport.errors import TransportError, WorkerDiedError
 from transport.protocol import AutoReset, ErrorCode, RequestError
 from transport.runtime.core import (
@@ -83,7 +83,6 @@ from transport.runtime.core import (
     action_values,
     describe,
     remote_traceback,
-    row_bytes,
     with_traceback,
 )
 from transport.runtime.env import SERVE_THE_OBJECT, Env, Spaces, repeated_env_error
