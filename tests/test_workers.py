@@ -13,6 +13,7 @@ import pytest
 
 import transport.api as api
 from transport.envs import env_factory, env_schema
+from transport.envs.echo import EchoEnv
 from transport.errors import EnvError
 from transport.generated import pac_env
 from transport.protocol import AutoReset
@@ -125,3 +126,35 @@ def test_pool_in_process_api() -> None:
         assert len(pool.pids()) == 2
     finally:
         pool.close()
+
+
+class CountedEcho(EchoEnv):
+    """An echo env counting, per process, the envs made and closed."""
+
+    made = 0
+    closed = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).made += 1
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+def test_the_serving_process_makes_no_env_per_client() -> None:
+    """With worker processes the envs live in the workers: the serving process makes one env
+    at start (its spaces, checked and closed), not one more per client that it never closed."""
+    CountedEcho.made = CountedEcho.closed = 0
+    url = unique_unix_url()
+    server = api.Server(CountedEcho, url, num_envs=NUM_ENVS, workers=2).start()
+    try:
+        assert (CountedEcho.made, CountedEcho.closed) == (1, 1)
+        for _ in range(3):
+            with api.connect(url, timeout=30) as client:
+                client.reset(seed=1)
+                client.step([1] * NUM_ENVS)
+        assert (CountedEcho.made, CountedEcho.closed) == (1, 1)
+    finally:
+        server.close()
+    assert (CountedEcho.made, CountedEcho.closed) == (1, 1)

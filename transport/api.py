@@ -22,7 +22,7 @@ from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolv
 from transport.codec import Schema
 from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
-from transport.runtime.env import Env, Served, is_vector_env
+from transport.runtime.env import Env, Served, awaited_text, is_vector_env
 from transport.runtime.host import EnvHost
 
 log = logging.getLogger("transport.server")
@@ -240,6 +240,9 @@ def default_schema_check(schema: Schema, env_or_factory: Any, url: str) -> Calla
             output = env.reset(None)
         except Exception:
             return  # resetting it fails: the server reports that itself, with the reason
+        awaited = awaited_text(output)
+        if awaited is not None:
+            raise TypeError(f"Server({name}, {url!r}): reset() {awaited}")
         codec = body_codec(schema, "STEP_RESP")
         try:
             if isinstance(output, np.ndarray | np.void):

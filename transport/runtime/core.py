@@ -28,7 +28,7 @@ from transport import native
 from transport.codec import Schema, StructCodec
 from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
-from transport.runtime.env import Spaces, StepOutput
+from transport.runtime.env import Spaces, StepOutput, awaited_text
 from transport.schema.ir import FieldIR
 
 FATE_RESET = "the env was reset"
@@ -1330,8 +1330,10 @@ def write_result(codec: StructCodec, index: int, output: StepOutput, out: Any, a
     try:
         codec.encode_into(out, at, output, validate=not isinstance(output, np.ndarray))
     except CodecError as exc:
+        awaited = awaited_text(output)
         raise RequestError(
-            ErrorCode.ENV_ERROR, f"env {index}: returned bad values: {exc}"
+            ErrorCode.ENV_ERROR,
+            f"env {index}: {awaited}" if awaited else f"env {index}: returned bad values: {exc}",
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -131,6 +132,26 @@ def close_env(env: object) -> None:
             close()
         except Exception:
             pass
+
+
+def awaited_text(value: object) -> str | None:
+    """Why a coroutine (what an ``async def`` env method returns) is refused as a result, the
+    text of Node's ``asyncMethodText``; None for any other value. The coroutine is closed (it
+    never runs, and Python does not warn that it was never awaited)."""
+    if not inspect.isawaitable(value):
+        return None
+    close = getattr(value, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            pass
+    return (
+        "returned a coroutine (is the method async def?), not a result: the server calls env "
+        "methods synchronously and never awaits them; make it a plain method that returns the "
+        "result, and do asynchronous work elsewhere (before serving: in the factory or at module "
+        "load; or on a thread of its own)"
+    )
 
 
 SERVE_THE_OBJECT = (

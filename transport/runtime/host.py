@@ -33,6 +33,8 @@ from transport.runtime.env import (
     Env,
     EnvFactory,
     Served,
+    Spaces,
+    close_env,
     is_vector_env,
     repeated_env_error,
 )
@@ -63,6 +65,7 @@ class EnvHost:
             raise ValueError("num_envs must be at least 1")
         self.masked_actions = check_masked_actions(masked_actions)
         self._penalty: float | None = None  # the envs' penalty, asked of one env (worker pools)
+        self._spaces: Spaces | None = None  # the envs' spaces, asked at start (worker pools)
         if workers < 0:
             raise ValueError("workers must be 0 (in-process) or more")
         self.schema = schema
@@ -155,7 +158,7 @@ class EnvHost:
         (the default schema's check) runs on it, not a vector env, and may raise."""
         try:
             env = self._shared if self._shared is not None else self._make_env()
-            env.spaces()
+            self._spaces = env.spaces()
             self._penalty = penalty_of(env)
         except Exception as exc:
             raise ValueError(
@@ -174,7 +177,7 @@ class EnvHost:
             if keep:
                 self._first = env
             elif self._shared is None:
-                _close(env)
+                close_env(env)
 
     def _make_env(self) -> Any:
         """One env from the factory, refused when it is an object the factory returned before:
@@ -212,7 +215,7 @@ class EnvHost:
                 envs.extend(self._make_env() for _ in range(self.num_envs - 1))
             except BaseException:
                 for env in envs:
-                    _close(env)
+                    close_env(env)
                 raise
             return envs
         assert self._shared is not None
@@ -222,7 +225,7 @@ class EnvHost:
         """Close the env kept from ``check()`` if no client took it (the server is closing)."""
         first, self._first = self._first, None
         if first is not None:
-            _close(first)
+            close_env(first)
 
     def rows(self, envs: Sequence[Env]) -> int:
         """Result rows a client needs: ``num_envs``, or the seats of one env with step_batch."""
@@ -262,6 +265,7 @@ class EnvHost:
                 self.workers,
                 results,
                 finals,
+                spaces=self._spaces,
             )
         else:
             from transport.runtime.local import LocalEnvs
@@ -272,7 +276,9 @@ class EnvHost:
         if self.masked_actions == "noop" and self.workers:  # the envs live in the workers
             if self._penalty is None:
                 assert self.factory is not None
-                self._penalty = penalty_of(self.factory())
+                env = self.factory()
+                self._penalty = penalty_of(env)
+                close_env(env)
             penalties = [self._penalty] * self.num_envs
         elif self.masked_actions == "noop" and not self.vector:
             penalties = [penalty_of(env) for env in envs]
@@ -289,9 +295,3 @@ class EnvHost:
         )
         runtime.watchdog = ProgressWatchdog.of(self.schema, results)
         return runtime
-
-
-def _close(env: Any) -> None:
-    close = getattr(env, "close", None)
-    if close is not None:
-        close()

@@ -85,7 +85,7 @@ from transport.runtime.core import (
     remote_traceback,
     with_traceback,
 )
-from transport.runtime.env import SERVE_THE_OBJECT, Env, Spaces, repeated_env_error
+from transport.runtime.env import SERVE_THE_OBJECT, Env, Spaces, close_env, repeated_env_error
 from transport.runtime.local import LocalEnvs
 
 _FATES = {1: FATE_RESET, 2: FATE_RECREATED, 3: FATE_RECREATED + " in a new worker process"}
@@ -579,7 +579,10 @@ class WorkerPool(Runner):
         *,
         spin: int | None = None,
         start_timeout: float = 60.0,
+        spaces: Spaces | None = None,
     ) -> None:
+        """``spaces``: the envs' spaces when the caller asked them already (else one env is
+        made in this process, asked and closed, the first time they are needed)."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if num_envs < 1:
@@ -593,7 +596,7 @@ class WorkerPool(Runner):
         self.start_timeout = start_timeout
         self._ranges = _split(num_envs, self.workers)
         self._owner = [k for k, (lo, hi) in enumerate(self._ranges) for _ in range(lo, hi)]
-        self._spaces: Spaces | None = None
+        self._spaces = spaces
         self._closed = False
         self._pid = os.getpid()  # a forked child's copy of this pool is not its to stop
         self._action = action_dtype(schema)
@@ -826,7 +829,11 @@ class WorkerPool(Runner):
 
     def spaces(self) -> Spaces:
         if self._spaces is None:
-            self._spaces = self.factory().spaces()
+            env = self.factory()
+            try:
+                self._spaces = env.spaces()
+            finally:
+                close_env(env)
         return self._spaces
 
     def reset(self, seeds: Sequence[int | None]) -> Failures:

@@ -25,7 +25,7 @@ import numpy as np
 from transport.codec import StructCodec
 from transport.protocol import AutoReset, ErrorCode, RequestError
 from transport.runtime.core import FATE_FAILED, FATE_RESET, Failures, Runner
-from transport.runtime.env import Columns, Spaces
+from transport.runtime.env import Columns, Spaces, awaited_text
 
 _NEXT_STEP = AutoReset.NEXT_STEP
 _SAME_STEP = AutoReset.SAME_STEP
@@ -65,6 +65,9 @@ class VectorEnvs(Runner):
     def _columns(self, ids: np.ndarray | None, columns: Columns) -> None:
         """Returned columns into the rows of ``ids`` (None: every row)."""
         if not hasattr(columns, "items"):
+            awaited = awaited_text(columns)
+            if awaited is not None:
+                raise RequestError(ErrorCode.ENV_ERROR, awaited)
             raise TypeError(
                 f"a vector env returns None (it wrote the rows) or a mapping of columns, "
                 f"not {type(columns).__name__}"

@@ -13,7 +13,7 @@ import { TransportError } from "../errors";
 import { ErrorCode, RequestError } from "../protocol";
 import type { FieldJson } from "../ir";
 import { type Failure, Op, type Records, type Runner, bodyCodec, elementType } from "./core";
-import type { Column, RunnerColumns, Spaces, VectorEnv } from "./env";
+import { type Column, type RunnerColumns, type Spaces, type VectorEnv, asyncMethodText, isThenable } from "./env";
 
 /** How a scalar field's column is written into a row (one monomorphic loop per kind). */
 const enum Kind {
@@ -344,7 +344,7 @@ export class VectorRunner implements Runner {
     }
     if (steps === n) {
       // the common request: every env steps (no ids to gather)
-      const failures = this.#call(null, null, () => env.stepEnvs(actions, null, columns));
+      const failures = this.#call(null, null, "stepEnvs", () => env.stepEnvs(actions, null, columns));
       if (failures === null) {
         if (!this.#inPlace(out)) columns.scatter(null, out, this.#ats);
         return null;
@@ -355,10 +355,10 @@ export class VectorRunner implements Runner {
     const resets = this.#gather(ops, Op.RESET, Op.RECREATE);
     if (resets !== null) {
       const resetSeeds = Array.from(resets, (i) => seeds[i] ?? null);
-      failures = this.#call(resets, failures, () => env.resetEnvs(resets, resetSeeds, columns));
+      failures = this.#call(resets, failures, "resetEnvs", () => env.resetEnvs(resets, resetSeeds, columns));
     }
     const stepped = steps ? this.#gather(ops, Op.STEP, Op.STEP) : null;
-    if (stepped !== null) failures = this.#call(stepped, failures, () => env.stepEnvs(actions, stepped, columns));
+    if (stepped !== null) failures = this.#call(stepped, failures, "stepEnvs", () => env.stepEnvs(actions, stepped, columns));
     return this.#finish(failures, ops, out);
   }
 
@@ -396,8 +396,12 @@ export class VectorRunner implements Runner {
     return unique.sort((x, y) => x[0] - y[0]);
   }
 
-  /** One env call over `ids` (null: every env); its failures added to `failures`. */
-  #call(ids: Int32Array | null, failures: Failure[] | null, call: () => void): Failure[] | null {
+  /**
+   * One env call over `ids` (null: every env); its failures added to `failures`. A call that
+   * returns a Promise (an `async stepEnvs`) fails every env of it: the runtime reads the
+   * columns as the call returns and never awaits one (`asyncMethodText`).
+   */
+  #call(ids: Int32Array | null, failures: Failure[] | null, method: string, call: () => unknown): Failure[] | null {
     const columns = this.columns;
     const which = this.#which;
     if (ids !== null) {
@@ -406,7 +410,8 @@ export class VectorRunner implements Runner {
     }
     columns.begin(ids === null ? null : which);
     try {
-      call();
+      const returned = call();
+      if (isThenable(returned)) throw new RequestError(ErrorCode.ENV_ERROR, asyncMethodText(method, returned));
     } catch (error) {
       columns.takeFailures();
       const every: Failure[] = failures ?? [];

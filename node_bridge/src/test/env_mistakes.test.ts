@@ -15,7 +15,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { RemoteError } from "../errors";
-import { dictbox } from "../generated";
+import { VectorEchoEnv } from "../envs/vector_echo";
+import { dictbox, pac_env } from "../generated";
+import type { VectorResults } from "../runtime/env";
 import { type EnvOrFactory, type Server, connect, serve } from "../index";
 import { ErrorCode } from "../protocol";
 
@@ -168,6 +170,64 @@ describe("an async env method gets an error that says so", () => {
       await exited;
     }
     assert.equal(child.exitCode, 0, err);
+  });
+});
+
+/** A vector env whose `stepEnvs` is async (it writes after the runtime has read the columns). */
+class AsyncStepEnvs extends VectorEchoEnv {
+  override async stepEnvs(actions: Float64Array, ids: Int32Array | null, out: VectorResults): Promise<void> {
+    await Promise.resolve();
+    super.stepEnvs(actions, ids, out);
+  }
+}
+/** A vector env whose `resetEnvs` is async and rejects. */
+class AsyncRejectsResetEnvs extends VectorEchoEnv {
+  override async resetEnvs(): Promise<void> {
+    throw new Error("async boom");
+  }
+}
+
+describe("a vector env's async stepEnvs / resetEnvs gets an error that says so", () => {
+  /** Every env of the call fails with the Promise's message (not a step with the old columns). */
+  const vectorPromiseError = (method: string, numEnvs: number) => (error: unknown): boolean => {
+    assert.ok(error instanceof RemoteError, String(error));
+    assert.equal(error.code, ErrorCode.ENV_ERROR, error.message);
+    for (let i = 0; i < numEnvs; i++) {
+      assert.match(error.message, new RegExp(`env ${i}: ${method}\\(\\) returned a Promise \\(is it async\\?\\), not a result`));
+    }
+    return true;
+  };
+
+  test("async stepEnvs (unix, 3 envs): ENV_ERROR for every env, no stale results", async () => {
+    const server = await serve(new AsyncStepEnvs(3), unixUrl(), { schema: pac_env.SCHEMA });
+    servers.add(server);
+    const client = await connect(server.url, { timeoutMs: 30_000 });
+    try {
+      await client.reset(1n);
+      await assert.rejects(client.step([1, 2, 3]), vectorPromiseError("stepEnvs", 3));
+    } finally {
+      await client.close();
+    }
+  });
+
+  test("a rejected async resetEnvs (unix, 2 envs): the same error, and no unhandled rejection", async () => {
+    const unhandled: unknown[] = [];
+    const record = (reason: unknown): void => void unhandled.push(reason);
+    process.on("unhandledRejection", record);
+    try {
+      const server = await serve(new AsyncRejectsResetEnvs(2), unixUrl(), { schema: pac_env.SCHEMA });
+      servers.add(server);
+      const client = await connect(server.url, { timeoutMs: 30_000 });
+      try {
+        await assert.rejects(client.reset(1n), vectorPromiseError("resetEnvs", 2));
+      } finally {
+        await client.close();
+      }
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      assert.deepEqual(unhandled.map(String), []);
+    } finally {
+      process.off("unhandledRejection", record);
+    }
   });
 });
 
