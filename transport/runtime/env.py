@@ -134,6 +134,28 @@ def close_env(env: object) -> None:
             pass
 
 
+def spaces_of(env: Any) -> Spaces:
+    """``env.spaces()``, refused with a ``TypeError`` that says what to return when it is not a
+    ``Spaces`` (a dict or a tuple reached the runtime as an ``AttributeError`` at each client)."""
+    spaces = env.spaces()
+    if not isinstance(spaces, Spaces):
+        awaited = awaited_text(spaces)
+        raise TypeError(
+            f"{type(env).__name__}.spaces() {awaited}"
+            if awaited
+            else f"{type(env).__name__}.spaces() returned {type(spaces).__name__} "
+            f"{_short(spaces)}, not a transport.Spaces: return "
+            f"transport.Spaces(obs_n=..., act_n=...) (the observation length, and the number "
+            f"of discrete actions or the action's element count)"
+        )
+    return spaces
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def awaited_text(value: object) -> str | None:
     """Why a coroutine (what an ``async def`` env method returns) is refused as a result, the
     text of Node's ``asyncMethodText``; None for any other value. The coroutine is closed (it

@@ -37,6 +37,7 @@ from transport.runtime.env import (
     close_env,
     is_vector_env,
     repeated_env_error,
+    spaces_of,
 )
 
 
@@ -158,12 +159,17 @@ class EnvHost:
         (the default schema's check) runs on it, not a vector env, and may raise."""
         try:
             env = self._shared if self._shared is not None else self._make_env()
-            self._spaces = env.spaces()
-            self._penalty = penalty_of(env)
         except Exception as exc:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
             ) from exc
+        try:
+            self._spaces = spaces_of(env)
+            self._penalty = penalty_of(env)
+        except Exception as exc:
+            if self._shared is None:
+                close_env(env)
+            raise ValueError(f"cannot serve these envs: {describe(exc)}") from exc
         keep = False
         try:
             if self.vector is None:

@@ -25,7 +25,7 @@ import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
-import type { Action, Column, RunnerColumns, Spaces } from "./env";
+import { type Action, type Column, type RunnerColumns, type Spaces, checkedSpaces } from "./env";
 
 /**
  * The NOT_RESET of a step of env `index` before its first reset (the runtime's check, and the shm
@@ -630,7 +630,7 @@ export class EnvRuntime {
     const seed = options.firstSeed;
     this.firstSeed = seed === undefined || seed === null ? null : BigInt(seed);
     this.result = bodyCodec(schema, "STEP_RESP");
-    this.spaces = runner.spaces();
+    this.spaces = checkedSpaces(runner.spaces());
     const n = this.numEnvs;
     // as in Python, the mask is checked for actions below its length (normally act_n)
     this.actionRule = new ActionRule(schema);

@@ -234,6 +234,29 @@ export function closeEnv(env: unknown): void {
   }
 }
 
+/**
+ * `spaces` as an env's `spaces()` returned them, refused with a TypeError that says what to
+ * return when they are not `{ obsN, actN }` of non-negative integers (`{ obs_n, act_n }`, as in
+ * Python, reached every client as INTERNAL "SpacesResult.obs_n: no value given").
+ */
+export function checkedSpaces(spaces: unknown): Spaces {
+  const given = spaces as Partial<Spaces> | null | undefined;
+  const count = (value: unknown): boolean => typeof value === "number" && Number.isInteger(value) && value >= 0;
+  if (typeof spaces === "object" && spaces !== null && count(given?.obsN) && count(given?.actN)) return spaces as Spaces;
+  if (isThenable(spaces)) throw new TypeError(asyncMethodText("spaces", spaces));
+  let shown: string;
+  try {
+    shown = JSON.stringify(spaces) ?? String(spaces);
+  } catch {
+    shown = String(spaces);
+  }
+  if (shown.length > 60) shown = `${shown.slice(0, 57)}...`;
+  throw new TypeError(
+    `the env's spaces() returned ${shown}, not { obsN, actN }: return { obsN: <the observation ` +
+      "length>, actN: <the number of discrete actions, or the action's element count> } (integers >= 0)",
+  );
+}
+
 /** A Promise or another thenable: what an `async` env method returns instead of its result. */
 export function isThenable(value: unknown): value is PromiseLike<unknown> {
   return (

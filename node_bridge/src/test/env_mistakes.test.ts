@@ -45,7 +45,8 @@ class Drift {
 class AsyncStep extends Drift { async step(action) { return super.step(action); } }
 class AsyncReset extends Drift { async reset(seed) { return super.reset(seed); } }
 class AsyncRejects extends Drift { async step() { throw new Error("async boom"); } }
-module.exports = { Drift, AsyncStep, AsyncReset, AsyncRejects, mkAsyncStep: () => new AsyncStep() };
+class SnakeSpaces extends Drift { spaces() { return { obs_n: 54, act_n: 2 }; } }
+module.exports = { Drift, AsyncStep, AsyncReset, AsyncRejects, SnakeSpaces, mkAsyncStep: () => new AsyncStep() };
 `,
 );
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -228,6 +229,27 @@ describe("a vector env's async stepEnvs / resetEnvs gets an error that says so",
     } finally {
       process.off("unhandledRejection", record);
     }
+  });
+});
+
+describe("spaces() of another shape is refused at start, saying what to return", () => {
+  const spacesError = (error: unknown): boolean => {
+    assert.ok(error instanceof TypeError, String(error));
+    assert.match(error.message, /spaces\(\) returned \{"obs_n":54,"act_n":2\}, not \{ obsN, actN \}: return \{ obsN: /);
+    assert.doesNotMatch(error.message, /no value given/);
+    return true;
+  };
+
+  test("in the server's thread (unix)", async () => {
+    await assert.rejects(served(() => new (envs.SnakeSpaces as new () => never)()), spacesError);
+  });
+
+  test("in worker threads (unix, 1 worker)", async () => {
+    const start = served(() => new (envs.SnakeSpaces as new () => never)(), {
+      workers: 1,
+      workerEnv: { module: MODULE, exportName: "SnakeSpaces", schemaModule: DICTBOX_JS },
+    });
+    await assert.rejects(start, spacesError);
   });
 });
 

@@ -1,10 +1,14 @@
-"""An env method written ``async def`` returns a coroutine, which the runtime never awaits.
+"""A user's env that makes a mistake the server can name (Node: env_mistakes.test.ts).
+
+An env method written ``async def`` returns a coroutine, which the runtime never awaits.
 
 The client gets ENV_ERROR saying so and what to do (the text of Node's ``asyncMethodText``),
 not the codec's "expected a mapping ... not coroutine" or a vector env's "returns None or a
 mapping of columns"; the coroutine is closed, so Python does not warn that it was never
 awaited; a server without a schema says so at start. In process and in worker processes
-(one-env objects), real unix servers and clients."""
+(one-env objects), real unix servers and clients. A ``spaces()`` that returns a dict or a
+tuple is refused at start, saying what to return (it was an INTERNAL AttributeError at every
+connection)."""
 
 from __future__ import annotations
 
@@ -119,3 +123,28 @@ def test_an_async_reset_without_a_schema_is_named_at_start(unix_url: str) -> Non
     text = str(caught.value)
     assert f"reset() {AWAITED}" in text, text
     assert "do not fit" not in text
+
+
+class DictSpaces(EchoEnv):
+    """``spaces()`` returns a dict, not a ``Spaces``."""
+
+    def spaces(self) -> Any:
+        return {"obs_n": 612, "act_n": 92}
+
+
+class TupleSpaces(EchoEnv):
+    def spaces(self) -> Any:
+        return (612, 92)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("env", [DictSpaces, TupleSpaces], ids=["dict", "tuple"])
+def test_spaces_of_another_type_are_refused_at_start(
+    unix_url: str, env: type, workers: int
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        transport.Server(env, unix_url, schema=pac_env.SCHEMA, num_envs=2, workers=workers)
+    text = str(caught.value)
+    assert f"{env.__name__}.spaces() returned" in text, text
+    assert "not a transport.Spaces: return transport.Spaces(obs_n=..., act_n=...)" in text
+    assert "AttributeError" not in text
