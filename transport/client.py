@@ -45,6 +45,7 @@ from transport.protocol import (
     check_hello,
     decode_error,
     decode_hello,
+    encode_goodbye,
     encode_hello_request,
     mismatch_text,
     schema_from_ir_text,
@@ -698,6 +699,9 @@ class Client:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            goodbye = getattr(self.channel, "say_goodbye", None)
+            if goodbye is not None:  # zmq: the server is not told when a client goes
+                goodbye(self.ids.HELLO_REQ, encode_goodbye())
             self.channel.close()
 
     def __reduce__(self) -> Any:

@@ -173,6 +173,22 @@ def parse_header(buffer: Any, offset: int, max_body: int) -> tuple[int, int, int
     return msg_type, msg_id, body_len
 
 
+GOODBYE_FLAG: Final = 0x8000
+"""HELLO_REQ flags bit 15: the client is leaving. A zmq server (which is not told when a peer
+goes) ends that client's session and closes its envs, and answers nothing; the other backends
+end a session when its connection ends (docs/protocol.md "Goodbye")."""
+
+
+def encode_goodbye() -> bytes:
+    """The HELLO_REQ body a zmq client sends as it closes (its fingerprint is not checked)."""
+    return HELLO.pack(PROTOCOL_VERSION, GOODBYE_FLAG, 0)
+
+
+def is_goodbye(body: Any) -> bool:
+    """Whether a HELLO_REQ body says goodbye (``GOODBYE_FLAG``)."""
+    return len(body) >= HELLO.size and bool(HELLO.unpack_from(body, 0)[1] & GOODBYE_FLAG)
+
+
 def encode_hello(fingerprint: int, info: dict[str, Any] | None = None, flags: int = 0) -> bytes:
     body = HELLO.pack(PROTOCOL_VERSION, flags, fingerprint)
     return body + msgpack.packb(info) if info is not None else body

@@ -42,6 +42,7 @@ import {
   checkHello,
   decodeError,
   decodeHello,
+  encodeGoodbye,
   encodeHelloRequest,
   messageIds,
   mismatchText,
@@ -756,6 +757,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   async close(): Promise<void> {
     if (!this.#closed) {
       this.#closed = true;
+      this.channel.sayGoodbye?.(this.ids.HELLO_REQ, encodeGoodbye());
       await this.channel.close();
     }
   }

@@ -211,6 +211,23 @@ export function fingerprintHex16(value: bigint): string {
   return u64Hex(value);
 }
 
+/**
+ * HELLO_REQ flags bit 15: the client is leaving. A zmq server (which is not told when a peer
+ * goes) ends that client's session and closes its envs, and answers nothing; the other
+ * backends end a session when its connection ends (docs/protocol.md "Goodbye").
+ */
+export const GOODBYE_FLAG = 0x8000;
+
+/** The HELLO_REQ body a zmq client sends as it closes (its fingerprint is not checked). */
+export function encodeGoodbye(): Buffer {
+  return encodeHello(0n, undefined, GOODBYE_FLAG);
+}
+
+/** Whether a HELLO_REQ body says goodbye (`GOODBYE_FLAG`). */
+export function isGoodbye(body: Uint8Array): boolean {
+  return body.byteLength >= HELLO_SIZE && ((body[3] as number) & (GOODBYE_FLAG >> 8)) !== 0;
+}
+
 /** The HELLO body: `Hello {u16 version, u16 flags, u64 fingerprint}`, then the msgpack info. */
 export function encodeHello(
   fingerprint: bigint,

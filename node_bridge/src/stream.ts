@@ -566,6 +566,8 @@ export interface Channel {
   /** Send a request; resolves to the response's msg_type (its body: `buffer`, `bodyLength`). */
   request(msgType: number, body: Uint8Array): Promise<number>;
   close(): void | Promise<void>;
+  /** Queue a goodbye before `close` (zmq: its server is not told when a client goes). */
+  sayGoodbye?(msgType: number, body: Uint8Array): void;
   /** The schema the channel speaks, where it carries one (shm: the region's; HTTP: its headers'). */
   readonly schema?: SchemaModule;
   /** True where frames carry no schema (unix, zmq): a discovering connect keeps the channel. */

@@ -45,6 +45,10 @@ from transport.protocol import (
     HEADER_SIZE,
 )
 
+_GOODBYE_LINGER_MS = 500
+"""How long libzmq may keep sending a closed client's goodbye (in the background; at most this
+long at the exit of the process)."""
+
 _client_context: Context | None = None
 _client_context_pid = 0
 _client_context_lock = threading.Lock()
@@ -98,6 +102,7 @@ class ZmqChannel(BufferChannel):
         self._failure = ""
         self._tracker: zmq.MessageTracker | None = None
         self._closed = False
+        self._linger_ms = 0  # close() drops what is unsent, but a goodbye (say_goodbye)
         curve = client_curve(address)
         ctx = context or client_context()
         sock: Sock = ctx.socket(zmq.DEALER)
@@ -135,6 +140,18 @@ class ZmqChannel(BufferChannel):
         msg_id = self.send_request(msg_type, body, deadline)
         return self.recv_response(msg_id, deadline)
 
+    def say_goodbye(self, msg_type: int, body: bytes) -> None:
+        """Queue a last message, without waiting (the server is not told when a DEALER goes):
+        ``close`` then lets libzmq send it for up to ``_GOODBYE_LINGER_MS``."""
+        if self._closed or not self._connected or self._lost:
+            return
+        HEADER.pack_into(self._header, 0, msg_type, self._next_id, len(body))
+        try:
+            self._sock.send_multipart([bytes(self._header), body], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return  # no room or no connection: the server drops the session at LRU, as before
+        self._linger_ms = _GOODBYE_LINGER_MS
+
     def close(self) -> None:
         if self._closed:
             return
@@ -144,7 +161,7 @@ class ZmqChannel(BufferChannel):
         except zmq.ZMQError:
             pass
         self._monitor.close(0)
-        self._sock.close(0)
+        self._sock.close(self._linger_ms)
 
     # -- pipelining ------------------------------------------------------------------------------
 

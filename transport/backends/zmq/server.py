@@ -44,6 +44,7 @@ from transport.protocol import (
     ErrorCode,
     MessageIds,
     encode_error,
+    is_goodbye,
 )
 from transport.runtime.host import EnvHost
 from transport.runtime.session import Session, cannot_make_envs
@@ -73,7 +74,9 @@ class Listener:
         self.host = host
         self.max_body = max_body
         self.max_sessions = max_sessions
-        self._error_type = MessageIds.from_schema(host.schema.ir).ERROR
+        ids = MessageIds.from_schema(host.schema.ir)
+        self._error_type = ids.ERROR
+        self._hello_type = ids.HELLO_REQ
         self._ctx: Context | None = None
         self._sock: Sock | None = None
         self._auth: ThreadAuthenticator | None = None
@@ -209,6 +212,10 @@ class Listener:
             self._reply(
                 sock, identity, envelope, self._error_type, msg_id, encode_error(code, text)
             )
+            return
+        if msg_type == self._hello_type and is_goodbye(self._receive.body(body_len)):
+            self._trackers.pop(identity, None)
+            self._drop(identity)  # the client left: its envs are closed now, not at LRU
             return
         session = self._session_for(identity, msg_type)
         if isinstance(session, str):

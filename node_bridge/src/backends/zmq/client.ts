@@ -12,6 +12,9 @@ import { commonOptions, Address, asBuffer, binary, clientCurve, errorCode, parse
 
 // -- client ---------------------------------------------------------------------------------------
 
+/** How long libzmq may keep sending a closed client's goodbye (in the background). */
+const GOODBYE_LINGER_MS = 500;
+
 export function describeFailure(type: string, error: unknown): string {
   const status = (error as { status?: unknown } | undefined)?.status;
   if (type === "handshake:error:auth") {
@@ -189,6 +192,21 @@ export class ZmqChannel implements Channel {
       }
       await this.#connectEvent(Math.min(remaining, 100));
     }
+  }
+
+  /** Queue a last message, without waiting (the server is not told when a Dealer goes):
+   * `close` then lets libzmq send it for up to `GOODBYE_LINGER_MS`. */
+  sayGoodbye(msgType: number, body: Uint8Array): void {
+    if (this.#closed || !this.#connected || this.#lost) return;
+    const header = Buffer.alloc(HEADER_SIZE);
+    packHeader(header, 0, msgType, this.#nextId, body.byteLength);
+    // sendTimeout 0: handed to libzmq now, or refused (no room, no connection: the server
+    // drops the session at LRU, as before)
+    this.#sock.send([header, asBuffer(body)]).then(
+      () => undefined,
+      () => undefined,
+    );
+    this.#sock.linger = GOODBYE_LINGER_MS;
   }
 
   close(): void {

@@ -6,7 +6,7 @@ import { chmodSync, lstatSync, statSync, unlinkSync } from "node:fs";
 import * as net from "node:net";
 import * as zmq from "zeromq";
 import { ConnectError } from "../../errors";
-import { CLOSING_ERRORS, DEFAULT_MAX_BODY, ErrorCode, HEADER_SIZE, encodeError, messageIds, packHeader, readU32 } from "../../protocol";
+import { CLOSING_ERRORS, DEFAULT_MAX_BODY, ErrorCode, HEADER_SIZE, encodeError, isGoodbye, messageIds, packHeader, readU32 } from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
 import { LATER, type Session, sessionsOf } from "../../runtime/session";
 import { type ConnectionStats, cannotMakeEnvs, newStats } from "../../stream";
@@ -101,6 +101,7 @@ export class ZmqListener implements Listener {
   readonly #sessions = new Map<string, Session>();
   readonly #factory: () => Session;
   readonly #errorType: number;
+  readonly #helloType: number;
   readonly #header = Buffer.alloc(HEADER_SIZE);
   #sock: zmq.Router | null = null;
   #zap: zmq.Reply | null = null;
@@ -114,7 +115,9 @@ export class ZmqListener implements Listener {
     this.#factory = sessionsOf(host);
     this.maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
     this.maxSessions = maxSessions;
-    this.#errorType = messageIds(host.schema).ERROR;
+    const ids = messageIds(host.schema);
+    this.#errorType = ids.ERROR;
+    this.#helloType = ids.HELLO_REQ;
   }
 
   /** Bind now; refuses a live ipc path or a tcp port in use, and insecure remote binds. */
@@ -246,6 +249,10 @@ export class ZmqListener implements Listener {
       const [code, text] = problem;
       if (CLOSING_ERRORS.has(code)) this.#drop(key);
       this.#reply(sock, identity, key, envelope, this.#errorType, msgId, encodeError(code, text), null);
+      return;
+    }
+    if (msgType === this.#helloType && isGoodbye(body)) {
+      this.#drop(key); // the client left: its envs are closed now, not at LRU
       return;
     }
     const session = this.#sessionFor(key, msgType);
