@@ -48,6 +48,7 @@ from transport.protocol import (
     encode_goodbye,
     encode_hello_request,
     mismatch_text,
+    reset_seed,
     schema_from_ir_text,
 )
 from transport.runtime.env import Spaces
@@ -523,10 +524,11 @@ class Client:
     ) -> StepView:
         """Reset every env (env i gets ``seed + i``, or ``seed[i]`` from a list of one seed or
         None per env: RESET_SEEDS); fields have a leading env axis if N > 1."""
+        seed = reset_seed(seed, self.num_envs)
         with self._call():
             if seed is None:
                 body = self._exchange(self.ids.RESET_REQ, b"", self.ids.RESET_RESP)
-            elif not isinstance(seed, int | np.integer):
+            elif isinstance(seed, list):
                 body = self._exchange(
                     self.ids.RESET_SEEDS_REQ,
                     seeds_body(self.schema, seed, self.num_envs),
@@ -641,8 +643,9 @@ class Client:
 
     def async_reset(self, seed: int | None = None) -> None:
         """Reset every env (env i: ``seed + i``) for ``recv`` to return (nothing in flight)."""
+        checked = reset_seed(seed, self.num_envs, "async_reset", per_env=False)
         with self._call():
-            self._async_calls().reset(seed)
+            self._async_calls().reset(checked if isinstance(checked, int) else None)
 
     def _async_calls(self) -> AsyncCalls:
         calls = self.__dict__.get("_async")

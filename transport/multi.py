@@ -25,7 +25,13 @@ from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, ActionShapes, Client, resolve_schema, seeds_body
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
-from transport.protocol import BODY_OFFSET, DEFAULT_MAX_BODY, body_codec, decode_error
+from transport.protocol import (
+    BODY_OFFSET,
+    DEFAULT_MAX_BODY,
+    body_codec,
+    decode_error,
+    reset_seed,
+)
 from transport.runtime.env import Spaces
 from transport.step_view import StepView
 
@@ -216,10 +222,9 @@ class MultiClient:
     ) -> StepView:
         """Reset every env of every server; global env i gets ``seed + i`` (or ``seed[i]`` from
         a list of one seed or None per global env)."""
-        base = int(seed) if isinstance(seed, int | np.integer) else None
-        seeds = None if seed is None or isinstance(seed, int | np.integer) else list(seed)
-        if seeds is not None and len(seeds) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} seeds (one per env), got {len(seeds)}")
+        checked = reset_seed(seed, self.num_envs)
+        base = checked if isinstance(checked, int) else None
+        seeds = checked if isinstance(checked, list) else None
         with self._calls():  # before the shared seed bodies are written
             requests: list[tuple[int, Any, int]] = []
             for part in self.parts:

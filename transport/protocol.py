@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
+import numpy as np
 
 from transport.codec import Schema, StructCodec
 from transport.errors import (
@@ -451,6 +453,55 @@ def accept_hello(body: Any, schema: Schema | int) -> tuple[Hello, AutoReset]:
             ErrorCode.BAD_FRAME, f"unknown auto-reset mode in flags {hello.flags}"
         ) from None
     return hello, mode
+
+
+SEED_LIMIT: Final = 1 << 64
+"""Seeds are u64 on the wire (ResetRequest, EnvSeed)."""
+
+
+def _seed_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def reset_seed(
+    seed: Any, num_envs: int, method: str = "reset", per_env: bool = True
+) -> int | list[int | None] | None:
+    """What a reset's ``seed`` says, checked before any bytes move: None (unseeded), one int
+    (env i gets ``seed + i``) or, where ``per_env``, a sequence of one int or None per env.
+    Anything else is a ``TypeError`` naming it (a str was read as a list of digits, a float
+    truncated), a seed out of the u64 range or a list of the wrong length a ``ValueError``."""
+    if seed is None:
+        return None
+    if _seed_int(seed):
+        return _in_range(int(seed), method)
+    takes = "an int, or a list of one int or None per env" if per_env else "one int"
+    if (
+        not per_env
+        or isinstance(seed, str | bytes | float | np.floating)
+        or not (isinstance(seed, Sequence) or (isinstance(seed, np.ndarray) and seed.ndim == 1))
+    ):
+        raise TypeError(
+            f"{method}(seed={seed!r}): a seed is {takes} (env i gets seed + i), "
+            f"not {type(seed).__name__}"
+        )
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(
+            f"{method}(seed=[...]) needs one seed (an int or None) per env: {num_envs}, "
+            f"got {len(seeds)}"
+        )
+    for i, entry in enumerate(seeds):
+        if entry is not None and not _seed_int(entry):
+            raise TypeError(
+                f"{method}(seed=[...]): env {i}'s seed is {entry!r}, not an int or None"
+            )
+    return [None if entry is None else _in_range(int(entry), method) for entry in seeds]
+
+
+def _in_range(seed: int, method: str) -> int:
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{method}(seed={seed}): a seed must be an integer in 0..2**64-1")
+    return seed
 
 
 def body_codec(schema: Schema, message: str) -> StructCodec:

@@ -200,7 +200,29 @@ export type Seeds = bigint | number | null | ReadonlyArray<bigint | number | nul
 export type Actions = number | ArrayLike<number> | ReadonlyArray<ArrayLike<number>>;
 
 /** A RESET_SEEDS_REQ body: one (seed, has_seed) entry per env; null resets that env unseeded. */
+/**
+ * One seed as the wire carries it (u64): a bigint, or a number that is a safe integer, in
+ * 0..2**64-1. Anything else (a string, a fraction, a negative number that would wrap to a huge
+ * seed) is refused before any bytes move (Python: `protocol.reset_seed`).
+ */
+export function seedValue(seed: unknown, method = "reset", where = ""): bigint {
+  let value: bigint;
+  if (typeof seed === "bigint") value = seed;
+  else if (typeof seed === "number" && Number.isSafeInteger(seed)) value = BigInt(seed);
+  else {
+    const shown = typeof seed === "string" ? JSON.stringify(seed) : String(seed);
+    throw new TypeError(`${method}(seed${where}): a seed is an integer (a bigint or a safe integer number), not ${typeof seed} ${shown}`);
+  }
+  if (value < 0n || value >= 1n << 64n) {
+    throw new RangeError(`${method}(seed${where}): a seed must be an integer in 0..2**64-1, not ${value}`);
+  }
+  return value;
+}
+
 export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | number | null>, numEnvs: number): Buffer {
+  if (!Array.isArray(seeds)) {
+    throw new TypeError(`reset(seed): a seed is an integer, or an array of one integer or null per env, not ${typeof seeds}`);
+  }
   if (seeds.length !== numEnvs) {
     throw new TransportError(`expected ${numEnvs} seeds (one per env, or null), got ${seeds.length}`);
   }
@@ -211,8 +233,7 @@ export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | nu
   const body = Buffer.alloc(codec.size * numEnvs);
   seeds.forEach((seed, i) => {
     if (seed === null) return;
-    const value = BigInt(seed);
-    if (value < 0n || value >= 1n << 64n) throw new TransportError(`a seed must be in 0..2**64-1 or null, not ${seed}`);
+    const value = seedValue(seed, "reset", `[${i}]`);
     body.writeBigUInt64LE(value, i * codec.size + seedAt);
     body[i * codec.size + hasAt] = 1;
   });
@@ -686,7 +707,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     } else if (typeof seed === "object") {
       await this.#exchange(this.ids.RESET_SEEDS_REQ, seedsBody(this.schema, seed, this.numEnvs), this.ids.RESET_RESP);
     } else {
-      this.#seed.writeBigUInt64LE(BigInt.asUintN(64, BigInt(seed)), this.#seedAt);
+      this.#seed.writeBigUInt64LE(seedValue(seed), this.#seedAt);
       await this.#exchange(this.ids.RESET_SEED_REQ, this.#seed, this.ids.RESET_RESP);
     }
     return this.#results(this.numEnvs === 1 ? 0 : this.numEnvs, options.copy === true);
@@ -838,7 +859,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   async asyncReset(seed: number | bigint | null = null): Promise<void> {
     const body = Buffer.alloc(16);
     if (seed !== null) {
-      body.writeBigUInt64LE(BigInt(seed), 0);
+      body.writeBigUInt64LE(seedValue(seed, "asyncReset"), 0);
       body[8] = 1;
     }
     await this.#exchange(this.ids.ASYNC_RESET_REQ, body, this.ids.SEND_RESP);
