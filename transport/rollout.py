@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transport.errors import AdapterError
+from transport.errors import ActionError, AdapterError
 from transport.torch import TensorStep, TorchClient, _address, _record_fields, torch_dtype
 
 _cuda: Any = torch.cuda  # torch's CUDA calls are untyped: called through Any
@@ -36,7 +36,10 @@ Policy = Callable[[Any, Any], Any]
 """``policy(observations [N, *obs] (a dict of them by field name for several observation
 fields), masks [N, A] bool or None) -> actions [N, *act]`` or
 ``(actions, extras)`` where ``extras`` maps names to ``[N, ...]`` tensors (log-probabilities,
-values) that the buffer keeps as ``extras[name][t]``. Called under ``torch.no_grad()``."""
+values) that the buffer keeps as ``extras[name][t]``. Called under ``torch.no_grad()``.
+Actions and extras may also be NumPy arrays, lists or numbers (what ``TorchClient.step``
+takes): they are made tensors with ``torch.as_tensor`` (an array's memory shared, on the
+host), so the buffer keeps them with their dtype and shape."""
 
 
 @dataclass
@@ -232,6 +235,8 @@ class RolloutCollector:
                 else:
                     out = self.policy(obs, mask)
                 actions, extras = out if isinstance(out, tuple) else (out, None)
+                if not isinstance(actions, torch.Tensor):  # NumPy, a list, an int
+                    actions = _tensor_of(actions, "actions", ActionError)
                 self._keep(buf, t, actions, extras)
                 last = step(actions)
                 self._ends(buf, t)
@@ -300,6 +305,8 @@ class RolloutCollector:
         if not extras:
             return
         for name, value in extras.items():
+            if not isinstance(value, torch.Tensor):  # NumPy, a list, a number (a value)
+                value = _tensor_of(value, f"extra {name!r}", AdapterError)
             whole = buf.extras.get(name)
             if whole is None:
                 shape = (buf.steps, *value.shape)
@@ -416,6 +423,27 @@ class RolloutCollector:
         lengths += buf.steps
 
 
+def _tensor_of(value: Any, what: str, error: type[Exception]) -> Any:
+    """A policy's output that is not a tensor (a NumPy array, a list, a number) as one, on the
+    host: ``torch.as_tensor`` (an array's memory shared where torch can view it; a read-only
+    or negatively strided array is copied). ``error`` (ActionError for actions, AdapterError
+    for extras) naming ``what`` where it holds no numbers of one shape."""
+    try:
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            value = value.copy()  # torch would share it and warn that it is not writable
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        pass
+    try:
+        return torch.from_numpy(np.ascontiguousarray(value))  # negative strides, say
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise error(
+            f"the policy returned {what} as {type(value).__name__}, which is not numbers of one "
+            f"shape ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}): return "
+            "tensors (NumPy arrays, lists of numbers and numbers are made tensors)"
+        ) from None
+
+
 class _PolicyGraph:
     """The policy captured as a CUDA graph (``cuda_graph=True``): its inputs are the client's
     device tensors (views of its staging block, at fixed addresses while its plan stays), the
@@ -447,6 +475,15 @@ class _PolicyGraph:
         self.graph = _cuda.CUDAGraph()
         with torch.no_grad(), _cuda.graph(self.graph):
             self.out = run()
+        actions, extras = self.out if isinstance(self.out, tuple) else (self.out, None)
+        outputs = {"actions": actions, **{f"extra {k!r}": v for k, v in (extras or {}).items()}}
+        for what, value in outputs.items():
+            if not isinstance(value, torch.Tensor):
+                raise AdapterError(
+                    f"cuda_graph=True: the policy returned {what} as {type(value).__name__}, "
+                    "not a tensor: a replay reruns the captured kernels only, so it would be "
+                    "the capture's value at every step; return tensors, or pass cuda_graph=False"
+                )
 
     def replay(self) -> Any:
         self.graph.replay()

@@ -2,7 +2,8 @@
 
 ``transport.torch.connect(url, device=None)`` gives a ``TorchClient``: ``reset`` and ``step``
 return a ``TensorStep`` whose fields are torch tensors, and ``step`` takes actions as a tensor
-(CPU or CUDA), a NumPy array or an int. The device is chosen once, at connect time
+(CPU or CUDA; another device's are copied to the CPU; bfloat16 and float8 are widened to
+float32, exactly), a NumPy array or an int. The device is chosen once, at connect time
 (``device=None``: CUDA when torch sees it, else the CPU), and the repr says which and why.
 
 - **CPU.** Each field is ``torch.from_numpy`` of the client's zero-copy NumPy view (the shm slots,
@@ -50,7 +51,7 @@ from transport.api import connect as _connect
 from transport.backends.shm.region import ColumnRecords
 from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
-from transport.errors import AdapterError, TransportError
+from transport.errors import ActionError, AdapterError, TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset
 from transport.step_view import StepView
 
@@ -82,6 +83,21 @@ _DTYPES: dict[str, Any] = {
     "f8": torch.float64,
 }
 """NumPy element kinds (kind + itemsize) and the torch dtype of the same bytes."""
+
+_WIDENED: frozenset[Any] = frozenset(
+    kind
+    for kind in (
+        torch.bfloat16,
+        *(getattr(torch, name, None) for name in ("float8_e4m3fn", "float8_e5m2")),
+        *(getattr(torch, name, None) for name in ("float8_e4m3fnuz", "float8_e5m2fnuz")),
+        getattr(torch, "float8_e8m0fnu", None),
+    )
+    if kind is not None
+)
+"""Float dtypes NumPy has no type for (an autocast policy's bfloat16, the float8 types): their
+actions are widened to float32, which holds every one of their values exactly, and then judged
+by the client's action rule as a float16 array is (into a float field they are cast as NumPy
+casts, exact where the field's type holds the value; into an integer field refused)."""
 
 
 def torch_dtype(dtype: np.dtype[Any]) -> Any:
@@ -180,6 +196,10 @@ def _root(array: np.ndarray) -> Any:
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
     return base
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _address(array: np.ndarray) -> int:
@@ -454,6 +474,7 @@ class TorchClient:
         self.device, self.device_reason = choose_device(device)
         self.cuda = self.device.type == "cuda"
         self._plans: dict[int, Any] = {}
+        self._copied_names: set[str] | None = None  # copied fields of the results seen so far
         self._pending = False
         self._closed = False
         self._registered: tuple[int, int] | None = None
@@ -546,9 +567,24 @@ class TorchClient:
 
     @property
     def copied_fields(self) -> list[str]:
-        """Fields of the results seen so far that the CPU path copies (not viewable)."""
-        names = {name for plan in self._plans.values() for name in plan.copied}
-        return sorted(names)
+        """Fields of the results seen so far that are not views: on the CPU those copied into
+        tensors of their own each step (a row stride or address that is no multiple of the
+        element size: a packed record's); on CUDA those gathered on the device after the block
+        copy. Known once a result has been seen (the addresses are the received buffer's)."""
+        return sorted(self._copied_names or ())
+
+    def _path_text(self) -> str:
+        """``path`` and what the results seen so far say of it: the fields that are copied."""
+        copied = self._copied_names
+        if self.cuda:
+            if not copied:
+                return self.path
+            return f"{self.path}; unaligned, gathered on the device: {', '.join(sorted(copied))}"
+        if copied is None:
+            return f"{self.path} of aligned fields (copied_fields: after the first result)"
+        if not copied:
+            return self.path
+        return f"{self.path} except {', '.join(sorted(copied))} (unaligned: copied each step)"
 
     def reset(self, seed: Any = None, *, copy: bool = False) -> TensorStep:
         """``Client.reset`` (seed, or one seed per env), its results as tensors."""
@@ -556,7 +592,8 @@ class TorchClient:
         return self._tensors(self.client.reset(seed), copy)
 
     def step(self, actions: Any, *, copy: bool = False) -> TensorStep:
-        """``Client.step``: ``actions`` a tensor (any device), an array or an int."""
+        """``Client.step``: ``actions`` a tensor (any device with data: see
+        ``_host_actions``; bfloat16 and float8 widened to float32), an array or an int."""
         if isinstance(actions, torch.Tensor):
             actions = self._host_actions(actions)
         self._settle()
@@ -583,15 +620,27 @@ class TorchClient:
         checked) judges it as it judges a NumPy array. A contiguous tensor on the client's
         device goes through the runtime's own copy (``cudaMemcpyAsync`` on the current stream,
         then a wait for that stream: ~2 us of host time where ``copy_`` and an event cost
-        several times that); the pinned buffer and its NumPy view are reused."""
+        several times that); the pinned buffer and its NumPy view are reused. The rest (a dtype
+        NumPy has no type for, another device) is ``_unusual_actions``'s: no test on the way
+        for the usual dtypes on the CPU."""
         if actions.device.type == "cpu":
-            return np.asarray(actions.detach().numpy())
+            try:
+                return np.asarray(actions.detach().numpy())
+            except (TypeError, RuntimeError):  # bfloat16, float8, complex32: no NumPy dtype
+                return self._unusual_actions(actions)
+        if actions.device.type != "cuda" or not self.cuda:
+            return self._unusual_actions(actions)  # MPS, XLA, meta; CUDA for a CPU client
         host, array = self._actions_host, self._actions_array
         if array is None or host.shape != actions.shape or host.dtype != actions.dtype:
-            host = self._actions_host = torch.empty(
-                tuple(actions.shape), dtype=actions.dtype, pin_memory=True
-            )
-            array = self._actions_array = np.asarray(host.numpy())
+            if actions.dtype in _WIDENED:  # widened on the device, then the usual path
+                return self._host_actions(actions.float())
+            pinned = torch.empty(tuple(actions.shape), dtype=actions.dtype, pin_memory=True)
+            try:
+                array = np.asarray(pinned.numpy())
+            except (TypeError, RuntimeError):
+                return self._unusual_actions(actions)
+            host = self._actions_host = pinned
+            self._actions_array = array
         runtime = self._runtime
         if runtime is not None and actions.device == self.device and actions.is_contiguous():
             stream = self._stream()
@@ -602,6 +651,33 @@ class TorchClient:
         self._acted.record(torch.cuda.current_stream(actions.device))
         self._acted.synchronize()
         return array
+
+    def _unusual_actions(self, actions: Any) -> np.ndarray:
+        """Actions the fast paths do not take, as an owned NumPy array: a tensor on a device
+        other than the CPU and CUDA (MPS, XLA, ...; or CUDA for a CPU client) is copied to the
+        CPU (``.cpu()``, which waits for it); a float dtype NumPy has no type for (``_WIDENED``:
+        bfloat16, float8) is widened to float32 (exact). ``ActionError`` naming the device or
+        dtype and what is taken where neither helps (a meta tensor holds no data; complex32)."""
+        device = actions.device
+        if device.type != "cpu":
+            try:
+                actions = actions.detach().cpu()
+            except (RuntimeError, NotImplementedError) as exc:
+                raise ActionError(
+                    f"step(): actions on device {device} cannot be read ({_first_line(exc)}): "
+                    f"pass a tensor on the CPU or a device with data (CUDA: through a pinned "
+                    f"buffer; MPS, XLA, ...: copied to the CPU), a NumPy array or an int"
+                ) from None
+        if actions.dtype in _WIDENED:
+            actions = actions.float()
+        try:
+            return np.asarray(actions.detach().numpy())
+        except (TypeError, RuntimeError) as exc:
+            raise ActionError(
+                f"step(): actions of dtype {actions.dtype} cannot be read as a NumPy array "
+                f"({_first_line(exc)}): pass an integer, bool or float tensor (bfloat16 and "
+                f"float8 are widened to float32), a NumPy array or an int"
+            ) from None
 
     def _copy_on_device(self, target: Any, source: Any, non_blocking: bool = True) -> None:
         """``target.copy_(source, non_blocking)``; where both are contiguous tensors of one
@@ -639,6 +715,9 @@ class TorchClient:
             if len(self._plans) >= 8:  # a replaced receive buffer: drop the old buffers' plans
                 self._plans.clear()
             plan = self._plans[id(view)] = self._plan(view)
+            if self._copied_names is None:
+                self._copied_names = set()
+            self._copied_names.update(plan.copied)
         step: TensorStep = plan.refresh(self)
         return step.clone() if copy else step
 
@@ -690,7 +769,7 @@ class TorchClient:
         state = "closed" if self._closed else f"{self.client.num_envs} envs"
         return (
             f"TorchClient({self.client.url}, {state}, device={self.device} "
-            f"({self.device_reason}), path={self.path})"
+            f"({self.device_reason}), path={self._path_text()})"
         )
 
 
