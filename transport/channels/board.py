@@ -72,15 +72,26 @@ MAX_VERSION = 2**63 - 1  # a version word beyond it was never published: a scrib
 
 
 def as_numpy(value: Any) -> np.ndarray:
-    """A NumPy view of an array, a torch tensor (CPU, detached: no copy) or bytes."""
+    """A NumPy view of an array, a torch tensor (CPU, detached: no copy) or bytes. A torch
+    dtype NumPy has no type for (bfloat16, float8, ...) raises TypeError naming it."""
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
         value = value.detach()
         if value.device.type != "cpu":
             value = value.cpu()
-        return value.contiguous().numpy()  # type: ignore[no-any-return]
+        try:
+            return value.contiguous().numpy()  # type: ignore[no-any-return]
+        except TypeError as exc:
+            raise TypeError(_no_numpy_dtype(value.dtype)) from exc
     if isinstance(value, bytes | bytearray | memoryview):
         return np.frombuffer(value, dtype=np.uint8)
     return np.ascontiguousarray(value)
+
+
+def _no_numpy_dtype(dtype: Any) -> str:
+    return (
+        f"{dtype} has no NumPy dtype: convert it (e.g. .float()), or carry its raw bits "
+        "(.view(torch.int16)) and view them back"
+    )
 
 
 class ArraySpec:
@@ -95,11 +106,15 @@ class ArraySpec:
 
 
 def table_of(arrays: Mapping[str, Any]) -> list[ArraySpec]:
-    """The array table of a template (a ``state_dict``, a dict of arrays): 64-aligned offsets."""
+    """The array table of a template (a ``state_dict``, a dict of arrays): 64-aligned offsets.
+    A value that is not an array NumPy can hold (a bfloat16 tensor) is ChannelMismatchError."""
     specs = []
     offset = 0
     for name, value in arrays.items():
-        arr = as_numpy(value)
+        try:
+            arr = as_numpy(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ChannelMismatchError(f"{name}: not an array a board can carry ({exc})") from exc
         if len(name.encode()) > NAME_MAX or arr.ndim > MAX_DIMS:
             raise ValueError(f"{name!r}: names up to {NAME_MAX} bytes, up to {MAX_DIMS} dims")
         dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
@@ -256,7 +271,9 @@ class PolicyBoard:
             try:
                 src = as_numpy(arrays[spec.name])
             except (TypeError, ValueError, RuntimeError) as exc:
-                raise ChannelMismatchError(f"{spec.name}: not an array ({exc})") from exc
+                raise ChannelMismatchError(
+                    f"{spec.name}: not an array a board can carry ({exc})"
+                ) from exc
             if src.shape != spec.shape:
                 raise ChannelMismatchError(f"{spec.name}: shape {src.shape}, expected {spec.shape}")
             if not np.can_cast(src.dtype, spec.dtype, casting="same_kind"):
@@ -456,28 +473,97 @@ class PolicyBoard:
     def read(
         self, out: dict[str, np.ndarray] | None = None, *, timeout: float = 10.0
     ) -> tuple[int, dict[str, np.ndarray]]:
-        """Copy the latest consistent version: (version, arrays). ``out`` (arrays of the same
-        shapes, e.g. a previous result) is reused: no allocation."""
+        """Copy the latest consistent version: (version, arrays). ``out`` (writable NumPy arrays
+        of the table's shapes under its names, e.g. a previous result) is reused: no allocation.
+        An ``out`` that does not fit raises ChannelMismatchError before anything is copied."""
         if out is None:
-            out = {s.name: np.empty(s.shape, s.dtype) for s in self.specs}
-        target = out
+            target = {s.name: np.empty(s.shape, s.dtype) for s in self.specs}
+        else:
+            self._check_out(out)
+            target = out
 
         def copy(views: dict[str, np.ndarray]) -> None:
             for name, view in views.items():
                 np.copyto(target[name], view)
 
-        return self._read(copy, timeout), out
+        return self._read(copy, timeout), target
 
-    def load_into(self, module: Any, *, timeout: float = 10.0) -> int:
+    def _check_out(self, out: Mapping[str, Any]) -> None:
+        """Every array of the table has a writable NumPy array in ``out`` of its shape and a
+        dtype it casts to (same_kind): checked before a read copies anything."""
+        if not isinstance(out, Mapping):
+            raise ChannelMismatchError(f"read: out must be a mapping, got {type(out).__name__}")
+        for spec in self.specs:
+            dst = out.get(spec.name)
+            if dst is None:
+                missing = [s.name for s in self.specs if s.name not in out]
+                raise ChannelMismatchError(f"read: out lacks arrays {missing}")
+            if not isinstance(dst, np.ndarray):
+                raise ChannelMismatchError(
+                    f"read: out[{spec.name!r}] is a {type(dst).__name__}, not a NumPy array"
+                )
+            self._check_target(spec, dst, "out array")
+
+    @staticmethod
+    def _check_target(spec: ArraySpec, dst: np.ndarray, what: str) -> None:
+        if dst.shape != spec.shape:
+            raise ChannelMismatchError(
+                f"{spec.name}: the {what} has shape {dst.shape}, the board's {spec.shape}"
+            )
+        if dst.dtype is not spec.dtype and not np.can_cast(
+            spec.dtype, dst.dtype, casting="same_kind"
+        ):
+            raise ChannelMismatchError(
+                f"{spec.name}: the board's {spec.dtype} does not cast to the {what}'s "
+                f"{dst.dtype} (same_kind)"
+            )
+        if not dst.flags.writeable:
+            raise ChannelMismatchError(f"{spec.name}: the {what} is read-only")
+
+    def load_into(self, module: Any, *, strict: bool = True, timeout: float = 10.0) -> int:
         """Copy the latest consistent version straight into a torch module's parameters and
-        buffers (one copy each, no intermediate); returns the version."""
+        buffers (one copy each, no intermediate; non-contiguous CPU tensors too); returns the
+        version. Every tensor is checked first (CPU, a NumPy-able dtype, the board's shape, a
+        dtype the board's casts to): a mismatch raises ChannelMismatchError and changes
+        nothing. ``strict`` (as ``load_state_dict``): the module's state_dict has exactly the
+        board's names; False: the module's tensors the board lacks are left as they are."""
         import torch
 
+        self.segment.require_open("load_into")
         state = module.state_dict()
-        targets = {s.name: as_numpy(state[s.name]) for s in self.specs}
-        for name, arr in targets.items():
-            if not np.shares_memory(arr, as_numpy(state[name])):
-                raise ChannelMismatchError(f"{name}: the module's tensor is not a CPU tensor")
+        missing = [s.name for s in self.specs if s.name not in state]
+        names = {s.name for s in self.specs}
+        unexpected = [k for k in state if k not in names] if strict else []
+        if missing or unexpected:
+            problems = [f"the module lacks {missing}"] if missing else []
+            if unexpected:
+                who = "it" if missing else "the module"
+                problems.append(f"{who} has {unexpected} the board lacks (strict=False: kept)")
+            raise ChannelMismatchError(f"load_into: {'; '.join(problems)}")
+        targets = {}
+        for spec in self.specs:
+            tensor = state[spec.name]
+            if not isinstance(tensor, torch.Tensor):
+                raise ChannelMismatchError(
+                    f"{spec.name}: the module's value is a {type(tensor).__name__}, not a tensor"
+                )
+            if tensor.device.type != "cpu":
+                raise ChannelMismatchError(
+                    f"{spec.name}: the module's tensor is on {tensor.device}; load_into writes "
+                    "CPU tensors (read() it, then copy_ to the device)"
+                )
+            try:
+                arr = tensor.detach().numpy()  # a view, strided for a non-contiguous tensor
+            except TypeError as exc:
+                raise ChannelMismatchError(f"{spec.name}: {_no_numpy_dtype(tensor.dtype)}") from exc
+            except RuntimeError as exc:  # conjugate / negative views
+                raise ChannelMismatchError(f"{spec.name}: the module's tensor: {exc}") from exc
+            if any(st == 0 and n > 1 for st, n in zip(arr.strides, arr.shape, strict=True)):
+                raise ChannelMismatchError(
+                    f"{spec.name}: the module's tensor is expanded (elements share memory)"
+                )
+            self._check_target(spec, arr, "module's tensor")
+            targets[spec.name] = arr
 
         def copy(views: dict[str, np.ndarray]) -> None:
             for name, view in views.items():

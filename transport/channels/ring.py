@@ -32,6 +32,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -207,7 +208,8 @@ class Ring:
 
     @property
     def lost(self) -> int:
-        """Records reserved by producers that died before committing them (skipped)."""
+        """Records reserved but never committed, skipped: by producers that died, or given
+        back (``Producer.abort``) after another producer had reserved past them."""
         return self._load("lost")
 
     def stats(self) -> dict[str, int]:
@@ -296,6 +298,18 @@ def _wait_in_slices(call: Any, timeout: float | None) -> int:
             return rc
 
 
+def _describe(value: Any) -> str:
+    """A short description of an array's (or a dtype's) type for an error message."""
+    if isinstance(value, np.ndarray):
+        return f"a {value.ndim}-D array of {_describe(value.dtype)}"
+    if isinstance(value, np.dtype):
+        if value.names:
+            names = ", ".join(value.names[:4]) + (", ..." if len(value.names) > 4 else "")
+            return f"a {value.itemsize}-byte struct ({names})"
+        return str(value)
+    return type(value).__name__
+
+
 def _raise_for(rc: int, ring: Ring, what: str, peer: str, timeout: float | None) -> None:
     if rc == native.TIMEOUT:
         raise ChannelTimeoutError(f"{ring.segment.path}: {what} timed out after {timeout} s")
@@ -361,19 +375,24 @@ class Producer:
 
     def reserve_many(self, n: int, timeout: float | None = None) -> np.ndarray:
         """Up to ``n`` contiguous records (at least one; fewer at the wrap or when the ring
-        has less room) as a writable view; fill them, then :meth:`commit`. BLOCK: waits for
-        room up to ``timeout`` (None: forever), then ChannelTimeoutError."""
+        has less room) as a writable view; fill them, then :meth:`commit` (or :meth:`abort`).
+        ``n`` must be at least 1 (ValueError). BLOCK: waits for room up to ``timeout`` (None:
+        forever), then ChannelTimeoutError."""
         self._require_open("reserve")
+        if n < 1:
+            raise ValueError(f"reserve_many: n must be at least 1, got {n}")
         if self._count:
-            raise ChannelError("commit the previous reservation first")
+            raise ChannelError("commit the previous reservation first (or abort it)")
+        cap = self.ring.capacity
+        want = n if n < cap else cap  # the C side takes a u32; never more than the ring holds
         first = _wait_in_slices(
-            lambda t: native.ring_reserve(self._native, n, self._got, t), timeout
+            lambda t: native.ring_reserve(self._native, want, self._got, t), timeout
         )
         if first < 0:
             _raise_for(first, self.ring, "reserve", "consumer", timeout)
         count = int(self._got[0])
         self._first, self._count = first, count
-        slot = first & (self.ring.capacity - 1)
+        slot = first & (cap - 1)
         return self.ring.records[slot : slot + count]
 
     def commit(self) -> int:
@@ -385,15 +404,96 @@ class Producer:
         first, self._count = self._first, 0
         return first
 
+    def abort(self, timeout: float | None = None) -> None:
+        """Give the current reservation back without publishing it (nothing reserved: does
+        nothing). The consumer never sees the records. When no producer reserved after it
+        (always on a single-producer ring) the reservation is undone (``head`` moves back);
+        otherwise the records cannot be un-reserved, so this waits up to ``timeout`` (None:
+        forever) for the consumer to reach them and skips them, counted in ``Ring.lost`` as a
+        dead producer's are. ChannelTimeoutError if that wait ran out: the reservation is
+        still this producer's (call ``abort`` again; ``close`` gives it up)."""
+        self._require_open("abort")
+        if not self._count:
+            return
+        if not self._give_back(timeout):
+            raise ChannelTimeoutError(
+                f"{self.ring.segment.path}: abort: the consumer did not reach records "
+                f"{self._first}..{self._first + self._count - 1} within {timeout} s"
+            )
+
+    def _give_back(self, timeout: float | None) -> bool:
+        """Undo or skip the current reservation (see :meth:`abort`); False if the consumer
+        did not reach it within ``timeout`` (the reservation is kept)."""
+        ring = self.ring
+        seg = ring.segment
+        first, count = self._first, self._count
+        head = seg.word64(_RING["head"])
+        cursor = seg.word64(_RING["cursor"])
+        intent = seg.word64(PRODUCERS_OFFSET + self.index * ENTRY_SIZE + _ENTRY["intent"])
+        # Undo: only this producer's CAS (or store) moved head past first + count, so while
+        # head is still there nobody reserved after it; another producer that read the old
+        # head fails its CAS and reads again. The consumer never claims uncommitted records.
+        if native.compare_exchange64(head, first + count, first):
+            native.store64_release(intent, 0)
+            self._count = 0
+            native.wake_if_sleeping(seg.word(_RING["space_word"]))
+            return True
+        # Skip: once the consumer's tail reaches `first` (every older record taken) only this
+        # producer may move it past its own uncommitted records, as the consumer does for a
+        # dead producer's (tp_ring_take: ring_check_producers).
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if seg.closed or native.load_acquire(seg.state_word) != 1:
+                self._count = 0  # the ring is gone: nothing left to give back
+                return True
+            c = native.load64_acquire(cursor)
+            h = native.load64_acquire(head)
+            tail = h - ((h - c) & 0xFFFFFFFF)
+            end = first + count
+            skipped = tail >= end  # (the consumer only skips a dead producer's records)
+            if not skipped and tail >= first:
+                skipped = native.compare_exchange64(
+                    cursor, c, ((c >> 32) << 32) | (end & 0xFFFFFFFF)
+                )
+                if skipped:
+                    native.fetch_add64(seg.word64(_RING["lost"]), end - tail)
+            if skipped:
+                native.store64_release(intent, 0)
+                self._count = 0
+                native.wake_if_sleeping(seg.word(_RING["data_word"]))
+                native.wake_if_sleeping(seg.word(_RING["space_word"]))
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+
     def push(self, records: np.ndarray, timeout: float | None = None) -> int:
-        """Copy an array of records (the ring's dtype) in, in as few reservations as possible;
-        returns the index of the first."""
+        """Copy a 1-D NumPy array of records of exactly the ring's record dtype in (anything
+        else raises ChannelMismatchError before a record is reserved), in as few reservations
+        as possible; returns the index of the first (-1 for no records). ``timeout`` bounds
+        each wait for room. An error while copying gives the reservation back
+        (:meth:`abort`) before it propagates."""
+        dtype = self.ring.records.dtype
+        if not (
+            isinstance(records, np.ndarray)
+            and (records.dtype is dtype or records.dtype == dtype)
+            and records.ndim == 1
+        ):
+            raise ChannelMismatchError(
+                f"{self.ring.segment.path}: push takes a 1-D NumPy array of "
+                f"{self.ring.record.name} records ({_describe(dtype)}), got {_describe(records)}"
+            )
         first = -1
         done = 0
         total = len(records)
         while done < total:
             view = self.reserve_many(total - done, timeout)
-            view[...] = records[done : done + len(view)]
+            try:
+                view[...] = records[done : done + len(view)]
+            except BaseException:
+                with suppress(Exception):  # the copy's error is the one to report
+                    self._give_back(timeout)
+                raise
             index = self.commit()
             first = index if first < 0 else first
             done += len(view)
@@ -420,10 +520,13 @@ class Producer:
             return
         self.closed = True
         if not (self.ring.segment.closed or self.ring.segment.forked):  # a fork's copy: not ours
+            # A reservation left open is given back; one that cannot be at once (others
+            # reserved after it) is left as a dead producer's: the consumer skips it (lost).
+            state = PeerState.CLOSED
+            if self._count and not self._give_back(0.0):
+                state = PeerState.DEAD
             base = PRODUCERS_OFFSET + self.index * ENTRY_SIZE
-            native.store_release(
-                self.ring.segment.word(base + _ENTRY["state"]), int(PeerState.CLOSED)
-            )
+            native.store_release(self.ring.segment.word(base + _ENTRY["state"]), int(state))
             native.wake_if_sleeping(self.ring.segment.word(_RING["data_word"]))
 
     def __enter__(self) -> Producer:
@@ -518,20 +621,26 @@ class Consumer:
         """Claim up to ``max_records`` committed records (waiting up to ``timeout`` for the
         first: None forever, 0 not at all). ChannelTimeoutError when none came; ChannelClosedError
         when every producer closed and the ring is drained; PeerDiedError when every producer
-        is gone and one died."""
+        is gone and one died. ``max_records`` 0 returns an empty batch at once (no wait, nothing
+        claimed); a negative one raises ValueError."""
         self._require_open("take")
         ring = self.ring
+        cap = ring.capacity
+        if max_records < 1:
+            if max_records < 0:
+                raise ValueError(f"take: max_records must be at least 0, got {max_records}")
+            return Batch(self, self.next_index, 0, [ring.records[0:0]])  # up to 0: none
+        want = max_records if max_records < cap else cap  # a u32 for C; at most the ring
         first = _wait_in_slices(
-            lambda t: native.ring_take(self._native, max_records, self._got, t), timeout
+            lambda t: native.ring_take(self._native, want, self._got, t), timeout
         )
         if first < 0:
             _raise_for(first, ring, "take", "producers", timeout)
         count = int(self._got[0])
-        cap = ring.capacity
         slot = first & (cap - 1)
         views = [ring.records[slot : slot + count]]
-        if slot + count == cap and count < max_records:  # the ring wraps: a second view
-            more = native.ring_take(self._native, max_records - count, self._got, 0)
+        if slot + count == cap and count < want:  # the ring wraps: a second view
+            more = native.ring_take(self._native, want - count, self._got, 0)
             if more >= 0:
                 extra = int(self._got[0])
                 views.append(ring.records[0:extra])
