@@ -346,20 +346,26 @@ def _build_dtype(struct: StructIR, element: Callable[[FieldIR], Any]) -> np.dtyp
 
 
 def _padding_offsets(schema: SchemaIR, struct: StructIR) -> np.ndarray | None:
-    used = np.zeros(struct.size, dtype=bool)
-
-    def mark(s: StructIR, base: int) -> None:
-        for f in s.fields:
-            for i in range(f.count):
-                start = base + f.offset + i * f.elem_size
-                if f.kind == "struct":
-                    mark(schema.structs[f.elem], start)
-                else:
-                    used[start : start + f.elem_size] = True
-
-    mark(struct, 0)
-    pad = np.flatnonzero(~used)
+    """The byte offsets of ``struct`` that no field covers (zeroed on encode), or None."""
+    pad = np.flatnonzero(~_used_bytes(schema, struct, {}))
     return pad if pad.size else None
+
+
+def _used_bytes(schema: SchemaIR, struct: StructIR, done: dict[str, np.ndarray]) -> np.ndarray:
+    """Which bytes of ``struct`` its fields cover: one slice per field (an array of a struct
+    repeats that struct's pattern), so a u8[1000,1000,3] field costs one store, not 3M."""
+    used = np.zeros(struct.size, dtype=bool)
+    for f in struct.fields:
+        span = used[f.offset : f.offset + f.count * f.elem_size]
+        if f.kind != "struct":
+            span[...] = True  # scalar elements sit back to back
+            continue
+        inner = done.get(f.elem)
+        if inner is None:
+            inner = done[f.elem] = _used_bytes(schema, schema.structs[f.elem], done)
+        width = min(inner.size, f.elem_size)
+        span.reshape(f.count, f.elem_size)[:, :width] |= inner[:width]
+    return used
 
 
 def _leaves(schema: SchemaIR, struct: StructIR) -> list[_Leaf]:
