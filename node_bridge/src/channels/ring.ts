@@ -305,8 +305,9 @@ export class Producer {
    * `ring.segment.bytes` (e.g. through a generated codec's `view` or `writeInto`), then commit. */
   reserve(want = 1, timeoutMs = Infinity): Reservation {
     this.requireOpen("reserve");
+    if (!Number.isInteger(want) || want < 1) throw new RangeError(`reserve: want must be an integer >= 1, got ${want}`);
     if (this.#pending !== null) throw new ChannelError("commit the previous reservation first");
-    const rc = this.tryReserve(Math.max(1, want), timeoutMs);
+    const rc = this.tryReserve(Math.min(want, this.ring.capacity), timeoutMs);
     if (typeof rc === "number") raiseFor(rc, this.ring, "reserve", "consumer", timeoutMs);
     this.#pending = rc;
     return rc;
@@ -413,6 +414,17 @@ export interface Batch {
   release(): void;
 }
 
+/** What `take(0)` returns: no records. */
+const EMPTY_BATCH: Batch = Object.freeze({
+  first: -1n,
+  count: 0,
+  parts: [],
+  offsetOf: (i: number): number => {
+    throw new RangeError(`an empty batch has no record ${i}`);
+  },
+  release: (): void => undefined,
+});
+
 export class Consumer {
   readonly ring: Ring;
   #closed = false;
@@ -440,11 +452,15 @@ export class Consumer {
 
   /** Claim up to `max` committed records (waiting up to `timeoutMs` for the first; 0: no wait).
    * ChannelTimeoutError, ChannelClosedError (every producer closed, ring drained),
-   * PeerDiedError (every producer gone, one died). */
+   * PeerDiedError (every producer gone, one died). `max` 0: an empty batch at once (nothing
+   * claimed, no wait); a negative or fractional `max` is a RangeError (Python: ValueError). */
   take(max = 256, timeoutMs = Infinity): Batch {
     if (this.#closed) throw new ChannelClosedError(`${this.ring.segment.path}: take: this consumer was closed`);
+    if (!Number.isInteger(max) || max < 0) throw new RangeError(`take: max must be an integer >= 0, got ${max}`);
+    if (max === 0) return EMPTY_BATCH;
     const ring = this.ring;
-    const first = this.tryTake(Math.max(1, max), timeoutMs);
+    max = Math.min(max, ring.capacity);
+    const first = this.tryTake(max, timeoutMs);
     if (first.count < 0) raiseFor(first.count, ring, "take", "producers", timeoutMs);
     const parts = [{ offset: ring.recordOffset(first.first), count: first.count }];
     let count = first.count;

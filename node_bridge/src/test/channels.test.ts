@@ -105,6 +105,26 @@ describe("channels: ring", { timeout: 60_000 }, () => {
     ring.close();
   });
 
+  test("counts: take(0) is an empty batch at once; negative counts and reserve(0) are RangeErrors", () => {
+    const ring = Ring.create(unique("cnt"), experience.SCHEMA, "Probe64", 4);
+    const cons = ring.consumer();
+    const prod = ring.producer();
+    const empty = cons.take(0); // no wait, although the ring is empty
+    assert.equal(empty.count, 0);
+    empty.release();
+    assert.throws(() => cons.take(-1, 0), RangeError);
+    assert.throws(() => cons.take(1.5, 0), RangeError);
+    assert.throws(() => prod.reserve(0, 0), RangeError);
+    assert.throws(() => prod.reserve(-2, 0), RangeError);
+    prod.close();
+    pushProbes(ring, 0, 3);
+    assert.equal(cons.take(0).count, 0); // claims nothing
+    const batch = cons.take(2 ** 40, 0); // more than the ring holds: up to what is there
+    assert.deepEqual(indices(ring, batch), [0, 1, 2]);
+    batch.release();
+    ring.close();
+  });
+
   test("two producer processes: every record, each producer in order, none corrupted", async () => {
     const name = unique("mp");
     const ring = Ring.create(name, experience.SCHEMA, "Probe64", 16, { multiProducer: true });
