@@ -3,8 +3,10 @@
 Install with ``pip install transport[pettingzoo]``. The server serves one env (a table) per
 connection on a schema whose result struct names the seat that acts next in an enum field
 (``agent``: the mahjong_env schema's ``AgentStep``, seed 003). Agents are the enum's value names
-in lower case (``player_0`` .. ``player_3``). Observations are dicts ``{"observation": float32
-array, "action_mask": int8 array}`` (PettingZoo's classic-env convention), copies.
+in lower case (``player_0`` .. ``player_3``). Observations are dicts ``{"observation": array,
+"action_mask": int8 array}`` (PettingZoo's classic-env convention), copies; the observation has
+the schema's observation field's shape and dtype (float32 ``(290,)`` for mahjong, int8
+``(3, 3, 2)`` for a served tic-tac-toe), as its space says.
 
 Rewards (the contract a turn-based server follows, see transport/envs/mahjong.py):
 
@@ -58,7 +60,8 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
 
     ``schema`` defaults to mahjong_env; ``agent_field`` names the result field (an enum) that
     says which seat acts next. ``observe(agent)`` returns the last observation that agent was
-    shown (zeros before its first turn).
+    shown (before its first turn: zeros of the observation space's shape and dtype, and an
+    all-zero action mask).
     """
 
     metadata: dict[str, Any] = {
@@ -123,7 +126,10 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         self.observation_spaces = {agent: obs_space for agent in self.possible_agents}
         self.action_spaces = {agent: spaces.Discrete(space.act_n) for agent in self.possible_agents}
         self._act_n = space.act_n
-        self._obs_n = space.obs_n
+        # the observation field's own shape and dtype, as each result shows it (not obs_n flat)
+        self._obs_zeros = np.array(
+            np.zeros((), dtype=self.client.schema[result.name].dtype)[self.fields.observation]
+        )
         self._observations: dict[str, dict[str, np.ndarray]] = {}
         self.rewards = {agent: 0.0 for agent in self.agents}
         self._cumulative_rewards = {agent: 0.0 for agent in self.agents}
@@ -142,7 +148,7 @@ class RemoteAECEnv(AECEnv[str, dict[str, np.ndarray], int | None]):
         observation = self._observations.get(agent)
         if observation is None:
             observation = {
-                "observation": np.zeros(self._obs_n, dtype=self.fields.obs_dtype),
+                "observation": self._obs_zeros,  # copied below
                 "action_mask": np.zeros(self._act_n, dtype=np.int8),
             }
         return {key: value.copy() for key, value in observation.items()}
@@ -266,7 +272,7 @@ class TablesStep:
     agent: np.ndarray
     """int64 [N]: the seat (index into ``possible_agents``) that acts next at each table."""
     observation: np.ndarray
-    """[N, obs_n]: what that seat sees."""
+    """[N, *observation shape] (the schema's observation field): what that seat sees."""
     action_mask: np.ndarray
     """int8 [N, act_n]: its legal actions."""
     rewards: np.ndarray

@@ -32,10 +32,11 @@ and degraded steps drive each server's ``Client`` from a thread pool and copy ro
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -49,6 +50,7 @@ from transport.errors import (
     TransportTimeoutError,
 )
 from transport.multi import BatchError, MultiClient, ServerFailure
+from transport.protocol import reset_seed
 from transport.ray.servers import DEFAULT_TIMEOUT, RayLaunchError, ServerSet, connect_all
 from transport.step_view import StepView
 
@@ -68,6 +70,12 @@ LOSS_ERRORS: tuple[type[TransportError], ...] = (
 """Errors that mean "this server is gone or unreachable" rather than "this request was bad"."""
 
 _T = TypeVar("_T")
+
+Seed = int | Sequence[int | None] | np.ndarray | None
+"""What ``reset`` takes: an int (global env i gets ``seed + i``), one int or None per global env
+(a list, a tuple, a 1-d array: env i gets ``seed[i]``; None resets it unseeded), or None."""
+_Seeds = int | list[int | None] | None
+"""A ``Seed`` as the servers' clients take it (``ClusterClient._seeds``)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,17 @@ class ClusterClient:
 
     Client-like: ``num_envs``, ``schema``, ``server_info``, ``spaces()``, ``reset(seed)``,
     ``step(actions)``, ``finals``, ``close()``; results are views valid until the next call
-    (``copy=True`` for owned arrays). ``reset(seed)`` gives global env i the seed ``seed + i``.
+    (``copy=True`` for owned arrays). ``reset(seed)`` gives global env i the seed ``seed + i``,
+    ``reset([s0, s1, ...])`` (one int or None per global env) the seed ``s_i``, in every
+    auto-reset mode (``Client.reset``'s rule).
+
+    **Interrupted calls.** A call interrupted by Ctrl-C (``KeyboardInterrupt``), or failed by an
+    error that is not a ``TransportError``, waits for the requests already sent to their servers
+    (each at most the client's ``timeout``) before it raises: no server's client is left in a
+    call, and the next call works. The interrupted step was done by the servers that got it
+    (every server, unless it was interrupted while the requests went out) and its results are
+    lost, as with an interrupted ``Client`` call: call ``reset()`` to go on from observations
+    you have seen. A second Ctrl-C during that wait stops waiting.
     """
 
     def __init__(
@@ -216,8 +234,11 @@ class ClusterClient:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def reset(self, seed: int | None = None, *, copy: bool = False) -> StepView:
-        """Reconnect lost servers, then reset every env (global env i gets ``seed + i``)."""
+    def reset(self, seed: Seed = None, *, copy: bool = False) -> StepView:
+        """Reconnect lost servers, then reset every env (global env i gets ``seed + i``, or
+        ``seed[i]`` from a list of one int or None per global env; another length is a
+        ``ValueError`` before anything is sent)."""
+        seed = self._seeds(seed)
         self._begin()
         if self._lost:
             self._restore(sorted(self._lost), reset=False)
@@ -283,8 +304,10 @@ class ClusterClient:
         self._raise_others(failures, lost_now)
         return self._batch.copy() if copy else self._batch
 
-    def reset_lost(self, seed: int | None = None) -> StepView:
-        """Reconnect every lost server now and reset only its envs; other rows are unchanged."""
+    def reset_lost(self, seed: Seed = None) -> StepView:
+        """Reconnect every lost server now and reset only its envs (seeded as ``reset`` seeds
+        them: global env i gets ``seed + i`` or ``seed[i]``); other rows are unchanged."""
+        seed = self._seeds(seed)
         self._begin()
         if self._lost:
             self._restore(sorted(self._lost), seed=seed)
@@ -352,15 +375,36 @@ class ClusterClient:
         self._batch.record[rows] = np.asarray(view.record).reshape(rows.stop - rows.start)
         return [(rows.start + index, final) for index, final in client.finals]
 
-    def _reset_part(self, k: int, seed: int | None) -> None:
+    def _seeds(self, seed: Seed) -> _Seeds:
+        """``seed`` checked as one client's (``protocol.reset_seed``: an int, or one int or None
+        per global env) before anything is sent to any server."""
+        return reset_seed(seed, self.num_envs)
+
+    def _seed_of(self, k: int, seed: _Seeds) -> _Seeds:
+        """Server k's part of a global ``seed``: ``seed + first env`` or its slice of a list."""
+        ids = self.servers.env_ids(k)
+        if isinstance(seed, list):
+            return seed[ids.start : ids.stop]
+        return None if seed is None else seed + ids.start
+
+    def _reset_part(self, k: int, seed: _Seeds) -> None:
         rows = self._rows(k)
-        view = self._client(k).reset(None if seed is None else seed + rows.start)
+        view = self._client(k).reset(self._seed_of(k, seed))
         self._batch.record[rows] = view.record
 
     def _run(
-        self, servers: Sequence[int], call: Callable[[int], _T]
+        self,
+        servers: Sequence[int],
+        call: Callable[[int], _T],
+        abandon: Callable[[_T], None] | None = None,
     ) -> tuple[dict[int, _T], dict[int, TransportError]]:
-        """``call(k)`` for every server (in parallel); results and transport errors by server."""
+        """``call(k)`` for every server (in parallel); results and transport errors by server.
+
+        Anything else (Ctrl-C's ``KeyboardInterrupt`` while waiting, a call's non-transport
+        error) is raised only once every call already started has finished: a call left
+        running would hold its server's client (the next call on it refused as "another
+        thread is in a call") and step its envs behind the trainer's back. ``abandon`` gets the
+        results that call will not return (e.g. to close a reconnected client)."""
         results: dict[int, _T] = {}
         failures: dict[int, TransportError] = {}
         if self._pool is None or len(servers) <= 1:
@@ -369,17 +413,34 @@ class ClusterClient:
                     results[k] = call(k)
                 except TransportError as exc:
                     failures[k] = exc
+                except BaseException:
+                    _abandon(results.values(), abandon)
+                    raise
             return results, failures
-        futures = {k: self._pool.submit(call, k) for k in servers}
-        for k, future in futures.items():
-            error = future.exception()
-            if error is None:
-                results[k] = future.result()
-            elif isinstance(error, TransportError):
-                failures[k] = error
-            else:
-                raise error
+        futures: dict[int, Future[_T]] = {}
+        try:
+            for k in servers:  # one by one: an interrupted loop still knows what it started
+                futures[k] = self._pool.submit(call, k)
+            for k, future in futures.items():
+                error = future.exception()
+                if error is None:
+                    results[k] = future.result()
+                elif isinstance(error, TransportError):
+                    failures[k] = error
+                else:
+                    raise error
+        except BaseException:
+            self._settle(futures, abandon)
+            raise
         return results, failures
+
+    @staticmethod
+    def _settle(futures: dict[int, Future[_T]], abandon: Callable[[_T], None] | None) -> None:
+        """Wait for every started call (a second Ctrl-C stops waiting); hand the results that
+        will not be returned to ``abandon``."""
+        concurrent.futures.wait(futures.values())
+        done = [f.result() for f in futures.values() if f.exception() is None]
+        _abandon(done, abandon)
 
     def _from_batch_error(self, err: BatchError) -> dict[int, TransportError]:
         """The fast path failed: keep its rows (live rows stepped) and map failures to servers."""
@@ -449,9 +510,7 @@ class ClusterClient:
             for i in self.servers.env_ids(k)
         ]
 
-    def _restore(
-        self, servers: Sequence[int], *, reset: bool = True, seed: int | None = None
-    ) -> None:
+    def _restore(self, servers: Sequence[int], *, reset: bool = True, seed: _Seeds = None) -> None:
         """Reconnect to the (restarted) actors of ``servers``; reset their envs unless told not."""
         timeout = self.policy.reconnect_timeout
         started = time.monotonic()
@@ -472,14 +531,14 @@ class ClusterClient:
             if reset:
                 rows = self._rows(k)
                 try:
-                    view = client.reset(None if seed is None else seed + rows.start)
+                    view = client.reset(self._seed_of(k, seed))
                 except BaseException:
                     client.close()
                     raise
                 self._batch.record[rows] = view.record
             return client
 
-        clients, failures = self._run(servers, reconnect)
+        clients, failures = self._run(servers, reconnect, abandon=_close_client)
         for k, client in clients.items():
             self._clients[k] = client
             self._lost.discard(k)
@@ -489,3 +548,13 @@ class ClusterClient:
         if failures:
             raise self._lost_error(sorted(failures), failures, reason="reconnecting failed")
         log.info("reconnected env servers %s in %.2f s", list(servers), time.monotonic() - started)
+
+
+def _abandon(results: Any, abandon: Callable[[Any], None] | None) -> None:
+    if abandon is not None:
+        for result in results:
+            abandon(result)
+
+
+def _close_client(client: Client) -> None:
+    client.close()
