@@ -9,10 +9,7 @@ Skipped, with the reason, only where Ray or gymnasium is not installed or Ray ca
 from __future__ import annotations
 
 import functools
-import os
 import random
-import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +29,8 @@ from transport.envs.heavy_tail import SLOW_FACTOR, SLOW_ONE_IN, HeavyTailEnv  # 
 from transport.errors import AdapterError  # noqa: E402
 from transport.gym_serve import gym_factory, gym_schema  # noqa: E402
 from transport.ray import launch  # noqa: E402
+
+from .interrupts import interrupted_step  # noqa: E402
 
 CLIENT_TIMEOUT = 10.0
 READY_TIMEOUT = 60.0
@@ -121,34 +120,6 @@ UNEVEN_SEED = 103
 """``reset(seed=103)``: env 0 (seed 103) draws fast first steps, env 1 (seed 104) a slow first
 step, then fast ones: a Ctrl-C in the first step lands after server 0 answered and while server
 1 still steps (``random.Random(seed).randrange(20) == 0`` is a slow step)."""
-
-
-def interrupted_step(envs: Any, actions: np.ndarray, after: float) -> bool:
-    """``envs.step(actions)`` with a real SIGINT (Ctrl-C) to this process ``after`` seconds
-    into it; True if the step raised KeyboardInterrupt. A SIGINT that comes after the step is
-    ignored (never a KeyboardInterrupt into pytest)."""
-    armed = True
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if armed:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    timer = threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT))
-    try:
-        try:
-            timer.start()
-            try:
-                envs.step(actions)
-            finally:
-                armed = False
-        except KeyboardInterrupt:
-            return True
-        return False
-    finally:
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.parametrize("mode", MODES)

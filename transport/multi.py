@@ -10,6 +10,7 @@ the rows that did arrive.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import re
 import time
@@ -306,16 +307,24 @@ class MultiClient:
                 futures[k] = self._thread_pool().submit(
                     self._exchange, k, msg_type, body, expect, finals
                 )
-        for k, (pipe, msg_id) in sent.items():
-            try:
-                resp_type, resp = pipe.recv_response(msg_id, deadline)
-                self._accept(k, requests[k][2], resp_type, resp, finals)
-            except TransportError as exc:
-                failures[k] = exc
-        for k, future in futures.items():
-            error = future.exception()
-            if error is not None:
-                failures[k] = error
+        try:
+            for k, (pipe, msg_id) in sent.items():
+                try:
+                    resp_type, resp = pipe.recv_response(msg_id, deadline)
+                    self._accept(k, requests[k][2], resp_type, resp, finals)
+                except TransportError as exc:
+                    failures[k] = exc
+            for k, future in futures.items():
+                error = future.exception()
+                if error is not None:
+                    failures[k] = error
+        except BaseException:
+            # Ctrl-C while waiting: the pool's exchanges still run on their servers' channels;
+            # a next call would start another on a channel mid-exchange. Wait for them first
+            # (a second Ctrl-C stops waiting); a pipelined reply left unread is discarded by
+            # its msg_id when the next one is awaited.
+            concurrent.futures.wait(futures.values())
+            raise
         if failures:
             raise BatchError(
                 [
