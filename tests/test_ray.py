@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'transport[ray]')")
 
-from transport.ray.testing import LOOPBACK, add_node, local_cluster, use_loopback
+from transport.ray.testing import LOOPBACK, add_node, use_loopback
 
 use_loopback()  # before anything below talks to Ray
 
@@ -39,6 +39,8 @@ from transport.multi import BatchError  # noqa: E402
 from transport.ray import EnvServers, EnvsLostError, KeyPair, launch  # noqa: E402
 from transport.ray.keys import client_url  # noqa: E402
 from transport.runtime.env import Spaces  # noqa: E402
+
+from .ray_util import cluster_or_skip  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_TIMEOUT = 10.0
@@ -56,15 +58,7 @@ SKIP_DIRS = {".git", ".venv", "node_modules", ".mypy_cache", ".ruff_cache"}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    try:
-        manager = local_cluster(nodes=3, num_cpus=2, _system_config=FAST_NODE_DEATH)
-        ray_cluster = manager.__enter__()
-    except Exception as exc:  # any failure to start Ray is a skip reason
-        pytest.skip(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}")
-    try:
-        yield ray_cluster
-    finally:
-        manager.__exit__(None, None, None)
+    yield from cluster_or_skip(nodes=3, num_cpus=2, _system_config=FAST_NODE_DEATH)
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = WATCHDOG) -> None:

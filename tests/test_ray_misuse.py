@@ -18,9 +18,11 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'transport[ray]')")
 
-from transport.ray.testing import local_cluster, use_loopback
+from transport.ray.testing import use_loopback
 
 use_loopback()  # before anything below talks to Ray
+
+from .ray_util import cluster_or_skip  # noqa: E402
 
 gymnasium = pytest.importorskip("gymnasium", reason="gymnasium is not installed")
 
@@ -39,15 +41,7 @@ MODES = ("next_step", "same_step")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    try:
-        manager = local_cluster(nodes=1, num_cpus=2)
-        ray_cluster = manager.__enter__()
-    except Exception as exc:  # any failure to start Ray is a skip reason
-        pytest.skip(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}")
-    try:
-        yield ray_cluster
-    finally:
-        manager.__exit__(None, None, None)
+    yield from cluster_or_skip(nodes=1, num_cpus=2)
 
 
 def sync_cartpoles(seed: list[int | None]) -> np.ndarray:

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'transport[ray]')")
 
-from transport.ray.testing import local_cluster, use_loopback
+from transport.ray.testing import use_loopback
 
 use_loopback()  # before anything below talks to Ray
 
@@ -34,6 +34,7 @@ from transport.errors import ActionError  # noqa: E402
 from transport.gym import RemoteVectorEnv  # noqa: E402
 from transport.ray import launch  # noqa: E402
 
+from .ray_util import cluster_or_skip  # noqa: E402
 from .servers import ServerProcess, require_lang, unique_url  # noqa: E402
 
 CLIENT_TIMEOUT = 10.0
@@ -45,15 +46,7 @@ STEPS = 55
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    try:
-        manager = local_cluster(nodes=1, num_cpus=2)
-        ray_cluster = manager.__enter__()
-    except Exception as exc:  # any failure to start Ray is a skip reason
-        pytest.skip(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}")
-    try:
-        yield ray_cluster
-    finally:
-        manager.__exit__(None, None, None)
+    yield from cluster_or_skip(nodes=1, num_cpus=2)
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

@@ -17,13 +17,14 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'transport[ray]')")
 pytest.importorskip("mujoco", reason="MuJoCo is not installed (pip install 'transport[gym]')")
 
-from transport.ray.testing import local_cluster, use_loopback
+from transport.ray.testing import use_loopback
 
 use_loopback()  # before anything below talks to Ray
 
 from transport.gym_serve import gym_factory, gym_schema  # noqa: E402
 from transport.ray import launch  # noqa: E402
 
+from .ray_util import cluster_or_skip  # noqa: E402
 from .test_real_envs import (  # noqa: E402
     HOPPER_KWARGS,
     compare_lockstep,
@@ -33,15 +34,7 @@ from .test_real_envs import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    try:
-        manager = local_cluster(nodes=1, num_cpus=2)
-        ray_cluster = manager.__enter__()
-    except Exception as exc:  # any failure to start Ray is a skip reason
-        pytest.skip(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}")
-    try:
-        yield ray_cluster
-    finally:
-        manager.__exit__(None, None, None)
+    yield from cluster_or_skip(nodes=1, num_cpus=2)
 
 
 def test_hopper_over_ray_equals_sync_vector_env(cluster: Any) -> None:
