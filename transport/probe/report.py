@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -297,20 +298,25 @@ def markdown_floors(floors: list[Row]) -> str:
 def problems_text(results: Results) -> str:
     lines: list[str] = []
     for kind, problems in (("skipped", results.skipped), ("FAILED", results.failed)):
-        grouped: dict[tuple[str, str, str], list[str]] = {}
+        grouped: dict[tuple[str, str, str, str | None], list[str]] = {}
         for p in problems:
-            key = (p.backend, p.server, p.reason)
+            key = (p.backend, p.server, p.reason, p.env)
             batch = "-" if p.batch is None else str(p.batch)
             if batch not in grouped.setdefault(key, []):
                 grouped[key].append(batch)
-        for (backend, server, reason), batches in grouped.items():
-            lines.append(f"{kind}: {backend}/{server} (batch {','.join(batches)}): {reason}")
+        for (backend, server, reason, env), batches in grouped.items():
+            where = f"batch {','.join(batches)}" + ("" if env is None else f", env {env}")
+            lines.append(f"{kind}: {backend}/{server} ({where}): {reason}")
     return "\n".join(lines)
 
 
-def env_phrase(rows: list[Row]) -> str:
-    """What the servers served: "Echo env (transport cost only)", or the ``--url`` server's."""
-    envs = sorted({r.env for r in rows if not r.is_floor}) or ["echo"]
+def env_phrase(rows: list[Row], env: str = "echo") -> str:
+    """What the servers served: "Echo env (transport cost only)", or the ``--url`` server's.
+    ``env`` names it when no row was measured (``Settings.env``: the reference servers' env,
+    or for ``--url`` the env the server's HELLO named, "unknown" when none did)."""
+    envs = sorted({r.env for r in rows if not r.is_floor}) or [env]
+    if envs == ["unknown"]:
+        return "unknown env (the server's own: no handshake named it)"
     if envs == ["echo"]:
         return "Echo env (transport cost only)"
     if envs == ["vector-echo"]:
@@ -391,25 +397,95 @@ def write_json(doc: dict[str, Any], path: str) -> None:
     if path == "-":
         print(text, end="")
         return
-    _atomic_write(Path(path), text)
+    _atomic_write(Path(path), text.encode())
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a whole or not at all: a temp file next to it, renamed over
+    it. The file keeps its mode when it exists; a new one gets what ``open`` would give it
+    (0666 less the umask), not mkstemp's 0600. A symlink is written through (its target is
+    replaced), and an existing file that is not a regular one (``/dev/null``, a FIFO) is written
+    in place, never replaced by a regular file."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            keep = stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask()
+            os.fchmod(handle.fileno(), keep)
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def output_problem(path: str, *, markdown: bool = False) -> str | None:
+    """Why ``path`` cannot take an output, checked before a run measures anything (so a bad
+    path costs nothing), or None: it is empty, a directory, or its folder (the nearest one
+    that exists: missing ones are created when written) is not a folder or is not writable (a
+    file is created and removed there to know: ``os.access`` says yes to root even on /proc).
+    ``markdown``: the file is also read, so it must be a regular file, readable, and not have a
+    begin marker without an end marker after it."""
+    if not path:
+        return "an empty path"
+    target = Path(path)
+    if target.is_dir():
+        return "is a directory"
+    if target.exists():
+        if markdown and not target.is_file():
+            return "is not a regular file"
+        if markdown:
+            try:
+                replace_block(_read_text(target), "")
+            except OSError as exc:
+                return f"cannot read it ({exc.strerror or exc})"
+            except ValueError as exc:
+                return str(exc)
+    folder = Path(os.path.abspath(target)).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".transport-probe-check.")
+    except OSError as exc:
+        return f"cannot write in {folder} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 def markdown_block(
-    results: Results, machine: dict[str, Any], command: str, order: list[str]
+    results: Results,
+    machine: dict[str, Any],
+    command: str,
+    order: list[str],
+    env: str = "echo",
 ) -> str:
-    """The text between (and including) the probe markers."""
+    """The text between (and including) the probe markers (``env``: see ``env_phrase``)."""
     when = datetime.fromtimestamp(results.started, UTC).strftime("%Y-%m-%d %H:%M UTC")
     floor_text = f"`x floor` = {FLOOR_RULE}" if results.floors else "`x floor`: no floor measured"
     parts = [
@@ -424,7 +500,7 @@ def markdown_block(
         "",
         f"{when}, commit {machine.get('transport_commit') or 'n/a'}. Machine: {summary(machine)}.",
         "",
-        f"{env_phrase(results.rows)}; a round trip of batch B is one batched step of B envs "
+        f"{env_phrase(results.rows, env)}; a round trip of batch B is one batched step of B envs "
         f"(`payload B` = response bytes). Latencies from log-bucket histograms; {floor_text}. "
         "See docs/probe.md.",
         "",
@@ -442,22 +518,45 @@ def markdown_block(
     return "\n".join(parts)
 
 
+def _newline_of(text: str) -> str:
+    """The file's line ending, as its first line ends ("\r\n" or "\n")."""
+    first = text.find("\n")
+    return "\r\n" if first > 0 and text[first - 1] == "\r" else "\n"
+
+
 def replace_block(existing: str | None, block: str, begin: str = BEGIN, end: str = END) -> str:
     """``existing`` with its block between ``begin`` and ``end`` replaced by ``block`` (appended
-    if it has none). Everything outside the markers is kept byte for byte."""
+    if it has none). Everything outside the markers is kept byte for byte; the block's lines end
+    as the file's first line does (a CRLF file gets a CRLF block)."""
     if existing is None or existing == "":
         return "# Benchmark results\n\n" + block + "\n"
+    nl = _newline_of(existing)
+    block = block.replace("\r\n", "\n").replace("\n", nl)
     start = existing.find(begin)
     if start >= 0:
         stop = existing.find(end, start)
         if stop < 0:
             raise ValueError(f"the file has {begin} but no {end} after it: fix it by hand")
         return existing[:start] + block + existing[stop + len(end) :]
-    sep = "" if existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
-    return existing + sep + block + "\n"
+    if existing.endswith(nl + nl):
+        sep = ""
+    elif existing.endswith("\n"):
+        sep = nl
+    else:
+        sep = nl + nl
+    return existing + sep + block + nl
+
+
+def _read_text(path: Path) -> str:
+    """The file's text as it is on disk: no newline translation, and bytes that are not UTF-8
+    kept as they are (surrogateescape) so that writing it back changes none of them."""
+    return path.read_bytes().decode("utf-8", errors="surrogateescape")
 
 
 def update_markdown(path: str, block: str, begin: str = BEGIN, end: str = END) -> None:
+    """Rewrite the probe block of ``path`` (``replace_block``), keeping every byte outside it
+    and the file's mode (``_atomic_write``)."""
     target = Path(path)
-    existing = target.read_text() if target.exists() else None
-    _atomic_write(target, replace_block(existing, block, begin, end))
+    existing = _read_text(target) if target.exists() else None
+    text = replace_block(existing, block, begin, end)
+    _atomic_write(target, text.encode("utf-8", errors="surrogateescape"))

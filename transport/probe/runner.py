@@ -217,6 +217,7 @@ class Problem:
     server: str
     batch: int | None
     reason: str
+    env: str | None = None  # --url: the env the server named ("unknown": none did)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -224,6 +225,7 @@ class Problem:
             "server": self.server,
             "batch": self.batch,
             "reason": self.reason,
+            "env": self.env,
         }
 
 
@@ -541,6 +543,7 @@ def probe_url(
     request_size: int | None = None,
     progress: Progress | None = None,
     label: str = "",
+    seen: dict[str, Any] | None = None,
 ) -> Row:
     """Measure one server at ``url``.
 
@@ -549,7 +552,9 @@ def probe_url(
     own env count and schema (``settings.schema``, else the one it announces): the echo
     server gets the echo check, any other env a batch of legal actions (``legal_actions``)
     and server auto-reset ``next_step`` (its episodes end). ``progress``: its bar moves
-    within the cell (warm-up and measurement round trips)."""
+    within the cell (warm-up and measurement round trips). ``seen``: filled with what the
+    handshake said (``env``, ``server``, ``backend``, ``batch``) as soon as it is known, so that
+    a caller can name the server in a failure."""
     from transport.api import connect
     from transport.backends import scheme_of
     from transport.protocol import body_codec
@@ -557,6 +562,13 @@ def probe_url(
     autoreset = "disabled" if point is not None else "next_step"
     with connect(url, settings.schema, timeout=settings.timeout, autoreset=autoreset) as client:
         env = str(client.server_info.get("env") or "unknown")
+        if seen is not None:
+            seen.update(
+                env=env,
+                server=str(client.server_info.get("server", "unknown")),
+                backend=scheme_of(client.url),
+                batch=client.num_envs,
+            )
         echo = point is not None or (settings.schema is None and _speaks_echo(client, env))
         if point is None:
             point = Point(client.num_envs)
@@ -631,21 +643,43 @@ def _call_for(client: Any, point: Point) -> tuple[Callable[[], object], np.ndarr
     return functools.partial(client.step, actions), actions
 
 
+def lowest_action(space: Any) -> Any:
+    """A legal action of any gymnasium space, from the space's own attributes: its lowest
+    value. Discrete and MultiDiscrete: ``start`` (0 where a space has none); MultiBinary: zeros;
+    Box: 0 clipped into its bounds (its ``low`` where 0 is below it; an integer Box included);
+    Dict and Tuple: one per member, in their structure. Another space: its ``start`` or ``low``
+    when it has one, else zeros of its shape; a ``ValueError`` when it has no shape either."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        return {key: lowest_action(member) for key, member in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(lowest_action(member) for member in space.spaces)
+    shape = getattr(space, "shape", None)
+    dtype = getattr(space, "dtype", None)
+    dtype = np.int64 if dtype is None else dtype  # (a numpy dtype is falsy: no ``or``)
+    if isinstance(space, spaces.Box):
+        zero = np.zeros(space.shape, dtype=space.dtype)
+        return np.asarray(np.clip(zero, space.low, space.high), dtype=space.dtype)
+    for name in ("start", "low"):
+        value = getattr(space, name, None)
+        if value is not None:
+            return np.broadcast_to(np.asarray(value, dtype=dtype), shape or ()).copy()
+    if shape is None:
+        raise ValueError(f"no legal action known for the action space {space!r}")
+    return np.zeros(shape, dtype=dtype)
+
+
 def legal_actions(client: Any, first: Any) -> tuple[Callable[[], object], np.ndarray]:
     """Steps for any server: one batch of N actions shaped ``(N, *action_shape)`` in the action
     field's dtype, from the server's discovered spaces (``transport.spaces``), so no step is
     refused. Discrete: each env's first legal action under its current mask (action 0 without
-    an ``action_mask`` role), one argmax per step, no allocation; MultiDiscrete: each dial's
-    lowest value; Box: 0 clipped into the bounds. The batch form is valid for any env count,
-    1 included."""
+    an ``action_mask`` role), one argmax per step, no allocation; any other space (a
+    MultiDiscrete, a MultiBinary, a Box of floats or integers, a Discrete with a start, the
+    gymnasium space a ``--gym`` server describes): its ``lowest_action``. The batch form is
+    valid for any env count, 1 included."""
     from transport.protocol import body_codec
-    from transport.spaces import (
-        DISCRETE,
-        MULTI_DISCRETE,
-        action_field_of,
-        action_kind_of,
-        action_space_of,
-    )
+    from transport.spaces import DISCRETE, action_field_of, action_kind_of, action_space_of
 
     schema = client.schema
     field = action_field_of(schema)
@@ -666,10 +700,11 @@ def legal_actions(client: Any, first: Any) -> tuple[Callable[[], object], np.nda
         choose(first)
         return (lambda: choose(client.step(actions))), actions
     space: Any = action_space_of(schema, client.spaces().act_n)
-    if kind == MULTI_DISCRETE:
-        one = np.asarray(space.start)
-    else:
-        one = np.clip(np.zeros(field.dims), space.low, space.high)
+    one = lowest_action(space)
+    if not isinstance(one, np.ndarray):
+        raise CellFailure(f"the action field {field.name} holds one array, not {space!r}")
+    if one.size == int(np.prod(field.dims)):  # a space of shape () in a field of one element
+        one = one.reshape(field.dims)
     actions = np.ascontiguousarray(np.broadcast_to(one, (n, *field.dims)), dtype=dtype)
     return functools.partial(client.step, actions), actions
 

@@ -6,8 +6,10 @@ import argparse
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from transport.errors import TransportError
 from transport.probe.servers import PROBE_ENVS
@@ -97,7 +99,13 @@ skipped vs failed:
              response, the server died, did not stop on SIGTERM, or left a socket file or a
              /dev/shm segment behind (the probe removes it). Exit status 1.
 
-exit status: 0 when nothing failed (skips allowed), 1 when something failed, 2 for bad usage.
+output paths are checked before anything is measured (their folder exists or can be made and
+is writable, the path is not a folder): one that cannot be written is bad usage. An output that
+still fails as it is written is one line on stderr (the table holds the results) and exit 1.
+
+exit status: 0 when nothing failed (skips allowed), 1 when something failed or an output could
+not be written, 2 for bad usage (a --url that is not scheme://address of a known backend, or
+with --env/--lang/--backends/--batch/--payload/--sweep; an output path that cannot be written).
 Runs under about 3 minutes with the defaults on a 2-core machine; see docs/probe.md.
 """
 
@@ -161,9 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--url",
         help="probe this running server instead of starting the reference servers: any "
         "backend, env count, schema (discovered in the handshake) and action space (a batch "
-        "of legal actions: the first unmasked one, MultiDiscrete lows, Box 0 clipped into "
-        "its bounds; the echo env keeps its echo check); the report names the server's env; "
-        "--backends/--lang/--batch/--sweep do not apply",
+        "of legal actions: the first unmasked one, MultiDiscrete and Discrete starts, "
+        "MultiBinary zeros, Box 0 clipped into its bounds; the echo env keeps its echo check); "
+        "the report names the server's env (unknown when no handshake named it); "
+        "--backends/--lang/--batch/--payload/--sweep/--env do not apply (a usage error)",
     )
     what.add_argument(
         "--schema",
@@ -183,7 +192,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--lang",
         type=_names,
         metavar="L,L",
-        default=["python", "node"],
         help="server languages (default: python,node)",
     )
     what.add_argument(
@@ -213,10 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--env",
         choices=PROBE_ENVS,
-        default="echo",
         help="the env the reference servers serve: echo (one EchoEnv object per env, default) or "
         "vector-echo (the same bytes from one vector env object that steps all B envs: the "
-        "transport without per-env Python in the server)",
+        "transport without per-env Python in the server); not with --url (the server serves "
+        "its own)",
     )
     what.add_argument("--no-floor", action="store_true", help="do not measure the C floor rows")
     how = p.add_argument_group("how to measure")
@@ -325,9 +333,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--count must be >= 1, --warmup >= 0 and --duration > 0")
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be positive")
-    for lang in args.lang:
+    langs = args.lang if args.lang is not None else ["python", "node"]
+    for lang in langs:
         if lang not in LANGS:
             parser.error(f"--lang: unknown language {lang!r} (choose from {', '.join(LANGS)})")
+    if args.url is not None:  # "" too: an unset variable is a usage error, not the default run
+        problem = _url_problem(args.url)
+        if problem is not None:
+            parser.error(f"--url: {problem}")
+        given = [
+            flag
+            for flag, value in (
+                ("--backends", args.backends),
+                ("--lang", args.lang),
+                ("--batch", args.batch),
+                ("--payload", args.payload),
+                ("--sweep", args.sweep or None),
+                ("--env", args.env),
+            )
+            if value is not None
+        ]
+        if given:
+            verb = "does" if len(given) == 1 else "do"
+            parser.error(
+                "--url probes the server as it is (its own backend, language, env count and "
+                f"env): {', '.join(given)} {verb} not apply"
+            )
+    elif args.schema is not None:
+        parser.error("--schema goes with --url (the reference servers speak pac_env)")
+    _check_outputs(parser, args)
 
     result_size = step_result_size()
     points: list[Point] = []
@@ -345,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     settings = Settings(
         backends=backends,
-        langs=args.lang,
+        langs=langs,
         points=points,
         count=count,
         warmup=warmup,
@@ -353,23 +387,18 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         timeout=args.timeout,
         floor=not args.no_floor,
-        env=args.env,
+        env=args.env or "echo",
     )
     table_out = sys.stderr if args.json == "-" else sys.stdout
     machine = machine_info()  # before the run: the load average is the machine's, not ours
     bar = args.progress or sys.stderr.isatty()
 
-    if args.url and args.env != "echo":
-        parser.error("--env chooses the reference servers' env: --url probes the server's own")
-    if args.schema is not None and not args.url:
-        parser.error("--schema goes with --url (the reference servers speak pac_env)")
-    if args.url:
-        if args.sweep or args.payload or args.batch:
-            parser.error("--url probes the server as it is: --batch/--payload/--sweep do not apply")
+    if args.url is not None:
         from transport.backends import scheme_of
 
         settings.backends = [scheme_of(args.url)]
         settings.points = []
+        settings.env = "unknown"  # until the server's HELLO names it
         if args.schema is not None:
             from transport import load_schema
 
@@ -383,8 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         if settings.floor:
             floor_rows(settings, results, progress)
         progress.begin(args.url)
+        seen: dict[str, Any] = {}  # what the handshake said, for a failure's line
         try:
-            row = probe_url(args.url, None, settings, progress=progress)
+            row = probe_url(args.url, None, settings, progress=progress, seen=seen)
             results.rows.append(row)
             settings.env = row.env
             progress.end(row.label, f"p50 {row.us(50):.1f} us")
@@ -399,8 +429,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             from transport.probe.runner import Problem
 
+            settings.env = str(seen.get("env", "unknown"))
             results.failed.append(
-                Problem(settings.backends[0], "unknown", None, f"{type(exc).__name__}: {exc}")
+                Problem(
+                    str(seen.get("backend", settings.backends[0])),
+                    str(seen.get("server", "unknown")),
+                    seen.get("batch"),
+                    f"{type(exc).__name__}: {exc}",
+                    env=settings.env,
+                )
             )
             progress.end(args.url, f"FAILED: {exc}")
         apply_floor(results)
@@ -421,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = report.transport_rows(results, order)
     print(f"transport-probe: {summary(machine)}", file=table_out)
     mode = "closed loop" if settings.rate is None else f"open loop at {settings.rate:g}/s"
-    envs = report.env_phrase(results.rows)
+    envs = report.env_phrase(results.rows, settings.env)
     print(
         f"{envs}, {mode}, up to {count} samples per row after {warmup} warm-up; latencies in "
         f"us;\nx floor = {report.FLOOR_RULE_SHORT}",
@@ -441,30 +478,111 @@ def main(argv: list[str] | None = None) -> int:
         print(problems, file=table_out)
 
     doc = report.document(results, settings, machine, command, order)
-    report.write_json(doc, args.json)
-    written = [] if args.json == "-" else [args.json]
+    unwritten = 0
+
+    def write(flag: str, path: str, action: Callable[[], object]) -> bool:
+        """Run ``action``; a write error is one line (the table above holds the results)."""
+        nonlocal unwritten
+        try:
+            action()
+        except (OSError, ValueError) as exc:
+            unwritten += 1
+            reason = " ".join(str(exc).split())
+            print(f"transport-probe: error: cannot write {flag} {path}: {reason}", file=sys.stderr)
+            return False
+        return True
+
+    written: list[str] = []
+    if args.json == "-":
+        report.write_json(doc, args.json)
+    elif write("--json", args.json, lambda: report.write_json(doc, args.json)):
+        written.append(args.json)
     if not args.no_plot:
         from transport.probe.plot import plot
 
         title = f"transport-probe, {envs}, {mode}. {summary(machine)}"
+        figures: list[str] = []
         try:
-            written += plot(results.rows, results.floors, args.plot, title=title, backends=order)
+            write(
+                "--plot",
+                args.plot,
+                lambda: figures.extend(
+                    plot(results.rows, results.floors, args.plot, title=title, backends=order)
+                ),
+            )
+            written += figures
         except ImportError:
             print(
                 "transport-probe: no plot: matplotlib is not installed "
                 "(pip install 'transport[tools]', or pass --no-plot)",
                 file=sys.stderr,
             )
-    if args.markdown:
-        block = report.markdown_block(results, machine, command, order)
-        report.update_markdown(args.markdown, block)
-        written.append(f"{args.markdown} (probe block)")
+    if args.markdown is not None:
+        block = report.markdown_block(results, machine, command, order, env=settings.env)
+        if write("--markdown", args.markdown, lambda: report.update_markdown(args.markdown, block)):
+            written.append(f"{args.markdown} (probe block)")
     if written:
         print(f"wrote {', '.join(written)}", file=table_out)
     if results.failed:
         print(f"transport-probe: {len(results.failed)} failure(s), see above", file=sys.stderr)
         return 1
+    if unwritten:
+        print(f"transport-probe: {unwritten} output(s) not written, see above", file=sys.stderr)
+        return 1
     return 0
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a server's URL (a usage error, before anything is measured), or
+    None: empty, no ``scheme://``, a scheme no backend serves, nothing after the scheme."""
+    from transport.backends import BACKENDS, scheme_of
+
+    if not url.strip():
+        return "an empty URL (an unset variable?): expected scheme://address"
+    try:
+        scheme = scheme_of(url)
+    except TransportError as exc:
+        return str(exc)
+    if scheme not in BACKENDS:
+        known = ", ".join(f"{name}://" for name in BACKENDS)
+        return f"no backend for {scheme}:// in {url!r} (known: {known})"
+    if not url.partition("://")[2].strip():
+        return f"{url!r} has no address after {scheme}://"
+    return None
+
+
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything is measured, an output path that cannot be written
+    (``report.output_problem``; the plot's two figures, and a suffix matplotlib cannot write)."""
+    from transport.probe import report
+    from transport.probe.plot import bars_path
+
+    outputs: list[tuple[str, str, str, bool]] = []
+    if args.json != "-":
+        outputs.append(("--json", args.json, args.json, False))
+    if not args.no_plot:
+        outputs.append(("--plot", args.plot, args.plot, False))
+        if args.plot:
+            bars = str(bars_path(args.plot))
+            outputs.append(("--plot", bars, f"{args.plot}: its second figure {bars}", False))
+    if args.markdown is not None:
+        outputs.append(("--markdown", args.markdown, args.markdown, True))
+    for flag, path, name, markdown in outputs:
+        problem = report.output_problem(path, markdown=markdown)
+        if problem is not None:
+            parser.error(f"{flag} {name}: {problem}")
+    if not args.no_plot and Path(args.plot).suffix:
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            return  # said after the run: no plot without matplotlib
+        kind = Path(args.plot).suffix[1:].lower()
+        known = FigureCanvasBase.get_supported_filetypes()
+        if kind not in known:
+            parser.error(
+                f"--plot {args.plot}: matplotlib cannot write .{kind} files "
+                f"(use one of .{', .'.join(sorted(known))})"
+            )
 
 
 if __name__ == "__main__":
