@@ -73,7 +73,13 @@ class AsyncCalls:
         then the msgpack array of the K env ids. The actions are checked first (``ActionShapes
         .rows``: shape (K, *S), values that fit the action field; ``ActionError`` naming
         ``send()``); nothing is sent here, and nothing shared is written (no lock needed)."""
-        ids = [int(i) for i in np.asarray(env_ids).reshape(-1).tolist()]
+        ids = np.asarray(env_ids).reshape(-1).tolist()
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):  # a float was truncated silently
+                raise TypeError(
+                    f"send(): env ids are integers, not {type(i).__name__} {i!r} (protocol: "
+                    "SEND_REQ env ids are msgpack integers)"
+                )
         k = len(ids)
         if k == 0 or k > self.num_envs:
             raise ValueError(f"send takes 1..{self.num_envs} env ids, got {k}")

@@ -79,6 +79,13 @@ HINTS: tuple[tuple[type[TransportError], str], ...] = (
 )
 """What to do about each client-side transport error, said after its message."""
 
+RECV_LATE_HINT = (
+    "over this backend the envs a timed-out recv was waiting for are taken off the server when "
+    "they finish, and their late results are dropped: they stepped, but their results are lost, "
+    "so another recv will not return them; async_reset (or reset) to go on from a known state"
+)
+"""Said after a RECV's timeout over the socket backends (shm keeps results for the next recv)."""
+
 
 def hint_for(exc: TransportError) -> str | None:
     """What to do about ``exc`` (``HINTS``); a num_envs that differs from the server's gets its
@@ -638,8 +645,23 @@ class Client:
     def recv(self, batch_size: int | None = None, *, copy: bool = False) -> Received:
         """The first ``batch_size`` (default ``self.batch_size``: N) in-flight envs to finish,
         or all in flight if fewer: results, env ids and SAME_STEP finals (``Received``)."""
+        size = self.batch_size if batch_size is None else batch_size
+        whole = isinstance(size, int | np.integer) and not isinstance(size, bool)
+        if not whole or not 0 < size < 1 << 32:
+            raise ValueError(
+                f"recv(batch_size={batch_size!r}): a batch size is an integer >= 1 (None: "
+                f"client.batch_size, {self.batch_size})"
+            )
         with self._call():
-            return self._async_calls().recv(batch_size or self.batch_size, copy)
+            try:
+                return self._async_calls().recv(int(size), copy)
+            except TransportTimeoutError as exc:
+                # a socket backend drops the late RECV_RESP (shm, which settles, keeps it)
+                if getattr(self.channel, "settle", None) is None:
+                    text, retry = str(exc), hint_for(exc) or ""
+                    late = text.replace(retry, RECV_LATE_HINT) if retry in text else ""
+                    exc.args = (late or f"{text} ({RECV_LATE_HINT})",)
+                raise
 
     def async_reset(self, seed: int | None = None) -> None:
         """Reset every env (env i: ``seed + i``) for ``recv`` to return (nothing in flight)."""

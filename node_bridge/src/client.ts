@@ -123,6 +123,12 @@ export function explain(error: unknown, url: string): unknown {
   return error;
 }
 
+/** Said after a RECV's timeout over the socket backends (shm keeps results for the next recv). */
+export const RECV_LATE_HINT =
+  "over this backend the envs a timed-out recv was waiting for are taken off the server when they finish, " +
+  "and their late results are dropped: they stepped, but their results are lost, so another recv will not " +
+  "return them; asyncReset (or reset) to go on from a known state";
+
 /**
  * What to do about `error` (`HINTS`); a num_envs that differs from the server's gets its own: the
  * numbers and the two ways out, not "same version and schema" (not the cause). Python: `hint_for`.
@@ -821,7 +827,12 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
     const body = Buffer.alloc(k * this.#stepSize);
     const count = this.#shapes.write(actions, body, k);
     if (typeof count !== "number") throw await this.#shapes.error("send()", actions, count, k);
-    const ids = Array.from(envIds, (i) => Number(i));
+    const ids = Array.from(envIds, (i: unknown) => {
+      if (typeof i !== "number" || !Number.isInteger(i)) {
+        throw new TypeError(`send(): env ids are integers, not ${typeof i} ${String(i)} (protocol: SEND_REQ env ids are msgpack integers)`);
+      }
+      return i;
+    });
     await this.#exchange(this.ids.SEND_REQ, Buffer.concat([body, msgpackEncode(ids)]), this.ids.SEND_RESP);
   }
 
@@ -830,9 +841,22 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
    * results, the env id of each, and (SAME_STEP) the final results of the episodes that ended.
    */
   async recv(batchSize: number = this.numEnvs): Promise<{ results: Value[]; envIds: number[]; finals: Final<Value>[] }> {
+    if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize >= 2 ** 32) {
+      throw new RangeError(`recv(${String(batchSize)}): a batch size is an integer >= 1 (default: numEnvs, ${this.numEnvs})`);
+    }
     const request = Buffer.alloc(4);
     request.writeUInt32LE(batchSize, 0);
-    const resp = await this.#exchange(this.ids.RECV_REQ, request, this.ids.RECV_RESP);
+    let resp: Buffer;
+    try {
+      resp = await this.#exchange(this.ids.RECV_REQ, request, this.ids.RECV_RESP);
+    } catch (error) {
+      // a socket backend drops the late RECV_RESP (shm, whose records live in its slots, keeps it)
+      if (error instanceof TransportTimeoutError && this.channel.records === undefined) {
+        const retry = hintFor(error) ?? "";
+        error.message = retry && error.message.includes(retry) ? error.message.replace(retry, RECV_LATE_HINT) : `${error.message} (${RECV_LATE_HINT})`;
+      }
+      throw error;
+    }
     const size = this.#resultSize;
     for (let b = 1; b <= batchSize && b * size < resp.byteLength; b++) {
       if (resp[b * size] !== 0x93) continue;
