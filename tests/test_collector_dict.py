@@ -55,7 +55,7 @@ def check_dict_batch(batch: EpisodeBatch) -> None:
             for name in ("grid", "vec"):
                 np.testing.assert_array_equal(obs[name][row, t], result[name], err_msg=name)
             result = env.step(batch.actions[row, t])
-            assert batch.rewards[row, t] == np.float32(result["reward"])
+            assert batch.rewards[row, t] == result["reward"]
         for name in ("grid", "vec"):
             np.testing.assert_array_equal(finals[name][row], result[name], err_msg=name)
         assert batch.terminated[row, length - 1] == result["terminated"]

@@ -405,7 +405,7 @@ def test_collector_keeps_every_field_of_a_real_dict_env(servers: Servers) -> Non
             for t in range(int(batch.lengths[b])):
                 assert same({k: v[b, t] for k, v in batch.observations.items()}, obs), (b, t)
                 obs, reward, terminated, _, _ = env.step(batch.actions[b, t])
-                assert np.float32(reward) == batch.rewards[b, t], (b, t)
+                assert reward == batch.rewards[b, t], (b, t)
             assert bool(batch.terminated[b].any()) == terminated
             assert same({k: v[b] for k, v in batch.final_observations.items()}, obs), b
         finally:

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from transport.client import Client
-from transport.errors import AdapterError
+from transport.client import Client, describe_action_space, describe_given
+from transport.errors import ActionError, AdapterError, TransportError
 from transport.multi import MultiClient
+from transport.protocol import body_codec
 from transport.schema.ir import FieldIR
 from transport.spaces import (
     Observation,
@@ -47,7 +48,7 @@ PolicyFn = Callable[[Any, np.ndarray], Any]
 """``policy_fn(observations, env_ids[M]) -> actions[M, *action shape]``: called once per lock
 step, batched over the M envs that are playing an episode, with their current observations
 (``[M, *shape]``, or a dict of them by field name when the schema has several observation
-fields)."""
+fields). Any other shape is an ``ActionError`` naming it and the shape expected."""
 
 Fields = dict[str, np.ndarray]
 """The collector's own form of observations: every observation field by name, in field order."""
@@ -58,7 +59,9 @@ class EpisodeBatch:
     """B complete episodes, padded to K = the longest (at most ``max_len``) with zeros.
 
     Row b, step t < lengths[b]: ``observations[b, t]`` was seen, ``actions[b, t]`` taken,
-    ``rewards[b, t]`` received; ``terminated``/``truncated`` flag the last step (``truncated`` is
+    ``rewards[b, t]`` received (in the reward field's own float dtype, float64 for an f64
+    reward, float32 for an f32 one; float64 when the field is not a float), as the server sent
+    it; ``terminated``/``truncated`` flag the last step (``truncated`` is
     also set when the collector cut the episode at ``max_len``). ``final_observations[b]`` is the
     observation after the last step. ``seeds[b]`` is the episode's reset seed (-1: the env's own
     auto-reset stream continued). ``job_ids[b]`` is the job index (global across batches).
@@ -96,7 +99,15 @@ class EpisodeBatch:
 class _Episode:
     """One job's buffers (``max_len`` steps) while it is played."""
 
-    def __init__(self, job: int, seed: int, max_len: int, obs: Fields, action: np.ndarray) -> None:
+    def __init__(
+        self,
+        job: int,
+        seed: int,
+        max_len: int,
+        obs: Fields,
+        action: np.ndarray,
+        reward_dtype: np.dtype[Any],
+    ) -> None:
         self.job = job
         self.seed = seed
         self.length = 0
@@ -104,7 +115,7 @@ class _Episode:
             name: np.zeros((max_len, *o.shape[1:]), dtype=o.dtype) for name, o in obs.items()
         }
         self.actions = np.zeros((max_len, *action.shape[1:]), dtype=action.dtype)
-        self.rewards = np.zeros(max_len, dtype=np.float32)
+        self.rewards = np.zeros(max_len, dtype=reward_dtype)
         self.terminated = False
         self.truncated = False
         self.final_observation = {
@@ -164,6 +175,9 @@ class EpisodeCollector:
         if described is not None:
             observation_space_of(client.schema)
         self._action = action_field_of(client.schema)
+        self._reward_dtype = reward_dtype_of(
+            body_codec(client.schema, "RESET_RESP").dtype[self.fields.reward]
+        )
         self.num_envs = int(client.num_envs)
         self._cond = threading.Condition()
         self._done: dict[int, _Episode] = {}  # finished jobs not yet handed out
@@ -263,7 +277,9 @@ class EpisodeCollector:
         resetting = np.zeros(n, dtype=bool)  # ended: this step resets it (action ignored)
         next_job = 0
         for i in range(n):
-            running[i] = _Episode(i, seeds[i], self.max_len, obs, action_template)
+            running[i] = _Episode(
+                i, seeds[i], self.max_len, obs, action_template, self._reward_dtype
+            )
             next_job += 1
         while True:
             with self._cond:
@@ -279,7 +295,9 @@ class EpisodeCollector:
                     if alone is not None:  # every job's seed is its index: seed + job
                         seed = self.seed + next_job
                         self._reset_alone(alone, seed, obs, i)
-                    running[i] = _Episode(next_job, seed, self.max_len, obs, action_template)
+                    running[i] = _Episode(
+                        next_job, seed, self.max_len, obs, action_template, self._reward_dtype
+                    )
                     next_job += 1
             playing = np.array(
                 [i for i in range(n) if not resetting[i]],
@@ -288,11 +306,11 @@ class EpisodeCollector:
             actions = action_template.copy()
             if len(playing):
                 current = _public({name: rows[playing] for name, rows in obs.items()})
-                chosen = np.asarray(self.policy_fn(current, playing.copy()))
+                chosen = self._policy_actions(self.policy_fn(current, playing.copy()), playing)
                 if chosen.dtype != actions.dtype:  # the client's action rule judges the values:
                     wider = np.result_type(chosen.dtype, actions.dtype)  # floats for integers
                     actions = actions.astype(wider)  # are refused, not truncated
-                actions[playing] = chosen.reshape(actions[playing].shape)
+                actions[playing] = chosen
             for i in playing.tolist():
                 episode = running[i]
                 if episode is not None:
@@ -301,7 +319,7 @@ class EpisodeCollector:
                     episode.actions[episode.length] = actions[i]
             view = self.client.step(actions)  # (n, *action shape): one action per env
             obs = self._obs(view)
-            rewards = np.asarray(view[self.fields.reward], dtype=np.float32).reshape(n)
+            rewards = np.asarray(view[self.fields.reward], dtype=self._reward_dtype).reshape(n)
             terminated = self.fields.terminated_of(view).reshape(n)
             truncated = self.fields.truncated_of(view).reshape(n)
             finished: list[_Episode] = []
@@ -344,6 +362,30 @@ class EpisodeCollector:
                         self._completed += 1
                     self._cond.notify_all()
 
+    def _policy_actions(self, output: Any, playing: np.ndarray) -> np.ndarray:
+        """The policy's output as an array of one action per playing env, shape
+        ``(M, *action shape)`` (the client's rule for a batch, docs/client.md "Actions"); any
+        other shape is an ``ActionError`` naming what it returned and what was expected (never
+        reshaped: a wrong count, or actions laid out another way, would step the wrong envs)."""
+        want = (len(playing), *self._action.dims)
+        try:
+            chosen = np.asarray(output)
+        except (ValueError, TypeError):
+            chosen = None
+        if chosen is not None and chosen.shape == want and chosen.dtype != object:
+            return chosen
+        ids = playing.tolist()
+        shown = ids if len(ids) <= 8 else [*ids[:8], "..."]
+        try:
+            act_n: int | None = None if self._action.dims else self.client.spaces().act_n
+        except TransportError:
+            act_n = None
+        raise ActionError(
+            f"policy_fn returned {describe_given(output)} for {len(ids)} env"
+            f"{'' if len(ids) == 1 else 's'} (env ids {shown}): expected one action per env, "
+            f"an array of shape {want!r} for {describe_action_space(self.client.schema, act_n)}"
+        )
+
     def _obs(self, view: StepView) -> Fields:
         """Every env's observation fields: copies (the view is overwritten by the next request)."""
         return self._fields_of(view, self.num_envs)
@@ -363,6 +405,16 @@ class EpisodeCollector:
     def _action_dtype(self) -> np.dtype[Any]:
         dtype: np.dtype[Any] = self.client.action_dtype
         return dtype
+
+
+def reward_dtype_of(field: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype of an EpisodeBatch's rewards for a reward field of dtype ``field``: the field's
+    own float type (native byte order), so the rewards are the values the server sent; float64
+    for a field that is not a float (an integer reward), as the adapters return rewards."""
+    base = np.dtype(field).base
+    if base.kind == "f":
+        return base.newbyteorder("=")
+    return np.dtype(np.float64)
 
 
 def _leaves_of(desc: dict[str, Any], value: Any, out: Fields) -> None:
@@ -393,7 +445,7 @@ def _stack(episodes: list[_Episode]) -> EpisodeBatch:
         for name, rows in first.observations.items()
     }
     actions = np.zeros((b, k, *first.actions.shape[1:]), dtype=first.actions.dtype)
-    rewards = np.zeros((b, k), dtype=np.float32)
+    rewards = np.zeros((b, k), dtype=first.rewards.dtype)
     terminated = np.zeros((b, k), dtype=bool)
     truncated = np.zeros((b, k), dtype=bool)
     for row, e in enumerate(episodes):

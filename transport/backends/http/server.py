@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from transport.backends.http.wire import (
@@ -40,6 +41,7 @@ from transport.backends.http.wire import (
 )
 from transport.backends.socket_listener import ConnectionWatch, ServerLimits, SocketListener
 from transport.backends.sockets import LISTEN_BACKLOG, send_parts
+from transport.codec import StructCodec
 from transport.errors import (
     CodecError,
     ConnectError,
@@ -48,6 +50,7 @@ from transport.errors import (
 from transport.protocol import (
     DEFAULT_MAX_BODY,
     ERROR_HEAD,
+    FINAL_COUNT,
     ErrorCode,
     decode_hello,
     encode_error,
@@ -488,14 +491,89 @@ class _Connection:
         else:
             message = self.schema.ir.messages.get(name)
             if message is not None and message.body is not None:
-                codec = self.schema[message.body]
-                count = body.nbytes // codec.size if codec.size else 0
-                records = [codec.decode(body, i * codec.size, strict=False) for i in range(count)]
-                if count == 1:
-                    out["result"] = records[0]
-                else:
-                    out["results"] = records
+                out.update(
+                    self._render_records(name, message.batch, self.schema[message.body], body)
+                )
         return (json.dumps(_jsonable(out)) + "\n").encode("utf-8")
+
+    def _render_records(
+        self, name: str, batch: bool, codec: StructCodec, body: memoryview
+    ) -> dict[str, Any]:
+        """A response's records and what its tail carries, as JSON fields (docs/protocol.md,
+        "JSON answers"): ``result`` (one record) or ``results``, then ``env_ids`` and ``finals``
+        (RECV_RESP), ``finals`` (a SAME_STEP step response) or ``infos`` (OBSERVE_RESP). Only
+        whole records before the tail are results: a tail is never read as more of them."""
+        size = codec.size
+        whole = body.nbytes // size if size else 0
+        result = self.session.result  # the env's result struct: what final tails carry
+        recv: list[Any] | None = None
+        if name == "RECV_RESP":
+            count, recv = _recv_tail(body, size, self.session.num_envs)
+        elif name in _N_RESULTS:
+            count = min(self.session.num_envs, whole)
+        else:
+            count = whole if batch else min(1, whole)
+        records = [codec.decode(body, i * size, strict=False) for i in range(count)]
+        out: dict[str, Any] = {"result": records[0]} if count == 1 else {"results": records}
+        tail = body[count * size :]
+        if recv is not None:
+            out["env_ids"] = recv[0]
+            out["finals"] = _finals_json(
+                result, list(zip(recv[1], _rows(recv[2], result.size), strict=True))
+            )
+        elif name == "OBSERVE_RESP":
+            out["infos"] = msgpack.unpackb(tail, strict_map_key=False) if tail.nbytes else []
+        elif name in _STEP_RESPONSES and tail.nbytes:  # SAME_STEP: u32 k, k x (u32 env, result)
+            out["finals"] = _finals_json(result, _same_step_finals(tail, result.size))
+        return out
+
+
+_N_RESULTS = frozenset({"RESET_RESP", "STEP_BATCH_RESP", "OBSERVE_RESP"})
+"""Responses of one result per env (then OBSERVE_RESP's infos, STEP_BATCH_RESP's final tail)."""
+_STEP_RESPONSES = frozenset({"STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"})
+"""Step responses: in SAME_STEP mode their results are followed by the final results' tail."""
+
+
+def _rows(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)] if size else []
+
+
+def _recv_tail(body: memoryview, size: int, num_envs: int) -> tuple[int, list[Any]]:
+    """RECV_RESP: B results, then msgpack ``[env ids (B), ended env ids, their final results'
+    bytes]``. B is where that tail starts: the one B whose msgpack parses to exactly the rest of
+    the body with B env ids (the server wrote it; the binary client reads it the same way)."""
+    for count in range(num_envs + 1):
+        at = count * size
+        if at >= body.nbytes:
+            break
+        if body[at] != 0x93:  # a fixarray of 3
+            continue
+        try:
+            ids, ended, finals = msgpack.unpackb(body[at:], strict_map_key=False)
+            if len(ids) == count and len(finals) == len(ended) * size:
+                return count, [list(ids), list(ended), bytes(finals)]
+        except Exception:
+            continue
+    raise ValueError(f"RECV_RESP of {body.nbytes} bytes has no [env ids, ended, finals] tail")
+
+
+def _same_step_finals(tail: memoryview, size: int) -> list[tuple[int, bytes]]:
+    """A SAME_STEP step response's tail: u32 k, then k x (u32 env index, final result)."""
+    (k,) = FINAL_COUNT.unpack_from(tail, 0)
+    if tail.nbytes != 4 + k * (4 + size):
+        raise ValueError(f"a final tail of {tail.nbytes} bytes cannot hold {k} results")
+    out = []
+    for j in range(k):
+        at = 4 + j * (4 + size)
+        out.append((FINAL_COUNT.unpack_from(tail, at)[0], bytes(tail[at + 4 : at + 4 + size])))
+    return out
+
+
+def _finals_json(codec: StructCodec, finals: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
+    return [
+        {"env_id": int(index), "result": codec.decode(data, 0, strict=False)}
+        for index, data in finals
+    ]
 
 
 class Listener(SocketListener):

@@ -4,6 +4,7 @@
 
 import * as http from "node:http";
 import * as net from "node:net";
+import { decode as msgpackDecode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
 import { ConnectError } from "../../errors";
 import { DEFAULT_MAX_BODY, ErrorCode, type MessageIds, decodeHello, encodeError, encodeHello, errorName, fingerprintHex16, messageIds, parseError } from "../../protocol";
@@ -402,7 +403,7 @@ export class HttpServer {
     }
     const close = session.closing;
     if (accept) {
-      const data = this.#renderJson(type, session.body());
+      const data = this.#renderJson(type, session.body(), session);
       this.#send(res, conn, 200, { "Content-Type": "application/json", "X-Transport-Msg-Type": String(type) }, data, close);
       return;
     }
@@ -522,7 +523,7 @@ export class HttpServer {
     return Buffer.concat(items.map((item) => codec.encode(item)));
   }
 
-  #renderJson(type: number, body: Uint8Array): Buffer {
+  #renderJson(type: number, body: Uint8Array, session: Session | null = null): Buffer {
     const name = this.names.get(type) ?? `0x${type.toString(16).toUpperCase().padStart(2, "0")}`;
     let out: Json = { message: name, msg_type: type };
     if (type === this.ids.ERROR) {
@@ -533,19 +534,106 @@ export class HttpServer {
       out.protocol_version = `${hello.version >> 8}.${hello.version & 255}`;
       out.fingerprint = fingerprintHex16(hello.fingerprint);
       out.info = hello.info;
-    } else {
+    } else if (session !== null) {
       const message = this.schema.messages[name];
       if (message !== undefined && message.body !== null) {
         const codec = this.schema.structs[message.body] as AnyStructCodec;
-        const count = codec.size ? Math.floor(body.byteLength / codec.size) : 0;
-        const records: unknown[] = [];
-        for (let i = 0; i < count; i++) records.push(codec.decode(body, i * codec.size, false));
-        if (count === 1) out.result = records[0];
-        else out.results = records;
+        out = { ...out, ...renderRecords(name, message.batch === true, codec, body, session) };
       }
     }
     return Buffer.from(`${stringifyJson(jsonable(out))}\n`, "utf8");
   }
+}
+
+/** Responses of one result per env (then OBSERVE_RESP's infos, STEP_BATCH_RESP's final tail). */
+const N_RESULTS = new Set(["RESET_RESP", "STEP_BATCH_RESP", "OBSERVE_RESP"]);
+/** Step responses: in SAME_STEP mode their results are followed by the final results' tail. */
+const STEP_RESPONSES = new Set(["STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"]);
+
+/**
+ * A response's records and what its tail carries, as JSON fields (docs/protocol.md, "JSON
+ * answers"; Python: `_Connection._render_records`): `result` (one record) or `results`, then
+ * `env_ids` and `finals` (RECV_RESP), `finals` (a SAME_STEP step response) or `infos`
+ * (OBSERVE_RESP). Only whole records before the tail are results: a tail is never read as more.
+ */
+function renderRecords(name: string, batch: boolean, codec: AnyStructCodec, body: Uint8Array, session: Session): Json {
+  const size = codec.size;
+  const whole = size ? Math.floor(body.byteLength / size) : 0;
+  const result = session.runtime.result; // the env's result struct: what final tails carry
+  let count: number;
+  let recv: RecvTail | null = null;
+  if (name === "RECV_RESP") {
+    recv = recvTail(body, size, session.numEnvs);
+    count = recv.ids.length;
+  } else if (N_RESULTS.has(name)) {
+    count = Math.min(session.numEnvs, whole);
+  } else {
+    count = batch ? whole : Math.min(1, whole);
+  }
+  const records: unknown[] = [];
+  for (let i = 0; i < count; i++) records.push(codec.decode(body, i * size, false));
+  const out: Json = count === 1 ? { result: records[0] } : { results: records };
+  const tail = body.subarray(count * size);
+  if (recv !== null) {
+    const finals = recv.finals;
+    out.env_ids = recv.ids;
+    out.finals = recv.ended.map((index, k) => finalJson(result, index, finals.subarray(k * result.size, (k + 1) * result.size)));
+  } else if (name === "OBSERVE_RESP") {
+    out.infos = tail.byteLength ? binAsHex(msgpackDecode(tail, { useBigInt64: true })) : [];
+  } else if (STEP_RESPONSES.has(name) && tail.byteLength) {
+    // SAME_STEP: u32 k, then k x (u32 env index, final result)
+    const dv = new DataView(tail.buffer, tail.byteOffset, tail.byteLength);
+    const k = dv.getUint32(0, true);
+    if (tail.byteLength !== 4 + k * (4 + result.size)) {
+      throw new Error(`a final tail of ${tail.byteLength} bytes cannot hold ${k} results`);
+    }
+    const finals: Json[] = [];
+    for (let j = 0; j < k; j++) {
+      const at = 4 + j * (4 + result.size);
+      finals.push(finalJson(result, dv.getUint32(at, true), tail.subarray(at + 4, at + 4 + result.size)));
+    }
+    out.finals = finals;
+  }
+  return out;
+}
+
+/** msgpack bin values of an info map as hex text, as Python's JSON answer writes bytes. */
+function binAsHex(value: unknown): unknown {
+  if (value instanceof Uint8Array) return Buffer.from(value.buffer, value.byteOffset, value.byteLength).toString("hex");
+  if (Array.isArray(value)) return value.map(binAsHex);
+  if (value !== null && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, binAsHex(item)]));
+  }
+  return value;
+}
+
+function finalJson(codec: AnyStructCodec, index: number, bytes: Uint8Array): Json {
+  return { env_id: index, result: codec.decode(Buffer.from(bytes), 0, false) };
+}
+
+interface RecvTail {
+  ids: number[];
+  ended: number[];
+  finals: Uint8Array;
+}
+
+/**
+ * RECV_RESP: B results, then msgpack `[env ids (B), ended env ids, their final results' bytes]`.
+ * B is where that tail starts: the one B whose msgpack is exactly the rest of the body with B env
+ * ids (the server wrote it; the clients read it the same way). Python: `_recv_tail`.
+ */
+function recvTail(body: Uint8Array, size: number, numEnvs: number): RecvTail {
+  for (let count = 0; count <= numEnvs && count * size < body.byteLength; count++) {
+    const at = count * size;
+    if (body[at] !== 0x93) continue; // a fixarray of 3
+    try {
+      const [ids, ended, finals] = msgpackDecode(body.subarray(at)) as [number[], number[], Uint8Array];
+      if (ids.length === count && finals.byteLength === ended.length * size) return { ids, ended, finals };
+    } catch {
+      // not the tail: the bytes of a result
+    }
+  }
+  throw new Error(`RECV_RESP of ${body.byteLength} bytes has no [env ids, ended, finals] tail`);
 }
 
 export const EMPTY = Buffer.alloc(0);
