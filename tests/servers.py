@@ -66,18 +66,10 @@ class ServerProcess:
         ready_timeout: float = 20.0,
     ) -> None:
         require_lang(lang)
-        command = [
-            sys.executable,
-            "-m",
-            "transport.tools.serve_cli",
-            url,
-            "--env",
-            env,
-            "--lang",
-            lang,
-            "--num-envs",
-            str(num_envs),
-        ]
+        command = [sys.executable, "-m", "transport.tools.serve_cli", url]
+        if "--gym" not in (extra or []):  # --gym takes no --env (not even the default echo)
+            command += ["--env", env]
+        command += ["--lang", lang, "--num-envs", str(num_envs)]
         if seed is not None:
             command += ["--seed", str(seed)]
         command += extra or []

@@ -201,6 +201,10 @@ def _leaf(space: Any, where: str, *, action: bool) -> tuple[dict[str, Any], str,
         if start == 0 and n <= 2**32:
             type_ = "u8" if n <= 256 else "u16" if n <= 65536 else "u32"
             return desc, type_, None, None
+        if start == 0 and n > 2**32:
+            raise _refuse(
+                space, where, f"a Discrete action has at most 2**32 values (a u32), not {n}"
+            )
         if not (_I32[0] <= start and start + n - 1 <= _I32[1]):
             raise _refuse(space, where, "a Discrete action with a start must fit i32")
         return desc, "i32[1]", start, start + n - 1

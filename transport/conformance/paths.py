@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import transport
@@ -17,6 +18,20 @@ def default_root() -> Path:
 
 def schema_files(root: Path) -> list[Path]:
     return sorted((root / "schema").glob("*.toml"))
+
+
+def project_schemas(root: Path) -> dict[str, Path]:
+    """The project's schemas by declared name (``[schema] name``, else the file's stem): every
+    ``schema/*.toml`` of ``root``, resolved (a file that does not parse by its stem: checking
+    it reports the error)."""
+    names: dict[str, Path] = {}
+    for path in schema_files(root):
+        try:
+            name = tomllib.loads(path.read_text(encoding="utf-8")).get("schema", {}).get("name")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+            name = None
+        names[name if isinstance(name, str) else path.stem] = path.resolve()
+    return names
 
 
 def golden_root(root: Path) -> Path:

@@ -222,6 +222,14 @@ class Options:
     seed: int = DEFAULT_SEED
     checks: tuple[str, ...] = CHECKS
     verbose: bool = False
+    project_schemas: dict[str, Path] | None = None
+    """The project's schemas (``schema/*.toml`` of the root), by declared name. When given, a
+    file outside that folder is a user's schema: always handed to the testee as IR (even when
+    the testee was built with a project schema of the same name), and its golden vectors are
+    read from ``golden_root`` only when ``golden_given`` or when no project schema has its
+    name (there they are the project's, of another layout). None: every file is the project's."""
+    golden_given: bool = False
+    """``golden_root`` was chosen by the user (``--golden-dir``): it holds user's schemas too."""
 
 
 @dataclass
@@ -273,15 +281,35 @@ class Runner:
         self.results: list[SchemaResult] = []
         self.loaded: set[str] = set()
         """Schemas the testee was not built with and loaded from their IR at run time."""
+        self.users: set[str] = set()
+        """Schemas of a user's file (outside the project's schema/ folder)."""
+        self.load_refused: dict[str, str] = {}
+        """A user's schema the testee would not load, though it serves one of that name."""
 
     def _load(self, ir: SchemaIR) -> bool:
         """Hand a schema the testee was not built with to it as IR (``{"op": "load"}``): a
         user's schema is checked in both languages with no code generation or build step."""
         answer = self.testee.request({"op": "load", "ir": json.dumps(ir.to_json())})
         if isinstance(answer, dict) and answer.get("ok") and answer.get("schema") == ir.name:
-            self.testee.schemas.append(ir.name)
+            if ir.name not in self.testee.schemas:
+                self.testee.schemas.append(ir.name)
             return True
+        if ir.name in self.testee.schemas:
+            self.load_refused[ir.name] = repr(answer)[:200]
         return False
+
+    def is_users(self, path: Path) -> bool:
+        """A file outside the project's schema/ folder (``Options.project_schemas``)."""
+        project = self.options.project_schemas
+        return project is not None and path.resolve() not in project.values()
+
+    def golden_dir(self, ir: SchemaIR) -> Path | None:
+        """Where ``ir``'s golden vectors are, None where it has none to read: a user's schema
+        named like a project schema does not read the project's vectors (another layout)."""
+        project = self.options.project_schemas or {}
+        if ir.name in self.users and not self.options.golden_given and ir.name in project:
+            return None
+        return self.options.golden_root / ir.name
 
     def count_for(self, ir: SchemaIR, struct: StructIR) -> int:
         """Messages per direction for ``struct``: ``--count``, fewer for a frame-sized struct
@@ -312,7 +340,12 @@ class Runner:
             result = SchemaResult(ir.name, str(path), ir.fingerprint_hex)
             self.results.append(result)
             codecs = Schema(ir)
-            if ir.name not in self.testee.schemas and self._load(ir):
+            users = self.is_users(path)
+            if users:
+                self.users.add(ir.name)
+            # a user's file is always loaded: a testee built with a project schema of the same
+            # name would otherwise be checked in its place
+            if (users or ir.name not in self.testee.schemas) and self._load(ir):
                 self.loaded.add(ir.name)
             if ir.name not in self.testee.schemas:
                 count = Count()
@@ -359,7 +392,26 @@ class Runner:
             result.testee_fingerprint = {"computed": computed, "declared": declared}
             ok = computed == declared == py
             count.add("", ok)
-            if not ok:
+            if not ok and ir.name in self.load_refused:
+                result.fail(
+                    Failure(
+                        ir.name,
+                        "fingerprint",
+                        "",
+                        "fingerprint",
+                        self.lang,
+                        f"the testee checks its own schema {ir.name}, not this file's",
+                        details=[
+                            f"python (from the IR of {result.file}): {py}",
+                            f"{self.lang} (its own {ir.name}):   {computed}",
+                            'the testee refused to load this file\'s IR ({"op": "load"}): '
+                            f"{self.load_refused[ir.name]}",
+                            "rename the schema ([schema] name) or use a testee that loads IR "
+                            "(the Node testee of node_bridge/dist/conformance/testee.js does)",
+                        ],
+                    )
+                )
+            elif not ok:
                 result.fail(
                     Failure(
                         ir.name,
@@ -382,8 +434,12 @@ class Runner:
     # -- 2. golden vectors ----------------------------------------------------------------------
 
     def check_golden(self, ir: SchemaIR, codecs: Schema, result: SchemaResult) -> None:
-        where = self.options.golden_root / ir.name
-        if ir.name in self.loaded and not where.is_dir():
+        where = self.golden_dir(ir)
+        if where is None:
+            # a user's schema named like a project schema: the vectors there are the project's
+            self.line(ir.name, "golden", "none in --golden-dir (not given) (skipped)", None)
+            return
+        if (ir.name in self.loaded or ir.name in self.users) and not where.is_dir():
             self.line(ir.name, "golden", f"none in {where} (skipped)", None)
             return
         count = result.checks.setdefault("golden", Count())
@@ -786,10 +842,23 @@ class Runner:
                             self.lang,
                             f"{self.lang} failed to generate: {_error_text(r.get('error'))}",
                         )
+                    elif len(r["bytes"]) != struct.size:
+                        failure = Failure(
+                            ir.name,
+                            "views",
+                            struct.name,
+                            "",
+                            self.lang,
+                            f"{self.lang} encoded {len(r['bytes'])} bytes, "
+                            f"the struct has {struct.size}",
+                        )
                     else:
                         buffer = bytearray(at + len(r["bytes"]))
                         buffer[at:] = r["bytes"]
-                        seen = {"values": codec.values_of(codec.view(buffer, at))}
+                        try:
+                            seen = {"values": codec.values_of(codec.view(buffer, at))}
+                        except Exception as exc:
+                            seen = {"error": error_of(exc)}
                         failure = self._compare_view(ir, struct, r["values"], seen, "python")
                     count.add(struct_name, failure is None)
                     if failure:

@@ -10,6 +10,7 @@ drifting implementation.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from transport.conformance.paths import default_root, schema_files
 from transport.conformance.strategies import generate
 from transport.errors import CodecError
 from transport.schema import load_schema
-from transport.schema.ir import SchemaIR
+from transport.schema.ir import SchemaIR, ir_from_json
 
 
 class RequestError(Exception):
@@ -95,9 +96,21 @@ class Testee:
             raise RequestError("a request must be a map")
         op = request.get("op")
         if op == "hello":
-            return {"ok": True, "lang": self.lang, "schemas": list(self.irs)}
+            return {"ok": True, "lang": self.lang, "schemas": list(self.irs), "load": True}
         if op == "exit":
             return {"ok": True}
+        if op == "load":  # a schema from its IR, served from now on (replaces one of its name)
+            text = request.get("ir")
+            if not isinstance(text, str):
+                raise RequestError("ir must be the IR as JSON text")
+            try:
+                ir = ir_from_json(json.loads(text))
+                codecs = Schema(ir)
+            except Exception as exc:  # any malformed IR: answered, not a crash
+                raise RequestError(f"cannot load the IR: {type(exc).__name__}: {exc}") from None
+            self.irs[ir.name] = ir
+            self.codecs[ir.name] = codecs
+            return {"ok": True, "schema": ir.name}
         if op == "fingerprint":
             schema = request.get("schema")
             if schema not in self.irs:

@@ -21,7 +21,13 @@ except ImportError:  # pragma: no cover - depends on the installation
 
 from transport.codec import Schema
 from transport.conformance.golden import write_golden
-from transport.conformance.paths import default_root, golden_root, node_testee, schema_files
+from transport.conformance.paths import (
+    default_root,
+    golden_root,
+    node_testee,
+    project_schemas,
+    schema_files,
+)
 from transport.conformance.process import TesteeError, TesteeProcess, TesteeStartError
 from transport.conformance.runner import (
     CHECKS,
@@ -160,7 +166,8 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="golden vectors directory (default ROOT/conformance/golden)",
+        help="golden vectors directory (default ROOT/conformance/golden; a schema file outside "
+        "ROOT/schema/ named like a project schema reads and writes golden vectors only here)",
     )
     p.add_argument(
         "--write-golden",
@@ -236,6 +243,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"transport-conformance: error: {exc}", file=sys.stderr)
         return 2
 
+    first: dict[str, Path] = {}
+    for path, ir in zip(paths, irs, strict=True):
+        if ir.name in first and first[ir.name] != path:
+            print(
+                f"transport-conformance: error: {first[ir.name]} and {path} both declare schema "
+                f"{ir.name}: check them in separate runs",
+                file=sys.stderr,
+            )
+            return 2
+        first[ir.name] = path
+    project = project_schemas(root)
+    if args.write_golden and args.golden_dir is None:
+        for path, ir in zip(paths, irs, strict=True):
+            theirs = project.get(ir.name)
+            if theirs is not None and theirs != path:
+                print(
+                    f"transport-conformance: error: {path} declares schema {ir.name}, the name "
+                    f"of the project's {theirs}: --write-golden would overwrite that schema's "
+                    f"golden vectors in {golden / ir.name}; pass --golden-dir DIR",
+                    file=sys.stderr,
+                )
+                return 2
+
     if args.write_golden:
         for ir in irs:
             n = len(write_golden(ir, Schema(ir), golden))
@@ -255,7 +285,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    options = Options(paths, golden, args.count, args.seed, checks)
+    options = Options(
+        paths,
+        golden,
+        args.count,
+        args.seed,
+        checks,
+        project_schemas=project,
+        golden_given=args.golden_dir is not None,
+    )
     started = time.perf_counter()
     try:
         testee = TesteeProcess(argv_testee, timeout=args.timeout, cwd=str(root))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,6 +35,9 @@ Exit status: 0 on success, 1 on stale generated code (--check), 2 on an invalid 
 unwritable output, an output file it did not generate (never overwritten) or a usage error
 (one line on stderr, never a traceback). compile writes every file or none.
 """
+
+DEFAULT_PYTHON_OUT = Path("transport/generated")
+DEFAULT_TS_OUT = Path("node_bridge/src/generated")
 
 
 @quiet_on_broken_pipe
@@ -70,13 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     compile_.add_argument(
         "--python-out",
         type=Path,
-        default=Path("transport/generated"),
+        default=DEFAULT_PYTHON_OUT,
         help="directory of the Python modules (default: %(default)s)",
     )
     compile_.add_argument(
         "--ts-out",
         type=Path,
-        default=Path("node_bridge/src/generated"),
+        default=DEFAULT_TS_OUT,
         help="directory of the TypeScript modules (default: %(default)s)",
     )
     compile_.add_argument(
@@ -190,6 +194,17 @@ def _inspect(file: Path, as_json: bool) -> int:
         print()
         print("\n".join(shm_diagram(ir)))
     return 0
+
+
+def compile_command(files: list[Path], python_out: Path, ts_out: Path) -> str:
+    """The command that rewrites what ``--check`` found stale: the same files and output
+    folders (a default folder is left out), shell-quoted."""
+    words = ["transport-schema", "compile", *(str(f) for f in files)]
+    if python_out != DEFAULT_PYTHON_OUT:
+        words += ["--python-out", str(python_out)]
+    if ts_out != DEFAULT_TS_OUT:
+        words += ["--ts-out", str(ts_out)]
+    return shlex.join(words)
 
 
 def generated_files(schemas: list[SchemaIR], python_out: Path, ts_out: Path) -> dict[Path, str]:
@@ -324,8 +339,7 @@ def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_
     elif check and stale:
         for path in stale:
             print(f"stale: {path}", file=sys.stderr)
-        names = " ".join(str(f) for f in files)
-        print(f"run: transport-schema compile {names}", file=sys.stderr)
+        print(f"run: {compile_command(files, python_out, ts_out)}", file=sys.stderr)
     elif not check:
         for path in stale:
             print(f"wrote {path}")

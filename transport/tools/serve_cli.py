@@ -53,14 +53,21 @@ variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq key
 Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL) or
 stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
 line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs,
---max-connections, --idle-timeout, --read-timeout: each must be positive), a schema file that
-cannot be read or compiled (or has no [env] table), an --env that cannot be loaded, or a
-reference env given a --schema other than its own (--env contract serves any schema).
+--max-connections, --idle-timeout, --read-timeout: each must be positive; --seed outside
+0..2**64 - N), a schema file that cannot be read or compiled (or has no [env] table), an --env
+that cannot be loaded or whose factory fails to make an env ("cannot serve these envs: ..."),
+or a reference env given a --schema other than its own (--env contract serves any schema).
 Limits (unix, http; docs/server.md): at most --max-connections clients at once (default 1024;
 one more gets a "server busy" ERROR, on http a 503, and is closed), a connection idle for
 --idle-timeout seconds is closed (default 600), and a request must arrive completely within
 --read-timeout seconds of its first byte (default 30; slow senders are closed).
 """
+
+
+SEED_MAX = 2**64 - 1
+"""The largest seed (a u64 on the wire); with N envs the first seed is at most SEED_MAX + 1 - N."""
+
+JS_SUFFIXES = (".js", ".mjs", ".cjs")
 
 
 def node_server_script() -> Path:
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--env",
-        default="echo",
+        default=None,  # echo; None tells an --env given with --gym from none
         help=f"a reference env ({', '.join(sorted(ENVS))}) or your env factory: "
         "package.module:Factory (Python: a class or a zero-argument callable) or "
         "path/to/module.js:Factory (Node); default echo",
@@ -124,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         help="envs per connection (N; default 1, or the shm:// URL's num_envs)",
     )
     parser.add_argument(
-        "--seed", type=int, default=None, help="seed of the first unseeded reset (env i: S + i)"
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the first unseeded reset (env i: S + i); a u64: 0..2**64 - N with N envs",
     )
     parser.add_argument(
         "--masked-actions",
@@ -195,9 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX + 1 - args.num_envs:
+        # env i of a connection gets seed + i, a u64 on the wire (the Node CLI's rule and words)
+        parser.error(
+            f"--seed must be 0..{SEED_MAX + 1 - args.num_envs}, not {args.seed} (seeds are "
+            f"u64 on the wire; env i gets seed + i, i < --num-envs {args.num_envs})"
+        )
     limits = _limits(parser, args)
     if args.gym is not None or args.gym_kwargs is not None or args.shm_layout is not None:
         return _serve_gym(parser, args, max_body, limits)
+    if args.env is None:
+        args.env = "echo"
     if args.env not in ENVS and ":" not in args.env:
         parser.error(
             f"--env {args.env!r}: not a reference env ({', '.join(sorted(ENVS))}) and not a "
@@ -271,7 +289,7 @@ def _serve_gym(
         )
     if args.lang == "node":
         parser.error("--gym serves a gymnasium (Python) env: --lang node cannot serve it")
-    if args.schema is not None or args.env != "echo":
+    if args.schema is not None or args.env is not None:
         parser.error("--gym derives the schema from the env's spaces: drop --env and --schema")
     kwargs = gym_kwargs_of(parser, args.gym_kwargs)
     _import_from_current_folder()  # an id "module:Env-v0" imports module from here
@@ -405,6 +423,9 @@ def _load_env_and_schema(
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or whatever the module raises on import
+        hint = _path_hint(module_name, attr)
+        if hint:
+            raise _EnvSpecError(f"--env {spec!r}: cannot import {module_name}: {hint}") from exc
         raise _EnvSpecError(
             f"--env {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc} "
             "(is it in the current folder, on PYTHONPATH, or installed?)"
@@ -424,6 +445,29 @@ def _load_env_and_schema(
             f"{attr} or {module_name} a SCHEMA attribute (transport.load_schema(...))"
         )
     return found, declared
+
+
+def _path_hint(module_name: str, attr: str) -> str:
+    """Why ``module_name`` did not import when it is a file, not a module (else ""): a
+    JavaScript module is served with ``--lang node``; a path (``./envs/robo.py``) is named by
+    its module (``envs.robo``) instead."""
+    if module_name.lower().endswith(JS_SUFFIXES):
+        return (
+            "it is a JavaScript module: serve it with --lang node (the Python server imports "
+            "package.module:Factory)"
+        )
+    if not (module_name.endswith(".py") or "/" in module_name or os.sep in module_name):
+        return ""
+    example = ""
+    if module_name.endswith(".py"):
+        parts = [p for p in Path(module_name[:-3]).parts if p != "."]
+        if parts and all(p.isidentifier() for p in parts):
+            example = f" (here --env {'.'.join(parts)}:{attr}, from the folder that holds it)"
+    return (
+        "a Python env is named by its module, package.module:Factory, importable from the "
+        f"current folder or PYTHONPATH, not by a path{example}; a JavaScript module "
+        "(path/to/module.js:Factory) needs --lang node"
+    )
 
 
 def _names_a_file(spec: Path) -> bool:

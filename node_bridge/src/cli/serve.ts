@@ -9,8 +9,9 @@
  * stack), PROG the command that was run (`transport-serve-node` through the bin, else
  * `transport-serve`), and exits 1 when the server cannot bind (a bad URL, an address in use, no
  * room in /dev/shm), or 2 for bad arguments, a schema file that cannot be read, an --env that
- * cannot be loaded, an env whose results do not fit the schema it gets by default, and a
- * reference env given another schema (the rules and words of the Python CLI).
+ * cannot be loaded, a factory that throws when the first env is made, an env whose results do
+ * not fit the schema it gets by default, and a reference env given another schema (the rules and
+ * words of the Python CLI).
  */
 
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -105,7 +106,8 @@ ${wrapped(Object.keys(SCHEMAS).sort(), 17, 94)}
                  the first env's reset at start: results that do not fit it are refused (exit 2)
   --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs; another number
                  than the URL's is refused, except 1, which yields to the URL)
-  --seed S       seed of each connection's first unseeded reset (env i: S + i)
+  --seed S       seed of each connection's first unseeded reset (env i: S + i); a u64, so
+                 0..2**64 - N with N envs
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
   --workers K    step each connection's envs in K worker threads (default 0: in-process;
                  each thread loads MODULE itself)
@@ -123,8 +125,10 @@ cannot start while it binds (a bad URL: an unknown scheme, a bad shm:// name or 
 live server on the socket or shm name; no room in /dev/shm) or stops serving on its own; 2 for
 bad arguments or limits (--num-envs 1..65536, --max-body 1..4294967295 and large enough for
 the schema's requests; a step response for every env must fit in max(--max-body, 64 MiB)), a
-schema that cannot be read or has no [env] table, an --env that cannot be loaded, an env whose
-results do not fit the default schema, or a reference env given a schema other than its own.
+schema that cannot be read or has no [env] table, an --env that cannot be loaded, a factory
+that throws when the first env is made ("cannot serve these envs: making one failed: ..."), an
+env whose results do not fit the default schema, or a reference env given a schema other than
+its own.
 `;
 
 interface Args {
@@ -140,6 +144,9 @@ interface Args {
 }
 
 class UsageError extends Error {}
+
+/** 2**64: a seed is a u64 on the wire, and env i of N gets seed + i, so seed + N - 1 < 2**64. */
+const SEED_LIMIT = 1n << 64n;
 
 function parseArgs(argv: readonly string[]): Args | null {
   let url: string | undefined;
@@ -244,6 +251,13 @@ function parseArgs(argv: readonly string[]): Args | null {
   }
   const given = numEnvsText === null ? null : ranged(numEnvsText, "--num-envs", MAX_NUM_ENVS, "");
   const numEnvs = given === null || (given === 1 && urlNumEnvs !== null) ? (urlNumEnvs ?? 1) : given;
+  // env i of a connection gets seed + i, a u64 on the wire: the Python CLI's rule and words
+  const maxSeed = SEED_LIMIT - BigInt(numEnvs);
+  if (seed !== null && (seed < 0n || seed > maxSeed)) {
+    throw new UsageError(
+      `--seed must be 0..${maxSeed}, not ${seed} (seeds are u64 on the wire; env i gets seed + i, i < --num-envs ${numEnvs})`,
+    );
+  }
   return { url, env, schema, numEnvs, seed, maxBody, workers, limits, maskedActions };
 }
 
@@ -331,6 +345,54 @@ function loadEnv(spec: string): LoadedEnv {
     workerEnv: { module, exportName },
     declared: declared ?? null,
   };
+}
+
+/** What the env factory threw, the last time it threw (`watchFactory`). */
+let factoryThrew: { readonly error: unknown } | null = null;
+
+/**
+ * `factory`, noting what it throws (and rethrowing it unchanged): serve() makes one env at start,
+ * and a factory that cannot make one is refused in the Python CLI's words, exit 2
+ * (`cannot serve these envs: making one failed: ...`), not as a server that cannot bind. A class
+ * stays a class (a subclass: `new C()`, and `new C(numEnvs)` for a vector env class).
+ */
+function watchFactory(factory: EnvOrFactory): EnvOrFactory {
+  if (typeof factory !== "function") return factory;
+  const note = (error: unknown): never => {
+    factoryThrew = { error };
+    throw error;
+  };
+  let watched: EnvOrFactory;
+  if (/^class[\s{]/.test(Function.prototype.toString.call(factory))) {
+    const Base = factory as unknown as new (...args: unknown[]) => object;
+    watched = class extends Base {
+      constructor(...args: unknown[]) {
+        try {
+          super(...args);
+        } catch (error) {
+          note(error);
+        }
+      }
+    } as unknown as EnvOrFactory;
+  } else {
+    const make = factory as (...args: unknown[]) => unknown;
+    watched = function (this: unknown, ...args: unknown[]): unknown {
+      try {
+        return make.apply(this, args);
+      } catch (error) {
+        return note(error);
+      }
+    } as unknown as EnvOrFactory;
+  }
+  Object.defineProperty(watched, "name", { value: factory.name });
+  return watched;
+}
+
+/** An exception as one line, as Python's `describe` writes it: `Error: text`. */
+function describe(error: unknown): string {
+  if (!(error instanceof Error)) return String(error).split("\n", 1)[0] as string;
+  const text = firstLine(error).trim();
+  return text ? `${error.name}: ${text}` : error.name;
 }
 
 /** A private temporary file (removed at exit) holding `schema`'s IR, for worker threads to load. */
@@ -460,7 +522,7 @@ async function main(argv: readonly string[]): Promise<number> {
       process.stderr.write(`${PROG}: error: ${error.message}\n`);
       return 2;
     }
-    server = await serve(factory, args.url, {
+    server = await serve(watchFactory(factory), args.url, {
       numEnvs: args.numEnvs,
       envName,
       ...(byDefault ? {} : { schema }),
@@ -478,6 +540,11 @@ async function main(argv: readonly string[]): Promise<number> {
     const misfit = defaultSchemaRefusal(error, args.env);
     if (misfit !== null) {
       process.stderr.write(`${PROG}: error: ${misfit}\n`);
+      return 2;
+    }
+    if (factoryThrew !== null && factoryThrew.error === error) {
+      // the Python CLI's words and status (transport/runtime/host.py check)
+      process.stderr.write(`${PROG}: error: cannot serve these envs: making one failed: ${describe(error)}\n`);
       return 2;
     }
     const refused = error instanceof StartError || error instanceof SchemaError;
