@@ -83,11 +83,13 @@ def _bound_json(values: Any) -> Any:
     """One value when every element is equal, else the flat row-major list (integers of an
     integer array exactly, not through a float)."""
     array = np.asarray(values)
-    if array.dtype.kind in "iub":
-        flat: list[Any] = [int(v) for v in array.ravel()]
-    else:
-        flat = [_number(float(v)) for v in array.astype(np.float64).ravel()]
-    return flat[0] if flat and all(v == flat[0] for v in flat) else flat
+    exact = array.dtype.kind in "iub"
+    if array.size and bool((array == array.flat[0]).all()):  # one pass, not a list (a 1M Box)
+        first = array.flat[0]
+        return int(first) if exact else _number(float(first))
+    if exact:
+        return [int(v) for v in array.ravel()]
+    return [_number(float(v)) for v in array.astype(np.float64).ravel()]
 
 
 def _dims(shape: tuple[int, ...]) -> str:

@@ -202,10 +202,12 @@ def _declared(
     raw = field.low if which == "low" else field.high
     if raw is None:
         return None
-    texts = (raw,) * field.count if isinstance(raw, str) else raw
+    if isinstance(raw, str):  # one bound for every element: no per-element parse
+        one = _whole(raw) if dtype.kind in "iu" else np.float64(float(raw)).astype(dtype)
+        return np.full(shape, one, dtype=dtype)
     if dtype.kind in "iu":
-        return np.array([_whole(t) for t in texts], dtype=dtype).reshape(shape)
-    return np.array([float(t) for t in texts], dtype=np.float64).astype(dtype).reshape(shape)
+        return np.array([_whole(t) for t in raw], dtype=dtype).reshape(shape)
+    return np.array([float(t) for t in raw], dtype=np.float64).astype(dtype).reshape(shape)
 
 
 def _box(field: FieldIR, dtype: np.dtype[Any], default: tuple[float, float] | None) -> spaces.Box:

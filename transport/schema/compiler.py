@@ -865,10 +865,14 @@ class _Compiler:
             low = self._bound(raw, "low", name, fname, role, elem, kind, count)
             high = self._bound(raw, "high", name, fname, role, elem, kind, count)
             if low is not None and high is not None:
-                lows, highs = _expand(low, count), _expand(high, count)
-                for i, (lo, hi) in enumerate(zip(lows, highs, strict=True)):
-                    if float(lo) > float(hi):
-                        raise self.error(f"low {lo} > high {hi} (element {i})", name, fname)
+                if isinstance(low, str) and isinstance(high, str):  # one each: one comparison
+                    if float(low) > float(high):
+                        raise self.error(f"low {low} > high {high} (element 0)", name, fname)
+                else:
+                    lows, highs = _expand(low, count), _expand(high, count)
+                    for i, (lo, hi) in enumerate(zip(lows, highs, strict=True)):
+                        if float(lo) > float(hi):
+                            raise self.error(f"low {lo} > high {hi} (element {i})", name, fname)
             nonfinite = raw.get("allow_nonfinite", False)
             if not isinstance(nonfinite, bool):
                 raise self.error("allow_nonfinite must be true or false", name, fname)
