@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     rows = log.rows
     rewards = np.array([r[2] for r in rows]) if rows else np.zeros(0)
-    k = max(1, min(args.window, len(rows) // 4 or 1))
+    k = min(args.window, len(rows) // 4 or 1) if rows else 0
     first = float(rewards[:k].mean()) if rows else float("nan")
     last = float(rewards[-k:].mean()) if rows else float("nan")
     print(

@@ -12,8 +12,9 @@ Channels of the run (all under /dev/shm/transport-*, removed at the end):
 The update is a one-step advantage actor-critic on the freshest transitions (the policy is at
 most a publish or two behind the actors). Reward: the env's line reward (0/1/3/5/8) plus 0.1
 per placed piece and -1 on a top-out: surviving longer is learnable within minutes, lines come
-later. Writes RUN.csv (per 2,000 env steps: mean pieces and lines per finished episode) and a
-PNG of it.
+later. Writes learning_curve.csv (per 2,000 env steps: mean pieces and lines per finished
+episode) and learning_curve.png into --out (default: this folder, whose committed curve a run
+replaces).
 """
 
 from __future__ import annotations
@@ -88,12 +89,17 @@ class Curve:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=240.0)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent))
+    parser.add_argument(
+        "--out",
+        default=str(Path(__file__).resolve().parent),
+        help="folder for learning_curve.csv and .png (default: this example's folder, whose "
+        "committed curve a run replaces)",
+    )
     args = parser.parse_args(argv)
     if not ACTOR_JS.is_file():
         raise SystemExit(f"{ACTOR_JS} is missing: cd node_bridge && npm run build")

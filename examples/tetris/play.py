@@ -176,6 +176,11 @@ def play(url: str, games: int, policy: str, seed: int) -> int:
     total_lines = 0
     in_step = 0.0  # seconds inside client.step: the transport and the env server
     with transport.connect(url, schema=os.fspath(SCHEMA)) as client:
+        if client.num_envs != 1:
+            raise SystemExit(
+                f"play.py plays one game at a time: {url} serves {client.num_envs} envs; "
+                "start the server with --num-envs 1 (the default)"
+            )
         spaces = client.spaces()
         print(
             f"connected to {url}: {client.server_info.get('server')} server, "

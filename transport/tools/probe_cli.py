@@ -61,16 +61,19 @@ what it prints and writes:
                         steps_per_s); closed loop: the throughput of one client; open
                         loop: the achieved rate x batch
              x floor    this row's p50 / the p50 of the floor that applies to it, named in
-                        column floor: shm rows c-floor-spin when they spin while waiting
-                        (wait policy balanced, spin), c-floor-futex when they sleep
+                        column floor: shm rows c-floor-shm (the same bytes through shared
+                        memory; c-floor-spin where it was not measured) when they spin while
+                        waiting (wait policy balanced, spin), c-floor-futex when they sleep
                         (wait=futex); socket rows raw-<scheme>/<server> (a bare server of
                         the same language moving the same bytes, no protocol), else the C
                         socket floor of the same bytes (c-floor-unix, c-floor-tcp)
   floors     c-floor-spin and c-floor-futex (server "c"): two processes ping-ponging one
              32-bit word over shared memory in C (transport/native), spinning or sleeping in
-             FUTEX_WAIT; c-floor-unix and c-floor-tcp: the same two processes sending a row's
-             request and response bytes (frame headers included) over a connected Unix or
-             loopback TCP socket, in C: what no transport can beat on this machine;
+             FUTEX_WAIT; c-floor-shm: a row's request and response bytes copied through a
+             shared mapping with spin-waited hand-offs, one row per batch; c-floor-unix and
+             c-floor-tcp: the same two processes sending a row's request and response bytes
+             (frame headers included) over a connected Unix or loopback TCP socket, in C:
+             what no transport can beat on this machine;
              raw-<scheme> (server python or node): a bare server of that language on that
              socket stack moving a row's bytes, no protocol. Printed under the rows: the
              shared-memory floors as a sentence each, the socket floors one line per floor
