@@ -18,7 +18,7 @@ import numpy as np
 
 from transport.codec import Schema
 from transport.errors import ProtocolError
-from transport.protocol import body_codec
+from transport.protocol import body_codec, split_recv_tail
 from transport.step_view import StepView, copy_records
 
 if TYPE_CHECKING:
@@ -97,30 +97,15 @@ class AsyncCalls:
         body = memoryview(bytearray(self.recv_codec.size))
         self.recv_codec.view(body)["batch_size"] = batch_size
         resp = self.exchange(self.recv_req, body, self.recv_resp)
-        size = self.result.size
-        try:
-            # the tail: msgpack [env ids, ended ids, final results]; it starts after B results
-            for b in range(1, batch_size + 1):
-                if resp.nbytes >= b * size and resp[b * size] == 0x93:
-                    try:
-                        tail = msgpack.unpackb(bytes(resp[b * size :]))
-                    except Exception:
-                        continue
-                    if isinstance(tail, list) and len(tail) == 3 and len(tail[0]) == b:
-                        break
-            else:
-                raise ValueError("no env ids")
-        except (ValueError, IndexError) as exc:
-            raise ProtocolError(f"RECV_RESP of {resp.nbytes} bytes: bad tail ({exc})") from None
-        ids, ended, final_bytes = tail
-        records = self.result.view(resp, 0, count=b)
+        tail = split_recv_tail(resp, self.result.size, batch_size)
+        records = self.result.view(resp, 0, count=tail.count)
         if copy:
             records = copy_records(records)
-        finals = []
-        for k, index in enumerate(ended):
-            record = self.result.view(bytearray(final_bytes[k * size : (k + 1) * size]))
-            finals.append((int(index), StepView(record)))
-        return Received(StepView(records), np.asarray(ids, dtype=np.int64), finals)
+        finals = [
+            (index, StepView(self.result.view(bytearray(data))))
+            for index, data in tail.final_rows(self.result.size)
+        ]
+        return Received(StepView(records), np.asarray(tail.env_ids, dtype=np.int64), finals)
 
     def reset(self, seed: int | None) -> None:
         body = memoryview(bytearray(self.seed_codec.size))

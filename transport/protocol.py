@@ -90,6 +90,7 @@ MAX_ERROR_TEXT = 0xFFFF
 
 AUTORESET_MASK = 0x3
 FINAL_COUNT = struct.Struct("<I")
+"""SAME_STEP tail after the N results: u32 k, then k x (u32 env index, result struct)."""
 
 
 def carries_finals(mode: AutoReset) -> bool:
@@ -97,7 +98,55 @@ def carries_finals(mode: AutoReset) -> bool:
     return mode == AutoReset.SAME_STEP
 
 
-"""SAME_STEP tail after the N results: u32 k, then k x (u32 env index, result struct)."""
+def read_final_tail(body: Any, results_len: int, size: int, most: int) -> list[tuple[int, int]]:
+    """A SAME_STEP step response's final tail after ``results_len`` bytes of results: each
+    final result as (env index, its byte offset in ``body``); at most ``most`` of them."""
+    length = len(body) if isinstance(body, (bytes, bytearray)) else memoryview(body).nbytes
+    if length < results_len + FINAL_COUNT.size:
+        raise ProtocolError(f"step response of {length} bytes lacks its final tail")
+    (k,) = FINAL_COUNT.unpack_from(body, results_len)
+    if k > most or length != results_len + FINAL_COUNT.size + k * (FINAL_COUNT.size + size):
+        raise ProtocolError(f"final tail says {k} results; body is {length} bytes")
+    finals = []
+    for j in range(k):
+        start = results_len + FINAL_COUNT.size + j * (FINAL_COUNT.size + size)
+        finals.append((FINAL_COUNT.unpack_from(body, start)[0], start + FINAL_COUNT.size))
+    return finals
+
+
+@dataclass(frozen=True)
+class RecvTail:
+    """A RECV_RESP cut at its tail: ``count`` results, then msgpack ``[env ids, ended env ids,
+    their final results' bytes]`` (docs/protocol.md, "Session", RECV_RESP)."""
+
+    count: int
+    env_ids: list[int]
+    ended: list[int]
+    finals: bytes
+
+    def final_rows(self, size: int) -> list[tuple[int, bytes]]:
+        """Each ended env's (index, final result bytes)."""
+        return [(int(i), self.finals[k * size : (k + 1) * size]) for k, i in enumerate(self.ended)]
+
+
+def split_recv_tail(body: Any, size: int, most: int) -> RecvTail:
+    """Where a RECV_RESP's tail starts: the one count <= ``most`` whose msgpack parses to exactly
+    the rest of the body with that many env ids (results are fixed size; the tail is not)."""
+    view = memoryview(body).cast("B")
+    for count in range(most + 1):
+        at = count * size
+        if at >= view.nbytes:
+            break
+        if view[at] != 0x93:  # a fixarray of 3
+            continue
+        try:
+            ids, ended, finals = msgpack.unpackb(view[at:], strict_map_key=False)
+            if len(ids) == count and len(finals) == len(ended) * size:
+                return RecvTail(count, [int(i) for i in ids], [int(i) for i in ended], finals)
+        except Exception:
+            continue  # not the tail: the bytes of a result
+    raise ProtocolError(f"RECV_RESP of {view.nbytes} bytes has no [env ids, ended, finals] tail")
+
 
 CLOSING_ERRORS: Final[frozenset[int]] = envelope.CLOSING_ERRORS
 """After these the server closes the connection: the stream or the peer cannot be trusted."""

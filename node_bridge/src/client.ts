@@ -33,7 +33,6 @@ import {
   type AutoResetName,
   BODY_OFFSET,
   DEFAULT_MAX_BODY,
-  FINAL_COUNT_SIZE,
   type MessageIds,
   MESSAGE_IDS,
   SCHEMA_IR_KEY,
@@ -46,8 +45,9 @@ import {
   encodeHelloRequest,
   messageIds,
   mismatchText,
+  readFinalTail,
   schemaFromIrText,
-  readU32,
+  splitRecvTail,
   toAutoReset,
 } from "./protocol";
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
@@ -858,25 +858,14 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       throw error;
     }
     const size = this.#resultSize;
-    for (let b = 1; b <= batchSize && b * size < resp.byteLength; b++) {
-      if (resp[b * size] !== 0x93) continue;
-      let tail: unknown;
-      try {
-        tail = msgpackDecode(resp.subarray(b * size));
-      } catch {
-        continue;
-      }
-      if (!Array.isArray(tail) || tail.length !== 3 || !Array.isArray(tail[0]) || tail[0].length !== b) continue;
-      const [ids, ended, finalBytes] = tail as [number[], number[], Uint8Array];
-      const results: Value[] = [];
-      for (let k = 0; k < b; k++) results.push(this.#result.decode(resp, k * size, false) as Value);
-      const finals: Final<Value>[] = ended.map((index, k) => ({
-        index,
-        result: this.#result.decode(Buffer.from(finalBytes.subarray(k * size, (k + 1) * size)), 0, false) as Value,
-      }));
-      return { results, envIds: ids, finals };
-    }
-    throw new ProtocolError(`RECV_RESP of ${resp.byteLength} bytes: no tail of env ids`);
+    const tail = splitRecvTail(resp, size, batchSize);
+    const results: Value[] = [];
+    for (let k = 0; k < tail.count; k++) results.push(this.#result.decode(resp, k * size, false) as Value);
+    const finals: Final<Value>[] = tail.ended.map((index, k) => ({
+      index,
+      result: this.#result.decode(Buffer.from(tail.finals.buffer, tail.finals.byteOffset + k * size, size), 0, false) as Value,
+    }));
+    return { results, envIds: tail.envIds, finals };
   }
 
   /** Reset every env (env i: seed + i) for `recv` to return (nothing may be in flight). */
@@ -924,24 +913,10 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
 
   /** Parse the SAME_STEP tail: u32 count, then (u32 env index, final result) each. */
   #readFinals(resp: Buffer, resultsLength: number): void {
-    const size = this.#resultSize;
-    if (resp.byteLength < resultsLength + FINAL_COUNT_SIZE) {
-      throw new ProtocolError(`step response of ${resp.byteLength} bytes lacks its final tail`);
-    }
-    const count = readU32(resp, resultsLength);
-    if (
-      count > this.numEnvs ||
-      resp.byteLength !== resultsLength + FINAL_COUNT_SIZE + count * (FINAL_COUNT_SIZE + size)
-    ) {
-      throw new ProtocolError(`final tail says ${count} results; body is ${resp.byteLength} bytes`);
-    }
-    const finals: Final<Value>[] = [];
-    for (let k = 0; k < count; k++) {
-      const start = resultsLength + FINAL_COUNT_SIZE + k * (FINAL_COUNT_SIZE + size);
-      const index = readU32(resp, start);
-      finals.push({ index, result: this.#result.decode(resp, start + FINAL_COUNT_SIZE, false) as Value });
-    }
-    this.finals = finals;
+    this.finals = readFinalTail(resp, resultsLength, this.#resultSize, this.numEnvs).map(({ index, at }) => ({
+      index,
+      result: this.#result.decode(resp, at, false) as Value,
+    }));
   }
 
   #results(count: number, copy: boolean): View | View[] | Value | Value[] {

@@ -10,7 +10,7 @@
  * any such schema can ride the same client and server.
  */
 
-import { encode as msgpackEncode } from "@msgpack/msgpack";
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import { type SchemaModule, loadSchema } from "./codec";
 import type { SchemaJson } from "./ir";
 import {
@@ -70,6 +70,70 @@ export function autoresetName(mode: AutoReset): AutoResetName {
 /** Whether responses under `mode` carry final results (a shm region needs final areas). */
 export function carriesFinals(mode: AutoReset): boolean {
   return mode === AutoReset.SAME_STEP;
+}
+
+/** One final result of a tail: the env's index and where its result's bytes start. */
+export interface FinalAt {
+  index: number;
+  at: number;
+}
+
+/**
+ * A SAME_STEP step response's final tail after `resultsLength` bytes of results: u32 k, then
+ * k x (u32 env index, final result); at most `most` of them. Python: `read_final_tail`.
+ */
+export function readFinalTail(body: Uint8Array, resultsLength: number, size: number, most: number): FinalAt[] {
+  if (body.byteLength < resultsLength + FINAL_COUNT_SIZE) {
+    throw new ProtocolError(`step response of ${body.byteLength} bytes lacks its final tail`);
+  }
+  const count = readU32(body, resultsLength);
+  if (count > most || body.byteLength !== resultsLength + FINAL_COUNT_SIZE + count * (FINAL_COUNT_SIZE + size)) {
+    throw new ProtocolError(`final tail says ${count} results; body is ${body.byteLength} bytes`);
+  }
+  const finals: FinalAt[] = [];
+  for (let k = 0; k < count; k++) {
+    const start = resultsLength + FINAL_COUNT_SIZE + k * (FINAL_COUNT_SIZE + size);
+    finals.push({ index: readU32(body, start), at: start + FINAL_COUNT_SIZE });
+  }
+  return finals;
+}
+
+/** A RECV_RESP cut at its tail: `count` results, then `[env ids, ended env ids, their final results' bytes]`. */
+export interface RecvTail {
+  count: number;
+  envIds: number[];
+  ended: number[];
+  finals: Uint8Array;
+}
+
+/**
+ * Where a RECV_RESP's tail starts: the one count <= `most` whose msgpack parses to exactly the
+ * rest of the body with that many env ids (results are fixed size; the tail is not). Python:
+ * `split_recv_tail`.
+ */
+export function splitRecvTail(body: Uint8Array, size: number, most: number): RecvTail {
+  for (let count = 0; count <= most && count * size < body.byteLength; count++) {
+    const at = count * size;
+    if (body[at] !== 0x93) continue; // a fixarray of 3
+    let tail: unknown;
+    try {
+      tail = msgpackDecode(body.subarray(at));
+    } catch {
+      continue; // not the tail: the bytes of a result
+    }
+    if (!Array.isArray(tail) || tail.length !== 3) continue;
+    const [envIds, ended, finals] = tail as unknown[];
+    if (
+      Array.isArray(envIds) &&
+      envIds.length === count &&
+      Array.isArray(ended) &&
+      finals instanceof Uint8Array &&
+      finals.byteLength === ended.length * size
+    ) {
+      return { count, envIds: envIds.map(Number), ended: ended.map(Number), finals };
+    }
+  }
+  throw new ProtocolError(`RECV_RESP of ${body.byteLength} bytes has no [env ids, ended, finals] tail`);
 }
 
 /** A mode from its name (any case) or number; throws a TypeError for anything else. */

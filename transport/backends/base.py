@@ -18,7 +18,7 @@ import numpy as np
 
 from transport.codec import StructCodec
 from transport.errors import ProtocolError
-from transport.protocol import BODY_OFFSET, FINAL_COUNT
+from transport.protocol import BODY_OFFSET, read_final_tail
 
 
 class Channel(Protocol):
@@ -94,7 +94,9 @@ class BufferChannel:
         if body.nbytes != length:
             if not finals:
                 raise ProtocolError(f"response has {body.nbytes} bytes, expected {length}")
-            self._finals = _read_finals(body, codec, length, 1 if count is None else count)
+            tail = read_final_tail(body, length, codec.size, 1 if count is None else count)
+            # copies: the next response overwrites the buffer
+            self._finals = [(i, codec.view(bytes(body[at : at + codec.size]))) for i, at in tail]
         elif self._finals:
             self._finals = []
         generation = self.generation
@@ -107,24 +109,6 @@ class BufferChannel:
 
     def final_records(self) -> list[tuple[int, np.ndarray]]:
         return self._finals
-
-
-def _read_finals(
-    body: memoryview, codec: StructCodec, results_len: int, count: int
-) -> list[tuple[int, np.ndarray]]:
-    """Parse the SAME_STEP tail: u32 k, then k x (u32 env index, final result); copies."""
-    size = codec.size
-    if body.nbytes < results_len + 4:
-        raise ProtocolError(f"step response of {body.nbytes} bytes lacks its final tail")
-    (k,) = FINAL_COUNT.unpack_from(body, results_len)
-    if body.nbytes != results_len + 4 + k * (4 + size) or k > count:
-        raise ProtocolError(f"final tail says {k} results; body is {body.nbytes} bytes")
-    finals = []
-    for j in range(k):
-        start = results_len + 4 + j * (4 + size)
-        (index,) = FINAL_COUNT.unpack_from(body, start)
-        finals.append((int(index), codec.view(bytes(body[start + 4 : start + 4 + size]))))
-    return finals
 
 
 class Listener(Protocol):

@@ -50,11 +50,13 @@ from transport.errors import (
 from transport.protocol import (
     DEFAULT_MAX_BODY,
     ERROR_HEAD,
-    FINAL_COUNT,
     ErrorCode,
+    RecvTail,
     decode_hello,
     encode_error,
     encode_hello,
+    read_final_tail,
+    split_recv_tail,
 )
 from transport.runtime.host import EnvHost
 from transport.runtime.session import Session
@@ -506,9 +508,10 @@ class _Connection:
         size = codec.size
         whole = body.nbytes // size if size else 0
         result = self.session.result  # the env's result struct: what final tails carry
-        recv: list[Any] | None = None
+        recv: RecvTail | None = None
         if name == "RECV_RESP":
-            count, recv = _recv_tail(body, size, self.session.num_envs)
+            recv = split_recv_tail(body, size, self.session.num_envs)
+            count = recv.count
         elif name in _N_RESULTS:
             count = min(self.session.num_envs, whole)
         else:
@@ -517,14 +520,14 @@ class _Connection:
         out: dict[str, Any] = {"result": records[0]} if count == 1 else {"results": records}
         tail = body[count * size :]
         if recv is not None:
-            out["env_ids"] = recv[0]
-            out["finals"] = _finals_json(
-                result, list(zip(recv[1], _rows(recv[2], result.size), strict=True))
-            )
+            out["env_ids"] = recv.env_ids
+            out["finals"] = _finals_json(result, recv.final_rows(result.size))
         elif name == "OBSERVE_RESP":
             out["infos"] = msgpack.unpackb(tail, strict_map_key=False) if tail.nbytes else []
         elif name in _STEP_RESPONSES and tail.nbytes:  # SAME_STEP: u32 k, k x (u32 env, result)
-            out["finals"] = _finals_json(result, _same_step_finals(tail, result.size))
+            ends = read_final_tail(tail, 0, result.size, self.session.num_envs)
+            rows = [(index, tail[at : at + result.size]) for index, at in ends]
+            out["finals"] = _finals_json(result, rows)
         return out
 
 
@@ -534,42 +537,7 @@ _STEP_RESPONSES = frozenset({"STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"})
 """Step responses: in SAME_STEP mode their results are followed by the final results' tail."""
 
 
-def _rows(data: bytes, size: int) -> list[bytes]:
-    return [data[i : i + size] for i in range(0, len(data), size)] if size else []
-
-
-def _recv_tail(body: memoryview, size: int, num_envs: int) -> tuple[int, list[Any]]:
-    """RECV_RESP: B results, then msgpack ``[env ids (B), ended env ids, their final results'
-    bytes]``. B is where that tail starts: the one B whose msgpack parses to exactly the rest of
-    the body with B env ids (the server wrote it; the binary client reads it the same way)."""
-    for count in range(num_envs + 1):
-        at = count * size
-        if at >= body.nbytes:
-            break
-        if body[at] != 0x93:  # a fixarray of 3
-            continue
-        try:
-            ids, ended, finals = msgpack.unpackb(body[at:], strict_map_key=False)
-            if len(ids) == count and len(finals) == len(ended) * size:
-                return count, [list(ids), list(ended), bytes(finals)]
-        except Exception:
-            continue
-    raise ValueError(f"RECV_RESP of {body.nbytes} bytes has no [env ids, ended, finals] tail")
-
-
-def _same_step_finals(tail: memoryview, size: int) -> list[tuple[int, bytes]]:
-    """A SAME_STEP step response's tail: u32 k, then k x (u32 env index, final result)."""
-    (k,) = FINAL_COUNT.unpack_from(tail, 0)
-    if tail.nbytes != 4 + k * (4 + size):
-        raise ValueError(f"a final tail of {tail.nbytes} bytes cannot hold {k} results")
-    out = []
-    for j in range(k):
-        at = 4 + j * (4 + size)
-        out.append((FINAL_COUNT.unpack_from(tail, at)[0], bytes(tail[at + 4 : at + 4 + size])))
-    return out
-
-
-def _finals_json(codec: StructCodec, finals: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
+def _finals_json(codec: StructCodec, finals: list[tuple[int, Any]]) -> list[dict[str, Any]]:
     return [
         {"env_id": int(index), "result": codec.decode(data, 0, strict=False)}
         for index, data in finals

@@ -7,7 +7,21 @@ import * as net from "node:net";
 import { decode as msgpackDecode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
 import { ConnectError } from "../../errors";
-import { DEFAULT_MAX_BODY, ErrorCode, type MessageIds, decodeHello, encodeError, encodeHello, errorName, fingerprintHex16, messageIds, parseError } from "../../protocol";
+import {
+  DEFAULT_MAX_BODY,
+  ErrorCode,
+  type MessageIds,
+  type RecvTail,
+  decodeHello,
+  encodeError,
+  encodeHello,
+  errorName,
+  fingerprintHex16,
+  messageIds,
+  parseError,
+  readFinalTail,
+  splitRecvTail,
+} from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
 import { LATER, type Session, sessionsOf } from "../../runtime/session";
 import {
@@ -563,8 +577,8 @@ function renderRecords(name: string, batch: boolean, codec: AnyStructCodec, body
   let count: number;
   let recv: RecvTail | null = null;
   if (name === "RECV_RESP") {
-    recv = recvTail(body, size, session.numEnvs);
-    count = recv.ids.length;
+    recv = splitRecvTail(body, size, session.numEnvs);
+    count = recv.count;
   } else if (N_RESULTS.has(name)) {
     count = Math.min(session.numEnvs, whole);
   } else {
@@ -576,23 +590,13 @@ function renderRecords(name: string, batch: boolean, codec: AnyStructCodec, body
   const tail = body.subarray(count * size);
   if (recv !== null) {
     const finals = recv.finals;
-    out.env_ids = recv.ids;
+    out.env_ids = recv.envIds;
     out.finals = recv.ended.map((index, k) => finalJson(result, index, finals.subarray(k * result.size, (k + 1) * result.size)));
   } else if (name === "OBSERVE_RESP") {
     out.infos = tail.byteLength ? binAsHex(msgpackDecode(tail, { useBigInt64: true })) : [];
   } else if (STEP_RESPONSES.has(name) && tail.byteLength) {
-    // SAME_STEP: u32 k, then k x (u32 env index, final result)
-    const dv = new DataView(tail.buffer, tail.byteOffset, tail.byteLength);
-    const k = dv.getUint32(0, true);
-    if (tail.byteLength !== 4 + k * (4 + result.size)) {
-      throw new Error(`a final tail of ${tail.byteLength} bytes cannot hold ${k} results`);
-    }
-    const finals: Json[] = [];
-    for (let j = 0; j < k; j++) {
-      const at = 4 + j * (4 + result.size);
-      finals.push(finalJson(result, dv.getUint32(at, true), tail.subarray(at + 4, at + 4 + result.size)));
-    }
-    out.finals = finals;
+    const finals = readFinalTail(tail, 0, result.size, session.numEnvs);
+    out.finals = finals.map(({ index, at }) => finalJson(result, index, tail.subarray(at, at + result.size)));
   }
   return out;
 }
@@ -609,31 +613,6 @@ function binAsHex(value: unknown): unknown {
 
 function finalJson(codec: AnyStructCodec, index: number, bytes: Uint8Array): Json {
   return { env_id: index, result: codec.decode(Buffer.from(bytes), 0, false) };
-}
-
-interface RecvTail {
-  ids: number[];
-  ended: number[];
-  finals: Uint8Array;
-}
-
-/**
- * RECV_RESP: B results, then msgpack `[env ids (B), ended env ids, their final results' bytes]`.
- * B is where that tail starts: the one B whose msgpack is exactly the rest of the body with B env
- * ids (the server wrote it; the clients read it the same way). Python: `_recv_tail`.
- */
-function recvTail(body: Uint8Array, size: number, numEnvs: number): RecvTail {
-  for (let count = 0; count <= numEnvs && count * size < body.byteLength; count++) {
-    const at = count * size;
-    if (body[at] !== 0x93) continue; // a fixarray of 3
-    try {
-      const [ids, ended, finals] = msgpackDecode(body.subarray(at)) as [number[], number[], Uint8Array];
-      if (ids.length === count && finals.byteLength === ended.length * size) return { ids, ended, finals };
-    } catch {
-      // not the tail: the bytes of a result
-    }
-  }
-  throw new Error(`RECV_RESP of ${body.byteLength} bytes has no [env ids, ended, finals] tail`);
 }
 
 export const EMPTY = Buffer.alloc(0);
