@@ -3,8 +3,10 @@ spaces on the client, and trajectories equal to gymnasium's own SyncVectorEnv.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -162,6 +164,27 @@ def test_from_gym_prints_a_schema_with_the_same_fingerprint() -> None:
     compiled = Schema(compile_schema(done.stdout, "cartpole.toml"))
     assert compiled.fingerprint == gym_schema("CartPole-v1").fingerprint
     assert compiled.name == "CartPole_v1"
+
+
+def test_from_gym_json_is_the_ir_inspect_prints_of_its_toml(tmp_path: Path) -> None:
+    """README: every tool has --json; from-gym's is the IR (what the Node server loads)."""
+
+    def schema_cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "transport.tools.schema_cli", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    toml = tmp_path / "pendulum.toml"
+    toml.write_text(schema_cli("from-gym", "Pendulum-v1"))
+    as_json = schema_cli("from-gym", "Pendulum-v1", "--json")
+    assert as_json == schema_cli("inspect", str(toml), "--json")
+    assert json.loads(as_json)["fingerprint"] == f"{gym_schema('Pendulum-v1').fingerprint:016x}"
 
 
 def test_a_text_space_is_a_one_line_error_naming_it() -> None:

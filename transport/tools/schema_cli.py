@@ -30,6 +30,7 @@ Inspect and compile declarative transport schemas (TOML; see docs/schema.md).
   transport-schema compile schema/*.toml                 regenerate Python and TypeScript
   transport-schema compile schema/*.toml --check         exit 1 if generated code is stale
   transport-schema from-gym CartPole-v1                  the schema of a gymnasium env's spaces
+  transport-schema from-gym CartPole-v1 --json           ... as the layout IR (JSON)
 
 Exit status: 0 on success, 1 on stale generated code (--check), 2 on an invalid schema, an
 unwritable output, an output file it did not generate (never overwritten) or a usage error
@@ -107,10 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         default="slots",
         help="the shm region's layout: per-env slots (default) or columns (docs/shm.md)",
     )
+    from_gym.add_argument(
+        "--json",
+        action="store_true",
+        help="print the layout IR as JSON (what inspect --json prints of the TOML; the Node "
+        "server loads it as --schema)",
+    )
 
     args = parser.parse_args(argv)
     if args.command == "from-gym":
-        return _from_gym(parser, args.env_id, args.gym_kwargs, args.shm_layout)
+        return _from_gym(parser, args.env_id, args.gym_kwargs, args.shm_layout, args.json)
     try:
         if args.command == "inspect":
             return _inspect(args.file, args.json)
@@ -127,10 +134,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _from_gym(
-    parser: argparse.ArgumentParser, env_id: str, kwargs_text: str | None, shm_layout: str
+    parser: argparse.ArgumentParser,
+    env_id: str,
+    kwargs_text: str | None,
+    shm_layout: str,
+    as_json: bool,
 ) -> int:
-    """Print the derived schema of a gymnasium env (one line on stderr, exit 2, when the env
-    cannot be made or a space cannot be carried)."""
+    """Print the derived schema of a gymnasium env, as TOML or as the IR's JSON (one line on
+    stderr, exit 2, when the env cannot be made or a space cannot be carried)."""
     kwargs: object = {}
     if kwargs_text is not None:
         try:
@@ -140,14 +151,18 @@ def _from_gym(
         if not isinstance(kwargs, dict):
             parser.error(f"--gym-kwargs must be a JSON object, not {kwargs_text!r}")
     try:
-        from transport.gym_serve import gym_schema_toml
+        from transport.gym_serve import gym_schema, gym_schema_toml
     except ImportError as exc:
         print(f"transport-schema: error: from-gym needs gymnasium ({exc})", file=sys.stderr)
         return 2
     if os.getcwd() not in sys.path:  # an id "module:Env-v0" imports module from here
         sys.path.insert(0, os.getcwd())
     try:
-        text = gym_schema_toml(env_id, kwargs, shm_layout)  # type: ignore[arg-type]
+        if as_json:
+            ir = gym_schema(env_id, kwargs, shm_layout).ir  # type: ignore[arg-type]
+            text = json.dumps(ir.to_json(), indent=2) + "\n"
+        else:
+            text = gym_schema_toml(env_id, kwargs, shm_layout)  # type: ignore[arg-type]
     except SchemaError as exc:
         print(f"transport-schema: error: {env_id}: {exc}", file=sys.stderr)
         return 2
