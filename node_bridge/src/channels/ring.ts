@@ -43,6 +43,8 @@ const E = offsets("ProducerEntry");
 const M32 = 0xffffffffn;
 const YIELD_EVERY = 256;
 const SPIN_NS = 25;
+/** What an aborting producer sleeps on between looks at the consumer's tail (0.5 ms waits). */
+const PAUSE = new Int32Array(new SharedArrayBuffer(4));
 
 export type RingPolicy = "block" | "overwrite";
 
@@ -306,7 +308,7 @@ export class Producer {
   reserve(want = 1, timeoutMs = Infinity): Reservation {
     this.requireOpen("reserve");
     if (!Number.isInteger(want) || want < 1) throw new RangeError(`reserve: want must be an integer >= 1, got ${want}`);
-    if (this.#pending !== null) throw new ChannelError("commit the previous reservation first");
+    if (this.#pending !== null) throw new ChannelError("commit the previous reservation first (or abort it)");
     const rc = this.tryReserve(Math.min(want, this.ring.capacity), timeoutMs);
     if (typeof rc === "number") raiseFor(rc, this.ring, "reserve", "consumer", timeoutMs);
     this.#pending = rc;
@@ -387,18 +389,89 @@ export class Producer {
     return r.first;
   }
 
+  /** Give the current reservation back without publishing it (nothing reserved: does nothing).
+   * The consumer never sees the records. When no producer reserved after it (always on a
+   * single-producer ring) the reservation is undone (`head` moves back); otherwise the records
+   * cannot be un-reserved, so this waits up to `timeoutMs` (Infinity: forever) for the consumer
+   * to reach them and skips them, counted in `Ring.lost` as a dead producer's are.
+   * ChannelTimeoutError if that wait ran out: the reservation is still this producer's (call
+   * `abort` again; `close` gives it up). (transport/channels/ring.py `Producer.abort`.) */
+  abort(timeoutMs = Infinity): void {
+    this.requireOpen("abort");
+    const r = this.#pending;
+    if (r === null) return;
+    if (!this.giveBack(timeoutMs)) {
+      throw new ChannelTimeoutError(
+        `${this.ring.segment.path}: abort: the consumer did not reach records ` +
+          `${r.first}..${r.first + BigInt(r.count) - 1n} within ${timeoutMs} ms`,
+      );
+    }
+  }
+
+  /** Undo or skip the current reservation (see `abort`); false if the consumer did not reach it
+   * within `timeoutMs` (the reservation is kept). */
+  private giveBack(timeoutMs: number): boolean {
+    const ring = this.ring;
+    const seg = ring.segment;
+    const r = this.#pending!;
+    const first = r.first;
+    const end = r.first + BigInt(r.count);
+    const intent = (ring.entryOffset(this.index) + E["intent"]!) >> 3;
+    // Undo: only this producer's CAS (or store) moved head past `end`, so while head is still
+    // there nobody reserved after it; another producer that read the old head fails its CAS and
+    // reads again. The consumer never claims uncommitted records.
+    if (ring.cas64(R["head"]!, end, first)) {
+      Atomics.store(seg.u64, intent, 0n);
+      this.#pending = null;
+      seg.wakeIfSleeping(R["space_word"]!);
+      return true;
+    }
+    // Skip: once the consumer's tail reaches `first` (every older record taken) only this
+    // producer may move it past its own uncommitted records, as the consumer does for a dead
+    // producer's (checkProducers).
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      if (seg.state !== SegmentState.READY) {
+        this.#pending = null; // the ring is gone: nothing left to give back
+        return true;
+      }
+      const c = ring.load64(R["cursor"]!);
+      const h = ring.load64(R["head"]!);
+      const tail = ring.tailOf(h, c);
+      let skipped = tail >= end; // (the consumer only skips a dead producer's records)
+      if (!skipped && tail >= first) {
+        skipped = ring.cas64(R["cursor"]!, c, ((c >> 32n) << 32n) | (end & M32));
+        if (skipped) Atomics.add(seg.u64, R["lost"]! >> 3, end - tail);
+      }
+      if (skipped) {
+        Atomics.store(seg.u64, intent, 0n);
+        this.#pending = null;
+        seg.wakeIfSleeping(R["data_word"]!);
+        seg.wakeIfSleeping(R["space_word"]!);
+        return true;
+      }
+      if (performance.now() >= deadline) return false;
+      Atomics.wait(PAUSE, 0, 0, 0.5);
+    }
+  }
+
   /** ChannelClosedError once this producer or its ring was closed by this process. */
   private requireOpen(what: string): void {
     if (this.#closed) throw new ChannelClosedError(`${this.ring.segment.path}: ${what}: this producer was closed`);
     this.ring.segment.requireOpen();
   }
 
-  /** Mark this producer CLOSED (the consumer sees the end once every producer closed). */
+  /** Mark this producer CLOSED (the consumer sees the end once every producer closed). A
+   * reservation left open is given back (`abort` without waiting); one that cannot be at once
+   * (others reserved after it) is left as a dead producer's: the consumer skips it (lost). */
   close(): void {
-    if (this.#closed || this.ring.segment.closed) return;
+    if (this.#closed) return;
     this.#closed = true;
     const seg = this.ring.segment;
-    Atomics.store(seg.i32, (this.ring.entryOffset(this.index) + E["state"]!) >> 2, PeerState.CLOSED);
+    if (seg.closed) return;
+    let state: number = PeerState.CLOSED;
+    if (this.#pending !== null && !this.giveBack(0)) state = PeerState.DEAD;
+    Atomics.store(seg.i32, (this.ring.entryOffset(this.index) + E["state"]!) >> 2, state);
     seg.wakeIfSleeping(R["data_word"]!);
   }
 }
