@@ -262,4 +262,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    from transport.errors import ConnectError, PeerGoneError, TransportTimeoutError
+
+    try:
+        sys.exit(main())
+    except (ConnectError, PeerGoneError, TransportTimeoutError) as exc:
+        sys.exit(f"train_maskable_ppo.py: {exc}")  # no server, a lost one: one line

@@ -193,4 +193,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    raise SystemExit(main())
+    from transport.errors import ConnectError, PeerGoneError, TransportTimeoutError
+
+    try:
+        raise SystemExit(main())
+    except (ConnectError, PeerGoneError, TransportTimeoutError) as exc:
+        raise SystemExit(f"train_rollout_ppo.py: {exc}") from None  # no server: one line

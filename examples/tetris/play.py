@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import transport
+from transport.errors import ConnectError, PeerGoneError, TransportTimeoutError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "schema" / "tetris.toml"
@@ -250,6 +251,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except MaskMismatch as exc:
-        print(f"play.py: {exc}", file=sys.stderr)
+    except (MaskMismatch, ConnectError, PeerGoneError, TransportTimeoutError) as exc:
+        print(f"play.py: {exc}", file=sys.stderr)  # no server, a lost one: one line, not a trace
         sys.exit(1)

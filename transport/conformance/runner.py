@@ -375,59 +375,43 @@ class Runner:
         count = result.checks.setdefault("fingerprint", Count())
         answer = self.testee.request({"op": "fingerprint", "schema": ir.name})
         py = ir.fingerprint_hex
+
+        def fail(text: str, details: list[str], side: str = self.lang) -> None:
+            result.fail(
+                Failure(ir.name, "fingerprint", "", "fingerprint", side, text, details=details)
+            )
+
         if not isinstance(answer, dict) or not answer.get("ok"):
             count.add("", False)
-            result.fail(
-                Failure(
-                    ir.name,
-                    "fingerprint",
-                    "",
-                    "fingerprint",
-                    self.lang,
-                    f"the testee refused: {answer!r}",
-                )
-            )
+            fail(f"the testee refused: {answer!r}", [])
         else:
             computed, declared = str(answer.get("computed")), str(answer.get("declared"))
             result.testee_fingerprint = {"computed": computed, "declared": declared}
             ok = computed == declared == py
             count.add("", ok)
             if not ok and ir.name in self.load_refused:
-                result.fail(
-                    Failure(
-                        ir.name,
-                        "fingerprint",
-                        "",
-                        "fingerprint",
-                        self.lang,
-                        f"the testee checks its own schema {ir.name}, not this file's",
-                        details=[
-                            f"python (from the IR of {result.file}): {py}",
-                            f"{self.lang} (its own {ir.name}):   {computed}",
-                            'the testee refused to load this file\'s IR ({"op": "load"}): '
-                            f"{self.load_refused[ir.name]}",
-                            "rename the schema ([schema] name) or use a testee that loads IR "
-                            "(the Node testee of node_bridge/dist/conformance/testee.js does)",
-                        ],
-                    )
+                fail(
+                    f"the testee checks its own schema {ir.name}, not this file's",
+                    [
+                        f"python (from the IR of {result.file}): {py}",
+                        f"{self.lang} (its own {ir.name}):   {computed}",
+                        'the testee refused to load this file\'s IR ({"op": "load"}): '
+                        f"{self.load_refused[ir.name]}",
+                        "rename the schema ([schema] name) or use a testee that loads IR "
+                        "(the Node testee of node_bridge/dist/conformance/testee.js does)",
+                    ],
                 )
             elif not ok:
-                result.fail(
-                    Failure(
-                        ir.name,
-                        "fingerprint",
-                        "",
-                        "fingerprint",
-                        self.lang if computed == py else "?",
-                        "fingerprints differ",
-                        details=[
-                            f"python (from the IR):       {py}",
-                            f"{self.lang} computed from its IR: {computed}",
-                            f"{self.lang} declared constant:    {declared}",
-                            "regenerate the generated modules (transport-schema compile) "
-                            "and rebuild the testee",
-                        ],
-                    )
+                fail(
+                    "fingerprints differ",
+                    [
+                        f"python (from the IR):       {py}",
+                        f"{self.lang} computed from its IR: {computed}",
+                        f"{self.lang} declared constant:    {declared}",
+                        "regenerate the generated modules (transport-schema compile) "
+                        "and rebuild the testee",
+                    ],
+                    self.lang if computed == py else "?",
                 )
         self.line(ir.name, "fingerprint", py, count)
 
