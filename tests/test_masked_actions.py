@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,3 +294,97 @@ def test_noop_penalty_with_python_worker_processes() -> None:
         result = client.step([MASKED, 0], copy=True)
         assert float(result["reward"][0]) == -0.5
         assert np.array_equal(result["observation"][0], first["observation"][0])
+
+
+INT_REWARD = """\
+[schema]
+name = "intreward"
+version = 1
+
+[env]
+
+[structs.StepResult]
+fields = [
+  { name = "observation", type = "f32[3]", role = "observation" },
+  { name = "reward", type = "i16", role = "reward" },
+  { name = "done", type = "bool", role = "done" },
+  { name = "action_mask", type = "bool[4]", role = "action_mask" },
+]
+
+[structs.StepRequest]
+fields = [{ name = "action", type = "u8", role = "action" }]
+"""
+
+
+@pytest.mark.parametrize("penalty, fits", [(-0.5, False), (40_000, False), (-3, True)])
+def test_a_noop_penalty_an_integer_reward_cannot_hold_is_refused_at_start(
+    tmp_path: Path, penalty: float, fits: bool
+) -> None:
+    """An i16 reward turned a noop's -0.5 into 0 and 40000 into -25536, silently."""
+    path = tmp_path / "intreward.toml"
+    path.write_text(INT_REWARD)
+    schema = transport.load_schema(path)
+
+    class Penalized(ContractEnv):
+        masked_action_penalty = penalty
+
+        def __init__(self) -> None:
+            super().__init__(schema)
+
+    def serve() -> Server:
+        return Server(Penalized, unique_url("unix"), schema=schema, masked_actions="noop")
+
+    if not fits:
+        with pytest.raises(
+            ValueError,
+            match=r"masked_action_penalty = .* does not fit the "
+            r"reward field 'reward' \(i16: whole numbers -32768..32767\)",
+        ):
+            serve()
+        return
+    server = serve()
+    with server.start(), transport.connect(server.bound_url, schema=schema) as client:
+        client.reset(5)
+        assert int(client.step(3, copy=True)["reward"]) == -3  # ContractEnv masks act_n - 1
+
+
+INT_REWARD_JS = """\
+class Penalized {
+  spaces() { return { obsN: 3, actN: 4 }; }
+  reset() { return this.result(0); }
+  step() { return this.result(1); }
+  result(reward) {
+    return { observation: new Float32Array(3), reward, done: false, action_mask: [true, true, true, false] };
+  }
+}
+Penalized.prototype.maskedActionPenalty = PENALTY;
+exports.Penalized = Penalized;
+"""
+
+
+@pytest.mark.parametrize("penalty, fits", [(-0.5, False), (-3, True)])
+def test_the_node_server_refuses_the_same_penalty(
+    tmp_path: Path, penalty: float, fits: bool
+) -> None:
+    require_lang("node")
+    (tmp_path / "intreward.toml").write_text(INT_REWARD)
+    module = tmp_path / "penalized.js"
+    module.write_text(INT_REWARD_JS.replace("PENALTY", repr(penalty)))
+    schema_file = str(tmp_path / "intreward.toml")
+    extra = ["--schema", schema_file, "--masked-actions", "noop"]
+    env = f"{module}:Penalized"
+    if not fits:
+        command = [sys.executable, "-m", "transport.tools.serve_cli", unique_url("unix")]
+        command += ["--env", env, "--lang", "node", *extra]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+        assert (
+            'maskedActionPenalty = -0.5 does not fit the reward field "reward" '
+            "(i16: whole numbers -32768..32767)" in done.stderr
+        )
+        return
+    schema = transport.load_schema(tmp_path / "intreward.toml")
+    with ServerProcess(unique_url("unix"), env=env, lang="node", extra=extra) as server:
+        with transport.connect(server.url, schema=schema) as client:
+            client.reset(5)
+            assert int(client.step(3, copy=True)["reward"]) == -3

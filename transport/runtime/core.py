@@ -78,13 +78,23 @@ def check_masked_actions(policy: str) -> str:
     return policy
 
 
-def penalty_of(env: Any) -> float:
-    """An env's ``masked_action_penalty`` (the reward of a ``noop`` masked action), else 0.0."""
+def penalty_of(env: Any, reward: FieldIR | None = None) -> float:
+    """An env's ``masked_action_penalty`` (the reward of a ``noop`` masked action), else 0.0;
+    with the schema's ``reward`` field, refused unless that field holds it exactly (an integer
+    reward would turn -0.5 into 0)."""
     value = getattr(env, PENALTY_ATTRIBUTE, 0.0)
     try:
-        return float(value)
+        penalty = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{PENALTY_ATTRIBUTE} must be a number, not {value!r}") from None
+    if reward is not None and reward.elem in ACTION_CODES:
+        bounds = np.iinfo(np.dtype(ACTION_CODES[reward.elem]))
+        if not (penalty.is_integer() and bounds.min <= penalty <= bounds.max):
+            raise ValueError(
+                f"{PENALTY_ATTRIBUTE} = {value!r} does not fit the reward field "
+                f"{reward.name!r} ({reward.elem}: whole numbers {bounds.min}..{bounds.max})"
+            )
+    return penalty
 
 
 ACTION_CODES = {

@@ -76,6 +76,8 @@ class EnvHost:
         self.seed = seed
         self.workers = workers  # > 0: each client's envs run in that many worker processes
         self.result = body_codec(schema, "STEP_RESP")
+        # a noop's reward is the env's penalty: checked against the reward field it goes to
+        self._noop_reward = self.result.ir.role("reward") if self.masked_actions == "noop" else None
         self.step_request = body_codec(schema, "STEP_REQ")
         action = self.step_request.ir.role("action")
         if action is None:
@@ -165,7 +167,7 @@ class EnvHost:
             ) from exc
         try:
             self._spaces = spaces_of(env)
-            self._penalty = penalty_of(env)
+            self._penalty = penalty_of(env, self._noop_reward)
         except Exception as exc:
             if self._shared is None:
                 close_env(env)
@@ -283,13 +285,13 @@ class EnvHost:
             if self._penalty is None:
                 assert self.factory is not None
                 env = self.factory()
-                self._penalty = penalty_of(env)
+                self._penalty = penalty_of(env, self._noop_reward)
                 close_env(env)
             penalties = [self._penalty] * self.num_envs
         elif self.masked_actions == "noop" and not self.vector:
-            penalties = [penalty_of(env) for env in envs]
+            penalties = [penalty_of(env, self._noop_reward) for env in envs]
         elif self.masked_actions == "noop":  # a vector env: one penalty for its N envs
-            penalties = [penalty_of(envs[0])] * self.num_envs
+            penalties = [penalty_of(envs[0], self._noop_reward)] * self.num_envs
         runtime = EnvRuntime(
             runner,
             seats=self.seats,

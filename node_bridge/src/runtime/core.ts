@@ -570,7 +570,34 @@ const WRITERS: Readonly<Record<string, Writer>> = {
   u16: (dv, at, v) => dv.setUint16(at, v, true),
   i32: (dv, at, v) => dv.setInt32(at, v, true),
   u32: (dv, at, v) => dv.setUint32(at, v, true),
+  i64: (dv, at, v) => dv.setBigInt64(at, BigInt(v), true),
+  u64: (dv, at, v) => dv.setBigUint64(at, BigInt(v), true),
 };
+
+/** The whole numbers an integer reward field holds: a noop penalty outside them (or not whole) is refused. */
+const INTEGER_BOUNDS: Readonly<Record<string, readonly [bigint, bigint]>> = {
+  i8: [-(2n ** 7n), 2n ** 7n - 1n],
+  u8: [0n, 2n ** 8n - 1n],
+  i16: [-(2n ** 15n), 2n ** 15n - 1n],
+  u16: [0n, 2n ** 16n - 1n],
+  i32: [-(2n ** 31n), 2n ** 31n - 1n],
+  u32: [0n, 2n ** 32n - 1n],
+  i64: [-(2n ** 63n), 2n ** 63n - 1n],
+  u64: [0n, 2n ** 64n - 1n],
+};
+
+/** Refuse a noop penalty the reward field cannot hold exactly (an i16 reward turned -0.5 into 0). Python: `penalty_of`. */
+function checkPenalties(penalties: readonly number[], name: string, type: string): void {
+  const bounds = INTEGER_BOUNDS[type];
+  if (bounds === undefined) return;
+  for (const penalty of penalties) {
+    if (!Number.isInteger(penalty) || BigInt(penalty) < bounds[0] || BigInt(penalty) > bounds[1]) {
+      throw new TransportError(
+        `maskedActionPenalty = ${penalty} does not fit the reward field "${name}" (${type}: whole numbers ${bounds[0]}..${bounds[1]})`,
+      );
+    }
+  }
+}
 
 /** N envs of one client: the checks, seeds, auto-reset, finals, recovery, seats, OBSERVE. */
 export class EnvRuntime {
@@ -658,6 +685,7 @@ export class EnvRuntime {
     this.#penalties = options.penalties ?? [];
     const rewardField = fieldWithRole(schema, this.result.name, "reward");
     const write = rewardField && rewardField.count === 1 ? WRITERS[elementType(schema, rewardField)] : undefined;
+    if (rewardField && this.maskedActions === "noop") checkPenalties(this.#penalties, rewardField.name, elementType(schema, rewardField));
     this.#reward = rewardField && write ? { name: rewardField.name, at: rewardField.offset, write } : null;
     this.#noop = new Uint8Array(n);
     this.watchdog = ProgressWatchdog.of(schema, n);
@@ -1033,7 +1061,10 @@ export class EnvRuntime {
     const columns = out.resultColumns;
     if (reward !== null && columns !== undefined && columns !== null && columns === this.runner.columns) {
       // the results are the env's columns (an adopted shm column region)
-      (columns.columns[reward.name] as Float64Array)[index] = this.#penalties[index] ?? 0;
+      const column = columns.columns[reward.name];
+      const penalty = this.#penalties[index] ?? 0;
+      if (column instanceof BigInt64Array || column instanceof BigUint64Array) column[index] = BigInt(penalty);
+      else (column as Float64Array)[index] = penalty;
     } else if (reward !== null) {
       const bytes = out.bytes;
       const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
