@@ -16,7 +16,7 @@ import pytest
 from gymnasium import spaces
 
 import transport.api as api
-from transport.client import describe_action_space
+from transport.actions import describe_action_space
 from transport.errors import ActionError, RemoteError
 from transport.gym import RemoteEnv
 from transport.gym_schema import schema_of_spaces

@@ -18,8 +18,8 @@ import socket
 import numpy as np
 import pytest
 
+from transport.actions import ActionShapes
 from transport.backends.stream import FramedSocket
-from transport.client import ActionShapes
 from transport.envs.vector_echo import VectorEchoEnv
 from transport.generated import pac_env
 from transport.protocol import AutoReset, ErrorCode

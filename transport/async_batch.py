@@ -22,7 +22,7 @@ from transport.protocol import body_codec, split_recv_tail
 from transport.step_view import StepView, copy_records
 
 if TYPE_CHECKING:
-    from transport.client import ActionShapes
+    from transport.actions import ActionShapes
 
 Exchange = Callable[[int, Any, int], memoryview]
 """The client's one request: (message type, body, expected response type) -> response body."""

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from transport.client import Client, describe_action_space, describe_given
+from transport.actions import describe_action_space, describe_given
+from transport.client import Client
 from transport.errors import ActionError, AdapterError, TransportError
 from transport.multi import MultiClient
 from transport.protocol import body_codec

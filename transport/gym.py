@@ -29,8 +29,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from transport.actions import describe_given
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, Client, describe_given
+from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
 from transport.errors import ActionError, AdapterError, NoProgressError, RemoteError
 from transport.protocol import ErrorCode

@@ -22,8 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from transport.actions import ActionShapes
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, ActionShapes, Client, resolve_schema, seeds_body
+from transport.client import DEFAULT_TIMEOUT, Client, resolve_schema, seeds_body
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import (

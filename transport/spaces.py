@@ -300,7 +300,7 @@ def observation_of(
 
 def actions_of(actions: Any, field: FieldIR, num_envs: int | None = None) -> Any:
     """An adapter's action(s) for ``Client.step``: what the caller gave, unchanged. The
-    client's one rule (``transport.client.ActionShapes``, docs/client.md "Actions") takes it or
+    client's one rule (``transport.actions.ActionShapes``, docs/client.md "Actions") takes it or
     raises ``ActionError`` naming the space; nothing is reshaped here, so an array of another
     shape (transposed, flat, a wrong count) is refused rather than redistributed among envs.
 

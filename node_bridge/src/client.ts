@@ -248,7 +248,7 @@ export function seedsBody(schema: SchemaModule, seeds: ReadonlyArray<bigint | nu
 
 export { ActionError };
 
-// -- actions: the one rule for what step's argument means (Python: transport.client.ActionShapes)
+// -- actions: the one rule for what step's argument means (Python: transport.actions.ActionShapes)
 
 const NUMPY_NAMES: Readonly<Record<string, string>> = {
   i8: "int8",
@@ -363,7 +363,7 @@ function describedSpace(desc: Record<string, unknown>): string | null {
  * `MultiDiscrete([3, 4, 5])` or `Box(-1.0, 1.0, (2,), float32)`; `actN` null: `Discrete(?)`. A
  * schema derived from gymnasium spaces that carries their description (`GymSpaces`) is named by
  * it: an integer Box stays a Box (`Box(-5, 5, (2,), int16)`), not the MultiDiscrete its i32 field
- * alone would say. Python: `transport.client.describe_action_space`.
+ * alone would say. Python: `transport.actions.describe_action_space`.
  */
 export function describeActionSpace(schema: SchemaModule, actN: number | null): string {
   const body = schema.messages["STEP_REQ"]?.body;

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from transport.client import ActionShapes, describe_action_space
+from transport.actions import ActionShapes, describe_action_space
 from transport.errors import (
     ConnectError,
     PeerGoneError,

@@ -1,7 +1,7 @@
 """Contract checks of call shapes (issue 22 item 3): one call, one answer, on every backend.
 
 What ``client.step(x)`` means is decided by the client before any bytes move
-(``transport.client.ActionShapes``): an argument of one env's action shape S is one action (a
+(``transport.actions.ActionShapes``): an argument of one env's action shape S is one action (a
 1-env server answers without an env axis), one of shape (N, *S) is one action per env (a leading
 env axis of N, N = 1 included), anything else is ``ActionError`` naming the action space, what
 was given and what to pass. ``shape_matrix`` runs every case of ``SHAPE_CASES`` against a
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from transport.client import Client, describe_action_space, describe_given
+from transport.actions import describe_action_space, describe_given
+from transport.client import Client
 from transport.errors import ActionError, RemoteError
 from transport.protocol import body_codec
 from transport.testing.checks import SEATS_ENVS, CheckContext, _check
