@@ -15,7 +15,7 @@
  */
 
 import { createHash } from "node:crypto";
-import type { SchemaModule } from "../codec";
+import type { AnyStructCodec, SchemaModule } from "../codec";
 import {
   ChannelClosedError,
   ChannelError,
@@ -88,9 +88,16 @@ export class Ring {
   readonly recordsOffset: number;
   readonly wait: WaitPolicy;
   readonly mask: bigint;
+  /** The record struct's codec (what `Producer.push` encodes record values with). */
+  readonly record: AnyStructCodec;
+  /** The record struct's field names, in declaration order. */
+  readonly recordFields: readonly string[];
 
-  private constructor(segment: Segment, recordSize: number, wait: WaitPolicy) {
+  private constructor(segment: Segment, schema: SchemaModule, struct: string, wait: WaitPolicy) {
     this.segment = segment;
+    this.record = schema.structs[struct]!;
+    this.recordFields = (schema.ir.structs[struct]?.fields ?? []).map((f) => f.name);
+    const recordSize = this.record.size;
     const dv = segment.dv;
     this.capacity = dv.getUint32(R["capacity"]!, true);
     this.recordSize = dv.getUint32(R["record_size"]!, true);
@@ -131,7 +138,7 @@ export class Ring {
       dv.setBigUint64(R["seqs_offset"]!, BigInt(seqs), true);
       dv.setBigUint64(R["records_offset"]!, BigInt(records), true);
     });
-    return new Ring(seg, codec.size, options.wait ?? FUTEX);
+    return new Ring(seg, schema, struct, options.wait ?? FUTEX);
   }
 
   static open(name: string, schema: SchemaModule, struct: string, timeoutMs = 10_000, wait: WaitPolicy = FUTEX): Ring {
@@ -139,7 +146,7 @@ export class Ring {
     if (codec === undefined) throw new RangeError(`schema ${schema.name} has no struct ${struct}`);
     const seg = Segment.open("ring", name, recordFingerprint(schema, struct), timeoutMs);
     try {
-      return new Ring(seg, codec.size, wait);
+      return new Ring(seg, schema, struct, wait);
     } catch (error) {
       seg.close();
       throw error;
@@ -253,6 +260,41 @@ function raiseFor(rc: number, ring: Ring, what: string, peer: string, timeoutMs:
   if (rc === WAIT_DEAD) throw new PeerDiedError(`${ring.segment.path}: ${what}: the ${peer} died`);
   if (rc === WAIT_CLOSED) throw new ChannelClosedError(`${ring.segment.path}: ${what}: the ${peer} closed the ring`);
   throw new ChannelError(`${ring.segment.path}: ${what} failed (${rc})`);
+}
+
+/** A short description of a value's type for an error message (Python: ring.py `_describe`). */
+function describe(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return `an array of ${value.length} items`;
+  if (value instanceof Uint8Array) return `a Uint8Array of ${value.byteLength} bytes`;
+  if (ArrayBuffer.isView(value)) {
+    const n = (value as { length?: number }).length;
+    return `a ${value.constructor.name} of ${n ?? value.byteLength} ${n === undefined ? "bytes" : "elements"}`;
+  }
+  if (typeof value === "object") return `an object (${value.constructor?.name ?? "no prototype"})`;
+  return typeof value;
+}
+
+/** The record struct as an error message names it: "a 48-byte struct (obs, action, ...)". */
+function describeRecord(ring: Ring): string {
+  const names = ring.recordFields;
+  return `a ${ring.recordSize}-byte struct (${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""})`;
+}
+
+/** Why `records` is not a push's input (null: it is): an array of record objects, or a
+ * Uint8Array of whole records. Checks the input's type only, never a record's values. */
+function pushMismatch(records: unknown, size: number): string | null {
+  if (records instanceof Uint8Array) {
+    return records.byteLength % size === 0 ? null : `${describe(records)}, not a multiple of ${size}`;
+  }
+  if (!Array.isArray(records)) return describe(records);
+  for (let i = 0; i < records.length; i++) {
+    const item: unknown = records[i];
+    if (typeof item !== "object" || item === null || Array.isArray(item) || ArrayBuffer.isView(item)) {
+      return `${describe(records)}, item ${i} of which is ${describe(item)}`;
+    }
+  }
+  return null;
 }
 
 /** A reservation: records [first, first + count), at byte `offset` of `ring.segment.bytes`. */
@@ -453,6 +495,63 @@ export class Producer {
       if (performance.now() >= deadline) return false;
       Atomics.wait(PAUSE, 0, 0, 0.5);
     }
+  }
+
+  /** Copy records in, in as few reservations as possible (each reserved, filled, committed);
+   * returns the first one's index (-1n for no records). `records` is either an array of record
+   * values, each encoded with the ring's struct codec (`ring.record.encodeInto`: validated,
+   * canonical bytes), or a Uint8Array of whole records (`count * ring.recordSize` bytes, copied
+   * as they are, like Python's push of a NumPy array of the record dtype). Anything else (another
+   * typed array, a single record object, an array with an item that is not an object, a byte
+   * length that is not a multiple of the record size) is a ChannelMismatchError before a record
+   * is reserved. `timeoutMs` bounds each wait for room. An error while copying (a record the
+   * codec refuses: CodecError) gives that reservation back (`abort`) before it propagates, so
+   * nothing half-written is published; records of earlier reservations of the same push stay
+   * published. (transport/channels/ring.py `Producer.push`.) */
+  push(records: Uint8Array | readonly unknown[], timeoutMs = Infinity): bigint {
+    const ring = this.ring;
+    const size = ring.recordSize;
+    const why = pushMismatch(records, size);
+    if (why !== null) {
+      throw new ChannelMismatchError(
+        `${ring.segment.path}: push takes an array of ${ring.record.name} records or a Uint8Array ` +
+          `of whole ones (${describeRecord(ring)}), got ${why}`,
+      );
+    }
+    const bytes = records instanceof Uint8Array ? records : null;
+    const total = bytes !== null ? bytes.byteLength / size : records.length;
+    let first = -1n;
+    let done = 0;
+    while (done < total) {
+      const r = this.reserve(total - done, timeoutMs);
+      try {
+        const out = ring.segment.bytes;
+        if (bytes !== null) {
+          out.set(bytes.subarray(done * size, (done + r.count) * size), r.offset);
+        } else {
+          const values = records as readonly unknown[];
+          for (let i = 0; i < r.count; i++) ring.record.encodeInto(values[done + i], out, r.offset + i * size);
+        }
+      } catch (error) {
+        try {
+          this.giveBack(timeoutMs);
+        } catch {
+          // the copy's error is the one to report
+        }
+        throw error;
+      }
+      const index = this.commit();
+      if (first < 0n) first = index;
+      done += r.count;
+    }
+    return first;
+  }
+
+  /** How many records this producer's entry has committed since it attached (the entry's
+   * `committed` counter). (transport/channels/ring.py `Producer.committed`.) */
+  get committed(): bigint {
+    this.requireOpen("committed");
+    return this.ring.load64(this.ring.entryOffset(this.index) + E["committed"]!);
   }
 
   /** ChannelClosedError once this producer or its ring was closed by this process. */
