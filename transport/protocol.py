@@ -379,7 +379,10 @@ def schema_from_ir_text(text: Any, announced: int, *, peer: str) -> Schema:
             local=ir.fingerprint,
             remote=announced,
         )
-    return Schema(ir)
+    try:
+        return Schema(ir)
+    except (ValueError, KeyError, TypeError) as exc:  # codecs NumPy cannot lay out
+        raise ProtocolError(f"{peer} sent a schema IR that does not load: {exc}") from exc
 
 
 def mismatch_text(server_name: str, server_fp: int, client_name: str, client_fp: int) -> str:

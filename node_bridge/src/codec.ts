@@ -1131,10 +1131,10 @@ function checkFieldTypes(ir: SchemaJson): void {
 }
 
 /**
- * Python's rule when it makes codecs of an IR (its NumPy dtypes), checked after the fingerprint:
- * every field lies inside its struct, at an offset >= 0 and ending (offset + element size *
- * count) at or before the struct's size. (A field past the end would write into the next record,
- * or past the buffer.)
+ * Python's rule when it makes codecs of an IR (its NumPy dtypes; `_check_extents`), checked
+ * after the fingerprint: every field lies inside its struct, at an offset >= 0 and ending
+ * (offset + element size * count) at or before the struct's size (a field past the end would
+ * write into the next record, or past the buffer); every struct [env] names is one of the IR's.
  */
 function checkFieldExtents(ir: SchemaJson): void {
   for (const [name, struct] of Object.entries(ir.structs)) {
@@ -1147,6 +1147,14 @@ function checkFieldExtents(ir: SchemaJson): void {
             `${where}, outside struct ${name} of ${struct.size} bytes`,
         );
       }
+    }
+  }
+  const env = ir.env;
+  if (env === undefined || env === null) return;
+  for (const role of ["result", "request", "multi_request", "multi_result"] as const) {
+    const named = env[role];
+    if (typeof named !== "string" || ownEntry(ir.structs, named) === undefined) {
+      throw new SchemaError(`IR of ${ir.name}: [env] ${role} names struct ${String(named)}, which this IR lacks`);
     }
   }
 }

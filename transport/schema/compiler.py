@@ -6,6 +6,7 @@ field. The file format is documented in ``docs/schema.md``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -111,9 +112,35 @@ one that keeps growing (``/dev/zero`` through a link), is refused before it exha
 
 
 def load_schema(path: str | Path) -> SchemaIR:
-    """Parse and validate a schema file, returning its layout IR."""
+    """Parse and validate a schema file, returning its layout IR: TOML, or a compiled IR
+    (``.json``, what ``transport-schema inspect --json`` prints; the Node loader takes both)."""
     path = Path(path)
-    return compile_schema(_read(path), str(path))
+    text = _read(path)
+    if path.suffix.lower() == ".json":
+        return _ir_of_json(text, path)
+    return compile_schema(text, str(path))
+
+
+def _ir_of_json(text: str, path: Path) -> SchemaIR:
+    """A compiled IR file, refused unless it loads and hashes to the fingerprint it names."""
+    where = _short_path(path)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SchemaError(f"not JSON: {exc}", file=where) from None
+    if not isinstance(data, dict) or not isinstance(data.get("structs"), dict):
+        raise SchemaError(
+            "not a schema IR: a JSON object (transport-schema inspect --json) was expected",
+            file=where,
+        )
+    if "fingerprint" not in data:
+        raise SchemaError(f"IR of {data.get('name')} names no fingerprint", file=where)
+    try:
+        return ir_from_json(data)
+    except KeyError as exc:
+        raise SchemaError(f"IR of {data.get('name')} lacks {exc}", file=where) from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise SchemaError(str(exc), file=where) from None
 
 
 def _kind(mode: int) -> str:

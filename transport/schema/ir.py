@@ -430,6 +430,27 @@ def _bound_from_json(raw: Any) -> Bound | None:
     return tuple(str(v) for v in raw)
 
 
+def _check_extents(ir: SchemaIR) -> None:
+    """Every field inside its struct (a field past the end would write into the next record),
+    and every struct [env] names one of the IR's (node_bridge/src/codec.ts: the same words)."""
+    for struct in ir.structs.values():
+        for f in struct.fields:
+            end = f.offset + f.elem_size * f.count
+            if f.offset < 0 or end > struct.size:
+                where = "starts before byte 0" if f.offset < 0 else f"ends at byte {end}"
+                raise ValueError(
+                    f"IR of {ir.name}: field {struct.name}.{f.name} ({f.type} at offset "
+                    f"{f.offset}) {where}, outside struct {struct.name} of {struct.size} bytes"
+                )
+    if ir.env is not None:
+        for role in ("result", "request", "multi_request", "multi_result"):
+            named = getattr(ir.env, role)
+            if named not in ir.structs:
+                raise ValueError(
+                    f"IR of {ir.name}: [env] {role} names struct {named}, which this IR lacks"
+                )
+
+
 def ir_from_json(data: dict[str, Any]) -> SchemaIR:
     """Rebuild the IR from its JSON form (as embedded in generated modules); checks the hash."""
     enums = {
@@ -447,10 +468,15 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
             if elem in SCALARS:
                 kind = "bool" if elem == "bool" else "float" if elem[0] == "f" else "int"
                 elem_size = SCALARS[elem]
-            elif elem in enums:
+            elif elem in enums and enums[elem].type in SCALARS:
                 kind, elem_size = "enum", SCALARS[enums[elem].type]
-            else:
+            elif elem in sizes:
                 kind, elem_size = "struct", sizes[elem]
+            else:
+                raise ValueError(
+                    f"IR of {data['name']}: field {name}.{f['name']} has type "
+                    f"{json.dumps(type_str)}, not a scalar type, an enum or a struct of this IR"
+                )
             fields.append(
                 FieldIR(
                     f["name"],
@@ -498,4 +524,5 @@ def ir_from_json(data: dict[str, Any]) -> SchemaIR:
             f"IR of {ir.name} has fingerprint {data['fingerprint']} but hashes to "
             f"{ir.fingerprint_hex}"
         )
+    _check_extents(ir)
     return ir

@@ -95,6 +95,11 @@ describe("a compiled IR is checked as Python's loader checks it", () => {
     refused("negative_offset", edited((d) => void (field(d, "StepResult", "reward").offset = -4)), /field StepResult\.reward \(f32 at offset -4\) starts before byte 0/);
   });
 
+  test("an [env] naming a struct the IR lacks", () => {
+    const ir = edited((d) => void ((d.env as { result: string }).result = "Missing"));
+    refused("env_missing", ir, /^IR of pac_env: \[env\] result names struct Missing, which this IR lacks$/);
+  });
+
   test("what is not an IR: a JSON array, an IR without its enums table", () => {
     refused("array", [], /^not a schema IR: a JSON object/);
     refused("no_enums", edited((d) => void delete (d as Partial<Mutable>).enums, true), /^IR of pac_env: "enums" is not a table$/);
