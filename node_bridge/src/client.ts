@@ -52,6 +52,7 @@ import {
 } from "./protocol";
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import { type ActionType, actionTypeOf, elementType, writeAction } from "./runtime/core";
+import { gymDescription } from "./gym_description";
 import { fieldDims } from "./ir";
 import type { Channel, ChannelRecords, Final } from "./stream";
 
@@ -290,35 +291,6 @@ function boundText(values: number[] | null, fallback: number): string {
 function multiDiscreteText(nvec: readonly number[], start: readonly number[]): string {
   const starts = start.some((v) => v !== 0) ? `, start=[${start.map((v) => String(Math.trunc(v))).join(", ")}]` : "";
   return `MultiDiscrete([${nvec.map((n) => String(Math.trunc(n))).join(", ")}]${starts})`;
-}
-
-/** The enum of a gymnasium-derived schema that packs the spaces' description (Python: `transport.spaces.GYM_SPACES_ENUM`). */
-const GYM_SPACES_ENUM = "GymSpaces";
-
-/**
- * The gymnasium spaces' description a derived schema packs in its `GymSpaces` enum (two bytes
- * of its JSON text per value, value i's high half i; Python: `transport.spaces.gym_description_of`),
- * or null (none, or unreadable).
- */
-function gymDescription(schema: SchemaModule): Record<string, unknown> | null {
-  const values = schema.ir.enums[GYM_SPACES_ENUM]?.values;
-  if (values === undefined) return null;
-  const packed = Object.values(values)
-    .map(Number)
-    .sort((a, b) => a - b);
-  const bytes: number[] = [];
-  for (let i = 0; i < packed.length; i++) {
-    const value = packed[i] as number;
-    if (Math.floor(value / 65536) !== i) return null;
-    bytes.push((value >> 8) & 0xff, value & 0xff);
-  }
-  try {
-    const found: unknown = JSON.parse(Buffer.from(bytes).toString("ascii"));
-    if (typeof found !== "object" || found === null || (found as Record<string, unknown>)["version"] !== 1) return null;
-    return found as Record<string, unknown>;
-  } catch {
-    return null;
-  }
 }
 
 /** A bound of a description ("inf" / "-inf" for the infinite ones; one value, or the flat list). */

@@ -9,6 +9,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from transport.codec import Schema
+from transport.errors import AdapterError
+
 StepOutput = Mapping[str, Any] | np.ndarray
 """What an env returns from reset/step: field values by name, or a record of the codec's dtype."""
 
@@ -149,6 +152,28 @@ def spaces_of(env: Any) -> Spaces:
             f"of discrete actions or the action's element count)"
         )
     return spaces
+
+
+def check_declared_action(spaces: Spaces, schema: Schema) -> None:
+    """An env's ``act_n`` against the Discrete action a schema derived from gymnasium spaces
+    declares (``GymSpaces``): the runtime checks actions against ``0..act_n - 1`` while clients
+    describe the schema's space, so an env saying 9 for a Discrete(2) schema took action 5.
+    node_bridge/src/runtime/env.ts ``checkDeclaredAction``: the same rule and words."""
+    from transport.spaces import gym_description_of  # the schema's enum read; no gymnasium
+
+    try:
+        described = gym_description_of(schema)
+    except AdapterError:
+        return  # not readable: the clients cannot describe it either
+    action = described.get("action") if described is not None else None
+    if not isinstance(action, dict) or action.get("type") != "discrete":
+        return
+    n = int(action.get("n", -1))
+    if n != spaces.act_n:
+        raise ValueError(
+            f"the env's spaces() say act_n={spaces.act_n}, but schema {schema.name} declares the "
+            f"action Discrete({n}): return act_n={n} (actions are checked against 0..act_n - 1)"
+        )
 
 
 def _short(value: object) -> str:

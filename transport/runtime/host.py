@@ -34,6 +34,7 @@ from transport.runtime.env import (
     EnvFactory,
     Served,
     Spaces,
+    check_declared_action,
     close_env,
     is_vector_env,
     repeated_env_error,
@@ -167,6 +168,7 @@ class EnvHost:
             ) from exc
         try:
             self._spaces = spaces_of(env)
+            check_declared_action(self._spaces, self.schema)
             self._penalty = penalty_of(env, self._noop_reward)
         except Exception as exc:
             if self._shared is None:

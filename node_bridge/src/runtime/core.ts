@@ -25,7 +25,7 @@ import type { AnyStructCodec, SchemaModule } from "../codec";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
-import { type Action, type Column, type RunnerColumns, type Spaces, checkedSpaces } from "./env";
+import { type Action, type Column, type RunnerColumns, type Spaces, checkDeclaredAction, checkedSpaces } from "./env";
 
 /**
  * The NOT_RESET of a step of env `index` before its first reset (the runtime's check, and the shm
@@ -658,6 +658,7 @@ export class EnvRuntime {
     this.firstSeed = seed === undefined || seed === null ? null : BigInt(seed);
     this.result = bodyCodec(schema, "STEP_RESP");
     this.spaces = checkedSpaces(runner.spaces());
+    checkDeclaredAction(this.spaces, schema);
     const n = this.numEnvs;
     // as in Python, the mask is checked for actions below its length (normally act_n)
     this.actionRule = new ActionRule(schema);

@@ -4,6 +4,9 @@
  * generated `<Struct>Input` type); the runtime encodes them with the generated codec.
  */
 
+import type { SchemaModule } from "../codec";
+import { gymDescription } from "../gym_description";
+
 /** Observation length and number of discrete actions. */
 export interface Spaces {
   readonly obsN: number;
@@ -255,6 +258,26 @@ export function checkedSpaces(spaces: unknown): Spaces {
     `the env's spaces() returned ${shown}, not { obsN, actN }: return { obsN: <the observation ` +
       "length>, actN: <the number of discrete actions, or the action's element count> } (integers >= 0)",
   );
+}
+
+/**
+ * An env's `actN` against the Discrete action a schema derived from gymnasium spaces declares
+ * (`GymSpaces`): the runtime checks actions against 0..actN - 1 while clients describe the
+ * schema's space, so an env saying 9 for a Discrete(2) schema took action 5. Python:
+ * `check_declared_action`, the same rule and words.
+ */
+export function checkDeclaredAction(spaces: Spaces, schema: SchemaModule): void {
+  const action = gymDescription(schema)?.["action"];
+  if (typeof action !== "object" || action === null) return;
+  const described = action as Record<string, unknown>;
+  if (described["type"] !== "discrete") return;
+  const n = Number(described["n"] ?? -1);
+  if (n !== spaces.actN) {
+    throw new TypeError(
+      `the env's spaces() say actN=${spaces.actN}, but schema ${schema.ir.name} declares the action Discrete(${n}): ` +
+        `return actN=${n} (actions are checked against 0..actN - 1)`,
+    );
+  }
 }
 
 /** A Promise or another thenable: what an `async` env method returns instead of its result. */
