@@ -29,6 +29,7 @@ from transport.errors import (
     PeerGoneError,
     ProtocolError,
     RegionMismatchError,
+    RemoteError,
     TransportError,
     TransportTimeoutError,
 )
@@ -38,6 +39,7 @@ from transport.protocol import (
     SCHEMA_IR_KEY,
     SCHEMA_NAME_KEY,
     AutoReset,
+    ErrorCode,
     MessageIds,
     body_codec,
     check_hello,
@@ -98,6 +100,20 @@ def hint_for(exc: TransportError) -> str | None:
         if isinstance(exc, kind):
             return hint
     return None
+
+
+def session_error(body: Any) -> TransportError:
+    """The server's ERROR answering a request of an open session. HELLO_REQUIRED there means
+    the server no longer knows the session (a new server on the same URL, or an idle zmq
+    session it dropped): ``PeerGoneError``, as a closed connection is, not a request to send a
+    HELLO the caller never sends. Node: ``sessionError``."""
+    error = decode_error(body)
+    if isinstance(error, RemoteError) and error.code == ErrorCode.HELLO_REQUIRED:
+        return PeerGoneError(
+            "the server no longer knows this client's session (a server restarted on this URL, "
+            f"or one that dropped the session): {error}"
+        )
+    return error
 
 
 def explain(exc: TransportError, url: str) -> TransportError:
@@ -478,7 +494,7 @@ class Client:
     def _unexpected(self, resp_type: int, resp: memoryview, expect: int) -> None:
         """A response other than the one asked for: the server's ERROR as its typed error."""
         if resp_type == self.ids.ERROR:
-            raise decode_error(resp)
+            raise explain(session_error(resp), self.url)
         raise explain(
             ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}"), self.url
         )

@@ -24,14 +24,20 @@ import numpy as np
 
 from transport.actions import ActionShapes
 from transport.api import connect
-from transport.client import DEFAULT_TIMEOUT, Client, resolve_schema, seeds_body
+from transport.client import (
+    DEFAULT_TIMEOUT,
+    Client,
+    explain,
+    resolve_schema,
+    seeds_body,
+    session_error,
+)
 from transport.codec import Schema
 from transport.errors import ProtocolError, RemoteError, TransportError
 from transport.protocol import (
     BODY_OFFSET,
     DEFAULT_MAX_BODY,
     body_codec,
-    decode_error,
     reset_seed,
 )
 from transport.runtime.env import Spaces
@@ -347,7 +353,7 @@ class MultiClient:
         part = self.parts[k]
         ids = part.client.ids
         if resp_type == ids.ERROR:
-            raise decode_error(resp)
+            raise explain(session_error(resp), part.client.url)
         if resp_type != expect:
             raise ProtocolError(f"expected msg_type 0x{expect:02X}, got 0x{resp_type:02X}")
         channel = part.client.channel

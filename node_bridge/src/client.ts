@@ -23,6 +23,7 @@ import {
   PeerGoneError,
   ProtocolError,
   RegionMismatchError,
+  RemoteError,
   TransportError,
   TransportTimeoutError,
 } from "./errors";
@@ -33,6 +34,7 @@ import {
   type AutoResetName,
   BODY_OFFSET,
   DEFAULT_MAX_BODY,
+  ErrorCode,
   type MessageIds,
   MESSAGE_IDS,
   SCHEMA_IR_KEY,
@@ -143,6 +145,22 @@ export function hintFor(error: TransportError): string | null {
   }
   for (const [kind, hint] of HINTS) if (error instanceof kind) return hint;
   return null;
+}
+
+/**
+ * The server's ERROR answering a request of an open session. HELLO_REQUIRED there means the
+ * server no longer knows the session (a new server on the same URL, or an idle zmq session it
+ * dropped): a PeerGoneError, as a closed connection is, not a request to send a HELLO the caller
+ * never sends. Python: `session_error`.
+ */
+export function sessionError(body: Uint8Array): TransportError {
+  const error = decodeError(body);
+  if (error instanceof RemoteError && error.code === ErrorCode.HELLO_REQUIRED) {
+    return new PeerGoneError(
+      `the server no longer knows this client's session (a server restarted on this URL, or one that dropped the session): ${error.message}`,
+    );
+  }
+  return error;
 }
 
 /**
@@ -860,7 +878,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       throw explain(error, this.url);
     }
     const resp = channel.buffer.subarray(BODY_OFFSET, BODY_OFFSET + channel.bodyLength);
-    if (type === this.ids.ERROR) throw decodeError(resp);
+    if (type === this.ids.ERROR) throw explain(sessionError(resp), this.url);
     if (type !== expect) {
       throw explain(new ProtocolError(`expected msg_type 0x${hex(expect)}, got 0x${hex(type)}`), this.url);
     }
