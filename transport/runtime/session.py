@@ -153,6 +153,14 @@ class Session:
         """Close the session's envs (stop its worker processes) now instead of when it is
         collected; once."""
         self._close()
+        # the handler tables hold bound methods (of this session and of its async handlers):
+        # without them the session, its buffers and their memfd mappings (worker pools) go
+        # when the listener drops it, not at the next cyclic collection
+        self._handlers.clear()
+        self._other.clear()
+        if self._async is not None:
+            self._async.handlers.clear()
+            self._async = None
 
     def handle(self, msg_type: int, body: memoryview) -> tuple[int, memoryview]:
         """Answer one request: (response msg_type, response body).
