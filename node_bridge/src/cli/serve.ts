@@ -569,6 +569,15 @@ async function main(argv: readonly string[]): Promise<number> {
     };
     process.on("SIGINT", stop);
     process.on("SIGTERM", stop);
+    // an error thrown outside any request (an env's timer or a promise it did not await) is
+    // logged and serving goes on, as a Python server logs an exception of an env's own thread:
+    // one env's stray callback does not end every client's session
+    const escaped = (error: unknown): void => {
+      const text = error instanceof Error ? (error.stack ?? String(error)) : String(error);
+      process.stderr.write(`${PROG}: an error escaped the env code outside a request (serving goes on): ${text}\n`);
+    };
+    process.on("uncaughtException", escaped);
+    process.on("unhandledRejection", escaped);
     // an shm:// server whose region another process changed stops on its own: exit 1, saying why
     onShmServerStopped((reason) => {
       process.stderr.write(`${PROG}: error: ${reason}\n`);
