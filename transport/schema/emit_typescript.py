@@ -124,7 +124,8 @@ def emit_typescript_index(schema_names: list[str], runtime: str = IN_TREE_RUNTIM
             raise ValueError(f"schema name {name!r} cannot be a TypeScript module namespace")
     lines = [_header("from the schemas " + ", ".join(names) if names else "with no schemas")]
     lines.append(f'import type {{ SchemaModule }} from "{runtime}/codec";')
-    lines += [f'import * as {name} from "./{name}";' for name in names]
+    # with its .js extension: resolved to the .ts file by every module setting, ESM (nodenext) too
+    lines += [f'import * as {name} from "./{name}.js";' for name in names]
     lines.append("")
     lines.append(f"export {{ {', '.join(names)} }};" if names else "export {};")
     lines.append("")

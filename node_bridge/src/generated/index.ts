@@ -2,18 +2,18 @@
 // Do not edit: change the schema and run `transport-schema compile` again.
 
 import type { SchemaModule } from "../codec";
-import * as channels from "./channels";
-import * as dictbox from "./dictbox";
-import * as experience from "./experience";
-import * as frames from "./frames";
-import * as gridworld from "./gridworld";
-import * as image_columns from "./image_columns";
-import * as mahjong_env from "./mahjong_env";
-import * as multidiscrete from "./multidiscrete";
-import * as pac_env from "./pac_env";
-import * as pac_shm from "./pac_shm";
-import * as protocol from "./protocol";
-import * as tetris from "./tetris";
+import * as channels from "./channels.js";
+import * as dictbox from "./dictbox.js";
+import * as experience from "./experience.js";
+import * as frames from "./frames.js";
+import * as gridworld from "./gridworld.js";
+import * as image_columns from "./image_columns.js";
+import * as mahjong_env from "./mahjong_env.js";
+import * as multidiscrete from "./multidiscrete.js";
+import * as pac_env from "./pac_env.js";
+import * as pac_shm from "./pac_shm.js";
+import * as protocol from "./protocol.js";
+import * as tetris from "./tetris.js";
 
 export { channels, dictbox, experience, frames, gridworld, image_columns, mahjong_env, multidiscrete, pac_env, pac_shm, protocol, tetris };
 
