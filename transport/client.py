@@ -122,7 +122,8 @@ def explain(exc: TransportError, url: str) -> TransportError:
     text = str(exc)
     hint = hint_for(exc)
     if hint is not None and hint not in text:
-        named = text if url in text else f"{url}: {text}"
+        # a channel's text may name the URL without its query (shm://name, not ?num_envs=4)
+        named = text if url.split("?", 1)[0] in text else f"{url}: {text}"
         exc.args = (f"{named} ({hint})",)
     return exc
 

@@ -120,7 +120,8 @@ export function explain(error: unknown, url: string): unknown {
   if (!(error instanceof TransportError)) return error;
   const hint = hintFor(error);
   if (hint !== null && !error.message.includes(hint)) {
-    const named = error.message.includes(url) ? error.message : `${url}: ${error.message}`;
+    // a channel's text may name the URL without its query (shm://name, not ?num_envs=4)
+    const named = error.message.includes(url.split("?", 1)[0] as string) ? error.message : `${url}: ${error.message}`;
     error.message = `${named} (${hint})`;
   }
   return error;
