@@ -57,6 +57,7 @@ the worker's pipe (one ``multiprocessing.Pipe`` per worker, in env order).
 
 from __future__ import annotations
 
+import math
 import mmap
 import multiprocessing
 import os
@@ -116,6 +117,10 @@ OP_STEP, OP_RESET, OP_RESTORE, OP_CLOSE, OP_OBSERVE, OP_ASYNC, OP_NOP = 1, 2, 3,
 _MODES = {int(m): m for m in AutoReset}  # a block's mode word as the AutoReset member
 # an env's async_state word (asynchronous batches): the server sets PENDING, its worker DONE
 IDLE, PENDING, DONE = 0, 1, 2
+DEFAULT_STEP_TIMEOUT = 60.0
+"""Seconds a worker may take over one lock-step op before it counts as stuck (killed, replaced,
+its envs ENV_ERROR): generous, so a worker's share of a batch of slow envs is not cut off; it
+bounds a hang, not a slow step (Node: ``DEFAULT_STEP_TIMEOUT_MS``)."""
 ASYNC_SPIN = 4  # polls of the DONE words before ``poll`` sleeps on the doorbell
 WAKE_AT = 12  # u32: the doorbell value the server waits for (workers below it do not wake it)
 DOORBELL = 8  # u32 at this offset of the first block: bumped by a worker per finished env
@@ -579,10 +584,13 @@ class WorkerPool(Runner):
         *,
         spin: int | None = None,
         start_timeout: float = 60.0,
+        step_timeout: float | None = None,
         spaces: Spaces | None = None,
     ) -> None:
         """``spaces``: the envs' spaces when the caller asked them already (else one env is
-        made in this process, asked and closed, the first time they are needed)."""
+        made in this process, asked and closed, the first time they are needed).
+        ``step_timeout``: seconds a worker may take over one op (``DEFAULT_STEP_TIMEOUT``)
+        before it counts as stuck: it is killed and replaced, its envs fail (ENV_ERROR)."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if num_envs < 1:
@@ -594,6 +602,10 @@ class WorkerPool(Runner):
         self.workers = min(workers, num_envs)
         self.spin = default_spin(self.workers) if spin is None else spin
         self.start_timeout = start_timeout
+        self.step_timeout = DEFAULT_STEP_TIMEOUT if step_timeout is None else step_timeout
+        if not self.step_timeout > 0:
+            raise ValueError(f"step_timeout must be positive seconds, not {step_timeout!r}")
+        self._stuck: set[int] = set()  # workers killed for the step timeout (``_died`` says so)
         self._ranges = _split(num_envs, self.workers)
         self._owner = [k for k, (lo, hi) in enumerate(self._ranges) for _ in range(lo, hi)]
         self._spaces = spaces
@@ -733,6 +745,7 @@ class WorkerPool(Runner):
             seqs[k] = (seqs[k] + 1) & native.SEQ_MASK
             native.publish(lay.cmd[k], seqs[k])
         wait, ctx, finished = native.lib.tp_wait_value, self._finish_ctx, lay.finished
+        deadline = time.monotonic() + self.step_timeout
         while wait(ctx, finished, target, 50_000_000) != native.OK:
             # Done words alone do not end the wait: a live worker bumps FINISHED right after
             # its done word, and a bump left for later would count toward the next op (which
@@ -741,6 +754,12 @@ class WorkerPool(Runner):
             if not all(self._procs[k].is_alive() for k in workers):
                 self._settle_after_death(workers, target)
                 break
+            if time.monotonic() >= deadline:  # a worker stuck in an env: killed, found dead
+                for k in workers:
+                    if not self._finished_op(k):
+                        self._stuck.add(k)
+                        self._procs[k].kill()
+                deadline = math.inf
         return [k for k in workers if not self._finished_op(k)]
 
     def _settle_after_death(self, workers: Sequence[int], target: int) -> None:
@@ -780,6 +799,12 @@ class WorkerPool(Runner):
             proc.join(timeout=1.0)
             code = proc.exitcode
             how = f"exit code {code}" if code is not None else "no exit code"
+            if k in self._stuck:
+                self._stuck.discard(k)
+                how = (
+                    f"it did not answer within the step timeout ({self.step_timeout:g} s: an "
+                    "env's step, reset or info() never returned) and was killed"
+                )
             envs = self._describe(k)
             for i in self.env_ids(k):
                 text = f"env {i}: worker process {k} (pid {proc.pid}, envs {envs}) died ({how})"

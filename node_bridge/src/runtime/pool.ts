@@ -51,6 +51,11 @@
  * code, an uncaught error) sets its `dead` word on its way out: its envs fail with
  * `env i: worker thread k (thread id T, envs a..b) died`, the worker is replaced by a fresh one,
  * and the runtime's recovery resets the fresh envs ("the env was recreated in a new worker thread").
+ * A lock-step command has a deadline (`stepTimeoutMs`, default 60 s): a worker that has not
+ * answered by then (an env stuck in its step) is given up on (its done word swapped to ABANDONED),
+ * terminated and replaced the same way, its envs failing with `... did not answer within the
+ * step timeout`: the main thread's event loop is blocked for at most that long. An `info()` map
+ * too large for its env record (a rendered frame) is posted on the worker's port (INFO_PORTED).
  */
 
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
@@ -111,6 +116,25 @@ const BLOCK = 64;
 const CTL = 1024;
 const TEXT_AT = 24;
 const TEXT_MAX = CTL - TEXT_AT;
+/**
+ * The text length of an env record whose `info()` map did not fit its text area (a rendered
+ * frame): the worker posted the msgpack bytes on its port before its done word, and the main
+ * thread takes them with `receiveMessageOnPort` (no size limit; a step never pays for it).
+ */
+const INFO_PORTED = 0xffff;
+/**
+ * A worker's done word once the main thread gave up on its command (the step timeout): the
+ * worker, should its env code ever return, finds its compare-and-swap of the word failed and
+ * stops without a word more (the main thread has terminated and replaced it).
+ */
+const ABANDONED = -1;
+/**
+ * The default of `stepTimeoutMs` (WorkerEnvSpec): how long one command (a lock-step step or
+ * reset of a worker's envs, an info()) may run before its worker counts as stuck. Generous: a
+ * worker's share of a batch of slow envs (256 envs of 100 ms each: 26 s) is not cut off; the
+ * bound is that of a hang (an env that never returns), not of a slow step.
+ */
+export const DEFAULT_STEP_TIMEOUT_MS = 60_000;
 // i32 words of a worker block
 const W_CMD = 0;
 const W_DONE = 1;
@@ -143,6 +167,15 @@ export interface WorkerEnvSpec {
   readonly schemaModule?: string;
   /** Validate env results (default true). */
   readonly validate?: boolean;
+  /**
+   * How long one lock-step command (a step or reset of a worker's envs, an `info()`) may take
+   * in a worker thread before the worker counts as stuck (an env whose step never returns):
+   * the thread is terminated and replaced, its envs fail with a typed ENV_ERROR that says so
+   * (as for a worker that died) and are recreated; the server serves again. Default
+   * `DEFAULT_STEP_TIMEOUT_MS` (60 s). The main thread blocks for a lock-step command: other
+   * clients wait at most this long.
+   */
+  readonly stepTimeoutMs?: number;
 }
 
 interface WorkerData {
@@ -151,8 +184,18 @@ interface WorkerData {
   readonly workers: number;
   readonly k: number;
   readonly spec: WorkerEnvSpec;
-  /** Rows messages (W_ROWS; the main thread posts before the command: read synchronously). */
+  /**
+   * Rows messages (W_ROWS; the main thread posts before the command: read synchronously); the
+   * other way, an `info()` map too large for its env record (INFO_PORTED).
+   */
   readonly port: MessagePort;
+}
+
+/** An `info()` map a worker posts on its port (INFO_PORTED): its command's seq and env. */
+interface InfoMessage {
+  readonly seq: number;
+  readonly index: number;
+  readonly bytes: Uint8Array;
 }
 
 /** A rows message (W_ROWS): env i's lock-step result at `bytes[at + i * size]`; null: the pool's area. */
@@ -402,9 +445,15 @@ export function runWorker(data: WorkerData): void {
   Atomics.store(i32, doneAt, 1); // ready
   Atomics.notify(i32, doneAt);
   let last = 0;
+  let lastDone = 1; // this worker's done word, unless the main thread gave up on it
+  let abandoned = false;
   for (;;) {
     const bell = Atomics.load(i32, bellAt); // read first: any later ring makes the wait return
     if (Atomics.load(i32, 0) === CLOSED) break;
+    if (Atomics.load(i32, doneAt) !== lastDone) {
+      abandoned = true; // given up on (stuck in an asynchronous step): replaced, stop quietly
+      break;
+    }
     const seq = Atomics.load(i32, cmdAt);
     if (seq !== last) {
       last = seq;
@@ -433,10 +482,19 @@ export function runWorker(data: WorkerData): void {
         // nothing: answered below
       } else if (task === TASK_INFO) {
         const i = i32[lay.word(k, W_ARG)] as number;
+        let encoded: Uint8Array;
         try {
-          lay.writeText(i, msgpackEncode(table.info(i)));
+          encoded = msgpackEncode(table.info(i));
         } catch (error) {
-          lay.writeText(i, msgpackEncode({ error: describeError(error) }));
+          encoded = msgpackEncode({ error: describeError(error) });
+        }
+        if (encoded.length <= TEXT_MAX) {
+          lay.writeText(i, encoded);
+        } else {
+          // a frame: on the port, queued before the done word below (taken synchronously)
+          const message: InfoMessage = { seq, index: i, bytes: encoded };
+          data.port.postMessage(message);
+          lay.dv.setUint16(lay.ctl(i) + C_TEXT_LEN, INFO_PORTED, true);
         }
       } else {
         buf.fill(0, lay.flagsAt + lo, lay.flagsAt + hi);
@@ -453,7 +511,13 @@ export function runWorker(data: WorkerData): void {
           }
         }
       }
-      Atomics.store(i32, doneAt, seq);
+      // a compare-and-swap: the main thread may have given up on this command (ABANDONED, the
+      // step timeout) and replaced this thread; it then stops here, bumping nothing
+      if (Atomics.compareExchange(i32, doneAt, lastDone, seq) !== lastDone) {
+        abandoned = true;
+        break;
+      }
+      lastDone = seq;
       // the last worker of the command wakes the main thread (one wake, not one per worker)
       if (((Atomics.add(i32, FINISHED, 1) + 1) | 0) === Atomics.load(i32, FINISH_AT)) Atomics.notify(i32, FINISHED);
       continue;
@@ -466,7 +530,7 @@ export function runWorker(data: WorkerData): void {
     Atomics.wait(i32, bellAt, bell);
   }
   process.off("exit", markDead);
-  table.close();
+  if (!abandoned) table.close();
 }
 
 /** The main thread's side: `numEnvs` envs in `workers` threads. */
@@ -489,6 +553,10 @@ export class WorkerPool {
   /** Envs of a replaced worker, until the runtime's recovery has reset them. */
   readonly #replaced = new Set<number>();
   readonly #startTimeout: number;
+  /** How long one lock-step command may take before its unfinished workers count as stuck. */
+  readonly #stepTimeout: number;
+  /** Why worker k is to be replaced when it was not its death: it was stuck (the step timeout). */
+  readonly #stuck: Array<string | null>;
   /** Envs submitted (asynchronous batches) and not DONE yet. */
   readonly #pending = new Set<number>();
   /** Envs DONE, their results copied out, not taken yet (finishing order). */
@@ -501,9 +569,19 @@ export class WorkerPool {
   #copiedBack = 0;
   #closed = false;
 
-  constructor(spec: WorkerEnvSpec, numEnvs: number, workers: number, options: { startTimeoutMs?: number } = {}) {
+  constructor(
+    spec: WorkerEnvSpec,
+    numEnvs: number,
+    workers: number,
+    options: { startTimeoutMs?: number; stepTimeoutMs?: number } = {},
+  ) {
     if (!Number.isInteger(workers) || workers < 1) throw new TransportError("workers must be at least 1");
     if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be at least 1");
+    const stepTimeout = options.stepTimeoutMs ?? spec.stepTimeoutMs ?? DEFAULT_STEP_TIMEOUT_MS;
+    if (!(stepTimeout > 0) || !Number.isFinite(stepTimeout)) {
+      throw new RangeError(`stepTimeoutMs must be a positive number of milliseconds, not ${String(stepTimeout)}`);
+    }
+    this.#stepTimeout = stepTimeout;
     this.spec = spec;
     this.numEnvs = numEnvs;
     this.workers = Math.min(workers, numEnvs);
@@ -522,6 +600,7 @@ export class WorkerPool {
     this.#rowsAt = new Array<number>(this.workers).fill(0);
     this.#seq = new Array<number>(this.workers).fill(0);
     this.#busy = new Uint8Array(this.workers);
+    this.#stuck = new Array<string | null>(this.workers).fill(null);
     const lay = this.#lay;
     this.#results = Array.from({ length: numEnvs }, (_, i) => lay.bytes.subarray(lay.result(i), lay.result(i) + this.resultSize));
     this.#startTimeout = options.startTimeoutMs ?? 60_000;
@@ -539,6 +618,7 @@ export class WorkerPool {
     const lay = this.#lay;
     for (let w = 0; w < BLOCK / 4; w++) lay.i32[lay.word(k, 0) + w] = 0;
     this.#seq[k] = 0;
+    this.#stuck[k] = null;
     this.#ports[k]?.close();
     const { port1, port2 } = new MessageChannel();
     this.#ports[k] = port1;
@@ -727,14 +807,20 @@ export class WorkerPool {
   }
 
   /**
-   * Send `task` to the workers marked in #busy and wait for each; true when some died (their
-   * #busy is 2, the others' 0).
+   * Send `task` to the workers marked in #busy and wait for each; true when some died or were
+   * stuck (their #busy is 2, the others' 0).
    *
    * One wait for all: each worker bumps FINISHED after its done word and only the one that
    * brings it to FINISH_AT (the last of the command) notifies, so the main thread sleeps and
    * wakes once per command whatever the number of workers (it waited on each worker's done word
    * in turn: a wake per worker). A worker that died never bumps: its dead word (which notifies
    * FINISHED too) ends the wait, and the live ones are then awaited by their done words.
+   *
+   * The wait blocks this thread (a lock-step request is answered synchronously), so it has a
+   * deadline: the step timeout. A worker not done by then is stuck (an env that never returns):
+   * its done word is swapped to ABANDONED (a compare-and-swap: a worker that finished at that
+   * instant keeps its result), its dead word set and its thread terminated; the caller replaces
+   * it and fails its envs by name, as for a worker that died. Never a hang.
    */
   #send(task: number, arg: number): boolean {
     if (this.#closed) throw new TransportError("the worker pool is closed");
@@ -754,6 +840,7 @@ export class WorkerPool {
       Atomics.store(i32, lay.word(k, W_CMD), seq);
       this.#ring(k);
     }
+    const deadline = performance.now() + this.#stepTimeout;
     for (;;) {
       const now = Atomics.load(i32, FINISHED);
       if (now === target) {
@@ -763,10 +850,13 @@ export class WorkerPool {
       let dead = false;
       for (let k = 0; k < this.workers; k++) if (busy[k] && Atomics.load(i32, lay.word(k, W_DEAD))) dead = true;
       if (dead) break;
-      Atomics.wait(i32, FINISHED, now, POLL_SLICE_MS);
+      const left = deadline - performance.now();
+      if (left <= 0) break;
+      Atomics.wait(i32, FINISHED, now, Math.min(POLL_SLICE_MS, Math.ceil(left)));
     }
-    // a worker died: each live one is awaited by its done word, then its FINISHED bump (a bump
-    // left for later would count toward the next command, which then ended early)
+    // a worker died or the deadline passed: each live one is awaited by its done word (until the
+    // deadline: then it is stuck), then its FINISHED bump (a bump left for later would count
+    // toward the next command, which then ended early)
     let anyDead = false;
     let missing = 0;
     for (let k = 0; k < this.workers; k++) {
@@ -786,14 +876,38 @@ export class WorkerPool {
           missing++;
           break;
         }
+        if (performance.now() >= deadline && Atomics.compareExchange(i32, doneAt, now, ABANDONED) === now) {
+          this.#abandon(k);
+          busy[k] = 2; // stuck: replaced as if dead
+          anyDead = true;
+          missing++;
+          break;
+        }
         Atomics.wait(i32, doneAt, now, 1);
       }
     }
+    // a worker that died between its done word and its bump never bumps: the wait has a bound
     const bumped = (target - missing) | 0;
+    const settle = Math.max(deadline, performance.now() + 1000);
     for (let now = Atomics.load(i32, FINISHED); now !== bumped && ((now - bumped) | 0) < 0; now = Atomics.load(i32, FINISHED)) {
+      if (performance.now() >= settle) break;
       Atomics.wait(i32, FINISHED, now, 1);
     }
     return anyDead;
+  }
+
+  /**
+   * Worker k did not finish its command within the step timeout (its done word is ABANDONED
+   * now): it counts as dead from here on (its dead word, which every wait checks) and its
+   * thread is terminated at once; #replaceDead replaces it and fails its envs with the reason.
+   */
+  #abandon(k: number): void {
+    const seconds = this.#stepTimeout / 1000;
+    this.#stuck[k] =
+      `did not answer within the step timeout (${seconds} s: an env's step, reset or info() never returned); ` +
+      "the thread was terminated and replaced";
+    Atomics.store(this.#lay.i32, this.#lay.word(k, W_DEAD), 1);
+    void this.#threads[k]?.terminate();
   }
 
   /**
@@ -808,8 +922,9 @@ export class WorkerPool {
       const id = this.#threadIds[k] ?? -1; // threadId reads -1 once the thread has exited
       void thread?.terminate();
       const envs = this.#describe(k);
+      const why = this.#stuck[k] ?? "died";
       for (const i of this.envIds(k)) {
-        const error = new RequestError(ErrorCode.ENV_ERROR, `env ${i}: worker thread ${k} (thread id ${id}, envs ${envs}) died`);
+        const error = new RequestError(ErrorCode.ENV_ERROR, `env ${i}: worker thread ${k} (thread id ${id}, envs ${envs}) ${why}`);
         this.#replaced.add(i);
         if (this.#pending.delete(i)) {
           Atomics.store(this.#lay.i32, this.#lay.stateWord + i, IDLE);
@@ -930,16 +1045,39 @@ export class WorkerPool {
     return dead;
   }
 
-  /** Env `index`'s `info()` map, from its worker. */
+  /**
+   * Env `index`'s `info()` map, from its worker: in its env record when it fits, else (a
+   * rendered frame: any size) posted on the worker's port before its done word (INFO_PORTED).
+   */
   info(index: number): Record<string, unknown> {
+    const k = this.#owner[index] as number;
     this.#busy.fill(0);
-    this.#busy[this.#owner[index] as number] = 1;
+    this.#busy[k] = 1;
     if (this.#send(TASK_INFO, index)) {
       this.#replaceDead([]);
       return {};
     }
-    const decoded = msgpackDecode(this.#lay.text(index));
+    const lay = this.#lay;
+    const ported = lay.dv.getUint16(lay.ctl(index) + C_TEXT_LEN, true) === INFO_PORTED;
+    const decoded = msgpackDecode(ported ? this.#portedInfo(k, index) : lay.text(index));
     return decoded !== null && typeof decoded === "object" ? (decoded as Record<string, unknown>) : {};
+  }
+
+  /** The info() bytes worker k posted for env `index` with its last command (INFO_PORTED). */
+  #portedInfo(k: number, index: number): Uint8Array {
+    const port = this.#ports[k] as MessagePort;
+    const seq = this.#seq[k] as number;
+    const i32 = this.#lay.i32;
+    // posted before the done word, so already queued (the retries only guard that assumption);
+    // a message of an earlier command (none is left unread today) is skipped
+    for (let tries = 0; tries < 1000; tries++) {
+      for (let got = receiveMessageOnPort(port); got !== undefined; got = receiveMessageOnPort(port)) {
+        const message = got.message as InfoMessage;
+        if (message.seq === seq && message.index === index) return message.bytes;
+      }
+      Atomics.wait(i32, this.#lay.word(k, W_DONE), seq, 1); // 1 ms: the done word stays seq
+    }
+    throw new TransportError(`env ${index}: worker thread ${k} answered info() but its map never arrived`);
   }
 
   takeReplaced(index: number): string | null {
