@@ -8,19 +8,13 @@
  */
 
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
 import { describe, test } from "node:test";
 
-import { ChannelClosedError, ChannelError, ChannelTimeoutError, type Consumer, Ring } from "../channels";
-import { experience } from "../generated";
-
-let counter = 0;
-const unique = (tag: string): string => `tab${tag}-${process.pid}-${counter++}`;
-const codec = experience.TransitionCodec;
-const ZERO = codec.decode(new Uint8Array(codec.size));
+import { ChannelClosedError, ChannelError, ChannelTimeoutError, type Consumer, type Ring } from "../channels";
+import { ZERO, codec, createRing, takeActions, withRing } from "../testing/rings";
 
 function create(tag: string, capacity: number, multiProducer = false): Ring {
-  return Ring.create(unique(tag), experience.SCHEMA, "Transition", capacity, { multiProducer });
+  return createRing("tab", tag, capacity, { multiProducer });
 }
 
 /** Write `action` into the reservation's i-th record. */
@@ -30,22 +24,7 @@ function put(ring: Ring, offset: number, action: number, i = 0): void {
 
 /** Take what is there (up to 8 records, waiting up to `timeoutMs`): its first index and actions. */
 function take(ring: Ring, consumer: Consumer, timeoutMs = 1000): { first: bigint; actions: number[] } {
-  const batch = consumer.take(8, timeoutMs);
-  const actions: number[] = [];
-  for (let i = 0; i < batch.count; i++) actions.push(codec.view(ring.segment.bytes, batch.offsetOf(i)).action);
-  batch.release();
-  return { first: batch.first, actions };
-}
-
-/** Run `body` with a ring that is closed (and unlinked) whatever happens. */
-function withRing(ring: Ring, body: (ring: Ring) => void): void {
-  const path = ring.segment.path;
-  try {
-    body(ring);
-  } finally {
-    ring.close();
-    assert.equal(existsSync(path), false);
-  }
+  return takeActions(ring, consumer, 8, timeoutMs);
 }
 
 describe("channels: ring abort", { timeout: 60_000 }, () => {

@@ -9,22 +9,17 @@
  */
 
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
 import { describe, test } from "node:test";
 
-import { ChannelClosedError, ChannelError, ChannelMismatchError, ChannelTimeoutError, type Consumer, Ring } from "../channels";
+import { ChannelClosedError, ChannelError, ChannelMismatchError, ChannelTimeoutError, type Consumer, type Ring } from "../channels";
 import { CodecError } from "../errors";
 import { experience } from "../generated";
+import { type Transition, ZERO, codec, createRing, takeActions, withRing } from "../testing/rings";
 
-let counter = 0;
-const unique = (tag: string): string => `trp${tag}-${process.pid}-${counter++}`;
-const codec = experience.TransitionCodec;
-type Transition = ReturnType<typeof codec.decode>;
-const ZERO = codec.decode(new Uint8Array(codec.size));
 const rec = (action: number): Transition => ({ ...ZERO, action });
 
 function create(tag: string, capacity: number, options: { multiProducer?: boolean; policy?: "block" | "overwrite" } = {}): Ring {
-  return Ring.create(unique(tag), experience.SCHEMA, "Transition", capacity, options);
+  return createRing("trp", tag, capacity, options);
 }
 
 /** Whole records as bytes, as a Uint8Array push takes them. */
@@ -36,22 +31,7 @@ function bytesOf(actions: readonly number[]): Uint8Array {
 
 /** Take what is there (up to 16 records, waiting up to `timeoutMs`): its first index and actions. */
 function take(ring: Ring, consumer: Consumer, timeoutMs = 1000): { first: bigint; actions: number[] } {
-  const batch = consumer.take(16, timeoutMs);
-  const actions: number[] = [];
-  for (let i = 0; i < batch.count; i++) actions.push(codec.view(ring.segment.bytes, batch.offsetOf(i)).action);
-  batch.release();
-  return { first: batch.first, actions };
-}
-
-/** Run `body` with a ring that is closed (and unlinked) whatever happens. */
-function withRing(ring: Ring, body: (ring: Ring) => void): void {
-  const path = ring.segment.path;
-  try {
-    body(ring);
-  } finally {
-    ring.close();
-    assert.equal(existsSync(path), false);
-  }
+  return takeActions(ring, consumer, 16, timeoutMs);
 }
 
 describe("channels: ring push", { timeout: 60_000 }, () => {
