@@ -312,6 +312,9 @@ class Server:
             capped = isinstance(listener, type) and issubclass(listener, SocketListener)
             if capped:  # unix, http: the connection cap and timeouts (docs/server.md "Limits")
                 self.listener: Any = listener(url, host, max_body=max_body, limits=limits)
+            elif url.partition("://")[0].lower().startswith("zmq+"):  # idle sessions are closed
+                idle = (limits or ServerLimits()).idle_timeout
+                self.listener = listener(url, host, max_body=max_body, idle_timeout=idle)
             else:
                 self.listener = listener(url, host, max_body=max_body)
         except BaseException:
@@ -418,7 +421,8 @@ def serve(
     envs in this process; K >= 1 runs each connection's envs in K worker processes (split
     evenly; ``transport.runtime.pool``), same protocol behaviour, one fan-out/gather per step.
     ``limits``: the connection cap and the idle and read timeouts of a unix:// or http://
-    server (``ServerLimits``; default 1024 connections, 600 s idle, 30 s to complete a request).
+    server (``ServerLimits``; default 1024 connections, 600 s idle, 30 s to complete a request);
+    a zmq server closes a session idle for ``idle_timeout`` (docs/server.md "Limits").
     ``masked_actions``: what an action the env's mask forbids does: "reject" (MASKED_ACTION
     error), "pass" (the env steps with it) or "noop" (the env does not step; its previous
     result comes back with reward ``env.masked_action_penalty``, default 0.0); docs/adapters.md.

@@ -36,7 +36,8 @@ export interface ServeOptions {
    * unix, http: at most `maxConnections` clients at once (default 1024; one more gets a
    * "server busy" ERROR, on http a 503, and is closed), `idleTimeoutMs` between requests
    * (default 600 s) and `readTimeoutMs` for a started request to arrive completely (default
-   * 30 s). Non-positive values are a RangeError. docs/server.md "Limits".
+   * 30 s); zmq: a session idle for `idleTimeoutMs` is closed. Non-positive values are a
+   * RangeError. docs/server.md "Limits".
    */
   readonly limits?: Partial<ServerLimits>;
   /**

@@ -9,7 +9,7 @@ import { ConnectError } from "../../errors";
 import { CLOSING_ERRORS, DEFAULT_MAX_BODY, ErrorCode, HEADER_SIZE, encodeError, isGoodbye, messageIds, packHeader, readU32 } from "../../protocol";
 import type { EnvHost } from "../../runtime/host";
 import { LATER, type Session, sessionsOf } from "../../runtime/session";
-import { type ConnectionStats, cannotMakeEnvs, newStats } from "../../stream";
+import { type ConnectionStats, SWEEP_INTERVAL_MS, cannotMakeEnvs, newStats, serverLimits } from "../../stream";
 import type { Listener, ListenOptions } from "../backend";
 import { commonOptions, Address, EMPTY, ENV_SERVER_SECRET, MAX_SESSIONS, ZAP_ENDPOINT, binary, errorCode, parseUrl, sendable, serverCurve, z85Encode } from "./wire";
 
@@ -89,7 +89,9 @@ export async function serveZap(sock: zmq.Reply, allowed: ReadonlySet<string>): P
 /**
  * A Router serving every client; one Session per client routing id. A HELLO from a client that
  * already said hello starts a fresh Session; errors that close a stream connection drop the
- * session instead (a Router cannot close one peer): the client must HELLO again.
+ * session instead (a Router cannot close one peer): the client must HELLO again. A session that
+ * sent nothing for `limits.idleTimeoutMs` is closed (a Router is not told when a peer dies): its
+ * client's next request gets HELLO_REQUIRED.
  */
 export class ZmqListener implements Listener {
   url: string;
@@ -97,8 +99,11 @@ export class ZmqListener implements Listener {
   readonly stats: ConnectionStats = newStats();
   readonly maxBody: number;
   readonly maxSessions: number;
+  readonly idleTimeoutMs: number;
 
-  readonly #sessions = new Map<string, Session>();
+  readonly #sessions = new Map<string, Session>(); // least recently used first
+  readonly #seen = new Map<string, number>(); // each session's last request (performance.now())
+  #sweeper: NodeJS.Timeout | null = null;
   readonly #factory: () => Session;
   readonly #errorType: number;
   readonly #helloType: number;
@@ -115,6 +120,7 @@ export class ZmqListener implements Listener {
     this.#factory = sessionsOf(host);
     this.maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
     this.maxSessions = maxSessions;
+    this.idleTimeoutMs = serverLimits(options.limits).idleTimeoutMs; // RangeError when not > 0
     const ids = messageIds(host.schema);
     this.#errorType = ids.ERROR;
     this.#helloType = ids.HELLO_REQ;
@@ -162,6 +168,8 @@ export class ZmqListener implements Listener {
     this.#sock = sock;
     this.#zap = zap;
     this.#loop = this.#serve(sock);
+    this.#sweeper = setInterval(() => this.#sweep(), SWEEP_INTERVAL_MS);
+    this.#sweeper.unref();
   }
 
   async #bind(sock: zmq.Router, address: Address): Promise<void> {
@@ -252,7 +260,13 @@ export class ZmqListener implements Listener {
       return;
     }
     if (msgType === this.#helloType && isGoodbye(body)) {
-      this.#drop(key); // the client left: its envs are closed now, not at LRU
+      this.#drop(key); // the client left: its envs are closed now, not at LRU or idle
+      return;
+    }
+    if (msgType !== this.#helloType && !this.#sessions.has(key)) {
+      // an unknown client (or one whose session was dropped): no session is made for it
+      const error = encodeError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first");
+      this.#reply(sock, identity, key, envelope, this.#errorType, msgId, error, null);
       return;
     }
     const session = this.#sessionFor(key, msgType);
@@ -261,10 +275,12 @@ export class ZmqListener implements Listener {
       this.#reply(sock, identity, key, envelope, this.#errorType, msgId, error, null);
       return;
     }
+    this.#seen.set(key, performance.now());
     const type = session.handle(msgType, body, 0, bodyLen);
     if (type === LATER) {
       // a RECV waiting for worker threads: answer when it is ready (other clients go on)
       void (session.later as Promise<number>).then((later) => {
+        if (this.#sessions.get(key) === session) this.#seen.set(key, performance.now());
         if (session.closing) this.#drop(key);
         this.#reply(sock, identity, key, envelope, later, msgId, session.body(), session);
       });
@@ -280,7 +296,20 @@ export class ZmqListener implements Listener {
     const session = this.#sessions.get(key);
     if (session === undefined) return;
     this.#sessions.delete(key);
+    this.#seen.delete(key);
     session.runtime.close();
+  }
+
+  /** Close the sessions that sent nothing for idleTimeoutMs (least recently used first: the
+   * look stops at the first one still in time; one awaiting its envs is not idle). */
+  #sweep(): void {
+    const cutoff = performance.now() - this.idleTimeoutMs;
+    const expired: string[] = [];
+    for (const [key, session] of this.#sessions) {
+      if ((this.#seen.get(key) ?? cutoff) > cutoff) break;
+      if (session.later === null) expired.push(key);
+    }
+    for (const key of expired) this.#drop(key);
   }
 
   /** The client's session, made on its first message; why not, when it cannot be made. */
@@ -341,6 +370,7 @@ export class ZmqListener implements Listener {
   close(): Promise<void> {
     if (this.#closed !== null) return this.#closed;
     this.#closed = (async () => {
+      if (this.#sweeper !== null) clearInterval(this.#sweeper);
       this.#sock?.close();
       this.#zap?.close();
       await this.#loop?.catch(() => undefined);
