@@ -14,7 +14,7 @@
  * words of the Python CLI).
  */
 
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, join, resolve } from "node:path";
 import { ShmLayout, checkRoom, parseShmUrl } from "../backends/shm/region";
@@ -405,16 +405,28 @@ function irFileFor(schema: SchemaModule): string {
 }
 
 /**
- * Where `--schema` points: a built-in schema by name (or a path whose file name names one, as
- * the Python CLI passes schema/NAME.toml) is its generated module; anything else is a path to an
- * IR (.json) or a generated module. Worker threads load the same path.
+ * Where `--schema` points: a built-in schema by name, or the project's own schema/NAME.toml (as
+ * the Python CLI passes it), is its generated module; anything else, a user's file named like a
+ * built-in schema included, is a path to a TOML file, an IR (.json) or a generated module.
+ * Worker threads load the same path.
  */
 function schemaLocation(spec: string): string {
   const name = basename(spec).replace(/\.(toml|js)$/, "");
-  if (!spec.endsWith(".json") && Object.prototype.hasOwnProperty.call(SCHEMAS, name)) {
+  const builtIn = !spec.endsWith(".json") && Object.prototype.hasOwnProperty.call(SCHEMAS, name);
+  if (builtIn && (!existsSync(spec) || isProjectSource(spec, name))) {
     return join(__dirname, "..", "generated", name);
   }
   return resolve(spec);
+}
+
+/** `spec` is the project's schema/NAME.toml, byte for byte: the source of the generated module. */
+function isProjectSource(spec: string, name: string): boolean {
+  if (!spec.endsWith(".toml")) return false;
+  try {
+    return readFileSync(spec).equals(readFileSync(join(__dirname, "..", "..", "..", "schema", `${name}.toml`)));
+  } catch {
+    return false;
+  }
 }
 
 /**
