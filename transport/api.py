@@ -284,6 +284,7 @@ class Server:
         workers: int = 0,
         limits: ServerLimits | None = None,
         masked_actions: str = "reject",
+        step_timeout: float | None = None,
     ) -> None:
         # no schema=: the env's declared one; none declared: pac_env, checked to fit (below)
         declared = schema if schema is not None else declared_schema(env_or_factory)
@@ -302,6 +303,7 @@ class Server:
             seed=seed,
             workers=workers,
             masked_actions=masked_actions,
+            step_timeout=step_timeout,
         )
         try:
             # no schema declared: the env made now (the first client's) is tried against pac_env
@@ -408,6 +410,7 @@ def serve(
     workers: int = 0,
     limits: ServerLimits | None = None,
     masked_actions: str = "reject",
+    step_timeout: float | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then clean up. ``ready(url)`` runs once clients can connect.
 
@@ -426,6 +429,9 @@ def serve(
     ``masked_actions``: what an action the env's mask forbids does: "reject" (MASKED_ACTION
     error), "pass" (the env steps with it) or "noop" (the env does not step; its previous
     result comes back with reward ``env.masked_action_penalty``, default 0.0); docs/adapters.md.
+    ``step_timeout``: with workers, seconds one worker may take over a lock-step request
+    before it counts as stuck: it is killed and replaced, its envs fail with ENV_ERROR
+    (default 60).
     """
     server = Server(
         env_or_factory,
@@ -438,6 +444,7 @@ def serve(
         workers=workers,
         limits=limits,
         masked_actions=masked_actions,
+        step_timeout=step_timeout,
     )
     # The wait is a read on a pipe that the C-level signal handler itself writes to
     # (signal.set_wakeup_fd): the kernel may deliver SIGTERM to a server thread rather than the

@@ -62,6 +62,7 @@ class EnvHost:
         seed: int | None = None,
         workers: int = 0,
         masked_actions: str = "reject",
+        step_timeout: float | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be at least 1")
@@ -70,6 +71,9 @@ class EnvHost:
         self._spaces: Spaces | None = None  # the envs' spaces, asked at start (worker pools)
         if workers < 0:
             raise ValueError("workers must be 0 (in-process) or more")
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be positive seconds, not {step_timeout!r}")
+        self.step_timeout = step_timeout  # a worker pool's per-op deadline (None: its default)
         self.schema = schema
         self.num_envs = num_envs
         self.env_name = env_name
@@ -276,6 +280,7 @@ class EnvHost:
                 results,
                 finals,
                 spaces=self._spaces,
+                step_timeout=self.step_timeout,
             )
         else:
             from transport.runtime.local import LocalEnvs

@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         "--idle-timeout",
         type=float,
         default=None,
-        help="unix/http: seconds a connection may stay idle between requests (default 600)",
+        help="unix/http: seconds a connection may stay idle between requests; zmq: a session "
+        "(default 600)",
     )
     parser.add_argument(
         "--read-timeout",
@@ -172,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="step each connection's envs in K worker processes (Python) or worker threads "
         "(Node); 0, the default: in the server process",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --workers: seconds one worker may take over a lock-step request before it "
+        "counts as stuck: it is replaced and its envs fail with ENV_ERROR (default 60)",
     )
     parser.add_argument(
         "--list-shm", action="store_true", help="list /dev/shm/transport-* regions and exit"
@@ -205,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
     if args.workers < 0:
         parser.error("--workers must be 0 (in-process) or more")
+    if args.step_timeout is not None and not args.step_timeout > 0:
+        parser.error(
+            f"--step-timeout must be a positive number of seconds, not {args.step_timeout}"
+        )
     if args.seed is not None and not 0 <= args.seed <= SEED_MAX + 1 - args.num_envs:
         # env i of a connection gets seed + i, a u64 on the wire (the Node CLI's rule and words)
         parser.error(
@@ -241,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--max-body", str(args.max_body)]
         if args.workers:
             command += ["--workers", str(args.workers)]
+        if args.step_timeout is not None:
+            command += ["--step-timeout", str(args.step_timeout)]
         for flag in ("max_connections", "idle_timeout", "read_timeout"):
             if getattr(args, flag) is not None:
                 command += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -343,6 +358,7 @@ def _serve_python(
             workers=args.workers,
             limits=limits,
             masked_actions=args.masked_actions,
+            step_timeout=args.step_timeout,
         )
     except TransportError as exc:
         print(f"transport-serve: error: {exc}", file=sys.stderr)

@@ -14,7 +14,7 @@ export interface ListenOptions {
   readonly maxBody?: number;
   /** http: bind a non-loopback address (the protocol has no authentication). */
   readonly allowRemote?: boolean;
-  /** unix, http: the connection cap and timeouts (defaults: DEFAULT_SERVER_LIMITS). */
+  /** unix, http: the connection cap and timeouts; zmq: the idle timeout of a session (defaults: DEFAULT_SERVER_LIMITS). */
   readonly limits?: Partial<ServerLimits>;
 }
 

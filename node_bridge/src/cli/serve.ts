@@ -72,7 +72,7 @@ const SYNOPSIS = VIA_BIN ? "transport-serve-node URL" : "transport-serve URL --l
 const INDENT = " ".repeat(`usage: ${SYNOPSIS} `.length);
 
 const USAGE = `usage: ${SYNOPSIS} [--env NAME | --env MODULE:FACTORY] [--schema S]
-${INDENT}[--num-envs N] [--workers K] [--seed S] [--max-body B]
+${INDENT}[--num-envs N] [--workers K] [--step-timeout S] [--seed S] [--max-body B]
 ${INDENT}[--masked-actions reject|pass|noop] [--max-connections C]
 ${INDENT}[--idle-timeout SECONDS] [--read-timeout SECONDS]
 
@@ -111,9 +111,12 @@ ${wrapped(Object.keys(SCHEMAS).sort(), 17, 94)}
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
   --workers K    step each connection's envs in K worker threads (default 0: in-process;
                  each thread loads MODULE itself)
+  --step-timeout S       workers: seconds one worker may take over a lock-step request before
+                 it counts as stuck: it is replaced and its envs fail (ENV_ERROR) (default 60)
   --max-connections C    unix/http: clients served at once (default 1024); one more gets a
                  "server busy" ERROR (http: 503) and is closed
-  --idle-timeout S       unix/http: seconds a connection may be idle between requests (default 600)
+  --idle-timeout S       unix/http: seconds a connection may be idle between requests; zmq: a
+                 session (default 600)
   --read-timeout S       unix/http: seconds a started request has to arrive completely, and a
                  response to be taken (default 30)
   --masked-actions P
@@ -139,6 +142,7 @@ interface Args {
   seed: bigint | null;
   maxBody: number | undefined;
   workers: number;
+  stepTimeoutMs: number | undefined;
   limits: Partial<ServerLimits>;
   maskedActions: MaskedActions;
 }
@@ -156,6 +160,7 @@ function parseArgs(argv: readonly string[]): Args | null {
   let seed: bigint | null = null;
   let maxBody: number | undefined;
   let workers = 0;
+  let stepTimeoutMs: number | undefined;
   const limits: { -readonly [K in keyof ServerLimits]?: number } = {};
   const positive = (text: string, name: string, integral: boolean): number => {
     const number = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/.test(text) ? Number(text) : Number.NaN;
@@ -216,6 +221,9 @@ function parseArgs(argv: readonly string[]): Args | null {
       case "--workers":
         workers = integer(value(), "--workers");
         break;
+      case "--step-timeout":
+        stepTimeoutMs = positive(value(), "--step-timeout", false) * 1000;
+        break;
       case "--max-connections":
         limits.maxConnections = positive(value(), "--max-connections", true);
         break;
@@ -258,7 +266,7 @@ function parseArgs(argv: readonly string[]): Args | null {
       `--seed must be 0..${maxSeed}, not ${seed} (seeds are u64 on the wire; env i gets seed + i, i < --num-envs ${numEnvs})`,
     );
   }
-  return { url, env, schema, numEnvs, seed, maxBody, workers, limits, maskedActions };
+  return { url, env, schema, numEnvs, seed, maxBody, workers, stepTimeoutMs, limits, maskedActions };
 }
 
 /** An shm:// URL's num_envs (null: none, another scheme, or a bad URL, which binding reports). */
@@ -538,8 +546,14 @@ async function main(argv: readonly string[]): Promise<number> {
       numEnvs: args.numEnvs,
       envName,
       ...(byDefault ? {} : { schema }),
-      ...(workerEnv !== null || schemaPath !== null
-        ? { workerEnv: { ...(workerEnv ?? {}), ...(schemaPath !== null ? { schemaModule: schemaPath } : {}) } }
+      ...(workerEnv !== null || schemaPath !== null || args.stepTimeoutMs !== undefined
+        ? {
+            workerEnv: {
+              ...(workerEnv ?? {}),
+              ...(schemaPath !== null ? { schemaModule: schemaPath } : {}),
+              ...(args.stepTimeoutMs !== undefined ? { stepTimeoutMs: args.stepTimeoutMs } : {}),
+            },
+          }
         : {}),
       seed: args.seed,
       ...(args.maxBody !== undefined ? { maxBody: args.maxBody } : {}),
