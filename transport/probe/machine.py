@@ -67,6 +67,11 @@ def _libzmq() -> str | None:
 
 
 def _git_commit() -> str | None:
+    """The commit of the checkout this package runs from; None for an installed package (it
+    may sit inside another project's repository: that repository's commit is not ours)."""
+    top = _command_version(["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"])
+    if top is None or Path(top).resolve() != ROOT or not (ROOT / "transport").is_dir():
+        return None
     commit = _command_version(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"])
     if commit is None:
         return None
