@@ -354,7 +354,8 @@ class Penalized {
   reset() { return this.result(0); }
   step() { return this.result(1); }
   result(reward) {
-    return { observation: new Float32Array(3), reward, done: false, action_mask: [true, true, true, false] };
+    const action_mask = [true, true, true, false];
+    return { observation: new Float32Array(3), reward, done: false, action_mask };
   }
 }
 Penalized.prototype.maskedActionPenalty = PENALTY;
