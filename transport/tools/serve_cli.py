@@ -70,8 +70,26 @@ SEED_MAX = 2**64 - 1
 JS_SUFFIXES = (".js", ".mjs", ".cjs")
 
 
+NODE_SERVER_ENV = "TRANSPORT_NODE_SERVER"
+"""Names the Node server's script (``.../dist/cli/serve.js``) where it is not found by itself."""
+
+
 def node_server_script() -> Path:
-    return Path(__file__).resolve().parents[2] / "node_bridge" / "dist" / "cli" / "serve.js"
+    """The Node server's script: ``$TRANSPORT_NODE_SERVER``, else this checkout's built
+    node_bridge, else the npm package @transport/node-bridge installed in the current folder or
+    one above it (a project that uses both packages); the checkout's path when none is there."""
+    given = os.environ.get(NODE_SERVER_ENV)
+    if given:
+        return Path(given)
+    checkout = Path(__file__).resolve().parents[2] / "node_bridge" / "dist" / "cli" / "serve.js"
+    if checkout.is_file():
+        return checkout
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        found = folder / "node_modules" / "@transport" / "node-bridge" / "dist" / "cli" / "serve.js"
+        if found.is_file():
+            return found
+    return checkout
 
 
 @quiet_on_broken_pipe
@@ -240,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         node = shutil.which("node")
         if node is None or not script.is_file():
             print(
-                f"transport-serve: error: the Node server needs node and {script} "
-                "(run ./dev setup to build node_bridge)",
+                f"transport-serve: error: the Node server needs node and {script} (in a "
+                "checkout: ./dev setup; elsewhere: npm install the @transport/node-bridge "
+                f"package in this folder, or set {NODE_SERVER_ENV} to its dist/cli/serve.js)",
                 file=sys.stderr,
             )
             return 1
