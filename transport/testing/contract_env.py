@@ -265,6 +265,9 @@ def schema_named(name_or_file: str | os.PathLike[str]) -> Schema:
         from transport import load_schema
 
         return load_schema(text)
+    stem, suffix = os.path.splitext(os.path.basename(text))
+    if suffix in (".toml", ".js"):  # schema/NAME.toml stands for NAME (the Node CLI's rule)
+        text = stem
     if not text.isidentifier():
         raise SchemaError(f"schema {text!r}: no such file, and not a built-in schema name")
     try:

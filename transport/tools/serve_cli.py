@@ -434,20 +434,17 @@ def _env_and_schema(
 def _load_env_and_schema(
     spec: str, schema_file: Path | None, num_envs: int
 ) -> tuple[Callable[[], Any], Schema]:
-    from transport import load_schema
 
     if spec == "contract":  # the contract suite's env, for any schema (--schema FILE or NAME)
-        from transport.testing.contract_env import contract_factory, schema_named
+        from transport.testing.contract_env import contract_factory
 
-        if schema_file is not None and _names_a_file(schema_file):
-            check_schema_file(schema_file)  # the loader's words for a missing or special file
-        schema = schema_named(schema_file or "pac_env")
+        schema = _schema_given(schema_file or Path("pac_env"))
         return contract_factory(schema), schema
     if spec in ENVS:
         own = env_schema(spec)
         if schema_file is None:
             return env_factory(spec, num_envs), own
-        given = load_schema(schema_file)
+        given = _schema_given(schema_file)
         if given.fingerprint != own.fingerprint:
             raise _EnvSpecError(_schema_mismatch(spec, own, given, str(schema_file)))
         return env_factory(spec, num_envs), given
@@ -472,7 +469,7 @@ def _load_env_and_schema(
             "zero-argument function that returns an env)"
         )
     if schema_file is not None:
-        return found, load_schema(schema_file)
+        return found, _schema_given(schema_file)
     declared = getattr(found, "SCHEMA", None) or getattr(module, "SCHEMA", None)
     if not isinstance(declared, Schema):
         raise _EnvSpecError(
@@ -503,6 +500,16 @@ def _path_hint(module_name: str, attr: str) -> str:
         f"current folder or PYTHONPATH, not by a path{example}; a JavaScript module "
         "(path/to/module.js:Factory) needs --lang node"
     )
+
+
+def _schema_given(spec: Path) -> Schema:
+    """--schema: a file (TOML, or an IR .json), or a built-in schema by name (``pac_env``;
+    ``schema/NAME.toml`` stands for NAME where no such file is), as the Node CLI takes it."""
+    from transport.testing.contract_env import schema_named
+
+    if spec.exists() or _names_a_file(spec):
+        check_schema_file(spec)  # the loader's words for a missing or special file
+    return schema_named(spec)
 
 
 def _names_a_file(spec: Path) -> bool:

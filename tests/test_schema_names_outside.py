@@ -1,0 +1,62 @@
+"""`transport-serve --schema` takes a built-in schema by name from any folder, as the Node bin
+does: `pac_env`, and `schema/NAME.toml` where no such file is (exploration 23: outside the
+checkout the Python CLI refused all three forms the Node bin served)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import transport
+from transport.generated import gridworld, pac_env
+
+from .servers import unique_url
+
+
+@pytest.mark.parametrize(
+    "env, schema, fingerprint",
+    [
+        ("contract", "schema/gridworld.toml", gridworld.SCHEMA.fingerprint),
+        ("pac", "pac_env", pac_env.SCHEMA.fingerprint),
+        ("pac", "schema/pac_env.toml", pac_env.SCHEMA.fingerprint),
+    ],
+)
+def test_a_built_in_schema_by_name_from_any_folder(
+    tmp_path: Path, env: str, schema: str, fingerprint: int
+) -> None:
+    command = [sys.executable, "-m", "transport.tools.serve_cli", unique_url("unix")]
+    proc = subprocess.Popen(
+        [*command, "--env", env, "--schema", schema],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("ready "), proc.stderr.read() if proc.stderr else line
+        with transport.connect(line.split(" ", 1)[1]) as client:
+            assert client.schema.fingerprint == fingerprint
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_a_missing_file_not_named_like_a_schema_is_refused(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "transport.tools.serve_cli", unique_url("unix")]
+    done = subprocess.run(
+        [*command, "--env", "pac", "--schema", "schema/mine.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "mine.toml" in done.stderr
