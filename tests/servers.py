@@ -64,6 +64,7 @@ class ServerProcess:
         seed: int | None = None,
         extra: list[str] | None = None,
         ready_timeout: float = 20.0,
+        cwd: Path = ROOT,
     ) -> None:
         require_lang(lang)
         command = [sys.executable, "-m", "transport.tools.serve_cli", url]
@@ -75,7 +76,7 @@ class ServerProcess:
         command += extra or []
         self.requested_url = url
         self.proc = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self.url = self._wait_ready(ready_timeout)
 

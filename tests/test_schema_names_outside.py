@@ -13,7 +13,7 @@ import pytest
 import transport
 from transport.generated import gridworld, pac_env
 
-from .servers import unique_url
+from .servers import ServerProcess, unique_url
 
 
 @pytest.mark.parametrize(
@@ -27,26 +27,10 @@ from .servers import unique_url
 def test_a_built_in_schema_by_name_from_any_folder(
     tmp_path: Path, env: str, schema: str, fingerprint: int
 ) -> None:
-    command = [sys.executable, "-m", "transport.tools.serve_cli", unique_url("unix")]
-    proc = subprocess.Popen(
-        [*command, "--env", env, "--schema", schema],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.startswith("ready "), proc.stderr.read() if proc.stderr else line
-        with transport.connect(line.split(" ", 1)[1]) as client:
+    extra = ["--schema", schema]
+    with ServerProcess(unique_url("unix"), env=env, extra=extra, cwd=tmp_path) as server:
+        with transport.connect(server.url) as client:
             assert client.schema.fingerprint == fingerprint
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def test_a_missing_file_not_named_like_a_schema_is_refused(tmp_path: Path) -> None:
