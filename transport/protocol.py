@@ -98,6 +98,16 @@ def carries_finals(mode: AutoReset) -> bool:
     return mode == AutoReset.SAME_STEP
 
 
+PER_ENV_RESPONSES: Final[frozenset[str]] = frozenset(
+    {"RESET_RESP", "STEP_BATCH_RESP", "OBSERVE_RESP"}
+)
+"""Responses of one result per env (then OBSERVE_RESP's infos, STEP_BATCH_RESP's final tail)."""
+FINAL_TAIL_RESPONSES: Final[frozenset[str]] = frozenset(
+    {"STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"}
+)
+"""Responses whose results a final tail may follow (``read_final_tail``; ``carries_finals``)."""
+
+
 def read_final_tail(body: Any, results_len: int, size: int, most: int) -> list[tuple[int, int]]:
     """A SAME_STEP step response's final tail after ``results_len`` bytes of results: each
     final result as (env index, its byte offset in ``body``); at most ``most`` of them."""

@@ -72,6 +72,11 @@ export function carriesFinals(mode: AutoReset): boolean {
   return mode === AutoReset.SAME_STEP;
 }
 
+/** Responses of one result per env (then OBSERVE_RESP's infos, STEP_BATCH_RESP's final tail). Python: `PER_ENV_RESPONSES`. */
+export const PER_ENV_RESPONSES: ReadonlySet<string> = new Set(["RESET_RESP", "STEP_BATCH_RESP", "OBSERVE_RESP"]);
+/** Responses whose results a final tail may follow (`readFinalTail`; `carriesFinals`). Python: `FINAL_TAIL_RESPONSES`. */
+export const FINAL_TAIL_RESPONSES: ReadonlySet<string> = new Set(["STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"]);
+
 /** One final result of a tail: the env's index and where its result's bytes start. */
 export interface FinalAt {
   index: number;

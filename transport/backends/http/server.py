@@ -50,6 +50,8 @@ from transport.errors import (
 from transport.protocol import (
     DEFAULT_MAX_BODY,
     ERROR_HEAD,
+    FINAL_TAIL_RESPONSES,
+    PER_ENV_RESPONSES,
     ErrorCode,
     RecvTail,
     decode_hello,
@@ -503,7 +505,7 @@ class _Connection:
     ) -> dict[str, Any]:
         """A response's records and what its tail carries, as JSON fields (docs/protocol.md,
         "JSON answers"): ``result`` (one record) or ``results``, then ``env_ids`` and ``finals``
-        (RECV_RESP), ``finals`` (a SAME_STEP step response) or ``infos`` (OBSERVE_RESP). Only
+        (RECV_RESP), ``finals`` (a step response's final tail) or ``infos`` (OBSERVE_RESP). Only
         whole records before the tail are results: a tail is never read as more of them."""
         size = codec.size
         whole = body.nbytes // size if size else 0
@@ -512,7 +514,7 @@ class _Connection:
         if name == "RECV_RESP":
             recv = split_recv_tail(body, size, self.session.num_envs)
             count = recv.count
-        elif name in _N_RESULTS:
+        elif name in PER_ENV_RESPONSES:
             count = min(self.session.num_envs, whole)
         else:
             count = whole if batch else min(1, whole)
@@ -524,17 +526,11 @@ class _Connection:
             out["finals"] = _finals_json(result, recv.final_rows(result.size))
         elif name == "OBSERVE_RESP":
             out["infos"] = msgpack.unpackb(tail, strict_map_key=False) if tail.nbytes else []
-        elif name in _STEP_RESPONSES and tail.nbytes:  # SAME_STEP: u32 k, k x (u32 env, result)
+        elif name in FINAL_TAIL_RESPONSES and tail.nbytes:
             ends = read_final_tail(tail, 0, result.size, self.session.num_envs)
             rows = [(index, tail[at : at + result.size]) for index, at in ends]
             out["finals"] = _finals_json(result, rows)
         return out
-
-
-_N_RESULTS = frozenset({"RESET_RESP", "STEP_BATCH_RESP", "OBSERVE_RESP"})
-"""Responses of one result per env (then OBSERVE_RESP's infos, STEP_BATCH_RESP's final tail)."""
-_STEP_RESPONSES = frozenset({"STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"})
-"""Step responses: in SAME_STEP mode their results are followed by the final results' tail."""
 
 
 def _finals_json(codec: StructCodec, finals: list[tuple[int, Any]]) -> list[dict[str, Any]]:

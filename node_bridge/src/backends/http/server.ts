@@ -10,7 +10,9 @@ import { ConnectError } from "../../errors";
 import {
   DEFAULT_MAX_BODY,
   ErrorCode,
+  FINAL_TAIL_RESPONSES,
   type MessageIds,
+  PER_ENV_RESPONSES,
   type RecvTail,
   decodeHello,
   encodeError,
@@ -559,15 +561,10 @@ export class HttpServer {
   }
 }
 
-/** Responses of one result per env (then OBSERVE_RESP's infos, STEP_BATCH_RESP's final tail). */
-const N_RESULTS = new Set(["RESET_RESP", "STEP_BATCH_RESP", "OBSERVE_RESP"]);
-/** Step responses: in SAME_STEP mode their results are followed by the final results' tail. */
-const STEP_RESPONSES = new Set(["STEP_RESP", "STEP_MULTI_RESP", "STEP_BATCH_RESP"]);
-
 /**
  * A response's records and what its tail carries, as JSON fields (docs/protocol.md, "JSON
  * answers"; Python: `_Connection._render_records`): `result` (one record) or `results`, then
- * `env_ids` and `finals` (RECV_RESP), `finals` (a SAME_STEP step response) or `infos`
+ * `env_ids` and `finals` (RECV_RESP), `finals` (a step response's final tail) or `infos`
  * (OBSERVE_RESP). Only whole records before the tail are results: a tail is never read as more.
  */
 function renderRecords(name: string, batch: boolean, codec: AnyStructCodec, body: Uint8Array, session: Session): Json {
@@ -579,7 +576,7 @@ function renderRecords(name: string, batch: boolean, codec: AnyStructCodec, body
   if (name === "RECV_RESP") {
     recv = splitRecvTail(body, size, session.numEnvs);
     count = recv.count;
-  } else if (N_RESULTS.has(name)) {
+  } else if (PER_ENV_RESPONSES.has(name)) {
     count = Math.min(session.numEnvs, whole);
   } else {
     count = batch ? whole : Math.min(1, whole);
@@ -594,7 +591,7 @@ function renderRecords(name: string, batch: boolean, codec: AnyStructCodec, body
     out.finals = recv.ended.map((index, k) => finalJson(result, index, finals.subarray(k * result.size, (k + 1) * result.size)));
   } else if (name === "OBSERVE_RESP") {
     out.infos = tail.byteLength ? binAsHex(msgpackDecode(tail, { useBigInt64: true })) : [];
-  } else if (STEP_RESPONSES.has(name) && tail.byteLength) {
+  } else if (FINAL_TAIL_RESPONSES.has(name) && tail.byteLength) {
     const finals = readFinalTail(tail, 0, result.size, session.numEnvs);
     out.finals = finals.map(({ index, at }) => finalJson(result, index, tail.subarray(at, at + result.size)));
   }
