@@ -430,7 +430,8 @@ export function flatArray<T>(
 /** The largest finite f32, as a double. */
 export const F32_MAX = 3.4028234663852886e38;
 
-const INTEGER_RANGES: Readonly<Record<IntegerType, readonly [bigint, bigint]>> = {
+/** Each integer type's range (inclusive), as bigints. */
+export const INTEGER_RANGES: Readonly<Record<IntegerType, readonly [bigint, bigint]>> = {
   u8: [0n, 0xffn],
   u16: [0n, 0xffffn],
   u32: [0n, 0xffffffffn],

@@ -29,7 +29,7 @@ from transport.codec import Schema, StructCodec
 from transport.errors import REMOTE_TRACEBACK_MARKER, CodecError
 from transport.protocol import AutoReset, ErrorCode, RequestError, body_codec
 from transport.runtime.env import Spaces, StepOutput, awaited_text
-from transport.schema.ir import FieldIR
+from transport.schema.ir import INTEGER_RANGES, FieldIR
 
 FATE_RESET = "the env was reset"
 FATE_RECREATED = "the env was recreated"
@@ -87,12 +87,12 @@ def penalty_of(env: Any, reward: FieldIR | None = None) -> float:
         penalty = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{PENALTY_ATTRIBUTE} must be a number, not {value!r}") from None
-    if reward is not None and reward.elem in ACTION_CODES:
-        bounds = np.iinfo(np.dtype(ACTION_CODES[reward.elem]))
-        if not (penalty.is_integer() and bounds.min <= penalty <= bounds.max):
+    if reward is not None and reward.elem in INTEGER_RANGES:
+        lo, hi = INTEGER_RANGES[reward.elem]
+        if not (penalty.is_integer() and lo <= penalty <= hi):
             raise ValueError(
                 f"{PENALTY_ATTRIBUTE} = {value!r} does not fit the reward field "
-                f"{reward.name!r} ({reward.elem}: whole numbers {bounds.min}..{bounds.max})"
+                f"{reward.name!r} ({reward.elem}: whole numbers {lo}..{hi})"
             )
     return penalty
 

@@ -21,7 +21,8 @@
  * the records) or in worker threads (pool.ts). A runner only executes per-env operations.
  */
 
-import type { AnyStructCodec, SchemaModule } from "../codec";
+import { type AnyStructCodec, INTEGER_RANGES, type SchemaModule } from "../codec";
+import type { IntegerType } from "../ir";
 import { ProtocolError, REMOTE_TRACEBACK_MARKER, TransportError } from "../errors";
 import { type FieldJson, episodeEndFields, fieldDims } from "../ir";
 import { AutoReset, ErrorCode, RequestError } from "../protocol";
@@ -574,21 +575,9 @@ const WRITERS: Readonly<Record<string, Writer>> = {
   u64: (dv, at, v) => dv.setBigUint64(at, BigInt(v), true),
 };
 
-/** The whole numbers an integer reward field holds: a noop penalty outside them (or not whole) is refused. */
-const INTEGER_BOUNDS: Readonly<Record<string, readonly [bigint, bigint]>> = {
-  i8: [-(2n ** 7n), 2n ** 7n - 1n],
-  u8: [0n, 2n ** 8n - 1n],
-  i16: [-(2n ** 15n), 2n ** 15n - 1n],
-  u16: [0n, 2n ** 16n - 1n],
-  i32: [-(2n ** 31n), 2n ** 31n - 1n],
-  u32: [0n, 2n ** 32n - 1n],
-  i64: [-(2n ** 63n), 2n ** 63n - 1n],
-  u64: [0n, 2n ** 64n - 1n],
-};
-
 /** Refuse a noop penalty the reward field cannot hold exactly (an i16 reward turned -0.5 into 0). Python: `penalty_of`. */
 function checkPenalties(penalties: readonly number[], name: string, type: string): void {
-  const bounds = INTEGER_BOUNDS[type];
+  const bounds = Object.prototype.hasOwnProperty.call(INTEGER_RANGES, type) ? INTEGER_RANGES[type as IntegerType] : undefined;
   if (bounds === undefined) return;
   for (const penalty of penalties) {
     if (!Number.isInteger(penalty) || BigInt(penalty) < bounds[0] || BigInt(penalty) > bounds[1]) {
