@@ -271,3 +271,14 @@ def test_generated_fields_of_one_type_are_independent() -> None:
     values = generate(ir, "StepResult", 100, seed=1)
     same = sum(1 for v in values if v["life"] == v["money"] == v["stage"])
     assert same < 10
+
+
+def test_only_takes_the_check_names_as_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """The rows print python->LANG and LANG->python: --only takes those names too."""
+    only = ["--only", "python->python-testee,python-testee->python"]
+    assert main(["--testee", "python", "--count", "3", "--json", *only, str(PAC_ENV)]) == 0
+    (schema,) = json.loads(capsys.readouterr().out)["schemas"]
+    assert sorted(schema["checks"]) == ["python->python-testee", "python-testee->python"]
+    with pytest.raises(SystemExit):
+        main(["--only", "node->node", str(PAC_ENV)])
+    assert "unknown check 'node->node'" in capsys.readouterr().err

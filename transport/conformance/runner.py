@@ -142,6 +142,17 @@ def _label(check: str, lang: str) -> str:
     return check
 
 
+def check_named(name: str) -> str | None:
+    """The check a name means: one of CHECKS, or a label as printed (``python->node``,
+    ``node->python``, any testee language); None for no check."""
+    if name in CHECKS:
+        return name
+    source, arrow, target = name.partition("->")
+    if arrow and source and target and "python" in (source, target) and source != target:
+        return "python-testee" if source == "python" else "testee-python"
+    return None
+
+
 # -- byte and value diffs ----------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from transport.conformance.runner import (
     Runner,
     SchemaResult,
     _label,
+    check_named,
 )
 from transport.errors import SchemaError
 from transport.schema import load_schema
@@ -56,8 +57,13 @@ Checks, per schema, in this order:
                   and decode the bytes to exactly the values; the .hex annotation matches the .bin.
   python->LANG    Hypothesis generates --count values per struct, Python encodes them, the testee
                   decodes (strict) and re-encodes: bytes identical, values equal.
+                  (--only python-testee, or python->LANG as printed)
   LANG->python    The testee generates --count values per struct (its own generator) and encodes
                   them; Python decodes, compares the values and re-encodes: bytes identical.
+                  (--only testee-python, or LANG->python as printed)
+  views           What clients read: the testee's zero-copy views over bytes Python encoded, and
+                  Python's views over bytes the testee encoded, at aligned and odd offsets in a
+                  larger buffer: every field's value equal to the encoded one.
   invalid         Inputs derived from the IR for every struct (short buffers, out-of-range
                   integers, f32 overflow, wrong array lengths, wrong value kinds, missing and
                   unknown fields, bool bytes other than 0/1, undeclared enum values on encode and
@@ -146,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="CHECK[,CHECK]",
         type=_checks,
         default=None,
-        help=f"run only these checks: {', '.join(CHECKS)} (default: all)",
+        help=f"run only these checks: {', '.join(CHECKS)}, or the printed python->LANG and "
+        "LANG->python (default: all)",
     )
     p.add_argument(
         "--json",
@@ -202,12 +209,14 @@ def _checks(text: str) -> tuple[str, ...]:
     named = [c.strip() for c in text.split(",") if c.strip()]
     if not named:
         raise argparse.ArgumentTypeError(f"names no check; choose from {', '.join(CHECKS)}")
-    unknown = [c for c in named if c not in CHECKS]
+    unknown = [c for c in named if check_named(c) is None]
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)}"
+            f"unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)} "
+            "(python->LANG and LANG->python name python-testee and testee-python)"
         )
-    return tuple(c for c in CHECKS if c in named)
+    chosen = {check_named(c) for c in named}
+    return tuple(c for c in CHECKS if c in chosen)
 
 
 def _print_first_failure(results: list[SchemaResult], lang: str) -> None:
