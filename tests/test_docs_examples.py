@@ -423,15 +423,6 @@ def _wrapped(code: str) -> str:
     )
 
 
-def _js_wrapped(code: str) -> str:
-    return (
-        "(async () => {\n"
-        + code
-        + "\n})().then(() => process.exit(0), (error) => { console.error(error);"
-        " process.exit(1); });\n"
-    )
-
-
 @dataclass
 class NodeProject:
     root: Path
@@ -462,7 +453,7 @@ def node_project() -> Iterator[NodeProject]:
             (root / name).write_text(_wrapped(code))
             ts_files.append(name)
         else:
-            (root / _node_name(block, "js")).write_text(_js_wrapped(code))
+            (root / _node_name(block, "js")).write_text(code)  # as written: CommonJS
     errors: dict[str, list[str]] = {}
     if ts_files:
         tsc = BRIDGE / "node_modules" / "typescript" / "bin" / "tsc"
