@@ -33,6 +33,7 @@ PINNED = [
     "NonCanonicalError",
     "PeerGoneError",
     "ProtocolError",
+    "RegionInUseError",
     "RegionMismatchError",
     "RemoteError",
     "Schema",

@@ -18,7 +18,15 @@ import numpy as np
 from transport.backends import backend_for
 from transport.backends.socket_listener import ServerLimits as ServerLimits
 from transport.backends.socket_listener import SocketListener
-from transport.client import DEFAULT_TIMEOUT, Client, explain, handshake, resolve_schema
+from transport.client import (
+    DEFAULT_TIMEOUT,
+    Client,
+    check_timeout,
+    check_url,
+    explain,
+    handshake,
+    resolve_schema,
+)
 from transport.codec import Schema
 from transport.errors import TransportError
 from transport.protocol import DEFAULT_MAX_BODY, AutoReset, body_codec, encode_hello_request
@@ -129,10 +137,13 @@ def connect(
     ``schema``: a ``Schema`` or a schema file pins the session to it (a server with another
     schema is refused, the error naming both); None discovers the server's schema in the
     handshake (its compiled IR, checked against its fingerprint; ``client.schema``).
-    ``timeout``: seconds any one wait may take (connecting, each request); a dead or silent
-    server is an error within it. ``autoreset``: "disabled" (the client resets), "next_step"
-    (gymnasium 1.x) or "same_step" (SB3; final results in ``client.finals``).
-    """
+    ``timeout``: seconds any one wait may take (connecting, each request), a number > 0; a dead
+    or silent server is an error within it. None, ``math.inf`` or more than 2**31 - 1 ms (about
+    24.8 days): no deadline (``check_timeout``). ``autoreset``: "disabled" (the client
+    resets), "next_step" (gymnasium 1.x) or "same_step" (SB3; final results in
+    ``client.finals``). ``url`` is a str (a ``TypeError`` otherwise)."""
+    check_url(url)
+    timeout = check_timeout(timeout)
     codecs = None if schema is None else resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
     backend = backend_for(url)
@@ -432,7 +443,13 @@ def serve(
     ``step_timeout``: with workers, seconds one worker may take over a lock-step request
     before it counts as stuck: it is killed and replaced, its envs fail with ENV_ERROR
     (default 60).
+
+    Call it from the main thread: only the main thread receives signals. In a daemon thread it
+    serves until its server stops on its own (``ServerStoppedError``) or the process exits; in
+    any other thread it is refused at once (``RuntimeError``): nothing could stop it, and the
+    process would never exit. There, use ``Server(...).start()`` and ``close()``.
     """
+    check_serve_thread("serve")
     server = Server(
         env_or_factory,
         url,
@@ -488,6 +505,23 @@ def serve(
         os.close(wake_r)
         os.close(wake_w)
     server.check()  # stopped on its own: an error (the CLI exits 1), never a silent return
+
+
+def check_serve_thread(name: str) -> None:
+    """Refuse ``serve()`` / ``serve_gym()`` in a thread that is neither the main thread nor a
+    daemon: signals reach only the main thread, so SIGINT and SIGTERM would never stop it, and
+    the process would wait for it forever when its main thread ends (a SIGTERM killing it then
+    leaves the socket file behind)."""
+    thread = threading.current_thread()
+    if thread is threading.main_thread() or thread.daemon:
+        return
+    raise RuntimeError(
+        f"transport.{name}() was called in thread {thread.name!r}, which is neither the main "
+        "thread nor a daemon: it serves until SIGINT or SIGTERM, which only the main thread "
+        "receives, so it could never stop and the process would never exit. In a thread, use "
+        "server = transport.Server(env, url, ...).start() and server.close() to stop it (or "
+        "call serve() from the main thread)"
+    )
 
 
 def log_line(server: Server) -> None:

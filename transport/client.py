@@ -9,6 +9,7 @@ views that stay valid until the next call on the same client. ``copy=True`` retu
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import threading
 import weakref
@@ -28,6 +29,7 @@ from transport.errors import (
     FingerprintMismatchError,
     PeerGoneError,
     ProtocolError,
+    RegionInUseError,
     RegionMismatchError,
     RemoteError,
     TransportError,
@@ -56,7 +58,48 @@ from transport.step_view import StepView
 
 DEFAULT_TIMEOUT = 10.0
 
+MAX_TIMEOUT = (2**31 - 1) / 1000
+"""The longest finite client timeout, in seconds (2**31 - 1 ms, about 24.8 days: Node's timer
+limit); a longer one, or ``math.inf``, means no deadline, as None does. Node: the same rule."""
+
+
+def check_timeout(timeout: Any, where: str = "connect") -> float | None:
+    """A client ``timeout`` checked (``where(timeout=...)`` names it in errors) and normalised:
+    None, ``math.inf`` or a finite value above ``MAX_TIMEOUT`` -> None (no deadline); a real
+    number > 0 (not a bool) -> that many seconds. 0, a negative value or NaN is a
+    ``ValueError`` (every request would time out at once), anything else a ``TypeError``."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(
+            f"{where}(timeout={timeout!r}): timeout is seconds, a number > 0, or None (no "
+            f"deadline); not a {type(timeout).__name__}"
+        )
+    seconds = float(timeout)
+    if not seconds > 0:  # NaN too
+        raise ValueError(
+            f"{where}(timeout={timeout!r}): timeout must be > 0 seconds (None or math.inf: no "
+            "deadline)"
+        )
+    return None if seconds > MAX_TIMEOUT else seconds
+
+
+def check_url(url: Any, where: str = "connect") -> str:
+    """``url`` if it is a str, else a ``TypeError`` naming the argument and an example URL."""
+    if not isinstance(url, str):
+        raise TypeError(
+            f"{where}(url={url!r}): url must be a str, such as 'unix:///tmp/env.sock' or "
+            f"'http://127.0.0.1:8000'; not a {type(url).__name__}"
+        )
+    return url
+
+
 HINTS: tuple[tuple[type[TransportError], str], ...] = (
+    (
+        RegionInUseError,
+        "close that client first (or end its process), or serve another shm:// name for a "
+        "second client",
+    ),
     (
         ConnectError,
         "is a server serving this URL? start one with `transport-serve URL` or "
@@ -270,6 +313,9 @@ class Client:
             except TransportError as exc:
                 self._failed(exc)
                 raise
+            except KeyboardInterrupt:
+                self._late = True  # as after a timeout: the request may still be read
+                raise
             if resp_type != expect:
                 self._unexpected(resp_type, body, expect)
             if self._same_step or copy:
@@ -419,12 +465,27 @@ class Client:
             return body.nbytes >= 1 and body[0] == 1
 
     def close(self) -> None:
-        if not self._closed:
+        """Close the connection (again: nothing). Refused at once (``TransportError``) while
+        another thread is in a call on this client, which goes on: a socket or shm lease closed
+        under a blocked call aborts libzmq and hangs shm (docs/decisions.md)."""
+        if self._closed:
+            return
+        if not self._in_use.acquire(False):
+            raise TransportError(
+                f"{self.url}: close() while another thread is in a call on this client: it is "
+                "not closed, and that call goes on; close it after the call returns (join that "
+                "thread first), or give each thread its own client"
+            )
+        try:
+            if self._closed:
+                return
             self._closed = True
             goodbye = getattr(self.channel, "say_goodbye", None)
             if goodbye is not None:  # zmq: the server is not told when a client goes
                 goodbye(self.ids.HELLO_REQ, encode_goodbye())
             self.channel.close()
+        finally:
+            self._in_use.release()
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -436,8 +497,14 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.close()
+        except TransportError:
+            if exc_type is None:
+                raise
+            # an exception is already on its way out (a Ctrl-C while another thread is in a
+            # call, whose close is refused): it goes on, not replaced by the refusal
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -469,6 +536,9 @@ class Client:
         except TransportError as exc:
             self._failed(exc)
             raise
+        except KeyboardInterrupt:
+            self._late = True  # as after a timeout: the request may still be read
+            raise
         if resp_type != expect:
             self._unexpected(resp_type, resp, expect)
         return resp
@@ -480,9 +550,9 @@ class Client:
         explain(exc, self.url)
 
     def _settle(self) -> None:
-        """After a timeout: a channel whose requests live where the server reads them (shm
-        slots) waits for the late reply before the next request is written (``settle``); the
-        others drop late replies by msg_id or by order on their own."""
+        """After a timeout or Ctrl-C: a channel whose requests live where the server reads them
+        (shm slots) waits for the late reply before the next request is written (``settle``);
+        the others drop late replies by msg_id or by order on their own."""
         settle = getattr(self.channel, "settle", None)
         if settle is not None:
             try:

@@ -102,6 +102,15 @@ class ConnectError(TransportError):
     """The peer could not be reached before the deadline (nothing listens, refused, bad URL)."""
 
 
+class RegionInUseError(ConnectError):
+    """An shm:// region leased by another live client (one client per region): ``holder`` is
+    its pid (this process's own when another client of this process holds it)."""
+
+    def __init__(self, text: str, holder: int) -> None:
+        self.holder = holder
+        super().__init__(text)
+
+
 class TransportTimeoutError(TransportError):
     """A wait for the peer passed its deadline; the peer may be alive but silent."""
 

@@ -27,6 +27,7 @@ from transport.backends.sockets import connect_with_retry, send_parts, set_kerne
 from transport.codec import Schema
 from transport.errors import (
     BadFrameError,
+    ConnectError,
     PeerGoneError,
     ProtocolError,
     TransportTimeoutError,
@@ -35,12 +36,21 @@ from transport.protocol import (
     BODY_OFFSET,
     DEFAULT_MAX_BODY,
     ERROR_HEAD,
-    ErrorCode,
     MessageIds,
-    encode_error,
 )
 
 _TIMED_OUT = (TimeoutError, BlockingIOError)  # BlockingIOError: SO_RCVTIMEO / SO_SNDTIMEO ran out
+
+
+class _NotTransport(Exception):
+    """A whole HTTP response that no transport server sends: a non-200 status without the
+    ERROR contract (``X-Transport-Error`` and an ERROR body), or a 200 without
+    ``X-Transport-Msg-Type``. ``HttpChannel.request`` turns it into a typed error."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(status, text)
+        self.status = status
+        self.text = text
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,8 @@ class HttpChannel(BufferChannel):
         self._head_view = memoryview(self._head)
         self._gone = ""
         self._responses: dict[bytes, _ResponseHead] = {}
-        self._progress = (0, -1, -1)  # (head bytes, body start, body end) of the response read
+        # (head bytes, body start, body bytes end, body stop) of the response being read
+        self._progress = (0, -1, -1, -1)
         self._owed = 0  # responses still due to requests that timed out (dropped when they come)
         self._carry = b""  # bytes already received of the first of them
         # the kernel times reads and writes out (no poll before each call); the deadline of a
@@ -200,6 +211,16 @@ class HttpChannel(BufferChannel):
         except OSError as exc:
             self._abandon("the connection failed")
             raise PeerGoneError(f"the connection failed: {exc}") from exc
+        except BaseException as exc:
+            # a KeyboardInterrupt (or a signal handler's exception) in the middle of sending:
+            # how much of the request went is unknown, the server may hold half of it, and the
+            # stream cannot be put back in step: the next call is told to connect again
+            self._abandon(
+                f"this client closed its connection: a call was interrupted "
+                f"({type(exc).__name__}) while its request was being sent, so the server may "
+                "have received part of it"
+            )
+            raise
         try:
             return self._receive(sock, deadline)
         except TransportTimeoutError:
@@ -207,6 +228,27 @@ class HttpChannel(BufferChannel):
         except (PeerGoneError, ProtocolError) as exc:
             self._abandon(f"the connection was abandoned after: {exc}")
             raise
+        except _NotTransport as exc:
+            raise self._not_transport(msg_type, exc) from None
+
+    def _not_transport(self, msg_type: int, exc: _NotTransport) -> ConnectError | ProtocolError:
+        """The typed error for a response no transport server sends (``_NotTransport``): at the
+        handshake a ``ConnectError`` (the URL is not a transport server's), later a
+        ``ProtocolError``; the connection is closed either way (its peer is not one)."""
+        url = getattr(self, "url", "") or f"http://{self._netloc}"
+        what = (
+            "no X-Transport-Msg-Type header"
+            if exc.status == 200
+            else "no X-Transport-Error header and ERROR body"
+        )
+        text = (
+            f"the peer at {url} answered HTTP {exc.status} with {what}: it is not a transport "
+            f"server (its body begins: {exc.text!r})"
+        )
+        self._abandon(f"the connection was abandoned after: {text}")
+        if msg_type == self.ids.HELLO_REQ:
+            return ConnectError(text)
+        return ProtocolError(text)
 
     def _drain(self, sock: socket.socket, deadline: float | None) -> None:
         """Read and drop the responses still due to requests that timed out (HTTP/1.1 answers
@@ -225,11 +267,11 @@ class HttpChannel(BufferChannel):
                 stop = end + 4 + head.content_length
                 while len(data) < stop:
                     data += self._recv_more(sock, deadline)
-                del data[:stop]
                 if head.close:
                     raise PeerGoneError("the server closed the connection (Connection: close)")
                 if head.status >= 200:
                     self._owed -= 1
+                del data[:stop]
         except TransportTimeoutError:
             self._carry = bytes(data)
             raise TransportTimeoutError(
@@ -237,6 +279,9 @@ class HttpChannel(BufferChannel):
             ) from None
         except (PeerGoneError, ProtocolError) as exc:
             self._abandon(f"the connection was abandoned after: {exc}")
+            raise
+        except BaseException:
+            self._carry = bytes(data)  # interrupted (Ctrl-C): what came is kept, as on a timeout
             raise
         if data:
             self._abandon("the connection was abandoned: the server sent an unasked response")
@@ -267,13 +312,19 @@ class HttpChannel(BufferChannel):
         return n
 
     def _receive(self, sock: socket.socket, deadline: float | None) -> tuple[int, memoryview]:
-        """The response to the request just sent. On a timeout, the bytes of it that came are
-        kept and it is owed: ``_drain`` drops it before the next request (resynchronisation)."""
-        self._progress = (0, -1, -1)
+        """The response to the request just sent. On a timeout or an interrupt (Ctrl-C: a
+        ``KeyboardInterrupt`` out of a blocked recv), the bytes of it that came are kept and it
+        is owed: ``_drain`` drops it before the next request (resynchronisation), so the next
+        call never returns the interrupted call's response."""
+        self._progress = (0, -1, -1, -1)
         try:
             return self._read_response(sock, deadline)
-        except TransportTimeoutError:
-            have, start, pos = self._progress
+        except (PeerGoneError, ProtocolError, _NotTransport):
+            raise  # ``request`` closes the connection
+        except BaseException:
+            have, start, pos, stop = self._progress
+            if start >= 0 and pos >= stop:
+                raise  # the whole response was read: nothing is owed (its body is dropped)
             if start < 0:  # inside the head
                 self._carry = bytes(self._head_view[:have])
             else:
@@ -297,7 +348,7 @@ class HttpChannel(BufferChannel):
                 # a small window: the body that comes with the head is copied into place, so
                 # read little of it here; the rest is received straight into the body buffer
                 have += self._recv_into(sock, view[have : have + _HEAD_READ], deadline, first)
-                self._progress = (have, -1, -1)
+                self._progress = (have, -1, -1, -1)
                 first = False
             if end > MAX_HEAD:
                 raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
@@ -314,7 +365,7 @@ class HttpChannel(BufferChannel):
             rest = have - start
             self._head[:rest] = bytes(view[start:have])
             have = rest
-            self._progress = (have, -1, -1)
+            self._progress = (have, -1, -1, -1)
         length = head.content_length
         if length > self.max_body:
             raise BadFrameError(f"response Content-Length {length} exceeds {self.max_body}")
@@ -329,22 +380,20 @@ class HttpChannel(BufferChannel):
         target[BODY_OFFSET : BODY_OFFSET + got] = view[start:have]
         stop = BODY_OFFSET + length
         pos = BODY_OFFSET + got
+        self._progress = (have, start, pos, stop)
         while pos < stop:
-            self._progress = (have, start, pos)
             pos += self._recv_into(sock, target[pos:stop], deadline, False)
+            self._progress = (have, start, pos, stop)
         body = target[BODY_OFFSET:stop]
         if head.close:
             self._abandon("the server closed the connection (Connection: close)")
         if head.status == 200:
             if head.msg_type is None:
-                raise ProtocolError("HTTP 200 response without X-Transport-Msg-Type")
+                raise _NotTransport(200, bytes(body[:120]).decode("utf-8", "replace"))
             return head.msg_type, body
         if head.error is not None and _is_error_body(body):
             return self.ids.ERROR, body
-        text = bytes(body[:200]).decode("utf-8", "replace")
-        return self.ids.ERROR, memoryview(
-            encode_error(ErrorCode.INTERNAL, f"HTTP {head.status} without an ERROR body: {text}")
-        )
+        raise _NotTransport(head.status, bytes(body[:120]).decode("utf-8", "replace"))
 
     def _abandon(self, reason: str) -> None:
         if self.sock is not None:
