@@ -69,8 +69,9 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* 0: woken (or the word no longer held `expected`), TP_TIMEOUT, or TP_ERRNO. */
-int tp_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+/* 0: woken (or the word no longer held `expected`), TP_INTERRUPTED (a signal came: its
+ * handler ran), TP_TIMEOUT, or TP_ERRNO. */
+static int futex_wait_raw(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
     struct timespec ts, *tsp = NULL;
     if (timeout_ns >= 0) {
         ts.tv_sec = timeout_ns / 1000000000LL;
@@ -79,9 +80,16 @@ int tp_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
     }
     long rc = syscall(SYS_futex, word, FUTEX_WAIT, expected, tsp, NULL, 0);
     if (rc == 0) return TP_OK;
-    if (errno == EAGAIN || errno == EINTR) return TP_OK;
+    if (errno == EAGAIN) return TP_OK;
+    if (errno == EINTR) return TP_INTERRUPTED;
     if (errno == ETIMEDOUT) return TP_TIMEOUT;
     return TP_ERRNO;
+}
+
+/* 0: woken (or the word no longer held `expected`, or a signal came), TP_TIMEOUT, or TP_ERRNO. */
+int tp_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+    int rc = futex_wait_raw(word, expected, timeout_ns);
+    return rc == TP_INTERRUPTED ? TP_OK : rc;
 }
 
 int tp_futex_wake(uint32_t *word, int count) {
@@ -159,13 +167,38 @@ static int sleep_checks(tp_ctx *ctx, int64_t deadline, int *checked, int64_t *no
     return TP_OK;
 }
 
+#define TP_CHECK_NS ((int64_t)TP_CHECK_MS * 1000000LL)
+
+/* A client wait's deadline: the one it had when it returned TP_INTERRUPTED (resumed), else
+ * now + timeout_ns (INT64_MAX: none). */
+static int64_t client_deadline(tp_ctx *ctx, int64_t timeout_ns) {
+    if (ctx->resumed) return ctx->deadline;
+    return timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+}
+
+/* A client wait stops early (TP_INTERRUPTED) so that Python runs its signal handlers: a handler
+ * runs in C at once, but Python's part of it (KeyboardInterrupt) only once the call returns.
+ * Its sleep ends with EINTR when the signal comes to this thread while it sleeps; a signal that
+ * came while it spun, or to another thread, is seen TP_CHECK_MS later at most. */
+static int interrupted(tp_ctx *ctx, int64_t deadline) {
+    ctx->deadline = deadline;
+    return TP_INTERRUPTED;
+}
+
 /* The one wait loop. Returns the word's sequence (>= 0) once cond holds, or an error:
- * cond: (value & MASK) == target when `want_equal`, != target otherwise. */
+ * cond: (value & MASK) == target when `want_equal`, != target otherwise. `interruptible`
+ * (client waits): TP_INTERRUPTED on a signal or after TP_CHECK_MS asleep; a resumed wait
+ * (ctx->resumed, cleared here) does not spin again and checks the peer at once. */
 static int64_t wait_loop(tp_ctx *ctx, uint32_t *word, uint32_t target, int want_equal,
-                         int64_t timeout_ns) {
+                         int64_t deadline, int interruptible) {
     int64_t spins = 0;
-    int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
     int checked = 0;
+    int64_t asleep_since = -1;
+    if (interruptible && ctx->resumed) {
+        ctx->resumed = 0;
+        spins = ctx->spin;
+        checked = 1;
+    }
     for (;;) {
         uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
         uint32_t seq = v & TP_MASK;
@@ -184,6 +217,12 @@ static int64_t wait_loop(tp_ctx *ctx, uint32_t *word, uint32_t target, int want_
         int64_t now;
         int rc = sleep_checks(ctx, deadline, &checked, &now);
         if (rc != TP_OK) return rc;
+        if (interruptible) {
+            if (asleep_since < 0)
+                asleep_since = now;
+            else if (now - asleep_since >= TP_CHECK_NS)
+                return interrupted(ctx, deadline);
+        }
         if (!(v & TP_SLEEP)) {
             if (!__atomic_compare_exchange_n(word, &v, v | TP_SLEEP, 0, __ATOMIC_SEQ_CST,
                                              __ATOMIC_SEQ_CST))
@@ -192,18 +231,25 @@ static int64_t wait_loop(tp_ctx *ctx, uint32_t *word, uint32_t target, int want_
         }
         int64_t slice = deadline - now;
         if (ctx->slice_ns > 0 && slice > ctx->slice_ns) slice = ctx->slice_ns;
+        if (interruptible && slice > TP_CHECK_NS) slice = TP_CHECK_NS;
         ctx->sleeps++;
-        if (tp_futex_wait(word, v, slice) == TP_ERRNO) return TP_ERRNO;
+        rc = futex_wait_raw(word, v, slice);
+        if (rc == TP_ERRNO) return TP_ERRNO;
+        if (rc == TP_INTERRUPTED && interruptible) return interrupted(ctx, deadline);
     }
 }
 
+static int64_t deadline_of(int64_t timeout_ns) {
+    return timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+}
+
 int tp_wait_value(tp_ctx *ctx, uint32_t *word, uint32_t target, int64_t timeout_ns) {
-    int64_t rc = wait_loop(ctx, word, target & TP_MASK, 1, timeout_ns);
+    int64_t rc = wait_loop(ctx, word, target & TP_MASK, 1, deadline_of(timeout_ns), 0);
     return rc >= 0 ? TP_OK : (int)rc;
 }
 
 int64_t tp_wait_change(tp_ctx *ctx, uint32_t *word, uint32_t last, int64_t timeout_ns) {
-    return wait_loop(ctx, word, last & TP_MASK, 0, timeout_ns);
+    return wait_loop(ctx, word, last & TP_MASK, 0, deadline_of(timeout_ns), 0);
 }
 
 #define SLOT_WORD(ctx, i, off) ((uint32_t *)((ctx)->slots + (uint64_t)(i) * (ctx)->stride + (off)))
@@ -218,12 +264,7 @@ static int wait_slot(tp_ctx *ctx, uint32_t i, int64_t deadline) {
     uint32_t *resp = SLOT_WORD(ctx, i, ctx->resp_off);
     uint32_t target = ctx->seqs[i];
     if ((__atomic_load_n(resp, __ATOMIC_ACQUIRE) & TP_MASK) == target) return TP_OK;
-    int64_t left = -1;
-    if (deadline >= 0) {
-        left = deadline - now_ns();
-        if (left < 0) left = 0;
-    }
-    int64_t rc = wait_loop(ctx, resp, target, 1, left);
+    int64_t rc = wait_loop(ctx, resp, target, 1, deadline, 1);
     return rc < 0 ? (int)rc : TP_OK;
 }
 
@@ -235,8 +276,15 @@ static int wait_slot(tp_ctx *ctx, uint32_t i, int64_t deadline) {
  * the client spins (or sleeps: one wake-up a batch) on that one slot while the server publishes
  * the others, instead of reading each slot's line just as the server's next exchange needs it
  * back (each exchange then waits for a transfer between cores: ~10 us a batch of 256). */
+static int client_wait(tp_ctx *ctx, int64_t deadline);
+
 int tp_client_wait(tp_ctx *ctx, int64_t timeout_ns) {
-    int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+    int rc = client_wait(ctx, client_deadline(ctx, timeout_ns));
+    ctx->resumed = 0;
+    return rc;
+}
+
+static int client_wait(tp_ctx *ctx, int64_t deadline) {
     uint32_t n = ctx->n;
     if (n > 1) {
         int rc = wait_slot(ctx, n - 1, deadline);
@@ -265,6 +313,7 @@ int tp_client_roundtrip(tp_ctx *ctx, int64_t timeout_ns) {
     }
     ctx->doorbell_seq = (ctx->doorbell_seq + 1) & TP_MASK;
     if (tp_publish_word(ctx->doorbell, ctx->doorbell_seq)) ctx->wakes++;
+    ctx->resumed = 0; /* a new request: its own deadline (its wait is resumed with tp_client_wait) */
     return tp_client_wait(ctx, timeout_ns);
 }
 
@@ -288,7 +337,8 @@ static int waitv_missing = 0;
 
 /* Sleep until one of `count` words no longer holds its value in `vals`, a wake-up, or
  * `timeout_ns`: FUTEX_WAITV (shared futexes). An older kernel: FUTEX_WAIT on the first word
- * in short slices (the others are seen at the next look). 0 or TP_ERRNO. */
+ * in short slices (the others are seen at the next look). 0, TP_INTERRUPTED (a signal came)
+ * or TP_ERRNO. */
 static int wait_words(uint32_t **words, const uint32_t *vals, uint32_t count, int64_t timeout_ns) {
     if (count > TP_WAITV_MAX) count = TP_WAITV_MAX;
     if (!waitv_missing) {
@@ -305,12 +355,14 @@ static int wait_words(uint32_t **words, const uint32_t *vals, uint32_t count, in
         ts.tv_sec += at / 1000000000LL;
         ts.tv_nsec = at % 1000000000LL;
         long rc = syscall(SYS_futex_waitv, w, count, 0, &ts, CLOCK_MONOTONIC);
-        if (rc >= 0 || errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT) return TP_OK;
+        if (rc >= 0 || errno == EAGAIN || errno == ETIMEDOUT) return TP_OK;
+        if (errno == EINTR) return TP_INTERRUPTED;
         if (errno != ENOSYS) return TP_ERRNO;
         waitv_missing = 1;
     }
     int64_t slice = timeout_ns < TP_WAITV_FALLBACK_NS ? timeout_ns : TP_WAITV_FALLBACK_NS;
-    return tp_futex_wait(words[0], vals[0], slice) == TP_ERRNO ? TP_ERRNO : TP_OK;
+    int rc = futex_wait_raw(words[0], vals[0], slice);
+    return rc == TP_TIMEOUT ? TP_OK : rc;
 }
 
 /* Client: publish one request in each slot of `ids` (command and request fields are written)
@@ -332,7 +384,7 @@ void tp_client_send(tp_ctx *ctx, const uint32_t *ids, uint32_t count) {
  * every unanswered word (CAS) and one FUTEX_WAITV on them. Returns the count found (== want,
  * or fewer when fewer are in flight) or a negative error. */
 static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
-                           uint32_t *out, int64_t timeout_ns, int *hinted);
+                           uint32_t *out, int64_t deadline, int *hinted);
 
 /* The RECV wake hint is this wait's only: cleared (seq_cst, before any later load of a
  * response word) when it returns, so that no other wait of the client (a RECV of every env,
@@ -340,19 +392,26 @@ static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want,
 int tp_client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
                        uint32_t *out, int64_t timeout_ns) {
     int hinted = 0;
-    int rc = client_wait_any(ctx, in_flight, want, start, out, timeout_ns, &hinted);
+    int rc = client_wait_any(ctx, in_flight, want, start, out, client_deadline(ctx, timeout_ns),
+                             &hinted);
+    ctx->resumed = 0;
     if (hinted) __atomic_store_n(ctx->recv_hint, 0, __ATOMIC_SEQ_CST);
     return rc;
 }
 
 static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want, uint32_t start,
-                           uint32_t *out, int64_t timeout_ns, int *hinted) {
+                           uint32_t *out, int64_t deadline, int *hinted) {
     uint32_t *words[TP_WAITV_MAX];
     uint32_t vals[TP_WAITV_MAX];
-    int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
     int64_t spins = 0;
     int checked = 0;
+    int64_t asleep_since = -1;
     uint32_t n = ctx->n;
+    if (ctx->resumed) { /* after TP_INTERRUPTED: no new spin, the peer checked at once */
+        ctx->resumed = 0;
+        spins = ctx->spin;
+        checked = 1;
+    }
     for (;;) {
         uint32_t found = 0, answered = 0, waiting = 0, unanswered = 0;
         for (uint32_t k = 0; k < n; k++) {
@@ -385,6 +444,10 @@ static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want,
         int64_t now;
         int rc = sleep_checks(ctx, deadline, &checked, &now);
         if (rc != TP_OK) return rc;
+        if (asleep_since < 0)
+            asleep_since = now;
+        else if (now - asleep_since >= TP_CHECK_NS)
+            return interrupted(ctx, deadline);
         if (!*hinted && ctx->recv_hint != NULL) {
             /* The wake hint (docs/shm.md "One wake per RECV"): wake me once fewer than
              * hint envs are unanswered, i.e. once `want` of the in-flight ones are answered.
@@ -415,8 +478,11 @@ static int client_wait_any(tp_ctx *ctx, const uint8_t *in_flight, uint32_t want,
         if (moved) continue;
         int64_t slice = deadline - now;
         if (ctx->slice_ns > 0 && slice > ctx->slice_ns) slice = ctx->slice_ns;
+        if (slice > TP_CHECK_NS) slice = TP_CHECK_NS;
         ctx->sleeps++;
-        if (wait_words(words, vals, waiting, slice) == TP_ERRNO) return TP_ERRNO;
+        rc = wait_words(words, vals, waiting, slice);
+        if (rc == TP_ERRNO) return TP_ERRNO;
+        if (rc == TP_INTERRUPTED) return interrupted(ctx, deadline);
         if (*hinted && waitv_missing) { /* found out just now: one word at a time, no hint */
             __atomic_store_n(ctx->recv_hint, 0, __ATOMIC_SEQ_CST);
             *hinted = 0;
@@ -450,7 +516,7 @@ int tp_wait_either(tp_ctx *ctx, uint32_t *a, uint32_t a_last, uint32_t *b, uint3
         }
         uint32_t *words[2] = {a, b};
         uint32_t vals[2] = {va, vb};
-        ctx->sleeps++;
+        ctx->sleeps++; /* a signal (TP_INTERRUPTED) only ends this sleep: the server goes on */
         if (wait_words(words, vals, 2, deadline - now) == TP_ERRNO) return TP_ERRNO;
     }
 }
@@ -802,11 +868,11 @@ int tp_floor_pingpong(char *region, int role, int64_t iterations, int mode, int6
         if (role == 0) {
             int64_t t0 = now_ns();
             tp_publish_word(ping, seq);
-            int64_t rc = wait_loop(&ctx, pong, seq, 1, timeout_ns);
+            int64_t rc = wait_loop(&ctx, pong, seq, 1, deadline_of(timeout_ns), 0);
             if (rc < 0) return (int)rc;
             if (out_ns != NULL) out_ns[k - 1] = now_ns() - t0;
         } else {
-            int64_t rc = wait_loop(&ctx, ping, seq, 1, timeout_ns);
+            int64_t rc = wait_loop(&ctx, ping, seq, 1, deadline_of(timeout_ns), 0);
             if (rc < 0) return (int)rc;
             tp_publish_word(pong, seq);
         }
@@ -842,14 +908,14 @@ int tp_floor_shm(char *region, int role, int64_t iterations, int mode, int64_t r
             int64_t t0 = now_ns();
             memcpy(request, own, (size_t)request_bytes);
             tp_publish_word(ping, seq);
-            int64_t rc = wait_loop(&ctx, pong, seq, 1, timeout_ns);
+            int64_t rc = wait_loop(&ctx, pong, seq, 1, deadline_of(timeout_ns), 0);
             if (rc < 0) {
                 result = (int)rc;
                 break;
             }
             if (out_ns != NULL) out_ns[k - 1] = now_ns() - t0;
         } else {
-            int64_t rc = wait_loop(&ctx, ping, seq, 1, timeout_ns);
+            int64_t rc = wait_loop(&ctx, ping, seq, 1, deadline_of(timeout_ns), 0);
             if (rc < 0) {
                 result = (int)rc;
                 break;

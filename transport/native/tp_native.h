@@ -8,6 +8,12 @@
 #define TP_PEER_DEAD -2
 #define TP_CLOSED -3
 #define TP_ERRNO -4
+/* A client wait (tp_client_wait, tp_client_roundtrip's wait, tp_client_wait_any) came back
+ * early so that its caller runs its signal handlers (Python: Ctrl-C's KeyboardInterrupt): a
+ * signal interrupted its sleep, or TP_CHECK_MS passed asleep. Nothing failed: call the wait
+ * again with ctx->resumed = 1 (it goes on to ctx->deadline, with no new spin). */
+#define TP_INTERRUPTED -5
+#define TP_CHECK_MS 50
 
 #define TP_MODE_SPIN 0
 #define TP_MODE_FUTEX 1
@@ -32,6 +38,8 @@ typedef struct {
     uint64_t wakes;            /* statistics: FUTEX_WAKE calls made */
     uint64_t sleeps;           /* statistics: FUTEX_WAIT calls made */
     uint32_t *recv_hint;       /* the RECV wake hint word (final area 0, byte 4), NULL: none */
+    int64_t deadline;          /* a wait that returned TP_INTERRUPTED: its deadline (monotonic ns) */
+    uint32_t resumed;          /* caller: 1 to resume that wait (cleared when the wait returns) */
 } tp_ctx;
 
 uint32_t tp_load_acquire(uint32_t *word);

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +44,7 @@ from transport.errors import (
     FingerprintMismatchError,
     PeerGoneError,
     ProtocolError,
+    RegionInUseError,
     RegionMismatchError,
     TransportError,
     TransportTimeoutError,
@@ -74,10 +74,14 @@ from transport.runtime.async_session import send_env_ids
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1
 _CLIENT_PID_WORD = CB["client_pid"].offset // 4
-_LEASES: weakref.WeakValueDictionary[int, ShmChannel] = weakref.WeakValueDictionary()
-"""The channel of this process that holds each region's lease (by the segment's inode): a
-channel whose lease the server took back must not release it once another channel of this
-process took it again (the same pid in ``client_pid``)."""
+_LEASES: dict[int, object] = {}
+"""The lease token of the channel of this process that holds each region's lease (by the
+segment's inode): a channel whose lease the server took back must not release it once another
+channel of this process took it again (the same pid in ``client_pid``). A token, not the
+channel (nor a weak reference to it): a channel dropped without ``close()`` in a reference
+cycle is finalized after the garbage collector cleared the weak references to it, and its
+``__del__`` must still find the lease its own, say SHUTDOWN and release it, as ``close()`` does.
+The entry goes when the channel releases its lease (``_release``)."""
 
 _SHUTDOWN_WAIT_S = 1.0
 """How long ``close()`` waits for its SHUTDOWN to be answered (the lease goes either way)."""
@@ -89,6 +93,8 @@ until the server answered it, else the server (same pid) would take it for the o
 
 
 _STEP = int(SlotCommand.STEP)
+_INTERRUPTED = int(native.lib.TP_INTERRUPTED)
+"""A client wait came back to run Python's signal handlers (Ctrl-C): resume it (``_resumed``)."""
 _REGION_VIEWS = (
     "_single",
     "_commands",
@@ -278,6 +284,7 @@ class ShmChannel:
         self._timeout_ns = -1 if timeout is None else int(timeout * 1e9)
         self._closed = True
         self._leased = False
+        self._lease_token = object()  # this channel's entry in _LEASES while it holds the lease
         ids = MessageIds.from_schema(schema.ir)
         self.ids = ids
         self._step_request = body_codec(schema, "STEP_REQ")
@@ -424,7 +431,7 @@ class ShmChannel:
                 holder = region.get("client_pid")
                 if holder == me:
                     self._leased = True
-                    _LEASES[region.inode] = self
+                    _LEASES[region.inode] = self._lease_token
                     return
                 # the server reclaimed the lease between the two stores (this process stalled
                 # for over a second: "never completed"): not ours; give a new holder its own
@@ -436,9 +443,10 @@ class ShmChannel:
             holder_start = region.get("client_start_time")
             if holder and native.peer_alive(holder, holder_start):
                 who = "this process" if holder == me else f"client pid {holder}"
-                raise ConnectError(
+                raise RegionInUseError(
                     f"shm://{self.shm.name} is in use by {who}: a region serves one client at a "
-                    "time (start another server for another client)"
+                    "time",
+                    holder,
                 )
             if time.monotonic() >= deadline:
                 raise ConnectError(
@@ -465,7 +473,7 @@ class ShmChannel:
         ctx = self._ctx
         ctx.n = region.num_slots  # every slot: a STEP_MULTI uses one per seat
         try:
-            rc = native.lib.tp_client_wait(ctx, int(timeout * 1e9))
+            rc = self._resumed(native.lib.tp_client_wait(ctx, int(timeout * 1e9)))
         finally:
             ctx.n = self.num_envs
         if rc == native.TIMEOUT:
@@ -758,7 +766,8 @@ class ShmChannel:
         want = check_recv(self._async_count, int(self._recv_codec.view(body)["batch_size"]))
         n = self._ctx.n = self.num_envs
         if want == n:  # every env in flight, every one wanted: the lock-step wait (see below)
-            rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
+            # Ctrl-C (KeyboardInterrupt from _resumed): the envs stay in flight, as on a timeout
+            rc = self._resumed(native.lib.tp_client_wait(self._ctx, self._timeout_ns))
             if rc >= 0:  # a failed slot (rc > 0) is found with the others' statuses below
                 start, every, out = self._async_next, self._every, self._async_ids
                 out[: n - start] = every[start:]  # wait_any's order: round robin from start
@@ -773,6 +782,16 @@ class ShmChannel:
                 self._async_ids_ptr,
                 self._timeout_ns,
             )
+            while rc == _INTERRUPTED:  # each pass runs Python's signal handlers (see _resumed)
+                self._ctx.resumed = 1
+                rc = native.lib.tp_client_wait_any(
+                    self._ctx,
+                    self._in_flight_ptr,
+                    want,
+                    self._async_next,
+                    self._async_ids_ptr,
+                    self._timeout_ns,
+                )
         if rc == native.TIMEOUT:  # the envs stay in flight: a later RECV returns them
             raise TransportTimeoutError(
                 f"shm://{self.shm.name}: no env finished within {self.timeout} s "
@@ -918,6 +937,13 @@ class ShmChannel:
     def _finish(self, rc: int) -> None:
         """After a round trip: its error as an exception, then the checksums if the server
         writes them."""
+        if rc == _INTERRUPTED:
+            # a signal handler may raise (Ctrl-C): the request stays in flight, and the next
+            # one first waits for it (settle), as after a timeout
+            self._late = True
+            self._last_cmd = -1  # off the hot path until settled
+            rc = self._resumed(rc)
+            self._late = False
         if rc:
             self._raise(rc)
         if self._checksums is not None:
@@ -928,6 +954,18 @@ class ShmChannel:
                     "server wrote: another process wrote into the region after the server "
                     "published it (or a forged response); do not trust this result"
                 )
+
+    def _resumed(self, rc: int) -> int:
+        """A wait on every slot (``tp_client_wait``, or the wait of ``tp_client_roundtrip``)
+        that came back ``_INTERRUPTED`` is resumed, to its first deadline, until it ends. Each
+        pass runs Python's signal handlers first (the loop's jump back runs them: Python runs
+        pending handlers there), so Ctrl-C raises KeyboardInterrupt here, within a few tens of
+        milliseconds, instead of once the server answers."""
+        ctx = self._ctx
+        while rc == _INTERRUPTED:
+            ctx.resumed = 1
+            rc = native.lib.tp_client_wait(ctx, -1)
+        return rc
 
     def _raise(self, rc: int) -> None:
         url = f"shm://{self.shm.name}"
@@ -961,7 +999,7 @@ class ShmChannel:
             return
         if self._closed:  # the region is unmapped: nothing is left to wait on
             raise TransportError(f"shm://{self.shm.name}: the client is closed")
-        rc = native.lib.tp_client_wait(self._ctx, self._timeout_ns)
+        rc = self._resumed(native.lib.tp_client_wait(self._ctx, self._timeout_ns))
         if rc == native.TIMEOUT:
             raise TransportTimeoutError(
                 f"shm://{self.shm.name}: the late response to an earlier request did not come "
@@ -1015,7 +1053,7 @@ class ShmChannel:
         region = self.region
         return (
             self._leased
-            and _LEASES.get(region.inode) is self
+            and _LEASES.get(region.inode) is self._lease_token
             and region.get("client_pid") == os.getpid()
         )
 
@@ -1027,7 +1065,7 @@ class ShmChannel:
             if self._holds_lease():  # else: another client's now (see _holds_lease)
                 region.set("client_start_time", 0)
                 native.compare_exchange(region.client_pid_word, os.getpid(), 0)
-            if _LEASES.get(region.inode) is self:
+            if _LEASES.get(region.inode) is self._lease_token:
                 del _LEASES[region.inode]
             self._leased = False
         self._ended = []

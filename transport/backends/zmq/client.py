@@ -3,10 +3,12 @@ for dead peers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 import zmq
@@ -37,17 +39,24 @@ from transport.errors import (
     BadFrameError,
     ConnectError,
     PeerGoneError,
+    TransportError,
     TransportTimeoutError,
 )
 from transport.protocol import (
     DEFAULT_MAX_BODY,
     HEADER,
     HEADER_SIZE,
+    encode_goodbye,
 )
 
 _GOODBYE_LINGER_MS = 500
 """How long libzmq may keep sending a closed client's goodbye (in the background; at most this
 long at the exit of the process)."""
+
+_monitor_ids = itertools.count(1)
+"""Each channel's socket monitor gets an inproc address of its own: pyzmq's default
+(``inproc://monitor.s-<fd>``) can still be bound by a dropped socket whose fd number was reused
+(libzmq closes sockets in the background), and the connect then failed "Address already in use"."""
 
 _client_context: Context | None = None
 _client_context_pid = 0
@@ -70,6 +79,45 @@ def _describe_failure(event: int, value: int) -> str:
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         return "the ZMTP handshake failed (CURVE on one side only, or the wrong server key?)"
     return "the ZMTP handshake failed (wrong server key, or not a ZeroMQ server?)"
+
+
+class _Farewell:
+    """What a channel dropped without ``close()`` does when it is collected (``weakref.finalize``;
+    it holds the sockets and the session's state, never the channel): say goodbye, as
+    ``Client.close()`` does through ``say_goodbye``, so that the server drops the session (its
+    envs) now rather than at its idle timeout, then close the sockets. Never blocks (NOBLOCK,
+    linger ``_GOODBYE_LINGER_MS`` only when a goodbye was queued) and never raises."""
+
+    __slots__ = ("hello_type", "live", "monitor", "pid", "sock")
+
+    def __init__(self, sock: Sock, monitor: Sock) -> None:
+        self.sock = sock
+        self.monitor = monitor
+        self.pid = os.getpid()
+        self.hello_type: int | None = None  # the session's HELLO_REQ type (its first request)
+        self.live = False  # connected, and the connection never went away
+
+    def __call__(self) -> None:
+        if os.getpid() != self.pid:  # a forked child's copy: the sockets are the parent's
+            return
+        linger = 0
+        try:
+            if self.live and self.hello_type is not None:
+                body = encode_goodbye()
+                header = HEADER.pack(self.hello_type, 0, len(body))
+                try:
+                    self.sock.send_multipart([header, body], zmq.NOBLOCK)
+                    linger = _GOODBYE_LINGER_MS
+                except zmq.ZMQError:
+                    pass  # no room or no connection: the server drops the session at its timeout
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self.monitor.close(0)
+            self.sock.close(linger)
+        except Exception:  # a finalizer never raises (late in interpreter shutdown, too)
+            pass
 
 
 class ZmqChannel(BufferChannel):
@@ -98,7 +146,8 @@ class ZmqChannel(BufferChannel):
         self._header = bytearray(HEADER_SIZE)
         self._next_id = 1
         self._connected = False
-        self._lost = False  # a connection we had went away; reported once
+        self._lost = False  # a connection we had went away; not reported yet
+        self._gone = ""  # a connection was lost and is not back: each call fails at once
         self._failure = ""
         self._tracker: zmq.MessageTracker | None = None
         self._closed = False
@@ -117,13 +166,30 @@ class ZmqChannel(BufferChannel):
                 sock.curve_serverkey = server_public
                 sock.curve_publickey = client_public
                 sock.curve_secretkey = client_secret
-            self._monitor: Sock = sock.get_monitor_socket(_MONITOR_EVENTS)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise ConnectError(f"cannot connect to {address.endpoint}: {exc}") from exc
+        monitor_addr = f"inproc://transport-monitor-{os.getpid()}-{next(_monitor_ids)}"
+        try:
+            self._monitor: Sock = sock.get_monitor_socket(_MONITOR_EVENTS, monitor_addr)
+        except zmq.ZMQError as exc:  # this process's trouble, not the URL's
+            sock.close(0)
+            raise TransportError(
+                f"cannot monitor the ZeroMQ socket for {address.endpoint} ({monitor_addr}): {exc}"
+            ) from exc
+        try:
             sock.connect(address.endpoint)
         except zmq.ZMQError as exc:
+            sock.disable_monitor()
+            self._monitor.close(0)
             sock.close(0)
             raise ConnectError(f"cannot connect to {address.endpoint}: {exc}") from exc
         sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
         self._sock = sock
+        # dropped without close(): the goodbye all the same (the server keeps a session ~65 kB
+        # until its idle timeout otherwise), then the sockets closed
+        self._farewell = _Farewell(sock, self._monitor)
+        self._finalizer = weakref.finalize(self, self._farewell)
 
     # -- Channel ---------------------------------------------------------------------------------
 
@@ -137,13 +203,17 @@ class ZmqChannel(BufferChannel):
 
     def request(self, msg_type: int, body: Any) -> tuple[int, memoryview]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if self._farewell.hello_type is None:
+            # a session's first request is its HELLO_REQ (transport.client.handshake): a goodbye
+            # is a HELLO_REQ too, so the finalizer's goodbye takes this type
+            self._farewell.hello_type = msg_type
         msg_id = self.send_request(msg_type, body, deadline)
         return self.recv_response(msg_id, deadline)
 
     def say_goodbye(self, msg_type: int, body: bytes) -> None:
         """Queue a last message, without waiting (the server is not told when a DEALER goes):
         ``close`` then lets libzmq send it for up to ``_GOODBYE_LINGER_MS``."""
-        if self._closed or not self._connected or self._lost:
+        if self._closed or not self._connected or self._lost or self._gone:
             return
         HEADER.pack_into(self._header, 0, msg_type, self._next_id, len(body))
         try:
@@ -156,6 +226,7 @@ class ZmqChannel(BufferChannel):
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()  # closed here: the goodbye is say_goodbye's (Client.close)
         try:
             self._sock.disable_monitor()
         except zmq.ZMQError:
@@ -241,19 +312,28 @@ class ZmqChannel(BufferChannel):
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._connected = True
                 self._failure = ""
+                self._gone = ""  # reconnected: the same server goes on with the session
+                self._farewell.live = True
             elif kind == zmq.EVENT_DISCONNECTED:
                 if self._connected:
                     self._lost = True
                 self._connected = False
+                self._farewell.live = False
             else:
                 self._failure = _describe_failure(kind, int(event["value"]))
 
     def _raise_if_lost(self) -> None:
+        """PeerGoneError once the connection went away, and at once on every call after it
+        until the DEALER has reconnected: no call waits for a reconnect (its whole timeout, or
+        forever), as over unix and http. A server that comes back new has lost the session (it
+        answers HELLO_REQUIRED); the same server after a cut link goes on with it."""
+        if self._gone:
+            raise PeerGoneError(self._gone)
         if self._lost:
             self._lost = False
-            raise PeerGoneError(
-                f"the connection to {self.address.endpoint} was closed or its heartbeats stopped"
-            )
+            what = f"the connection to {self.address.endpoint} was closed or its heartbeats stopped"
+            self._gone = f"{what}, and it is not back: open a new client once the server runs"
+            raise PeerGoneError(what)
 
     def _wait_monitor(self, deadline: float | None, what: str) -> None:
         """Wait for a connection event (or 50 ms); raise when the deadline has passed."""
