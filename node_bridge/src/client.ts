@@ -22,10 +22,12 @@ import {
   FingerprintMismatchError,
   PeerGoneError,
   ProtocolError,
+  RegionInUseError,
   RegionMismatchError,
   RemoteError,
   TransportError,
   TransportTimeoutError,
+  VersionMismatchError,
 } from "./errors";
 import * as pac_env from "./generated/pac_env";
 import {
@@ -56,18 +58,21 @@ import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpa
 import { type ActionType, actionTypeOf, elementType, writeAction } from "./runtime/core";
 import { gymDescription } from "./gym_description";
 import { fieldDims } from "./ir";
-import type { Channel, ChannelRecords, Final } from "./stream";
+import { type Channel, type ChannelRecords, type Final, timeoutOption } from "./stream";
 
 export const DEFAULT_TIMEOUT_MS = 10_000;
 
 export interface ConnectOptions {
-  /** Milliseconds any one wait may take (connecting, each request); null waits forever. */
+  /** Milliseconds any one wait may take (connecting, each request), a number > 0 (default
+   * 10000); null, Infinity or more than 2**31-1 (Node's longest timer): no deadline. */
   readonly timeoutMs?: number | null;
   /** Largest response body accepted (bytes). */
   readonly maxBody?: number;
-  /** Schema: pins the session to it (another server schema is refused, both named); omitted,
-   * the server's schema is discovered in the handshake (`client.schema`). */
-  readonly schema?: SchemaModule;
+  /** Schema: pins the session to it (another server schema is refused, both named): a schema
+   * module (a generated module's `SCHEMA`, or the generated module itself), or the path of a
+   * schema file (`.json` IR, `.toml`, a generated module); omitted, the server's schema is
+   * discovered in the handshake (`client.schema`). */
+  readonly schema?: SchemaModule | string | { readonly SCHEMA: SchemaModule };
   /**
    * Who resets an env whose episode ended (docs/protocol.md, "Auto-reset"): "disabled" (the
    * client sends a reset; default), "next_step" (the next step of a done env resets it) or
@@ -95,6 +100,7 @@ function bodyCodec(schema: SchemaModule, message: string): AnyStructCodec {
 
 /** What to do about each client-side transport error, said after its message (Python: `HINTS`). */
 const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => TransportError, string]> = [
+  [RegionInUseError, "close that client first (or end its process), or serve another shm:// name for a second client"],
   [
     ConnectError,
     "is a server serving this URL? start one with `transport-serve URL` or serve(env, URL), or check the URL",
@@ -753,7 +759,12 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
    */
   async stepMulti(actions: ArrayLike<number>, options: ResultOptions = {}): Promise<View[] | Value[]> {
     const multi = this.#multi;
-    if (actions.length !== multi.seats) throw new TransportError(`expected ${multi.seats} seat actions, got ${actions.length}`);
+    if (actions.length !== multi.seats) {
+      throw new ActionError(
+        `${this.url}: stepMulti() takes one action per seat: ${multi.seats} (the seats of schema ` +
+          `${this.schema.name}'s STEP_MULTI_REQ, whatever num_envs the server has), got ${actions.length}`,
+      );
+    }
     multi.codec.encodeInto({ [multi.field]: Array.from(actions) }, multi.body, 0);
     await this.#exchange(this.ids.STEP_MULTI_REQ, multi.body, this.ids.STEP_MULTI_RESP);
     return this.#results(multi.seats, options.copy === true) as View[] | Value[];
@@ -972,16 +983,27 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
   url: string,
   options: ConnectOptions = {},
 ): Promise<Client<View, Value>> {
-  const pinned = options.schema ?? null; // none: discover the server's in the handshake
+  if (typeof url !== "string") {
+    throw new TypeError(`connect(url): the url is a string such as "unix:///tmp/pac.sock", not ${shown(url)}`);
+  }
+  options = options ?? {};
+  const timeoutMs = timeoutOption(options.timeoutMs, DEFAULT_TIMEOUT_MS);
+  // none: discover the server's in the handshake
+  const pinned = options.schema === undefined || options.schema === null ? null : await schemaOption(options.schema);
   const autoreset = toAutoReset(options.autoreset ?? AutoReset.DISABLED);
-  const backend: Backend = await backendFor(url);
+  let backend: Backend;
+  try {
+    backend = await backendFor(url);
+  } catch (error) {
+    throw explain(error, url); // the URL first, as every connect error
+  }
   const maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
   // a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
   // maxBody; a smaller limit asked for applies to the pinned channel opened after it
   const firstMax = pinned === null ? Math.max(maxBody, DEFAULT_MAX_BODY) : maxBody;
   const open = (schema: SchemaModule | undefined, limit: number): Promise<Channel> =>
     backend.openChannel(url, {
-      timeoutMs: options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs,
+      timeoutMs,
       maxBody: limit,
       ...(schema === undefined ? {} : { schema }),
     });
@@ -1008,7 +1030,70 @@ export async function connect<View = pac_env.StepResultView, Value = pac_env.Ste
     channel.info = session.info;
   } catch (error) {
     await channel.close();
-    throw explain(error, url);
+    throw explain(notAServer(error), url);
   }
   return new Client<View, Value>(channel, session.schema, url);
+}
+
+/** A value as an argument error names it: its type and a short text. */
+function shown(value: unknown): string {
+  if (value === null || value === undefined) return String(value);
+  if (typeof value === "string") return `string ${JSON.stringify(value)}`;
+  if (typeof value === "object") {
+    const keys = Object.keys(value as object).slice(0, 4);
+    return keys.length ? `an object with keys ${keys.join(", ")}` : "an object with no keys";
+  }
+  return `${typeof value} ${String(value)}`;
+}
+
+function isSchemaModule(value: unknown): value is SchemaModule {
+  if (value === null || typeof value !== "object") return false;
+  const s = value as Record<string, unknown>;
+  return (
+    typeof s["name"] === "string" &&
+    typeof s["fingerprint"] === "bigint" &&
+    typeof s["messages"] === "object" &&
+    s["messages"] !== null &&
+    typeof s["structs"] === "object" &&
+    s["structs"] !== null &&
+    typeof s["ir"] === "object" &&
+    s["ir"] !== null
+  );
+}
+
+/**
+ * connect's `schema`: a schema module; a generated module (its `SCHEMA`); or a schema file's
+ * path, loaded as the Python client loads one (`loadSchemaFile`). Anything else is a TypeError
+ * before anything connects.
+ */
+async function schemaOption(value: unknown): Promise<SchemaModule> {
+  if (isSchemaModule(value)) return value;
+  if (typeof value === "string") {
+    const { loadSchemaFile } = require("./schema_file") as typeof import("./schema_file");
+    return loadSchemaFile(value);
+  }
+  if (value !== null && typeof value === "object" && isSchemaModule((value as Record<string, unknown>)["SCHEMA"])) {
+    return (value as { SCHEMA: SchemaModule }).SCHEMA;
+  }
+  throw new TypeError(
+    "connect(url, {schema}): schema is a schema module (a generated module's SCHEMA, e.g. pac_env.SCHEMA) " +
+      `or the path of a schema file, not ${shown(value)}`,
+  );
+}
+
+/**
+ * A peer that closes the connection or sends what is not a frame during the HELLO handshake is
+ * no transport server on this backend (a zmq socket file on unix://, a web server on http://):
+ * a ConnectError saying so. A refusal it explains (an ERROR, a version or schema mismatch) is
+ * left as it is.
+ */
+function notAServer(error: unknown): unknown {
+  const weird =
+    error instanceof PeerGoneError ||
+    (error instanceof ProtocolError &&
+      !(error instanceof FingerprintMismatchError) &&
+      !(error instanceof VersionMismatchError) &&
+      !(error instanceof RegionMismatchError));
+  if (!weird) return error;
+  return new ConnectError(`${error.message}, during the HELLO handshake (not a transport server on this backend?)`);
 }

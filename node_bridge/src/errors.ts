@@ -127,6 +127,17 @@ export class UnknownFieldError extends CodecError {
 /** The peer could not be reached before the deadline (nothing listens, refused, bad URL). */
 export class ConnectError extends TransportError {}
 
+/** An shm:// region leased by another live client (one client per region): `holder` is its pid
+ * (this process's own when another client of this process holds it). */
+export class RegionInUseError extends ConnectError {
+  readonly holder: number;
+
+  constructor(message: string, holder: number) {
+    super(message);
+    this.holder = holder;
+  }
+}
+
 /** A wait for the peer passed its deadline; the peer may be alive but silent. */
 export class TransportTimeoutError extends TransportError {}
 

@@ -28,6 +28,7 @@ export {
   NonCanonicalError,
   PeerGoneError,
   ProtocolError,
+  RegionInUseError,
   RegionMismatchError,
   RemoteError,
   SchemaError,

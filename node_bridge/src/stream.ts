@@ -521,9 +521,33 @@ export function serveConnection(
   });
 }
 
+/** The longest delay Node's timers take (2**31-1 ms, about 24.8 days): a longer one fires at once. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * A client's `timeoutMs` as its waits use it (Python: the same rule for `timeout`): undefined is
+ * `fallback` (the default), null no deadline; otherwise a number > 0, where Infinity or anything
+ * above MAX_TIMER_MS means no deadline too (a timer that long would fire at once). 0, negatives
+ * and NaN are a RangeError, a non-number a TypeError, both naming `timeoutMs` and the value.
+ */
+export function timeoutOption(value: unknown, fallback: number | null = 10_000): number | null {
+  if (value === undefined) return fallback;
+  if (value === null) return null;
+  const shown = typeof value === "string" ? JSON.stringify(value) : String(value);
+  if (typeof value !== "number") {
+    throw new TypeError(
+      `timeoutMs must be a number of milliseconds > 0, or null for no deadline, not ${typeof value} ${shown}`,
+    );
+  }
+  if (Number.isNaN(value) || value <= 0) {
+    throw new RangeError(`timeoutMs must be a number of milliseconds > 0 (or null for no deadline), not ${shown}`);
+  }
+  return value > MAX_TIMER_MS ? null : value;
+}
+
 /** Options of a client channel. */
 export interface ChannelOptions {
-  /** Milliseconds any one wait may take; null waits forever. Default 10000. */
+  /** Milliseconds any one wait may take; null waits forever. Default 10000 (`timeoutOption`). */
   readonly timeoutMs?: number | null;
   /** Largest response body accepted (bytes). */
   readonly maxBody?: number;
@@ -605,7 +629,10 @@ export class StreamChannel implements Channel {
 
   constructor(socket: Socket, options: ChannelOptions = {}) {
     this.#socket = socket;
-    this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    this.timeoutMs = timeoutOption(options.timeoutMs);
+    // an idle client does not keep node running: the socket holds the event loop only while a
+    // request waits for its response (`request` refs it, settling unrefs it)
+    socket.unref();
     // a frame split across chunks (every big batch) is assembled straight into `buffer`
     this.#reader = new FrameReader(options.maxBody ?? DEFAULT_MAX_BODY, (length) => [this.#room(length), BODY_OFFSET]);
     this.buffer = Buffer.alloc(BODY_OFFSET + (64 << 10));
@@ -653,6 +680,7 @@ export class StreamChannel implements Channel {
       this.#reject = reject;
     });
     this.#pendingId = msgId;
+    this.#socket.ref();
     this.#socket.write(frame);
     if (this.#socket.writableLength > 0) {
       // a pending write holds the send buffer: use a fresh one for the next request
@@ -728,6 +756,7 @@ export class StreamChannel implements Channel {
     const resolve = this.#resolve;
     this.#resolve = null;
     this.#reject = null;
+    this.#socket.unref();
     resolve(reader.msgType);
     if (reader.available) {
       this.#abandon(new ProtocolError("the server sent bytes beyond the response"));
@@ -747,6 +776,7 @@ export class StreamChannel implements Channel {
     const reject = this.#reject;
     this.#resolve = null;
     this.#reject = null;
+    this.#socket.unref();
     if (reject !== null) reject(error);
   }
 

@@ -35,7 +35,9 @@ export async function backendFor(url: string): Promise<Backend> {
       .sort()
       .map((s) => `${s}://`)
       .join(", ");
-    throw new ConnectError(`no backend for ${scheme}:// (known: ${known})`);
+    // auto:// (Python: pick the fastest backend a named server is reachable on) has no Node client
+    const auto = scheme === "auto" ? "; auto:// is Python-only: the Node client does not support it, name the server's URL" : "";
+    throw new ConnectError(`no backend for ${scheme}:// (known: ${known}${auto})`);
   }
   return load();
 }

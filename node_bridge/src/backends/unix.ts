@@ -25,6 +25,7 @@ import {
   newStats,
   serveConnection,
   serverLimits,
+  timeoutOption,
 } from "../stream";
 import { DEFAULT_MAX_BODY, ErrorCode } from "../protocol";
 import type { Listener, ListenOptions } from "./backend";
@@ -78,7 +79,7 @@ function tryConnect(path: string, timeoutMs: number): Promise<net.Socket> {
 /** Connect, retrying with backoff while the server is not up yet, until the deadline. */
 export async function openChannel(url: string, options: ChannelOptions = {}): Promise<StreamChannel> {
   const path = socketPath(url);
-  const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+  const timeoutMs = timeoutOption(options.timeoutMs);
   const deadline = Date.now() + (timeoutMs ?? 10_000);
   let delay = 5;
   for (;;) {

@@ -14,8 +14,8 @@ import {
   requestInFlight,
 } from "../../errors";
 import * as pac_env from "../../generated/pac_env";
-import { BODY_OFFSET, DEFAULT_MAX_BODY, ErrorCode, type MessageIds, encodeError, fingerprintHex16, messageIds, parseError } from "../../protocol";
-import { type Channel } from "../../stream";
+import { BODY_OFFSET, DEFAULT_MAX_BODY, type MessageIds, fingerprintHex16, messageIds, parseError } from "../../protocol";
+import { type Channel, timeoutOption } from "../../stream";
 import type { OpenOptions } from "../backend";
 import { Address, METHODS, netloc, parseUrl } from "./wire";
 
@@ -61,11 +61,14 @@ export class HttpChannel implements Channel {
   #gone = "";
   #busy = false;
   #socket: net.Socket | null;
+  /** The connection, for ref/unref (the agent holds it once it took it). */
+  readonly #conn: net.Socket;
 
   constructor(socket: net.Socket, address: Address, schema: SchemaModule, options: OpenOptions) {
     this.#socket = socket;
+    this.#conn = socket;
     this.#address = address;
-    this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    this.timeoutMs = timeoutOption(options.timeoutMs);
     this.maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
     this.#pin(schema);
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1, maxFreeSockets: 1 });
@@ -135,6 +138,9 @@ export class HttpChannel implements Channel {
       this.#headers.set(key, headers);
     }
     this.#busy = true;
+    // an idle client does not keep node running: the agent unrefs its free connection, a request
+    // refs it (a timed-out one unrefs it again, below, while its late response is read)
+    this.#conn.ref();
     return new Promise<number>((resolve, reject) => {
       let settled = false;
       let timer: NodeJS.Timeout | null = null;
@@ -165,6 +171,7 @@ export class HttpChannel implements Channel {
           // response to the end and drops it (HTTP/1.1 answers in order), and the next request
           // waits in the agent's queue for the connection; one still queued is dropped unsent
           fail(new TransportTimeoutError(`no complete response within ${this.timeoutMs} ms`), false);
+          this.#conn.unref();
           if (req.socket) timedOut = true;
           else req.destroy(); // never sent: its "error" (settled, not timedOut) is ignored
         }, this.timeoutMs);
@@ -177,7 +184,12 @@ export class HttpChannel implements Channel {
         const status = res.statusCode ?? 0;
         const declared = Number(res.headers["content-length"]);
         if (!Number.isInteger(declared)) {
-          fail(new ProtocolError(`HTTP ${status} response without Content-Length`), true);
+          fail(
+            status !== 200 && res.headers["x-transport-error"] === undefined
+              ? new ConnectError(`the peer answered HTTP ${status} without a transport ERROR body: not a transport server?`)
+              : new ProtocolError(`HTTP ${status} response without Content-Length`),
+            true,
+          );
           req.destroy();
           return;
         }
@@ -230,10 +242,17 @@ export class HttpChannel implements Channel {
             type = this.#ids.ERROR;
             const view = this.buffer.subarray(BODY_OFFSET, BODY_OFFSET + got);
             if (res.headers["x-transport-error"] === undefined || parseError(view) === null) {
-              const text = view.subarray(0, 200).toString("utf8");
-              const error = encodeError(ErrorCode.INTERNAL, `HTTP ${status} without an ERROR body: ${text}`);
-              error.copy(this.buffer, BODY_OFFSET);
-              this.bodyLength = error.byteLength;
+              // a transport server answers every refusal with an ERROR body: this peer is
+              // something else (a web server, a proxy's error page)
+              const text = view.subarray(0, 120).toString("utf8").replace(/\s+/g, " ").trim();
+              fail(
+                new ConnectError(
+                  `the peer answered HTTP ${status} without a transport ERROR body: ` +
+                    `not a transport server?${text ? ` (it said: ${JSON.stringify(text)})` : ""}`,
+                ),
+                true,
+              );
+              return;
             }
           }
           settled = true;
@@ -263,13 +282,13 @@ export class HttpChannel implements Channel {
 /** Connect, retrying with backoff while the server is not up yet, until the deadline. */
 export async function openChannel(url: string, options: OpenOptions = {}): Promise<HttpChannel> {
   const address = parseUrl(url);
-  const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+  const timeoutMs = timeoutOption(options.timeoutMs);
   const deadline = Date.now() + (timeoutMs ?? 10_000);
   let delay = 5;
   for (;;) {
+    let socket: net.Socket;
     try {
-      const socket = await connectOnce(address.host, address.port, deadline - Date.now());
-      return new HttpChannel(socket, address, options.schema ?? pac_env.SCHEMA, options);
+      socket = await connectOnce(address.host, address.port, deadline - Date.now());
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code ?? "";
       if (code === "ECONNREFUSED") {
@@ -282,6 +301,13 @@ export async function openChannel(url: string, options: OpenOptions = {}): Promi
       }
       if (code === "ETIMEDOUT") throw new ConnectError(`connecting to ${netloc(address)} timed out`);
       throw new ConnectError(`cannot connect to ${netloc(address)}: ${code || (error as Error).message}`);
+    }
+    // outside the try: an argument error (a bad schema) is not a connection failure
+    try {
+      return new HttpChannel(socket, address, options.schema ?? pac_env.SCHEMA, options);
+    } catch (error) {
+      socket.destroy();
+      throw error;
     }
   }
 }

@@ -58,6 +58,10 @@ export const URL_PATTERN = /^http:\/\/(\[[^\]/]*\]|[^/:?#[\]]*)(?::([0-9]*))?(\/
 export function parseUrl(url: string, listener = false): Address {
   if (!/^http:\/\//i.test(url)) throw new ConnectError(`${JSON.stringify(url)} is not an http:// URL`);
   const match = URL_PATTERN.exec(url);
+  const badPort = match === null ? /^http:\/\/(?:\[[^\]/]*\]|[^/:?#[\]]*):([^/?#]*)/i.exec(url) : null;
+  if (badPort !== null && !/^[0-9]*$/.test(badPort[1] as string)) {
+    throw new ConnectError(`${JSON.stringify(url)} is not a valid http URL: port ${JSON.stringify(badPort[1])} is not a number`);
+  }
   if (match === null) {
     throw new ConnectError(
       `${JSON.stringify(url)}: an http:// endpoint URL takes no path (use http://host:port)`,

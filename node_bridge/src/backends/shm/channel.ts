@@ -34,6 +34,7 @@ import {
   FingerprintMismatchError,
   PeerGoneError,
   ProtocolError,
+  RegionInUseError,
   RegionMismatchError,
   TransportError,
   TransportTimeoutError,
@@ -67,7 +68,7 @@ import {
   writeArrayAction,
 } from "../../runtime/core";
 import { checkIdle, checkRecv, checkResetSent, checkSend, sendEnvIds } from "../../runtime/async_batches";
-import type { Channel, ChannelRecords, Final } from "../../stream";
+import { type Channel, type ChannelRecords, type Final, timeoutOption } from "../../stream";
 import type { OpenOptions } from "../backend";
 import {
   CB,
@@ -117,6 +118,30 @@ const WAIT_ANY_SPIN_SHARE = 8;
 const ONE_WORD_SLICE_MS = 0.2;
 
 /** Zero-copy views of the results in the slots, and the finals of the last step. */
+/** A class whose instances show `names` of the slot view they wrap (read-only getters). */
+function projection(name: string, names: readonly string[]): new (slot: Record<string, unknown>) => object {
+  class ResultView {
+    readonly #slot: Record<string, unknown>;
+    constructor(slot: Record<string, unknown>) {
+      this.#slot = slot;
+    }
+    static get(view: ResultView, field: string): unknown {
+      return view.#slot[field];
+    }
+  }
+  for (const field of names) {
+    Object.defineProperty(ResultView.prototype, field, {
+      get(this: ResultView) {
+        return ResultView.get(this, field);
+      },
+      enumerable: true,
+      configurable: false,
+    });
+  }
+  Object.defineProperty(ResultView, "name", { value: `${name}View` });
+  return ResultView;
+}
+
 class SlotResults implements ChannelRecords {
   readonly count: number;
   readonly #region: Region;
@@ -159,10 +184,14 @@ class SlotResults implements ChannelRecords {
     this.count = region.numSlots;
     this.#hasFinals = region.hasFinals;
     this.#views = [];
+    // a result whose fields are not one packed record in the slot: a view of the slot that
+    // shows only the result's fields (as every other backend's view), not the slot's own
+    const Projected = this.#inPlace < 0 && !plan.columns ? projection(this.#result.name, this.#names) : null;
     for (let i = 0; i < this.count; i++) {
       const base = layout.slotBase(i);
       if (plan.columns) this.#views.push(columnEnvView(schema, region.dv, region.resultColumns, this.#result.name, i));
-      else this.#views.push(this.#inPlace >= 0 ? this.#result.view(region.bytes, base + this.#inPlace) : this.#slot.view(region.bytes, base));
+      else if (Projected === null) this.#views.push(this.#result.view(region.bytes, base + this.#inPlace));
+      else this.#views.push(new Projected(this.#slot.view(region.bytes, base) as Record<string, unknown>));
     }
   }
 
@@ -401,7 +430,7 @@ export class ShmChannel implements Channel {
   /** Open, validate and lease `url`'s region (retried while it is missing or not READY). */
   static async open(url: string, options: OpenOptions = {}): Promise<ShmChannel> {
     const shm = parseShmUrl(url);
-    const timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    const timeoutMs = timeoutOption(options.timeoutMs);
     // no schema: the one the region carries in its schema area (discovery)
     const schema = options.schema ?? (await readRegionSchema(url, shm, timeoutMs ?? 10_000));
     const layout = ShmLayout.of(schema);
@@ -470,10 +499,7 @@ export class ShmChannel implements Channel {
       const holderStart = region.dv.getBigUint64(off(CB, "client_start_time"), true);
       if (holder && peerAlive(holder, holderStart)) {
         const who = holder === me ? "this process" : `client pid ${holder}`;
-        throw new ConnectError(
-          `shm://${this.shm.name} is in use by ${who}: a region serves one client at a time ` +
-            "(start another server for another client)",
-        );
+        throw new RegionInUseError(`shm://${this.shm.name} is in use by ${who}: a region serves one client at a time`, holder);
       }
       if (Date.now() >= deadline) {
         throw new ConnectError(`shm://${this.shm.name}: the lease of dead client pid ${holder} was not reclaimed by the server in time`);

@@ -324,7 +324,8 @@ export function parseShmUrl(url: string): ShmUrl {
   let numEnvs: number | null = null;
   const n = params.get("num_envs");
   if (n !== null) {
-    if (!/^[0-9]+$/.test(n) || Number(n) < 1) bad("num_envs must be >= 1");
+    if (!/^[+-]?[0-9]+$/.test(n.trim())) bad(`num_envs ${JSON.stringify(n)} is not an integer`);
+    if (Number(n) < 1) bad("num_envs must be >= 1");
     numEnvs = Number(n);
   }
   const preset = params.get("wait") ?? "balanced";

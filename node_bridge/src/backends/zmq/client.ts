@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import * as zmq from "zeromq";
 import { BadFrameError, ConnectError, PeerGoneError, TransportTimeoutError, requestInFlight } from "../../errors";
 import { BODY_OFFSET, DEFAULT_MAX_BODY, HEADER_SIZE, packHeader, readU32 } from "../../protocol";
-import { type Channel, type ChannelOptions } from "../../stream";
+import { type Channel, type ChannelOptions, MAX_TIMER_MS, timeoutOption } from "../../stream";
 import type { OpenOptions } from "../backend";
 import { commonOptions, Address, asBuffer, binary, clientCurve, errorCode, parseUrl, sendable } from "./wire";
 
@@ -14,6 +14,18 @@ import { commonOptions, Address, asBuffer, binary, clientCurve, errorCode, parse
 
 /** How long libzmq may keep sending a closed client's goodbye (in the background). */
 const GOODBYE_LINGER_MS = 500;
+
+/** libzmq (draft) options: the message a Dealer receives when its connection drops, and when
+ * to stop reconnecting (4: after an established connection was lost). */
+const ZMQ_HICCUP_MSG = 114;
+const ZMQ_RECONNECT_STOP = 109;
+const ZMQ_RECONNECT_STOP_AFTER_DISCONNECT = 4;
+/** The hiccup message: one part (a reply has two), never sent on the wire. */
+const HICCUP = Buffer.from("transport: connection lost");
+
+function isHiccup(parts: Buffer[]): boolean {
+  return parts.length === 1 && (parts[0] as Buffer).equals(HICCUP);
+}
 
 export function describeFailure(type: string, error: unknown): string {
   const status = (error as { status?: unknown } | undefined)?.status;
@@ -35,6 +47,14 @@ export interface Wait {
  * The client side: a Dealer whose replies are matched to requests by msg_id. `request` is
  * `sendRequest` + `recvResponse`; callers may pipeline with the two halves (a reply whose msg_id
  * is not the awaited one is discarded).
+ *
+ * An idle channel holds nothing on node's event loop (a script that ends without `close()`
+ * exits): the socket's monitor is read only while connecting (a pending monitor read would hold
+ * the loop for good), and a lost connection is seen through libzmq's hiccup message, which the
+ * Dealer receives in its reply queue (a closed or reset connection, or heartbeats that
+ * stopped); no reconnection follows (the server's session is gone with it), so every request
+ * after a lost connection is a `PeerGoneError` at once. A receive's native wait ends at its
+ * timeout too (`receiveTimeout`), so a timed-out request leaves no read pending.
  */
 export class ZmqChannel implements Channel {
   info: Record<string, unknown> = {};
@@ -47,13 +67,20 @@ export class ZmqChannel implements Channel {
   readonly maxBody: number;
 
   readonly #sock: zmq.Dealer;
+  /** The socket's monitor: read only while connecting (`waitConnected`). */
+  readonly #observer: zmq.Observer;
+  #observing: Promise<void> | null = null;
   readonly #header = Buffer.alloc(HEADER_SIZE);
   #nextId = 1;
   #connected = false;
-  #lost = false;
+  /** Why the connection is gone for good ("" while usable). */
+  #gone = "";
   #failure = "";
+  #receiveTimeout = -2;
   #closed = false;
   #receiving: Promise<Buffer[]> | null = null;
+  /** A message a receive took after its wait was abandoned (a late reply): the next wait's. */
+  #stale: Buffer[] | null = null;
   #wait: Wait | null = null;
   /** A `request` is in flight (one at a time). */
   #requesting = false;
@@ -61,14 +88,13 @@ export class ZmqChannel implements Channel {
 
   constructor(address: Address, options: ChannelOptions = {}) {
     this.address = address;
-    this.timeoutMs = options.timeoutMs === undefined ? 10_000 : options.timeoutMs;
+    this.timeoutMs = timeoutOption(options.timeoutMs);
     this.maxBody = options.maxBody ?? DEFAULT_MAX_BODY;
     this.buffer = Buffer.alloc(BODY_OFFSET + (64 << 10));
     const curve = clientCurve(address);
     const sock = new zmq.Dealer({
       ...commonOptions(address, this.maxBody),
       routingId: binary(Buffer.concat([Buffer.from("T"), randomBytes(16)])),
-      immediate: true, // never queue a request for a server that is not there
       reconnectInterval: 100,
       reconnectMaxInterval: 1000,
       sendTimeout: 0, // a send without a connection fails at once; we wait for one ourselves
@@ -79,25 +105,18 @@ export class ZmqChannel implements Channel {
         sock.curvePublicKey = binary(curve.publicKey);
         sock.curveSecretKey = binary(curve.secretKey);
       }
-      const events = sock.events;
-      events.on("handshake", () => {
-        this.#connected = true;
-        this.#failure = "";
-        this.#wakeConnectWaiters();
-      });
-      events.on("disconnect", () => {
-        if (this.#connected) {
-          this.#lost = true;
-          this.#connected = false;
-          this.#failWait();
-        }
-      });
-      for (const type of ["handshake:error:auth", "handshake:error:protocol", "handshake:error:other"] as const) {
-        events.on(type, (event: { error?: unknown }) => {
-          this.#failure = describeFailure(type, event.error);
-          this.#wakeConnectWaiters();
-        });
+      const native = sock as unknown as {
+        setStringOption(option: number, value: Buffer): void;
+        setInt32Option(option: number, value: number): void;
+      };
+      try {
+        native.setStringOption(ZMQ_HICCUP_MSG, HICCUP);
+        native.setInt32Option(ZMQ_RECONNECT_STOP, ZMQ_RECONNECT_STOP_AFTER_DISCONNECT);
+      } catch {
+        // a libzmq built without the draft API (zeromq.js's own build has it): a lost
+        // connection is then seen only at the request's deadline
       }
+      this.#observer = new zmq.Observer(sock);
       sock.connect(address.endpoint);
     } catch (error) {
       sock.close();
@@ -181,6 +200,7 @@ export class ZmqChannel implements Channel {
   /** Wait (until the deadline) for the ZMTP handshake; `ConnectError` otherwise. */
   async waitConnected(deadline: number): Promise<void> {
     while (!this.#connected) {
+      this.#observe();
       if (this.#closed) throw new ConnectError("the channel is closed");
       if (this.#failure.startsWith("the server refused")) {
         throw new ConnectError(`${this.address.endpoint}: ${this.#failure}`);
@@ -197,7 +217,7 @@ export class ZmqChannel implements Channel {
   /** Queue a last message, without waiting (the server is not told when a Dealer goes):
    * `close` then lets libzmq send it for up to `GOODBYE_LINGER_MS`. */
   sayGoodbye(msgType: number, body: Uint8Array): void {
-    if (this.#closed || !this.#connected || this.#lost) return;
+    if (this.#closed || !this.#connected || this.#gone) return;
     const header = Buffer.alloc(HEADER_SIZE);
     packHeader(header, 0, msgType, this.#nextId, body.byteLength);
     // sendTimeout 0: handed to libzmq now, or refused (no room, no connection: the server
@@ -223,27 +243,25 @@ export class ZmqChannel implements Channel {
 
   #checkUsable(): void {
     if (this.#closed) throw new PeerGoneError("the channel is closed");
-    if (this.#lost) {
-      this.#lost = false;
-      throw new PeerGoneError(
-        `the connection to ${this.address.endpoint} was closed or its heartbeats stopped`,
-      );
-    }
+    if (this.#gone) throw new PeerGoneError(this.#gone);
+  }
+
+  /** The connection is lost for good: this error now, every later request rejected at once. */
+  #lose(message: string): PeerGoneError {
+    if (!this.#gone) this.#gone = `${message}; open a new client`;
+    return new PeerGoneError(message);
   }
 
   /** The next message, or a rejection at the deadline or when the connection is lost. */
   #next(deadline: number | null): Promise<Buffer[]> {
     // one waiter: a second would take the first's place, and the first would time out
     if (this.#wait !== null) return Promise.reject(requestInFlight());
-    let receiving = this.#receiving;
-    if (receiving === null) {
-      // one receive is outstanding at a time (zeromq.js); a timed-out one is picked up later
-      receiving = this.#sock.receive();
-      this.#receiving = receiving;
-      receiving.then(
-        () => undefined,
-        () => undefined,
-      );
+    // the native wait ends by itself (EAGAIN) at most a timeout after it starts, so a request
+    // that timed out leaves no receive holding node's event loop; none: it waits as the request
+    const native = deadline === null ? -1 : Math.min(MAX_TIMER_MS, Math.max(1, Math.ceil(this.timeoutMs ?? 1000)));
+    if (native !== this.#receiveTimeout) {
+      this.#sock.receiveTimeout = native;
+      this.#receiveTimeout = native;
     }
     return new Promise<Buffer[]>((resolve, reject) => {
       let timer: NodeJS.Timeout | null = null;
@@ -258,38 +276,67 @@ export class ZmqChannel implements Channel {
       this.#wait = wait;
       if (deadline !== null) {
         timer = setTimeout(() => {
-          wait.reject(
-            this.#connected
-              ? new TransportTimeoutError(`no reply from ${this.address.endpoint} within ${this.timeoutMs} ms`)
-              : new PeerGoneError(`no connection to ${this.address.endpoint} (no reply within ${this.timeoutMs} ms)`),
-          );
-        }, Math.max(0, deadline - Date.now()));
+          wait.reject(new TransportTimeoutError(`no reply from ${this.address.endpoint} within ${this.timeoutMs} ms`));
+        }, Math.min(MAX_TIMER_MS, Math.max(0, deadline - Date.now())));
       }
-      receiving.then(
-        (parts) => {
-          if (this.#wait !== wait) return; // abandoned: the message stays for the next wait
+      const attach = (): void => {
+        let receiving = this.#receiving;
+        if (receiving === null) {
+          // one receive is outstanding at a time (zeromq.js); a timed-out one is picked up later
+          receiving = this.#sock.receive();
+          this.#receiving = receiving;
+          receiving.then(
+            () => undefined,
+            () => undefined,
+          );
+        }
+        const current = receiving;
+        current.then(
+          (parts) => {
+            if (this.#receiving === current) this.#receiving = null;
+            if (this.#wait !== wait) {
+              // abandoned: a reply stays for the next wait (dropped by msg_id there); a hiccup
+              // marks the connection lost for the next request. A wait that attached since
+              // takes the message itself.
+              if (this.#wait !== null) return;
+              if (isHiccup(parts)) this.#lose(`the connection to ${this.address.endpoint} was closed or its heartbeats stopped`);
+              else this.#stale = parts;
+              return;
+            }
+            if (isHiccup(parts)) {
+              wait.reject(this.#lose(`the connection to ${this.address.endpoint} was closed or its heartbeats stopped`));
+              return;
+            }
+            if (timer !== null) clearTimeout(timer);
+            this.#wait = null;
+            resolve(parts);
+          },
+          (error: unknown) => {
+            if (this.#receiving === current) this.#receiving = null;
+            if (!this.#closed && errorCode(error) === "EAGAIN") {
+              if (this.#wait === wait) attach(); // the native wait's own timeout: wait on
+              return;
+            }
+            wait.reject(
+              this.#closed
+                ? new PeerGoneError("the channel is closed")
+                : this.#lose(`receiving from ${this.address.endpoint} failed: ${errorCode(error)}`),
+            );
+          },
+        );
+      };
+      const stale = this.#stale;
+      if (stale !== null) {
+        this.#stale = null;
+        if (this.#wait === wait) {
           if (timer !== null) clearTimeout(timer);
           this.#wait = null;
-          this.#receiving = null;
-          resolve(parts);
-        },
-        (error: unknown) => {
-          if (this.#receiving === receiving) this.#receiving = null;
-          wait.reject(
-            this.#closed
-              ? new PeerGoneError("the channel is closed")
-              : new PeerGoneError(`receiving from ${this.address.endpoint} failed: ${errorCode(error)}`),
-          );
-        },
-      );
+          resolve(stale);
+          return;
+        }
+      }
+      attach();
     });
-  }
-
-  #failWait(): void {
-    const wait = this.#wait;
-    if (wait === null) return;
-    this.#lost = false; // reported to this request
-    wait.reject(new PeerGoneError(`the connection to ${this.address.endpoint} was closed or its heartbeats stopped`));
   }
 
   #connectEvent(ms: number): Promise<void> {
@@ -309,15 +356,42 @@ export class ZmqChannel implements Channel {
     for (const wake of waiters) wake();
   }
 
+  /** The send queue is full (EAGAIN): wait a little, until the deadline. */
   async #waitForConnection(deadline: number | null, what: string): Promise<void> {
     this.#checkUsable();
     if (deadline !== null && Date.now() >= deadline) {
-      if (this.#connected) throw new TransportTimeoutError(`could not ${what} to ${this.address.endpoint} in time`);
-      const detail = this.#failure ? `: ${this.#failure}` : "";
-      throw new PeerGoneError(`no connection to ${this.address.endpoint}${detail}`);
+      throw new TransportTimeoutError(`could not ${what} to ${this.address.endpoint} in time`);
     }
     const remaining = deadline === null ? 50 : Math.max(1, Math.min(50, deadline - Date.now()));
-    await this.#connectEvent(remaining);
+    await new Promise((resolve) => setTimeout(resolve, remaining));
+  }
+
+  /** Read the monitor's events while connecting: one read at a time, none once connected or
+   * closed (a read left pending would hold node's event loop). */
+  #observe(): void {
+    const observer = this.#observer;
+    if (this.#observing !== null || this.#connected || this.#closed) return;
+    this.#observing = observer.receive().then(
+      (event) => {
+        this.#observing = null;
+        if (event === undefined) return; // the observer closed with the socket
+        const type = event.type as string;
+        if (type === "handshake") {
+          this.#connected = true;
+          this.#failure = "";
+          // never read again; kept (not closed, not collected): a closed monitor would stall
+          // libzmq's I/O thread at the next event, and the few events after this one queue
+        } else if (type.startsWith("handshake:error:")) {
+          this.#failure = describeFailure(type, (event as { error?: unknown }).error);
+        }
+        this.#wakeConnectWaiters();
+        if (!this.#connected && !this.#closed && this.#connectWaiters.length > 0) this.#observe();
+      },
+      () => {
+        this.#observing = null;
+        this.#wakeConnectWaiters();
+      },
+    );
   }
 }
 
@@ -325,7 +399,7 @@ export class ZmqChannel implements Channel {
 export async function openChannel(url: string, options: OpenOptions = {}): Promise<ZmqChannel> {
   const address = parseUrl(url);
   const channel = new ZmqChannel(address, options);
-  const timeoutMs = options.timeoutMs ?? 10_000;
+  const timeoutMs = timeoutOption(options.timeoutMs) ?? 10_000;
   try {
     await channel.waitConnected(Date.now() + timeoutMs);
   } catch (error) {

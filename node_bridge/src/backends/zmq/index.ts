@@ -21,9 +21,12 @@
  * - client receive: one copy, libzmq's message -> the channel buffer at BODY_OFFSET (16-byte
  *   aligned views; libzmq cannot receive into a caller's buffer, same as Python).
  *
- * Dead peers: the Dealer's event observer reports `disconnect` (a closed or reset connection,
- * or ZMTP heartbeats that stopped); a disconnect while a request waits is `PeerGoneError`, no
- * reply by the deadline `TransportTimeoutError`. tcp may use CURVE with a ZAP allow list.
+ * Dead peers: libzmq's hiccup message (ZMQ_HICCUP_MSG) arrives in the Dealer's reply queue when
+ * the connection closes, resets or its ZMTP heartbeats stop; it is `PeerGoneError` for the waiting
+ * request and every later one (no reconnection: ZMQ_RECONNECT_STOP after a disconnect; the
+ * server's session went with it). No reply by the deadline is `TransportTimeoutError`. The event
+ * observer is read only while connecting, so an idle client holds nothing on node's event loop.
+ * tcp may use CURVE with a ZAP allow list.
  *
  * Files: wire.ts (constants, addresses, CURVE keys), client.ts, server.ts.
  */
