@@ -109,3 +109,19 @@ def test_a_transport_servers_error_is_still_a_remote_error() -> None:
                 client.step(3)  # before any reset: the server refuses it
             client.reset(seed=1)
             assert client.health()
+
+
+def test_a_url_without_a_backend_names_the_url() -> None:
+    with pytest.raises(transport.ConnectError, match=r"^ftp://x: no backend for ftp://"):
+        transport.connect("ftp://x", timeout=1)
+
+
+def test_step_multi_with_the_wrong_count_names_the_method_the_url_and_the_seats() -> None:
+    with ServerProcess(unique_unix_url(), env="echo") as proc:
+        with transport.connect(proc.url, timeout=5) as client:
+            client.reset(seed=1)
+            with pytest.raises(transport.ActionError) as caught:
+                client.step_multi([0, 1])
+    text = str(caught.value)
+    assert text.startswith(proc.url) and "step_multi() takes one action per seat: 8" in text
+    assert text.endswith("got 2")

@@ -146,7 +146,11 @@ def connect(
     timeout = check_timeout(timeout)
     codecs = None if schema is None else resolve_schema(schema)
     mode = autoreset if isinstance(autoreset, AutoReset) else AutoReset[autoreset.upper()]
-    backend = backend_for(url)
+    try:
+        backend = backend_for(url)
+    except TransportError as exc:
+        explain(exc, url)  # names the URL, as every connect error does
+        raise
     # a discovering HELLO_RESP carries the IR (KBs): its channel takes at least the default
     # max_body, and a smaller limit asked for applies to the pinned channel opened after it
     first_max = max_body if codecs is not None else max(max_body, DEFAULT_MAX_BODY)

@@ -25,6 +25,7 @@ from transport.async_batch import AsyncCalls, Received
 from transport.backends.base import Channel
 from transport.codec import Schema
 from transport.errors import (
+    ActionError,
     ConnectError,
     FingerprintMismatchError,
     PeerGoneError,
@@ -338,7 +339,11 @@ class Client:
         action per seat of one game)."""
         seats = len(self._multi_actions)
         if len(actions) != seats:
-            raise ValueError(f"expected {seats} actions, got {len(actions)}")
+            raise ActionError(
+                f"{self.url}: step_multi() takes one action per seat: {seats} (the seats of "
+                f"schema {self.schema.name}'s STEP_MULTI_REQ, whatever num_envs the server has), "
+                f"got {len(actions)}"
+            )
         with self._call():
             self._multi_actions[:] = actions
             body = self._exchange(

@@ -213,6 +213,16 @@ class StreamChannel(BufferChannel):
             self._broken = "the connection was closed after a send timed out; reconnect"
             self.framed.close()
             raise
+        except (PeerGoneError, ProtocolError):
+            raise
+        except BaseException as exc:  # Ctrl-C mid-send: the same (http: the same words)
+            self._broken = (
+                f"this client closed its connection: a call was interrupted "
+                f"({type(exc).__name__}) while its request was being sent, so the server may "
+                "have received part of it; open a new client"
+            )
+            self.framed.close()
+            raise
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             resp_type, resp_id, resp = self.framed.recv_frame(deadline)
