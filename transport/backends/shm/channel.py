@@ -774,16 +774,7 @@ class ShmChannel:
                 out[n - start :] = every[:start]
                 rc = n
         else:
-            rc = native.lib.tp_client_wait_any(
-                self._ctx,
-                self._in_flight_ptr,
-                want,
-                self._async_next,
-                self._async_ids_ptr,
-                self._timeout_ns,
-            )
-            while rc == _INTERRUPTED:  # each pass runs Python's signal handlers (see _resumed)
-                self._ctx.resumed = 1
+            while True:  # each pass runs Python's signal handlers first (see _resumed)
                 rc = native.lib.tp_client_wait_any(
                     self._ctx,
                     self._in_flight_ptr,
@@ -792,6 +783,9 @@ class ShmChannel:
                     self._async_ids_ptr,
                     self._timeout_ns,
                 )
+                if rc != _INTERRUPTED:
+                    break
+                self._ctx.resumed = 1  # the next pass resumes this wait (its deadline, no spin)
         if rc == native.TIMEOUT:  # the envs stay in flight: a later RECV returns them
             raise TransportTimeoutError(
                 f"shm://{self.shm.name}: no env finished within {self.timeout} s "
