@@ -165,3 +165,42 @@ def test_a_read_never_returns_a_version_not_yet_announced(monkeypatch: pytest.Mo
         assert board_consistent(second, arrays)
         assert raced and second >= first, f"read {first}, then {second}"
         reader.close()
+
+
+@pytest.mark.parametrize("what", ["wait_newer", "wait_stop"])
+def test_ctrl_c_ends_a_wait_without_a_deadline_at_once(what: str) -> None:
+    """Before: the board's and the run control's waits slept in C for their whole timeout, so a
+    Ctrl-C during ``wait_newer(v)`` / ``wait_stop(None)`` came only once a version was published
+    or the run stopped (never, for a stopped learner). Now they wait in slices (the rings did)."""
+    import threading
+
+    fired: list[float] = []
+
+    def on_sigint(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    def fire() -> None:
+        fired.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGINT)
+
+    main = threading.get_ident()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    timer = threading.Timer(0.3, fire)
+    with watchdog(30):
+        if what == "wait_newer":
+            owner = PolicyBoard.create(unique("ki"), board_arrays(0))
+            wait = lambda: owner.wait_newer(0, timeout=None)  # noqa: E731
+        else:
+            owner = RunControl.create(unique("ki"))
+            wait = lambda: owner.wait_stop(None)  # noqa: E731
+        try:
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                wait()
+            took = time.monotonic() - fired[0]
+            assert took < 5, f"KeyboardInterrupt {took:.1f} s after the SIGINT"
+        finally:
+            timer.cancel()
+            timer.join()
+            signal.signal(signal.SIGINT, previous)
+            owner.close()

@@ -55,7 +55,7 @@ from transport.channels.errors import (
     TornReadError,
 )
 from transport.channels.segment import Kind, Segment, align
-from transport.channels.wait import WaitPolicy
+from transport.channels.wait import SLICE_S, WaitPolicy
 from transport.generated import channels as layout
 
 BOARD_OFFSET = 64
@@ -393,7 +393,10 @@ class PolicyBoard:
                 raise ChannelTimeoutError(
                     f"{self.segment.path}: no version newer than {version} within {timeout} s"
                 )
-            rc = native.wait_change(self._ctx, self._notify, seen, left)
+            # a slice at a time: Ctrl-C comes within SLICE_S, not when the next version does
+            rc = native.wait_change(
+                self._ctx, self._notify, seen, SLICE_S if left is None else min(left, SLICE_S)
+            )
             if rc == native.CLOSED:
                 raise PeerDiedError(f"{self.segment.path}: the board was closed")
 

@@ -25,7 +25,7 @@ from transport import native
 from transport.channels import lease
 from transport.channels.errors import ChannelInUseError
 from transport.channels.segment import Kind, Segment
-from transport.channels.wait import WaitPolicy
+from transport.channels.wait import WaitPolicy, wait_in_slices
 from transport.generated import channels as layout
 
 CONTROL_OFFSET = 64
@@ -125,7 +125,7 @@ class RunControl:
         self.segment.require_open("wait_stop")
         if self.stopped:
             return True
-        rc = native.wait_change(self._ctx, self._stop, 0, timeout)
+        rc = wait_in_slices(lambda t: native.wait_change(self._ctx, self._stop, 0, t), timeout)
         return rc >= 0 or rc == native.CLOSED
 
     # -- members ----------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from transport.channels.errors import (
     PeerDiedError,
 )
 from transport.channels.segment import Kind, Segment, align
-from transport.channels.wait import WaitPolicy
+from transport.channels.wait import WaitPolicy, wait_in_slices
 from transport.codec import StructCodec
 from transport.generated import channels as layout
 
@@ -283,21 +283,6 @@ class Ring:
         self.close()
 
 
-SLICE_S = 0.25  # a wait returns to Python this often: signals (Ctrl-C, alarms) run meanwhile
-
-
-def _wait_in_slices(call: Any, timeout: float | None) -> int:
-    """Run a native wait in slices of at most SLICE_S, so Python signal handlers run."""
-    if timeout is not None and timeout <= SLICE_S:
-        return int(call(timeout))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = SLICE_S if deadline is None else min(SLICE_S, deadline - time.monotonic())
-        rc = int(call(max(0.0, left)))
-        if rc != native.TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
-            return rc
-
-
 def _describe(value: Any) -> str:
     """A short description of an array's (or a dtype's) type for an error message."""
     if isinstance(value, np.ndarray):
@@ -385,7 +370,7 @@ class Producer:
             raise ChannelError("commit the previous reservation first (or abort it)")
         cap = self.ring.capacity
         want = n if n < cap else cap  # the C side takes a u32; never more than the ring holds
-        first = _wait_in_slices(
+        first = wait_in_slices(
             lambda t: native.ring_reserve(self._native, want, self._got, t), timeout
         )
         if first < 0:
@@ -631,7 +616,7 @@ class Consumer:
                 raise ValueError(f"take: max_records must be at least 0, got {max_records}")
             return Batch(self, self.next_index, 0, [ring.records[0:0]])  # up to 0: none
         want = max_records if max_records < cap else cap  # a u32 for C; at most the ring
-        first = _wait_in_slices(
+        first = wait_in_slices(
             lambda t: native.ring_take(self._native, want, self._got, t), timeout
         )
         if first < 0:
