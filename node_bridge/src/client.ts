@@ -1069,6 +1069,7 @@ function isSchemaModule(value: unknown): value is SchemaModule {
 async function schemaOption(value: unknown): Promise<SchemaModule> {
   if (isSchemaModule(value)) return value;
   if (typeof value === "string") {
+    // loaded on first use: schema_file brings the worker pool's module, which a client needs not
     const { loadSchemaFile } = require("./schema_file") as typeof import("./schema_file");
     return loadSchemaFile(value);
   }
