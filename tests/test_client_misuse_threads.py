@@ -249,3 +249,27 @@ def test_a_with_block_that_fails_during_another_threads_call_keeps_its_error() -
     ) as server:
         out = run_child(WITH_BLOCK_FAILS_DURING_CALL, server.url)
     assert out == {"raised": "ValueError: the trainer's own error"}, out
+
+
+def test_connect_many_close_during_a_batch_closes_every_client_in_the_end() -> None:
+    """A MultiClient's close() while its batch is in flight on another thread: the busy client
+    refuses (as Client.close does) and the others close; before, the MultiClient marked itself
+    closed first, so the busy client was never closed, not even by a later close()."""
+    import threading
+
+    import transport
+
+    with (
+        ServerProcess(unique_url("unix"), env="tests.test_client_misuse_threads:SlowEcho") as slow,
+        ServerProcess(unique_url("unix"), env="echo") as fast,
+    ):
+        multi = transport.connect_many([slow.url, fast.url], timeout=30)
+        multi.reset(seed=1)
+        batch = threading.Thread(target=lambda: multi.step([1, 2]))
+        batch.start()
+        time.sleep(0.5)  # the slow server is stepping
+        with pytest.raises(transport.TransportError, match="another thread is in a call"):
+            multi.close()
+        batch.join(30)
+        multi.close()
+        assert all(client._closed for client in multi.clients)

@@ -278,11 +278,20 @@ class MultiClient:
             return stack.pop_all()
 
     def close(self) -> None:
+        """Close every client. One in a call on another thread refuses (``Client.close``): the
+        others are closed all the same, the first refusal is raised, and a later ``close()``
+        closes the rest."""
         if self._closed:
             return
-        self._closed = True
+        refused: TransportError | None = None
         for client in self.clients:
-            client.close()
+            try:
+                client.close()
+            except TransportError as exc:
+                refused = refused or exc
+        if refused is not None:
+            raise refused
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
