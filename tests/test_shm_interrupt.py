@@ -147,8 +147,19 @@ def test_ctrl_c_with_no_timeout_and_a_stopped_server(gated: tuple[str, str, int]
         client.reset(seed=1)
         os.kill(server_pid, signal.SIGSTOP)
         resume = _later(RELEASE_S, lambda: os.kill(server_pid, signal.SIGCONT))
+        ctx: Any = client.channel._ctx  # type: ignore[attr-defined]
+        slept = int(ctx.sleeps)
+
+        def once_asleep() -> None:
+            """SIGINT once the client sleeps on its published request (under load a fixed
+            0.3 s could come before the request went out: then nothing was in flight)."""
+            until = time.monotonic() + BOUND_S
+            while int(ctx.sleeps) == slept and time.monotonic() < until:
+                time.sleep(0.005)
+            to_process()
+
         try:
-            took = interrupted(lambda: client.step(np.array([1, 2, 3, 4])), to_process, after=0.3)
+            took = interrupted(lambda: client.step(np.array([1, 2, 3, 4])), once_asleep, after=0.1)
             assert took is not None, "the step was not interrupted"
             assert took < BOUND_S, f"KeyboardInterrupt {took:.1f} s after the SIGINT"
         finally:

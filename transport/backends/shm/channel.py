@@ -630,13 +630,16 @@ class ShmChannel:
         """One request as slot commands; a refusal comes back as an ERROR body."""
         if self._last_cmd == _STEP and msg_type == self._step_req and body is self._request_rows:
             # the hot path: the client wrote its actions into the slots, the command is set
-            rc = self._roundtrip(self._ctx, self._timeout_ns)
-            if rc == 0 and self._checksums is None:
-                return self._step_resp, self._empty
             try:
+                rc = self._roundtrip(self._ctx, self._timeout_ns)
+                if rc == 0 and self._checksums is None:
+                    return self._step_resp, self._empty
                 self._finish(rc)
             except _Refused as refused:
                 return self.ids.ERROR, memoryview(encode_error(refused.code, refused.text))
+            except KeyboardInterrupt:
+                self._in_flight_after_interrupt()
+                raise
             return self._step_resp, self._empty
         if self._closed:
             raise TransportError("the client is closed")
@@ -925,19 +928,26 @@ class ShmChannel:
         if command != self._last_cmd:
             self._commands[:] = command
             self._last_cmd = command
-        rc = self._roundtrip(self._ctx, self._timeout_ns if timeout_ns is None else timeout_ns)
-        self._finish(rc)
+        try:
+            rc = self._roundtrip(self._ctx, self._timeout_ns if timeout_ns is None else timeout_ns)
+            self._finish(rc)
+        except KeyboardInterrupt:
+            self._in_flight_after_interrupt()
+            raise
+
+    def _in_flight_after_interrupt(self) -> None:
+        """A signal handler raised (Ctrl-C) once the request was published: wherever Python ran
+        it (right after the C call returned, entering ``_finish``, in ``_resumed``), the request
+        stays in flight, and the next one first waits for it (``settle``), as after a timeout;
+        else its actions would be overwritten while the server may still read them."""
+        self._late = True
+        self._last_cmd = -1  # off the hot path until settled
 
     def _finish(self, rc: int) -> None:
         """After a round trip: its error as an exception, then the checksums if the server
-        writes them."""
+        writes them (a wait that came back for Python's signal handlers is resumed first)."""
         if rc == _INTERRUPTED:
-            # a signal handler may raise (Ctrl-C): the request stays in flight, and the next
-            # one first waits for it (settle), as after a timeout
-            self._late = True
-            self._last_cmd = -1  # off the hot path until settled
             rc = self._resumed(rc)
-            self._late = False
         if rc:
             self._raise(rc)
         if self._checksums is not None:
