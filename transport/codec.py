@@ -96,6 +96,9 @@ class StructCodec:
         self._nested = [
             (f, codecs.structs_lazy(f.elem) if f.kind == "struct" else None) for f in struct.fields
         ]
+        self._bases = {  # the element dtype of each multi-dimensional field (lists become it)
+            f.name: self.dtype[f.name].base for f in struct.fields if f.shape is not None
+        }
 
     # -- zero-copy -------------------------------------------------------------------------
 
@@ -200,7 +203,10 @@ class StructCodec:
         out: list[Any] = []
         for (f, sub), value in zip(self._nested, got, strict=True):
             if f.shape is not None:  # flat (row-major) or nested: NumPy assigns this shape
-                out.append(np.reshape(np.asarray(value), f.shape))
+                if not isinstance(value, np.ndarray):  # lists: in the field's own type, never
+                    # through float64 (mixed big u64 / i64 integers would lose their low bits)
+                    value = np.asarray(value, dtype=self._bases[f.name])
+                out.append(np.reshape(value, f.shape))
             elif sub is None:
                 out.append(value)
             elif f.is_array:

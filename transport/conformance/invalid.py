@@ -134,9 +134,10 @@ def _bad_encode_values(schema: SchemaIR, leaf: Leaf) -> list[tuple[str, Any, str
         declared = set(enum_values(schema, f))
         lo, hi = int_range(schema, f)
         undeclared = next(v for v in range(lo, hi + 1) if v not in declared)
+        beyond: Any = hi + 1 if hi + 1 < 2**64 else float(2**64)  # msgpack holds no 2**64
         out += [
             ("undeclared value", undeclared, "invalid_enum", last),
-            ("beyond its integer type", hi + 1, "invalid_enum", 0),
+            ("beyond its integer type", beyond, "invalid_enum", 0),
             ("string", "A", "wrong_type", last),
             ("bool", False, "wrong_type", 0),
         ]

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import stat
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ _TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d
 _LAYOUTS = ("packed", "natural")
 _TAILS = ("msgpack", "utf8")
 _JS_SAFE = 2**53 - 1
+_FLOAT_MAX = {"f32": float.fromhex("0x1.fffffep+127"), "f64": sys.float_info.max}
+"""The largest finite value of each float type (a bound beyond it does not fit the field)."""
 
 _SCHEMA_KEYS = {"name", "version", "layout"}
 _STRUCT_KEYS = {"layout", "size", "fields", "doc"}
@@ -430,6 +433,14 @@ class _Compiler:
         result, request = self.structs[names["result"]], self.structs[names["request"]]
         if result.name == request.name:
             raise self.error("[env] result and request must be different structs")
+        for f in result.fields:
+            if f.name in rules.STEP_VIEW_NAMES:
+                raise self.error(
+                    f"{f.name!r} is an attribute of the client's step result (StepView): rename "
+                    "the field of the [env] result struct",
+                    result.name,
+                    f.name,
+                )
         action = request.role("action")
         if action is None:
             raise self.error(
@@ -468,8 +479,23 @@ class _Compiler:
 
     def _check_action(self, request: StructIR, action: FieldIR) -> None:
         """The action kinds a server carries: one 8-32 bit integer (Discrete), an array of them
-        with a declared ``high`` (MultiDiscrete), or an f32/f64 array (Box)."""
-        scalar = self.enums[action.elem].type if action.kind == "enum" else action.elem
+        with a declared ``high`` (MultiDiscrete), or an f32/f64 array (Box). Not an enum: the
+        servers would not agree on its space (its members, or its type's whole range)."""
+        if action.kind == "enum":
+            raise self.error(
+                f"the action cannot be an enum ({action.type}): declare its integer type "
+                f"({self.enums[action.elem].type}) instead",
+                request.name,
+                action.name,
+            )
+        scalar = action.elem
+        if len(action.dims) >= rules.MAX_DIMS:  # the multi-seat request adds the seat axis
+            raise self.error(
+                f"an action array has at most {rules.MAX_DIMS - 1} dimensions (the multi-seat "
+                f"request adds one), not {len(action.dims)}",
+                request.name,
+                action.name,
+            )
         if not action.is_array:
             if scalar not in _ACTION_TYPES:
                 raise self.error(
@@ -559,9 +585,17 @@ class _Compiler:
                     raise self.error(f"{key} {v} does not fit {elem}", struct, fname)
                 texts.append(str(v))
             else:
-                if not math.isfinite(v):
+                if isinstance(v, float) and not math.isfinite(v):
                     raise self.error(
                         f"{key} must be finite (omit it for an unbounded field)", struct, fname
+                    )
+                if abs(v) > _FLOAT_MAX[elem]:  # an int compares exactly, however large
+                    shown = v if isinstance(v, float) else rules.short_number(v)
+                    raise self.error(
+                        f"{key} {shown} does not fit {elem} (finite values of magnitude at "
+                        f"most {_FLOAT_MAX[elem]!r})",
+                        struct,
+                        fname,
                     )
                 texts.append(repr(float(v)))
         return tuple(texts) if isinstance(value, list) else texts[0]
@@ -803,8 +837,13 @@ class _Compiler:
                 raise self.error(f"{where}, value {_shown(key)}: {rule}")
             if not isinstance(value, int) or isinstance(value, bool):
                 raise self.error(f"{where}: value {key} must be an integer")
-            if not lo <= value <= hi or abs(value) > _JS_SAFE:
+            if not lo <= value <= hi:
                 raise self.error(f"{where}: value {key} = {value} does not fit {base}")
+            if abs(value) > _JS_SAFE:
+                raise self.error(
+                    f"{where}: value {key} = {value} is beyond JavaScript's safe integers "
+                    f"(-(2**53-1)..2**53-1): TypeScript enum values are numbers"
+                )
             if value in seen:
                 raise self.error(f"{where}: values {seen[value]} and {key} are both {value}")
             seen[value] = key
@@ -889,6 +928,14 @@ class _Compiler:
                     raise self.error(f"role {role!r} is already taken", name, fname)
                 roles.add(role)
                 self._check_role_type(name, fname, role, kind, is_array, type_str)
+                if role == "observation" and kind == "struct":
+                    raise self.error(
+                        f"role 'observation' takes a scalar type or an array of one, not the "
+                        f"struct {type_str}: put its fields in {name}, each with role "
+                        "'observation' (a gymnasium Dict space)",
+                        name,
+                        fname,
+                    )
             low = self._bound(raw, "low", name, fname, role, elem, kind, count)
             high = self._bound(raw, "high", name, fname, role, elem, kind, count)
             if low is not None and high is not None:
@@ -979,6 +1026,10 @@ class _Compiler:
                 raise self.error(
                     f"array count has more than {rules.MAX_DIGITS} digits", struct, fname
                 )
+        if len(texts) > rules.MAX_DIMS:
+            raise self.error(
+                f"array has {len(texts)} dimensions (at most {rules.MAX_DIMS})", struct, fname
+            )
         dims = [int(d) for d in texts]
         for d in dims:
             if d < 1:

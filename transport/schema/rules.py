@@ -26,6 +26,13 @@ MAX_STRUCT_SIZE = 2**28
 """Largest struct (256 MiB): a total-size cap on what one frame body or shm slot may hold."""
 MAX_DEPTH = 32
 """Deepest nesting of structs in structs."""
+MAX_DIMS = 63
+"""Most dimensions of an array field: NumPy arrays have at most 64, and a batch of records (the
+client's env axis) adds one."""
+STEP_VIEW_NAMES = frozenset({"source", "record", "copy", "keys", "_fields"})
+"""Attributes of the client's ``StepView`` (transport/step_view.py): a field of an ``[env]``
+result struct with one of these names would be shadowed by them (``r.source`` would be the
+record array, not the field), so the compiler refuses it."""
 
 _PY_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
 _PY_MODULE = frozenset(
@@ -64,8 +71,12 @@ _TS_RESERVED = frozenset(
     "true try typeof var void while with as implements interface let package private protected "
     "public static yield any boolean number string symbol bigint unknown never object type "
     "await async undefined NaN Infinity arguments eval declare namespace module require "
-    "keyof readonly infer is asserts global of get set constructor".split()
+    "keyof readonly infer is asserts unique global of get set constructor".split()
 )
+"""Words a struct or enum name cannot be in TypeScript (the generated code writes struct names
+in type positions: ``rt.StructLayout<unique, ...>`` does not parse, ``unique`` being the type
+operator of ``unique symbol``). Contextual words that pass ``tsc --strict`` there (``satisfies``,
+``abstract``, ``accessor``, ``out``, ``override``, ``intrinsic``, ``using``) stay allowed."""
 _TS_MODULE = frozenset(
     {
         # what emit_typescript's modules import, define or use from the global scope
@@ -211,10 +222,10 @@ def check_number(value: object, what: str, *, minimum: int = 0) -> str | None:
     if not isinstance(value, int) or isinstance(value, bool):
         return f"{what} must be an integer"
     if not minimum <= value <= MAX_NUMBER:
-        return f"{what} must be {minimum}..{MAX_NUMBER}, not {_short(value)}"
+        return f"{what} must be {minimum}..{MAX_NUMBER}, not {short_number(value)}"
     return None
 
 
-def _short(value: int) -> str:
+def short_number(value: int) -> str:
     """A number for a message; no decimal conversion of a huge one."""
     return str(value) if value.bit_length() <= 64 else f"a {value.bit_length()}-bit number"
