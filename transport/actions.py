@@ -131,6 +131,7 @@ refused (floats into integers) or refused (not numbers)."""
 
 _largest = np.maximum.reduce  # the ufuncs themselves: ndarray.max() adds a Python call
 _smallest = np.minimum.reduce
+_absolute = np.absolute
 _UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
 
 
@@ -150,7 +151,9 @@ class ActionShapes:
     Values: integers of any width go into an integer field when they fit its type (checked
     when the cast is not safe), bools too; floats into an integer field are refused (they would
     be truncated), integers and floats into a float field are taken (gymnasium's Box casts the
-    same way). A 1-env server always gets a STEP_REQ; the result's shape follows the call.
+    same way) when the field holds them finitely (``-3.5e38`` for an f32 field is refused: it
+    would be written as -inf; NaN and +-inf are the server's to judge). A 1-env server always
+    gets a STEP_REQ; the result's shape follows the call.
 
     ``count`` applies it to ``step`` (N envs); ``rows`` to a call for K env ids (``send``):
     the same rule with K in place of N, its batch form (K, *S) only, the same texts."""
@@ -168,9 +171,16 @@ class ActionShapes:
         self.dtype: np.dtype[Any] = np.dtype(body_codec(schema, "STEP_REQ").dtype[field.name].base)
         self.integer = self.dtype.kind in "iu"
         self.lo = self.hi = 0
+        self.top = self.inf_from = 0.0  # a float field's largest finite value, and past it
         if self.integer:
             info = np.iinfo(self.dtype)
             self.lo, self.hi = int(info.min), int(info.max)
+        elif self.dtype.kind == "f":
+            floats = np.finfo(self.dtype)
+            self.top = float(floats.max)
+            # the first magnitude the cast rounds to inf (max + half its ulp; below it rounds
+            # to max, as the Node client's Math.fround does)
+            self.inf_from = self.top + 2.0 ** (floats.maxexp - floats.nmant - 2)
         self.elem = field.elem
         self._space = space  # () -> str: the action space's description (asked when needed)
         self._casts: dict[np.dtype[Any], int] = {}
@@ -254,7 +264,8 @@ class ActionShapes:
                 k,
             )
         if cast == _CHECK_RANGE and not self._fits(array):
-            raise self._error(what, given, self._outside("a value"), k)
+            why = self._outside("a value") if self.integer else self._beyond(array)
+            raise self._error(what, given, why, k)
         return (array if array.ndim else array[()]), count
 
     def _outside(self, value: str) -> str:
@@ -272,12 +283,28 @@ class ActionShapes:
             f"{value} is outside {self.lo}..{self.hi}: it does not fit the {self.elem} action field"
         )
 
+    def _beyond(self, array: np.ndarray) -> str:
+        """Why a float ``array`` does not fit the float action field: its first finite value
+        past the field's largest (it would be written as +-inf)."""
+        with np.errstate(invalid="ignore"):
+            bad = (np.isfinite(array) & (np.abs(array) >= self.inf_from)).reshape(-1)
+        value = float(array.reshape(-1)[int(np.argmax(bad))])
+        sign = "-" if value < 0 else ""
+        return (
+            f"{value!r} is outside -{self.top!r}..{self.top!r}: the {self.elem} action field "
+            f"cannot hold it (it would become {sign}inf)"
+        )
+
     def _cast(self, dtype: np.dtype[Any]) -> int:
         kind = dtype.kind
         if kind not in "biuf":
             return _NOT_NUMBERS
         if not self.integer:
-            return _SAFE  # integers and floats into a float field (float64 -> float32 rounds)
+            # integers of any width fit f32 and f64, and so does a float the field's type holds
+            # (float64 -> float32 rounds); a wider float may be beyond the field's range
+            if kind != "f" or np.can_cast(dtype, self.dtype, "safe"):
+                return _SAFE
+            return _CHECK_RANGE
         if kind == "f":
             return _LOSSY
         return _SAFE if np.can_cast(dtype, self.dtype, "safe") else _CHECK_RANGE
@@ -289,6 +316,8 @@ class ActionShapes:
         no negative action; otherwise its minimum and maximum do."""
         if array.size == 0:
             return True
+        if not self.integer:
+            return self._fits_float(array)
         if array.dtype.kind == "u":  # nothing below 0: the field's minimum is 0 or less
             return int(_largest(array, None)) <= self.hi
         size = array.dtype.itemsize
@@ -297,6 +326,16 @@ class ActionShapes:
             if int(_largest(array.view(_UNSIGNED[size]), None)) <= self.hi:
                 return True  # every value is in 0..hi
         return int(_smallest(array, None)) >= self.lo and int(_largest(array, None)) <= self.hi
+
+    def _fits_float(self, array: np.ndarray) -> bool:
+        """Whether a float ``array`` wider than the float action field holds only values the
+        field holds finitely: NaN and +-inf pass (the server's check of a Box action decides on
+        them, ``allow_nonfinite``). Two reductions decide the common case."""
+        limit = self.inf_from
+        if _largest(_absolute(array), None) < limit:
+            return True  # a NaN makes the comparison false: the exact check below decides
+        with np.errstate(invalid="ignore"):
+            return not bool((np.isfinite(array) & (_absolute(array) >= limit)).any())
 
     def _wanted(self, shape: tuple[int, ...], k: int | None = None) -> str:
         """What to pass instead of an argument of ``shape``; a batch of the wrong length

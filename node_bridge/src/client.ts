@@ -464,6 +464,30 @@ const SAME = (a: readonly number[], b: readonly number[]): boolean => a.length =
  */
 export type Refusal = string | { readonly outside: string };
 
+/** The largest finite f32 (numpy: `float(np.finfo(np.float32).max)`). */
+const F32_MAX = 3.4028234663852886e38;
+
+/**
+ * The first finite number of an action argument that an f32 field cannot hold finitely (it would
+ * arrive as -Infinity/Infinity, a value never sent), or null. One that rounds to the largest f32
+ * is held; an infinite or NaN one goes as given (the server's INVALID_ACTION names it).
+ */
+function pastF32(value: unknown): number | null {
+  if (typeof value === "number") return Math.abs(Math.fround(value)) === Infinity && Number.isFinite(value) ? value : null;
+  if (isNumberArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const v = value[i] as number;
+      if (Math.abs(Math.fround(v)) === Infinity && Number.isFinite(v)) return v;
+    }
+    return null;
+  }
+  for (const row of value as unknown[]) {
+    const past = pastF32(row);
+    if (past !== null) return past;
+  }
+  return null;
+}
+
 /** A Discrete space whose size is known, as `describeActionSpace` names it. */
 const DISCRETE = /^Discrete\((\d+)\)$/;
 
@@ -475,7 +499,9 @@ const DISCRETE = /^Discrete\((\d+)\)$/;
  * (N views, N = 1 included); for array actions with N > 1 a flat array of N x elements numbers is
  * one per env too (row-major). Anything else is refused, a number for a Box included. Values:
  * integers that fit the field's type go into an integer field, floats (a non-integer number or a
- * Float32Array/Float64Array) are refused there (truncated); any number goes into a float field.
+ * Float32Array/Float64Array) are refused there (truncated); any number goes into a float field
+ * but a finite one an f32 field cannot hold finitely (past +-3.4028234663852886e+38: it would
+ * arrive as +-Infinity).
  * `write(actions, request)` applies it to `step`; `write(actions, body, k)` to a call for K env
  * ids (`send`): the same rule with K in place of N, its batch forms only, the same texts.
  */
@@ -488,6 +514,8 @@ export class ActionShapes {
   readonly hi: number;
   readonly elem: string;
   readonly #type: ActionType;
+  /** An f32 field: a finite number past its range is refused (`pastF32`). */
+  readonly #f32: boolean;
   readonly #at: number;
   readonly #stride: number;
 
@@ -503,6 +531,7 @@ export class ActionShapes {
     this.batch = [numEnvs, ...this.one];
     this.#type = actionTypeOf(schema, field, "STEP_REQ action", 1, true);
     this.elements = this.#type.elements;
+    this.#f32 = this.#type.float && this.#type.elemSize === 4;
     this.integer = !this.#type.float;
     const bits = 8 * this.#type.elemSize;
     this.lo = this.integer && this.#type.signed ? -(2 ** (bits - 1)) : 0;
@@ -548,6 +577,14 @@ export class ActionShapes {
       });
     }
     if (bad !== null) return bad;
+    if (this.#f32 && !(actions instanceof Float32Array)) {
+      // a Float32Array's values all fit (not read: the hot path of a Box step)
+      const past = pastF32(actions);
+      if (past !== null) {
+        const sign = past < 0 ? "-" : "";
+        return `${String(past)} is outside ${-F32_MAX}..${F32_MAX}: the ${this.elem} action field cannot hold it (it would become ${sign}inf)`;
+      }
+    }
     this.#put(actions, request);
     return count;
   }

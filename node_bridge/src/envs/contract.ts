@@ -210,7 +210,12 @@ export class ContractEnv {
     else this.#view.setFloat64(at, value, true);
   }
 
-  /** Two's-complement low bytes of `value` (8-byte fields: the low 32 bits, high word 0/-1). */
+  /**
+   * Two's-complement low bytes of the integer `value` (a safe integer: an enum's declared value,
+   * a 32-bit hash, 0/1), as Python's twin writes it: 8-byte fields all 64 bits (through BigInt past
+   * 0..2**32-1)
+   * (an i64/u64 enum value past 32 bits, e.g. 2**32 or -(2**53 - 1), keeps its high word).
+   */
   #writeInt(leaf: Leaf, at: number, value: number): void {
     const view = this.#view;
     switch (leaf.size) {
@@ -224,8 +229,13 @@ export class ContractEnv {
         view.setUint32(at, value >>> 0, true);
         break;
       default:
-        view.setUint32(at, value >>> 0, true);
-        view.setUint32(at + 4, value < 0 ? 0xffffffff : 0, true);
+        if (value >= 0 && value <= 0xffffffff) {
+          // the common case (a hash, a role's 0/1): no BigInt
+          view.setUint32(at, value, true);
+          view.setUint32(at + 4, 0, true);
+        } else {
+          view.setBigUint64(at, BigInt.asUintN(64, BigInt(value)), true);
+        }
     }
   }
 }
