@@ -5,7 +5,6 @@ names and the generated module's header."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +21,10 @@ from transport.schema.ir import INTEGER_RANGES
 from transport.schema.rules import STEP_VIEW_NAMES
 from transport.step_view import StepView
 
+from .generated_typescript import TSC, tsc_strict
 from .servers import LANGS, ServerProcess, require_lang, unique_url
 
 ROOT = Path(__file__).resolve().parents[1]
-NODE_BRIDGE = ROOT / "node_bridge"
-TSC = NODE_BRIDGE / "node_modules" / ".bin" / "tsc"
 
 
 def _env_schema(name: str, result: str, request: str, extra: str = "") -> str:
@@ -147,38 +145,8 @@ def test_a_struct_named_unique_is_refused() -> None:
 def test_contextual_words_left_allowed_pass_tsc_strict(tmp_path: Path) -> None:
     """The words tsc --strict takes as struct names stay allowed (only those that break are
     reserved)."""
-    from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
-
-    src = NODE_BRIDGE / "src"
-    for runtime in ("codec", "ir"):
-        (tmp_path / f"{runtime}.ts").write_text(
-            f'export * from "{(src / runtime).as_posix()}";\n', encoding="utf-8"
-        )
-    generated = tmp_path / "generated"
-    generated.mkdir()
-    names = []
-    for word in _ALLOWED_CONTEXTUAL:
-        ir = compile_schema(_struct_named(word), f"s_{word}.toml")
-        (generated / f"{ir.name}.ts").write_text(emit_typescript(ir), encoding="utf-8")
-        names.append(ir.name)
-    (generated / "index.ts").write_text(emit_typescript_index(names), encoding="utf-8")
-    config = {
-        "extends": (NODE_BRIDGE / "tsconfig.json").as_posix(),
-        "compilerOptions": {
-            "noEmit": True,
-            "rootDir": "/",
-            "typeRoots": [(NODE_BRIDGE / "node_modules" / "@types").as_posix()],
-        },
-        "include": [f"{tmp_path.as_posix()}/**/*.ts"],
-    }
-    (tmp_path / "tsconfig.json").write_text(json.dumps(config), encoding="utf-8")
-    result = subprocess.run(
-        [str(TSC), "-p", str(tmp_path / "tsconfig.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    irs = [compile_schema(_struct_named(word), f"s_{word}.toml") for word in _ALLOWED_CONTEXTUAL]
+    assert tsc_strict(tmp_path, irs) == ""
 
 
 # -- 4, 5, 6, 7, 8, 9: the compiler's refusals ----------------------------------------------

@@ -4,7 +4,6 @@ with one line naming the file, the item and the rule, exit status 2, and no trac
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 import subprocess
 import sys
@@ -16,9 +15,10 @@ import pytest
 from transport.errors import SchemaError
 from transport.schema import compile_schema
 from transport.schema.emit_python import emit_python
-from transport.schema.emit_typescript import emit_typescript, emit_typescript_index
 from transport.schema.rules import check_field_name, check_member_name, check_type_name
 from transport.tools.schema_cli import main
+
+from .generated_typescript import TSC, tsc_strict
 
 
 def _schema(struct: str = "Foo", field: str = "x", typ: str = "u32", extra: str = "") -> str:
@@ -274,43 +274,11 @@ def test_random_valid_names_import(seed: int, tmp_path: Path) -> None:
     assert mod.FINGERPRINT_HEX == ir.fingerprint_hex
 
 
-NODE_BRIDGE = Path(__file__).resolve().parents[1] / "node_bridge"
-TSC = NODE_BRIDGE / "node_modules" / ".bin" / "tsc"
-
-
 @pytest.mark.skipif(not TSC.exists(), reason="node_bridge not set up (./dev setup)")
 def test_random_valid_names_pass_tsc_strict(tmp_path: Path) -> None:
     """The TypeScript the same random schemas give type-checks under the project's --strict."""
-    src = NODE_BRIDGE / "src"
-    for runtime in ("codec", "ir"):
-        (tmp_path / f"{runtime}.ts").write_text(
-            f'export * from "{(src / runtime).as_posix()}";\n', encoding="utf-8"
-        )
-    generated = tmp_path / "generated"
-    generated.mkdir()
-    names = []
-    for seed in SEEDS:
-        ir = compile_schema(_valid_random_schema(seed), f"fuzz{seed}.toml")
-        (generated / f"{ir.name}.ts").write_text(emit_typescript(ir), encoding="utf-8")
-        names.append(ir.name)
-    (generated / "index.ts").write_text(emit_typescript_index(names), encoding="utf-8")
-    config = {
-        "extends": (NODE_BRIDGE / "tsconfig.json").as_posix(),
-        "compilerOptions": {
-            "noEmit": True,
-            "rootDir": "/",
-            "typeRoots": [(NODE_BRIDGE / "node_modules" / "@types").as_posix()],
-        },
-        "include": [f"{tmp_path.as_posix()}/**/*.ts"],
-    }
-    (tmp_path / "tsconfig.json").write_text(json.dumps(config), encoding="utf-8")
-    result = subprocess.run(
-        [str(TSC), "-p", str(tmp_path / "tsconfig.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    irs = [compile_schema(_valid_random_schema(seed), f"fuzz{seed}.toml") for seed in SEEDS]
+    assert tsc_strict(tmp_path, irs, timeout=120) == ""
 
 
 def test_stray_typescript_file_is_a_clear_error(
