@@ -117,7 +117,6 @@ const WAIT_ANY_SPIN_SHARE = 8;
 /** Without futex_waitv, a RECV sleeps on one of its words in slices this short (ms). */
 const ONE_WORD_SLICE_MS = 0.2;
 
-/** Zero-copy views of the results in the slots, and the finals of the last step. */
 /** A class whose instances show `names` of the slot view they wrap (read-only getters). */
 function projection(name: string, names: readonly string[]): new (slot: Record<string, unknown>) => object {
   class ResultView {
@@ -142,6 +141,7 @@ function projection(name: string, names: readonly string[]): new (slot: Record<s
   return ResultView;
 }
 
+/** Zero-copy views of the results in the slots, and the finals of the last step. */
 class SlotResults implements ChannelRecords {
   readonly count: number;
   readonly #region: Region;
