@@ -54,8 +54,10 @@ def connect_with_retry(
 ) -> socket.socket:
     """Call ``connect(remaining_seconds)`` until it succeeds, retrying with backoff while
     nothing listens yet (refused, no socket file) or the server's listen backlog is full
-    (EAGAIN), until the deadline: then ``ConnectError``, never a transient error at once."""
-    deadline = time.monotonic() + (timeout if timeout is not None else 10.0)
+    (EAGAIN), until the deadline (``timeout``; None: 10 s, a server that never comes is an
+    error all the same): then ``ConnectError``, never a transient error at once."""
+    limit = timeout if timeout is not None else 10.0
+    deadline = time.monotonic() + limit
     delay = 0.005
     while True:
         try:
@@ -74,7 +76,7 @@ def connect_with_retry(
                     else ("has nothing accepting connections")
                 )
                 raise ConnectError(
-                    f"{where} {what} until the deadline ({exc.strerror or exc})"
+                    f"{where} {what} within {limit:g} s ({exc.strerror or exc})"
                 ) from exc
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.2)

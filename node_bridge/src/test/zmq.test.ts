@@ -235,7 +235,7 @@ describe("zmq: Node client <-> Node server", () => {
     await router.receive();
     router.close();
     await assert.rejects(waiting, PeerGoneError);
-    client.timeoutMs = 300; // no connection: waits for a reconnection until the deadline
+    client.timeoutMs = 300; // the connection is lost for good: the next request fails at once
     await assert.rejects(client.request(IDS.HEALTH_REQ, Buffer.alloc(0)), PeerGoneError);
   }
 
