@@ -6,20 +6,27 @@ ratios measured in the same test, never against absolute times."""
 
 from __future__ import annotations
 
+import json
 import os
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import transport.api as api
+from transport.envs.echo import EchoEnv
 from transport.errors import PeerGoneError
+from transport.generated import pac_env
 
-from .servers import ROOT, ServerProcess, unique_url
+from .servers import ROOT, ServerProcess, require_lang, unique_url
 
 NUM_ENVS = 2
 WORKERS = 2
@@ -272,3 +279,151 @@ def test_shutdown_while_a_session_is_being_made() -> None:
     finally:
         _kill(hello)
         server.kill()
+
+
+# Node's echo env with a step that takes SLOW_STEP_S (a busy wait: a Node env's step is sync).
+SLOW_NODE_ECHO = """\
+const { EchoEnv } = require(ECHO);
+const until = (ms) => { const end = Date.now() + ms; while (Date.now() < end); };
+class SlowEcho extends EchoEnv {
+  step(action) { until(STEP_MS); return super.step(action); }
+  stepInto(action, out) { until(STEP_MS); super.stepInto(action, out); }
+}
+exports.SlowEcho = SlowEcho;
+"""
+
+
+class LinkCut:
+    """A TCP relay between a client and a server whose link the test cuts: ``cut()`` closes
+    every relayed connection and refuses new ones until ``mend()``."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.refusing = False
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._relay, daemon=True)
+        self.thread.start()
+
+    def cut(self) -> None:
+        with self.lock:
+            self.refusing = True
+            for a, b in self.pairs:
+                a.close()
+                b.close()
+            self.pairs.clear()
+
+    def mend(self) -> None:
+        with self.lock:
+            self.refusing = False
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        self.cut()
+        self.listener.close()
+
+    def _relay(self) -> None:
+        while not self.stopped.is_set():
+            with self.lock:
+                pairs = list(self.pairs)
+            selector = selectors.DefaultSelector()
+            selector.register(self.listener, selectors.EVENT_READ)
+            for a, b in pairs:
+                selector.register(a, selectors.EVENT_READ, b)
+                selector.register(b, selectors.EVENT_READ, a)
+            try:
+                ready = selector.select(0.02)
+            except (OSError, ValueError):  # a socket closed by cut() meanwhile
+                ready = []
+            for key, _ in ready:
+                with self.lock:
+                    if key.fileobj is self.listener:
+                        client, _ = self.listener.accept()
+                        if self.refusing:
+                            client.close()
+                        else:
+                            self.pairs.append((client, socket.create_connection(self.upstream)))
+                        continue
+                    if key.fileobj.fileno() < 0:  # cut meanwhile
+                        continue
+                    try:
+                        data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                        if data:
+                            key.data.sendall(data)
+                            continue
+                    except OSError:
+                        pass
+                    self.pairs = [p for p in self.pairs if key.fileobj not in p]
+                    key.fileobj.close()  # type: ignore[union-attr]
+                    key.data.close()
+            selector.close()
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+def test_link_cut_while_the_server_steps_keeps_the_session(lang: str, tmp_path: Path) -> None:
+    """A link cut while the server steps (its reply finds no connection: EHOSTUNREACH) keeps
+    the session: the client reconnects with the same routing id and goes on with the same envs
+    (before, the unsendable reply dropped the session and every later call was PeerGoneError
+    'no longer knows this client's session': CI's netns test hit it when the link came back)."""
+    step_s = 1.0
+    if lang == "python":
+        env = "tests.test_zmq_sessions:SlowEcho"
+    else:
+        require_lang("node")
+        module = tmp_path / "slow_echo.js"
+        echo = json.dumps(str(ROOT / "node_bridge" / "dist" / "envs" / "echo.js"))
+        module.write_text(
+            SLOW_NODE_ECHO.replace("ECHO", echo).replace("STEP_MS", str(int(step_s * 1000)))
+        )
+        env = f"{module}:SlowEcho"
+    with ServerProcess("zmq+tcp://127.0.0.1:0", env=env, lang=lang) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        link = LinkCut(("127.0.0.1", port))
+        try:
+            client = api.connect(f"zmq+tcp://127.0.0.1:{link.port}", timeout=30)
+            with client:
+                client.reset(seed=1)
+                first = float(client.step([3]).observation[0, 0])
+                errors: list[BaseException] = []
+
+                def step() -> None:
+                    try:
+                        client.step([4])
+                    except BaseException as exc:
+                        errors.append(exc)
+
+                stepping = threading.Thread(target=step)
+                stepping.start()
+                time.sleep(step_s / 3)  # the request is in, the env is stepping
+                link.cut()
+                stepping.join(30)
+                assert [type(e) for e in errors] == [PeerGoneError], errors
+                time.sleep(step_s)  # the reply to action 4 found no connection
+                link.mend()
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        after = client.step([5])
+                        break
+                    except PeerGoneError as exc:  # until the DEALER has reconnected
+                        assert "no longer knows" not in str(exc), exc
+                        assert time.monotonic() < deadline, exc
+                        time.sleep(0.1)
+                assert float(after.observation[0, 0]) == 5.0
+                assert first == 3.0
+        finally:
+            link.close()
+
+
+class SlowEcho(EchoEnv):
+    """Echo whose step takes 1 s: a reply that outlives its client's connection."""
+
+    SCHEMA = pac_env.SCHEMA  # what its results follow (transport-serve --env reads it)
+
+    def step_into(self, action: int, out: np.ndarray) -> None:
+        time.sleep(1.0)
+        super().step_into(action, out)

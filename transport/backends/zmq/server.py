@@ -427,8 +427,11 @@ class Listener:
                 return sock.send(view, copy=False, track=True)
             sock.send(view)
         except zmq.ZMQError as exc:
-            if exc.errno == errno.EHOSTUNREACH:  # the client is gone: so is its session
-                self._drop(identity)
+            if exc.errno == errno.EHOSTUNREACH:
+                # its connection is down, not necessarily the client: one that comes back with
+                # the same routing id (a cut link) goes on with its session, which otherwise
+                # waits for the idle timeout like any silent client's
+                log.debug("dropped a reply to a disconnected client (its session is kept)")
             else:  # EAGAIN: its queue is full (a client that stopped reading)
                 log.warning("dropped a reply to a client whose queue is full: %s", exc)
         return None

@@ -145,7 +145,7 @@ export class ZmqListener implements Listener {
       ...commonOptions(address, this.maxBody),
       context,
       handover: true, // a reconnecting client keeps its session
-      mandatory: true, // a reply to a gone client fails (EHOSTUNREACH): its session is dropped
+      mandatory: true, // a reply to a gone client fails (EHOSTUNREACH): the reply is dropped
       sendTimeout: 0, // never wait on a client that does not read its replies
     });
     let zap: zmq.Reply | null = null;
@@ -256,7 +256,7 @@ export class ZmqListener implements Listener {
     if (problem !== null) {
       const [code, text] = problem;
       if (CLOSING_ERRORS.has(code)) this.#drop(key);
-      this.#reply(sock, identity, key, envelope, this.#errorType, msgId, encodeError(code, text), null);
+      this.#reply(sock, identity, envelope, this.#errorType, msgId, encodeError(code, text), null);
       return;
     }
     if (msgType === this.#helloType && isGoodbye(body)) {
@@ -266,13 +266,13 @@ export class ZmqListener implements Listener {
     if (msgType !== this.#helloType && !this.#sessions.has(key)) {
       // an unknown client (or one whose session was dropped): no session is made for it
       const error = encodeError(ErrorCode.HELLO_REQUIRED, "send HELLO_REQ first");
-      this.#reply(sock, identity, key, envelope, this.#errorType, msgId, error, null);
+      this.#reply(sock, identity, envelope, this.#errorType, msgId, error, null);
       return;
     }
     const session = this.#sessionFor(key, msgType);
     if (typeof session === "string") {
       const error = encodeError(ErrorCode.INTERNAL, session);
-      this.#reply(sock, identity, key, envelope, this.#errorType, msgId, error, null);
+      this.#reply(sock, identity, envelope, this.#errorType, msgId, error, null);
       return;
     }
     this.#seen.set(key, performance.now());
@@ -282,12 +282,12 @@ export class ZmqListener implements Listener {
       void (session.later as Promise<number>).then((later) => {
         if (this.#sessions.get(key) === session) this.#seen.set(key, performance.now());
         if (session.closing) this.#drop(key);
-        this.#reply(sock, identity, key, envelope, later, msgId, session.body(), session);
+        this.#reply(sock, identity, envelope, later, msgId, session.body(), session);
       });
       return;
     }
     if (session.closing) this.#drop(key);
-    this.#reply(sock, identity, key, envelope, type, msgId, session.body(), session);
+    this.#reply(sock, identity, envelope, type, msgId, session.body(), session);
   }
 
   /** Forget a client's session and close its envs (as a stream server does when its
@@ -343,7 +343,6 @@ export class ZmqListener implements Listener {
   #reply(
     sock: zmq.Router,
     identity: Buffer,
-    key: string,
     envelope: boolean,
     msgType: number,
     msgId: number,
@@ -357,8 +356,12 @@ export class ZmqListener implements Listener {
     // sendTimeout 0: the send happens now (header and identity copied); failures come async
     sock.send(parts).then(undefined, (error: unknown) => {
       const code = errorCode(error);
-      if (code === "EHOSTUNREACH") this.#drop(key); // the client is gone: so is its session
-      else process.emitWarning(`dropped a reply to a client whose queue is full: ${code}`);
+      // EHOSTUNREACH: its connection is down, not necessarily the client: one that comes back
+      // with the same routing id (a cut link) goes on with its session, which otherwise waits
+      // for the idle timeout like any silent client's
+      if (code !== "EHOSTUNREACH") {
+        process.emitWarning(`dropped a reply to a client whose queue is full: ${code}`);
+      }
     });
     if (given && session !== null) {
       session.detachBuffer(); // libzmq owns the old buffer until it has sent it
