@@ -140,6 +140,8 @@ def hint_for(exc: TransportError) -> str | None:
             f"the server serves {exc.found}: connect without ?num_envs= to take the server's "
             f"count, or start the server with num_envs={exc.expected}"
         )
+    if getattr(exc, "local_config", False):
+        return None  # this process's own setup (a CURVE key file): no server to start or blame
     for kind, hint in HINTS:
         if isinstance(exc, kind):
             return hint

@@ -150,6 +150,8 @@ export function hintFor(error: TransportError): string | null {
       `${error.found}: connect without ?num_envs= to take the server's count, or start the server with num_envs=${error.expected}`
     );
   }
+  // this process's own setup (a CURVE key file): no server to start or blame
+  if ((error as { localConfig?: unknown }).localConfig === true) return null;
   for (const [kind, hint] of HINTS) if (error instanceof kind) return hint;
   return null;
 }

@@ -50,7 +50,8 @@ turn-based tile game on the mahjong_env schema; identical in both).
 zmq+tcp refuses a non-loopback address without CURVE keys (URL query or TRANSPORT_ZMQ_*
 variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq keygen DIR`
 (docs/zmq.md).
-Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL) or
+Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL, a
+CURVE key that is missing, malformed or readable by others) or
 stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
 line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs,
 --max-connections, --idle-timeout, --read-timeout: each must be positive; --seed outside

@@ -125,7 +125,8 @@ ${wrapped(Object.keys(SCHEMAS).sort(), 17, 94)}
 
 Exit status (those of the Python CLI, transport-serve): 0 after a signal; 1 when the server
 cannot start while it binds (a bad URL: an unknown scheme, a bad shm:// name or parameter; a
-live server on the socket or shm name; no room in /dev/shm) or stops serving on its own; 2 for
+live server on the socket or shm name; no room in /dev/shm; a CURVE key that is missing,
+malformed or readable by others) or stops serving on its own; 2 for
 bad arguments or limits (--num-envs 1..65536, --max-body 1..4294967295 and large enough for
 the schema's requests; a step response for every env must fit in max(--max-body, 64 MiB)), a
 schema that cannot be read or has no [env] table, an --env that cannot be loaded, a factory

@@ -262,10 +262,10 @@ describe("zmq: Node client <-> Node server", () => {
       const cert = (pub: string, sec?: string): string =>
         `#   ZeroMQ CURVE Certificate\n\nmetadata\ncurve\n    public-key = "${pub}"\n` +
         (sec ? `    secret-key = "${sec}"\n` : "");
-      writeFileSync(join(dir, "server.key_secret"), cert(serverKeys.publicKey, serverKeys.secretKey));
+      writeFileSync(join(dir, "server.key_secret"), cert(serverKeys.publicKey, serverKeys.secretKey), { mode: 0o600 });
       writeFileSync(join(dir, "server.key"), cert(serverKeys.publicKey));
-      writeFileSync(join(dir, "client.key_secret"), cert(clientKeys.publicKey, clientKeys.secretKey));
-      writeFileSync(join(dir, "other.key_secret"), cert(otherKeys.publicKey, otherKeys.secretKey));
+      writeFileSync(join(dir, "client.key_secret"), cert(clientKeys.publicKey, clientKeys.secretKey), { mode: 0o600 });
+      writeFileSync(join(dir, "other.key_secret"), cert(otherKeys.publicKey, otherKeys.secretKey), { mode: 0o600 });
       mkdirSync(join(dir, "clients"));
       writeFileSync(join(dir, "clients", "client.key"), cert(clientKeys.publicKey));
       const server = await start(

@@ -12,7 +12,6 @@ import weakref
 from typing import Any
 
 import zmq
-import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from transport.backends.base import BufferChannel
@@ -364,13 +363,15 @@ class ZmqChannel(BufferChannel):
             self._drain_monitor()
             if self._connected:
                 return
-            if self._failure.startswith("the server refused"):
+            if self._failure:
+                # a handshake that failed (a refused key, CURVE on one side only, the wrong
+                # server key) fails the same way on every retry: at once, not at the deadline;
+                # only "nothing accepts yet" (a server still starting) is waited for
                 raise ConnectError(f"{self.address.endpoint}: {self._failure}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                detail = f"; last failure: {self._failure}" if self._failure else ""
                 raise ConnectError(
-                    f"nothing accepted a ZeroMQ connection on {self.address.endpoint}{detail}"
+                    f"nothing accepted a ZeroMQ connection on {self.address.endpoint}"
                 )
             self._monitor.poll(max(1, int(min(remaining, 0.1) * 1000)))
 

@@ -202,13 +202,15 @@ export class ZmqChannel implements Channel {
     while (!this.#connected) {
       this.#observe();
       if (this.#closed) throw new ConnectError("the channel is closed");
-      if (this.#failure.startsWith("the server refused")) {
+      if (this.#failure) {
+        // a handshake that failed (a refused key, CURVE on one side only, the wrong server key)
+        // fails the same way on every retry: at once, not at the deadline; only "nothing
+        // accepts yet" (a server still starting) is waited for
         throw new ConnectError(`${this.address.endpoint}: ${this.#failure}`);
       }
       const remaining = deadline - Date.now();
       if (remaining <= 0) {
-        const detail = this.#failure ? `; last failure: ${this.#failure}` : "";
-        throw new ConnectError(`nothing accepted a ZeroMQ connection on ${this.address.endpoint}${detail}`);
+        throw new ConnectError(`nothing accepted a ZeroMQ connection on ${this.address.endpoint}`);
       }
       await this.#connectEvent(Math.min(remaining, 100));
     }

@@ -4,7 +4,7 @@
  */
 
 import { createPrivateKey, createPublicKey } from "node:crypto";
-import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
+import { closeSync, existsSync, fstatSync, openSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { isIP } from "node:net";
 import { join } from "node:path";
 import { ConnectError, TransportError } from "../../errors";
@@ -185,13 +185,22 @@ export function z85Decode(text: string): Buffer {
   return out;
 }
 
+/**
+ * A CURVE key this process was given (a key file, a key variable, the URL's key parameters) is
+ * unusable: this process's own configuration, so a client says no "is a server serving this
+ * URL?" hint after it (`localConfig`). Python: `CurveKeyError`.
+ */
+export class CurveKeyError extends ConnectError {
+  readonly localConfig = true;
+}
+
 export function z85Key(text: string, what: string): Buffer {
   const key = text.trim();
   try {
     if (key.length !== 40) throw new Error("wrong length");
     return z85Decode(key);
   } catch (error) {
-    throw new ConnectError(`${what} is not a 40-character Z85 CURVE key (${(error as Error).message})`);
+    throw new CurveKeyError(`${what} is not a 40-character Z85 CURVE key (${(error as Error).message})`);
   }
 }
 
@@ -206,41 +215,118 @@ export function curvePublic(secret: Uint8Array): Buffer {
   return Buffer.from(x, "base64url");
 }
 
-/** A ZPL certificate as pyzmq writes it (`zmq.auth.create_certificates`). */
-export function loadKeyFile(path: string, secret: boolean): { publicKey: Buffer; secretKey: Buffer | null } {
-  let text: string;
+/** strerror's words for the errors a key file's read can meet (Python says `exc.strerror`). */
+const ERRNO_TEXT: Readonly<Record<string, string>> = {
+  ENOENT: "No such file or directory",
+  EISDIR: "Is a directory",
+  ENOTDIR: "Not a directory",
+  EACCES: "Permission denied",
+  EPERM: "Operation not permitted",
+  ELOOP: "Too many levels of symbolic links",
+  ENAMETOOLONG: "File name too long",
+  EIO: "Input/output error",
+};
+
+/** The text of a key file and its permission bits (0 for a file without a name, such as a
+ * memfd: no other user can open it, whatever its mode says). */
+function readKeyText(path: string): { text: string; mode: number } {
+  let fd = -1;
   try {
-    text = readFileSync(path, "utf8");
+    fd = openSync(path, "r");
+    const info = fstatSync(fd);
+    const mode = info.nlink > 0 ? info.mode & 0o7777 : 0;
+    return { text: readFileSync(fd, "utf8"), mode };
   } catch (error) {
-    throw new ConnectError(`cannot read the CURVE key file ${path}: ${(error as Error).message}`);
+    const code = String((error as { code?: unknown }).code ?? "");
+    const reason = ERRNO_TEXT[code] ?? (error as Error).message;
+    throw new CurveKeyError(`cannot read the CURVE key file ${path}: ${reason}`);
+  } finally {
+    if (fd >= 0) closeSync(fd);
   }
+}
+
+/**
+ * A ZPL certificate as pyzmq writes it (`keygen`): a secret key's file must be private (`chmod
+ * 600`, as ssh asks of its keys) and its public key the secret's. Python: `_load_key_file`, in
+ * the same words.
+ */
+export function loadKeyFile(path: string, secret: boolean): { publicKey: Buffer; secretKey: Buffer | null } {
+  const { text, mode } = readKeyText(path);
   const field = (name: string): string | null => {
     const match = new RegExp(`^\\s*${name}\\s*=\\s*"?([^"\\s]+)"?\\s*$`, "m").exec(text);
     return match ? match[1]! : null;
   };
   const publicText = field("public-key");
-  if (publicText === null) throw new ConnectError(`cannot read the CURVE key file ${path}: no public-key`);
+  if (publicText === null) throw new CurveKeyError(`cannot read the CURVE key file ${path}: no public-key`);
   const publicKey = z85Key(publicText, `the public key in ${path}`);
   const secretText = field("secret-key");
-  if (secret && secretText === null) throw new ConnectError(`${path} holds no secret key (use the .key_secret file)`);
-  return { publicKey, secretKey: secretText === null ? null : z85Key(secretText, `the secret key in ${path}`) };
+  if (secret && secretText === null) throw new CurveKeyError(`${path} holds no secret key (use the .key_secret file)`);
+  if (secretText === null) return { publicKey, secretKey: null };
+  const secretKey = z85Key(secretText, `the secret key in ${path}`);
+  if (!curvePublic(secretKey).equals(publicKey)) {
+    throw new CurveKeyError(
+      `the public key in ${path} is not its secret key's (the file was changed: make a new pair with keygen)`,
+    );
+  }
+  if (secret && mode & 0o077) {
+    throw new CurveKeyError(
+      `${path} holds a CURVE secret key but group or others may read or change it ` +
+        `(mode ${mode.toString(8).padStart(4, "0")}): chmod 600 ${path}`,
+    );
+  }
+  return { publicKey, secretKey };
 }
 
+/** The URL's `name=PATH` (null when absent); an empty value is an error, not absent. */
+function urlPath(address: Address, name: string): string | null {
+  const value = address.params.get(name);
+  if (value === undefined) return null;
+  if (!value) throw new CurveKeyError(`?${name}= is empty: give a path (percent-encoded), or leave the parameter out`);
+  return value;
+}
+
+function checkNotWorldWritable(path: string, what: string): void {
+  const mode = statSync(path).mode & 0o7777;
+  if (mode & 0o002) {
+    throw new CurveKeyError(
+      `${what} ${path} is writable by anyone (mode ${mode.toString(8).padStart(4, "0")}), who could admit a key ` +
+        `of their own: chmod o-w ${path}`,
+    );
+  }
+}
+
+/** The admitted client keys: the URL's `clients=DIR` alone when given (the URL wins over the
+ * environment), else the environment's directory and list. */
 export function allowedClients(address: Address): Set<string> {
   const allowed = new Set<string>();
-  const directory = address.params.get("clients") || process.env[ENV_CLIENTS_DIR];
-  if (directory) {
+  let directory = urlPath(address, "clients");
+  const fromUrl = directory !== null;
+  if (!fromUrl) directory = process.env[ENV_CLIENTS_DIR] || null;
+  if (directory !== null) {
     if (!existsSync(directory) || !statSync(directory).isDirectory()) {
-      throw new ConnectError(`the allowed-clients directory ${directory} does not exist`);
+      throw new CurveKeyError(`the allowed-clients directory ${directory} does not exist`);
     }
+    checkNotWorldWritable(directory, "the allowed-clients directory");
     for (const name of readdirSync(directory).sort()) {
-      if (name.endsWith(".key")) allowed.add(z85Encode(loadKeyFile(join(directory, name), false).publicKey));
+      if (!name.endsWith(".key")) continue;
+      const path = join(directory, name);
+      const { publicKey } = loadKeyFile(path, false);
+      checkNotWorldWritable(path, "the CURVE key file");
+      allowed.add(z85Encode(publicKey));
     }
   }
-  for (const text of (process.env[ENV_ALLOWED_CLIENTS] ?? "").split(",")) {
-    if (text.trim()) allowed.add(z85Encode(z85Key(text, `a key in ${ENV_ALLOWED_CLIENTS}`)));
+  if (!fromUrl) {
+    for (const text of (process.env[ENV_ALLOWED_CLIENTS] ?? "").split(",")) {
+      if (text.trim()) allowed.add(z85Encode(z85Key(text, `a key in ${ENV_ALLOWED_CLIENTS}`)));
+    }
   }
   return allowed;
+}
+
+function allowListSource(address: Address): string | null {
+  if (address.params.has("clients")) return "?clients=DIR";
+  for (const name of [ENV_CLIENTS_DIR, ENV_ALLOWED_CLIENTS]) if ((process.env[name] ?? "").trim()) return name;
+  return null;
 }
 
 export interface ServerCurve {
@@ -250,18 +336,19 @@ export interface ServerCurve {
   readonly allowed: ReadonlySet<string>;
 }
 
-/** The server's key pair and allow list when it uses CURVE, else null. */
+/** The server's key pair and allow list when it uses CURVE, else null. An allow list without
+ * the server's key pair is refused: it would serve without CURVE. */
 export function serverCurve(address: Address): ServerCurve | null {
   if (address.transport !== "tcp") {
     if (address.params.has("server_key") || address.params.has("clients")) {
-      throw new ConnectError("CURVE keys are for zmq+tcp; zmq+ipc is guarded by the file mode");
+      throw new CurveKeyError("CURVE keys are for zmq+tcp; zmq+ipc is guarded by the file mode");
     }
     return null;
   }
   let publicKey: Buffer;
   let secretKey: Buffer;
-  const path = address.params.get("server_key");
-  if (path) {
+  const path = urlPath(address, "server_key");
+  if (path !== null) {
     const pair = loadKeyFile(path, true);
     publicKey = pair.publicKey;
     secretKey = pair.secretKey as Buffer;
@@ -269,11 +356,18 @@ export function serverCurve(address: Address): ServerCurve | null {
     secretKey = z85Key(process.env[ENV_SERVER_SECRET], ENV_SERVER_SECRET);
     publicKey = curvePublic(secretKey);
   } else {
+    const source = allowListSource(address);
+    if (source !== null) {
+      throw new CurveKeyError(
+        `${source} admits clients by their CURVE keys, but this server has no key pair ` +
+          `(?server_key=DIR/server.key_secret or ${ENV_SERVER_SECRET}): it would serve without CURVE`,
+      );
+    }
     return null;
   }
   const allowed = allowedClients(address);
   if (allowed.size === 0) {
-    throw new ConnectError(
+    throw new CurveKeyError(
       "a CURVE server needs the public keys of the clients it admits: " +
         `?clients=DIR, ${ENV_CLIENTS_DIR}=DIR or ${ENV_ALLOWED_CLIENTS}=KEY,KEY`,
     );
@@ -291,18 +385,18 @@ export interface ClientCurve {
 export function clientCurve(address: Address): ClientCurve | null {
   if (address.transport !== "tcp") {
     if (address.params.has("server_key") || address.params.has("client_key")) {
-      throw new ConnectError("CURVE keys are for zmq+tcp; zmq+ipc is guarded by the file mode");
+      throw new CurveKeyError("CURVE keys are for zmq+tcp; zmq+ipc is guarded by the file mode");
     }
     return null;
   }
   let serverPublic: Buffer | null = null;
-  const serverPath = address.params.get("server_key");
-  if (serverPath) serverPublic = loadKeyFile(serverPath, false).publicKey;
+  const serverPath = urlPath(address, "server_key");
+  if (serverPath !== null) serverPublic = loadKeyFile(serverPath, false).publicKey;
   else if (process.env[ENV_SERVER_PUBLIC]) serverPublic = z85Key(process.env[ENV_SERVER_PUBLIC], ENV_SERVER_PUBLIC);
   let publicKey: Buffer | null = null;
   let secretKey: Buffer | null = null;
-  const clientPath = address.params.get("client_key");
-  if (clientPath) {
+  const clientPath = urlPath(address, "client_key");
+  if (clientPath !== null) {
     const pair = loadKeyFile(clientPath, true);
     publicKey = pair.publicKey;
     secretKey = pair.secretKey;
@@ -312,10 +406,10 @@ export function clientCurve(address: Address): ClientCurve | null {
   }
   if (serverPublic === null && secretKey === null) return null;
   if (serverPublic === null) {
-    throw new ConnectError(`a CURVE client needs the server's public key (?server_key=FILE or ${ENV_SERVER_PUBLIC})`);
+    throw new CurveKeyError(`a CURVE client needs the server's public key (?server_key=FILE or ${ENV_SERVER_PUBLIC})`);
   }
   if (secretKey === null || publicKey === null) {
-    throw new ConnectError(`a CURVE client needs its own key pair (?client_key=FILE or ${ENV_CLIENT_SECRET})`);
+    throw new CurveKeyError(`a CURVE client needs its own key pair (?client_key=FILE or ${ENV_CLIENT_SECRET})`);
   }
   return { serverPublic, publicKey, secretKey };
 }
