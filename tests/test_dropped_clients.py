@@ -9,6 +9,9 @@
   forever with ``timeout=None``); now it fails at once, as over unix and http.
 - zmq: each channel's socket monitor has an inproc address of its own (pyzmq's default, named
   after the socket's fd, could still be bound by a dropped socket).
+- Node: a client dropped without ``close()`` kept its socket (one fd per client) and its server
+  session for as long as the process lived; now a FinalizationRegistry closes it, as Python's
+  finalizer does.
 
 Real server processes (``transport-serve``); the zmq server runs ``ClosingEcho`` (below), which
 leaves a marker file when the server closes its env: the session was dropped.
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import gc
 import glob
+import json
 import os
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -35,7 +40,7 @@ from transport.backends.zmq.client import client_context
 from transport.envs.echo import EchoEnv
 from transport.errors import PeerGoneError
 
-from .servers import ServerProcess, unique_url
+from .servers import ROOT, ServerProcess, require_lang, unique_url
 
 MARKS_ENV = "TRANSPORT_TEST_CLOSE_MARKS"
 BOUND_S = 5.0
@@ -79,6 +84,18 @@ def test_shm_client_dropped_in_a_cycle_releases_its_lease_at_once() -> None:
             again.reset(seed=2)  # a new session: its envs are fresh
             assert again.step(np.array([3, 4])).observation[:, 0].tolist() == [3.0, 4.0]
             again.close()
+
+
+@pytest.fixture
+def closing_marks(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The marker prefix ClosingEcho envs of a server started in this test write to."""
+    marks = os.path.join(tempfile.gettempdir(), f"transport-closed-{uuid.uuid4().hex[:12]}")
+    monkeypatch.setenv(MARKS_ENV, marks)  # the server inherits it
+    try:
+        yield marks
+    finally:
+        for path in glob.glob(marks + "-*"):
+            os.unlink(path)
 
 
 @pytest.fixture
@@ -186,3 +203,61 @@ def test_a_second_client_of_a_leased_region_is_told_the_region_is_in_use() -> No
     text = str(caught.value)
     assert "in use by this process" in text and "close that client first" in text
     assert "is a server serving this URL" not in text
+
+
+# Node: connect, reset and drop (no close()) DROPS clients one after another, collecting garbage
+# after each; prints this process's open fds before and after.
+NODE_DROPS = """
+const { connect } = require(process.argv[1]);
+const fs = require("fs");
+const fds = () => fs.readdirSync("/proc/self/fd").length;
+const settle = async () => {
+  for (let i = 0; i < 5; i++) {
+    global.gc();
+    await new Promise((resolve) => setTimeout(resolve, 40));
+  }
+};
+(async () => {
+  const [url, drops] = [process.argv[2], Number(process.argv[3])];
+  const warm = await connect(url, { timeoutMs: 5000 });
+  await warm.reset(1);
+  await warm.close();
+  await settle();
+  const before = fds();
+  const dropOne = async () => {
+    const client = await connect(url, { timeoutMs: 5000 });
+    await client.reset(1);
+  };
+  for (let i = 0; i < drops; i++) {
+    await dropOne();
+    await settle(); // the client is out of scope: collected, so the next may take the lease
+  }
+  console.log(JSON.stringify({ before, after: fds() }));
+})().catch((error) => { console.error(error); process.exit(1); });
+"""
+
+
+@pytest.mark.parametrize("backend", ["unix", "zmq+ipc", "shm"])
+def test_node_client_dropped_without_close_frees_its_socket_and_session(
+    closing_marks: str, backend: str
+) -> None:
+    require_lang("node")
+    drops = 4
+    with ServerProcess(
+        unique_url(backend),
+        env="tests.test_dropped_clients:ClosingEcho",
+        num_envs=2,
+        extra=["--schema", "schema/pac_env.toml"],
+    ) as server:
+        index = str(ROOT / "node_bridge" / "dist" / "index.js")
+        done = subprocess.run(
+            ["node", "--expose-gc", "-e", NODE_DROPS, "--", index, server.url, str(drops)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        fds = json.loads(done.stdout.strip().splitlines()[-1])
+        # the warm-up client's session (closed) and each dropped one's: 2 envs closed per session
+        assert _await_marks(closing_marks, 2 * (1 + drops)), "a dropped client's session stays"
+    assert fds["after"] - fds["before"] < drops, fds  # one fd per dropped client before

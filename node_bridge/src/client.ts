@@ -661,6 +661,20 @@ export class ActionShapes {
 }
 
 /**
+ * A client dropped without `close()`: once it is garbage-collected its channel says goodbye (zmq)
+ * and closes, as `close()` would, so the server frees the session and this process the socket
+ * now (Python: the channel's `weakref.finalize`). The held value never references the client.
+ */
+const DROPPED = new FinalizationRegistry<{ channel: Channel; helloType: number }>(({ channel, helloType }) => {
+  try {
+    channel.sayGoodbye?.(helloType, encodeGoodbye());
+    void Promise.resolve(channel.close()).catch(() => undefined);
+  } catch {
+    // a finalizer never throws: the channel was already unusable
+  }
+});
+
+/**
  * A connection to an env server. Call `close()` when done. `View` and `Value` are the result
  * struct's view and value types of the schema (pac_env's by default).
  */
@@ -728,6 +742,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
       [this.ids.STEP_RESP, this.#resultSize],
       [this.ids.STEP_BATCH_RESP, this.#resultSize * this.numEnvs],
     ]);
+    DROPPED.register(this, { channel, helloType: this.ids.HELLO_REQ }, this);
   }
 
   /**
@@ -825,6 +840,7 @@ export class Client<View = pac_env.StepResultView, Value = pac_env.StepResult> {
   async close(): Promise<void> {
     if (!this.#closed) {
       this.#closed = true;
+      DROPPED.unregister(this);
       this.channel.sayGoodbye?.(this.ids.HELLO_REQ, encodeGoodbye());
       await this.channel.close();
     }
