@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from transport.backends import backend_for
+from transport.backends.base import MAX_NUM_ENVS as MAX_NUM_ENVS
 from transport.backends.socket_listener import ServerLimits as ServerLimits
 from transport.backends.socket_listener import SocketListener
 from transport.client import (
@@ -36,9 +37,8 @@ from transport.runtime.host import EnvHost
 log = logging.getLogger("transport.server")
 
 
-# Start-up limits, the same in the Node server (docs/decisions.md).
-MAX_NUM_ENVS = 65536
-"""The most envs one server serves per connection (or per shm region)."""
+# Start-up limits, the same in the Node server (docs/decisions.md); MAX_NUM_ENVS (imported
+# above) lives with the backends, whose clients check it too.
 MAX_BODY_LIMIT = 0xFFFFFFFF
 """The largest --max-body: a frame header's body_len is a u32."""
 FINAL_ENTRY_EXTRA = 4

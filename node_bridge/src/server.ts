@@ -20,6 +20,7 @@ import { type Env, type EnvOrFactory, asyncMethodText, isEnv, isThenable, isVect
 import { EnvHost } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
 import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
+import { MAX_NUM_ENVS } from "./backends/backend";
 
 export interface ServeOptions {
   /** Envs per connection (N); needs a factory when above 1. Default 1. */
@@ -65,8 +66,7 @@ export interface ServeOptions {
   readonly maskedActions?: MaskedActions;
 }
 
-/** The most envs one server serves per connection (or per shm region), as in Python. */
-export const MAX_NUM_ENVS = 65536;
+export { MAX_NUM_ENVS };
 /** The largest maxBody: a frame header's body_len is a u32. */
 export const MAX_BODY_LIMIT = 0xffffffff;
 /** SAME_STEP tail: a u32 count, then per ended env a u32 index and its final result. */

@@ -20,6 +20,9 @@ from transport.codec import StructCodec
 from transport.errors import ProtocolError
 from transport.protocol import BODY_OFFSET, read_final_tail
 
+MAX_NUM_ENVS = 65536
+"""The most envs one server serves per connection (or per shm region); clients refuse more."""
+
 
 class Channel(Protocol):
     """What a backend gives the one ``transport.client.Client``: one exchange at a time.

@@ -53,8 +53,9 @@ variables) unless ?allow_insecure=1. Keys: `python -m transport.backends.zmq key
 Exit status: 0 after a signal; 1 when the server cannot start (address in use, bad URL, a
 CURVE key that is missing, malformed or readable by others) or
 stops serving on its own (e.g. another process wrote CLOSED to its shm region's state word; a
-line on stderr says why); 2 for a bad command line or limit (--max-body, --num-envs,
---max-connections, --idle-timeout, --read-timeout: each must be positive; --seed outside
+line on stderr says why), and after --cleanup-shm when a stale segment could not be removed;
+2 for a bad command line or limit (--num-envs 1..65536, --max-body, --max-connections,
+--idle-timeout, --read-timeout: each must be positive; --seed outside
 0..2**64 - N), a schema file that cannot be read or compiled (or has no [env] table), an --env
 that cannot be loaded or whose factory fails to make an env ("cannot serve these envs: ..."),
 or a reference env given a --schema other than its own (--env contract serves any schema).
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "--num-envs",
         type=int,
         default=None,
-        help="envs per connection (N; default 1, or the shm:// URL's num_envs)",
+        help="envs per connection, 1..65536 (N; default 1, or the shm:// URL's num_envs)",
     )
     parser.add_argument(
         "--seed",
@@ -554,14 +555,30 @@ def _url_num_envs(url: str) -> int | None:
 
 
 def _shm_admin(*, cleanup: bool, as_json: bool) -> int:
+    """--list-shm / --cleanup-shm: 0, or 1 when a stale segment could not be removed."""
     import json
 
     from transport.backends.shm.region import cleanup_stale, list_segments
 
-    infos = cleanup_stale() if cleanup else list_segments()
+    errors: list[str] = []
+    infos = cleanup_stale(errors) if cleanup else list_segments()
+    for text in errors:
+        print(f"transport-serve: {text}", file=sys.stderr)
     if as_json:
         print(json.dumps([info.to_json() for info in infos], indent=2))
-        return 0
+        return 1 if errors else 0
+    if not infos:
+        channels = "(channels: python -m transport.channels --list)"
+        print(
+            ("no stale regions " if cleanup else "no regions under /dev/shm/transport-* ")
+            + channels
+        )
+    for info in infos:
+        if cleanup:
+            print(f"removed {info.path} (owner pid {info.owner_pid or '-'} is gone)")
+        else:
+            print(info.describe())
+    return 1 if errors else 0
     if not infos:
         print("no stale regions" if cleanup else "no regions under /dev/shm/transport-*")
         return 0

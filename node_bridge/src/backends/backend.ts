@@ -8,6 +8,9 @@ import type { SchemaModule } from "../codec";
 import type { EnvHost } from "../runtime/host";
 import type { Channel, ChannelOptions, ConnectionStats, ServerLimits } from "../stream";
 
+/** The most envs one server serves per connection (or per shm region); clients refuse more. */
+export const MAX_NUM_ENVS = 65536;
+
 /** Server-side options every backend understands. */
 export interface ListenOptions {
   /** Largest request body accepted (bytes); larger ones are refused before they are read. */

@@ -104,8 +104,8 @@ ${wrapped(Object.keys(SCHEMAS).sort(), 17, 94)}
                  MODULE:FACTORY the SCHEMA that FACTORY, else the module, exports
                  (loadSchemaFile(...) or a generated module's SCHEMA), else pac_env, tried on
                  the first env's reset at start: results that do not fit it are refused (exit 2)
-  --num-envs N   envs per connection (default 1, or the shm:// URL's num_envs; another number
-                 than the URL's is refused, except 1, which yields to the URL)
+  --num-envs N   envs per connection, 1..65536 (default 1, or the shm:// URL's num_envs;
+                 another number than the URL's is refused, except 1, which yields to the URL)
   --seed S       seed of each connection's first unseeded reset (env i: S + i); a u64, so
                  0..2**64 - N with N envs
   --max-body B   largest request body accepted, in bytes (default 64 MiB)
@@ -529,12 +529,6 @@ async function main(argv: readonly string[]): Promise<number> {
             workerEnv: { module: join(__dirname, "..", "envs", "contract_worker.js"), exportName: "contract" },
           }
         : (userEnv ?? loadEnv(args.env));
-    if (args.url.toLowerCase().startsWith("shm://")) {
-      // before any env is made: room in /dev/shm for the slots (args.numEnvs: the URL's num_envs
-      // when it has one, parseArgs)
-      const shm = parseShmUrl(args.url);
-      checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
-    }
     try {
       checkServerLimits(schema, args.url, args.numEnvs, args.maxBody ?? DEFAULT_MAX_BODY);
     } catch (error) {
@@ -542,6 +536,12 @@ async function main(argv: readonly string[]): Promise<number> {
       // a limit with which every client would be refused: exit 2 before anything is created
       process.stderr.write(`${PROG}: error: ${error.message}\n`);
       return 2;
+    }
+    if (args.url.toLowerCase().startsWith("shm://")) {
+      // before any env is made, after the limits: room in /dev/shm for the slots (args.numEnvs:
+      // the URL's num_envs when it has one, parseArgs)
+      const shm = parseShmUrl(args.url);
+      checkRoom(shm, ShmLayout.of(schema), args.numEnvs);
     }
     server = await serve(watchFactory(factory), args.url, {
       numEnvs: args.numEnvs,

@@ -14,6 +14,7 @@ import msgpack
 import numpy as np
 
 from transport import native
+from transport.backends.base import MAX_NUM_ENVS
 from transport.backends.shm.region import (
     CB,
     CONTROL,
@@ -31,6 +32,8 @@ from transport.backends.shm.region import (
     SlotChecksums,
     SlotCommand,
     WaitPolicy,
+    check_segment_fd,
+    check_segment_path,
     names_wait_policy,
     own_start_time,
     parse_url,
@@ -194,8 +197,11 @@ def _read_ready(shm: ShmUrl) -> tuple[bytes, int, tuple[int, bytes | None]] | st
         return f"no region {shm.path}: is a server running on shm://{shm.name}?"
     except PermissionError as exc:
         raise ConnectError(f"cannot open {shm.path}: {exc.strerror}") from exc
+    except OSError as exc:  # EINVAL: a directory; ELOOP: a symbolic link
+        check_segment_path(shm.path, exc)
+        raise ConnectError(f"cannot open {shm.path}: {exc.strerror}") from exc
     try:
-        size = os.fstat(fd).st_size
+        size = check_segment_fd(fd, shm.path).st_size
         if size < CONTROL_SIZE:
             return f"{shm.path} has no control block yet ({size} bytes)"
         control = os.pread(fd, CONTROL_SIZE, 0)
@@ -205,6 +211,15 @@ def _read_ready(shm: ShmUrl) -> tuple[bytes, int, tuple[int, bytes | None]] | st
         return control, size, schema_area_of(_FileBytes(fd), size)
     finally:
         os.close(fd)
+
+
+def _check_owner(url: str, owner: int, start: int) -> None:
+    """A region whose server is gone is stale, whatever else is wrong with it (a cut segment)."""
+    if not native.peer_alive(owner, start):
+        raise ConnectError(
+            f"{url} is stale: its server (pid {owner}) is gone; start a new server or run "
+            "`transport-serve --cleanup-shm`"
+        )
 
 
 class _FileBytes:
@@ -233,7 +248,7 @@ def read_region_schema(url: str, timeout: float) -> Schema:
             raise ConnectError(found)
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
-    control, _, (_, ir) = found
+    control, size, (_, ir) = found
     cb = CONTROL.view(control)
     if int(cb["magic"]) != MAGIC:
         raise RegionMismatchError(
@@ -244,6 +259,16 @@ def read_region_schema(url: str, timeout: float) -> Schema:
             f"shm://{shm.name}: control block field version: expected layout version "
             f"{LAYOUT_VERSION}, found {int(cb['version'])} (server and client were built from "
             "different pac_shm layouts)"
+        )
+    _check_owner(f"shm://{shm.name}", int(cb["owner_pid"]), int(cb["owner_start_time"]))
+    least = CONTROL_SIZE + int(cb["num_envs"]) * int(cb["slot_size"])
+    if size < least:  # cut short: its trailer is gone, but it is no server without discovery
+        raise RegionMismatchError(
+            f"shm://{shm.name}",
+            "region size",
+            f"at least {least} (the region is shorter than its header says: 64 + num_envs x "
+            "slot_size)",
+            str(size),
         )
     if ir is None:
         raise ConnectError(
@@ -352,9 +377,12 @@ class ShmChannel:
                 why = f"no region {self.shm.path}: is a server running on shm://{self.shm.name}?"
             except PermissionError as exc:
                 raise ConnectError(f"cannot open {self.shm.path}: {exc.strerror}") from exc
+            except OSError as exc:  # EINVAL: a directory; ELOOP: a symbolic link
+                check_segment_path(self.shm.path, exc)
+                raise ConnectError(f"cannot open {self.shm.path}: {exc.strerror}") from exc
             else:
                 try:
-                    size = os.fstat(fd).st_size
+                    size = check_segment_fd(fd, self.shm.path).st_size
                     if size >= CONTROL_SIZE:
                         region = Region(self.shm.segment, fd, size, self.layout, owner=False)
                         state = region.state
@@ -387,6 +415,8 @@ class ShmChannel:
                 f"found {cb('version')} (server and client were built from different pac_shm "
                 "layouts)"
             )
+        owner, start = cb("owner_pid"), cb("owner_start_time")
+        _check_owner(url, owner, start)  # a dead server's region: stale, before its sizes
         fingerprint = cb("fingerprint")
         if fingerprint != self.schema.fingerprint:
             raise FingerprintMismatchError(
@@ -404,21 +434,24 @@ class ShmChannel:
         layout = self.layout
         expect("slot_size", layout.slot_size, cb("slot_size"))
         num_envs = cb("num_envs")
+        if not 1 <= num_envs <= MAX_NUM_ENVS:  # what every server serves
+            raise RegionMismatchError(url, "num_envs", f"1..{MAX_NUM_ENVS}", str(num_envs))
         if self.shm.num_envs is not None:
             expect("num_envs", self.shm.num_envs, num_envs)
         if region.num_slots < max(num_envs, 1):  # the size fits no k >= num_envs
             expect("region size", layout.region_size(num_envs), region.size)
         expect("obs_size", layout.obs_size, cb("obs_size"))
         expect("act_size", layout.act_size, cb("act_size"))
-        owner, start = cb("owner_pid"), cb("owner_start_time")
-        if not native.peer_alive(owner, start):
-            raise ConnectError(
-                f"{url} is stale: its server (pid {owner}) is gone; start a new server or run "
-                "`transport-serve --cleanup-shm`"
-            )
         self.owner_pid = owner
         self.owner_start = start
         self.num_envs = num_envs
+
+    def _requests_outstanding(self) -> bool:
+        """A slot's request is not answered yet: the server is in a step (or gone)."""
+        region = self.region
+        asked = region.strided("sem_action_ready") & native.SEQ_MASK
+        answered = region.strided("sem_result_ready") & native.SEQ_MASK
+        return bool((asked != answered).any())
 
     def _take_lease(self, timeout: float) -> None:
         region = self.region
@@ -449,9 +482,15 @@ class ShmChannel:
                     holder,
                 )
             if time.monotonic() >= deadline:
+                busy = (
+                    " (the server is busy with a request of that client: it reclaims leases "
+                    "between requests)"
+                    if self._requests_outstanding()
+                    else ""
+                )
                 raise ConnectError(
                     f"shm://{self.shm.name}: the lease of dead client pid {holder} was not "
-                    "reclaimed by the server in time"
+                    f"reclaimed by the server in time{busy}"
                 )
             time.sleep(0.01)
 

@@ -20,8 +20,10 @@ or a different start time) is stale: replaced on creation, listed and removed by
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import stat
 import struct
 import time
 import zlib
@@ -46,12 +48,18 @@ CONTROL_SIZE: int = CONTROL.size  # 64
 PREFIX = "transport-"
 SHM_DIR = "/dev/shm"
 STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to be initialised
+CHANNEL_PREFIXES = ("ring-", "board-", "control-")
+"""Names of the channels' segments (/dev/shm/transport-ring-*, ...: transport.channels): no
+region is called so, and --list-shm / --cleanup-shm leave them to
+``python -m transport.channels``."""
 
 RegionState = pac_shm.RegionState  # CREATING 0, READY 1, CLOSED 2
 SlotCommand = pac_shm.SlotCommand  # STEP, RESET, SHUTDOWN, HELLO (mode in the action), OBSERVE,
 # STEP_MULTI: the protocol envelope's enum, the same in every schema
 
 CB: dict[str, FieldIR] = {f.name: f for f in CONTROL.ir.fields}
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -463,8 +471,14 @@ def parse_url(url: str) -> ShmUrl:
     name = name.strip("/")
     if not _NAME.match(name):
         raise ConnectError(
-            f"{url!r}: the region name must be 1-201 characters of A-Z a-z 0-9 . _ - "
-            "(it becomes /dev/shm/transport-<name>)"
+            f"{url!r}: the region name must be 1-201 characters of A-Z a-z 0-9 . _ -, the "
+            "first a letter or a digit (it becomes /dev/shm/transport-<name>)"
+        )
+    if name.startswith(CHANNEL_PREFIXES):
+        raise ConnectError(
+            f"{url!r}: region names beginning {', '.join(CHANNEL_PREFIXES[:-1])} or "
+            f"{CHANNEL_PREFIXES[-1]} are reserved for channels (/dev/shm/{PREFIX}{name} is a "
+            "channel's segment: python -m transport.channels --list)"
         )
     params = single_params(url, query)
     unknown = set(params) - {"num_envs", "wait", "spin", "slice_ms", "checksum"}
@@ -729,9 +743,56 @@ def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
 # -- inspection, stale detection, cleanup ------------------------------------------------------
 
 
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words ("a directory", "a FIFO", ...)."""
+    for test, words in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def not_a_segment(path: str, mode: int) -> str:
+    """The one refusal text (clients and servers) for a path that is not a regular file."""
+    return f"{path} is {file_kind(mode)}, not a shared-memory segment: remove it if nothing uses it"
+
+
+def check_segment_fd(fd: int, path: str) -> os.stat_result:
+    """fstat of an opened segment; ConnectError when it is not a regular file (a FIFO, ...)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ConnectError(not_a_segment(path, st.st_mode))
+    return st
+
+
+def check_segment_path(path: str, exc: OSError) -> None:
+    """After shm_open failed with ``exc`` (EINVAL for a directory, ELOOP for a link): a
+    ConnectError naming what the path is when it is not a regular file; else returns."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise ConnectError(not_a_segment(path, st.st_mode)) from exc
+
+
 @dataclass(frozen=True)
 class RegionInfo:
-    """What ``--list-shm`` shows about one segment of the project."""
+    """What ``--list-shm`` shows about one ``/dev/shm/transport-*`` entry.
+
+    ``state``: a region's RegionState name (READY, CREATING, CLOSED, UNKNOWN(n)); SIDE (a side
+    segment); EMPTY (shorter than a control block, or an all-zero one: a server between
+    shm_open and its first header write, for up to 10 s); FOREIGN (anything else: not ours);
+    UNREADABLE (``note`` says why); NOT_A_FILE (``note``: "a directory", "a FIFO", ...).
+    Only a region or side segment whose owner is dead (or that never got an owner in 10 s) is
+    stale: nothing else is ever removed (docs/shm.md "Lifecycle").
+    """
 
     name: str
     path: str
@@ -744,38 +805,118 @@ class RegionInfo:
     owner_alive: bool
     client_pid: int
     age_s: float
+    uid: int = -1
+    note: str = ""
+
+    @property
+    def ours(self) -> bool:
+        """A region or a side segment (its header says so)."""
+        return self.magic_ok or self.state == "SIDE"
+
+    @property
+    def creating(self) -> bool:
+        """A header-less segment young enough to be a server's between shm_open and its header."""
+        return self.state == "EMPTY" and self.age_s <= STALE_CREATING_AFTER
 
     @property
     def stale(self) -> bool:
-        """Replaceable: a finished header whose owner is dead, or a header-less leftover."""
+        """Replaceable: a header of ours whose owner is dead (or that got no owner in 10 s).
+        Never a segment without the region magic: it is not ours to remove."""
+        if not self.ours:
+            return False
         if self.owner_pid:
             return not self.owner_alive
         return self.age_s > STALE_CREATING_AFTER
 
+    @property
+    def verdict(self) -> str:
+        """live, stale, creating, foreign or unreadable."""
+        if self.state == "UNREADABLE":
+            return "unreadable"
+        if self.ours:
+            return "stale" if self.stale else "live"
+        return "creating" if self.creating else "foreign"
+
+    def describe(self) -> str:
+        """One ``--list-shm`` line."""
+        if self.state == "UNREADABLE":
+            return f"{self.path}  unreadable ({self.note})"
+        if self.state == "NOT_A_FILE":
+            return f"{self.path}  foreign  ({self.note}, not a shared-memory segment)"
+        if not self.ours:
+            what = "being created" if self.creating else "not a transport region"
+            return f"{self.path}  {self.verdict}  ({what}: {self.size} bytes)"
+        return (
+            f"{self.path}  {self.verdict}  state={self.state} envs={self.num_envs} "
+            f"owner={self.owner_pid or '-'} client={self.client_pid or '-'} size={self.size}"
+        )
+
+    def refusal(self, url: str) -> str:
+        """Why a server on this name cannot replace it (this segment is not stale)."""
+        if self.state == "UNREADABLE":
+            return f"{url}: {self.path} cannot be read ({self.note}); it is not replaced"
+        if self.state == "NOT_A_FILE":
+            return (
+                f"{url}: {self.path} is {self.note}, not a shared-memory segment: remove it if "
+                "nothing uses it"
+            )
+        if self.ours and self.owner_alive:
+            return (
+                f"{url} is in use by a live server (pid {self.owner_pid}); {self.path} is not "
+                "replaced"
+            )
+        if self.ours or self.creating:
+            return (
+                f"{url} is in use by a live server (a server starting up); {self.path} is not "
+                "replaced"
+            )
+        return (
+            f"{url}: {self.path} exists and is not a transport region: remove it if nothing uses it"
+        )
+
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         data["stale"] = self.stale
+        data["verdict"] = self.verdict
         return data
 
 
 def inspect_segment(path: str) -> RegionInfo:
-    """Read a segment's control block without mapping it writable."""
-    st = os.stat(path)
-    header = b""
-    try:
-        with open(path, "rb") as fh:
-            header = fh.read(CONTROL_SIZE)
-    except OSError:
-        pass
+    """Read a segment's control block without mapping it, without following a link and without
+    blocking (a FIFO named like a segment is reported, never opened for reading)."""
+    st = os.lstat(path)
     name = os.path.basename(path)[len(PREFIX) :]
     age = max(0.0, time.time() - st.st_mtime)
-    if len(header) < CONTROL_SIZE:
-        return RegionInfo(name, path, st.st_size, False, 0, 0, "EMPTY", 0, False, 0, age)
+
+    def other(state: str, note: str = "", size: int = st.st_size) -> RegionInfo:
+        return RegionInfo(name, path, size, False, 0, 0, state, 0, False, 0, age, st.st_uid, note)
+
+    if not stat.S_ISREG(st.st_mode):
+        return other("NOT_A_FILE", file_kind(st.st_mode))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return other("UNREADABLE", f"{(exc.strerror or str(exc)).lower()}; owner uid {st.st_uid}")
+    try:
+        fst = os.fstat(fd)  # replaced by a FIFO or a directory since the lstat
+        if not stat.S_ISREG(fst.st_mode):
+            return other("NOT_A_FILE", file_kind(fst.st_mode))
+        header = os.pread(fd, CONTROL_SIZE, 0)
+    except OSError as exc:
+        return other("UNREADABLE", f"{(exc.strerror or str(exc)).lower()}; owner uid {st.st_uid}")
+    finally:
+        os.close(fd)
+    if len(header) < CONTROL_SIZE or not any(header):
+        return other("EMPTY")
     cb = CONTROL.view(header)
     magic_ok = int(cb["magic"]) == MAGIC
     side = int(cb["magic"]) == SIDE_MAGIC  # a side segment: its owner at the same offsets
-    pid = int(cb["owner_pid"]) if magic_ok or side else 0
-    start = int(cb["owner_start_time"]) if magic_ok or side else 0
+    if not magic_ok and not side:
+        return other("FOREIGN")
+    pid = int(cb["owner_pid"])
+    start = int(cb["owner_start_time"])
     state_value = int(cb["state"])
     try:
         state = RegionState(state_value).name
@@ -788,23 +929,26 @@ def inspect_segment(path: str) -> RegionInfo:
         magic_ok=magic_ok,
         version=int(cb["version"]),
         num_envs=0 if side else int(cb["num_envs"]),  # a side segment's generation is there
-        state=state if magic_ok else ("SIDE" if side else "FOREIGN"),
+        state=state if magic_ok else "SIDE",
         owner_pid=pid,
         owner_alive=native.peer_alive(pid, start) if pid else False,
         client_pid=int(cb["client_pid"]) if magic_ok else 0,
         age_s=age,
+        uid=st.st_uid,
     )
 
 
 def list_segments() -> list[RegionInfo]:
-    """Every ``/dev/shm/transport-*`` segment, inspected."""
+    """Every ``/dev/shm/transport-*`` entry but the channels' (``transport-ring-*`` ...:
+    ``python -m transport.channels --list``), inspected."""
     out: list[RegionInfo] = []
     try:
         names = sorted(os.listdir(SHM_DIR))
     except FileNotFoundError:
         return out
+    channels = tuple(PREFIX + p for p in CHANNEL_PREFIXES)
     for entry in names:
-        if entry.startswith(PREFIX):
+        if entry.startswith(PREFIX) and not entry.startswith(channels):
             try:
                 out.append(inspect_segment(os.path.join(SHM_DIR, entry)))
             except FileNotFoundError:
@@ -812,8 +956,10 @@ def list_segments() -> list[RegionInfo]:
     return out
 
 
-def cleanup_stale() -> list[RegionInfo]:
-    """Unlink every stale segment of the project; returns the ones removed."""
+def cleanup_stale(errors: list[str] | None = None) -> list[RegionInfo]:
+    """Unlink every stale region and side segment; returns the ones removed. A segment that
+    cannot be removed does not stop the others: its error is added to ``errors`` (logged when
+    there is no such list)."""
     removed = []
     for info in list_segments():
         if info.stale:
@@ -822,6 +968,12 @@ def cleanup_stale() -> list[RegionInfo]:
                 removed.append(info)
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                text = f"cannot remove {info.path}: {exc.strerror}"
+                if errors is None:
+                    log.warning("%s", text)
+                else:
+                    errors.append(text)
     return removed
 
 

@@ -122,6 +122,10 @@ class Listener:
         self.region = region
         region.set("owner_pid", os.getpid())
         region.set("owner_start_time", own_start_time())
+        # the magic with the owner, before the envs are made (which may take long): the
+        # segment is this server's (live, or stale once it is gone), never a foreign file
+        region.set("version", LAYOUT_VERSION)
+        region.set("magic", MAGIC)
         try:
             n = self.num_envs
             if envs is None:
@@ -228,16 +232,17 @@ class Listener:
                     info = inspect_segment(self.shm.path)
                 except FileNotFoundError:
                     continue
-                if not info.stale:
-                    who = f"pid {info.owner_pid}" if info.owner_pid else "a server starting up"
-                    raise ConnectError(
-                        f"{url} is in use by a live server ({who}); {self.shm.path} is not replaced"
-                    ) from None
+                if not info.stale:  # live, starting up, unreadable or not ours: never replaced
+                    raise ConnectError(info.refusal(url)) from None
                 log.warning("replacing stale region %s (owner pid %s)", info.path, info.owner_pid)
                 try:
                     native.shm_unlink(self.shm.segment)
                 except FileNotFoundError:
                     pass
+                except OSError as exc:
+                    raise ConnectError(
+                        f"{url}: cannot remove the stale region {self.shm.path}: {exc.strerror}"
+                    ) from None
             except OSError as exc:
                 raise ConnectError(
                     _no_room(self.shm.path, size, self.num_envs, _free_shm_bytes(), exc.strerror)

@@ -26,7 +26,7 @@
  * rules are the env runtime's (`checkSend`, `checkRecv`, `checkIdle`).
  */
 
-import { closeSync, fstatSync, openSync, readSync } from "node:fs";
+import { closeSync, fstatSync, readSync } from "node:fs";
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import type { AnyStructCodec, SchemaModule } from "../../codec";
 import {
@@ -69,7 +69,7 @@ import {
 } from "../../runtime/core";
 import { checkIdle, checkRecv, checkResetSent, checkSend, sendEnvIds } from "../../runtime/async_batches";
 import { type Channel, type ChannelRecords, type Final, timeoutOption } from "../../stream";
-import type { OpenOptions } from "../backend";
+import { MAX_NUM_ENVS, type OpenOptions } from "../backend";
 import {
   CB,
   CONTROL_SIZE,
@@ -79,6 +79,7 @@ import {
   RegionState,
   SEQ_MASK,
   SLEEP_BIT,
+  SegmentMissingError,
   ShmLayout,
   type ShmUrl,
   SlotChecksums,
@@ -88,6 +89,7 @@ import {
   WAIT_PEER_DEAD,
   WAIT_TIMEOUT,
   off,
+  openSegmentForReading,
   parseShmUrl,
   peerAlive,
   procStartTime,
@@ -502,7 +504,13 @@ export class ShmChannel implements Channel {
         throw new RegionInUseError(`shm://${this.shm.name} is in use by ${who}: a region serves one client at a time`, holder);
       }
       if (Date.now() >= deadline) {
-        throw new ConnectError(`shm://${this.shm.name}: the lease of dead client pid ${holder} was not reclaimed by the server in time`);
+        let busy = ""; // a slot's request not answered yet: the server is in a step
+        for (let i = 0; i < region.numSlots && busy === ""; i++) {
+          const asked = Atomics.load(region.words, region.slotAt(i, "sem_action_ready") >> 2) & SEQ_MASK;
+          const answered = Atomics.load(region.words, region.slotAt(i, "sem_result_ready") >> 2) & SEQ_MASK;
+          if (asked !== answered) busy = " (the server is busy with a request of that client: it reclaims leases between requests)";
+        }
+        throw new ConnectError(`shm://${this.shm.name}: the lease of dead client pid ${holder} was not reclaimed by the server in time${busy}`);
       }
       await sleep(10);
     }
@@ -1241,9 +1249,10 @@ async function attach(shm: ShmUrl, layout: ShmLayout, timeoutMs: number): Promis
       why = `${shm.path} is not ready (state ${state})`;
       region.unmap();
     } catch (error) {
-      why = (error as Error).message.startsWith("cannot open")
-        ? `no region ${shm.path}: is a server running on shm://${shm.name}?`
-        : (error as Error).message;
+      // missing or not initialised yet: wait; anything else (permission, not a segment): at once
+      const message = (error as Error).message;
+      if (!(error instanceof SegmentMissingError) && !message.includes("has no control block yet")) throw error;
+      why = message;
     }
     if (Date.now() + delay > deadline) throw new ConnectError(why);
     await sleep(delay);
@@ -1263,11 +1272,12 @@ function irName(ir: string | null): string {
 }
 
 /** A READY region's control block and schema area, or why it cannot be read yet. */
-function readReady(shm: ShmUrl): { control: Buffer; ir: string | null } | string {
+function readReady(shm: ShmUrl): { control: Buffer; size: number; ir: string | null } | string {
   let fd: number;
   try {
-    fd = openSync(shm.path, "r");
+    fd = openSegmentForReading(shm.path); // never blocks on a FIFO; refuses what is not a file
   } catch (error) {
+    if (error instanceof ConnectError) throw error;
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return `no region ${shm.path}: is a server running on shm://${shm.name}?`;
     throw new ConnectError(`cannot open ${shm.path}: ${(error as Error).message}`);
   }
@@ -1278,7 +1288,7 @@ function readReady(shm: ShmUrl): { control: Buffer; ir: string | null } | string
     readSync(fd, control, 0, CONTROL_SIZE, 0);
     const state = control.readUInt32LE(off(CB, "state"));
     if (state !== RegionState.READY) return `${shm.path} is not ready (state ${state})`;
-    return { control, ir: schemaAreaOfFd(fd, size).ir };
+    return { control, size, ir: schemaAreaOfFd(fd, size).ir };
   } finally {
     closeSync(fd);
   }
@@ -1308,11 +1318,29 @@ export async function readRegionSchema(url: string, shm: ShmUrl, timeoutMs: numb
         "(server and client were built from different shm layouts)",
     );
   }
+  checkOwner(`shm://${shm.name}`, found.control.readUInt32LE(off(CB, "owner_pid")), found.control.readBigUInt64LE(off(CB, "owner_start_time")));
+  const least = CONTROL_SIZE + found.control.readUInt32LE(off(CB, "num_envs")) * found.control.readUInt32LE(off(CB, "slot_size"));
+  if (found.size < least) {
+    // cut short: its trailer is gone, but it is no server without discovery
+    throw new RegionMismatchError(
+      `shm://${shm.name}`,
+      "region size",
+      `at least ${least} (the region is shorter than its header says: 64 + num_envs x slot_size)`,
+      String(found.size),
+    );
+  }
   if (found.ir === null) {
     throw new ConnectError(`shm://${shm.name}: the region carries no schema (a server without discovery): pass a schema`);
   }
   const announced = found.control.readBigUInt64LE(off(CB, "fingerprint"));
   return schemaFromIrText(found.ir, announced, `the server at ${url}`);
+}
+
+/** A region whose server is gone is stale, whatever else is wrong with it (a cut segment). */
+function checkOwner(name: string, owner: number, start: bigint): void {
+  if (!peerAlive(owner, start)) {
+    throw new ConnectError(`${name} is stale: its server (pid ${owner}) is gone; start a new server or run \`transport-serve --cleanup-shm\``);
+  }
 }
 
 /** Each control-block field against what this client expects (the Python client's checks). */
@@ -1333,6 +1361,7 @@ function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
         "(server and client were built from different shm layouts)",
     );
   }
+  checkOwner(name, u32("owner_pid"), dv.getBigUint64(off(CB, "owner_start_time"), true)); // before its sizes
   const fingerprint = dv.getBigUint64(off(CB, "fingerprint"), true);
   if (fingerprint !== BigInt.asUintN(64, schema.fingerprint)) {
     const hex = (v: bigint): string => BigInt.asUintN(64, v).toString(16).padStart(16, "0");
@@ -1345,6 +1374,10 @@ function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
   }
   expect("slot_size", layout.slotSize, u32("slot_size"));
   const numEnvs = u32("num_envs");
+  // read at attach time (the server module imports the backends): what every server serves
+  if (numEnvs < 1 || numEnvs > MAX_NUM_ENVS) {
+    throw new RegionMismatchError(name, "num_envs", `1..${MAX_NUM_ENVS}`, String(numEnvs));
+  }
   if (shm.numEnvs !== null) expect("num_envs", shm.numEnvs, numEnvs);
   if (region.numSlots < numEnvs) {
     const formula = layout.columns ? "64 + k x (slot + final) + the columns" : "64 + k x (slot + final)";
@@ -1352,10 +1385,6 @@ function validate(shm: ShmUrl, region: Region, schema: SchemaModule): void {
   }
   expect("obs_size", layout.obsSize, u32("obs_size"));
   expect("act_size", layout.actSize, u32("act_size"));
-  const owner = u32("owner_pid");
-  if (!peerAlive(owner, dv.getBigUint64(off(CB, "owner_start_time"), true))) {
-    throw new ConnectError(`${name} is stale: its server (pid ${owner}) is gone; start a new server or run \`transport-serve --cleanup-shm\``);
-  }
 }
 
 export async function openChannel(url: string, options: OpenOptions = {}): Promise<ShmChannel> {

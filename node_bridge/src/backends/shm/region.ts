@@ -18,7 +18,7 @@
  * Futex words carry a 31-bit sequence; bit 31 (SLEEP) means "a waiter may sleep on this word".
  */
 
-import { closeSync, fstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
+import { type Stats, closeSync, constants as fsConstants, fstatSync, lstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
 import * as zlib from "node:zlib";
 import type { SchemaModule } from "../../codec";
 import { schemaIrText } from "../../protocol";
@@ -41,6 +41,8 @@ export const SEQ_MASK = 0x7fffffff;
 export const SLEEP_BIT = 0x80000000;
 /** Seconds a header-less segment may take to be initialised before it counts as stale. */
 export const STALE_CREATING_AFTER_S = 10;
+/** Names of the channels' segments (/dev/shm/transport-ring-*, ...): no region is called so. */
+export const CHANNEL_PREFIXES: readonly string[] = ["ring-", "board-", "control-"];
 export const RegionState = protocol.RegionState;
 export const SlotCommand = protocol.SlotCommand;
 
@@ -308,12 +310,20 @@ export function parseShmUrl(url: string): ShmUrl {
   const query = q < 0 ? "" : rest.slice(q + 1);
   if (!NAME.test(name)) {
     throw new ConnectError(
-      `${JSON.stringify(url)}: the region name must be 1-201 characters of A-Z a-z 0-9 . _ - ` +
-        "(it becomes /dev/shm/transport-<name>)",
+      `${JSON.stringify(url)}: the region name must be 1-201 characters of A-Z a-z 0-9 . _ -, the ` +
+        "first a letter or a digit (it becomes /dev/shm/transport-<name>)",
     );
   }
-  singleParams(url, query); // refuses a parameter given twice
-  const params = new URLSearchParams(query);
+  if (CHANNEL_PREFIXES.some((p) => name.startsWith(p))) {
+    throw new ConnectError(
+      `${JSON.stringify(url)}: region names beginning ${CHANNEL_PREFIXES.slice(0, -1).join(", ")} or ` +
+        `${CHANNEL_PREFIXES[CHANNEL_PREFIXES.length - 1]} are reserved for channels (/dev/shm/${PREFIX}${name} is a ` +
+        "channel's segment: python -m transport.channels --list)",
+    );
+  }
+  // URLSearchParams drops one leading "?" ("shm://x??num_envs=2"): Python's parse_qsl keeps it
+  // in the key ("?num_envs", an unknown parameter), and so does this
+  const params = singleParams(url, query.startsWith("?") ? `&${query}` : query); // none twice
   const unknown = [...new Set(params.keys())].filter((k) => !["num_envs", "wait", "spin", "slice_ms", "checksum"].includes(k));
   if (unknown.length > 0) {
     throw new ConnectError(`${JSON.stringify(url)}: unknown parameter(s) ${unknown.sort().join(", ")}`);
@@ -322,7 +332,7 @@ export function parseShmUrl(url: string): ShmUrl {
     throw new ConnectError(`${JSON.stringify(url)}: bad parameter value (${why})`);
   };
   let numEnvs: number | null = null;
-  const n = params.get("num_envs");
+  const n = params.get("num_envs") ?? null;
   if (n !== null) {
     if (!/^[+-]?[0-9]+$/.test(n.trim())) bad(`num_envs ${JSON.stringify(n)} is not an integer`);
     if (Number(n) < 1) bad("num_envs must be >= 1");
@@ -333,8 +343,8 @@ export function parseShmUrl(url: string): ShmUrl {
   if (wait === undefined || !Object.prototype.hasOwnProperty.call(WAIT_PRESETS, preset)) {
     return bad(`unknown wait policy ${JSON.stringify(preset)} (known: ${Object.keys(WAIT_PRESETS).sort().join(", ")})`);
   }
-  const spin = params.get("spin");
-  const slice = params.get("slice_ms");
+  const spin = params.get("spin") ?? null;
+  const slice = params.get("slice_ms") ?? null;
   if (spin !== null || slice !== null) {
     const s = spin === null ? wait.spin : Number(spin);
     const m = slice === null ? wait.futexSliceMs : Number(slice);
@@ -342,7 +352,7 @@ export function parseShmUrl(url: string): ShmUrl {
     if (!Number.isFinite(m) || m <= 0) bad(`slice_ms must be a positive number, got ${JSON.stringify(slice)}`);
     wait = { spin: s, futexSliceMs: m };
   }
-  const checksum = params.get("checksum");
+  const checksum = params.get("checksum") ?? null;
   if (checksum !== null && !CHECKSUMS.includes(checksum)) {
     throw new ConnectError(
       `${JSON.stringify(url)}: unknown checksum ${JSON.stringify(checksum)} (known: ${CHECKSUMS.join(", ")})`,
@@ -453,44 +463,145 @@ export function checkRoom(shm: ShmUrl, layout: ShmLayout, numSlots: number): voi
 
 // -- inspection of an existing segment -----------------------------------------------------------
 
+/** What a path that is not a regular file is, in words ("a directory", "a FIFO", ...). */
+export function fileKind(st: Stats): string {
+  if (st.isDirectory()) return "a directory";
+  if (st.isFIFO()) return "a FIFO";
+  if (st.isSymbolicLink()) return "a symbolic link";
+  if (st.isSocket()) return "a socket";
+  if (st.isCharacterDevice()) return "a character device";
+  if (st.isBlockDevice()) return "a block device";
+  return "not a regular file";
+}
+
+/** The one refusal text (clients and servers) for a path that is not a regular file. */
+export function notASegment(path: string, st: Stats): string {
+  return `${path} is ${fileKind(st)}, not a shared-memory segment: remove it if nothing uses it`;
+}
+
+/** A ConnectError when `path` (whose shm_open or open failed) is not a regular file; else nothing. */
+export function checkSegmentPath(path: string): void {
+  let st: Stats;
+  try {
+    st = lstatSync(path);
+  } catch {
+    return;
+  }
+  if (!st.isFile()) throw new ConnectError(notASegment(path, st));
+}
+
+/** fstat of an opened segment; a ConnectError when it is not a regular file (a FIFO, ...). */
+export function checkSegmentFd(fd: number, path: string): Stats {
+  const st = fstatSync(fd);
+  if (!st.isFile()) throw new ConnectError(notASegment(path, st));
+  return st;
+}
+
+/** Open a segment for reading without blocking (a FIFO) or following a link; a ConnectError
+ * when it is not a regular file. ENOENT and the like are thrown as they are. */
+export function openSegmentForReading(path: string): number {
+  let fd: number;
+  try {
+    fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK | fsConstants.O_NOFOLLOW | O_CLOEXEC);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT") checkSegmentPath(path);
+    throw error;
+  }
+  try {
+    checkSegmentFd(fd, path);
+  } catch (error) {
+    closeSync(fd);
+    throw error;
+  }
+  return fd;
+}
+
+/**
+ * One /dev/shm/transport-* entry as a server on its name sees it (Python: region.py RegionInfo).
+ * kind: "region" / "side" (their header says so), "empty" (shorter than a control block or an
+ * all-zero one: a server between shm_open and its first header write, for up to 10 s),
+ * "foreign" (anything else), "unreadable", "not-a-file" (`note`: "a directory", ...). Only a
+ * region or side segment whose owner is dead (or that got no owner in 10 s) is stale.
+ */
 export interface SegmentInfo {
   readonly path: string;
+  readonly kind: "region" | "side" | "empty" | "foreign" | "unreadable" | "not-a-file";
+  readonly note: string;
   readonly size: number;
   readonly magicOk: boolean;
   readonly ownerPid: number;
   readonly ownerAlive: boolean;
   readonly state: number;
   readonly ageS: number;
-  /** Replaceable: a finished header whose owner is dead, or a header-less leftover. */
+  /** Replaceable: a header of ours whose owner is dead (never a segment without the magic). */
   readonly stale: boolean;
 }
 
-/** Read a segment's control block with plain file I/O (transport/shm.py `inspect_segment`). */
+/** Read a segment's control block with plain file I/O, without blocking on a FIFO or following
+ * a link (region.py `inspect_segment`). */
 export function inspectSegment(path: string): SegmentInfo {
-  const st = statSync(path);
+  const st = lstatSync(path);
+  const ageS = Math.max(0, (Date.now() - st.mtimeMs) / 1000);
+  const other = (kind: SegmentInfo["kind"], note = ""): SegmentInfo => ({
+    path, kind, note, size: st.size, magicOk: false, ownerPid: 0, ownerAlive: false, state: -1, ageS, stale: false,
+  });
+  if (!st.isFile()) return other("not-a-file", fileKind(st));
   const header = Buffer.alloc(CONTROL_SIZE);
   let got = 0;
   try {
-    const fd = openSync(path, "r");
+    const fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK | fsConstants.O_NOFOLLOW | O_CLOEXEC);
     try {
+      const fst = fstatSync(fd); // replaced by a FIFO or a directory since the lstat
+      if (!fst.isFile()) return other("not-a-file", fileKind(fst));
       got = readSync(fd, header, 0, CONTROL_SIZE, 0);
     } finally {
       closeSync(fd);
     }
-  } catch {
-    got = 0;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") throw error;
+    const why = code === "EACCES" || code === "EPERM" ? "permission denied" : (error as Error).message;
+    return other("unreadable", `${why}; owner uid ${st.uid}`);
   }
-  const ageS = Math.max(0, (Date.now() - st.mtimeMs) / 1000);
-  if (got < CONTROL_SIZE) {
-    return { path, size: st.size, magicOk: false, ownerPid: 0, ownerAlive: false, state: -1, ageS, stale: ageS > STALE_CREATING_AFTER_S };
-  }
-  const magicOk = header.readUInt32LE(off(CB, "magic")) === MAGIC;
-  const owned = magicOk || header.readUInt32LE(off(CB, "magic")) === SIDE_MAGIC; // or a side segment
-  const ownerPid = owned ? header.readUInt32LE(off(CB, "owner_pid")) : 0;
-  const start = owned ? header.readBigUInt64LE(off(CB, "owner_start_time")) : 0n;
+  if (got < CONTROL_SIZE || header.every((b) => b === 0)) return other("empty");
+  const magic = header.readUInt32LE(off(CB, "magic"));
+  const magicOk = magic === MAGIC;
+  if (!magicOk && magic !== SIDE_MAGIC) return other("foreign");
+  const ownerPid = header.readUInt32LE(off(CB, "owner_pid"));
+  const start = header.readBigUInt64LE(off(CB, "owner_start_time"));
   const ownerAlive = ownerPid !== 0 && peerAlive(ownerPid, start);
   const stale = ownerPid !== 0 ? !ownerAlive : ageS > STALE_CREATING_AFTER_S;
-  return { path, size: st.size, magicOk, ownerPid, ownerAlive, state: header.readUInt32LE(off(CB, "state")), ageS, stale };
+  return {
+    path, kind: magicOk ? "region" : "side", note: "", size: st.size, magicOk, ownerPid, ownerAlive,
+    state: header.readUInt32LE(off(CB, "state")), ageS, stale,
+  };
+}
+
+/** Why a server on `url` cannot replace this segment (it is not stale): region.py's words. */
+export function segmentRefusal(info: SegmentInfo, url: string): string {
+  switch (info.kind) {
+    case "unreadable":
+      return `${url}: ${info.path} cannot be read (${info.note}); it is not replaced`;
+    case "not-a-file":
+      return `${url}: ${info.path} is ${info.note}, not a shared-memory segment: remove it if nothing uses it`;
+    case "foreign":
+      return `${url}: ${info.path} exists and is not a transport region: remove it if nothing uses it`;
+    case "empty":
+      if (info.ageS > STALE_CREATING_AFTER_S) {
+        return `${url}: ${info.path} exists and is not a transport region: remove it if nothing uses it`;
+      }
+      break;
+    default:
+      if (info.ownerAlive) return `${url} is in use by a live server (pid ${info.ownerPid}); ${info.path} is not replaced`;
+  }
+  return `${url} is in use by a live server (a server starting up); ${info.path} is not replaced`;
+}
+
+/** No segment of that name (yet): a client waits for it, up to its timeout. */
+export class SegmentMissingError extends ConnectError {
+  constructor(shm: ShmUrl) {
+    super(`no region ${shm.path}: is a server running on shm://${shm.name}?`);
+  }
 }
 
 // -- the mapped region ---------------------------------------------------------------------------
@@ -571,13 +682,11 @@ export class Region {
         } catch {
           continue; // gone meanwhile: try again
         }
-        if (!info.stale) {
-          const who = info.ownerPid ? `pid ${info.ownerPid}` : "a server starting up";
-          throw new ConnectError(`${url} is in use by a live server (${who}); ${shm.path} is not replaced`);
-        }
+        // live, starting up, unreadable or not ours: never replaced
+        if (!info.stale) throw new ConnectError(segmentRefusal(info, url));
         process.stderr.write(`transport: replacing stale region ${shm.path} (owner pid ${info.ownerPid})\n`);
         if (nat.shmUnlink(shm.segment) !== 0 && nat.errno() !== ENOENT) {
-          throw new ConnectError(`cannot remove the stale region ${shm.path}: ${nat.strerror(nat.errno())}`);
+          throw new ConnectError(`${url}: cannot remove the stale region ${shm.path}: ${nat.strerror(nat.errno())}`);
         }
         continue;
       }
@@ -602,9 +711,14 @@ export class Region {
   static open(shm: ShmUrl, layout: ShmLayout): Region {
     const nat = native();
     const fd = nat.shmOpen(shm.segment, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) throw new ConnectError(`cannot open ${shm.path}: ${nat.strerror(nat.errno())}`);
+    if (fd < 0) {
+      const errno = nat.errno();
+      if (errno === ENOENT) throw new SegmentMissingError(shm);
+      checkSegmentPath(shm.path); // EINVAL: a directory; ELOOP: a link
+      throw new ConnectError(`cannot open ${shm.path}: ${nat.strerror(errno)}`);
+    }
     try {
-      const size = fstatSync(fd).size;
+      const size = checkSegmentFd(fd, shm.path).size;
       if (size < CONTROL_SIZE) throw new ConnectError(`${shm.path} has no control block yet (${size} bytes)`);
       const header = Buffer.alloc(CONTROL_SIZE);
       readSync(fd, header, 0, CONTROL_SIZE, 0);

@@ -534,10 +534,12 @@ export class ShmListener implements Listener {
       const dv = region.dv;
       dv.setUint32(off(CB, "owner_pid"), process.pid, true);
       dv.setBigUint64(off(CB, "owner_start_time"), procStartTime(process.pid), true);
+      // the magic with the owner, before the workers start (which may take long): the segment
+      // is this server's (live, or stale once it is gone), never a foreign file
+      dv.setUint32(off(CB, "version"), LAYOUT_VERSION, true);
+      dv.setUint32(off(CB, "magic"), MAGIC, true);
       spare.runner.start?.(); // worker threads too, before a client asks
       this.#spare = spare;
-      dv.setUint32(off(CB, "magic"), MAGIC, true);
-      dv.setUint32(off(CB, "version"), LAYOUT_VERSION, true);
       dv.setUint32(off(CB, "num_envs"), numEnvs, true);
       dv.setUint32(off(CB, "obs_size"), layout.obsSize, true);
       dv.setUint32(off(CB, "act_size"), layout.actSize, true);
