@@ -411,8 +411,20 @@ class Listener:
                 runtime.set_autoreset(int(self._modes[0]))
             elif count == n and cmd == _OBSERVE:
                 self._write_infos([msgpack.packb(info) for info in runtime.observe()])
-            elif cmd == _STEP_MULTI and count == runtime.seats and self._pending[0]:
-                self._stamp(runtime.step_multi(self._actions[: runtime.seats]))
+            elif cmd == _OBSERVE:
+                raise RequestError(
+                    ErrorCode.BAD_BATCH,
+                    f"OBSERVE needs slots 0..{n - 1} and no others ({count} slots asked)",
+                )
+            elif cmd == _STEP_MULTI:
+                seats = runtime.seats
+                if count != seats or not self._pending[:seats].all():
+                    raise RequestError(
+                        ErrorCode.BAD_BATCH,
+                        f"STEP_MULTI needs slots 0..{seats - 1} and no others ({count} slots "
+                        "asked)",
+                    )
+                self._stamp(runtime.step_multi(self._actions[:seats]))
             elif cmd == _SHUTDOWN:
                 self._drop_lease(deferred=True)
             else:
@@ -564,10 +576,22 @@ class Listener:
                     self._drop_lease(deferred=True)
                 elif cmd == SlotCommand.HELLO:
                     runtime.set_autoreset(int(self._modes[i]))
+                elif i >= self.num_envs:
+                    raise RequestError(
+                        ErrorCode.BAD_BATCH,
+                        f"slot {i} is a seat slot (STEP_MULTI only); this server has "
+                        f"{self.num_envs} envs",
+                    )
                 elif cmd == SlotCommand.STEP:
                     self._stamp(self._step_one(runtime, i))
                 elif cmd == SlotCommand.RESET:
                     runtime.reset_one(i, int(self._slot_seeds[i]) if self._has_seed[i] else None)
+                elif cmd in (SlotCommand.OBSERVE, SlotCommand.STEP_MULTI):
+                    raise RequestError(
+                        ErrorCode.BAD_BATCH,
+                        f"slot {i}: {SlotCommand(cmd).name} is asked of its slots alone, not "
+                        "mixed with other commands",
+                    )
                 else:
                     raise RequestError(ErrorCode.UNKNOWN_MESSAGE, f"slot {i}: command {cmd}")
             except RequestError as exc:

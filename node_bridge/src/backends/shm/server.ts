@@ -701,6 +701,8 @@ export class ShmListener implements Listener {
         runtime.autoreset = this.#mode(0);
       } else if (all && cmd === SlotCommand.OBSERVE) {
         this.#observe(runtime);
+      } else if (cmd === SlotCommand.OBSERVE) {
+        throw new RequestError(ErrorCode.BAD_BATCH, `OBSERVE needs slots 0..${n - 1} and no others (${count} slots asked)`);
       } else if (cmd === SlotCommand.SHUTDOWN) {
         this.#dropLease();
       } else {
@@ -899,6 +901,9 @@ export class ShmListener implements Listener {
           runtime.step(this.#records, i, i + 1);
         } else if (cmd === SlotCommand.RESET) {
           runtime.reset(this.#records, this.#seedOf, i, i + 1);
+        } else if (cmd === SlotCommand.OBSERVE || cmd === SlotCommand.STEP_MULTI) {
+          const name = cmd === SlotCommand.OBSERVE ? "OBSERVE" : "STEP_MULTI";
+          throw new RequestError(ErrorCode.BAD_BATCH, `slot ${i}: ${name} is asked of its slots alone, not mixed with other commands`);
         } else {
           throw new RequestError(ErrorCode.UNKNOWN_MESSAGE, `slot ${i}: command ${cmd}`);
         }
