@@ -17,6 +17,7 @@ than 0/1, undeclared enum values and non-canonical NaNs. Errors name the field p
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -538,6 +539,32 @@ def _flatten(value: Sequence[Any], f: FieldIR, path: str) -> list[Any]:
     return out
 
 
+def describe(value: Any) -> str:
+    """A value as a refusal names it, in JSON's spelling (Node: ``describe``, the same words):
+    strings JSON-quoted, ``true``/``false``/``null``, numbers as digits, ``an array``,
+    ``an object`` (a mapping), else ``a <type name>``."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool | np.bool_):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        number = float(value)
+        if math.isnan(number):
+            return "NaN"
+        if math.isinf(number):
+            return "Infinity" if number > 0 else "-Infinity"
+        return str(int(number)) if number.is_integer() and abs(number) < 1e21 else repr(number)
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
 def _check_numeric_array(f: FieldIR, arr: np.ndarray, path: str) -> None:
     if arr.dtype == _ELEM_DTYPES[f.elem]:  # the field's own type: every element fits it
         return
@@ -547,13 +574,17 @@ def _check_numeric_array(f: FieldIR, arr: np.ndarray, path: str) -> None:
                 bad = np.isfinite(arr) & (np.abs(arr) > F32_MAX)
             if bad.any():
                 i = int(np.argmax(bad))
-                raise ValueRangeError(f"{arr[i]!r} does not fit f32", field=f"{path}[{i}]")
+                raise ValueRangeError(
+                    f"{describe(arr[i].item())} does not fit f32", field=f"{path}[{i}]"
+                )
         return
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr) | (arr != np.floor(arr))
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueTypeError(f"{arr[i]!r} is not an integer", field=f"{path}[{i}]")
+            raise ValueTypeError(
+                f"{describe(arr[i].item())} is not an integer", field=f"{path}[{i}]"
+            )
     lo, hi = INTEGER_RANGES[f.elem]
     bad = (arr < lo) | (arr > hi) if arr.dtype.kind == "f" else _int_out_of_range(arr, lo, hi)
     if bad.any():
@@ -584,7 +615,7 @@ def _scalar_checker(schema: SchemaIR, f: FieldIR) -> Callable[[Any, str], None]:
 
         def check_bool(value: Any, path: str) -> None:
             if not isinstance(value, bool | np.bool_):
-                raise ValueTypeError(f"expected a bool, not {value!r}", field=path)
+                raise ValueTypeError(f"expected a bool, not {describe(value)}", field=path)
 
         return check_bool
     if kind == "float":
@@ -593,14 +624,16 @@ def _scalar_checker(schema: SchemaIR, f: FieldIR) -> Callable[[Any, str], None]:
             if isinstance(value, bool | np.bool_) or not isinstance(
                 value, int | float | np.integer | np.floating
             ):
-                raise ValueTypeError(f"expected a number, not {value!r}", field=path)
+                raise ValueTypeError(f"expected a number, not {describe(value)}", field=path)
             if elem == "f32":
                 try:
                     number = float(value)
                 except OverflowError:
-                    raise ValueRangeError(f"{value!r} does not fit f32", field=path) from None
+                    raise ValueRangeError(
+                        f"{describe(value)} does not fit f32", field=path
+                    ) from None
                 if math.isfinite(number) and abs(number) > F32_MAX:
-                    raise ValueRangeError(f"{value!r} does not fit f32", field=path)
+                    raise ValueRangeError(f"{describe(value)} does not fit f32", field=path)
 
         return check_float
     if kind == "enum":
@@ -610,7 +643,9 @@ def _scalar_checker(schema: SchemaIR, f: FieldIR) -> Callable[[Any, str], None]:
         def check_enum(value: Any, path: str) -> None:
             number = _integral(value, path)
             if number not in declared:
-                raise InvalidEnumError(f"{value!r} is not a value of enum {elem}", field=path)
+                raise InvalidEnumError(
+                    f"{describe(value)} is not a value of enum {elem}", field=path
+                )
 
         return check_enum
     lo, hi = INTEGER_RANGES[elem]
@@ -625,12 +660,12 @@ def _scalar_checker(schema: SchemaIR, f: FieldIR) -> Callable[[Any, str], None]:
 
 def _integral(value: Any, path: str) -> int:
     if isinstance(value, bool | np.bool_):
-        raise ValueTypeError(f"expected an integer, not {value!r}", field=path)
+        raise ValueTypeError(f"expected an integer, not {describe(value)}", field=path)
     if isinstance(value, int | np.integer):
         return int(value)
     if isinstance(value, float | np.floating) and math.isfinite(value) and value == int(value):
         return int(value)
-    raise ValueTypeError(f"expected an integer, not {value!r}", field=path)
+    raise ValueTypeError(f"expected an integer, not {describe(value)}", field=path)
 
 
 def row_bytes(rows: np.ndarray) -> np.ndarray:

@@ -259,13 +259,76 @@ HELLO_TAIL_MAX_DEPTH = 32
 """The deepest nesting of maps and arrays a HELLO tail may have (the tail map itself is 1)."""
 
 
+def msgpack_kind(value: Any) -> str:
+    """A decoded msgpack value's family as a HELLO refusal names it (Node: ``msgpackKind``, from
+    the value's first byte): nil, bool, int, float, str, bin, array, map or ext."""
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "bool"
+    for kind, name in ((int, "int"), (float, "float"), (str, "str"), (bytes, "bin")):
+        if isinstance(value, kind):
+            return name
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "map" if isinstance(value, dict) else "ext"
+
+
+# the size of a msgpack head after its first byte, and how its length is read: ("fixed", n):
+# n more bytes; ("len", k): a k-byte big-endian length of that many bytes follows; ("ext", k):
+# the same plus the type byte; ("items", k): k-byte count of values (arrays; maps: x2)
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_FIXED.update({0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17})
+_SIZED = {0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1)}
+_SIZED.update({0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0)})
+_ITEMS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+
+
+def msgpack_failure(data: bytes) -> str:
+    """Why ``data`` is not one msgpack value, in the words Node's HELLO tail reader uses:
+    ``truncated``, ``byte 0xc1 at 0`` (a byte no value starts with) or ``2 byte(s) after it``."""
+    at, pending, end = 0, 1, len(data)
+    while pending:
+        if at >= end:
+            return "truncated"
+        b = data[at]
+        at += 1
+        pending -= 1
+        if b <= 0x7F or b >= 0xE0 or b in _FIXED:
+            at += _FIXED.get(b, 0)
+        elif 0x80 <= b <= 0x9F:
+            pending += (b & 0x0F) * (2 if b < 0x90 else 1)
+        elif 0xA0 <= b <= 0xBF:
+            at += b & 0x1F
+        elif b in _SIZED:
+            width, extra = _SIZED[b]
+            if at + width > end:
+                return "truncated"
+            at += width + extra + int.from_bytes(data[at : at + width], "big")
+        elif b in _ITEMS:
+            width, per = _ITEMS[b]
+            if at + width > end:
+                return "truncated"
+            pending += per * int.from_bytes(data[at : at + width], "big")
+            at += width
+        else:
+            return f"byte 0x{b:x} at {at - 1}"
+    if at > end:
+        return "truncated"
+    return f"{end - at} byte(s) after it"
+
+
 def _tail_map(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if not isinstance(key, str):
-            raise BadFrameError(f"HELLO tail has a map key {key!r}: every key must be a string")
+            kind = msgpack_kind(key)
+            shown = str(key) if kind == "int" else f"of type {kind}"
+            raise BadFrameError(f"HELLO tail has a map key {shown}: every key must be a string")
         if key in out:
-            raise BadFrameError(f"HELLO tail has the map key {key!r} twice")
+            raise BadFrameError(
+                f"HELLO tail has the map key {json.dumps(key, ensure_ascii=False)} twice"
+            )
         out[key] = value
     return out
 
@@ -283,9 +346,7 @@ def _check_tail_values(info: dict[str, Any]) -> None:
             items = value.values() if isinstance(value, dict) else value
             stack.extend((item, depth + 1) for item in items)
         elif not (value is None or isinstance(value, (bool, int, float, str, bytes))):
-            raise BadFrameError(
-                f"HELLO tail holds a {type(value).__name__} (msgpack ext types are refused)"
-            )
+            raise BadFrameError("HELLO tail holds an ext type (msgpack ext types are refused)")
 
 
 def decode_hello(body: Any) -> Hello:
@@ -316,9 +377,10 @@ def decode_hello(body: Any) -> Hello:
         except UnicodeDecodeError as exc:
             raise BadFrameError(f"HELLO tail has a string that is not UTF-8: {exc}") from exc
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise BadFrameError(f"HELLO tail is not one msgpack value: {exc}") from exc
+            reason = msgpack_failure(data[HELLO.size :])
+            raise BadFrameError(f"HELLO tail is not one msgpack value: {reason}") from exc
         if not isinstance(decoded, dict):
-            raise BadFrameError(f"HELLO tail is a msgpack {type(decoded).__name__}, expected a map")
+            raise BadFrameError(f"HELLO tail is a msgpack {msgpack_kind(decoded)}, expected a map")
         _check_tail_values(decoded)
         info = decoded
     return Hello(version, flags, fingerprint, info)
@@ -508,13 +570,34 @@ def accept_hello(body: Any, schema: Schema | int) -> tuple[Hello, AutoReset]:
         raise RequestError(ErrorCode.VERSION_MISMATCH, str(exc)) from None
     except ProtocolError as exc:
         raise RequestError(ErrorCode.BAD_FRAME, str(exc)) from None
+    return hello, hello_mode(hello.flags)
+
+
+def hello_mode(flags: int) -> AutoReset:
+    """The auto-reset mode of a HELLO_REQ's ``flags``, or the BAD_FRAME to answer: only bits 0-1
+    (the mode: 0, 1 or 2) are defined; the goodbye bit is zmq's alone (its server reads it
+    before a HELLO gets here); any other bit is refused (Node: ``helloMode``, the same words)."""
+    head = f"HELLO flags 0x{flags:04X}: "
+    if flags & GOODBYE_FLAG:
+        raise RequestError(
+            ErrorCode.BAD_FRAME,
+            head + "the goodbye bit (0x8000) ends a zmq session only; close the connection instead",
+        )
+    unknown = flags & ~AUTORESET_MASK
+    if unknown:
+        raise RequestError(
+            ErrorCode.BAD_FRAME,
+            head
+            + f"unknown bits 0x{unknown:04X} (only bits 0-1, the auto-reset mode, are defined)",
+        )
     try:
-        mode = AutoReset(hello.flags & AUTORESET_MASK)
+        return AutoReset(flags & AUTORESET_MASK)
     except ValueError:
         raise RequestError(
-            ErrorCode.BAD_FRAME, f"unknown auto-reset mode in flags {hello.flags}"
+            ErrorCode.BAD_FRAME,
+            head + f"no auto-reset mode {flags & AUTORESET_MASK} "
+            "(0 disabled, 1 next_step, 2 same_step)",
         ) from None
-    return hello, mode
 
 
 SEED_LIMIT: Final = 1 << 64
@@ -578,3 +661,67 @@ def body_codec(schema: Schema, message: str) -> StructCodec:
     if found.body is None:
         raise ProtocolError(f"message {message} of schema {schema.name} has no body struct")
     return schema[found.body]
+
+
+# -- the JSON hello (HTTP, docs/protocol.md "JSON hello") --------------------------------------
+JSON_HELLO_KEYS: Final = (
+    "protocol_version",
+    "flags",
+    "fingerprint",
+    "info",
+    SCHEMA_NAME_KEY,
+    DISCOVER_KEY,
+)
+"""The keys of a JSON hello request: the answer's (``protocol_version``, ``flags``,
+``fingerprint``, ``info``: the msgpack tail) and the tail's two request keys at the top level."""
+
+
+def _json_whole(value: Any, what: str, top: int) -> int:
+    """A JSON number that is a whole number in 0..top (an integral float too: Node cannot tell
+    ``1.0`` from ``1``); ValueError otherwise (Node: the same words)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise ValueError(f"{what} must be a whole number in 0..{top}")
+    return value
+
+
+def hello_from_json(value: Any) -> bytes:
+    """The HELLO_REQ body a JSON hello request stands for: the shape the JSON HELLO_RESP has
+    (``protocol_version`` as ``"1.0"`` or ``major << 8 | minor``; ``fingerprint`` as 16 hex
+    digits or an integer; ``flags``; ``info``: the tail map), plus ``schema_name`` and
+    ``discover`` accepted at the top level (Node: ``helloFromJson``, the same words)."""
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object of Hello fields")
+    for key in value:
+        if key not in JSON_HELLO_KEYS:
+            raise ValueError(
+                f"unknown key {json.dumps(key, ensure_ascii=False)} (a hello takes "
+                + ", ".join(JSON_HELLO_KEYS)
+                + ")"
+            )
+    version: Any = value.get("protocol_version", PROTOCOL_VERSION)
+    if isinstance(version, str):
+        match = re.fullmatch(r"([0-9]{1,3})\.([0-9]{1,3})", version)
+        if match is None or int(match.group(1)) > 255 or int(match.group(2)) > 255:
+            raise ValueError('protocol_version must be "major.minor" (such as "1.0") or a number')
+        version = int(match.group(1)) << 8 | int(match.group(2))
+    version = _json_whole(version, "protocol_version", 0xFFFF)
+    flags = _json_whole(value.get("flags", 0), "flags", 0xFFFF)
+    if "fingerprint" not in value:
+        raise ValueError("no fingerprint given (16 hex digits, or 0 with discover: true)")
+    fingerprint: Any = value["fingerprint"]
+    if isinstance(fingerprint, str):
+        if re.fullmatch(r"[0-9a-fA-F]{16}", fingerprint) is None:
+            raise ValueError("fingerprint must be 16 hex digits or a number")
+        fingerprint = int(fingerprint, 16)
+    fingerprint = _json_whole(fingerprint, "fingerprint", (1 << 64) - 1)
+    info = value.get("info", {})
+    if not isinstance(info, dict):
+        raise ValueError("info must be a JSON object (the HELLO tail)")
+    info = dict(info)
+    for key in (SCHEMA_NAME_KEY, DISCOVER_KEY):
+        if key in value:
+            info[key] = value[key]
+    tail = msgpack.packb(info) if info else b""
+    return HELLO.pack(version, flags, fingerprint) + tail

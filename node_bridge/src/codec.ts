@@ -304,11 +304,15 @@ function pathOf(prefix: string, name: string, index: number): string {
   return index < 0 ? prefix + name : `${prefix}${name}[${index}]`;
 }
 
+/** A value as a refusal names it, in JSON's spelling (Python: `describe`, the same words). */
 function describe(value: unknown): string {
   if (typeof value === "string") return JSON.stringify(value);
   if (typeof value === "bigint") return value.toString();
   if (value === null || typeof value !== "object") return String(value);
-  return Array.isArray(value) ? "an array" : `a ${value.constructor?.name ?? "object"}`;
+  if (Array.isArray(value)) return "an array";
+  const proto: unknown = Object.getPrototypeOf(value);
+  if (proto === Object.prototype || proto === null) return "an object";
+  return `a ${value.constructor?.name ?? "object"}`;
 }
 
 function isArrayValue(value: unknown): value is ArrayLike<unknown> {

@@ -312,6 +312,23 @@ export function encodeHello(
   return out;
 }
 
+/**
+ * The msgpack family of a value from its first byte, as a HELLO refusal names it (Python:
+ * `msgpack_kind`, from the decoded value): nil, bool, int, float, str, bin, array, map or ext.
+ */
+export function msgpackKind(first: number): string {
+  const b = first;
+  if (b <= 0x7f || b >= 0xe0 || (b >= 0xcc && b <= 0xd3)) return "int";
+  if (b <= 0x8f || b === 0xde || b === 0xdf) return "map";
+  if (b <= 0x9f || b === 0xdc || b === 0xdd) return "array";
+  if (b <= 0xbf || (b >= 0xd9 && b <= 0xdb)) return "str";
+  if (b === 0xc0) return "nil";
+  if (b === 0xc2 || b === 0xc3) return "bool";
+  if (b >= 0xc4 && b <= 0xc6) return "bin";
+  if (b === 0xca || b === 0xcb) return "float";
+  return "ext";
+}
+
 /** The deepest nesting of maps and arrays a HELLO tail may have (the tail map itself is 1). */
 export const HELLO_TAIL_MAX_DEPTH = 32;
 
@@ -367,7 +384,8 @@ export function decodeHelloTail(tail: Uint8Array): Record<string, unknown> {
       const keyAt = at;
       const key = value(depth + 1);
       if (typeof key !== "string") {
-        const shown = typeof key === "number" || typeof key === "bigint" ? String(key) : `at byte ${keyAt}`;
+        const kind = msgpackKind(tail[keyAt] as number);
+        const shown = kind === "int" ? String(key) : `of type ${kind}`;
         throw new BadFrameError(`HELLO tail has a map key ${shown}: every key must be a string`);
       }
       if (Object.prototype.hasOwnProperty.call(out, key)) {
@@ -429,10 +447,8 @@ export function decodeHelloTail(tail: Uint8Array): Record<string, unknown> {
   if (at !== tail.byteLength) {
     throw new BadFrameError(`HELLO tail is not one msgpack value: ${tail.byteLength - at} byte(s) after it`);
   }
-  if (decoded === null || typeof decoded !== "object" || Array.isArray(decoded) || decoded instanceof Uint8Array) {
-    const kind = decoded === null ? "nil" : Array.isArray(decoded) ? "array" : decoded instanceof Uint8Array ? "bin" : typeof decoded;
-    throw new BadFrameError(`HELLO tail is a msgpack ${kind}, expected a map`);
-  }
+  const kind = msgpackKind(tail[0] as number);
+  if (kind !== "map") throw new BadFrameError(`HELLO tail is a msgpack ${kind}, expected a map`);
   if (refusal !== null) throw new BadFrameError(refusal);
   return decoded as Record<string, unknown>;
 }
@@ -640,9 +656,32 @@ export function acceptHello(body: Uint8Array, schema: SchemaModule | bigint): { 
     if (error instanceof ProtocolError) throw new RequestError(ErrorCode.BAD_FRAME, error.message);
     throw error;
   }
-  const accepted: Hello = hello;
-  const mode = checkAutoreset(accepted.flags & AUTORESET_MASK, () => `unknown auto-reset mode in flags ${accepted.flags}`);
-  return { hello: accepted, mode };
+  return { hello, mode: helloMode(hello.flags) };
+}
+
+/**
+ * The auto-reset mode of a HELLO_REQ's `flags`, or the BAD_FRAME to answer: only bits 0-1 (the
+ * mode: 0, 1 or 2) are defined; the goodbye bit is zmq's alone (its server reads it before a HELLO
+ * gets here); any other bit is refused (Python: `hello_mode`, the same words).
+ */
+export function helloMode(flags: number): AutoReset {
+  const hex = (value: number): string => `0x${value.toString(16).toUpperCase().padStart(4, "0")}`;
+  const head = `HELLO flags ${hex(flags)}: `;
+  if (flags & GOODBYE_FLAG) {
+    throw new RequestError(
+      ErrorCode.BAD_FRAME,
+      head + "the goodbye bit (0x8000) ends a zmq session only; close the connection instead",
+    );
+  }
+  const unknown = flags & ~AUTORESET_MASK;
+  if (unknown) {
+    throw new RequestError(
+      ErrorCode.BAD_FRAME,
+      head + `unknown bits ${hex(unknown)} (only bits 0-1, the auto-reset mode, are defined)`,
+    );
+  }
+  const mode = flags & AUTORESET_MASK;
+  return checkAutoreset(mode, () => head + `no auto-reset mode ${mode} (0 disabled, 1 next_step, 2 same_step)`);
 }
 
 /** Thrown inside a server's dispatcher: becomes one ERROR response (never leaves the server). */
@@ -655,4 +694,65 @@ export class RequestError extends Error {
     this.code = code;
     this.text = text;
   }
+}
+
+// -- the JSON hello (HTTP, docs/protocol.md "JSON hello") --------------------------------------
+
+/**
+ * The keys of a JSON hello request: the answer's (`protocol_version`, `flags`, `fingerprint`,
+ * `info`: the msgpack tail) and the tail's two request keys at the top level.
+ */
+export const JSON_HELLO_KEYS = ["protocol_version", "flags", "fingerprint", "info", SCHEMA_NAME_KEY, DISCOVER_KEY] as const;
+
+/** A JSON number that is a whole number in 0..top; an Error otherwise (Python: the same words). */
+function jsonWhole(value: unknown, what: string, top: bigint): bigint {
+  const whole =
+    typeof value === "bigint" ? value : typeof value === "number" && Number.isInteger(value) ? BigInt(value) : null;
+  if (whole === null || whole < 0n || whole > top) throw new Error(`${what} must be a whole number in 0..${top}`);
+  return whole;
+}
+
+/**
+ * The HELLO_REQ body a JSON hello request stands for: the shape the JSON HELLO_RESP has
+ * (`protocol_version` as `"1.0"` or `major << 8 | minor`; `fingerprint` as 16 hex digits or an
+ * integer; `flags`; `info`: the tail map), plus `schema_name` and `discover` accepted at the top
+ * level (Python: `hello_from_json`, the same words).
+ */
+export function helloFromJson(value: unknown): Buffer {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new Error("expected a JSON object of Hello fields");
+  }
+  const fields = value as Record<string, unknown>;
+  for (const key of Object.keys(fields)) {
+    if (!(JSON_HELLO_KEYS as readonly string[]).includes(key)) {
+      throw new Error(`unknown key ${JSON.stringify(key)} (a hello takes ${JSON_HELLO_KEYS.join(", ")})`);
+    }
+  }
+  const has = (key: string): boolean => Object.prototype.hasOwnProperty.call(fields, key);
+  let version: unknown = has("protocol_version") ? fields.protocol_version : PROTOCOL_VERSION;
+  if (typeof version === "string") {
+    const match = /^([0-9]{1,3})\.([0-9]{1,3})$/.exec(version);
+    if (match === null || Number(match[1]) > 255 || Number(match[2]) > 255) {
+      throw new Error('protocol_version must be "major.minor" (such as "1.0") or a number');
+    }
+    version = (Number(match[1]) << 8) | Number(match[2]);
+  }
+  const major = Number(jsonWhole(version, "protocol_version", 0xffffn));
+  const flags = Number(jsonWhole(has("flags") ? fields.flags : 0, "flags", 0xffffn));
+  if (!has("fingerprint")) throw new Error("no fingerprint given (16 hex digits, or 0 with discover: true)");
+  let fingerprint: unknown = fields.fingerprint;
+  if (typeof fingerprint === "string") {
+    if (!/^[0-9a-fA-F]{16}$/.test(fingerprint)) throw new Error("fingerprint must be 16 hex digits or a number");
+    fingerprint = BigInt(`0x${fingerprint}`);
+  }
+  const fp = jsonWhole(fingerprint, "fingerprint", (1n << 64n) - 1n);
+  const given = has("info") ? fields.info : {};
+  if (given === null || typeof given !== "object" || Array.isArray(given)) {
+    throw new Error("info must be a JSON object (the HELLO tail)");
+  }
+  const info: Record<string, unknown> = { ...(given as Record<string, unknown>) };
+  for (const key of [SCHEMA_NAME_KEY, DISCOVER_KEY]) if (has(key)) info[key] = fields[key];
+  const body = encodeHello(fp, Object.keys(info).length ? info : undefined, flags);
+  body.writeUInt16LE(major, 0);
+  return body;
 }

@@ -84,9 +84,26 @@ class AsyncHandlers:
     def reset(self, body: memoryview) -> tuple[int, bytes]:
         s = self.session
         s._expect_size(body, self.seed_request.size, "ASYNC_RESET_REQ")
+        check_seed_flags(
+            body, body.nbytes, self.seed_request.ir.fields[1].offset, "ASYNC_RESET_REQ"
+        )
         entry = self.seed_request.view(body)
         self.batches.reset(int(entry["seed"]) if entry["has_seed"] else None)
         return self.send_resp, b""
+
+
+def check_seed_flags(body: memoryview, size: int, flag_at: int, what: str) -> None:
+    """Strict decoding of EnvSeed entries (RESET_SEEDS_REQ, ASYNC_RESET_REQ): a ``has_seed``
+    byte other than 0 or 1 is refused, BAD_BODY_SIZE (docs/schema.md "Canonical bytes"; Node:
+    ``checkSeedFlags``, the same words). Padding is not checked."""
+    flags = np.frombuffer(body, dtype=np.uint8)[flag_at::size]
+    bad = flags > 1
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise RequestError(
+            ErrorCode.BAD_BODY_SIZE,
+            f"{what} entry {index}: has_seed byte is {int(flags[index])}, expected 0 or 1",
+        )
 
 
 def send_env_ids(body: memoryview, size: int, n: int) -> list[int]:

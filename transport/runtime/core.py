@@ -813,6 +813,12 @@ class EnvRuntime:
         self.was_reset |= ok
         self.all_reset = bool(self.was_reset.all())
 
+    def forget_resets(self) -> None:
+        """A fresh session on the same envs (a second HELLO on a connection, docs/protocol.md
+        "Session"): every env is NOT_RESET until the client resets it (Node: ``forgetResets``)."""
+        self.was_reset[:] = False
+        self.all_reset = False
+
     def mark_lost(self, index: int) -> None:
         """Env ``index`` has no valid state: every step is NOT_RESET until a reset succeeds."""
         self.was_reset[index] = False
@@ -1104,7 +1110,9 @@ class EnvRuntime:
         taken only when there is one (a shared env), the modes are module names."""
         mode = self.autoreset
         done = self.is_done(index)
-        reset = done and mode == _NEXT_STEP  # NEXT_STEP resets a done env, its action ignored
+        # NEXT_STEP resets a done env, its action ignored (reset once in this session: else
+        # NOT_RESET)
+        reset = done and mode == _NEXT_STEP and (self.all_reset or bool(self.was_reset[index]))
         if not reset and self._check_action(index, action, done):
             self._noop(index)
             return False
@@ -1169,7 +1177,8 @@ class EnvRuntime:
         if step_batch is None and self.num_envs != self.seats:
             raise RequestError(
                 ErrorCode.BAD_BATCH,
-                f"STEP_MULTI_REQ needs a {self.seats}-env server or one env with step_batch; "
+                f"STEP_MULTI_REQ needs an {self.seats}-env server "
+                "or one vector env with a batch step; "
                 f"this one has {self.num_envs} envs",
             )
         return step_batch

@@ -35,7 +35,7 @@ from transport.protocol import (
     encode_error,
     encode_hello_response,
 )
-from transport.runtime.async_session import AsyncHandlers
+from transport.runtime.async_session import AsyncHandlers, check_seed_flags
 from transport.runtime.core import ACTION_CODES, describe
 from transport.runtime.host import EnvHost
 from transport.runtime.pool import shared_buffer
@@ -87,6 +87,7 @@ class Session:
         self.multi_request = body_codec(schema, "STEP_MULTI_REQ")
         self.reset_request = body_codec(schema, "RESET_SEED_REQ")
         self.seeds_request = body_codec(schema, "RESET_SEEDS_REQ")
+        self._seed_flag_at = self.seeds_request.ir.fields[1].offset  # EnvSeed.has_seed
         self.spaces_result = body_codec(schema, "SPACES_RESP")
         self.action_name = host.action.name
         # one integer (Discrete) is unpacked; an array action (Box, MultiDiscrete) is viewed
@@ -217,6 +218,10 @@ class Session:
             hello, mode = accept_hello(body, self.schema)
         except RequestError as exc:
             return self.error(exc.code, exc.text)
+        if self.hello_done:  # a second HELLO: a fresh session on the same envs (Node: the same)
+            if self._async is not None:
+                self._async.batches.check_idle(self.ids.HELLO_REQ)
+            self.runtime.forget_resets()
         self.runtime.set_autoreset(mode)
         self.hello_done = True
         info = {**self.info, "autoreset": mode.name.lower()}
@@ -243,7 +248,9 @@ class Session:
 
     def _reset_seeds(self, body: memoryview) -> tuple[int, int]:
         """RESET_SEEDS: env i with its own seed (or unseeded): any list of seeds."""
-        self._expect_size(body, self.num_envs * self.seeds_request.size, "RESET_SEEDS_REQ")
+        size = self.seeds_request.size
+        self._expect_size(body, self.num_envs * size, "RESET_SEEDS_REQ")
+        check_seed_flags(body, size, self._seed_flag_at, "RESET_SEEDS_REQ")
         entries = self.seeds_request.view(body, 0, count=self.num_envs)
         seeds = [
             int(seed) if has else None
@@ -281,6 +288,12 @@ class Session:
             actions = self._batch_actions
         else:
             size = self.step_request.size
+            if size and body.nbytes % size:
+                raise RequestError(
+                    ErrorCode.BAD_BODY_SIZE,
+                    f"STEP_BATCH_REQ body is {body.nbytes} bytes, "
+                    f"not a whole number of {size}-byte actions",
+                )
             if body.nbytes != self.num_envs * size:
                 raise RequestError(
                     ErrorCode.BAD_BATCH,

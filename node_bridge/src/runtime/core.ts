@@ -691,6 +691,14 @@ export class EnvRuntime {
     return this.#failed[index] === 1;
   }
 
+  /**
+   * A fresh session on the same envs (a second HELLO on a connection, docs/protocol.md "Session"):
+   * every env is NOT_RESET until the client resets it (Python: `forget_resets`).
+   */
+  forgetResets(): void {
+    this.#wasReset.fill(0);
+  }
+
   /** Whether env `index` has been reset (and not lost since). */
   wasReset(index: number): boolean {
     return this.#wasReset[index] === 1;
@@ -856,7 +864,7 @@ export class EnvRuntime {
     if (this.numEnvs !== this.seats && !this.hasSeats) {
       throw new RequestError(
         ErrorCode.BAD_BATCH,
-        `STEP_MULTI_REQ needs an ${this.seats}-env server or one env with stepBatch; this one has ${this.numEnvs} envs`,
+        `STEP_MULTI_REQ needs an ${this.seats}-env server or one vector env with a batch step; this one has ${this.numEnvs} envs`,
       );
     }
   }

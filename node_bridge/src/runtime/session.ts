@@ -65,6 +65,20 @@ export interface SessionInfo {
   readonly serverLang?: string;
 }
 
+/**
+ * Strict decoding of EnvSeed entries (RESET_SEEDS_REQ, ASYNC_RESET_REQ): a `has_seed` byte other
+ * than 0 or 1 is refused, BAD_BODY_SIZE (docs/schema.md "Canonical bytes"; Python:
+ * `check_seed_flags`, the same words). Padding is not checked.
+ */
+function checkSeedFlags(buf: Uint8Array, offset: number, length: number, size: number, flagAt: number, what: string): void {
+  for (let index = 0, at = offset + flagAt; at < offset + length; index++, at += size) {
+    const flag = buf[at] as number;
+    if (flag > 1) {
+      throw new RequestError(ErrorCode.BAD_BODY_SIZE, `${what} entry ${index}: has_seed byte is ${flag}, expected 0 or 1`);
+    }
+  }
+}
+
 /** One client's conversation with a server: HELLO, then requests answered in place. */
 export class Session implements Records {
   readonly schema: SchemaModule;
@@ -456,6 +470,11 @@ export class Session implements Records {
       if (error instanceof RequestError) return this.error(error.code, error.text);
       throw error;
     }
+    if (this.helloDone) {
+      // a second HELLO: a fresh session on the same envs (Python: the same)
+      this.#async?.checkIdle(this.ids.HELLO_REQ);
+      this.runtime.forgetResets();
+    }
     this.runtime.autoreset = mode;
     this.helloDone = true;
     this.#setBody(this.helloBody(mode, hello));
@@ -472,6 +491,7 @@ export class Session implements Records {
   #resetSeeds(buf: Uint8Array, offset: number, length: number): number {
     const entry = this.#envSeed;
     this.#expectSize(length, this.numEnvs * entry.size, "RESET_SEEDS_REQ");
+    checkSeedFlags(buf, offset, length, entry.size, entry.hasAt, "RESET_SEEDS_REQ");
     const dv = new DataView(buf.buffer, buf.byteOffset + offset, length);
     const seeds = this.#envSeeds;
     for (let i = 0; i < this.numEnvs; i++) {
@@ -529,6 +549,12 @@ export class Session implements Records {
 
   #stepBatch(buf: Uint8Array, offset: number, length: number): number {
     const size = this.#stepRequestSize;
+    if (size && length % size) {
+      throw new RequestError(
+        ErrorCode.BAD_BODY_SIZE,
+        `STEP_BATCH_REQ body is ${length} bytes, not a whole number of ${size}-byte actions`,
+      );
+    }
     if (length !== this.numEnvs * size) {
       throw new RequestError(
         ErrorCode.BAD_BATCH,
@@ -604,6 +630,7 @@ export class Session implements Records {
   #asyncReset(buf: Uint8Array, offset: number, length: number): number {
     const entry = this.#envSeed;
     this.#expectSize(length, entry.size, "ASYNC_RESET_REQ");
+    checkSeedFlags(buf, offset, length, entry.size, entry.hasAt, "ASYNC_RESET_REQ");
     const dv = new DataView(buf.buffer, buf.byteOffset + offset, length);
     const seed = dv.getUint8(entry.hasAt) ? dv.getBigUint64(entry.seedAt, true) : null;
     this.#asyncBatches().reset(seed);

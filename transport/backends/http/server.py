@@ -57,6 +57,7 @@ from transport.protocol import (
     decode_hello,
     encode_error,
     encode_hello,
+    hello_from_json,
     read_final_tail,
     split_recv_tail,
 )
@@ -86,6 +87,12 @@ class _RequestHead:
     expect_continue: bool
 
 
+def quoted(data: bytes) -> str:
+    """Request bytes as an error text shows them: JSON-quoted text of their latin-1 reading, as
+    the Node server's ``JSON.stringify`` of the header string (never a Python ``b'...'``)."""
+    return json.dumps(data.decode("latin-1"), ensure_ascii=False)
+
+
 def parse_request_head(head: bytes) -> _RequestHead:
     """Parse a request line + headers (without the final CRLFCRLF); raises ``_BadRequest``."""
     lines = head.split(b"\r\n")
@@ -93,10 +100,10 @@ def parse_request_head(head: bytes) -> _RequestHead:
         raise _BadRequest(BARE_LF_TEXT)
     match = _REQUEST_LINE.fullmatch(lines[0])
     if match is None:
-        raise _BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
+        raise _BadRequest(f"not an HTTP/1.x request line: {quoted(lines[0][:80])}")
     verb, target, minor = match.groups()
     if verb not in HTTP_VERBS:
-        raise _BadRequest(f"not an HTTP/1.x request line: unknown method {verb[:16]!r}")
+        raise _BadRequest(f"not an HTTP/1.x request line: unknown method {quoted(verb[:16])}")
     if len(lines) - 1 > MAX_HEADERS:
         raise _BadRequest(f"more than {MAX_HEADERS} header lines")
     content_length: int | None = None
@@ -106,17 +113,17 @@ def parse_request_head(head: bytes) -> _RequestHead:
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep or _TOKEN.fullmatch(name) is None or _VALUE.fullmatch(value) is None:
-            raise _BadRequest(f"malformed header line {line[:80]!r}")
+            raise _BadRequest(f"malformed header line {quoted(line[:80])}")
         name = name.lower()
         value = value.strip(b" \t")
         if name == b"content-length":
             if _LENGTH_DIGITS.fullmatch(value) is None:
-                raise _BadRequest(f"bad Content-Length {value[:40]!r}")
+                raise _BadRequest(f"bad Content-Length {quoted(value[:40])}")
             if content_length is not None:  # as llhttp (Node): even equal values (RFC 9112 6.3)
                 raise _BadRequest("duplicate Content-Length headers")
             content_length = int(value)  # leading zeros are the value's, as llhttp reads them
             if content_length > MAX_CONTENT_LENGTH:
-                raise _BadRequest(f"bad Content-Length {value[:40]!r}: larger than 2**64 - 1")
+                raise _BadRequest(f"bad Content-Length {quoted(value[:40])}: larger than 2**64 - 1")
         elif name == b"transfer-encoding":
             raise _BadRequest("Transfer-Encoding is not supported: send Content-Length")
         elif name == b"x-transport-fingerprint":  # repeated: joined as Node does (then refused)
@@ -149,8 +156,7 @@ def _response_head(status: int, fields: list[tuple[str, str]], length: int, clos
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}"]
     lines.extend(f"{name}: {value}" for name, value in fields)
     lines.append(f"Content-Length: {length}")
-    if close:
-        lines.append("Connection: close")
+    lines.append("Connection: close" if close else "Connection: keep-alive")  # as Node's
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
 
@@ -163,8 +169,11 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # "nan" / "inf" / "-inf": strict JSON has no such numbers
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)  # "nan" / "inf" / "-inf": strict JSON has no such numbers
+        if value.is_integer() and abs(value) < 1e21:
+            return int(value)  # 0.0 as 0: the number JSON.stringify writes (the Node server)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).hex()
     return value
@@ -278,12 +287,12 @@ class _Connection:
         line_end = self.buffer.find(b"\r\n", skip, self.have)
         if line_end >= 0:
             if _REQUEST_LINE.fullmatch(bytes(self.view[skip:line_end])) is None:
-                raise _BadRequest(f"not an HTTP/1.x request line: {bytes(self.view[:80])!r}")
+                raise _BadRequest(f"not an HTTP/1.x request line: {quoted(bytes(self.view[:80]))}")
             return
         start = bytes(self.view[skip : min(self.have, skip + 18)])
         verb = start.partition(b" ")[0]
         if not re.fullmatch(rb"[A-Z-]{0,16}", verb) or (b" " not in start and len(verb) >= 17):
-            raise _BadRequest(f"not an HTTP request: {start!r}")
+            raise _BadRequest(f"not an HTTP request: {quoted(start)}")
 
     # -- serving ---------------------------------------------------------------------------------
 
@@ -350,7 +359,7 @@ class _Connection:
         elif fingerprint == self.fingerprint:
             pass  # every request after the first: one comparison, no pattern match
         elif _HEX16.fullmatch(fingerprint) is None:
-            text = f"X-Transport-Fingerprint {fingerprint[:40]!r} is not 16 hex digits"
+            text = f"X-Transport-Fingerprint {quoted(fingerprint[:40])} is not 16 hex digits"
             return self._refuse(400, ErrorCode.BAD_FRAME, text, close=head.close, json=head)
         else:
             text = (
@@ -462,6 +471,8 @@ class _Connection:
         if not text:
             return b""  # no body is no body, whatever its declared type
         value = loads_json_body(text)
+        if METHODS[method] == "HELLO_REQ":  # the shape of the JSON HELLO_RESP (protocol.md)
+            return hello_from_json(value)
         message = self.schema.ir.messages[METHODS[method]]
         if message.body is None:
             if value not in (None, {}, []):
@@ -490,6 +501,7 @@ class _Connection:
         elif resp_type == self.ids.HELLO_RESP:
             hello = decode_hello(body)
             out["protocol_version"] = f"{hello.version >> 8}.{hello.version & 255}"
+            out["flags"] = hello.flags
             out["fingerprint"] = f"{hello.fingerprint:016x}"
             out["info"] = hello.info
         else:
@@ -498,7 +510,9 @@ class _Connection:
                 out.update(
                     self._render_records(name, message.batch, self.schema[message.body], body)
                 )
-        return (json.dumps(_jsonable(out)) + "\n").encode("utf-8")
+        # compact, UTF-8 as is: the bytes the Node server writes (JSON.stringify)
+        text = json.dumps(_jsonable(out), separators=(",", ":"), ensure_ascii=False)
+        return (text + "\n").encode("utf-8")
 
     def _render_records(
         self, name: str, batch: bool, codec: StructCodec, body: memoryview

@@ -19,6 +19,7 @@ import {
   encodeHello,
   errorName,
   fingerprintHex16,
+  helloFromJson,
   messageIds,
   parseError,
   readFinalTail,
@@ -204,11 +205,14 @@ export class HttpServer {
     }
     const code = error.code ?? "";
     const raw = (error as { rawPacket?: Buffer }).rawPacket;
-    const preview = raw ? JSON.stringify(raw.subarray(0, 80).toString("latin1")) : "";
+    const at = (error as { bytesParsed?: number }).bytesParsed ?? -1;
+    // quote the bytes that failed, from the start of their line: not the valid requests before
+    // them in the same read (pipelined), as the Python server names the bytes it cannot parse
+    const from = raw !== undefined && at > 0 && at <= raw.byteLength ? raw.lastIndexOf(0x0a, at - 1) + 1 : 0;
+    const preview = raw ? JSON.stringify(raw.subarray(from, from + 80).toString("latin1")) : "";
     const reason = (error as { reason?: string }).reason ?? "";
     // the Python server's texts for the same refusals (transport/backends/http/server.py)
     let text: string;
-    const at = (error as { bytesParsed?: number }).bytesParsed ?? -1;
     const bareLf = (i: number): boolean => raw !== undefined && i >= 0 && raw[i] === 0x0a && (i < 1 || raw[i - 1] !== 0x0d);
     if (code === "HPE_CR_EXPECTED" || bareLf(at - 1)) {
       text = BARE_LF_TEXT; // llhttp stops at a LF without its CR, or right after it
@@ -232,6 +236,7 @@ export class HttpServer {
 
   /** A request head arrived: refuse what can be refused from the head, else read the body. */
   onRequest(req: http.IncomingMessage, res: http.ServerResponse, expectContinue = false): void {
+    res.sendDate = false; // the Python server's headers: no Date (docs/protocol.md "HTTP mapping")
     const socket = req.socket as TaggedSocket;
     const conn = socket[CONNECTION];
     const accept = (req.headers.accept ?? "").toLowerCase().includes("application/json");
@@ -522,6 +527,7 @@ export class HttpServer {
     const text = raw.toString("utf8").trim();
     if (!text) return EMPTY; // no body is no body, whatever its declared type
     const value: unknown = parseJsonBody(text); // exact u64s, bounded depth (as Python's)
+    if (METHODS[method] === "HELLO_REQ") return helloFromJson(value); // the JSON HELLO_RESP's shape (protocol.md)
     const message = this.schema.messages[METHODS[method] as string];
     if (message === undefined || message.body === null) {
       const empty =
@@ -548,6 +554,7 @@ export class HttpServer {
     } else if (type === this.ids.HELLO_RESP) {
       const hello = decodeHello(body);
       out.protocol_version = `${hello.version >> 8}.${hello.version & 255}`;
+      out.flags = hello.flags;
       out.fingerprint = fingerprintHex16(hello.fingerprint);
       out.info = hello.info;
     } else if (session !== null) {
