@@ -148,7 +148,7 @@ def test_killed_client_session_closed_after_idle_timeout(lang: str) -> None:
             assert with_one >= base + WORKERS, (base, with_one)
             dead = _child(CLIENT, server.url)
             try:
-                _wait_for(lambda: load() >= with_one + WORKERS, 30, "the second session's workers")
+                _wait_for(lambda: load() >= with_one + WORKERS, 120, "the second session's workers")
             finally:
                 _kill(dead)
             # the dead client's workers go after the idle timeout; the stepping one stays
