@@ -1,10 +1,13 @@
 """``python -m transport.channels --list | --cleanup [--json]``: the channel segments in /dev/shm
-(kind, size, state, owner, stale) and the removal of stale ones (dead owners)."""
+(kind, size, state, owner, stale; entries named like one that are not: foreign, unreadable) and
+the removal of stale ones (the channel magic and a dead owner; nothing else is ever removed).
+Exit 1 when a stale segment could not be removed (named on stderr; the others still are)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from transport.channels.segment import cleanup_stale, list_segments
 
@@ -16,17 +19,25 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--cleanup", action="store_true", help="unlink the stale ones")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
-    infos = cleanup_stale() if args.cleanup else list_segments()
+    errors: list[str] = []
+    infos = cleanup_stale(errors) if args.cleanup else list_segments()
+    for text in errors:  # a segment that could not be removed: the others still were
+        print(f"python -m transport.channels: {text}", file=sys.stderr)
     if args.json:
         print(json.dumps([i.to_json() for i in infos], indent=2))
-        return 0
+        return 1 if errors else 0
+    ours = [i for i in infos if i.ours]
     verb = "removed" if args.cleanup else "found"
-    print(f"{len(infos)} channel segment(s) {verb}")
+    others = len(infos) - len(ours)
+    more = (
+        f" (and {others} other entr{'y' if others == 1 else 'ies'} named like one)"
+        if others
+        else ""
+    )
+    print(f"{len(ours)} channel segment(s) {verb}{more}")
     for i in infos:
-        owner = f"pid {i.owner_pid} {'alive' if i.owner_alive else 'dead'}"
-        stale = "  STALE" if i.stale else ""
-        print(f"  {i.path}  {i.kind}  {i.size} bytes  {i.state}  {owner}{stale}")
-    return 0
+        print(f"  {i.describe()}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ class ChannelError(TransportError):
 
 
 class ChannelInUseError(ChannelError, ConnectError):
-    """The segment belongs to a live owner (never replaced), or a lease is held by a live peer."""
+    """The segment belongs to a live owner (never replaced), or to another user (this one may
+    not read it: "cannot be read (permission denied; owner uid N)"), or a lease is held by a
+    live peer."""
 
 
 class ChannelNotFoundError(ChannelError, ConnectError):
@@ -18,7 +20,9 @@ class ChannelNotFoundError(ChannelError, ConnectError):
 
 
 class ChannelMismatchError(ChannelError, ConnectError):
-    """The segment is of another kind, layout version, size or payload fingerprint."""
+    """The segment is of another kind, layout version, size or payload fingerprint, or the path
+    is no channel segment at all: a FIFO, a directory (``not a shared-memory segment``), a file
+    without the channel magic or an empty one older than 10 s (``not a channel segment``)."""
 
 
 class ChannelClosedError(ChannelError, PeerGoneError):

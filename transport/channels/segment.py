@@ -13,17 +13,21 @@ a full /dev/shm is an error at creation, never a SIGBUS) and starts with the 64-
     | owner_start_time | size u64         | created_ns u64   | zero   |
     +------------------+------------------+------------------+--------+
 
-The creator writes owner pid and start time first, then the rest and its kind's body, then
-``state = READY`` last with release. An opener waits (bounded) for READY, then checks magic,
-kind, layout version, size and the payload fingerprint, each mismatch a typed error naming
-both values. A segment whose owner is dead (pid gone, zombie, or reused: the start time
-differs) is stale: replaced on creation, listed and removed by :func:`cleanup_stale`. The owner
-marks it CLOSED and unlinks it on close (only if the name still points at its inode).
+The creator writes the magic, owner pid and start time first, then the rest and its kind's
+body, then ``state = READY`` last with release. An opener waits (bounded) for READY, then checks
+magic, kind, layout version, size and the payload fingerprint, each mismatch a typed error
+naming both values. A segment whose owner is dead (pid gone, zombie, or reused: the start time
+differs) is stale: replaced on creation, listed and removed by :func:`cleanup_stale`. Only a
+header with the channel magic is ever stale: anything else named like a segment (a foreign or
+empty file, a FIFO, a directory, another user's unreadable segment) is refused in one line and
+never removed (docs/channels.md; what is not a file: transport/shm_segment.py). The owner marks
+it CLOSED and unlinks it on close (only if the name still points at its inode).
 Nothing here knows rings or boards: shm:// could adopt it as is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -42,6 +46,12 @@ from transport.channels.errors import (
     ChannelNotFoundError,
 )
 from transport.generated import channels as layout
+from transport.shm_segment import (
+    check_segment_fd,
+    check_segment_path,
+    peek_segment,
+    unreadable_note,
+)
 
 MAGIC = 0x48435054  # "TPCH"
 LAYOUT_VERSION: int = int(layout.IR["version"])
@@ -51,6 +61,7 @@ SHM_DIR = "/dev/shm"
 STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to become READY
 Kind = layout.ChannelKind
 State = layout.SegmentState
+log = logging.getLogger(__name__)
 _HDR = {f.name: f.offset for f in layout.SegmentHeader.ir.fields}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,180}$")
 
@@ -134,10 +145,8 @@ class Segment:
             except FileExistsError:
                 info = _inspect_or_none(path)
                 if info is not None and not info.stale:
-                    who = f"pid {info.owner_pid}" if info.owner_pid else "a process starting up"
-                    raise ChannelInUseError(
-                        f"{path} is in use by a live owner ({who}); it is not replaced"
-                    ) from None
+                    # live, starting up, unreadable or not ours: never replaced
+                    raise info.refusal() from None
                 try:
                     native.shm_unlink(shm_name)
                 except FileNotFoundError:
@@ -152,9 +161,9 @@ class Segment:
             finally:
                 os.close(fd)
             h = seg.header
+            h["magic"] = MAGIC  # first: a header without it is never a creator's
             h["owner_pid"] = os.getpid()
             h["owner_start_time"] = native.proc_start_time(os.getpid())
-            h["magic"] = MAGIC
             h["kind"] = int(kind)
             h["version"] = LAYOUT_VERSION
             h["fingerprint"] = fingerprint
@@ -180,7 +189,10 @@ class Segment:
         fingerprint: int | None = None,
         timeout: float = 10.0,
     ) -> Segment:
-        """Map an existing READY segment (waiting up to ``timeout`` for it) and validate it."""
+        """Map an existing READY segment (waiting up to ``timeout`` for it) and validate it.
+        A path that is not a channel segment (a FIFO, a directory, a file without the channel
+        magic, an empty file older than 10 s) is a ChannelMismatchError at once, one another
+        user's that this one may not read a ChannelInUseError; neither is waited for."""
         shm_name = segment_name(kind, name)
         path = os.path.join(SHM_DIR, shm_name[1:])
         deadline = time.monotonic() + timeout
@@ -201,15 +213,31 @@ class Segment:
 
     @classmethod
     def _try_open(cls, kind: Kind, name: str, shm_name: str) -> Segment | str:
+        path = os.path.join(SHM_DIR, shm_name[1:])
         try:
             fd = native.shm_open(shm_name)
         except FileNotFoundError:
             return "it does not exist"
+        except PermissionError as exc:
+            try:
+                uid = os.lstat(path).st_uid
+            except OSError:
+                return "it does not exist"
+            raise ChannelInUseError(f"{path} cannot be read ({unreadable_note(exc, uid)})") from exc
+        except OSError as exc:  # EISDIR, ELOOP: not a file
+            check_segment_path(path, exc, ChannelMismatchError)
+            raise ChannelError(f"cannot open {path}: {exc.strerror}") from exc
         try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_SIZE:
+            st = check_segment_fd(fd, path, ChannelMismatchError)  # a FIFO opens O_RDWR at once
+            head = os.pread(fd, HEADER_SIZE, 0)
+            what = _what(head)
+            if what == "FOREIGN" or (
+                what == "EMPTY" and time.time() - st.st_mtime > STALE_CREATING_AFTER
+            ):
+                raise ChannelMismatchError(_not_ours(path))
+            if what == "EMPTY":
                 return "it has no header yet"
-            seg = cls(kind, name, fd, size, owner=False)
+            seg = cls(kind, name, fd, st.st_size, owner=False)
         finally:
             os.close(fd)
         state = native.load_acquire(seg.state_word)
@@ -334,9 +362,32 @@ def _no_room(path: str, size: int, free: int, why: str) -> str:
 # -- inspection and cleanup -----------------------------------------------------------------
 
 
+def _what(head: bytes) -> str:
+    """ours (the channel magic), EMPTY (under a header, or an all-zero one: a creator between
+    shm_open and its first write) or FOREIGN (anything else)."""
+    if len(head) < HEADER_SIZE or not any(head):
+        return "EMPTY"
+    return "ours" if int(layout.SegmentHeader.view(head)["magic"]) == MAGIC else "FOREIGN"
+
+
+def _not_ours(path: str) -> str:
+    return f"{path} exists and is not a channel segment: remove it if nothing uses it"
+
+
+_OTHERS = ("EMPTY", "FOREIGN", "UNREADABLE", "NOT_A_FILE")
+
+
 @dataclass(frozen=True)
 class SegmentInfo:
-    """What ``python -m transport.channels --list`` shows about one channel segment."""
+    """What ``python -m transport.channels --list`` shows about one
+    ``/dev/shm/transport-{ring,board,control}-*`` entry.
+
+    ``state``: a channel segment's SegmentState name (READY, CREATING, CLOSED, UNKNOWN); EMPTY
+    (shorter than a header, or an all-zero one: a creator between shm_open and its first write,
+    for up to 10 s); FOREIGN (anything else: not ours); UNREADABLE (``note`` says why);
+    NOT_A_FILE (``note``: "a directory", "a FIFO", ...). Only a segment with the channel magic
+    whose owner is dead (or that got no owner in 10 s) is stale: nothing else is ever removed.
+    """
 
     path: str
     kind: str
@@ -345,29 +396,93 @@ class SegmentInfo:
     owner_pid: int
     owner_alive: bool
     age_s: float
+    uid: int = -1
+    note: str = ""
+
+    @property
+    def ours(self) -> bool:
+        """A header with the channel magic."""
+        return self.state not in _OTHERS
+
+    @property
+    def creating(self) -> bool:
+        """A header-less entry young enough to be a creator's before its first header write."""
+        return self.state == "EMPTY" and self.age_s <= STALE_CREATING_AFTER
 
     @property
     def stale(self) -> bool:
-        """Replaceable: a header whose owner is dead, or a header-less leftover."""
+        """Replaceable: a header of ours whose owner is dead (or that got no owner in 10 s).
+        Never an entry without the channel magic: it is not ours to remove."""
+        if not self.ours:
+            return False
         if self.owner_pid:
             return not self.owner_alive
         return self.age_s > STALE_CREATING_AFTER
 
+    @property
+    def verdict(self) -> str:
+        """live, stale, creating, foreign or unreadable."""
+        if self.state == "UNREADABLE":
+            return "unreadable"
+        if self.ours:
+            return "stale" if self.stale else "live"
+        return "creating" if self.creating else "foreign"
+
+    def describe(self) -> str:
+        """One ``--list`` line."""
+        if self.state == "UNREADABLE":
+            return f"{self.path}  unreadable ({self.note})"
+        if self.state == "NOT_A_FILE":
+            return f"{self.path}  foreign  ({self.note}, not a shared-memory segment)"
+        if not self.ours:
+            what = "being created" if self.creating else "not a channel segment"
+            return f"{self.path}  {self.verdict}  ({what}: {self.size} bytes)"
+        owner = f"pid {self.owner_pid} {'alive' if self.owner_alive else 'dead'}"
+        stale = "  STALE" if self.stale else ""
+        return f"{self.path}  {self.kind}  {self.size} bytes  {self.state}  {owner}{stale}"
+
+    def refusal(self) -> ChannelError:
+        """Why a creator cannot replace this entry (it is not stale): a ChannelInUseError for a
+        live owner, a creator starting up or another user's segment, a ChannelMismatchError for
+        what is not a channel segment."""
+        if self.state == "UNREADABLE":
+            return ChannelInUseError(
+                f"{self.path} cannot be read ({self.note}); it is not replaced"
+            )
+        if self.state == "NOT_A_FILE":
+            return ChannelMismatchError(
+                f"{self.path} is {self.note}, not a shared-memory segment: remove it if nothing "
+                "uses it"
+            )
+        if self.ours or self.creating:
+            who = f"pid {self.owner_pid}" if self.owner_pid else "a process starting up"
+            return ChannelInUseError(
+                f"{self.path} is in use by a live owner ({who}); it is not replaced"
+            )
+        return ChannelMismatchError(_not_ours(self.path))
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "stale": self.stale}
+        return {**asdict(self), "stale": self.stale, "verdict": self.verdict}
 
 
 def inspect_segment(path: str) -> SegmentInfo:
-    """Read a channel segment's header with plain file I/O."""
-    st = os.stat(path)
-    with open(path, "rb") as fh:
-        raw = fh.read(HEADER_SIZE)
+    """Read a channel segment's header without mapping it, without following a link and
+    without blocking (transport/shm_segment.py). FileNotFoundError when it is gone."""
+    peek = peek_segment(path, HEADER_SIZE)
+    st = peek.st
     age = max(0.0, time.time() - st.st_mtime)
-    if len(raw) < HEADER_SIZE:
-        return SegmentInfo(path, "?", st.st_size, "EMPTY", 0, False, age)
-    h = layout.SegmentHeader.view(raw)
-    if int(h["magic"]) != MAGIC:
-        return SegmentInfo(path, "?", st.st_size, "FOREIGN", 0, False, age)
+
+    def other(state: str, note: str = "") -> SegmentInfo:
+        return SegmentInfo(path, "?", st.st_size, state, 0, False, age, st.st_uid, note)
+
+    if peek.what == "not-a-file":
+        return other("NOT_A_FILE", peek.note)
+    if peek.what == "unreadable":
+        return other("UNREADABLE", peek.note)
+    what = _what(peek.head)
+    if what != "ours":
+        return other(what)
+    h = layout.SegmentHeader.view(peek.head)
     pid = int(h["owner_pid"])
     try:
         kind = Kind(int(h["kind"])).name.lower()
@@ -375,7 +490,7 @@ def inspect_segment(path: str) -> SegmentInfo:
     except ValueError:
         kind, state = "?", "UNKNOWN"
     alive = native.peer_alive(pid, int(h["owner_start_time"])) if pid else False
-    return SegmentInfo(path, kind, st.st_size, state, pid, alive, age)
+    return SegmentInfo(path, kind, st.st_size, state, pid, alive, age, st.st_uid)
 
 
 def _inspect_or_none(path: str) -> SegmentInfo | None:
@@ -386,7 +501,8 @@ def _inspect_or_none(path: str) -> SegmentInfo | None:
 
 
 def list_segments() -> list[SegmentInfo]:
-    """Every channel segment (``/dev/shm/transport-{ring,board,control}-*``)."""
+    """Every ``/dev/shm/transport-{ring,board,control}-*`` entry, inspected: the channel
+    segments and whatever else is named like one (``verdict`` foreign or unreadable)."""
     out: list[SegmentInfo] = []
     prefixes = tuple(f"{PREFIX}{k.name.lower()}-" for k in Kind)
     try:
@@ -396,14 +512,17 @@ def list_segments() -> list[SegmentInfo]:
     for entry in names:
         if entry.startswith(prefixes):
             info = _inspect_or_none(os.path.join(SHM_DIR, entry))
-            if info is not None and info.state != "FOREIGN":
+            if info is not None:
                 out.append(info)
     return out
 
 
-def cleanup_stale() -> list[SegmentInfo]:
-    """Unlink every stale channel segment; returns the ones removed."""
+def cleanup_stale(errors: list[str] | None = None) -> list[SegmentInfo]:
+    """Unlink every stale channel segment (never a foreign, empty or unreadable entry); returns
+    the ones removed. A segment that cannot be removed does not stop the others: its error is
+    added to ``errors`` (logged when there is no such list)."""
     removed = []
+    failed: list[str] = []
     for info in list_segments():
         if info.stale:
             try:
@@ -411,4 +530,11 @@ def cleanup_stale() -> list[SegmentInfo]:
                 removed.append(info)
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                failed.append(f"cannot remove {info.path}: {exc.strerror}")
+    if errors is not None:
+        errors.extend(failed)
+    else:
+        for text in failed:
+            log.warning("%s", text)
     return removed

@@ -8,17 +8,22 @@
  *     CLOSED 2; written last) | 16 fingerprint u64 | 24 owner_pid u32 | 28 header_size u32
  *     32 owner_start_time u64 | 40 size u64 | 48 created_ns u64 | 56 zero
  *
- * The creator writes owner pid and start time first, READY last; an opener waits (bounded) for
- * READY and checks magic, kind, version, size and fingerprint; a dead owner's segment is stale
- * (replaced on create); the owner marks CLOSED and unlinks on close (only its own inode).
+ * The creator writes the magic, owner pid and start time first, READY last; an opener waits
+ * (bounded) for READY and checks magic, kind, version, size and fingerprint; a dead owner's
+ * segment is stale (replaced on create); the owner marks CLOSED and unlinks on close (only its
+ * own inode). Only a header with the channel magic is ever stale: anything else named like a
+ * segment (a foreign or empty file, a FIFO, a directory, another user's unreadable segment) is
+ * refused at once in one line (segment.py's words) and never removed; what is not a file:
+ * ../shm_segment.ts.
  */
 
-import { closeSync, fstatSync, openSync, readSync, statSync } from "node:fs";
+import { fstatSync, lstatSync, readSync, statSync } from "node:fs";
 import { ConnectError } from "../errors";
 import * as layout from "../generated/channels";
 import type { FieldJson } from "../ir";
 import { ownedMappingBuffer, releaseMapping, unmapUnviewed } from "../mapping_lifetime";
-import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native, peerAlive, procStartTime } from "./native";
+import { checkSegmentFd, checkSegmentPath, peekSegment, unreadableNote } from "../shm_segment";
+import { EACCES, EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native, peerAlive, procStartTime } from "./native";
 
 export const MAGIC = 0x48435054; // "TPCH"
 export const LAYOUT_VERSION: number = layout.IR.version;
@@ -73,24 +78,52 @@ export function segmentName(kind: KindName, name: string): string {
   return `/${PREFIX}${kind}-${name}`;
 }
 
-function inspectOwner(path: string): { ownerPid: number; stale: boolean } | null {
-  let fd: number;
+/** Seconds a header-less segment may take to be written by its creator. */
+export const STALE_CREATING_AFTER_S = 10;
+
+/** "ours" (the channel magic), "empty" (under a header or an all-zero one: a creator between
+ * shm_open and its first write) or "foreign" (anything else): segment.py `_what`. */
+function whatOf(head: Buffer): "ours" | "empty" | "foreign" {
+  if (head.length < HEADER_SIZE || head.every((b) => b === 0)) return "empty";
+  return head.readUInt32LE(HDR["magic"]!) === MAGIC ? "ours" : "foreign";
+}
+
+function notOurs(path: string): string {
+  return `${path} exists and is not a channel segment: remove it if nothing uses it`;
+}
+
+function ageOf(mtimeMs: number): number {
+  return Math.max(0, (Date.now() - mtimeMs) / 1000);
+}
+
+/**
+ * Why a creator cannot replace the entry at `path` (segment.py SegmentInfo.refusal); null when
+ * it is gone or stale (a header with the channel magic whose owner is dead, or that got no owner
+ * in 10 s): only then is it removed.
+ */
+function refusalOf(path: string): ChannelError | null {
+  let peek;
   try {
-    fd = openSync(path, "r");
-  } catch {
+    peek = peekSegment(path, HEADER_SIZE);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw error;
+  }
+  if (peek.what === "unreadable") return new ChannelInUseError(`${path} cannot be read (${peek.note}); it is not replaced`);
+  if (peek.what === "not-a-file") {
+    return new ChannelMismatchError(`${path} is ${peek.note}, not a shared-memory segment: remove it if nothing uses it`);
+  }
+  const ageS = ageOf(peek.st.mtimeMs);
+  const what = whatOf(peek.head);
+  if (what === "foreign" || (what === "empty" && ageS > STALE_CREATING_AFTER_S)) return new ChannelMismatchError(notOurs(path));
+  const pid = what === "ours" ? peek.head.readUInt32LE(HDR["owner_pid"]!) : 0;
+  if (pid !== 0) {
+    if (!peerAlive(pid, peek.head.readBigUInt64LE(HDR["owner_start_time"]!))) return null;
+  } else if (what === "ours" && ageS > STALE_CREATING_AFTER_S) {
     return null;
   }
-  try {
-    const header = Buffer.alloc(HEADER_SIZE);
-    const got = readSync(fd, header, 0, HEADER_SIZE, 0);
-    const ageS = (Date.now() - statSync(path).mtimeMs) / 1000;
-    if (got < HEADER_SIZE || header.readUInt32LE(HDR["magic"]!) !== MAGIC) return { ownerPid: 0, stale: ageS > 10 };
-    const pid = header.readUInt32LE(HDR["owner_pid"]!);
-    const start = header.readBigUInt64LE(HDR["owner_start_time"]!);
-    return { ownerPid: pid, stale: pid === 0 ? ageS > 10 : !peerAlive(pid, start) };
-  } finally {
-    closeSync(fd);
-  }
+  const who = pid !== 0 ? `pid ${pid}` : "a process starting up";
+  return new ChannelInUseError(`${path} is in use by a live owner (${who}); it is not replaced`);
 }
 
 /**
@@ -175,10 +208,8 @@ export class Segment {
       if (fd < 0) {
         const errno = nat.errno();
         if (errno !== EEXIST) throw new ChannelError(`cannot create ${path}: ${nat.strerror(errno)}`);
-        const info = inspectOwner(path);
-        if (info !== null && !info.stale) {
-          throw new ChannelInUseError(`${path} is in use by a live owner (pid ${info.ownerPid}); it is not replaced`);
-        }
+        const refusal = refusalOf(path); // live, starting up, unreadable or not ours: never replaced
+        if (refusal !== null) throw refusal;
         if (nat.shmUnlink(shmName) !== 0 && nat.errno() !== ENOENT) {
           throw new ChannelError(`cannot remove the stale segment ${path}: ${nat.strerror(nat.errno())}`);
         }
@@ -201,9 +232,9 @@ export class Segment {
         nat.close(fd);
       }
       const dv = seg.dv;
+      dv.setUint32(HDR["magic"]!, MAGIC, true); // first: a header without it is never a creator's
       dv.setUint32(HDR["owner_pid"]!, process.pid, true);
       dv.setBigUint64(HDR["owner_start_time"]!, procStartTime(process.pid), true);
-      dv.setUint32(HDR["magic"]!, MAGIC, true);
       dv.setUint32(HDR["kind"]!, KIND_OF[kind], true);
       dv.setUint32(HDR["version"]!, LAYOUT_VERSION, true);
       dv.setBigUint64(HDR["fingerprint"]!, fingerprint, true);
@@ -222,7 +253,10 @@ export class Segment {
     throw new ChannelError(`could not replace the stale segment ${path}`);
   }
 
-  /** Map an existing READY segment (waiting up to `timeoutMs`) and validate it. */
+  /** Map an existing READY segment (waiting up to `timeoutMs`) and validate it. A path that is
+   * not a channel segment (a FIFO, a directory, a file without the channel magic, an empty file
+   * older than 10 s) is a ChannelMismatchError at once, another user's that this one may not
+   * read a ChannelInUseError; neither is waited for (segment.py's words). */
   static open(kind: KindName, name: string, fingerprint: bigint | null, timeoutMs = 10_000): Segment {
     const nat = native();
     const shmName = segmentName(kind, name);
@@ -231,11 +265,30 @@ export class Segment {
     let why = "it does not exist";
     for (;;) {
       const fd = nat.shmOpen(shmName, O_RDWR | O_CLOEXEC, 0);
-      if (fd >= 0) {
+      if (fd < 0) {
+        const errno = nat.errno();
+        if (errno === EACCES) {
+          let uid = -1;
+          try {
+            uid = lstatSync(path).uid;
+          } catch {
+            // gone meanwhile: wait for it like a missing one
+          }
+          if (uid >= 0) throw new ChannelInUseError(`${path} cannot be read (${unreadableNote(nat.strerror(errno), uid)})`);
+        } else if (errno !== ENOENT) {
+          checkSegmentPath(path, ChannelMismatchError); // EISDIR: a directory; ELOOP: a link
+          throw new ChannelError(`cannot open ${path}: ${nat.strerror(errno)}`);
+        }
+      } else {
         let seg: Segment | null = null;
         try {
-          const size = fstatSync(fd).size;
-          if (size >= HEADER_SIZE) seg = new Segment(kind, name, fd, size, false);
+          const st = checkSegmentFd(fd, path, ChannelMismatchError); // a FIFO opens O_RDWR at once
+          const head = Buffer.alloc(HEADER_SIZE);
+          const what = whatOf(head.subarray(0, readSync(fd, head, 0, HEADER_SIZE, 0)));
+          if (what === "foreign" || (what === "empty" && ageOf(st.mtimeMs) > STALE_CREATING_AFTER_S)) {
+            throw new ChannelMismatchError(notOurs(path));
+          }
+          if (what === "ours") seg = new Segment(kind, name, fd, st.size, false);
           else why = "it has no header yet";
         } finally {
           nat.close(fd);

@@ -32,8 +32,6 @@ from transport.backends.shm.region import (
     SlotChecksums,
     SlotCommand,
     WaitPolicy,
-    check_segment_fd,
-    check_segment_path,
     names_wait_policy,
     own_start_time,
     parse_url,
@@ -73,6 +71,7 @@ from transport.runtime.async_batches import (
     check_send,
 )
 from transport.runtime.async_session import send_env_ids
+from transport.shm_segment import check_segment_fd, check_segment_path
 
 log = logging.getLogger("transport.shm")
 U64 = (1 << 64) - 1

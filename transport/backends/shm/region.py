@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import stat
 import struct
 import time
 import zlib
@@ -39,6 +38,7 @@ from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, ProtocolError
 from transport.generated import pac_shm
 from transport.schema.ir import FieldIR, ShmColumn, shm_columns
+from transport.shm_segment import peek_segment
 
 MAGIC = 0x50414354  # "PACT"
 LAYOUT_VERSION: int = int(pac_shm.IR["version"])
@@ -743,45 +743,6 @@ def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
 # -- inspection, stale detection, cleanup ------------------------------------------------------
 
 
-def file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, in words ("a directory", "a FIFO", ...)."""
-    for test, words in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return words
-    return "not a regular file"
-
-
-def not_a_segment(path: str, mode: int) -> str:
-    """The one refusal text (clients and servers) for a path that is not a regular file."""
-    return f"{path} is {file_kind(mode)}, not a shared-memory segment: remove it if nothing uses it"
-
-
-def check_segment_fd(fd: int, path: str) -> os.stat_result:
-    """fstat of an opened segment; ConnectError when it is not a regular file (a FIFO, ...)."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise ConnectError(not_a_segment(path, st.st_mode))
-    return st
-
-
-def check_segment_path(path: str, exc: OSError) -> None:
-    """After shm_open failed with ``exc`` (EINVAL for a directory, ELOOP for a link): a
-    ConnectError naming what the path is when it is not a regular file; else returns."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        raise ConnectError(not_a_segment(path, st.st_mode)) from exc
-
-
 @dataclass(frozen=True)
 class RegionInfo:
     """What ``--list-shm`` shows about one ``/dev/shm/transport-*`` entry.
@@ -884,30 +845,19 @@ class RegionInfo:
 def inspect_segment(path: str) -> RegionInfo:
     """Read a segment's control block without mapping it, without following a link and without
     blocking (a FIFO named like a segment is reported, never opened for reading)."""
-    st = os.lstat(path)
+    peek = peek_segment(path, CONTROL_SIZE)
+    st = peek.st
     name = os.path.basename(path)[len(PREFIX) :]
     age = max(0.0, time.time() - st.st_mtime)
 
     def other(state: str, note: str = "", size: int = st.st_size) -> RegionInfo:
         return RegionInfo(name, path, size, False, 0, 0, state, 0, False, 0, age, st.st_uid, note)
 
-    if not stat.S_ISREG(st.st_mode):
-        return other("NOT_A_FILE", file_kind(st.st_mode))
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        return other("UNREADABLE", f"{(exc.strerror or str(exc)).lower()}; owner uid {st.st_uid}")
-    try:
-        fst = os.fstat(fd)  # replaced by a FIFO or a directory since the lstat
-        if not stat.S_ISREG(fst.st_mode):
-            return other("NOT_A_FILE", file_kind(fst.st_mode))
-        header = os.pread(fd, CONTROL_SIZE, 0)
-    except OSError as exc:
-        return other("UNREADABLE", f"{(exc.strerror or str(exc)).lower()}; owner uid {st.st_uid}")
-    finally:
-        os.close(fd)
+    if peek.what == "not-a-file":
+        return other("NOT_A_FILE", peek.note)
+    if peek.what == "unreadable":
+        return other("UNREADABLE", peek.note)
+    header = peek.head
     if len(header) < CONTROL_SIZE or not any(header):
         return other("EMPTY")
     cb = CONTROL.view(header)

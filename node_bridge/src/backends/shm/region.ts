@@ -18,7 +18,7 @@
  * Futex words carry a 31-bit sequence; bit 31 (SLEEP) means "a waiter may sleep on this word".
  */
 
-import { type Stats, closeSync, constants as fsConstants, fstatSync, lstatSync, openSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
+import { fstatSync, readFileSync, readSync, statSync, statfsSync } from "node:fs";
 import * as zlib from "node:zlib";
 import type { SchemaModule } from "../../codec";
 import { schemaIrText } from "../../protocol";
@@ -28,6 +28,9 @@ import * as pac_shm from "../../generated/pac_shm";
 import * as protocol from "../../generated/protocol";
 import { COLUMNS, type FieldJson, type ShmColumn, type ShmJson, controlSizes, shmColumns } from "../../ir";
 import { ownedMappingBuffer, releaseMapping } from "../../mapping_lifetime";
+// the one rule for what is not a segment, shared with the channels (channel.ts imports it here)
+import { checkSegmentFd, checkSegmentPath, peekSegment } from "../../shm_segment";
+export { checkSegmentFd, checkSegmentPath, fileKind, notASegment, openSegmentForReading } from "../../shm_segment";
 import { EEXIST, ENOENT, O_CLOEXEC, O_CREAT, O_EXCL, O_RDWR, native } from "./native";
 
 export const MAGIC = 0x50414354; // "PACT"
@@ -463,59 +466,6 @@ export function checkRoom(shm: ShmUrl, layout: ShmLayout, numSlots: number): voi
 
 // -- inspection of an existing segment -----------------------------------------------------------
 
-/** What a path that is not a regular file is, in words ("a directory", "a FIFO", ...). */
-export function fileKind(st: Stats): string {
-  if (st.isDirectory()) return "a directory";
-  if (st.isFIFO()) return "a FIFO";
-  if (st.isSymbolicLink()) return "a symbolic link";
-  if (st.isSocket()) return "a socket";
-  if (st.isCharacterDevice()) return "a character device";
-  if (st.isBlockDevice()) return "a block device";
-  return "not a regular file";
-}
-
-/** The one refusal text (clients and servers) for a path that is not a regular file. */
-export function notASegment(path: string, st: Stats): string {
-  return `${path} is ${fileKind(st)}, not a shared-memory segment: remove it if nothing uses it`;
-}
-
-/** A ConnectError when `path` (whose shm_open or open failed) is not a regular file; else nothing. */
-export function checkSegmentPath(path: string): void {
-  let st: Stats;
-  try {
-    st = lstatSync(path);
-  } catch {
-    return;
-  }
-  if (!st.isFile()) throw new ConnectError(notASegment(path, st));
-}
-
-/** fstat of an opened segment; a ConnectError when it is not a regular file (a FIFO, ...). */
-export function checkSegmentFd(fd: number, path: string): Stats {
-  const st = fstatSync(fd);
-  if (!st.isFile()) throw new ConnectError(notASegment(path, st));
-  return st;
-}
-
-/** Open a segment for reading without blocking (a FIFO) or following a link; a ConnectError
- * when it is not a regular file. ENOENT and the like are thrown as they are. */
-export function openSegmentForReading(path: string): number {
-  let fd: number;
-  try {
-    fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK | fsConstants.O_NOFOLLOW | O_CLOEXEC);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== "ENOENT") checkSegmentPath(path);
-    throw error;
-  }
-  try {
-    checkSegmentFd(fd, path);
-  } catch (error) {
-    closeSync(fd);
-    throw error;
-  }
-  return fd;
-}
-
 /**
  * One /dev/shm/transport-* entry as a server on its name sees it (Python: region.py RegionInfo).
  * kind: "region" / "side" (their header says so), "empty" (shorter than a control block or an
@@ -540,29 +490,16 @@ export interface SegmentInfo {
 /** Read a segment's control block with plain file I/O, without blocking on a FIFO or following
  * a link (region.py `inspect_segment`). */
 export function inspectSegment(path: string): SegmentInfo {
-  const st = lstatSync(path);
+  const peek = peekSegment(path, CONTROL_SIZE);
+  const st = peek.st;
   const ageS = Math.max(0, (Date.now() - st.mtimeMs) / 1000);
   const other = (kind: SegmentInfo["kind"], note = ""): SegmentInfo => ({
     path, kind, note, size: st.size, magicOk: false, ownerPid: 0, ownerAlive: false, state: -1, ageS, stale: false,
   });
-  if (!st.isFile()) return other("not-a-file", fileKind(st));
-  const header = Buffer.alloc(CONTROL_SIZE);
-  let got = 0;
-  try {
-    const fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK | fsConstants.O_NOFOLLOW | O_CLOEXEC);
-    try {
-      const fst = fstatSync(fd); // replaced by a FIFO or a directory since the lstat
-      if (!fst.isFile()) return other("not-a-file", fileKind(fst));
-      got = readSync(fd, header, 0, CONTROL_SIZE, 0);
-    } finally {
-      closeSync(fd);
-    }
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    if (code === "ENOENT") throw error;
-    const why = code === "EACCES" || code === "EPERM" ? "permission denied" : (error as Error).message;
-    return other("unreadable", `${why}; owner uid ${st.uid}`);
-  }
+  if (peek.what === "not-a-file") return other("not-a-file", peek.note);
+  if (peek.what === "unreadable") return other("unreadable", peek.note);
+  const header = peek.head;
+  const got = header.byteLength;
   if (got < CONTROL_SIZE || header.every((b) => b === 0)) return other("empty");
   const magic = header.readUInt32LE(off(CB, "magic"));
   const magicOk = magic === MAGIC;
