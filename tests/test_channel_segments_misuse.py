@@ -11,59 +11,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from .private_shm import as_nobody, in_private_shm, private_shm
+
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIST = ROOT / "node_bridge" / "dist"
-PY = sys.executable
-BIN = Path(PY).parent
 
 
-def _private_shm_ok() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"],
-        capture_output=True,
-        timeout=20,
-    )
-    return probe.returncode == 0
-
-
-private_shm = pytest.mark.skipif(
-    not _private_shm_ok(), reason="unshare -m with a tmpfs mount is not permitted here"
-)
-as_nobody = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and setpriv to act as another user (nobody)",
-)
 node = pytest.mark.skipif(
     shutil.which("node") is None or not (NODE_DIST / "channels" / "segment.js").exists(),
     reason="node or node_bridge/dist missing",
 )
-
-
-def _in_private_shm(script: str, timeout: float = 120) -> dict:
-    """Run a bash ``script`` in a mount namespace with its own /dev/shm; its last stdout line is
-    a JSON object (what the script found)."""
-    body = "mount -t tmpfs -o size=64m tmpfs /dev/shm\n" + textwrap.dedent(script)
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PY=PY, ROOT=str(ROOT))
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "bash", "-c", body],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"no output (rc {done.returncode}): {done.stderr[-3000:]}"
-    return json.loads(lines[-1])
 
 
 # the entries that are not channel segments, each a minute old; and a dead channel segment of
@@ -152,7 +113,7 @@ def test_list_and_cleanup_never_hang_and_remove_only_dead_channel_segments() -> 
     like channel segments: no hang (a FIFO blocked the open), no traceback (IsADirectoryError),
     each listed as foreign, none removed (an empty old file was "stale" and unlinked); the dead
     ring of ours is removed."""
-    found = _in_private_shm(
+    found = in_private_shm(
         'cd "$ROOT"\n'
         + _FOREIGN
         + """
@@ -201,7 +162,7 @@ def test_python_open_and_create_refuse_what_is_not_a_segment_at_once() -> None:
     """Ring/PolicyBoard/RunControl.open and create on a FIFO, a directory, a foreign, an empty
     and a text file: ChannelMismatchError at once with the listing's words (before: a directory
     raised IsADirectoryError, the others waited out the timeout, create removed the files)."""
-    found = _in_private_shm(
+    found = in_private_shm(
         'cd "$ROOT"\n'
         + _FOREIGN
         + f"""
@@ -222,7 +183,7 @@ def test_node_open_and_create_refuse_what_is_not_a_segment_at_once() -> None:
     """The Node twin: Segment.open / Segment.create (under Ring, PolicyBoard, RunControl) on the
     same entries: ChannelMismatchError at once with segment.py's words, nothing removed (before:
     create hung on the FIFO and unlinked the foreign files, open waited out its timeout)."""
-    found = _in_private_shm(
+    found = in_private_shm(
         'cd "$ROOT"\n'
         + _FOREIGN
         + f"""
@@ -252,7 +213,7 @@ def test_other_users_channel_is_unreadable_never_stale_never_removed() -> None:
         if shutil.which("node") and (NODE_DIST / "channels" / "segment.js").exists()
         else "\nNODE='{}'"
     )
-    found = _in_private_shm(
+    found = in_private_shm(
         f"""
         cd "$ROOT"
         "$PY" -c "

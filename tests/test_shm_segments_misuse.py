@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from transport.backends.shm.region import CB, SHM_DIR, parse_url
 from transport.errors import ConnectError, RegionMismatchError
 
+from .private_shm import in_private_shm, private_shm
 from .servers import ServerProcess, require_lang
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,40 +36,6 @@ BIN = Path(PY).parent
 
 def _unique(tag: str) -> str:
     return f"p37{tag}{uuid.uuid4().hex[:8]}"
-
-
-def _private_shm_ok() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"],
-        capture_output=True,
-        timeout=20,
-    )
-    return probe.returncode == 0
-
-
-private_shm = pytest.mark.skipif(
-    not _private_shm_ok(), reason="unshare -m with a tmpfs mount is not permitted here"
-)
-
-
-def _in_private_shm(script: str, timeout: float = 120) -> dict:
-    """Run a bash ``script`` in a mount namespace with its own /dev/shm; its last stdout line is
-    a JSON object (what the script found)."""
-    body = "mount -t tmpfs -o size=64m tmpfs /dev/shm\n" + textwrap.dedent(script)
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PY=PY, ROOT=str(ROOT))
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "bash", "-c", body],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"no output (rc {done.returncode}): {done.stderr[-3000:]}"
-    return json.loads(lines[-1])
 
 
 # a stale region of ours: a header with the magic and a dead owner pid (999999 > pid_max here)
@@ -84,7 +50,7 @@ def test_cleanup_and_list_leave_channels_and_foreign_entries() -> None:
     """--cleanup-shm removes a dead server's region and nothing else: not a live ring channel, a
     foreign file of any content, an empty file, a FIFO or a directory (each 1 minute old);
     --list-shm and --cleanup-shm never hang on the FIFO and call none of them live."""
-    found = _in_private_shm(
+    found = in_private_shm(
         """
         cd "$ROOT"
         "$PY" -c "
@@ -145,7 +111,7 @@ def test_other_users_region_is_unreadable_never_stale_and_cleanup_goes_on() -> N
     """As another user: root's live 0600 region is "unreadable (permission denied; owner uid
     0)", never stale; a server on its name says permission denied; a stale region that user
     may not remove is reported and the cleanup goes on to remove that user's own."""
-    found = _in_private_shm(
+    found = in_private_shm(
         """
         cd "$ROOT"
         transport-serve shm://rootlive --env echo > /tmp/p37srv.$$ 2>&1 &
