@@ -16,6 +16,14 @@ from dataclasses import dataclass
 from transport.errors import ConnectError
 
 
+class NotASegmentError(ConnectError):
+    """The URL's /dev/shm path is there but is not a segment (a FIFO, a directory, ...): the
+    machine's state, no server to start, so a client adds no "is a server serving this URL?"
+    hint (``local_config``, as for a bad key file). Node: ``NotASegmentError``."""
+
+    local_config = True
+
+
 def file_kind(mode: int) -> str:
     """What a path that is not a regular file is, in words ("a directory", "a FIFO", ...)."""
     for test, words in (
@@ -36,8 +44,10 @@ def not_a_segment(path: str, mode: int) -> str:
     return f"{path} is {file_kind(mode)}, not a shared-memory segment: remove it if nothing uses it"
 
 
-def check_segment_fd(fd: int, path: str, error: type[Exception] = ConnectError) -> os.stat_result:
-    """fstat of an opened segment; ``error`` (a ConnectError unless given) when it is not a
+def check_segment_fd(
+    fd: int, path: str, error: type[Exception] = NotASegmentError
+) -> os.stat_result:
+    """fstat of an opened segment; ``error`` (a NotASegmentError unless given) when it is not a
     regular file (a FIFO, ...)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -45,9 +55,9 @@ def check_segment_fd(fd: int, path: str, error: type[Exception] = ConnectError) 
     return st
 
 
-def check_segment_path(path: str, exc: OSError, error: type[Exception] = ConnectError) -> None:
+def check_segment_path(path: str, exc: OSError, error: type[Exception] = NotASegmentError) -> None:
     """After shm_open failed with ``exc`` (EINVAL or EISDIR for a directory, ELOOP for a link):
-    ``error`` (a ConnectError unless given) naming what the path is when it is not a regular
+    ``error`` (a NotASegmentError unless given) naming what the path is when it is not a regular
     file; else returns."""
     try:
         st = os.lstat(path)

@@ -12,6 +12,15 @@
 import { type Stats, closeSync, constants as fsConstants, fstatSync, lstatSync, openSync, readSync } from "node:fs";
 import { ConnectError } from "./errors";
 
+/**
+ * The URL's /dev/shm path is there but is not a segment (a FIFO, a directory, ...): the machine's
+ * state, no server to start, so a client adds no "is a server serving this URL?" hint
+ * (`localConfig`, as for a bad key file). Python: `NotASegmentError`.
+ */
+export class NotASegmentError extends ConnectError {
+  readonly localConfig = true;
+}
+
 /** An error class a check throws (ConnectError unless another is given). */
 export type SegmentErrorClass = new (message: string) => Error;
 
@@ -33,7 +42,7 @@ export function notASegment(path: string, st: Stats): string {
 
 /** An `error` (ConnectError) when `path` (whose shm_open or open failed) is not a regular file;
  * else nothing. */
-export function checkSegmentPath(path: string, error: SegmentErrorClass = ConnectError): void {
+export function checkSegmentPath(path: string, error: SegmentErrorClass = NotASegmentError): void {
   let st: Stats;
   try {
     st = lstatSync(path);
@@ -44,7 +53,7 @@ export function checkSegmentPath(path: string, error: SegmentErrorClass = Connec
 }
 
 /** fstat of an opened segment; an `error` (ConnectError) when it is not a regular file (a FIFO, ...). */
-export function checkSegmentFd(fd: number, path: string, error: SegmentErrorClass = ConnectError): Stats {
+export function checkSegmentFd(fd: number, path: string, error: SegmentErrorClass = NotASegmentError): Stats {
   const st = fstatSync(fd);
   if (!st.isFile()) throw new error(notASegment(path, st));
   return st;
@@ -52,7 +61,7 @@ export function checkSegmentFd(fd: number, path: string, error: SegmentErrorClas
 
 const READ_FLAGS = fsConstants.O_RDONLY | fsConstants.O_NONBLOCK | fsConstants.O_NOFOLLOW;
 
-/** Open a segment for reading without blocking (a FIFO) or following a link; a ConnectError
+/** Open a segment for reading without blocking (a FIFO) or following a link; a NotASegmentError
  * when it is not a regular file. ENOENT and the like are thrown as they are. */
 export function openSegmentForReading(path: string): number {
   let fd: number;
