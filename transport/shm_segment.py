@@ -15,6 +15,65 @@ from dataclasses import dataclass
 
 from transport.errors import ConnectError
 
+STALE_CREATING_AFTER = 10.0
+"""Seconds a header-less segment may take to get its header (a creator between shm_open and its
+first write); older, it is foreign, never removed."""
+
+
+class SegmentListing:
+    """The listing rules of a ``/dev/shm/transport-*`` entry, the same for shm:// regions
+    (``RegionInfo``) and channel segments (``channels.segment.SegmentInfo``): a subclass has the
+    fields below and says which entries are ``ours`` (its magic) and how it calls the others
+    (``NOT_OURS``)."""
+
+    NOT_OURS = "not a transport segment"
+    path: str
+    size: int
+    state: str  # the header's state name, or EMPTY, FOREIGN, UNREADABLE, NOT_A_FILE
+    owner_pid: int
+    owner_alive: bool
+    age_s: float
+    note: str
+
+    @property
+    def ours(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def creating(self) -> bool:
+        """A header-less entry young enough to be a creator's before its first header write."""
+        return self.state == "EMPTY" and self.age_s <= STALE_CREATING_AFTER
+
+    @property
+    def stale(self) -> bool:
+        """Replaceable: a header of ours whose owner is dead (or that got no owner in 10 s).
+        Never an entry without our magic: it is not ours to remove."""
+        if not self.ours:
+            return False
+        if self.owner_pid:
+            return not self.owner_alive
+        return self.age_s > STALE_CREATING_AFTER
+
+    @property
+    def verdict(self) -> str:
+        """live, stale, creating, foreign or unreadable."""
+        if self.state == "UNREADABLE":
+            return "unreadable"
+        if self.ours:
+            return "stale" if self.stale else "live"
+        return "creating" if self.creating else "foreign"
+
+    def describe_other(self) -> str | None:
+        """The listing line of an entry that is not ours (None for ours: its own words)."""
+        if self.state == "UNREADABLE":
+            return f"{self.path}  unreadable ({self.note})"
+        if self.state == "NOT_A_FILE":
+            return f"{self.path}  foreign  ({self.note}, not a shared-memory segment)"
+        if not self.ours:
+            what = "being created" if self.creating else self.NOT_OURS
+            return f"{self.path}  {self.verdict}  ({what}: {self.size} bytes)"
+        return None
+
 
 class NotASegmentError(ConnectError):
     """The URL's /dev/shm path is there but is not a segment (a FIFO, a directory, ...): the

@@ -47,6 +47,8 @@ from transport.channels.errors import (
 )
 from transport.generated import channels as layout
 from transport.shm_segment import (
+    STALE_CREATING_AFTER,
+    SegmentListing,
     check_segment_fd,
     check_segment_path,
     peek_segment,
@@ -58,7 +60,6 @@ LAYOUT_VERSION: int = int(layout.IR["version"])
 HEADER_SIZE: int = layout.SegmentHeader.size  # 64
 PREFIX = "transport-"
 SHM_DIR = "/dev/shm"
-STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to become READY
 Kind = layout.ChannelKind
 State = layout.SegmentState
 log = logging.getLogger(__name__)
@@ -378,7 +379,7 @@ _OTHERS = ("EMPTY", "FOREIGN", "UNREADABLE", "NOT_A_FILE")
 
 
 @dataclass(frozen=True)
-class SegmentInfo:
+class SegmentInfo(SegmentListing):
     """What ``python -m transport.channels --list`` shows about one
     ``/dev/shm/transport-{ring,board,control}-*`` entry.
 
@@ -398,45 +399,18 @@ class SegmentInfo:
     age_s: float
     uid: int = -1
     note: str = ""
+    NOT_OURS = "not a channel segment"
 
     @property
     def ours(self) -> bool:
         """A header with the channel magic."""
         return self.state not in _OTHERS
 
-    @property
-    def creating(self) -> bool:
-        """A header-less entry young enough to be a creator's before its first header write."""
-        return self.state == "EMPTY" and self.age_s <= STALE_CREATING_AFTER
-
-    @property
-    def stale(self) -> bool:
-        """Replaceable: a header of ours whose owner is dead (or that got no owner in 10 s).
-        Never an entry without the channel magic: it is not ours to remove."""
-        if not self.ours:
-            return False
-        if self.owner_pid:
-            return not self.owner_alive
-        return self.age_s > STALE_CREATING_AFTER
-
-    @property
-    def verdict(self) -> str:
-        """live, stale, creating, foreign or unreadable."""
-        if self.state == "UNREADABLE":
-            return "unreadable"
-        if self.ours:
-            return "stale" if self.stale else "live"
-        return "creating" if self.creating else "foreign"
-
     def describe(self) -> str:
         """One ``--list`` line."""
-        if self.state == "UNREADABLE":
-            return f"{self.path}  unreadable ({self.note})"
-        if self.state == "NOT_A_FILE":
-            return f"{self.path}  foreign  ({self.note}, not a shared-memory segment)"
-        if not self.ours:
-            what = "being created" if self.creating else "not a channel segment"
-            return f"{self.path}  {self.verdict}  ({what}: {self.size} bytes)"
+        other = self.describe_other()
+        if other is not None:
+            return other
         owner = f"pid {self.owner_pid} {'alive' if self.owner_alive else 'dead'}"
         stale = "  STALE" if self.stale else ""
         return f"{self.path}  {self.kind}  {self.size} bytes  {self.state}  {owner}{stale}"

@@ -38,7 +38,8 @@ from transport.codec import Schema, StructCodec
 from transport.errors import ConnectError, ProtocolError
 from transport.generated import pac_shm
 from transport.schema.ir import FieldIR, ShmColumn, shm_columns
-from transport.shm_segment import peek_segment
+from transport.shm_segment import STALE_CREATING_AFTER as STALE_CREATING_AFTER
+from transport.shm_segment import SegmentListing, peek_segment
 
 MAGIC = 0x50414354  # "PACT"
 LAYOUT_VERSION: int = int(pac_shm.IR["version"])
@@ -47,7 +48,6 @@ CONTROL = pac_shm.ControlBlock
 CONTROL_SIZE: int = CONTROL.size  # 64
 PREFIX = "transport-"
 SHM_DIR = "/dev/shm"
-STALE_CREATING_AFTER = 10.0  # seconds a header-less segment may take to be initialised
 CHANNEL_PREFIXES = ("ring-", "board-", "control-")
 """Names of the channels' segments (/dev/shm/transport-ring-*, ...: transport.channels): no
 region is called so, and --list-shm / --cleanup-shm leave them to
@@ -744,7 +744,7 @@ def wait_ctx(region: Region, policy: WaitPolicy, seqs: np.ndarray) -> Any:
 
 
 @dataclass(frozen=True)
-class RegionInfo:
+class RegionInfo(SegmentListing):
     """What ``--list-shm`` shows about one ``/dev/shm/transport-*`` entry.
 
     ``state``: a region's RegionState name (READY, CREATING, CLOSED, UNKNOWN(n)); SIDE (a side
@@ -768,45 +768,18 @@ class RegionInfo:
     age_s: float
     uid: int = -1
     note: str = ""
+    NOT_OURS = "not a transport region"
 
     @property
     def ours(self) -> bool:
         """A region or a side segment (its header says so)."""
         return self.magic_ok or self.state == "SIDE"
 
-    @property
-    def creating(self) -> bool:
-        """A header-less segment young enough to be a server's between shm_open and its header."""
-        return self.state == "EMPTY" and self.age_s <= STALE_CREATING_AFTER
-
-    @property
-    def stale(self) -> bool:
-        """Replaceable: a header of ours whose owner is dead (or that got no owner in 10 s).
-        Never a segment without the region magic: it is not ours to remove."""
-        if not self.ours:
-            return False
-        if self.owner_pid:
-            return not self.owner_alive
-        return self.age_s > STALE_CREATING_AFTER
-
-    @property
-    def verdict(self) -> str:
-        """live, stale, creating, foreign or unreadable."""
-        if self.state == "UNREADABLE":
-            return "unreadable"
-        if self.ours:
-            return "stale" if self.stale else "live"
-        return "creating" if self.creating else "foreign"
-
     def describe(self) -> str:
         """One ``--list-shm`` line."""
-        if self.state == "UNREADABLE":
-            return f"{self.path}  unreadable ({self.note})"
-        if self.state == "NOT_A_FILE":
-            return f"{self.path}  foreign  ({self.note}, not a shared-memory segment)"
-        if not self.ours:
-            what = "being created" if self.creating else "not a transport region"
-            return f"{self.path}  {self.verdict}  ({what}: {self.size} bytes)"
+        other = self.describe_other()
+        if other is not None:
+            return other
         return (
             f"{self.path}  {self.verdict}  state={self.state} envs={self.num_envs} "
             f"owner={self.owner_pid or '-'} client={self.client_pid or '-'} size={self.size}"
