@@ -108,6 +108,19 @@ def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
+def _settled(count: Callable[[], int], still_s: float = 1.0, timeout: float = 60.0) -> int:
+    """``count()`` once it has not changed for ``still_s`` (a session dropped by connect's first
+    HELLO may still be closing its workers: counted now, they made a later target unreachable)."""
+    value, since = count(), time.monotonic()
+    deadline = since + timeout
+    while time.monotonic() - since < still_s and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = count()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def _child(code: str, url: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", code, url], cwd=ROOT, stdout=subprocess.PIPE, text=True
@@ -144,14 +157,8 @@ def test_killed_client_session_closed_after_idle_timeout(lang: str) -> None:
         base = load()
         with api.connect(server.url, timeout=60, autoreset="next_step") as steady:
             steady.reset(seed=1)
-            with_one = load()
-            assert with_one >= base + WORKERS, (base, with_one)
-            dead = _child(CLIENT, server.url)
-            try:
-                _wait_for(lambda: load() >= with_one + WORKERS, 120, "the second session's workers")
-            finally:
-                _kill(dead)
-            # the dead client's workers go after the idle timeout; the stepping one stays
+            # the steady client steps throughout (never silent for the idle timeout, however
+            # long the dead client's pool takes to start)
             stop = threading.Event()
             errors: list[BaseException] = []
 
@@ -166,6 +173,16 @@ def test_killed_client_session_closed_after_idle_timeout(lang: str) -> None:
             stepper = threading.Thread(target=step)
             stepper.start()
             try:
+                with_one = _settled(load)
+                assert with_one >= base + WORKERS, (base, with_one)
+                dead = _child(CLIENT, server.url)
+                try:
+                    _wait_for(
+                        lambda: load() >= with_one + WORKERS, 120, "the second session's workers"
+                    )
+                finally:
+                    _kill(dead)
+                # the dead client's workers go after the idle timeout; the stepping one stays
                 took = _wait_for(lambda: load() <= with_one, 10 * idle + 30, "the dead session")
             finally:
                 stop.set()
@@ -252,7 +269,7 @@ def test_client_killed_before_its_session_is_ready(lang: str) -> None:
 
         with api.connect(server.url, timeout=60, autoreset="next_step") as steady:
             steady.reset(seed=1)
-            with_one = load()
+            with_one = _settled(load)
             gone = _child(HELLO_ONLY, server.url)
             _kill(gone)  # before its pool can have started
             steady.step([0] * NUM_ENVS)
