@@ -256,8 +256,9 @@ def test_connect_does_not_stall_other_clients() -> None:
 
 @pytest.mark.parametrize("lang", ["python", "node"])
 def test_client_killed_before_its_session_is_ready(lang: str) -> None:
-    """A client that sends HELLO and is killed before its session is ready leaves no worker
-    processes (threads) behind; another client is served meanwhile and afterwards."""
+    """A client that sends HELLO and is killed while its session is made (its HELLO_RESP finds
+    it gone) leaves no worker processes (threads) behind, long before the idle timeout; another
+    client is served meanwhile and afterwards."""
     extra = ["--workers", str(WORKERS)]  # the default idle timeout: not what drops it
     with ServerProcess(
         unique_url("zmq+ipc"), env="pac", lang=lang, num_envs=NUM_ENVS, extra=extra
@@ -271,7 +272,9 @@ def test_client_killed_before_its_session_is_ready(lang: str) -> None:
             steady.reset(seed=1)
             with_one = _settled(load)
             gone = _child(HELLO_ONLY, server.url)
-            _kill(gone)  # before its pool can have started
+            if lang == "python":  # its pool starts on HELLO: killed once it does, before ready
+                _wait_for(lambda: load() > with_one, 60, "the left client's pool starting")
+            _kill(gone)  # (a Node session starts its worker threads at its first reset)
             steady.step([0] * NUM_ENVS)
             time.sleep(1.0)
             _wait_for(lambda: load() <= with_one, 60, "the left client's session")

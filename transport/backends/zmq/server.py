@@ -322,7 +322,8 @@ class Listener:
         resp_type, resp = session.handle(msg_type, body)
         if session.closing:
             self._drop(identity)
-        sent = self._reply(sock, identity, envelope, resp_type, msg_id, resp)
+        hello = msg_type == self._hello_type
+        sent = self._reply(sock, identity, envelope, resp_type, msg_id, resp, forget_if_gone=hello)
         if sent is not None:
             self._trackers[identity] = sent
 
@@ -415,7 +416,11 @@ class Listener:
         msg_type: int,
         msg_id: int,
         body: memoryview | bytes,
+        *,
+        forget_if_gone: bool = False,
     ) -> zmq.MessageTracker | None:
+        """Send one reply; one to a client whose connection is gone is dropped, and with it the
+        session when ``forget_if_gone`` (a HELLO_RESP: that client never learnt of its session)."""
         view = memoryview(body)
         header = HEADER.pack(msg_type, msg_id, view.nbytes)
         try:
@@ -431,7 +436,9 @@ class Listener:
                 # its connection is down, not necessarily the client: one that comes back with
                 # the same routing id (a cut link) goes on with its session, which otherwise
                 # waits for the idle timeout like any silent client's
-                log.debug("dropped a reply to a disconnected client (its session is kept)")
+                if forget_if_gone:
+                    self._drop(identity)  # it never learnt of this session (a retry re-HELLOs)
+                log.debug("dropped a reply to a disconnected client")
             else:  # EAGAIN: its queue is full (a client that stopped reading)
                 log.warning("dropped a reply to a client whose queue is full: %s", exc)
         return None

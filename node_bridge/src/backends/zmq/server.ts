@@ -277,17 +277,18 @@ export class ZmqListener implements Listener {
     }
     this.#seen.set(key, performance.now());
     const type = session.handle(msgType, body, 0, bodyLen);
+    const hello = msgType === this.#helloType;
     if (type === LATER) {
       // a RECV waiting for worker threads: answer when it is ready (other clients go on)
       void (session.later as Promise<number>).then((later) => {
         if (this.#sessions.get(key) === session) this.#seen.set(key, performance.now());
         if (session.closing) this.#drop(key);
-        this.#reply(sock, identity, envelope, later, msgId, session.body(), session);
+        this.#reply(sock, identity, envelope, later, msgId, session.body(), session, hello);
       });
       return;
     }
     if (session.closing) this.#drop(key);
-    this.#reply(sock, identity, envelope, type, msgId, session.body(), session);
+    this.#reply(sock, identity, envelope, type, msgId, session.body(), session, hello);
   }
 
   /** Forget a client's session and close its envs (as a stream server does when its
@@ -348,6 +349,7 @@ export class ZmqListener implements Listener {
     msgId: number,
     body: Buffer,
     session: Session | null,
+    forgetIfGone = false,
   ): void {
     packHeader(this.#header, 0, msgType, msgId, body.byteLength);
     // a body we built for this reply alone is never reused: hand it over as it is
@@ -361,6 +363,10 @@ export class ZmqListener implements Listener {
       // for the idle timeout like any silent client's
       if (code !== "EHOSTUNREACH") {
         process.emitWarning(`dropped a reply to a client whose queue is full: ${code}`);
+      } else if (forgetIfGone) {
+        // a HELLO_RESP: it never learnt of this session (a retry sends HELLO again)
+        const key = identity.toString("latin1");
+        if (session !== null && this.#sessions.get(key) === session) this.#drop(key);
       }
     });
     if (given && session !== null) {
