@@ -30,6 +30,7 @@ from transport.errors import (
     ConnectError,
     PeerGoneError,
     ProtocolError,
+    TransportError,
     TransportTimeoutError,
 )
 from transport.protocol import (
@@ -107,6 +108,33 @@ def parse_response_head(head: bytes) -> _ResponseHead:
     tokens = {t.strip() for t in connection.split(b",")}
     close = b"close" in tokens or (minor == b"0" and b"keep-alive" not in tokens)
     return _ResponseHead(code, msg_type, error, content_length, close)
+
+
+_STATUS_START = tuple(
+    frozenset(allowed)
+    for allowed in (b"H", b"T", b"T", b"P", b"/", b"1", b".", b"01", b" ", b"12345")
+    + (b"0123456789",) * 2
+    + (b" \r",)
+)
+"""The bytes each of the first 13 of an HTTP/1.x status line may be (``_STATUS_LINE``)."""
+
+
+def check_status_start(head: bytearray, have: int) -> None:
+    """Raise ``ProtocolError`` unless the first ``have`` bytes of ``head`` (a response whose head
+    is not complete yet) can begin an HTTP/1.x status line: a peer that speaks another protocol
+    (an SSH banner) is told at once, not waited on until the timeout for a CRLFCRLF."""
+    eol = head.find(b"\r\n", 0, have)
+    if eol >= 0:
+        ok = _STATUS_LINE.fullmatch(head, 0, eol) is not None
+    else:
+        start = head[: min(have, len(_STATUS_START))]
+        ok = all(byte in allowed for byte, allowed in zip(start, _STATUS_START, strict=False))
+    if not ok:
+        begins = bytes(head[: min(have, 48)])
+        raise ProtocolError(
+            f"the peer does not speak HTTP/1.x: its answer begins {begins!r}, not an HTTP/1.x "
+            "status line"
+        )
 
 
 _HEAD_READ = 4096
@@ -198,44 +226,62 @@ class HttpChannel(BufferChannel):
             if len(heads) < _CACHE_LIMIT:
                 heads[length] = head
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        if self._owed:
-            self._drain(sock, deadline)
         try:
-            send_parts(sock, (head, body), len(head) + length)
-        except _TIMED_OUT as exc:
-            self._abandon("a send timed out")
-            raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
-        except _PEER_GONE as exc:
-            self._abandon("the server closed the connection")
-            raise PeerGoneError(f"the server closed the connection ({exc.strerror})") from exc
-        except OSError as exc:
-            self._abandon("the connection failed")
-            raise PeerGoneError(f"the connection failed: {exc}") from exc
-        except BaseException as exc:
-            # a KeyboardInterrupt (or a signal handler's exception) in the middle of sending:
-            # how much of the request went is unknown, the server may hold half of it, and the
-            # stream cannot be put back in step: the next call is told to connect again
-            self._abandon(
-                f"this client closed its connection: a call was interrupted "
-                f"({type(exc).__name__}) while its request was being sent, so the server may "
-                "have received part of it"
-            )
-            raise
-        try:
-            return self._receive(sock, deadline)
-        except TransportTimeoutError:
-            raise  # the connection stays: its late response is dropped before the next request
+            if self._owed:
+                self._drain(sock, deadline)
+            try:
+                send_parts(sock, (head, body), len(head) + length)
+            except _TIMED_OUT as exc:
+                self._abandon("a send timed out")
+                raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
+            except _PEER_GONE as exc:
+                self._abandon("the server closed the connection")
+                raise PeerGoneError(f"the server closed the connection ({exc.strerror})") from exc
+            except OSError as exc:
+                self._abandon("the connection failed")
+                raise PeerGoneError(f"the connection failed: {exc}") from exc
+            except BaseException as exc:
+                # a KeyboardInterrupt (or a signal handler's exception) in the middle of
+                # sending: how much of the request went is unknown, the server may hold half of
+                # it, and the stream cannot be put back in step: the next call is told to
+                # connect again
+                self._abandon(
+                    f"this client closed its connection: a call was interrupted "
+                    f"({type(exc).__name__}) while its request was being sent, so the server "
+                    "may have received part of it"
+                )
+                raise
+            try:
+                return self._receive(sock, deadline)
+            except TransportTimeoutError:
+                raise  # the connection stays: its late response is dropped before the next one
+            except (PeerGoneError, ProtocolError) as exc:
+                self._abandon(f"the connection was abandoned after: {exc}")
+                raise
+            except _NotTransport as exc:
+                raise self._not_transport(msg_type, exc) from None
         except (PeerGoneError, ProtocolError) as exc:
-            self._abandon(f"the connection was abandoned after: {exc}")
-            raise
-        except _NotTransport as exc:
-            raise self._not_transport(msg_type, exc) from None
+            if msg_type != self.ids.HELLO_REQ:
+                raise
+            raise self._not_a_server(exc) from exc
+
+    def _not_a_server(self, exc: TransportError) -> ConnectError:
+        """A lost connection or a response that breaks HTTP or this protocol during the HELLO:
+        the peer is no transport server on this backend (Node's ``notAServer``, same words),
+        a ``ConnectError`` naming the URL; later requests keep ``exc``'s type."""
+        return ConnectError(
+            f"{self._url()}: {exc}, during the HELLO handshake "
+            "(not a transport server on this backend?)"
+        )
+
+    def _url(self) -> str:
+        return getattr(self, "url", "") or f"http://{self._netloc}"
 
     def _not_transport(self, msg_type: int, exc: _NotTransport) -> ConnectError | ProtocolError:
         """The typed error for a response no transport server sends (``_NotTransport``): at the
         handshake a ``ConnectError`` (the URL is not a transport server's), later a
         ``ProtocolError``; the connection is closed either way (its peer is not one)."""
-        url = getattr(self, "url", "") or f"http://{self._netloc}"
+        url = self._url()
         what = (
             "no X-Transport-Msg-Type header"
             if exc.status == 200
@@ -259,6 +305,8 @@ class HttpChannel(BufferChannel):
             while self._owed:
                 end = data.find(b"\r\n\r\n")
                 if end < 0:
+                    if data:
+                        check_status_start(data, len(data))
                     if len(data) > MAX_HEAD:
                         raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
                     data += self._recv_more(sock, deadline)
@@ -338,12 +386,16 @@ class HttpChannel(BufferChannel):
         first = True
         while True:  # skips interim 1xx responses
             scanned = 0
+            line_ok = False  # this response's status line was seen whole and is one
             while True:
                 end = self._head.find(b"\r\n\r\n", max(0, scanned - 3), have)
                 if end >= 0:
                     break
                 if have >= MAX_HEAD:
                     raise ProtocolError(f"response head is larger than {MAX_HEAD} bytes")
+                if have and not line_ok:  # the slow path only: a head that came in one read
+                    check_status_start(self._head, have)  # is checked by its parse
+                    line_ok = self._head.find(b"\r\n", 0, have) >= 0
                 scanned = have
                 # a small window: the body that comes with the head is copied into place, so
                 # read little of it here; the rest is received straight into the body buffer

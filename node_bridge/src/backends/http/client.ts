@@ -178,6 +178,7 @@ export class HttpChannel implements Channel {
       }
       req.on("error", (error: NodeJS.ErrnoException) => {
         if (error instanceof PeerGoneError) fail(error, true);
+        else if (error.code?.startsWith("HPE_")) fail(malformedResponse(error), true);
         else fail(new PeerGoneError(`the server closed the connection (${error.code ?? error.message})`), true);
       });
       req.on("response", (res: http.IncomingMessage) => {
@@ -277,6 +278,23 @@ export class HttpChannel implements Channel {
     this.#abandon("the channel is closed");
     this.#gone = "the channel is closed";
   }
+}
+
+/** llhttp's codes for a first line that is not an HTTP/1.x status line. */
+const NOT_A_STATUS_LINE = new Set(["HPE_INVALID_CONSTANT", "HPE_INVALID_VERSION", "HPE_INVALID_STATUS"]);
+
+/**
+ * A response llhttp cannot parse: a ProtocolError, not a closed connection (the peer sent bytes).
+ * A first line that is not an HTTP/1.x status line means the peer speaks something else (an SSH
+ * banner): said as Python's client says it (its check_status_start).
+ */
+function malformedResponse(error: NodeJS.ErrnoException & { rawPacket?: unknown; reason?: unknown }): ProtocolError {
+  const code = error.code ?? "";
+  if (NOT_A_STATUS_LINE.has(code)) {
+    const raw = Buffer.isBuffer(error.rawPacket) ? error.rawPacket.subarray(0, 48).toString("latin1") : "";
+    return new ProtocolError(`the peer does not speak HTTP/1.x: its answer begins ${JSON.stringify(raw)}, not an HTTP/1.x status line`);
+  }
+  return new ProtocolError(`malformed HTTP response (${code}: ${typeof error.reason === "string" ? error.reason : error.message})`);
 }
 
 /** Connect, retrying with backoff while the server is not up yet, until the deadline. */
