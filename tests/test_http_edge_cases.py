@@ -242,44 +242,93 @@ def test_every_answer_to_a_mutated_head_keeps_the_contract(server: ServerProcess
         assert reply.error_body()[0] == reply.error_code, f"{data!r} answered {raw[:200]!r}"
 
 
+def split_responses(raw: bytes, data: bytes) -> list[bytes]:
+    """The whole responses in ``raw`` (the first answers ``data``'s first request), each as its
+    bytes; what follows them (a response cut short) as a last item."""
+    out = []
+    head_request = data.lstrip(b"\r\n").startswith(b"HEAD ")
+    while raw:
+        head, sep, rest = raw.partition(b"\r\n\r\n")
+        match = re.search(rb"(?im)^content-length: *([0-9]+)", head)
+        length = (
+            0
+            if (head_request and not out) or match is None or head.startswith(b"HTTP/1.1 1")
+            else int(match.group(1))
+        )
+        if not sep or len(rest) < length:
+            break
+        end = len(head) + len(sep) + length
+        out.append(raw[:end])
+        raw = raw[end:]
+    return [*out, raw] if raw else out
+
+
+EDGE_REQUESTS = [
+    b"HEAD /v1/health HTTP/1.1\r\nHost: x\r\n\r\n",
+    post("/v1/health", host=False),
+    post("/v1/health", headers="Expect: nope\r\n"),
+    post("/v1/health", headers="Content-Length: 0\r\n"),
+    post("/v1/health", headers="Transfer-Encoding: chunked\r\n"),
+    post("/v1/reset_seed", b"[" * 40 + b"]" * 40, headers="Content-Type: application/json\r\n"),
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/health HTTP/1.1\r\nBad Header\r\n\r\n",
+    b"CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"COST /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    b"POST /v1/health HTTP/2.0\r\nHost: x\r\n\r\n",
+    b"POST http://x/v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    post("/v1/health", headers=f"X-Transport-Fingerprint: {FP}\r\n"),
+    b"\r\n" + post("/v1/health"),  # an empty line before the request line is ignored
+    post("/v1/health").replace(b" HTTP/1.1", b"   HTTP/1.1"),  # spaces: word boundaries
+    post("/v1/health").replace(b" HTTP/1.1", b"\tHTTP/1.1"),  # a tab is not one
+    post("/v1/health", headers="X-A: b\r\n" * 61),  # 64 header lines: served
+    post("/v1/health", headers="X-A: b\r\n" * 62),  # 65: refused
+    post("/v1/health").replace(b"Fingerprint: ", b"Fingerprint:\xa0"),  # not whitespace
+    # parse errors: Python's texts from both, quoting only the line (or value) that failed
+    *(
+        post("/v1/health").replace(b"Content-Length: 0", b"Content-Length: " + value)
+        for value in (b"-4", b"+4", b"0x4", b"4, 4", b"99999999999999999999999", b"")
+    ),
+    b"POST /v1/health HTTP/1.1\r\nContent-Length : 0\r\n\r\n",
+    b"POST /v1/health HTTP/1.1\r\nX-A: b\r\n c\r\n\r\n",  # obs-fold
+    b"POST /v1/health HTTP/1.2\r\nHost: x\r\n\r\n",
+    b"post /v1/health HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello: no line at all
+    post("/v1/health", headers="Transfer-Encoding: chunked\r\n").replace(
+        b"Content-Length: 0\r\n", b""
+    ),
+    post("/v1/health", headers="Transfer-Encoding: chunked\r\nAccept: application/json\r\n"),
+    post("/v1/health", headers="Content-Length: 4\r\nTransfer-Encoding: chunked\r\n"),
+    # a valid request, then bytes that are not one: its answer, then the 400 quoting them alone
+    post("/v1/step", b"WXYZ") + b"junk here\r\n\r\n",
+    post("/v1/step", b"WXYZ") + b"\r\nPOST /v1/health HTTP/1.2\r\n\r\n",
+    post("/v1/health") + b"POST /v1/health HTTP/1.1\r\nBad Header\r\n\r\n",
+    # closing refusals: Content-Length before Connection: close
+    post("/v1/health").replace(FP.encode(), b"0" * 16),
+    post("/v1/step").replace(b"Content-Length: 0", b"Content-Length: 9007199254740993"),
+    post("/v1/step").replace(b"Content-Length: 0", b"Content-Length: 018446744073709551615"),
+    b"POST /v1/hello HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    *_mutations(seed=5, count=150),
+]
+"""Edge-case requests both servers must answer with the same bytes."""
+
+
 def test_both_servers_answer_the_same() -> None:
-    """The same edge-case requests to a Python and a Node server: same status and code."""
-    requests = [
-        b"HEAD /v1/health HTTP/1.1\r\nHost: x\r\n\r\n",
-        post("/v1/health", host=False),
-        post("/v1/health", headers="Expect: nope\r\n"),
-        post("/v1/health", headers="Content-Length: 0\r\n"),
-        post("/v1/health", headers="Transfer-Encoding: chunked\r\n"),
-        post("/v1/reset_seed", b"[" * 40 + b"]" * 40, headers="Content-Type: application/json\r\n"),
-        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"POST /v1/health HTTP/1.1\r\nBad Header\r\n\r\n",
-        b"CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"COST /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-        b"POST /v1/health HTTP/2.0\r\nHost: x\r\n\r\n",
-        b"POST http://x/v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-        post("/v1/health", headers=f"X-Transport-Fingerprint: {FP}\r\n"),
-        b"\r\n" + post("/v1/health"),  # an empty line before the request line is ignored
-        post("/v1/health").replace(b" HTTP/1.1", b"   HTTP/1.1"),  # spaces: word boundaries
-        post("/v1/health").replace(b" HTTP/1.1", b"\tHTTP/1.1"),  # a tab is not one
-        post("/v1/health", headers="X-A: b\r\n" * 61),  # 64 header lines: served
-        post("/v1/health", headers="X-A: b\r\n" * 62),  # 65: refused
-        post("/v1/health").replace(b"Fingerprint: ", b"Fingerprint:\xa0"),  # not whitespace
-        *_mutations(seed=5, count=150),
-    ]
-    answers: dict[str, list[tuple[int, int | None] | None]] = {}
+    """The same edge-case requests to a Python and a Node server: the same response bytes
+    (status line, headers in order, body), each on a new connection."""
+    answers: dict[str, list[bytes]] = {}
     for lang in LANGS:
         with ServerProcess(unique_url("http"), env="pac", lang=lang) as proc:
-            got: list[tuple[int, int | None] | None] = []
-            for data in requests:
-                raw = exchange(proc.url, data, wait=0.3)
-                head_request = data.startswith(b"HEAD ")
-                reply = Reply(raw, head_request=head_request) if raw else None
-                got.append(None if reply is None else (reply.status, reply.error_code))
-            answers[lang] = got
+            responses = [
+                2 if b"junk" in data or data.count(b"HTTP/1.") > 1 else 1 for data in EDGE_REQUESTS
+            ]
+            answers[lang] = [
+                split_responses(exchange(proc.url, data, wait=0.3, responses=count), data)[:count]
+                for data, count in zip(EDGE_REQUESTS, responses, strict=True)
+            ]
     differences = [
         (data[:120], py, node)
-        for data, py, node in zip(requests, answers["python"], answers["node"], strict=True)
+        for data, py, node in zip(EDGE_REQUESTS, answers["python"], answers["node"], strict=True)
         if py != node
     ]
     assert not differences, differences

@@ -33,11 +33,13 @@ from transport.backends.http.wire import (
     MAX_HEADERS,
     METHODS,
     STATUS_OF_ERROR,
+    TRANSFER_ENCODING_TEXT,
     Address,
     _is_loopback,
     loads_json_body,
     parse_url,
     routes,
+    with_json_hint,
 )
 from transport.backends.socket_listener import ConnectionWatch, ServerLimits, SocketListener
 from transport.backends.sockets import LISTEN_BACKLOG, send_parts
@@ -108,8 +110,10 @@ def parse_request_head(head: bytes) -> _RequestHead:
         raise _BadRequest(f"more than {MAX_HEADERS} header lines")
     content_length: int | None = None
     fingerprint: bytes | None = None
-    accept_json = json_body = expect_continue = False
-    connection = b""
+    content_type: bytes | None = None
+    accept_json = False
+    connection: set[bytes] = set()  # the tokens of every Connection line
+    expect: set[bytes] = set()  # the elements of every Expect line
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep or _TOKEN.fullmatch(name) is None or _VALUE.fullmatch(value) is None:
@@ -125,19 +129,20 @@ def parse_request_head(head: bytes) -> _RequestHead:
             if content_length > MAX_CONTENT_LENGTH:
                 raise _BadRequest(f"bad Content-Length {quoted(value[:40])}: larger than 2**64 - 1")
         elif name == b"transfer-encoding":
-            raise _BadRequest("Transfer-Encoding is not supported: send Content-Length")
+            raise _BadRequest(TRANSFER_ENCODING_TEXT)
         elif name == b"x-transport-fingerprint":  # repeated: joined as Node does (then refused)
-            fingerprint = value.lower() if fingerprint is None else fingerprint + b", " + value
-        elif name == b"accept":
-            accept_json = b"application/json" in value.lower()
-        elif name == b"content-type":
-            json_body = value.lower().startswith(b"application/json")
+            value = value.lower()
+            fingerprint = value if fingerprint is None else fingerprint + b", " + value
+        elif name == b"accept":  # a list: repeated lines are one list (RFC 9110 5.3)
+            accept_json = accept_json or b"application/json" in value.lower()
+        elif name == b"content-type":  # one value: the first line counts (as Node reads it)
+            content_type = value.lower() if content_type is None else content_type
         elif name == b"connection":
-            connection = value.lower()
+            connection.update(_list_elements(value))
         elif name == b"expect":
-            expect_continue = value.lower() == b"100-continue"
-    tokens = {t.strip() for t in connection.split(b",")}
-    close = b"close" in tokens or (minor == b"0" and b"keep-alive" not in tokens)
+            expect.update(_list_elements(value))
+    # "close" in any Connection line closes, whatever else they say (RFC 9110 7.6.1)
+    close = b"close" in connection or (minor == b"0" and b"keep-alive" not in connection)
     path = target.partition(b"?")[0]
     method = path[4:].decode("ascii") if path.startswith(b"/v1/") else None
     return _RequestHead(
@@ -146,10 +151,16 @@ def parse_request_head(head: bytes) -> _RequestHead:
         content_length=content_length or 0,
         fingerprint=fingerprint,
         accept_json=accept_json,
-        json_body=json_body,
+        json_body=content_type is not None and content_type.startswith(b"application/json"),
         close=close,
-        expect_continue=expect_continue,
+        # an HTTP/1.0 client knows no 100 Continue: its Expect is ignored (RFC 9110 10.1.1)
+        expect_continue=minor == b"1" and b"100-continue" in expect,
     )
+
+
+def _list_elements(value: bytes) -> list[bytes]:
+    """The lowercased elements of a comma-separated header value."""
+    return [item.strip(b" \t") for item in value.lower().split(b",")]
 
 
 def _response_head(status: int, fields: list[tuple[str, str]], length: int, close: bool) -> bytes:
@@ -286,8 +297,9 @@ class _Connection:
             return
         line_end = self.buffer.find(b"\r\n", skip, self.have)
         if line_end >= 0:
-            if _REQUEST_LINE.fullmatch(bytes(self.view[skip:line_end])) is None:
-                raise _BadRequest(f"not an HTTP/1.x request line: {quoted(bytes(self.view[:80]))}")
+            line = bytes(self.view[skip:line_end])
+            if _REQUEST_LINE.fullmatch(line) is None:  # the text parse_request_head gives it
+                raise _BadRequest(f"not an HTTP/1.x request line: {quoted(line[:80])}")
             return
         start = bytes(self.view[skip : min(self.have, skip + 18)])
         verb = start.partition(b" ")[0]
@@ -303,11 +315,13 @@ class _Connection:
                     head, body_start = self._read_head()
                 except _BadRequest as exc:
                     self._refuse(400, ErrorCode.BAD_FRAME, str(exc), close=True)
+                    self._linger()  # the client reads the 400, not a reset, whatever it sends
                     return
                 length = head.content_length
                 if length > self.max_body:
                     text = f"Content-Length {length} exceeds the maximum {self.max_body}"
                     self._refuse(413, ErrorCode.BODY_TOO_LARGE, text, close=True, json=head)
+                    self._linger()  # the body it is still sending is drained, not reset
                     return
                 end = body_start + length
                 if self.have < end and head.expect_continue:
@@ -382,6 +396,8 @@ class _Connection:
                 return self._reply_error(resp, head)
         resp_type, resp = session.handle(msg_type, body)
         if resp_type == self.ids.ERROR:
+            if not head.json_body:  # a JSON body sent as form data (curl -d): say so
+                resp = with_json_hint(resp, body)
             return self._reply_error(resp, head)
         close = head.close or session.closing
         if head.accept_json:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from transport.backends.url_params import single_params
 from transport.errors import ConnectError
-from transport.protocol import HTTP_ROUTES, HTTP_STATUS
+from transport.protocol import ERROR_HEAD, HTTP_ROUTES, HTTP_STATUS, ErrorCode, encode_error
 from transport.schema.ir import MessageIR
 
 MAX_HEAD = 16 << 10
@@ -77,6 +77,10 @@ HTTP_VERBS = frozenset(
 """The request methods a server parses (then answers 405 unless POST): Node's llhttp list without
 CONNECT; any other token is not an HTTP/1.x request line (400 BAD_FRAME) on both servers."""
 
+TRANSFER_ENCODING_TEXT = "Transfer-Encoding is not supported: send Content-Length"
+"""The 400 BAD_FRAME text both servers give a request with Transfer-Encoding (chunked or not,
+with or without a Content-Length)."""
+
 JSON_MAX_DEPTH = 32
 """The deepest nesting of arrays and objects a JSON request body may have (the outer value is
 level 1); deeper is a 400 on both servers (docs/protocol.md), never a dropped connection."""
@@ -85,6 +89,23 @@ level 1); deeper is a 400 on both servers (docs/protocol.md), never a dropped co
 def json_too_deep() -> str:
     """The one text both servers give a JSON body nested deeper than ``JSON_MAX_DEPTH``."""
     return f"nests deeper than {JSON_MAX_DEPTH} arrays and objects"
+
+
+JSON_TYPE_HINT = "a JSON body needs Content-Type: application/json"
+"""Appended to a BAD_BODY_SIZE text when the refused body looks like JSON but was not declared
+as JSON (``curl -d`` sends form data): the size alone does not say what went wrong."""
+
+
+def with_json_hint(error: memoryview, body: memoryview) -> memoryview:
+    """The session's ERROR body, with ``JSON_TYPE_HINT`` when it refused the size of a body that
+    starts with ``{`` or ``[`` (only called on a refusal of a body not declared as JSON)."""
+    if not body.nbytes or body[0] not in b"{[" or error.nbytes < ERROR_HEAD.size:
+        return error
+    code, size = ERROR_HEAD.unpack_from(error, 0)
+    if code != ErrorCode.BAD_BODY_SIZE:
+        return error
+    text = bytes(error[ERROR_HEAD.size : ERROR_HEAD.size + size]).decode("utf-8", "replace")
+    return memoryview(encode_error(code, f"{text}; {JSON_TYPE_HINT}"))
 
 
 def _no_constant(name: str) -> Any:
@@ -113,6 +134,14 @@ def loads_json_body(text: bytes) -> Any:
 # -- URLs ----------------------------------------------------------------------------------------
 
 
+USERINFO_TEXT = (
+    "an http:// URL takes no user info (user@host): the protocol has no authentication "
+    "(use http://host:port)"
+)
+"""Why a URL with user info is refused, on both sides and in both languages: it was dropped
+silently before (Python) or read as part of the host (Node)."""
+
+
 @dataclass(frozen=True)
 class Address:
     host: str  # as written in the URL (no brackets)
@@ -134,6 +163,9 @@ def parse_url(url: str, *, listener: bool = False) -> Address:
         raise ConnectError(f"{url!r} is not a valid http URL: {exc}") from exc
     if parts.scheme.lower() != "http":
         raise ConnectError(f"{url!r} is not an http:// URL")
+    if "@" in parts.netloc:
+        shown = url.replace(parts.netloc, "***@" + parts.netloc.rpartition("@")[2], 1)
+        raise ConnectError(f"{shown!r}: {USERINFO_TEXT}")  # never echo a password
     if parts.path not in ("", "/") or parts.fragment:
         raise ConnectError(f"{url!r}: an http:// endpoint URL takes no path (use http://host:port)")
     if port is None:

@@ -39,7 +39,26 @@ import {
   serverLimits,
 } from "../../stream";
 import type { Listener, ListenOptions } from "../backend";
-import { BARE_LF_TEXT, HEX16, MAX_HEAD, MAX_HEADERS, METHODS, REASONS, STATUS_OF_ERROR, isLoopback, jsonable, netloc, parseJsonBody, parseUrl, stringifyJson } from "./wire";
+import {
+  BARE_LF_TEXT,
+  HEX16,
+  MAX_HEAD,
+  MAX_HEADERS,
+  METHODS,
+  REASONS,
+  STATUS_OF_ERROR,
+  TRANSFER_ENCODING_TEXT,
+  isLoopback,
+  jsonable,
+  listHas,
+  netloc,
+  parseJsonBody,
+  parseUrl,
+  quoted,
+  requestHeadError,
+  stringifyJson,
+  withJsonHint,
+} from "./wire";
 
 // -- server --------------------------------------------------------------------------------------
 
@@ -88,6 +107,118 @@ function rawErrorResponse(status: number, code: number, text: string, extra = ""
     `HTTP/1.1 ${status} ${LIMIT_REASONS[status] ?? "Error"}\r\nContent-Type: application/octet-stream\r\n` +
     `${extra}X-Transport-Error: ${code}\r\nContent-Length: ${body.byteLength}\r\nConnection: close\r\n\r\n`;
   return Buffer.concat([Buffer.from(head, "latin1"), body]);
+}
+
+/** The part of Node's llhttp binding (`_http_common`) that finds where a refused request began. */
+interface LlhttpParser {
+  initialize(type: number, resource: object, maxHeaderSize: number, lenient: number): void;
+  execute(data: Buffer): number | Error;
+  close(): void;
+  [callback: number]: unknown;
+}
+interface LlhttpBinding {
+  new (): LlhttpParser;
+  readonly REQUEST: number;
+  readonly kLenientNone: number;
+  readonly [callback: string]: number;
+}
+
+let llhttp: LlhttpBinding | null | undefined;
+
+/** Node's own request parser (the one its http server runs), or null where it is not reachable. */
+function llhttpParser(): LlhttpBinding | null {
+  if (llhttp === undefined) {
+    try {
+      llhttp = (require("_http_common") as { HTTPParser?: LlhttpBinding }).HTTPParser ?? null;
+    } catch {
+      llhttp = null;
+    }
+  }
+  return llhttp;
+}
+
+/** Bytes of `raw` replayed to find the refused request's start: beyond, the fallback text. */
+const REPLAY_BUDGET = 4 << 20;
+
+/**
+ * Where, in the read llhttp refused (`raw`, refused at `at` with `code`), the refused request
+ * begins: the first offset from which a fresh llhttp parser meets the same error at the same
+ * byte while still in its first request. Earlier requests of the same read (pipelined) are
+ * parsed whole from their own start, so they never count, nor does a body before it on the
+ * same line. The CR/LF bytes before the request are included (the Python server's buffer has
+ * them too). -1 when the request began in an earlier read.
+ */
+function refusedRequestStart(raw: Buffer, at: number, code: string): number {
+  const HTTPParser = llhttpParser();
+  if (HTTPParser === null || at >= raw.byteLength) return -1;
+  const parser = new HTTPParser();
+  let begun = 0;
+  parser[HTTPParser.kOnMessageBegin as number] = () => {
+    begun += 1;
+  };
+  for (const name of ["kOnHeaders", "kOnHeadersComplete", "kOnBody", "kOnMessageComplete", "kOnExecute"]) {
+    parser[HTTPParser[name] as number] = () => 0;
+  }
+  let budget = REPLAY_BUDGET;
+  try {
+    for (let x = Math.max(0, at - MAX_HEAD - 4); x <= at && budget > 0; x++) {
+      const c = raw[x] as number;
+      if (x !== at && (c < 0x41 || c > 0x5a)) continue; // a request line starts with a method (A-Z)
+      parser.initialize(HTTPParser.REQUEST, {}, MAX_HEAD, HTTPParser.kLenientNone);
+      begun = 0;
+      const result = parser.execute(raw.subarray(x, at + 1));
+      const failed = result as { code?: string; bytesParsed?: number };
+      budget -= result instanceof Error ? (failed.bytesParsed ?? 0) + 1 : at + 1 - x;
+      if (result instanceof Error && failed.code === code && x + (failed.bytesParsed ?? -1) === at && begun === 1) {
+        while (x > 0 && (raw[x - 1] === 0x0d || raw[x - 1] === 0x0a)) x--;
+        return x;
+      }
+    }
+  } catch {
+    return -1;
+  } finally {
+    parser.close();
+  }
+  return -1;
+}
+
+/** The Python server's 400 text for a request line llhttp parsed and it does not (as rebuilt). */
+function notRequestLine(req: http.IncomingMessage): string {
+  // llhttp reads a line without a version ("POST /x}HTP/1.1") as HTTP/0.9: the line had none
+  const version = req.httpVersion === "0.9" ? "" : ` HTTP/${req.httpVersion}`;
+  const line = `${req.method ?? ""} ${req.url ?? ""}${version}`;
+  return `not an HTTP/1.x request line: ${quoted(line.slice(0, 80))}`;
+}
+
+/**
+ * The text of a parse error's 400: the Python server's words for the same bytes (its rules,
+ * `requestHeadError`, run on the refused request), else words from llhttp's error code that
+ * quote only the line that failed, never bytes of the requests before it.
+ */
+function parseErrorText(error: NodeJS.ErrnoException): string {
+  const code = error.code ?? "";
+  if (code === "HPE_HEADER_OVERFLOW") return `request head is larger than ${MAX_HEAD} bytes`;
+  const raw = (error as { rawPacket?: Buffer }).rawPacket;
+  const at = (error as { bytesParsed?: number }).bytesParsed ?? -1;
+  if (raw === undefined || at < 0 || at > raw.byteLength) return `not an HTTP/1.x request (${code || error.message})`;
+  const start = refusedRequestStart(raw, at, code);
+  const text = start >= 0 ? requestHeadError(raw.subarray(start)) : null;
+  if (text !== null) return text;
+  // the request began in an earlier read: the line that failed, from its start in this read
+  const from = at > 0 ? raw.lastIndexOf(0x0a, at - 1) + 1 : 0;
+  let to = from;
+  while (to < raw.byteLength && raw[to] !== 0x0d && raw[to] !== 0x0a) to++;
+  const line = raw.subarray(from, Math.min(to, from + 80)).toString("latin1");
+  const reason = (error as { reason?: string }).reason ?? "";
+  const bareLf = (i: number): boolean => i >= 0 && raw[i] === 0x0a && (i < 1 || raw[i - 1] !== 0x0d);
+  if (code === "HPE_CR_EXPECTED" || bareLf(at - 1)) return BARE_LF_TEXT; // at the LF, or after it
+  if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" && reason.startsWith("Duplicate")) return "duplicate Content-Length headers";
+  if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" || code === "HPE_INVALID_TRANSFER_ENCODING") return TRANSFER_ENCODING_TEXT;
+  if (code === "HPE_INVALID_CONTENT_LENGTH") {
+    return `bad Content-Length ${quoted(line.slice(line.indexOf(":") + 1).replace(/^[ \t]+|[ \t]+$/g, "").slice(0, 40))}`;
+  }
+  if (code === "HPE_INVALID_HEADER_TOKEN") return `malformed header line ${quoted(line)}`;
+  return `not an HTTP/1.x request line: ${quoted(line)}`;
 }
 
 export class HttpServer {
@@ -163,7 +294,11 @@ export class HttpServer {
 
   /** CONNECT (a tunnel request): refused as the Python server refuses its request line. */
   onConnect(req: http.IncomingMessage, socket: net.Socket): void {
-    const body = encodeError(ErrorCode.BAD_FRAME, `not an HTTP/1.x request line: unknown method ${JSON.stringify(req.method ?? "")}`);
+    const method = req.method ?? "";
+    const text = (req.url ?? "").startsWith("/") && req.httpVersionMajor === 1
+      ? `not an HTTP/1.x request line: unknown method ${quoted(method.slice(0, 16))}`
+      : notRequestLine(req);
+    const body = encodeError(ErrorCode.BAD_FRAME, text);
     socket.write(
       "HTTP/1.1 400 Bad Request\r\nContent-Type: application/octet-stream\r\n" +
         `X-Transport-Error: ${ErrorCode.BAD_FRAME}\r\nContent-Length: ${body.byteLength}\r\n` +
@@ -203,28 +338,7 @@ export class HttpServer {
       socket.destroy();
       return;
     }
-    const code = error.code ?? "";
-    const raw = (error as { rawPacket?: Buffer }).rawPacket;
-    const at = (error as { bytesParsed?: number }).bytesParsed ?? -1;
-    // quote the bytes that failed, from the start of their line: not the valid requests before
-    // them in the same read (pipelined), as the Python server names the bytes it cannot parse
-    const from = raw !== undefined && at > 0 && at <= raw.byteLength ? raw.lastIndexOf(0x0a, at - 1) + 1 : 0;
-    const preview = raw ? JSON.stringify(raw.subarray(from, from + 80).toString("latin1")) : "";
-    const reason = (error as { reason?: string }).reason ?? "";
-    // the Python server's texts for the same refusals (transport/backends/http/server.py)
-    let text: string;
-    const bareLf = (i: number): boolean => raw !== undefined && i >= 0 && raw[i] === 0x0a && (i < 1 || raw[i - 1] !== 0x0d);
-    if (code === "HPE_CR_EXPECTED" || bareLf(at - 1)) {
-      text = BARE_LF_TEXT; // llhttp stops at a LF without its CR, or right after it
-    } else if (code === "HPE_HEADER_OVERFLOW") text = `request head is larger than ${MAX_HEAD} bytes`;
-    else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" && reason.startsWith("Duplicate")) {
-      text = "duplicate Content-Length headers";
-    } else if (code === "HPE_UNEXPECTED_CONTENT_LENGTH" || code === "HPE_INVALID_TRANSFER_ENCODING") {
-      text = "Transfer-Encoding is not supported: send Content-Length";
-    } else if (code === "HPE_INVALID_CONTENT_LENGTH") text = `bad Content-Length (${reason})`;
-    else if (code === "HPE_INVALID_HEADER_TOKEN") text = `malformed header line (${reason}): ${preview}`;
-    else text = `not an HTTP/1.x request (${code || error.message}): ${preview}`;
-    const body = encodeError(ErrorCode.BAD_FRAME, text);
+    const body = encodeError(ErrorCode.BAD_FRAME, parseErrorText(error));
     const head =
       "HTTP/1.1 400 Bad Request\r\nContent-Type: application/octet-stream\r\n" +
       `X-Transport-Error: ${ErrorCode.BAD_FRAME}\r\nContent-Length: ${body.byteLength}\r\n` +
@@ -266,29 +380,47 @@ export class HttpServer {
       turn.run = run;
       this.#nextTurns(conn);
     };
+    // a head the Python server cannot parse: its 400 is binary, whatever Accept says (as a
+    // parse error's), since the head's fields are not read
     if (req.httpVersionMajor !== 1 || !(req.url ?? "").startsWith("/")) {
       // as the Python server: only HTTP/1.x with an origin-form target is a request line
-      const text = `not an HTTP/1.x request line: ${JSON.stringify(`${req.method ?? ""} ${(req.url ?? "").slice(0, 80)} HTTP/${req.httpVersion}`)}`;
-      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, text, true, accept));
+      const text = notRequestLine(req);
+      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, text, true, false));
       return;
     }
     if (req.rawHeaders.length / 2 > MAX_HEADERS) {
-      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, `more than ${MAX_HEADERS} header lines`, true, accept));
+      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, `more than ${MAX_HEADERS} header lines`, true, false));
       return;
     }
     if (req.headers["transfer-encoding"] !== undefined) {
-      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, "Transfer-Encoding is not supported: send Content-Length", true, accept));
+      reply(() => this.#refuse(res, conn, 400, ErrorCode.BAD_FRAME, TRANSFER_ENCODING_TEXT, true, false));
       return;
     }
-    const length = Number(req.headers["content-length"] ?? "0");
+    if (expectContinue) {
+      // Node closes after an answer that skipped the 100 Continue: here the body is read whole
+      // before any answer, so the connection stays usable (as the Python server keeps it)
+      (res as unknown as { _expect_continue: boolean })._expect_continue = false;
+    }
+    if (req.httpVersionMinor === 0 && res.shouldKeepAlive && listHas(req.headers.connection, "close")) {
+      res.shouldKeepAlive = false; // "close" in any Connection line closes (llhttp lets keep-alive win on 1.0)
+    }
+    const lengthText = req.headers["content-length"];
+    const length = lengthText === undefined ? 0 : Number(lengthText);
     if (length > this.maxBody) {
-      reply(() => this.#refuse(res, conn, 413, ErrorCode.BODY_TOO_LARGE, `Content-Length ${length} exceeds the maximum ${this.maxBody}`, true, accept));
+      // the exact value (a Number rounds past 2**53), without leading zeros: Python's int
+      const text = `Content-Length ${BigInt(lengthText as string)} exceeds the maximum ${this.maxBody}`;
+      reply(() => this.#refuse(res, conn, 413, ErrorCode.BODY_TOO_LARGE, text, true, accept));
       return;
     }
-    if (expectContinue) res.writeContinue();
     if (length === 0) {
       reply(() => this.#answer(req, res, conn, accept, EMPTY, 0, 0));
       return;
+    }
+    if (expectContinue && listHas(req.headers.expect, "100-continue")) {
+      // only while the body is still to come: after this read, not when it came with the head
+      setImmediate(() => {
+        if (!req.complete && !res.headersSent && !socket.destroyed) res.writeContinue();
+      });
     }
     let first: Buffer | null = null;
     let parts: Buffer[] | null = null;
@@ -354,8 +486,12 @@ export class HttpServer {
     const ids = this.ids;
     const isHello = msgType === ids.HELLO_REQ;
     const header = req.headers["x-transport-fingerprint"];
-    // only spaces and tabs are header whitespace (String.trim would also drop U+00A0, as Python does not)
-    const fingerprint = typeof header === "string" ? header.replace(/^[ \t]+|[ \t]+$/g, "").toLowerCase() : undefined;
+    // the right value as sent: no work; else only spaces and tabs are header whitespace
+    // (String.trim would also drop U+00A0) and only A-Z are lowered, as Python's bytes.lower
+    const fingerprint =
+      header === this.fingerprint || typeof header !== "string"
+        ? (header as string | undefined)
+        : header.replace(/^[ \t]+|[ \t]+$/g, "").replace(/[A-Z]+/g, (upper) => upper.toLowerCase());
     if (fingerprint === undefined) {
       if (!isHello) {
         this.#refuse(res, conn, 400, ErrorCode.HELLO_REQUIRED,
@@ -404,6 +540,11 @@ export class HttpServer {
       }
     }
     const type = session.handle(msgType, body, at, length);
+    if (type === ids.ERROR && body === bodyBuf) {
+      // a body not declared as JSON: a JSON-looking one refused for its size gets a hint (curl -d)
+      this.#replyError(res, conn, accept, length > 0 ? bodyBuf[bodyAt] : undefined);
+      return;
+    }
     if (type === LATER) {
       // a RECV waiting for worker threads: answer when it is ready (other requests go on)
       void (session.later as Promise<number>).then((later) => {
@@ -444,9 +585,11 @@ export class HttpServer {
     this.#send(res, conn, 200, headers, bodyOut, close, true);
   }
 
-  #replyError(res: http.ServerResponse, conn: Connection, accept: boolean): void {
+  /** The session's ERROR; `first`: the first byte of a body not declared as JSON (a hint). */
+  #replyError(res: http.ServerResponse, conn: Connection, accept: boolean, first?: number): void {
     const session = conn.session;
-    const body = Buffer.from(session.body()); // small; the session buffer is reused next request
+    // small; the session buffer is reused next request
+    const body = first === undefined ? Buffer.from(session.body()) : withJsonHint(Buffer.from(session.body()), first);
     const code = body.byteLength >= 2 ? body.readUInt16LE(0) : ErrorCode.INTERNAL;
     this.#sendError(res, conn, STATUS_OF_ERROR[code] ?? 500, code, body, session.closing, accept, {});
   }
@@ -492,7 +635,7 @@ export class HttpServer {
     close: boolean,
     shared = false,
   ): void {
-    if (close) {
+    if (close || !res.shouldKeepAlive) {
       conn.ended = true;
       const socket = res.socket;
       if (socket !== null) {
@@ -500,7 +643,8 @@ export class HttpServer {
         (socket as unknown as { destroySoon: () => void }).destroySoon = () => linger(socket);
       }
       res.shouldKeepAlive = false;
-      headers = { ...headers, Connection: "close", "Content-Length": String(body.byteLength) };
+      // Content-Length before Connection, as on every other answer (the Python server's order)
+      headers = { ...headers, "Content-Length": String(body.byteLength), Connection: "close" };
     } else if (headers["Content-Length"] === undefined) {
       headers = { ...headers, "Content-Length": String(body.byteLength) };
     }

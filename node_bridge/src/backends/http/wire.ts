@@ -7,7 +7,7 @@ import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { ConnectError } from "../../errors";
 import { singleParams } from "../url_params";
-import { HTTP_ROUTES, HTTP_STATUS } from "../../protocol";
+import { ErrorCode, HTTP_ROUTES, HTTP_STATUS, encodeError, parseError } from "../../protocol";
 
 
 /** `/v1/<method>` -> the request message it carries (declared in schema/protocol.toml). */
@@ -52,11 +52,22 @@ export function netloc(address: Address): string {
   return `${host}:${address.port}`;
 }
 
+/**
+ * Why a URL with user info is refused, on both sides and in both languages (Python:
+ * `USERINFO_TEXT`): it was read as part of the host before.
+ */
+export const USERINFO_TEXT =
+  "an http:// URL takes no user info (user@host): the protocol has no authentication (use http://host:port)";
+
 export const URL_PATTERN = /^http:\/\/(\[[^\]/]*\]|[^/:?#[\]]*)(?::([0-9]*))?(\/)?(?:\?([^#]*))?$/i;
 
 /** `http://host:port` (a listener may ask for port 0 and `?allow_remote=1`). */
 export function parseUrl(url: string, listener = false): Address {
   if (!/^http:\/\//i.test(url)) throw new ConnectError(`${JSON.stringify(url)} is not an http:// URL`);
+  if ((/^http:\/\/([^/?#]*)/i.exec(url)?.[1] ?? "").includes("@")) {
+    const shown = url.replace(/^(http:\/\/)[^/?#]*@/i, "$1***@"); // never echo a password
+    throw new ConnectError(`${JSON.stringify(shown)}: ${USERINFO_TEXT}`);
+  }
   const match = URL_PATTERN.exec(url);
   const badPort = match === null ? /^http:\/\/(?:\[[^\]/]*\]|[^/:?#[\]]*):([^/?#]*)/i.exec(url) : null;
   if (badPort !== null && !/^[0-9]*$/.test(badPort[1] as string)) {
@@ -110,6 +121,111 @@ export async function isLoopback(host: string): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+// -- request heads (the Python server's parser: transport/backends/http/server.py) ---------------
+
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+const VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+const REQUEST_LINE = /^([A-Z][A-Z-]{0,15}) +(\/[\x21-\x7e]*) +HTTP\/1\.([01])$/;
+const BARE_LF = /(?<!\r)\n/;
+const HTTP_VERBS = new Set(
+  ("ACL BIND CHECKOUT COPY DELETE GET HEAD LINK LOCK M-SEARCH MERGE MKACTIVITY MKCALENDAR MKCOL " +
+    "MOVE NOTIFY OPTIONS PATCH POST PROPFIND PROPPATCH PURGE PUT QUERY REBIND REPORT SEARCH " +
+    "SOURCE SUBSCRIBE TRACE UNBIND UNLINK UNLOCK UNSUBSCRIBE").split(" "),
+);
+const MAX_CONTENT_LENGTH = (1n << 64n) - 1n;
+
+/** Request bytes as an error text shows them: JSON-quoted text of their latin-1 reading. */
+export function quoted(latin1: string): string {
+  return JSON.stringify(latin1);
+}
+
+/** Whether a comma-separated header value (repeated lines joined) has `element` (lowercase). */
+export function listHas(value: string | undefined, element: string): boolean {
+  if (value === undefined) return false;
+  return value.toLowerCase().split(",").some((item) => item.replace(/^[ \t]+|[ \t]+$/g, "") === element);
+}
+
+/**
+ * The 400 text the Python server gives a request whose bytes (from the start of the request,
+ * blank lines before it included) are `data`, all of which arrived: its `_read_head`,
+ * `_check_start` and `parse_request_head` rules, in their order. Null when those rules find
+ * nothing wrong (llhttp refused what Python would wait on or accept). Node's parser refuses
+ * the same requests; this gives its refusals the same words.
+ */
+export function requestHeadError(data: Uint8Array): string | null {
+  const text = Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("latin1");
+  let skip = 0;
+  while (skip < text.length && (text[skip] === "\r" || text[skip] === "\n")) skip++;
+  const end = text.indexOf("\r\n\r\n", skip);
+  if (end >= 0) {
+    if (end > MAX_HEAD) return `request head is larger than ${MAX_HEAD} bytes`;
+    return headError(text.slice(skip, end));
+  }
+  if (BARE_LF.test(text.slice(skip))) return BARE_LF_TEXT;
+  if (text.length >= MAX_HEAD) return `request head is larger than ${MAX_HEAD} bytes`;
+  if (skip === text.length) return null;
+  const lineEnd = text.indexOf("\r\n", skip);
+  if (lineEnd >= 0) {
+    const line = text.slice(skip, lineEnd);
+    return REQUEST_LINE.test(line) ? null : `not an HTTP/1.x request line: ${quoted(line.slice(0, 80))}`;
+  }
+  const start = text.slice(skip, skip + 18);
+  const verb = start.split(" ")[0] as string;
+  if (!/^[A-Z-]{0,16}$/.test(verb) || (!start.includes(" ") && verb.length >= 17)) {
+    return `not an HTTP request: ${quoted(start)}`;
+  }
+  return null;
+}
+
+/** `parse_request_head`'s refusal of a whole head (without its CRLFCRLF), or null. */
+function headError(head: string): string | null {
+  const lines = head.split("\r\n");
+  if (head.split("\n").length !== lines.length) return BARE_LF_TEXT;
+  const request = REQUEST_LINE.exec(lines[0] as string);
+  if (request === null) return `not an HTTP/1.x request line: ${quoted((lines[0] as string).slice(0, 80))}`;
+  const verb = request[1] as string;
+  if (!HTTP_VERBS.has(verb)) return `not an HTTP/1.x request line: unknown method ${quoted(verb.slice(0, 16))}`;
+  if (lines.length - 1 > MAX_HEADERS) return `more than ${MAX_HEADERS} header lines`;
+  let length = false;
+  for (const line of lines.slice(1)) {
+    const colon = line.indexOf(":");
+    const name = colon < 0 ? line : line.slice(0, colon);
+    const raw = colon < 0 ? "" : line.slice(colon + 1);
+    if (colon < 0 || !TOKEN.test(name) || !VALUE.test(raw)) return `malformed header line ${quoted(line.slice(0, 80))}`;
+    const lower = name.toLowerCase();
+    const value = raw.replace(/^[ \t]+|[ \t]+$/g, "");
+    if (lower === "content-length") {
+      if (!/^[0-9]+$/.test(value)) return `bad Content-Length ${quoted(value.slice(0, 40))}`;
+      if (length) return "duplicate Content-Length headers";
+      length = true;
+      if (BigInt(value) > MAX_CONTENT_LENGTH) return `bad Content-Length ${quoted(value.slice(0, 40))}: larger than 2**64 - 1`;
+    } else if (lower === "transfer-encoding") {
+      return TRANSFER_ENCODING_TEXT;
+    }
+  }
+  return null;
+}
+
+/** The 400 text of a request with Transfer-Encoding, on both servers. */
+export const TRANSFER_ENCODING_TEXT = "Transfer-Encoding is not supported: send Content-Length";
+
+/**
+ * Appended to a BAD_BODY_SIZE text when the refused body looks like JSON but was not declared
+ * as JSON (`curl -d` sends form data): Python's `JSON_TYPE_HINT`.
+ */
+export const JSON_TYPE_HINT = "a JSON body needs Content-Type: application/json";
+
+/**
+ * The session's ERROR body, with `JSON_TYPE_HINT` when it refused the size of a body whose first
+ * byte (`first`) is `{` or `[` (only called on a refusal of a body not declared as JSON).
+ */
+export function withJsonHint(error: Buffer, first: number | undefined): Buffer {
+  if (first !== 0x7b && first !== 0x5b) return error;
+  const parsed = parseError(error);
+  if (parsed === null || parsed.code !== ErrorCode.BAD_BODY_SIZE) return error;
+  return encodeError(parsed.code, `${parsed.text}; ${JSON_TYPE_HINT}`);
 }
 
 // -- JSON (curl) ---------------------------------------------------------------------------------
