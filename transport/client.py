@@ -44,6 +44,7 @@ from transport.protocol import (
     AutoReset,
     ErrorCode,
     MessageIds,
+    ReplyTooLargeError,
     body_codec,
     check_hello,
     decode_error,
@@ -114,6 +115,12 @@ HINTS: tuple[tuple[type[TransportError], str], ...] = (
         TransportTimeoutError,
         "the connection is kept and the late reply is dropped when it comes: retry, or connect "
         "with a larger timeout= if the server's envs are slow",
+    ),
+    (
+        ReplyTooLargeError,
+        "the reply was dropped: connect with a max_body at least that large, "
+        "transport.connect(url, max_body=...) or RemoteVectorEnv(url, max_body=...); render "
+        "frames of many envs can pass the default 64 MiB",
     ),
     (
         ProtocolError,

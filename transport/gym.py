@@ -34,7 +34,7 @@ from transport.api import connect
 from transport.client import DEFAULT_TIMEOUT, Client
 from transport.codec import Schema
 from transport.errors import ActionError, AdapterError, NoProgressError, RemoteError
-from transport.protocol import ErrorCode
+from transport.protocol import DEFAULT_MAX_BODY, ErrorCode
 from transport.spaces import (
     action_field_of,
     action_space_of,
@@ -140,10 +140,24 @@ FRAME_HELP = (
     "row-major) with 'frame_shape': [height, width, 3] (or 'frame' as nested lists)"
 )
 GYM_FRAME_HELP = (
-    "the server's gymnasium envs render only when made with a render mode: start the server "
+    "the server's gymnasium envs serve frames only when made with render_mode 'rgb_array' "
+    "(made without one, or with 'human' or 'ansi', they serve none): start the server "
     """with `transport-serve URL --gym ENV_ID --gym-kwargs '{"render_mode": "rgb_array"}'` """
     """(in a script: serve_gym(..., gym_kwargs={"render_mode": "rgb_array"}))"""
 )
+
+
+RENDER_MAX_BODY = 1 << 30
+"""The ``max_body`` an adapter with ``render_mode="rgb_array"`` connects with unless given one:
+``render()`` gets every env's frame in one reply (96 Pendulum frames are 72 MB, over the
+default 64 MiB); the client's buffer grows only with replies that come."""
+
+
+def max_body_for(max_body: int | None, render_mode: str | None) -> int:
+    """``max_body``, else ``RENDER_MAX_BODY`` for an adapter that renders, else the default."""
+    if max_body is not None:
+        return max_body
+    return RENDER_MAX_BODY if render_mode is not None else DEFAULT_MAX_BODY
 
 
 def no_frame_help(schema: Schema | None) -> str:
@@ -315,8 +329,11 @@ def _connect(
     schema: Schema | str | Path | None,
     timeout: float | None,
     autoreset: str,
+    max_body: int,
 ) -> Client:
-    return connect(resolve_url(url), schema, timeout=timeout, autoreset=autoreset)
+    return connect(
+        resolve_url(url), schema, timeout=timeout, autoreset=autoreset, max_body=max_body
+    )
 
 
 class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
@@ -337,13 +354,17 @@ class RemoteEnv(gymnasium.Env[np.ndarray, np.int64]):
         observation_bounds: Bounds | None = None,
         render_mode: str | None = None,
         on_no_progress: str = "raise",
+        max_body: int | None = None,
     ) -> None:
         """``render_mode="rgb_array"``: ``render()`` returns the env's frame (``FRAME_HELP``).
         ``on_no_progress="truncate"``: a stalled env (NoProgressError) ends its episode as
-        truncated instead of raising (docs/adapters.md "Decision-boundary runs")."""
+        truncated instead of raising (docs/adapters.md "Decision-boundary runs").
+        ``max_body``: the largest reply accepted (``connect``'s; ``max_body_for``)."""
         self.render_mode = check_render_mode(render_mode)
         self.on_no_progress = check_no_progress(on_no_progress)
-        self.client = _connect(url, schema, timeout, "disabled")
+        self.client = _connect(
+            url, schema, timeout, "disabled", max_body_for(max_body, self.render_mode)
+        )
         try:
             check_single_env(self.client)
             self.fields = ResultFields(self.client)
@@ -463,12 +484,15 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
         client: Client | None = None,
         render_mode: str | None = None,
         on_no_progress: str = "raise",
+        max_body: int | None = None,
     ) -> None:
         """``client``: drive this connected client (its auto-reset mode must be the one asked
         for) instead of connecting to ``url``; the adapter closes it. ``render_mode``:
         "rgb_array" makes ``render()`` return each env's frame (``FRAME_HELP``).
         ``on_no_progress="truncate"``: a stalled env (NoProgressError) ends its episode as
-        truncated instead of raising (docs/adapters.md "Decision-boundary runs")."""
+        truncated instead of raising (docs/adapters.md "Decision-boundary runs").
+        ``max_body``: the largest reply accepted (``connect``'s): by default 64 MiB, and
+        ``RENDER_MAX_BODY`` with a render mode, since one reply holds every env's frame."""
         self.render_mode = check_render_mode(render_mode)
         self.on_no_progress = check_no_progress(on_no_progress)
         mode = autoreset_mode_of(autoreset_mode)
@@ -479,8 +503,18 @@ class RemoteVectorEnv(VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
             )
         wire = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
         if client is not None:
+            if max_body is not None:
+                raise AdapterError(
+                    "RemoteVectorEnv(client=..., max_body=...): max_body is the limit of the "
+                    "connection the adapter opens; connect the client with it instead "
+                    "(transport.connect(url, max_body=...))"
+                )
             check_autoreset(client, wire)  # before the adapter owns (and would close) it
-        self.client = _connect(url, schema, timeout, wire) if client is None else client
+        if client is None:
+            limit = max_body_for(max_body, self.render_mode)
+            self.client = _connect(url, schema, timeout, wire, limit)
+        else:
+            self.client = client
         try:
             self.num_envs = check_num_envs(self.client, resolve_num_envs(num_envs))
             self.fields = ResultFields(self.client)

@@ -61,12 +61,16 @@ _DTYPES = {
 }
 _RESERVED = {"reward", "terminated", "truncated"}
 _CARRIED = "Box, Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of these"
+_ACTIONS = "Box, Discrete, MultiDiscrete or MultiBinary (one field: not a Dict or Tuple)"
 _I32 = (-(2**31), 2**31 - 1)
 
 
-def _refuse(space: Any, where: str, why: str = "") -> SchemaError:
+def _refuse(space: Any, where: str, why: str = "", *, action: bool = False) -> SchemaError:
+    """The refusal of a space at ``where``; without ``why``: what the transport carries there
+    (an action is one field, so fewer kinds than an observation)."""
     name = type(space).__name__
-    reason = why or f"a {name} space has no fixed size; the transport carries {_CARRIED}"
+    carried = f"an action may be {_ACTIONS}" if action else f"the transport carries {_CARRIED}"
+    reason = why or f"a {name} space has no fixed size; {carried}"
     return SchemaError(f"{where}: {name} space {space!r} cannot be carried: {reason}")
 
 
@@ -131,6 +135,14 @@ class _Fields:
         if isinstance(space, spaces.Dict):
             if not space.spaces:
                 raise _refuse(space, where, "an empty Dict has nothing to carry")
+            for key in space.spaces:
+                if not isinstance(key, str):
+                    raise _refuse(
+                        space,
+                        where,
+                        f"its key {key!r} is not a str ({type(key).__name__}): Dict keys "
+                        "must be strings (the observation is carried as a dict keyed by str)",
+                    )
             items = [
                 [key, self.tree(sub, [*path, str(key)], f"{where}[{key!r}]")]
                 for key, sub in space.spaces.items()
@@ -233,10 +245,8 @@ def _leaf(space: Any, where: str, *, action: bool) -> tuple[dict[str, Any], str,
             desc["n_sequence"] = True
         return desc, f"{'u8' if action else 'i8'}{_dims(shape)}", 0, 1
     if isinstance(space, spaces.Dict | spaces.Tuple):
-        raise _refuse(
-            space, where, "the action is one field (Discrete, MultiDiscrete, MultiBinary or Box)"
-        )
-    raise _refuse(space, where)
+        raise _refuse(space, where, f"an action may be {_ACTIONS}")
+    raise _refuse(space, where, action=action)
 
 
 def describe_spaces(observation_space: Any, action_space: Any) -> tuple[str, str, dict[str, Any]]:

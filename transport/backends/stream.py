@@ -17,7 +17,13 @@ from typing import Any
 from transport.backends.base import BufferChannel
 from transport.backends.socket_listener import ConnectionWatch
 from transport.backends.sockets import send_parts, set_kernel_timeout
-from transport.errors import BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError
+from transport.errors import (
+    BadFrameError,
+    PeerGoneError,
+    ProtocolError,
+    TransportError,
+    TransportTimeoutError,
+)
 from transport.protocol import (
     BODY_OFFSET,
     DEFAULT_MAX_BODY,
@@ -26,6 +32,7 @@ from transport.protocol import (
     HEADER_SIZE,
     MESSAGE_IDS,
     ErrorCode,
+    reply_too_large,
 )
 from transport.runtime.session import Session
 
@@ -123,6 +130,32 @@ class FramedSocket:
         if self.watch is not None:
             self.watch.busy()
         return msg_type, msg_id, body
+
+    def drop_frame(self, deadline: float | None = None) -> tuple[int, int]:
+        """Read and drop the frame whose header ``recv_frame`` refused (its body over
+        ``max_body``), through the buffer as it is, so the next frame can be read: (msg_id,
+        body_len). The stream is out of step if this raises (a timeout, the peer gone)."""
+        _, msg_id, body_len = HEADER.unpack_from(self.buffer, HEADER_OFFSET)
+        frame_len = HEADER_SIZE + body_len
+        if self._have >= frame_len:  # all of it is here already
+            self._consume(frame_len)
+            return msg_id, body_len
+        left = frame_len - self._have
+        self._have, self._pending = 0, b""
+        room = self._view[HEADER_OFFSET:]
+        while left:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TransportTimeoutError("the rest of the frame did not arrive in time")
+            try:
+                n = self.sock.recv_into(room, min(left, len(room)))
+            except _TIMED_OUT as exc:
+                raise TransportTimeoutError(f"peer sent nothing for {self.timeout:.3g} s") from exc
+            except _PEER_GONE as exc:
+                raise PeerGoneError(f"peer reset the connection ({exc.strerror})") from exc
+            if n == 0:
+                raise PeerGoneError("peer closed the connection in the middle of a frame")
+            left -= n
+        return msg_id, body_len
 
     def _consume(self, frame_len: int) -> None:
         extra = self._have - frame_len
@@ -225,7 +258,18 @@ class StreamChannel(BufferChannel):
             raise
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
-            resp_type, resp_id, resp = self.framed.recv_frame(deadline)
+            try:
+                resp_type, resp_id, resp = self.framed.recv_frame(deadline)
+            except BadFrameError as exc:  # a body over max_body: its header read, not its body
+                late = 0 < (msg_id - exc.msg_id) & 0xFFFFFFFF < 1 << 31
+                if exc.msg_id != msg_id and not late:  # no reply at all: out of step
+                    self._broken = f"the connection was closed after a bad frame ({exc})"
+                    self.framed.close()
+                    raise
+                body_len = self._drop_reply(deadline)
+                if late:
+                    continue  # a late reply to an earlier request: dropped, as any late one
+                raise reply_too_large(body_len, self.framed.max_body, msg_id) from None
             if resp_id == msg_id or (resp_id == 0 and resp_type == self.error_type):
                 return resp_type, resp  # msg_id 0: the server refused or closed the connection
             if not 0 < (msg_id - resp_id) & 0xFFFFFFFF < 1 << 31:
@@ -236,6 +280,18 @@ class StreamChannel(BufferChannel):
                     f"no reply within {self.timeout} s (a late reply to an earlier request "
                     "came and was dropped)"
                 )
+
+    def _drop_reply(self, deadline: float | None) -> int:
+        """Read past a reply over max_body, keeping the connection (its body_len); one that
+        stops halfway leaves the stream out of step: the channel is closed."""
+        try:
+            return self.framed.drop_frame(deadline)[1]
+        except TransportError as exc:
+            self._broken = (
+                f"the connection was closed: a reply over max_body was being dropped when {exc}"
+            )
+            self.framed.close()
+            raise
 
     def close(self) -> None:
         self._broken = "the channel is closed"

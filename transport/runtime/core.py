@@ -252,6 +252,15 @@ class ActionRule:
         low = "-inf" if self.low is None else _numbers(self.low)
         high = "inf" if self.high is None else _numbers(self.high)
         finite = " and finite" if self.kind == "box" and self.finite else ""
+        if finite:  # NaN or +-inf that the bounds alone let through (none declared, or -inf
+            # under a high only): "not finite", not "not inside -inf..inf"
+            values = np.asarray(action, dtype=np.float64)
+            with np.errstate(invalid="ignore"):  # NaN is inside no declared bound
+                inside = (self.low is None or bool((values >= self.low).all())) and (
+                    self.high is None or bool((values <= self.high).all())
+                )
+            if inside and not np.isfinite(values).all():
+                return f"action {_numbers(action)} is not finite"
         return f"action {_numbers(action)} is not inside {low}..{high}{finite}"
 
 

@@ -319,9 +319,10 @@ def _serve_gym(
 ) -> int:
     """--gym ENV_ID: a gymnasium env, schema derived from its spaces (transport.gym_serve)."""
     if args.gym is None:
+        if args.gym_kwargs is not None:
+            parser.error("--gym-kwargs needs --gym ENV_ID (they go to gymnasium.make)")
         parser.error(
-            f"{'--gym-kwargs' if args.gym_kwargs is not None else '--shm-layout'} needs --gym "
-            "ENV_ID (a schema file says its layout with [env] shm)"
+            "--shm-layout needs --gym ENV_ID (a schema file says its layout with [env] shm)"
         )
     if args.lang == "node":
         parser.error("--gym serves a gymnasium (Python) env: --lang node cannot serve it")

@@ -498,7 +498,17 @@ export function checkActionValue(rule: ActionRule, actions: Float64Array, index:
   const finite = rule.kind === "box" && rule.finite ? " and finite" : "";
   const env = seat < 0 ? index : 0;
   const seatText = seat < 0 ? "" : `seat ${seat}: `;
-  throw new RequestError(ErrorCode.INVALID_ACTION, `env ${env}: ${seatText}action [${shown}] is not inside ${range}${finite}`);
+  // NaN or +-inf that the bounds alone let through (none declared, or -inf under a high only):
+  // "not finite", not "not inside -inf..inf" (Python's ActionRule.describe says the same)
+  let inside = true;
+  let nonFinite = false;
+  for (let j = 0; j < k; j++) {
+    const v = actions[index * k + j] as number;
+    if (!Number.isFinite(v)) nonFinite = true;
+    if ((low !== null && !(v >= (low[j] as number))) || (high !== null && !(v <= (high[j] as number)))) inside = false;
+  }
+  const why = finite !== "" && inside && nonFinite ? "is not finite" : `is not inside ${range}${finite}`;
+  throw new RequestError(ErrorCode.INVALID_ACTION, `env ${env}: ${seatText}action [${shown}] ${why}`);
 }
 
 type Reader = (dv: DataView, at: number) => number;

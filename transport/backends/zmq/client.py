@@ -45,12 +45,21 @@ from transport.protocol import (
     DEFAULT_MAX_BODY,
     HEADER,
     HEADER_SIZE,
+    ReplyTooLargeError,
     encode_goodbye,
+    reply_too_large,
 )
 
 _GOODBYE_LINGER_MS = 500
 """How long libzmq may keep sending a closed client's goodbye (in the background; at most this
 long at the exit of the process)."""
+
+_REPLY_MAXMSGSIZE = 0xFFFFFFFF
+"""libzmq's limit on the client's received messages: the largest body a frame header can say.
+With ``max_body`` there, libzmq ended the connection at a larger reply without a word (the
+client saw only "closed", and the DEALER never reconnects after that); the client checks
+``max_body`` itself instead (``_recv_frame``): the reply is dropped with ``ReplyTooLargeError``
+and the connection kept. The server keeps ``max_body`` as its limit on requests."""
 
 _monitor_ids = itertools.count(1)
 """Each channel's socket monitor gets an inproc address of its own: pyzmq's default
@@ -156,6 +165,7 @@ class ZmqChannel(BufferChannel):
         sock: Sock = ctx.socket(zmq.DEALER)
         try:
             _common_options(sock, address, max_body)
+            sock.setsockopt(zmq.MAXMSGSIZE, _REPLY_MAXMSGSIZE)
             sock.setsockopt(zmq.ROUTING_ID, b"T" + uuid.uuid4().bytes)
             sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a request for a server not there
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -269,6 +279,10 @@ class ZmqChannel(BufferChannel):
             except zmq.Again:
                 self._drain_monitor()
                 self._raise_if_lost()
+            except ReplyTooLargeError as exc:  # dropped whole: the connection goes on
+                if exc.msg_id == msg_id:
+                    raise
+                log.debug("discarded a stale reply over max_body (msg_id %d)", exc.msg_id)
             else:
                 if resp_id == msg_id:
                     return resp_type, self._receive.body(body_len)
@@ -289,9 +303,7 @@ class ZmqChannel(BufferChannel):
         msg_type, msg_id, body_len = HEADER.unpack_from(self._header, 0)
         if body_len > self.max_body:
             self._drain_parts()
-            error = BadFrameError(f"reply body_len {body_len} exceeds the maximum {self.max_body}")
-            error.msg_id = msg_id
-            raise error
+            raise reply_too_large(body_len, self.max_body, msg_id)
         self._receive.ensure_capacity(body_len)
         got = sock.recv_into(self._receive.body(body_len))
         if got != body_len or _more(sock):
