@@ -148,13 +148,38 @@ class StructCodec:
             except (TypeError, ValueError, OverflowError) as exc:
                 raise ValueTypeError(str(exc), struct=self.name) from exc
         else:
-            raise ValueTypeError(
-                f"expected a mapping or a record of this struct, not {type(values).__name__}",
-                struct=self.name,
-            )
+            raise ValueTypeError(self._not_a_record(values), struct=self.name)
         if self._padding is not None:
             raw[self._padding] = 0
         self.canonicalize(target)
+
+    def _not_a_record(self, values: Any) -> str:
+        """Why ``values`` is neither a mapping nor a record of this struct: a record of another
+        layout (another struct, or this struct of another schema version) says how it differs."""
+        dtype = getattr(values, "dtype", None)
+        if not isinstance(values, np.ndarray | np.void) or dtype is None or dtype.names is None:
+            return f"expected a mapping or a record of this struct, not {type(values).__name__}"
+        theirs, mine = list(dtype.names), list(self._names)
+        missing = [n for n in mine if n not in theirs]
+        extra = [n for n in theirs if n not in mine]
+        where: Mapping[str, Any] = dtype.fields or {}
+        here: Mapping[str, Any] = self.dtype.fields or {}
+        moved = [n for n in mine if n in theirs and where[n] != here[n]]
+        how = "; ".join(
+            part
+            for part in (
+                f"it lacks {', '.join(missing)}" if missing else "",
+                f"it has {', '.join(extra)}, which this struct does not" if extra else "",
+                f"{', '.join(moved)}: another type or offset" if moved else "",
+            )
+            if part
+        )
+        return (
+            f"got a record of another struct layout ({dtype.itemsize} bytes, this struct "
+            f"{self.size}; {how or 'another field order'}): "
+            "a record made from another schema (version)? Make records with this schema's codec "
+            "(its zeros()) or return a mapping of field values"
+        )
 
     def canonicalize(self, record: np.ndarray) -> None:
         """Rewrite every NaN of ``record`` (a view or owned record) as the canonical quiet NaN."""

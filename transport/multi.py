@@ -33,7 +33,12 @@ from transport.client import (
     session_error,
 )
 from transport.codec import Schema
-from transport.errors import ProtocolError, RemoteError, TransportError
+from transport.errors import (
+    FingerprintMismatchError,
+    ProtocolError,
+    RemoteError,
+    TransportError,
+)
 from transport.protocol import (
     BODY_OFFSET,
     DEFAULT_MAX_BODY,
@@ -152,15 +157,29 @@ class _Part:
         self.seed_body = bytearray(seed_codec.size)
 
 
+def _check_one_schema(clients: list[Client]) -> None:
+    """Every server of a batch speaks the first one's schema (one layout for all rows), else a
+    ``FingerprintMismatchError`` naming the first two servers that differ."""
+    first = clients[0]
+    for other in clients[1:]:
+        a, b = first.schema, other.schema
+        if a.fingerprint != b.fingerprint:
+            raise FingerprintMismatchError(
+                "the servers of one batch must speak the same schema: "
+                f"{first.url} serves {a.name} (fp {a.fingerprint:016x}), "
+                f"{other.url} serves {b.name} (fp {b.fingerprint:016x})",
+                local=a.fingerprint,
+                remote=b.fingerprint,
+            )
+
+
 class MultiClient:
     """Several env servers stepped as one batch (use ``connect_many`` to make one)."""
 
     def __init__(self, clients: list[Client], *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
         if not clients:
             raise ValueError("connect_many needs at least one server")
-        fingerprints = {client.schema.fingerprint for client in clients}
-        if len(fingerprints) != 1:
-            raise ProtocolError("the servers of one batch must speak the same schema")
+        _check_one_schema(clients)
         self.clients = clients
         self.timeout = timeout
         self.schema = clients[0].schema
@@ -392,7 +411,8 @@ def connect_many(
     """Connect to every server (in parallel) and step them as one batch of all their envs.
 
     Any backend URL works; zmq servers are pipelined. Raises ``BatchError`` naming the servers
-    that could not be reached (the others are closed again). ``autoreset``: as for
+    that could not be reached, ``FingerprintMismatchError`` naming two servers of different
+    schemas; on any failure the servers that did connect are closed again. ``autoreset``: as for
     ``transport.connect`` (every server runs it); with "same_step", ``finals`` lists the final
     results of the episodes the last step ended, under global env ids.
     """
@@ -412,8 +432,14 @@ def connect_many(
     failed = [
         ServerFailure(url, range(0), error) for url, error, _ in outcomes if error is not None
     ]
-    if failed:
+    try:
+        if failed:
+            raise BatchError(failed)
+        return MultiClient(clients, timeout=timeout)
+    except BaseException:
+        # the servers that did connect hold resources (an shm:// region's client seat) until
+        # closed: a batch that cannot form must not keep them from the next connect
         for client in clients:
-            client.close()
-        raise BatchError(failed)
-    return MultiClient(clients, timeout=timeout)
+            with contextlib.suppress(Exception):
+                client.close()
+        raise

@@ -8,7 +8,9 @@ Tried in order (seed 000, 6.3b/c), the first that connects wins:
 3. ``http://127.0.0.1:$TRANSPORT_HTTP_PORT`` (default 8080; ``auto://name?port=P`` overrides).
 
 Each choice and each skipped candidate (with the reason) is logged at INFO on the
-``transport.backends.auto`` logger. When none connects, ``ConnectError`` lists every reason.
+``transport.backends.auto`` logger. Only "nobody there" errors move on (``nobody_there``); a
+server that answered with a refusal (fingerprint or version mismatch, region in use, a remote
+error) ends the search with that error. When none connects, ``ConnectError`` lists every reason.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from transport.backends.base import Channel
 from transport.backends.url_params import single_params
 from transport.client import DEFAULT_TIMEOUT
 from transport.codec import Schema, StructCodec
-from transport.errors import ConnectError, TransportError
+from transport.errors import (
+    ConnectError,
+    PeerGoneError,
+    RegionInUseError,
+    TransportError,
+    TransportTimeoutError,
+)
 from transport.protocol import DEFAULT_MAX_BODY, MESSAGE_IDS, MessageIds, decode_error
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,16 @@ def candidates(url: str) -> list[tuple[str, str]]:
     port = params.get("port") or os.environ.get(HTTP_PORT_ENV) or str(DEFAULT_HTTP_PORT)
     out.append((f"http://127.0.0.1:{port}", ""))
     return out
+
+
+def nobody_there(exc: TransportError) -> bool:
+    """Whether an error says only that no server is at a candidate (nothing listens, a stale
+    region or socket, a silent or vanished peer): the search moves on. Any other error proves a
+    server answered (a fingerprint or version mismatch, a remote error, a region in use) and
+    ends the search as it is."""
+    if isinstance(exc, RegionInUseError):
+        return False
+    return isinstance(exc, ConnectError | PeerGoneError | TransportTimeoutError)
 
 
 def open_channel(
@@ -92,6 +110,8 @@ class AutoChannel:
                         candidate, timeout=self.timeout, max_body=self.max_body, schema=self.schema
                     )
                 except TransportError as exc:
+                    if not nobody_there(exc):
+                        raise
                     skip = str(exc)
             if skip:
                 log.info("auto: skipped %s: %s", candidate, skip)
@@ -103,6 +123,8 @@ class AutoChannel:
                     raise decode_error(resp)
             except TransportError as exc:
                 channel.close()
+                if not nobody_there(exc):
+                    raise  # a server answered: its refusal is the answer, as it is
                 log.info("auto: skipped %s: %s", candidate, exc)
                 reasons.append(f"{candidate}: {exc}")
                 continue

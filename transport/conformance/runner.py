@@ -16,6 +16,7 @@ from transport.conformance import wire
 from transport.conformance.columns import column_answer, column_slots
 from transport.conformance.golden import (
     LARGE_ELEMENTS,
+    GoldenCase,
     annotate,
     case_names,
     hex_title,
@@ -205,6 +206,35 @@ def _error_text(error: Any) -> str:
     if isinstance(error, dict):
         return f"{error.get('code')} at {error.get('field')!r} ({error.get('message', '')})"
     return repr(error)
+
+
+def _stale_golden(ir: SchemaIR, struct: StructIR, case: GoldenCase, fingerprint: str) -> Failure:
+    """The failure of a golden case written for another fingerprint (a changed schema)."""
+    details = [
+        "if the schema change is intentional, run "
+        "`transport-conformance --write-golden` and review the diff"
+    ]
+    if len(case.data) != struct.size:
+        name = case.path.with_suffix(".bin").name
+        details.insert(0, f"{name} has {len(case.data)} bytes, the struct {struct.size}")
+    elif case.values is None:
+        details.insert(0, f"{case.path.name}'s values do not fit the struct's fields")
+    summary = f"golden vector written for fingerprint {case.fingerprint}, schema is {fingerprint}"
+    return Failure(ir.name, "golden", struct.name, case.name, "?", summary, "", details)
+
+
+def _unfit_golden(
+    ir: SchemaIR, struct: StructIR, case: GoldenCase, fingerprint: str
+) -> Failure | None:
+    """Why a golden case cannot be checked against this layout at all (its .bin has another
+    size, or its values other fields), or None: checking it would only misread its bytes."""
+    if len(case.data) == struct.size and case.values is not None:
+        return None
+    if case.fingerprint != fingerprint:
+        return _stale_golden(ir, struct, case, fingerprint)
+    name = case.path.with_suffix(".bin").name
+    summary = f"{name} has {len(case.data)} bytes, the struct {struct.size}"
+    return Failure(ir.name, "golden", struct.name, case.name, "?", summary)
 
 
 def _seed_for(seed: int, *parts: object) -> int:
@@ -471,23 +501,39 @@ class Runner:
                 continue
             struct = ir.structs[struct_name]
             codec = codecs[struct_name]
-            wire_values = [wire.to_wire(ir, struct, c.values) for c in mine]
-            enc = self.testee.request(
-                {"op": "encode", "schema": ir.name, "struct": struct_name, "values": wire_values}
-            )
-            dec = self.testee.request(
-                {
-                    "op": "decode",
-                    "schema": ir.name,
-                    "struct": struct_name,
-                    "buffers": [c.data for c in mine],
-                    "strict": True,
-                }
-            )
-            enc_results = self._results(enc, len(mine))
-            dec_results = self._results(dec, len(mine))
             expected_cases = case_names(ir, struct)
-            for i, case in enumerate(mine):
+            usable: list[GoldenCase] = []
+            for case in mine:
+                unfit = _unfit_golden(ir, struct, case, fingerprint)
+                if unfit is None:
+                    usable.append(case)
+                else:
+                    count.add(struct_name, False)
+                    result.fail(unfit)
+            wire_values = [wire.to_wire(ir, struct, c.values) for c in usable]
+            enc_results: list[dict[str, Any]] = []
+            dec_results: list[dict[str, Any]] = []
+            if usable:
+                enc = self.testee.request(
+                    {
+                        "op": "encode",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "values": wire_values,
+                    }
+                )
+                dec = self.testee.request(
+                    {
+                        "op": "decode",
+                        "schema": ir.name,
+                        "struct": struct_name,
+                        "buffers": [c.data for c in usable],
+                        "strict": True,
+                    }
+                )
+                enc_results = self._results(enc, len(usable))
+                dec_results = self._results(dec, len(usable))
+            for i, case in enumerate(usable):
                 problems: list[Failure] = []
 
                 def fail(
@@ -513,21 +559,8 @@ class Runner:
                     )
 
                 if case.fingerprint != fingerprint:
-                    fail(
-                        "?",
-                        f"golden vector written for fingerprint {case.fingerprint}, "
-                        f"schema is {fingerprint}",
-                        details=[
-                            "if the schema change is intentional, run "
-                            "`transport-conformance --write-golden` and review the diff"
-                        ],
-                    )
-                if len(case.data) != struct.size:
-                    fail(
-                        "?",
-                        f"{case.path.with_suffix('.bin').name} has {len(case.data)} bytes, "
-                        f"the struct {struct.size}",
-                    )
+                    stale = _stale_golden(ir, struct, case, fingerprint)
+                    fail(stale.side, stale.summary, details=stale.details)
                 expected_hex = annotate(ir, struct, case.data, hex_title(case), fingerprint)
                 if case.hex_text != expected_hex:
                     fail(

@@ -5,6 +5,7 @@ the runners, which never import it."""
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 import weakref
@@ -40,6 +41,30 @@ from transport.runtime.env import (
     repeated_env_error,
     spaces_of,
 )
+
+
+def refuse_other_schema(schema: Schema, served: Any) -> None:
+    """Refuse, at start, an env (its class, factory, or the env a factory made) whose ``SCHEMA``
+    attribute is a schema other than the one served: its results follow its own layout, and
+    every reset would fail with "returned bad values". ``ValueError`` naming both schemas."""
+    target = served
+    while isinstance(target, functools.partial):
+        target = target.func
+    for obj in [served] if target is served else [served, target]:
+        try:
+            declared = getattr(obj, "SCHEMA", None)
+        except Exception:  # an attribute proxy (a wrapper's __getattr__) that refuses the name
+            continue
+        if not isinstance(declared, Schema) or declared.fingerprint == schema.fingerprint:
+            continue
+        name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+        raise ValueError(
+            f"cannot serve {name}: it declares schema {declared.name} "
+            f"(fp {declared.fingerprint:016x}) in {name}.SCHEMA, but the server was given "
+            f"schema {schema.name} (fp {schema.fingerprint:016x}): its results follow its own "
+            "schema and every reset would fail; serve it with the schema it declares, "
+            f"or make {name}.SCHEMA the schema it now follows"
+        )
 
 
 class EnvHost:
@@ -104,6 +129,7 @@ class EnvHost:
             if env_ir is not None
             else body_codec(schema, "STEP_MULTI_REQ").ir.fields[0].count
         )
+        refuse_other_schema(schema, env_or_factory)
         self.vector: bool | None = None  # a VectorEnv (one object, N envs); None: not known yet
         self._shared: Any = None  # an Env or a VectorEnv instance, shared by every client
         self.factory: EnvFactory | None = None
@@ -170,6 +196,12 @@ class EnvHost:
             raise ValueError(
                 f"cannot serve these envs: making one failed: {describe(exc)}"
             ) from exc
+        if self._shared is None:  # the env a factory made may declare its schema itself
+            try:
+                refuse_other_schema(self.schema, env)
+            except ValueError:
+                close_env(env)
+                raise
         try:
             self._spaces = spaces_of(env)
             check_declared_action(self._spaces, self.schema)

@@ -9,6 +9,7 @@
 
 import { chmodSync, lstatSync, statSync, unlinkSync } from "node:fs";
 import * as net from "node:net";
+import { dirname } from "node:path";
 import { ConnectError } from "../errors";
 import { singleParams } from "./url_params";
 import type { EnvHost } from "../runtime/host";
@@ -158,6 +159,30 @@ export class UnixListener implements Listener {
   }
 }
 
+/** Bind errors in the words of Python's `strerror` (transport/backends/unix.py says them). */
+const BIND_ERRORS: Readonly<Record<string, string>> = {
+  ENOENT: "No such file or directory",
+  ENOTDIR: "Not a directory",
+  EACCES: "Permission denied",
+  EROFS: "Read-only file system",
+};
+
+/**
+ * Why `path` cannot be bound. libuv reports a missing directory as EACCES (for Windows' sake),
+ * so the socket's directory is asked: one that does not exist (or is not a directory) is said
+ * so, as Python says it, not "permission denied".
+ */
+function bindFailure(path: string, error: NodeJS.ErrnoException): string {
+  let code = error.code;
+  try {
+    if (!statSync(dirname(path)).isDirectory()) code = "ENOTDIR";
+  } catch (problem) {
+    const found = (problem as NodeJS.ErrnoException).code;
+    if (found === "ENOENT" || found === "ENOTDIR") code = found;
+  }
+  return (code !== undefined ? BIND_ERRORS[code] : undefined) ?? code ?? error.message;
+}
+
 /** Bind and listen; refuses a path a live server holds, replaces a stale one. */
 export async function listen(
   url: string,
@@ -222,7 +247,7 @@ export async function listen(
       server.close();
       guard.close();
       if (error.code === "EADDRINUSE") reject(new ConnectError(`${path} is in use`));
-      else reject(new ConnectError(`cannot bind ${path}: ${error.code ?? error.message}`));
+      else reject(new ConnectError(`cannot bind ${path}: ${bindFailure(path, error)}`));
     };
     server.once("error", onError);
     let old: number | null = null;

@@ -5,7 +5,7 @@
  */
 
 import type { SchemaModule } from "../codec";
-import { ConnectError, TransportError } from "../errors";
+import { ConnectError, SchemaError, TransportError } from "../errors";
 import * as pac_env from "../generated/pac_env";
 import { ActionRule, EnvRuntime, type MaskedActions, bodyCodec, checkMaskedActions, penaltyOf } from "./core";
 import { type Env, type EnvOrFactory, type Spaces, type VectorEnv, closeEnv, isEnv, isVectorEnv, makerOf, vectorClassOf } from "./env";
@@ -43,6 +43,38 @@ export interface HostOptions {
   readonly maskedActions?: MaskedActions;
 }
 
+/** The schema an env, its class or its factory declares as `SCHEMA` (an instance: its own, else
+ * its class's static one), or null. */
+function declaredSchema(owner: unknown): SchemaModule | null {
+  if ((typeof owner !== "object" && typeof owner !== "function") || owner === null) return null;
+  const ctor = typeof owner === "object" ? (owner as { constructor?: unknown }).constructor : undefined;
+  for (const candidate of [(owner as { SCHEMA?: unknown }).SCHEMA, (ctor as { SCHEMA?: unknown } | undefined)?.SCHEMA]) {
+    const schema = candidate as Partial<SchemaModule> | null | undefined;
+    if (typeof schema === "object" && schema !== null && typeof schema.fingerprint === "bigint" && typeof schema.name === "string") {
+      return schema as SchemaModule;
+    }
+  }
+  return null;
+}
+
+/**
+ * Refuse, at start, an env (its class, its factory, or the env a factory made) that declares as
+ * `SCHEMA` a schema other than the one served: its results follow its own layout, and every
+ * reset would fail with "returned bad values". Python: `refuse_other_schema` (runtime/host.py).
+ */
+export function refuseOtherSchema(schema: SchemaModule, served: unknown): void {
+  const declared = declaredSchema(served);
+  if (declared === null || declared.fingerprint === schema.fingerprint) return;
+  const name =
+    (typeof served === "function" ? served.name : (served as { constructor?: { name?: string } }).constructor?.name) || "the env";
+  const hex = (fp: bigint): string => fp.toString(16).padStart(16, "0");
+  throw new SchemaError(
+    `cannot serve ${name}: it declares schema ${declared.name} (fp ${hex(declared.fingerprint)}) in ${name}.SCHEMA, ` +
+      `but the server was given schema ${schema.name} (fp ${hex(schema.fingerprint)}): its results follow its own ` +
+      `schema and every reset would fail; serve it with the schema it declares, or make ${name}.SCHEMA the schema it now follows`,
+  );
+}
+
 /** Makes the runtime of each client. */
 export class EnvHost {
   readonly schema: SchemaModule;
@@ -75,6 +107,8 @@ export class EnvHost {
   readonly #made = new WeakSet<object>();
   /** Run on the first env the host makes (or its shared env), then dropped: `inspectFirstEnv`. */
   #inspect: ((env: AnyEnv) => void) | null = null;
+  /** A schema was given (not the default): the envs made are checked against it (`#make`). */
+  readonly #schemaGiven: boolean;
 
   constructor(envOrFactory: EnvOrFactory, options: HostOptions = {}) {
     const sharedVector = isVectorEnv(envOrFactory) ? envOrFactory : null;
@@ -84,6 +118,9 @@ export class EnvHost {
     const numEnvs = options.numEnvs ?? sharedVector?.numEnvs ?? 1;
     if (!Number.isInteger(numEnvs) || numEnvs < 1) throw new TransportError("numEnvs must be an integer of at least 1");
     this.schema = options.schema ?? pac_env.SCHEMA;
+    // a schema given that the env declares otherwise (none given: serve()'s default check)
+    this.#schemaGiven = options.schema !== undefined;
+    if (this.#schemaGiven) refuseOtherSchema(this.schema, envOrFactory);
     bodyCodec(this.schema, "STEP_RESP"); // a schema the runtime cannot serve fails here
     this.#actionRule = new ActionRule(this.schema); // so does an action type it cannot carry
     this.numEnvs = numEnvs;
@@ -163,6 +200,7 @@ export class EnvHost {
       if (this.#poolSpaces === null || (noop && this.#poolPenalty === null)) {
         const env = factory(); // the envs live in the pool's threads: ask one made here
         try {
+          if (this.#schemaGiven) refuseOtherSchema(this.schema, env);
           if (isVectorEnv(env)) throw new TransportError("a vector env steps its envs itself: serve it without workers");
           this.#poolSpaces = env.spaces();
           this.#poolPenalty = penaltyOf(env);
@@ -231,6 +269,14 @@ export class EnvHost {
   #make(factory: () => AnyEnv): AnyEnv {
     const env = factory();
     if (typeof env !== "object" || env === null) return env;
+    if (this.#schemaGiven) {
+      try {
+        refuseOtherSchema(this.schema, env);
+      } catch (error) {
+        closeEnv(env);
+        throw error;
+      }
+    }
     if (this.#made.has(env)) {
       throw new TransportError(
         `the env factory returned an env object it had returned before (${env.constructor.name}): a factory ` +
