@@ -34,13 +34,14 @@ import transport
 from transport.errors import (
     AdapterError,
     RemoteError,
+    ReplyTooLargeError,
     SchemaError,
     TransportTimeoutError,
 )
 from transport.gym import RENDER_MAX_BODY, RemoteVectorEnv
 from transport.gym_schema import schema_of_spaces
 from transport.gym_serve import gym_schema, gym_server
-from transport.protocol import DEFAULT_MAX_BODY, ReplyTooLargeError
+from transport.protocol import DEFAULT_MAX_BODY
 from transport.runtime.core import ActionRule
 
 from .servers import ROOT, unique_url

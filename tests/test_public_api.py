@@ -36,6 +36,7 @@ PINNED = [
     "RegionInUseError",
     "RegionMismatchError",
     "RemoteError",
+    "ReplyTooLargeError",
     "Schema",
     "SchemaError",
     "Server",

@@ -33,6 +33,7 @@ from transport.errors import (
     RegionInUseError,
     RegionMismatchError,
     RemoteError,
+    ReplyTooLargeError,
     TransportError,
     TransportTimeoutError,
 )
@@ -44,7 +45,6 @@ from transport.protocol import (
     AutoReset,
     ErrorCode,
     MessageIds,
-    ReplyTooLargeError,
     body_codec,
     check_hello,
     decode_error,

@@ -129,6 +129,25 @@ class BadFrameError(ProtocolError):
     msg_id: int = 0  # the offending frame's msg_id, when its header could be read
 
 
+class ReplyTooLargeError(BadFrameError):
+    """A reply larger than this client's ``max_body`` (``body_len`` bytes over ``max_body``):
+    the client's own limit, not a disagreement between the peers, so its hint says how to raise
+    it. Every socket client drops the reply and keeps the connection (shm has no such limit)."""
+
+    body_len: int = 0
+    max_body: int = 0
+
+
+def reply_too_large(body_len: int, max_body: int, msg_id: int = 0) -> ReplyTooLargeError:
+    """The error of a reply of ``body_len`` bytes over the client's ``max_body`` (one text for
+    every client backend; Node: ``replyTooLarge``)."""
+    error = ReplyTooLargeError(
+        f"the server's reply is {body_len} bytes, over this client's max_body of {max_body} bytes"
+    )
+    error.body_len, error.max_body, error.msg_id = body_len, max_body, msg_id
+    return error
+
+
 class VersionMismatchError(ProtocolError):
     """The peers speak different major protocol versions."""
 

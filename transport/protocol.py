@@ -76,26 +76,6 @@ HEADER_OFFSET = BODY_OFFSET - HEADER_SIZE
 DEFAULT_MAX_BODY = 64 << 20
 """The largest body a peer accepts unless told otherwise (``max_body=``): a limit on memory."""
 
-
-class ReplyTooLargeError(BadFrameError):
-    """A reply larger than this client's ``max_body``: its own limit, not a disagreement
-    between the peers, so the hint says how to raise it (``transport.client.HINTS``). The
-    unix and zmq clients drop the reply and keep the connection."""
-
-    body_len: int = 0
-    max_body: int = 0
-
-
-def reply_too_large(body_len: int, max_body: int, msg_id: int = 0) -> ReplyTooLargeError:
-    """The error of a reply of ``body_len`` bytes over the client's ``max_body`` (one text for
-    every client backend)."""
-    error = ReplyTooLargeError(
-        f"the server's reply is {body_len} bytes, over this client's max_body of {max_body} bytes"
-    )
-    error.body_len, error.max_body, error.msg_id = body_len, max_body, msg_id
-    return error
-
-
 HELLO = packed_struct(envelope.Hello)  # "<HHQ"
 ERROR_HEAD = packed_struct(envelope.ErrorHead)  # "<HH"
 MAX_ERROR_TEXT = 0xFFFF

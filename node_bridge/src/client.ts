@@ -25,6 +25,8 @@ import {
   RegionInUseError,
   RegionMismatchError,
   RemoteError,
+  REPLY_TOO_LARGE_HINT,
+  ReplyTooLargeError,
   TransportError,
   TransportTimeoutError,
   VersionMismatchError,
@@ -111,6 +113,7 @@ const HINTS: ReadonlyArray<readonly [abstract new (...args: never[]) => Transpor
     "the connection is kept and the late reply is dropped when it comes: retry, or connect with a " +
       "larger timeoutMs if the server's envs are slow",
   ],
+  [ReplyTooLargeError, REPLY_TOO_LARGE_HINT],
   [
     ProtocolError,
     "client and server disagree: check that both use the same transport version and schema, then connect again",
@@ -1148,6 +1151,7 @@ function notAServer(error: unknown): unknown {
     error instanceof PeerGoneError ||
     (error instanceof ProtocolError &&
       !(error instanceof FingerprintMismatchError) &&
+      !(error instanceof ReplyTooLargeError) &&
       !(error instanceof VersionMismatchError) &&
       !(error instanceof RegionMismatchError));
   if (!weird) return error;

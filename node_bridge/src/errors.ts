@@ -153,6 +153,35 @@ export class BadFrameError extends ProtocolError {
   msgId = 0;
 }
 
+/**
+ * A reply larger than this client's `maxBody` (`bodyLen` bytes over `maxBody`): the client's own
+ * limit, not a disagreement between the peers, so its hint (`REPLY_TOO_LARGE_HINT`) says how to
+ * raise it. Every socket client drops the reply and keeps the connection. Python: the same class.
+ */
+export class ReplyTooLargeError extends BadFrameError {
+  readonly bodyLen: number;
+  readonly maxBody: number;
+
+  constructor(bodyLen: number, maxBody: number, msgId = 0) {
+    super(`the server's reply is ${bodyLen} bytes, over this client's max_body of ${maxBody} bytes`);
+    this.bodyLen = bodyLen;
+    this.maxBody = maxBody;
+    this.msgId = msgId;
+  }
+}
+
+/** The error of a reply of `bodyLen` bytes over the client's `maxBody` (one text for every
+ * client backend; Python: `reply_too_large`). */
+export function replyTooLarge(bodyLen: number, maxBody: number, msgId = 0): ReplyTooLargeError {
+  return new ReplyTooLargeError(bodyLen, maxBody, msgId);
+}
+
+/** What to do about a `ReplyTooLargeError`, said after its message (Python's hint, in Node's
+ * words): the client's `HINTS` list it before `ProtocolError`'s. */
+export const REPLY_TOO_LARGE_HINT =
+  "the reply was dropped: connect with a maxBody at least that large, connect(url, { maxBody }); " +
+  "render frames of many envs can pass the default 64 MiB";
+
 /** The peers speak different major protocol versions. */
 export class VersionMismatchError extends ProtocolError {}
 

@@ -31,6 +31,7 @@ export {
   RegionInUseError,
   RegionMismatchError,
   RemoteError,
+  ReplyTooLargeError,
   SchemaError,
   TransportError,
   TransportTimeoutError,

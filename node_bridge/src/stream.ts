@@ -21,7 +21,14 @@
  */
 
 import type { Socket } from "node:net";
-import { BadFrameError, PeerGoneError, ProtocolError, TransportTimeoutError, requestInFlight } from "./errors";
+import {
+  BadFrameError,
+  PeerGoneError,
+  ProtocolError,
+  TransportTimeoutError,
+  replyTooLarge,
+  requestInFlight,
+} from "./errors";
 import {
   BODY_OFFSET,
   DEFAULT_MAX_BODY,
@@ -53,6 +60,8 @@ export class FrameReader {
   body: Buffer = Buffer.alloc(0);
   offset = 0;
   length = 0;
+  /** The body_len of the frame `next()` last refused as over `maxBody` (see `drop`). */
+  refusedLength = 0;
 
   #chunks: Buffer[] = [];
   #first = 0; // index of the first live chunk
@@ -61,6 +70,7 @@ export class FrameReader {
   readonly #header = Buffer.alloc(HEADER_SIZE);
   #assembly = Buffer.alloc(0);
   readonly #sink: AssemblySink | null;
+  #dropping = 0; // bytes of a refused frame still to be skipped as they arrive
 
   /**
    * `sink`: where a frame split across chunks is assembled (a client's receive buffer, so the
@@ -89,6 +99,12 @@ export class FrameReader {
    * maximum, as soon as the header is complete.
    */
   next(): boolean {
+    if (this.#dropping > 0) {
+      const n = Math.min(this.#dropping, this.#available);
+      this.#skip(n);
+      this.#dropping -= n;
+      if (this.#dropping > 0) return false;
+    }
     if (this.#available < HEADER_SIZE) return false;
     const chunk = this.#chunks[this.#first] as Buffer;
     const at = this.#at;
@@ -108,6 +124,7 @@ export class FrameReader {
     if (bodyLen > this.maxBody) {
       const error = new BadFrameError(`body_len ${bodyLen} exceeds the maximum ${this.maxBody}`);
       error.msgId = msgId;
+      this.refusedLength = bodyLen;
       throw error;
     }
     const frameLen = HEADER_SIZE + bodyLen;
@@ -139,8 +156,18 @@ export class FrameReader {
     return true;
   }
 
+  /**
+   * Skip the frame whose header `next()` just refused (its body over `maxBody`), as its bytes
+   * arrive, without holding them: the frames after it are read as usual (a client keeps its
+   * connection after a reply too large; Python: `FramedSocket.drop_frame`).
+   */
+  drop(): void {
+    this.#dropping = HEADER_SIZE + this.refusedLength;
+  }
+
   /** Drop everything buffered (a connection being closed). */
   clear(): void {
+    this.#dropping = 0;
     this.#chunks = [];
     this.#first = 0;
     this.#at = 0;
@@ -727,8 +754,17 @@ export class StreamChannel implements Channel {
       try {
         ready = reader.next();
       } catch (error) {
-        this.#abandon(error as Error);
-        return;
+        // a reply over maxBody to the request outstanding (or a late one): dropped as it
+        // arrives, the connection kept; any other frame refused puts the stream out of step
+        const id = error instanceof BadFrameError ? error.msgId : -1;
+        const late = this.#late.delete(id);
+        if (!late && (this.#resolve === null || id !== this.#pendingId)) {
+          this.#abandon(error as Error);
+          return;
+        }
+        reader.drop();
+        if (!late) this.#fail(replyTooLarge(reader.refusedLength, reader.maxBody, id));
+        continue;
       }
       if (!ready) return;
       if (!this.#late.delete(reader.msgId)) break;

@@ -23,6 +23,7 @@ from transport.errors import (
     ProtocolError,
     TransportError,
     TransportTimeoutError,
+    reply_too_large,
 )
 from transport.protocol import (
     BODY_OFFSET,
@@ -32,7 +33,6 @@ from transport.protocol import (
     HEADER_SIZE,
     MESSAGE_IDS,
     ErrorCode,
-    reply_too_large,
 )
 from transport.runtime.session import Session
 

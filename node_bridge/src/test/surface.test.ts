@@ -15,7 +15,7 @@ const API = [
   "ActionError", "ArrayLengthError", "AutoReset", "BadFrameError", "BufferSizeError", "CLOSING_ERRORS", "CODEC_ERROR_CODES", "Client",
   "CodecError", "ConnectError", "DEFAULT_MAX_BODY", "EnvError", "ErrorCode", "FingerprintMismatchError", "InvalidBoolError",
   "InvalidEnumError", "MissingFieldError", "NoProgressError", "NonCanonicalError", "PROTOCOL_VERSION", "PeerGoneError", "ProtocolError",
-  "RegionInUseError", "RegionMismatchError", "RemoteError", "SCHEMAS", "SchemaError", "TransportError", "TransportTimeoutError",
+  "RegionInUseError", "RegionMismatchError", "RemoteError", "ReplyTooLargeError", "SCHEMAS", "SchemaError", "TransportError", "TransportTimeoutError",
   "UnknownFieldError", "ValueRangeError", "ValueTypeError", "VersionMismatchError", "canonicalJson",
   "computeFingerprint", "connect", "fingerprintHex", "fingerprintOf", "gridworld", "loadSchema", "loadSchemaFile", "mahjong_env",
   "messageIds", "pac_env", "pac_shm", "protocol", "serve", "tetris",

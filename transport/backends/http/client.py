@@ -30,8 +30,10 @@ from transport.errors import (
     ConnectError,
     PeerGoneError,
     ProtocolError,
+    ReplyTooLargeError,
     TransportError,
     TransportTimeoutError,
+    reply_too_large,
 )
 from transport.protocol import (
     BODY_OFFSET,
@@ -253,15 +255,15 @@ class HttpChannel(BufferChannel):
                 raise
             try:
                 return self._receive(sock, deadline)
-            except TransportTimeoutError:
-                raise  # the connection stays: its late response is dropped before the next one
+            except (TransportTimeoutError, ReplyTooLargeError):
+                raise  # the connection stays: a late response is dropped before the next one
             except (PeerGoneError, ProtocolError) as exc:
                 self._abandon(f"the connection was abandoned after: {exc}")
                 raise
             except _NotTransport as exc:
                 raise self._not_transport(msg_type, exc) from None
         except (PeerGoneError, ProtocolError) as exc:
-            if msg_type != self.ids.HELLO_REQ:
+            if msg_type != self.ids.HELLO_REQ or isinstance(exc, ReplyTooLargeError):
                 raise
             raise self._not_a_server(exc) from exc
 
@@ -419,11 +421,13 @@ class HttpChannel(BufferChannel):
             have = rest
             self._progress = (have, -1, -1, -1)
         length = head.content_length
-        if length > self.max_body:
-            raise BadFrameError(f"response Content-Length {length} exceeds {self.max_body}")
         got = have - start
         if got > length:
             raise ProtocolError("the server sent bytes beyond the response body")
+        if length > self.max_body:
+            self._progress = (have, start, 0, 0)  # nothing is owed: the drop ends or closes
+            self._drop_body(sock, length - got, deadline, head.close)
+            raise reply_too_large(length, self.max_body)
         if BODY_OFFSET + length > len(self._buffer):
             self._buffer = bytearray(max(BODY_OFFSET + length, 2 * len(self._buffer)))
             self._view = memoryview(self._buffer)
@@ -446,6 +450,25 @@ class HttpChannel(BufferChannel):
         if head.error is not None and _is_error_body(body):
             return self.ids.ERROR, body
         raise _NotTransport(head.status, bytes(body[:120]).decode("utf-8", "replace"))
+
+    def _drop_body(
+        self, sock: socket.socket, left: int, deadline: float | None, close: bool
+    ) -> None:
+        """Read and drop the rest (``left`` bytes) of a response over ``max_body``, in small
+        reads, so the keep-alive connection stays in step (the unix client does the same). A
+        drop that stops halfway (a timeout, Ctrl-C, the server gone) closes the connection."""
+        chunk = memoryview(bytearray(min(left, 1 << 16)))
+        try:
+            while left:
+                left -= self._recv_into(sock, chunk[: min(left, len(chunk))], deadline, False)
+        except BaseException as exc:
+            self._abandon(
+                "the connection was closed: a reply over max_body was being dropped when "
+                f"{exc or type(exc).__name__}"
+            )
+            raise
+        if close:
+            self._abandon("the server closed the connection (Connection: close)")
 
     def _abandon(self, reason: str) -> None:
         if self.sock is not None:

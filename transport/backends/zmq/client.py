@@ -38,16 +38,16 @@ from transport.errors import (
     BadFrameError,
     ConnectError,
     PeerGoneError,
+    ReplyTooLargeError,
     TransportError,
     TransportTimeoutError,
+    reply_too_large,
 )
 from transport.protocol import (
     DEFAULT_MAX_BODY,
     HEADER,
     HEADER_SIZE,
-    ReplyTooLargeError,
     encode_goodbye,
-    reply_too_large,
 )
 
 _GOODBYE_LINGER_MS = 500

@@ -11,6 +11,7 @@ import {
   PeerGoneError,
   ProtocolError,
   TransportTimeoutError,
+  replyTooLarge,
   requestInFlight,
 } from "../../errors";
 import * as pac_env from "../../generated/pac_env";
@@ -194,12 +195,10 @@ export class HttpChannel implements Channel {
           req.destroy();
           return;
         }
-        if (declared > this.maxBody) {
-          fail(new BadFrameError(`response Content-Length ${declared} exceeds ${this.maxBody}`), true);
-          req.destroy();
-          return;
-        }
-        if (BODY_OFFSET + declared > this.buffer.byteLength) {
+        // a body over maxBody is read to its end and dropped: the keep-alive connection stays in
+        // step (a timeout meanwhile drops the rest as any late response; Python: `_drop_body`)
+        const tooLarge = declared > this.maxBody;
+        if (!tooLarge && BODY_OFFSET + declared > this.buffer.byteLength) {
           this.buffer = Buffer.alloc(Math.max(BODY_OFFSET + declared, 2 * this.buffer.byteLength));
           this.generation += 1;
         }
@@ -211,7 +210,7 @@ export class HttpChannel implements Channel {
             req.destroy();
             return;
           }
-          chunk.copy(this.buffer, BODY_OFFSET + got);
+          if (!tooLarge) chunk.copy(this.buffer, BODY_OFFSET + got);
           got += chunk.byteLength;
         });
         res.on("aborted", () => fail(new PeerGoneError("the server closed the connection in the middle of a response"), true));
@@ -229,6 +228,10 @@ export class HttpChannel implements Channel {
           }
           if ((res.headers.connection ?? "").toLowerCase().includes("close")) {
             this.#abandon("the server closed the connection (Connection: close)");
+          }
+          if (tooLarge) {
+            fail(replyTooLarge(declared, this.maxBody), false);
+            return;
           }
           this.bodyLength = got;
           let type: number;

@@ -4,13 +4,22 @@
 
 import { randomBytes } from "node:crypto";
 import * as zmq from "zeromq";
-import { BadFrameError, ConnectError, PeerGoneError, TransportTimeoutError, requestInFlight } from "../../errors";
+import { BadFrameError, ConnectError, PeerGoneError, TransportTimeoutError, replyTooLarge, requestInFlight } from "../../errors";
 import { BODY_OFFSET, DEFAULT_MAX_BODY, HEADER_SIZE, packHeader, readU32 } from "../../protocol";
 import { type Channel, type ChannelOptions, MAX_TIMER_MS, timeoutOption } from "../../stream";
 import type { OpenOptions } from "../backend";
 import { commonOptions, Address, asBuffer, binary, clientCurve, errorCode, parseUrl, sendable } from "./wire";
 
 // -- client ---------------------------------------------------------------------------------------
+
+/**
+ * libzmq's limit on the client's received messages: the largest body a frame header can say.
+ * With `maxBody` there, libzmq ended the connection at a larger reply without a word (the client
+ * saw only "closed", and the Dealer never reconnects after that); `recvResponse` checks `maxBody`
+ * itself instead: the reply is dropped with `ReplyTooLargeError` and the connection kept. The
+ * server keeps `maxBody` as its limit on requests. Python: `_REPLY_MAXMSGSIZE`.
+ */
+const REPLY_MAX_MESSAGE_SIZE = 0xffffffff;
 
 /** How long libzmq may keep sending a closed client's goodbye (in the background). */
 const GOODBYE_LINGER_MS = 500;
@@ -94,6 +103,7 @@ export class ZmqChannel implements Channel {
     const curve = clientCurve(address);
     const sock = new zmq.Dealer({
       ...commonOptions(address, this.maxBody),
+      maxMessageSize: REPLY_MAX_MESSAGE_SIZE,
       routingId: binary(Buffer.concat([Buffer.from("T"), randomBytes(16)])),
       reconnectInterval: 100,
       reconnectMaxInterval: 1000,
@@ -178,11 +188,8 @@ export class ZmqChannel implements Channel {
       const replyId = readU32(header, 1);
       const bodyLen = readU32(header, 5);
       if (replyId !== msgId) continue; // a stale reply to an abandoned request
-      if (bodyLen > this.maxBody) {
-        const error = new BadFrameError(`reply body_len ${bodyLen} exceeds the maximum ${this.maxBody}`);
-        error.msgId = replyId;
-        throw error;
-      }
+      // dropped whole (libzmq received it): the connection goes on
+      if (bodyLen > this.maxBody) throw replyTooLarge(bodyLen, this.maxBody, replyId);
       const body = parts[1] as Buffer;
       if (body.byteLength !== bodyLen) {
         throw new BadFrameError(`reply body part is ${body.byteLength} bytes, its header says ${bodyLen}`);
