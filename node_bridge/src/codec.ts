@@ -36,9 +36,9 @@ import {
   type NumericType,
   type SchemaJson,
   type StructJson,
-  SCALAR_SIZES,
+  checkIrJson,
+  checkIrLayout,
   fieldDims,
-  isScalarType,
   resolveField,
 } from "./ir";
 
@@ -1086,100 +1086,24 @@ interface FieldPlan {
   readonly sub: () => AnyLayout;
 }
 
-/** Own keys only: an IR's tables are plain JSON objects ("constructor" is no struct of them). */
-function ownEntry<T>(table: Readonly<Record<string, T>>, key: string): T | undefined {
-  return Object.prototype.hasOwnProperty.call(table, key) ? table[key] : undefined;
-}
-
-/** The element size of a field's type (`"f32[4]"`: 4, `"Meld[4]"`: Meld's size), or null when
- * the element is not a scalar, an enum with a scalar type or a struct of the IR. */
-function elementSize(ir: SchemaJson, type: string): number | null {
-  const elem = type.split("[", 1)[0] as string;
-  if (isScalarType(elem)) return SCALAR_SIZES[elem];
-  const declared = ownEntry(ir.enums, elem);
-  if (declared !== undefined) return isScalarType(declared.type) ? SCALAR_SIZES[declared.type] : null;
-  return ownEntry(ir.structs, elem)?.size ?? null;
-}
-
-/** The IR's tables, or the SchemaError of an IR that is not one (Python: ir_from_json's
- * KeyError / TypeError). */
-function irTables(ir: SchemaJson): void {
-  const isTable = (value: unknown): boolean => typeof value === "object" && value !== null && !Array.isArray(value);
-  if (!isTable(ir)) throw new SchemaError("not a schema IR: a JSON object (transport-schema inspect --json) was expected");
-  for (const key of ["structs", "enums", "messages"] as const) {
-    if (!isTable(ir[key])) throw new SchemaError(`IR of ${ir.name}: ${JSON.stringify(key)} is not a table`);
-  }
-  for (const [name, struct] of Object.entries(ir.structs)) {
-    if (!isTable(struct) || !Array.isArray(struct.fields)) {
-      throw new SchemaError(`IR of ${ir.name}: struct ${name} has no "fields" list`);
-    }
-  }
-}
-
-/**
- * Python's `ir_from_json` rule, checked before the fingerprint: every field's element type is a
- * scalar, an enum of the IR (whose type is a scalar) or a struct of the IR. (A field of another
- * type would load and fail only when first encoded.)
- */
-function checkFieldTypes(ir: SchemaJson): void {
-  irTables(ir);
-  for (const [name, struct] of Object.entries(ir.structs)) {
-    for (const field of struct.fields) {
-      if (typeof field.type !== "string" || elementSize(ir, field.type) === null) {
-        throw new SchemaError(
-          `IR of ${ir.name}: field ${name}.${field.name} has type ${JSON.stringify(field.type)}, ` +
-            "not a scalar type, an enum or a struct of this IR",
-        );
-      }
-    }
-  }
-}
-
-/**
- * Python's rule when it makes codecs of an IR (its NumPy dtypes; `_check_extents`), checked
- * after the fingerprint: every field lies inside its struct, at an offset >= 0 and ending
- * (offset + element size * count) at or before the struct's size (a field past the end would
- * write into the next record, or past the buffer); every struct [env] names is one of the IR's.
- */
-function checkFieldExtents(ir: SchemaJson): void {
-  for (const [name, struct] of Object.entries(ir.structs)) {
-    for (const field of struct.fields) {
-      const end = field.offset + (elementSize(ir, field.type) as number) * field.count;
-      if (!(Number.isSafeInteger(field.offset) && field.offset >= 0 && Number.isSafeInteger(end) && end <= struct.size)) {
-        const where = Number.isSafeInteger(field.offset) && field.offset >= 0 ? `ends at byte ${end}` : "starts before byte 0";
-        throw new SchemaError(
-          `IR of ${ir.name}: field ${name}.${field.name} (${field.type} at offset ${field.offset}) ` +
-            `${where}, outside struct ${name} of ${struct.size} bytes`,
-        );
-      }
-    }
-  }
-  const env = ir.env;
-  if (env === undefined || env === null) return;
-  for (const role of ["result", "request", "multi_request", "multi_result"] as const) {
-    const named = env[role];
-    if (typeof named !== "string" || ownEntry(ir.structs, named) === undefined) {
-      throw new SchemaError(`IR of ${ir.name}: [env] ${role} names struct ${String(named)}, which this IR lacks`);
-    }
-  }
-}
-
 /**
  * Codecs for a schema from its compiled IR (`transport-schema inspect --json`, or `IR` of a
  * generated module) at run time: the same `SchemaModule` as a generated module, with the same
- * checks, errors, canonical bytes and views, for plain JavaScript without a build step. The IR's
- * fingerprint is recomputed first (a `SchemaError` when it does not match). Generated modules
- * stay the fast path (straight-line code, typed values).
+ * checks, errors, canonical bytes and views, for plain JavaScript without a build step. The IR is
+ * refused with a one-line `SchemaError` by Python's rules and words (ir.ts: `checkIrJson`, then
+ * the fingerprint recomputed, then `checkIrLayout`); give the text to `parseIrText` first (or use
+ * `loadSchemaFile`) so a float where an integer belongs is told apart as Python tells it.
+ * Generated modules stay the fast path (straight-line code, typed values).
  */
 export function loadSchema(ir: SchemaJson): SchemaModule {
-  checkFieldTypes(ir);
+  checkIrJson(ir);
   const computed = computeFingerprint(ir);
   if (computed.hex !== ir.fingerprint) {
     throw new SchemaError(
       `IR of ${ir.name} has fingerprint ${ir.fingerprint} but hashes to ${computed.hex}`,
     );
   }
-  checkFieldExtents(ir);
+  checkIrLayout(ir);
   const layouts = new Map<string, AnyLayout>();
   const layoutOf = (name: string): AnyLayout => {
     const layout = layouts.get(name);

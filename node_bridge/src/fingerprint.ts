@@ -49,7 +49,7 @@ const SHORT_ESCAPES: Record<string, string> = {
 };
 
 /** A JSON string literal with Python's `ensure_ascii=True` escaping (lowercase hex). */
-function jsonString(text: string): string {
+export function jsonString(text: string): string {
   let out = '"';
   for (let i = 0; i < text.length; i++) {
     const char = text[i] as string;
@@ -63,7 +63,7 @@ function jsonString(text: string): string {
 }
 
 /** Python sorts str keys by code point; UTF-16 order differs only above U+FFFF. */
-function compareCodePoints(a: string, b: string): number {
+export function compareCodePoints(a: string, b: string): number {
   const left = Array.from(a, (c) => c.codePointAt(0) as number);
   const right = Array.from(b, (c) => c.codePointAt(0) as number);
   for (let i = 0; i < Math.min(left.length, right.length); i++) {

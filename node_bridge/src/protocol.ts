@@ -12,7 +12,7 @@
 
 import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
 import { type SchemaModule, loadSchema } from "./codec";
-import type { SchemaJson } from "./ir";
+import { type SchemaJson, parseIrText } from "./ir";
 import {
   BadFrameError,
   EnvError,
@@ -518,7 +518,7 @@ export function schemaFromIrText(text: unknown, announced: bigint, peer: string)
   if (typeof text !== "string") throw new ProtocolError(`${peer} sent no schema IR (${SCHEMA_IR_KEY} is not a string)`);
   let schema: SchemaModule;
   try {
-    schema = loadSchema(JSON.parse(text) as SchemaJson);
+    schema = loadSchema(parseIrText(text) as SchemaJson);
   } catch (error) {
     throw new ProtocolError(`${peer} sent a schema IR that does not load: ${(error as Error).message}`);
   }

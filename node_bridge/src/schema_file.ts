@@ -11,11 +11,11 @@
  */
 
 import { execFileSync } from "node:child_process";
-import { type Stats, existsSync, statSync } from "node:fs";
+import { type Stats, existsSync, readFileSync, statSync } from "node:fs";
 import { resolve } from "node:path";
 import { type SchemaModule, loadSchema } from "./codec";
 import { SchemaError } from "./errors";
-import type { SchemaJson } from "./ir";
+import { type SchemaJson, parseIrText } from "./ir";
 import { schemaFromPath } from "./runtime/pool";
 
 /** The largest schema file read (4 MiB), the Python loader's `MAX_SCHEMA_FILE_BYTES`. */
@@ -61,11 +61,33 @@ export function checkSchemaFile(path: string): void {
   }
 }
 
+/**
+ * A compiled IR file (`transport-schema inspect FILE.toml --json`), refused with a `SchemaError`
+ * `PATH: ...` by the rules and words of Python's `load_schema` (ir.ts `parseIrText`,
+ * `checkIrJson`, the fingerprint, `checkIrLayout`).
+ */
+function loadIrFile(path: string): SchemaModule {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code ?? "";
+    throw new SchemaError(`${path}: cannot read schema: ${STRERROR[code] ?? (error as Error).message.split("\n", 1)[0]}`);
+  }
+  try {
+    return loadSchema(parseIrText(text.replace(/\r\n?/g, "\n")) as SchemaJson);
+  } catch (error) {
+    if (error instanceof SchemaError) throw new SchemaError(`${path}: ${error.message}`);
+    throw error;
+  }
+}
+
 /** The schema at `path` (`.json` IR, `.toml` source, or a generated module), fingerprint-checked. */
 export function loadSchemaFile(path: string): SchemaModule {
   const full = resolve(path);
   // a file there (any name: require() would read /dev/zero forever), or a .json/.toml path
   if (existsSync(full) || full.endsWith(".json") || full.endsWith(".toml")) checkSchemaFile(path);
+  if (full.endsWith(".json")) return loadIrFile(path);
   if (!full.endsWith(".toml")) return schemaFromPath(full);
   const cli = process.env["TRANSPORT_SCHEMA_CLI"] ?? "transport-schema";
   let text: string;

@@ -25,6 +25,8 @@ from transport.schema.ir import (
     MULTI_ROLES,
     ROLES,
     SCALARS,
+    SLOT_TEXTS,
+    SLOT_WORDS,
     Bound,
     EnumIR,
     EnvIR,
@@ -38,8 +40,10 @@ from transport.schema.ir import (
 )
 
 _NAME = rules.NAME_PATTERN
-_TYPE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
-"""A type: ``f32``, ``f32[612]``, or a multi-dimensional ``f32[2,5,5]`` (row-major)."""
+_TYPE = re.compile(r"\A([A-Za-z_][A-Za-z0-9_]*)(?:\[ *(-?[0-9]+(?: *, *-?[0-9]+)*) *\])?\Z")
+"""A type: ``f32``, ``f32[612]``, or a multi-dimensional ``f32[2,5,5]`` (row-major). ASCII
+digits only (``\\d`` would take ``f32[٨]``), spaces only inside the brackets (``u8[ 3 , 2 ]`` is
+``u8[3,2]``), none around the type."""
 _LAYOUTS = ("packed", "natural")
 _TAILS = ("msgpack", "utf8")
 _JS_SAFE = 2**53 - 1
@@ -88,23 +92,11 @@ _ROLE_TYPES: dict[str, tuple[frozenset[str], bool, str]] = {
 names (docs/schema.md, "Roles"): a reward is one number, an episode flag one bool or integer (on
 a float, 0.5 would end the episode), an action mask a bool or integer array. ``observation``,
 ``action``, ``frames`` and ``events`` are checked elsewhere."""
-_SLOT_WORDS: tuple[tuple[str, str], ...] = (
-    ("sem_action_ready", "u32"),
-    ("sem_result_ready", "u32"),
-    ("command", "SlotCommand"),
-    ("status", "u16"),
-    ("has_seed", "u8"),
-    ("seed", "u64"),
-    ("error_len", "u16"),
-    ("info_len", "u16"),
-    ("checksum", "u32"),
-)
-"""The control words of every slot, in the order of a derived slot's first cache line
-(``checksum``: CRC-32 of the slot's result bytes when the server runs with ?checksum=crc32)."""
+_SLOT_WORDS = SLOT_WORDS
+"""The control words of every slot, in the order of a derived slot's first cache line."""
 ERROR_TEXT_SIZE, INFO_SIZE = 1024, 256
-_SLOT_TEXT: tuple[tuple[str, str], ...] = (
-    ("error_text", f"u8[{ERROR_TEXT_SIZE}]"),
-    ("info", f"u8[{INFO_SIZE}]"),
+_SLOT_TEXT: tuple[tuple[str, str], ...] = tuple(
+    zip(SLOT_TEXTS, (f"u8[{ERROR_TEXT_SIZE}]", f"u8[{INFO_SIZE}]"), strict=True)
 )
 """The text areas after a derived slot's result: the error text and the server's info map."""
 
@@ -121,7 +113,24 @@ def load_schema(path: str | Path) -> SchemaIR:
     text = _read(path)
     if path.suffix.lower() == ".json":
         return _ir_of_json(text, path)
+    if path.suffix.lower() in _MODULE_SUFFIXES:
+        raise SchemaError(
+            f"a generated {_MODULE_SUFFIXES[path.suffix.lower()]} module, not a schema file: pass "
+            "the .toml it was generated from, or its IR (transport-schema inspect FILE.toml "
+            "--json > FILE.json); in code, import the module and pass its SCHEMA",
+            file=_short_path(path),
+        )
     return compile_schema(text, str(path))
+
+
+_MODULE_SUFFIXES = {
+    ".py": "Python",
+    ".js": "JavaScript",
+    ".cjs": "JavaScript",
+    ".mjs": "JavaScript",
+    ".ts": "TypeScript",
+}
+"""What ``transport-schema compile`` writes: code, which ``load_schema`` does not run."""
 
 
 def _ir_of_json(text: str, path: Path) -> SchemaIR:
@@ -131,18 +140,11 @@ def _ir_of_json(text: str, path: Path) -> SchemaIR:
         data = json.loads(text)
     except ValueError as exc:
         raise SchemaError(f"not JSON: {exc}", file=where) from None
-    if not isinstance(data, dict) or not isinstance(data.get("structs"), dict):
-        raise SchemaError(
-            "not a schema IR: a JSON object (transport-schema inspect --json) was expected",
-            file=where,
-        )
-    if "fingerprint" not in data:
-        raise SchemaError(f"IR of {data.get('name')} names no fingerprint", file=where)
+    except RecursionError:
+        raise SchemaError("not JSON: nested too deeply", file=where) from None
     try:
-        return ir_from_json(data)
-    except KeyError as exc:
-        raise SchemaError(f"IR of {data.get('name')} lacks {exc}", file=where) from None
-    except (ValueError, TypeError, AttributeError) as exc:
+        return ir_from_json(data, require_fingerprint=True)
+    except ValueError as exc:  # the IR's rules (transport/schema/ir.py), one line
         raise SchemaError(str(exc), file=where) from None
 
 
@@ -449,9 +451,11 @@ class _Compiler:
         self._check_action(request, action)
         dims = ",".join(str(d) for d in (seats, *action.dims))
         multi_request = self._multi(
-            MULTI_REQUEST, "actions", f"{action.elem}[{dims}]", "action", seats
+            MULTI_REQUEST, "actions", f"{action.elem}[{dims}]", "action", seats, action.size
         )
-        multi_result = self._multi(MULTI_RESULT, "results", f"{result.name}[{seats}]", None, seats)
+        multi_result = self._multi(
+            MULTI_RESULT, "results", f"{result.name}[{seats}]", None, seats, result.size
+        )
         max_frames, stall_requests = self._decision_runs(table, result)
         env = EnvIR(
             result.name,
@@ -624,9 +628,26 @@ class _Compiler:
             raise self.error('role "events" needs an integer array', result.name, events.name)
         return values[0], values[1]
 
-    def _multi(self, name: str, field: str, type_str: str, role: str | None, seats: int) -> str:
-        """A multi-seat struct: checked when the schema declares it, else derived."""
+    def _multi(
+        self, name: str, field: str, type_str: str, role: str | None, seats: int, per_seat: int
+    ) -> str:
+        """A multi-seat struct: checked when the schema declares it, else derived (``seats`` x
+        ``per_seat`` bytes, refused in words that say so when over a struct's limit)."""
         if name not in self.structs:
+            if seats * per_seat > rules.MAX_STRUCT_SIZE:
+                per = type_str.split("[", 1)[0]
+                what = (
+                    f"{per} of {per_seat} bytes"
+                    if per in self.structs
+                    else f"action of {per_seat} bytes"
+                )
+                raise self.error(
+                    f"the derived STEP_MULTI body ([env] seats x {what}: {seats} x {per_seat} = "
+                    f"{seats * per_seat} bytes) is over the {rules.MAX_STRUCT_SIZE}-byte limit "
+                    f"of a struct: set [env] seats to at most {rules.MAX_STRUCT_SIZE // per_seat}, "
+                    f"or make the {'result' if per in self.structs else 'action'} smaller",
+                    struct=name,
+                )
             fields: dict[str, Any] = {"name": field, "type": type_str}
             if role is not None:
                 fields["role"] = role
@@ -1017,7 +1038,12 @@ class _Compiler:
             raise self.error('type must be a string such as "f32" or "f32[612]"', struct, fname)
         match = _TYPE.match(raw)
         if not match:
-            raise self.error(f"cannot parse type {raw!r}", struct, fname)
+            raise self.error(
+                f"cannot parse type {raw!r} (a type name, then [N] or [N,M,...] for an array: "
+                "ASCII digits, no spaces around the type)",
+                struct,
+                fname,
+            )
         elem, count_text = match.group(1), match.group(2)
         is_array = count_text is not None
         texts = count_text.split(",") if count_text is not None else ["1"]

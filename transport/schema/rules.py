@@ -12,6 +12,8 @@ import builtins
 import keyword
 import re
 
+from transport.schema.ir import MAX_NUMBER as MAX_NUMBER
+from transport.schema.ir import MAX_STRUCT_SIZE as MAX_STRUCT_SIZE
 from transport.schema.ir import SCALARS
 
 NAME_PATTERN = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -20,10 +22,6 @@ MAX_NAME = 64
 """Longest name (schema, struct, enum, value, message, field): file names stay short."""
 MAX_DIGITS = 10
 """Longest digit string of an array dimension; longer ones are refused before ``int()``."""
-MAX_NUMBER = 2**31 - 1
-"""Largest count, offset or size: every generated constant is a signed 32-bit integer."""
-MAX_STRUCT_SIZE = 2**28
-"""Largest struct (256 MiB): a total-size cap on what one frame body or shm slot may hold."""
 MAX_DEPTH = 32
 """Deepest nesting of structs in structs."""
 MAX_DIMS = 63

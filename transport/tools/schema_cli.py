@@ -320,18 +320,40 @@ def write_all_or_nothing(files: dict[Path, str]) -> None:
         raise
 
 
+def _distinct(files: list[Path]) -> list[Path]:
+    """``files`` without repeats of one file (a glob and an explicit path naming it twice, or
+    ``a.toml`` and ``./a.toml``): each is compiled once, in first-seen order."""
+    out: list[Path] = []
+    seen: set[tuple[int, int] | str] = set()
+    for file in files:
+        try:
+            info = file.stat()
+            key: tuple[int, int] | str = (info.st_dev, info.st_ino)
+        except (OSError, ValueError):
+            key = str(file)  # load_schema says why it cannot be read
+        if key not in seen:
+            seen.add(key)
+            out.append(file)
+    return out
+
+
 def _compile(files: list[Path], python_out: Path, ts_out: Path, check: bool, as_json: bool) -> int:
+    files = _distinct(files)
     schemas = [load_schema(f) for f in files]
-    seen: dict[str, Path] = {}
+    seen: dict[str, tuple[str, Path]] = {}
     for ir, file in zip(schemas, files, strict=True):
         key = ir.name.lower()  # one file name on a case-insensitive file system
         if key in seen:
-            raise SchemaError(
-                f"schema name {ir.name!r} is also used by {seen[key]} (file names may not "
-                "differ in case only)",
-                file=str(file),
+            name, other = seen[key]
+            hint = (
+                "schema names may not differ in case only: they name the generated files"
+                if name != ir.name
+                else "each schema names its generated files: give one of them another [schema] name"
             )
-        seen[key] = file
+            raise SchemaError(
+                f"schema name {ir.name!r} is also used by {other} ({hint})", file=str(file)
+            )
+        seen[key] = (ir.name, file)
     files_out = generated_files(schemas, python_out, ts_out)
     _refuse_foreign(files_out)
     stale = [
