@@ -125,3 +125,19 @@ def test_step_multi_with_the_wrong_count_names_the_method_the_url_and_the_seats(
     text = str(caught.value)
     assert text.startswith(proc.url) and "step_multi() takes one action per seat: 8" in text
     assert text.endswith("got 2")
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+def test_unix_url_on_a_zmq_servers_socket_file_is_a_connect_error(lang: str) -> None:
+    """A unix:// client pointed at a zmq+ipc server's socket file: the peer closes mid-HELLO,
+    which is no transport server on this backend (a ConnectError saying so, as Node's client
+    says), not PeerGoneError "the server closed the connection or died"."""
+    url = unique_unix_url().replace("unix://", "zmq+ipc://").replace(".sock", ".zmq")
+    with ServerProcess(url, env="echo", lang=lang) as zmq_server:
+        path = zmq_server.url.removeprefix("zmq+ipc://")
+        with pytest.raises(ConnectError) as caught:
+            transport.connect(f"unix://{path}", timeout=10)
+    text = str(caught.value)
+    assert "during the HELLO handshake (not a transport server on this backend?)" in text, text
+    assert text.startswith(f"unix://{path}: "), text
+    assert caught.value.__cause__ is not None

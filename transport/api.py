@@ -26,6 +26,7 @@ from transport.client import (
     check_url,
     explain,
     handshake,
+    not_a_server,
     resolve_schema,
 )
 from transport.codec import Schema
@@ -172,9 +173,12 @@ def connect(
             found, channel.info = handshake(channel, found, mode, url=url)
     except BaseException as exc:
         channel.close()
-        if isinstance(exc, TransportError):
-            explain(exc, url)
-        raise
+        error = not_a_server(exc)
+        if isinstance(error, TransportError):
+            explain(error, url)
+        if error is exc:
+            raise
+        raise error from exc
     return Client(channel, found, channel.url or url)
 
 

@@ -36,6 +36,7 @@ from transport.errors import (
     ReplyTooLargeError,
     TransportError,
     TransportTimeoutError,
+    VersionMismatchError,
 )
 from transport.protocol import (
     AUTORESET_MASK,
@@ -657,6 +658,24 @@ def handshake(
     # the schema's keys are the handshake's own (client.schema holds the schema)
     info = {k: v for k, v in hello.info.items() if k not in (SCHEMA_IR_KEY, SCHEMA_NAME_KEY)}
     return schema, {**info, "autoreset": autoreset.name.lower()}
+
+
+def not_a_server(exc: BaseException) -> BaseException:
+    """A peer that closes the connection or answers what breaks the protocol during the HELLO
+    is no transport server on this backend (a zmq socket file on unix://, a web server on
+    http://): a ``ConnectError`` saying so, ``exc`` chained. A refusal the peer explains (an
+    ERROR, a version, schema or region mismatch) or a reply over ``max_body`` is left as it
+    is. Node: ``notAServer``, the same words."""
+    if not isinstance(exc, PeerGoneError | ProtocolError) or isinstance(
+        exc,
+        FingerprintMismatchError | VersionMismatchError | RegionMismatchError | ReplyTooLargeError,
+    ):
+        return exc
+    error = ConnectError(
+        f"{exc}, during the HELLO handshake (not a transport server on this backend?)"
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _named(error: FingerprintMismatchError) -> str:

@@ -31,7 +31,6 @@ from transport.errors import (
     PeerGoneError,
     ProtocolError,
     ReplyTooLargeError,
-    TransportError,
     TransportTimeoutError,
     reply_too_large,
 )
@@ -228,53 +227,39 @@ class HttpChannel(BufferChannel):
             if len(heads) < _CACHE_LIMIT:
                 heads[length] = head
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if self._owed:
+            self._drain(sock, deadline)
         try:
-            if self._owed:
-                self._drain(sock, deadline)
-            try:
-                send_parts(sock, (head, body), len(head) + length)
-            except _TIMED_OUT as exc:
-                self._abandon("a send timed out")
-                raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
-            except _PEER_GONE as exc:
-                self._abandon("the server closed the connection")
-                raise PeerGoneError(f"the server closed the connection ({exc.strerror})") from exc
-            except OSError as exc:
-                self._abandon("the connection failed")
-                raise PeerGoneError(f"the connection failed: {exc}") from exc
-            except BaseException as exc:
-                # a KeyboardInterrupt (or a signal handler's exception) in the middle of
-                # sending: how much of the request went is unknown, the server may hold half of
-                # it, and the stream cannot be put back in step: the next call is told to
-                # connect again
-                self._abandon(
-                    f"this client closed its connection: a call was interrupted "
-                    f"({type(exc).__name__}) while its request was being sent, so the server "
-                    "may have received part of it"
-                )
-                raise
-            try:
-                return self._receive(sock, deadline)
-            except (TransportTimeoutError, ReplyTooLargeError):
-                raise  # the connection stays: a late response is dropped before the next one
-            except (PeerGoneError, ProtocolError) as exc:
-                self._abandon(f"the connection was abandoned after: {exc}")
-                raise
-            except _NotTransport as exc:
-                raise self._not_transport(msg_type, exc) from None
+            send_parts(sock, (head, body), len(head) + length)
+        except _TIMED_OUT as exc:
+            self._abandon("a send timed out")
+            raise TransportTimeoutError(f"send timed out after {self.timeout} s") from exc
+        except _PEER_GONE as exc:
+            self._abandon("the server closed the connection")
+            raise PeerGoneError(f"the server closed the connection ({exc.strerror})") from exc
+        except OSError as exc:
+            self._abandon("the connection failed")
+            raise PeerGoneError(f"the connection failed: {exc}") from exc
+        except BaseException as exc:
+            # a KeyboardInterrupt (or a signal handler's exception) in the middle of
+            # sending: how much of the request went is unknown, the server may hold half of
+            # it, and the stream cannot be put back in step: the next call is told to
+            # connect again
+            self._abandon(
+                f"this client closed its connection: a call was interrupted "
+                f"({type(exc).__name__}) while its request was being sent, so the server "
+                "may have received part of it"
+            )
+            raise
+        try:
+            return self._receive(sock, deadline)
+        except (TransportTimeoutError, ReplyTooLargeError):
+            raise  # the connection stays: a late response is dropped before the next one
         except (PeerGoneError, ProtocolError) as exc:
-            if msg_type != self.ids.HELLO_REQ or isinstance(exc, ReplyTooLargeError):
-                raise
-            raise self._not_a_server(exc) from exc
-
-    def _not_a_server(self, exc: TransportError) -> ConnectError:
-        """A lost connection or a response that breaks HTTP or this protocol during the HELLO:
-        the peer is no transport server on this backend (Node's ``notAServer``, same words),
-        a ``ConnectError`` naming the URL; later requests keep ``exc``'s type."""
-        return ConnectError(
-            f"{self._url()}: {exc}, during the HELLO handshake "
-            "(not a transport server on this backend?)"
-        )
+            self._abandon(f"the connection was abandoned after: {exc}")
+            raise
+        except _NotTransport as exc:
+            raise self._not_transport(msg_type, exc) from None
 
     def _url(self) -> str:
         return getattr(self, "url", "") or f"http://{self._netloc}"
