@@ -17,7 +17,7 @@ import { DEFAULT_MAX_BODY, encodeHelloRequest } from "./protocol";
 import type { MaskedActions } from "./runtime/core";
 import { bodyCodec } from "./runtime/core";
 import { type Env, type EnvOrFactory, asyncMethodText, isEnv, isThenable, isVectorEnv } from "./runtime/env";
-import { EnvHost } from "./runtime/host";
+import { EnvHost, declaredSchema } from "./runtime/host";
 import type { WorkerEnvSpec } from "./runtime/pool";
 import { type ConnectionStats, type ServerLimits, serverLimits } from "./stream";
 import { MAX_NUM_ENVS } from "./backends/backend";
@@ -42,7 +42,8 @@ export interface ServeOptions {
    */
   readonly limits?: Partial<ServerLimits>;
   /**
-   * Schema (default: the reference pac_env): any generated module that declares the protocol
+   * Schema (default: the one the env or its class declares as `SCHEMA`, else the reference
+   * pac_env): any generated module that declares the protocol
    * messages by name, with an integer `action` role in the STEP_REQ body and the result struct
    * as the STEP_RESP body (runtime/core.ts).
    */
@@ -148,20 +149,22 @@ export async function serve(
 ): Promise<Server> {
   // a vector env instance serves its own numEnvs unless the options name one
   const numEnvs = options.numEnvs ?? (isVectorEnv(envOrFactory) ? envOrFactory.numEnvs : 1);
-  checkServerLimits(options.schema ?? pac_env.SCHEMA, url, numEnvs, options.maxBody ?? DEFAULT_MAX_BODY);
+  // no schema given: the one the env (its class, or the instance) declares as SCHEMA, as in Python
+  const schema = options.schema ?? declaredSchema(envOrFactory) ?? undefined;
+  checkServerLimits(schema ?? pac_env.SCHEMA, url, numEnvs, options.maxBody ?? DEFAULT_MAX_BODY);
   const host = new EnvHost(envOrFactory, {
     ...(options.numEnvs !== undefined ? { numEnvs: options.numEnvs } : {}),
     envName: options.envName ?? "",
     seed: options.seed ?? null,
     serverLang: "node",
-    ...(options.schema ? { schema: options.schema } : {}),
+    ...(schema ? { schema } : {}),
     ...(options.validate !== undefined ? { validate: options.validate } : {}),
     ...(options.workers ? { workers: options.workers } : {}),
     ...(options.workerEnv ? { workerEnv: options.workerEnv } : {}),
     ...(options.maskedActions ? { maskedActions: options.maskedActions } : {}),
   });
   // no schema: the default is tried on the first env made (the first client's, made below)
-  if (options.schema === undefined) host.inspectFirstEnv(defaultSchemaCheck(envOrFactory, url));
+  if (schema === undefined) host.inspectFirstEnv(defaultSchemaCheck(envOrFactory, url));
   const limits = serverLimits(options.limits); // a bad limit fails before anything starts
   const backend = await backendFor(url);
   // fail now, not on the first connection; the envs made serve the first client

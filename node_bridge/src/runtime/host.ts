@@ -45,7 +45,7 @@ export interface HostOptions {
 
 /** The schema an env, its class or its factory declares as `SCHEMA` (an instance: its own, else
  * its class's static one), or null. */
-function declaredSchema(owner: unknown): SchemaModule | null {
+export function declaredSchema(owner: unknown): SchemaModule | null {
   if ((typeof owner !== "object" && typeof owner !== "function") || owner === null) return null;
   const ctor = typeof owner === "object" ? (owner as { constructor?: unknown }).constructor : undefined;
   for (const candidate of [(owner as { SCHEMA?: unknown }).SCHEMA, (ctor as { SCHEMA?: unknown } | undefined)?.SCHEMA]) {

@@ -12,8 +12,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { EchoEnv } from "../envs/echo";
+import { MahjongEnv } from "../envs/mahjong";
 import { SchemaError } from "../errors";
-import { pac_env, tetris } from "../generated";
+import { mahjong_env, pac_env, tetris } from "../generated";
 import { connect, serve } from "../index";
 
 class Declared extends EchoEnv {
@@ -53,5 +54,27 @@ test("the schema it declares is served", async () => {
     }
   } finally {
     await server.close();
+  }
+});
+
+class DeclaredMahjong extends MahjongEnv {
+  static readonly SCHEMA = mahjong_env.SCHEMA;
+}
+
+test("without a schema given, the one the env declares is served (as Python's serve)", async () => {
+  // before: serve() tried pac_env and refused the env ("its results do not fit it")
+  for (const served of [DeclaredMahjong, new DeclaredMahjong()]) {
+    const server = await serve(served, socketUrl());
+    try {
+      const client = await connect(server.url);
+      try {
+        assert.equal(client.schema.name, "mahjong_env");
+        await client.reset(7);
+      } finally {
+        await client.close();
+      }
+    } finally {
+      await server.close();
+    }
   }
 });
