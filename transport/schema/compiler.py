@@ -92,8 +92,6 @@ _ROLE_TYPES: dict[str, tuple[frozenset[str], bool, str]] = {
 names (docs/schema.md, "Roles"): a reward is one number, an episode flag one bool or integer (on
 a float, 0.5 would end the episode), an action mask a bool or integer array. ``observation``,
 ``action``, ``frames`` and ``events`` are checked elsewhere."""
-_SLOT_WORDS = SLOT_WORDS
-"""The control words of every slot, in the order of a derived slot's first cache line."""
 ERROR_TEXT_SIZE, INFO_SIZE = 1024, 256
 _SLOT_TEXT: tuple[tuple[str, str], ...] = tuple(
     zip(SLOT_TEXTS, (f"u8[{ERROR_TEXT_SIZE}]", f"u8[{INFO_SIZE}]"), strict=True)
@@ -668,7 +666,7 @@ class _Compiler:
     def _derived_shm(self, request: StructIR, result: StructIR) -> ShmIR:
         """The derived layout: control words in the first cache line, then the request, the
         result and the text areas, each at a cache-line boundary."""
-        words = [{"name": n, "type": t} for n, t in _SLOT_WORDS]
+        words = [{"name": n, "type": t} for n, t in SLOT_WORDS]
         request_at = CACHE_LINE
         result_at = _round_up(request_at + request.size, CACHE_LINE)
         text_at = _round_up(result_at + result.size, CACHE_LINE)
@@ -717,7 +715,7 @@ class _Compiler:
         only (the derived slot's words, error text at 64, info after it), the derived final
         area; the request and result fields live in columns after the final areas
         (``shm_columns``), so the slot offset maps are empty."""
-        words = [{"name": n, "type": t} for n, t in _SLOT_WORDS]
+        words = [{"name": n, "type": t} for n, t in SLOT_WORDS]
         texts: list[dict[str, Any]] = [{"name": n, "type": t} for n, t in _SLOT_TEXT]
         texts[0]["offset"] = CACHE_LINE
         self.raw_structs[SHM_SLOT] = {
@@ -791,7 +789,7 @@ class _Compiler:
 
     def _check_slot_words(self, where: str, slot: StructIR) -> None:
         by_name = {f.name: f for f in slot.fields}
-        for name, type_str in (*_SLOT_WORDS, *_SLOT_TEXT):
+        for name, type_str in (*SLOT_WORDS, *_SLOT_TEXT):
             f = by_name.get(name)
             want = type_str.split("[")[0]
             if f is None or f.elem != want or f.is_array != ("[" in type_str):
